@@ -1,0 +1,115 @@
+"""A Llama-style decoder's dimensions and the parameter shapes they imply.
+
+One class for the recipe's explicit dimensions, the model catalogue and the
+RunConfig, so the planner, the container and the docs agree on every shape.
+The shapes follow transformers' ``LlamaForCausalLM`` (and Qwen2/Mistral, which
+differ only in bias and sizes), in module order.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Architecture(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: int = Field(ge=1, le=512)
+    hidden_size: int = Field(ge=64, le=65536)
+    attention_heads: int = Field(ge=1, le=1024)
+    kv_heads: int = Field(ge=1, le=1024)
+    ffn_size: int = Field(ge=64, le=262144)
+    vocab_size: int = Field(ge=256, le=1_048_576)
+    tied_embeddings: bool = False
+    max_sequence_length: int = Field(default=131072, ge=128, le=1_048_576)
+    rope_theta: float = Field(default=500000.0, gt=0)
+    qkv_bias: bool = False
+    norm_eps: float = Field(default=1e-5, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of attention_heads {self.attention_heads}"
+            )
+        if self.attention_heads % self.kv_heads:
+            raise ValueError(f"attention_heads {self.attention_heads} is not a multiple of kv_heads {self.kv_heads}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """n_kv_heads * head_dim: the width of K and V."""
+        return self.kv_heads * self.head_dim
+
+    def layer_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameter shapes of one decoder layer, in module order."""
+        h, kv, f = self.hidden_size, self.kv_size, self.ffn_size
+        shapes: list[tuple[str, tuple[int, ...]]] = [("input_layernorm.weight", (h,))]
+        shapes.append(("self_attn.q_proj.weight", (h, h)))
+        if self.qkv_bias:
+            shapes.append(("self_attn.q_proj.bias", (h,)))
+        shapes.append(("self_attn.k_proj.weight", (kv, h)))
+        if self.qkv_bias:
+            shapes.append(("self_attn.k_proj.bias", (kv,)))
+        shapes.append(("self_attn.v_proj.weight", (kv, h)))
+        if self.qkv_bias:
+            shapes.append(("self_attn.v_proj.bias", (kv,)))
+        shapes += [
+            ("self_attn.o_proj.weight", (h, h)),
+            ("post_attention_layernorm.weight", (h,)),
+            ("mlp.gate_proj.weight", (f, h)),
+            ("mlp.up_proj.weight", (f, h)),
+            ("mlp.down_proj.weight", (h, f)),
+        ]
+        return shapes
+
+    def root_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Parameters outside the decoder layers: embedding, final norm, output head."""
+        shapes = [("model.embed_tokens.weight", (self.vocab_size, self.hidden_size)), ("model.norm.weight", (self.hidden_size,))]
+        if not self.tied_embeddings:
+            shapes.append(("lm_head.weight", (self.vocab_size, self.hidden_size)))
+        return shapes
+
+    @property
+    def layer_parameters(self) -> int:
+        return sum(prod(shape) for _, shape in self.layer_shapes())
+
+    @property
+    def root_parameters(self) -> int:
+        return sum(prod(shape) for _, shape in self.root_shapes())
+
+    @property
+    def parameters(self) -> int:
+        return self.layers * self.layer_parameters + self.root_parameters
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def flops_per_token(self, sequence_length: int) -> float:
+        """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B).
+
+        N counts every matmul weight, the output head included (also when it is
+        tied to the embedding), and leaves out the embedding lookup.
+        """
+        matmul_params = self.layers * self.layer_parameters + self.embedding_parameters
+        return 6.0 * matmul_params + 12.0 * self.layers * self.hidden_size * sequence_length
+
+
+def sharded_elements(shapes: list[tuple[str, tuple[int, ...]]], group: int) -> int:
+    """Elements that the first rank holds when FSDP2 shards each tensor on dim 0 over ``group`` ranks.
+
+    FSDP2 gives each rank ``ceil(dim0 / group)`` rows; rank 0 always holds a full chunk,
+    so this is the largest per-rank share.
+    """
+    total = 0
+    for _, shape in shapes:
+        rows = -(-shape[0] // group)
+        total += min(rows, shape[0]) * prod(shape[1:])
+    return total

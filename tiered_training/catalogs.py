@@ -1,0 +1,141 @@
+"""The catalogues: instances, models, tiers and throughput priors, loaded from ``catalog/*.yaml``.
+
+The YAML files are the single source of these facts; each carries its sources and
+the date it was checked. Loading is lazy and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .architecture import Architecture
+
+CATALOG_DIR = Path(__file__).parent / "catalog"
+GIB = 1024**3
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Instance(_Entry):
+    name: str
+    gpu: str
+    gpus: int
+    usable_hbm_gib: float
+    peak_bf16_tflops: float
+    peak_fp8_tflops: float | None
+    mxfp8: bool
+    efa_gbps: int
+    rdma: bool
+    family: str
+    price_per_hour: float
+    price_source: str
+
+    @property
+    def fp8(self) -> bool:
+        return self.peak_fp8_tflops is not None
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.usable_hbm_gib * GIB)
+
+    @property
+    def peak_bf16_flops(self) -> float:
+        return self.peak_bf16_tflops * 1e12
+
+    def price(self, override: float | None = None) -> tuple[float, str]:
+        """Price per node-hour and where it came from: recipe, environment or catalogue."""
+        if override is not None:
+            return override, "recipe compute.price_per_hour"
+        var = price_variable(self.name)
+        if var in os.environ:
+            try:
+                return float(os.environ[var]), f"environment {var}"
+            except ValueError:
+                pass
+        return self.price_per_hour, self.price_source
+
+
+def price_variable(instance_type: str) -> str:
+    return "TIERED_TRAINING_PRICE_" + re.sub(r"[^A-Z0-9]", "_", instance_type.upper())
+
+
+class CatalogModel(_Entry):
+    id: str
+    display_name: str
+    source: str
+    published_parameters: float
+    architecture: Architecture
+
+
+class Tier(_Entry):
+    name: str
+    max_parameters: float
+    min_parameters: float = 0.0
+    precision: Literal["bf16", "fp8", "fp32"]
+    precision_why: str
+    activation_checkpointing: Literal["none", "selective", "full"]
+    checkpointing_why: str
+    batch: Literal["largest"]
+    batch_why: str
+    batch_ramp: bool
+    memory_headroom: float = Field(gt=0, le=1)
+    min_nodes: int
+    distribution: str
+
+
+class MfuAnchor(_Entry):
+    mfu: float
+    source: str
+
+
+class ThroughputPriors(_Entry):
+    anchors: dict[str, dict[str, MfuAnchor]]
+    fp8_gain_by_hidden: dict[int, float]
+    recompute_cost: dict[str, float]
+    multi_node_efficiency: dict[str, float]
+
+
+def _load(name: str) -> dict:
+    with open(CATALOG_DIR / name, encoding="utf-8") as handle:
+        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@cache
+def instances() -> dict[str, Instance]:
+    return {name: Instance(name=name, **entry) for name, entry in _load("instances.yaml").items()}
+
+
+@cache
+def models() -> dict[str, CatalogModel]:
+    return {name: CatalogModel(id=name, **entry) for name, entry in _load("models.yaml").items()}
+
+
+@cache
+def tiers() -> tuple[Tier, ...]:
+    """Tiers in ascending size order."""
+    loaded = [Tier(name=name, **entry) for name, entry in _load("tiers.yaml").items()]
+    return tuple(sorted(loaded, key=lambda tier: tier.max_parameters))
+
+
+@cache
+def throughput_priors() -> ThroughputPriors:
+    return ThroughputPriors(**_load("throughput.yaml"))
+
+
+def tier_for(parameters: int) -> tuple[Tier, bool]:
+    """The tier for a parameter count, and whether the count lies inside the tiers' range."""
+    ordered = tiers()
+    inside = ordered[0].min_parameters <= parameters <= ordered[-1].max_parameters
+    for tier in ordered:
+        if parameters <= tier.max_parameters:
+            return tier, inside
+    return ordered[-1], inside

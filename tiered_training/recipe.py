@@ -1,0 +1,163 @@
+"""The recipe: what a user asks for, as reviewed YAML.
+
+Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
+``auto`` with a decision and a reason. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .architecture import Architecture
+
+AUTO = "auto"
+# A cross-field error names its field with this prefix; the loader points at that field.
+AT = "at "
+Auto = Literal["auto"]
+
+PIPELINE_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
+SNS_ARN_PATTERN = r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]{1,256}$"
+TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:training-plan/.{1,63}$"
+EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+
+Precision = Literal["bf16", "fp8", "fp32"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "mxfp8"]
+Checkpointing = Literal["none", "selective", "full"]
+Sharding = Literal["full", "hybrid", "none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    """Either ``catalog`` (an id from ``tiered-training models``) or ``dimensions``."""
+
+    catalog: str | None = None
+    dimensions: Architecture | None = None
+    name: str | None = Field(default=None, description="display name for explicit dimensions")
+    init_checkpoint: str | None = Field(
+        default=None, pattern=S3_URI_PATTERN, description="S3 URI of a Hugging Face checkpoint to start from"
+    )
+    allow_outside_tiers: bool = Field(
+        default=False, description="acknowledge a model outside the 1B-64B range the tiers cover"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSection":
+        if (self.catalog is None) == (self.dimensions is None):
+            raise ValueError("give exactly one of 'catalog' (a catalogue id) or 'dimensions'")
+        return self
+
+
+class DataSection(_Strict):
+    uri: str = Field(pattern=S3_URI_PATTERN, description="S3 prefix of flat token shards")
+    token_dtype: Literal["uint16", "uint32"] = "uint32"
+    input_mode: Literal["FastFile", "File"] = "FastFile"
+    seed: int = Field(default=1234, ge=0)
+
+
+class BudgetSection(_Strict):
+    total_tokens: int = Field(ge=1_000_000, description="tokens to train on")
+    global_batch_tokens: int = Field(ge=1024, description="tokens per optimiser step")
+
+
+class OptimizerSection(_Strict):
+    lr: float = Field(default=3e-4, gt=0, le=1.0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_tokens: int | None = Field(default=None, ge=0, description="default: 1% of the budget")
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.1, ge=0, le=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+    beta1: float = Field(default=0.9, gt=0, lt=1)
+    beta2: float = Field(default=0.95, gt=0, lt=1)
+
+
+class ComputeSection(_Strict):
+    instance_type: str
+    instance_count: int = Field(default=1, ge=1, le=512)
+    spot: bool = False
+    max_runtime_hours: float = Field(default=120.0, gt=0, le=28 * 24)
+    max_wait_hours: float | None = Field(default=None, gt=0, description="spot only; at least max_runtime_hours")
+    training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
+    price_per_hour: float | None = Field(default=None, gt=0, description="overrides the catalogue price per node")
+    compile: bool = True
+    region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+
+
+class CheckpointSection(_Strict):
+    interval_minutes: float = Field(default=30.0, gt=0, le=24 * 60)
+    keep_last: int = Field(default=3, ge=1, le=100)
+    shutdown_deadline_seconds: int = Field(default=110, ge=10, le=600)
+
+
+class MonitoringSection(_Strict):
+    alarm_email: str | None = Field(default=None, pattern=EMAIL_PATTERN)
+    alarm_topic_arn: str | None = Field(default=None, pattern=SNS_ARN_PATTERN)
+    min_throughput_fraction: float = Field(default=0.7, gt=0, le=1, description="of the plan's tokens/s")
+    min_gpu_utilization: float = Field(default=70.0, gt=0, le=100, description="percent")
+    max_memory_fraction: float = Field(default=0.97, gt=0, le=1, description="of HBM")
+    stall_minutes: int = Field(default=30, ge=5, le=1440)
+    loss_ceiling: float = Field(default=12.0, gt=0, description="loss above this is divergence")
+
+
+class ProbeSection(_Strict):
+    enabled: bool = True
+    steps: int = Field(default=20, ge=3, le=1000)
+    min_throughput_fraction: float = Field(default=0.8, gt=0, le=2.0, description="gate: probe vs plan tokens/s")
+
+
+class BatchRampSpec(_Strict):
+    start_fraction: float = Field(default=0.25, gt=0, le=1, description="first global batch, as a fraction")
+    ramp_fraction: float = Field(default=0.02, gt=0, le=0.5, description="share of the token budget the ramp spans")
+
+
+class TuningSection(_Strict):
+    precision: Union[Precision, Auto] = AUTO
+    fp8_recipe: Union[Fp8Recipe, Auto] = AUTO
+    activation_checkpointing: Union[Checkpointing, Auto] = AUTO
+    sharding: Union[Sharding, Auto] = AUTO
+    shard_group_size: Union[Annotated[int, Field(ge=1)], Auto] = AUTO
+    micro_batch_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
+    batch_ramp: Union[bool, BatchRampSpec, Auto] = AUTO
+
+
+class Recipe(_Strict):
+    """A training recipe. See ``recipes/`` for templates."""
+
+    name: str = Field(max_length=256, pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name")
+    description: str | None = None
+    model: ModelSection
+    data: DataSection
+    sequence_length: int = Field(ge=128, le=131072)
+    budget: BudgetSection
+    optimizer: OptimizerSection = OptimizerSection()
+    compute: ComputeSection
+    checkpointing: CheckpointSection = CheckpointSection()
+    monitoring: MonitoringSection = MonitoringSection()
+    probe: ProbeSection = ProbeSection()
+    tuning: TuningSection = TuningSection()
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
+            if not re.fullmatch(r"[\w.:/=+\-@ ]{1,128}", key) or key.startswith("aws:"):
+                raise ValueError(f"tag key {key!r} is not a valid AWS tag key")
+        return tags
+
+    @model_validator(mode="after")
+    def _budget(self) -> "Recipe":
+        if self.budget.global_batch_tokens % self.sequence_length:
+            raise ValueError(
+                f"{AT}budget.global_batch_tokens: {self.budget.global_batch_tokens} is not a multiple of "
+                f"sequence_length {self.sequence_length}"
+            )
+        if self.budget.total_tokens < self.budget.global_batch_tokens:
+            raise ValueError(f"{AT}budget.total_tokens: smaller than one global batch")
+        return self

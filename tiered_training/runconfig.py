@@ -1,0 +1,169 @@
+"""RunConfig: the one contract between the planner and the training container.
+
+The planner builds it from a Plan (``Plan.run_config()``); the pipeline passes it
+to the training job as hyperparameters; the container in ``training/`` reads it
+back with :meth:`RunConfig.from_hyperparameters`. There is no second schema.
+
+Hyperparameters are flat: one key per leaf field, dotted (``model.layers``), each
+value JSON-encoded as a string. SageMaker allows at most 100 keys and 2,500
+characters per value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .architecture import Architecture
+
+MAX_HYPERPARAMETERS = 100
+MAX_HYPERPARAMETER_VALUE = 2500
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Architecture):
+    """The model to train: its architecture, a display name and an optional starting checkpoint."""
+
+    name: str
+    init_checkpoint: str | None = Field(
+        default=None, description="S3 URI of a Hugging Face checkpoint; the pipeline mounts it as the 'model' channel"
+    )
+
+
+class ParallelConfig(_Frozen):
+    sharding: Literal["full", "hybrid", "none"]
+    shard_group_size: int = Field(ge=1, description="GPUs that share one copy of the sharded state")
+
+
+class PrecisionConfig(_Frozen):
+    precision: Literal["bf16", "fp8", "fp32"]
+    fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8"] | None = None
+    fp8_all_gather: bool = Field(default=False, description="FSDP all-gathers in float8 (tensorwise only)")
+    activation_checkpointing: Literal["none", "selective", "full"]
+    compile: bool = False
+    loss_chunk_tokens: int = Field(default=4096, ge=1, description="tokens per chunk of the vocabulary loss")
+
+
+class BatchConfig(_Frozen):
+    sequence_length: int
+    micro_batch_size: int
+    grad_accum_steps: int = Field(description="at the full global batch")
+    global_batch_tokens: int
+    total_steps: int
+    ramp_start_accum_steps: int | None = Field(default=None, description="accumulation at step 0 when ramping")
+    ramp_steps: int = 0
+
+
+class OptimizerConfig(_Frozen):
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    schedule: Literal["cosine", "linear", "constant"]
+    weight_decay: float
+    grad_clip: float
+    beta1: float
+    beta2: float
+
+
+class DataConfig(_Frozen):
+    token_dtype: Literal["uint16", "uint32"]
+    seed: int
+
+
+class CheckpointConfig(_Frozen):
+    interval_minutes: float
+    interval_steps: int = Field(default=0, ge=0, description="also save every N steps; 0 = by time only")
+    keep_last: int
+    shutdown_deadline_seconds: int
+
+
+class HardwareConfig(_Frozen):
+    """What the container needs to report MFU and memory fraction."""
+
+    instance_type: str
+    gpus_per_node: int
+    peak_bf16_flops: float = Field(description="dense BF16 FLOP/s per GPU")
+    hbm_bytes: int = Field(description="usable HBM per GPU")
+
+
+class ProbeConfig(_Frozen):
+    steps: int
+    micro_batch_candidates: list[int]
+
+
+class MetricsConfig(_Frozen):
+    namespace: str = "TieredTraining"
+    interval_steps: int = 10
+    plan_tokens_per_second_per_gpu: float = 0.0
+
+
+class RunConfig(_Frozen):
+    recipe_name: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    batch: BatchConfig
+    optimizer: OptimizerConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    hardware: HardwareConfig
+    probe: ProbeConfig
+    metrics: MetricsConfig = MetricsConfig()
+
+    # -- SageMaker hyperparameters -------------------------------------------------
+
+    def to_hyperparameters(self) -> dict[str, str]:
+        """Flat ``{"section.field": json}`` strings, within SageMaker's limits."""
+        flat: dict[str, str] = {}
+        for section, value in self.model_dump(mode="json").items():
+            if isinstance(value, dict):
+                for key, leaf in value.items():
+                    flat[f"{section}.{key}"] = json.dumps(leaf)
+            else:
+                flat[section] = json.dumps(value)
+        if len(flat) > MAX_HYPERPARAMETERS:
+            raise ValueError(f"RunConfig has {len(flat)} hyperparameters; SageMaker allows {MAX_HYPERPARAMETERS}")
+        for key, text in flat.items():
+            if len(text) > MAX_HYPERPARAMETER_VALUE:
+                raise ValueError(f"hyperparameter {key} is {len(text)} characters; the limit is {MAX_HYPERPARAMETER_VALUE}")
+        return flat
+
+    @classmethod
+    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> "RunConfig":
+        """Inverse of :meth:`to_hyperparameters`. Unknown keys are errors.
+
+        Values may be JSON strings (as SageMaker writes them) or already decoded.
+        SageMaker's own keys (``sagemaker_*``) are ignored.
+        """
+        nested: dict[str, Any] = {}
+        for key, raw in hyperparameters.items():
+            if key.startswith("sagemaker_"):
+                continue
+            value = _decode(raw)
+            section, _, leaf = key.partition(".")
+            if leaf:
+                nested.setdefault(section, {})[leaf] = value
+            else:
+                nested[section] = value
+        return cls.model_validate(nested)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.model_validate_json(text)
+
+
+def _decode(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
