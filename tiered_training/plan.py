@@ -1,0 +1,221 @@
+"""The Plan: a recipe with every ``auto`` resolved, each decision with its reason,
+plus the memory proof, the estimates and the findings.
+
+A Plan with errors never reaches the constructs (``Plan.require_ok``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .architecture import Architecture
+from .catalogs import Instance, Tier
+from .memory import MemoryBreakdown
+from .recipe import Recipe
+from .runconfig import (
+    BatchConfig,
+    CheckpointConfig,
+    DataConfig,
+    HardwareConfig,
+    MetricsConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    ProbeConfig,
+    RunConfig,
+)
+
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    field: str  # recipe path, for example "tuning.precision"
+    value: Any
+    reason: str
+    source: Literal["auto", "recipe", "derived"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity
+    code: str  # stable identifier, for example "fp8-unsupported"
+    message: str
+    fix: str = ""
+    field: str = ""
+
+
+@dataclass(frozen=True)
+class Estimates:
+    flops_per_token: float
+    tokens_per_second_per_gpu: float
+    tokens_per_second: float
+    mfu: float  # BF16-equivalent
+    mfu_source: str
+    step_time_seconds: float
+    total_steps: int
+    wall_time_hours: float
+    price_per_hour: float  # per node
+    price_source: str
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: Recipe
+    source: str | None  # the recipe's file, when it came from one
+    model_name: str
+    architecture: Architecture
+    tier: Tier
+    instance: Instance
+    nodes: int
+    # Resolved tuning
+    precision: str
+    fp8_recipe: str | None
+    activation_checkpointing: str
+    sharding: str
+    shard_group_size: int  # GPUs
+    micro_batch_size: int
+    grad_accum_steps: int
+    ramp_start_accum_steps: int | None
+    ramp_steps: int
+    warmup_steps: int
+    loss_chunk_tokens: int
+    compile: bool
+    memory: MemoryBreakdown | None
+    estimates: Estimates | None
+    decisions: tuple[Decision, ...] = ()
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.instance.gpus
+
+    @property
+    def parameters(self) -> int:
+        return self.architecture.parameters
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def require_ok(self) -> "Plan":
+        if not self.ok:
+            from .errors import PlanError
+
+            raise PlanError(self)
+        return self
+
+    def decision(self, field_path: str) -> Decision:
+        for decision in self.decisions:
+            if decision.field == field_path:
+                return decision
+        raise KeyError(field_path)
+
+    def run_config(self) -> RunConfig:
+        """The slice the training container needs. Only for a Plan without errors."""
+        self.require_ok()
+        assert self.estimates is not None
+        recipe = self.recipe
+        interval_steps = 0
+        candidates = sorted({max(1, self.micro_batch_size // 2), self.micro_batch_size, self.micro_batch_size * 2})
+        return RunConfig(
+            recipe_name=recipe.name,
+            model=ModelConfig(
+                name=self.model_name,
+                init_checkpoint=recipe.model.init_checkpoint,
+                **self.architecture.model_dump(),
+            ),
+            parallel=ParallelConfig(sharding=self.sharding, shard_group_size=self.shard_group_size),
+            precision=PrecisionConfig(
+                precision=self.precision,
+                fp8_recipe=self.fp8_recipe,
+                fp8_all_gather=self.fp8_recipe == "tensorwise" and self.sharding != "none",
+                activation_checkpointing=self.activation_checkpointing,
+                compile=self.compile,
+                loss_chunk_tokens=self.loss_chunk_tokens,
+            ),
+            batch=BatchConfig(
+                sequence_length=recipe.sequence_length,
+                micro_batch_size=self.micro_batch_size,
+                grad_accum_steps=self.grad_accum_steps,
+                global_batch_tokens=recipe.budget.global_batch_tokens,
+                total_steps=self.estimates.total_steps,
+                ramp_start_accum_steps=self.ramp_start_accum_steps,
+                ramp_steps=self.ramp_steps,
+            ),
+            optimizer=OptimizerConfig(
+                lr=recipe.optimizer.lr,
+                min_lr_ratio=recipe.optimizer.min_lr_ratio,
+                warmup_steps=self.warmup_steps,
+                schedule=recipe.optimizer.schedule,
+                weight_decay=recipe.optimizer.weight_decay,
+                grad_clip=recipe.optimizer.grad_clip,
+                beta1=recipe.optimizer.beta1,
+                beta2=recipe.optimizer.beta2,
+            ),
+            data=DataConfig(token_dtype=recipe.data.token_dtype, seed=recipe.data.seed),
+            checkpoint=CheckpointConfig(
+                interval_minutes=recipe.checkpointing.interval_minutes,
+                interval_steps=interval_steps,
+                keep_last=recipe.checkpointing.keep_last,
+                shutdown_deadline_seconds=recipe.checkpointing.shutdown_deadline_seconds,
+            ),
+            hardware=HardwareConfig(
+                instance_type=self.instance.name,
+                gpus_per_node=self.instance.gpus,
+                peak_bf16_flops=self.instance.peak_bf16_flops,
+                hbm_bytes=self.instance.hbm_bytes,
+            ),
+            probe=ProbeConfig(steps=recipe.probe.steps, micro_batch_candidates=candidates),
+            metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable, JSON-ready form (``plan --format json``)."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "ok": self.ok,
+            "model": {"name": self.model_name, "parameters": self.parameters, "tier": self.tier.name},
+            "compute": {
+                "instance_type": self.instance.name,
+                "gpu": self.instance.gpu,
+                "nodes": self.nodes,
+                "gpus": self.gpus,
+                "spot": self.recipe.compute.spot,
+            },
+            "tuning": {
+                "precision": self.precision,
+                "fp8_recipe": self.fp8_recipe,
+                "activation_checkpointing": self.activation_checkpointing,
+                "sharding": self.sharding,
+                "shard_group_size": self.shard_group_size,
+                "micro_batch_size": self.micro_batch_size,
+                "grad_accum_steps": self.grad_accum_steps,
+                "ramp_start_accum_steps": self.ramp_start_accum_steps,
+                "ramp_steps": self.ramp_steps,
+                "sequence_length": self.recipe.sequence_length,
+                "global_batch_tokens": self.recipe.budget.global_batch_tokens,
+            },
+            "memory_gib": self.memory.as_gib() if self.memory else None,
+            "memory_fraction": round(self.memory.fraction, 4) if self.memory else None,
+            "memory_headroom": self.tier.memory_headroom,
+            "estimates": asdict(self.estimates) if self.estimates else None,
+            "decisions": [asdict(d) for d in self.decisions],
+            "findings": [asdict(f) for f in self.findings],
+        }
