@@ -1,0 +1,166 @@
+"""The launcher: SageMaker's files in, torchrun argv and environment out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from training import launcher
+from training.launcher import LaunchError, build_launch
+
+from .helpers import REPO, tiny_config
+
+
+def _resourceconfig(hosts, current, instance_type):
+    return {
+        "current_host": current,
+        "current_instance_type": instance_type,
+        "current_group_name": "homogeneousCluster",
+        "hosts": hosts,
+        "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": hosts}],
+        "network_interface_name": "eth0",
+    }
+
+
+def _argdict(argv):
+    return dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+
+
+def test_single_node_p6_b200():
+    cfg = tiny_config()
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.p6-b200.48xlarge")
+    launch = build_launch(rc, cfg.to_hyperparameters(), {"SM_NUM_GPUS": "8", "PATH": "/usr/bin"})
+    args = _argdict(launch.argv)
+    assert launch.argv[0] == "torchrun"
+    assert launch.argv[-2:] == ["--module", "training"]
+    assert args == {
+        "nnodes": "1",
+        "node_rank": "0",
+        "nproc_per_node": "8",
+        "master_addr": "algo-1",
+        "master_port": str(launcher.MASTER_PORT),
+        "max_restarts": "0",
+    }
+    env = launch.env
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "100"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["TIERED_TRAINING_MODE"] == "train"
+    assert env["PATH"] == "/usr/bin"  # the rest of the environment passes through
+    assert "--probe" not in launch.argv
+
+
+@pytest.mark.parametrize("current", ["algo-1", "algo-2", "algo-3", "algo-4"])
+def test_four_node_p5(current):
+    cfg = tiny_config(hardware__instance_type="ml.p5.48xlarge")
+    hosts = ["algo-3", "algo-1", "algo-4", "algo-2"]  # order in the file is not the rank order
+    rc = _resourceconfig(hosts, current, "ml.p5.48xlarge")
+    launch = build_launch(rc, cfg.to_hyperparameters(), {})  # no SM_NUM_GPUS: the catalogue says 8
+    args = _argdict(launch.argv)
+    assert args["nnodes"] == "4"
+    assert args["node_rank"] == str(int(current.split("-")[1]) - 1)
+    assert args["master_addr"] == "algo-1"
+    assert args["nproc_per_node"] == "8"
+    assert launch.env["FI_PROVIDER"] == "efa"
+    assert launch.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert launch.env["NCCL_BUFFSIZE"] == "8388608"
+
+
+def test_host_order_is_numeric():
+    cfg = tiny_config()
+    hosts = [f"algo-{i}" for i in range(1, 12)]
+    launch = build_launch(_resourceconfig(hosts, "algo-10", "ml.p5.48xlarge"), cfg.to_hyperparameters(), {})
+    assert _argdict(launch.argv)["node_rank"] == "9"
+
+
+def test_environment_wins_and_probe_mode():
+    cfg = tiny_config()
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.p6-b200.48xlarge")
+    environ = {"TIERED_TRAINING_MODE": "probe", "NCCL_DEBUG": "INFO", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}
+    launch = build_launch(rc, cfg.to_hyperparameters(), environ, extra_args=["--foo"])
+    assert launch.argv[-3:] == ["training", "--probe", "--foo"]
+    assert launch.env["NCCL_DEBUG"] == "INFO"
+    assert launch.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "90"
+    assert launch.mode == "probe"
+
+
+def test_non_efa_instance_gets_no_efa_settings():
+    cfg = tiny_config(hardware__instance_type="ml.g5.12xlarge")
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.g5.12xlarge")
+    launch = build_launch(rc, cfg.to_hyperparameters(), {"SM_NUM_GPUS": "8"})
+    assert "FI_PROVIDER" not in launch.env and "NCCL_BUFFSIZE" not in launch.env
+
+
+@pytest.mark.parametrize(
+    "rc, message",
+    [
+        ({"hosts": ["algo-1"]}, "current_host"),
+        ({"current_host": "algo-1", "hosts": []}, "'hosts' must be"),
+        ({"current_host": "algo-9", "hosts": ["algo-1"]}, "not in hosts"),
+    ],
+)
+def test_bad_resourceconfig(rc, message):
+    with pytest.raises(LaunchError, match=message):
+        build_launch(rc, tiny_config().to_hyperparameters(), {"SM_NUM_GPUS": "1"})
+
+
+def test_bad_mode_and_hyperparameters():
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.p5.48xlarge")
+    with pytest.raises(LaunchError, match="TIERED_TRAINING_MODE"):
+        build_launch(rc, tiny_config().to_hyperparameters(), {"TIERED_TRAINING_MODE": "bench"})
+    with pytest.raises(LaunchError, match="not a valid RunConfig"):
+        build_launch(rc, {"recipe_name": '"x"'}, {})
+
+
+def _run_main(config_dir, **env):
+    environ = {**os.environ, "TIERED_TRAINING_CONFIG_DIR": str(config_dir), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "training.launcher"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "resourceconfig.json not found"),
+        ("{not json", "resourceconfig.json at .* is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+    ],
+)
+def test_main_missing_or_malformed_resourceconfig(tmp_path, content, expected):
+    (tmp_path / "hyperparameters.json").write_text(json.dumps(tiny_config().to_hyperparameters()))
+    if content is not None:
+        (tmp_path / "resourceconfig.json").write_text(content)
+    result = _run_main(tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("launcher: error: ")
+    import re
+
+    assert re.search(expected, lines[0])
+    assert "Traceback" not in result.stderr
+
+
+def test_main_execs_torchrun(tmp_path):
+    """main() execs whatever ``torchrun`` is first on PATH: a stub that records its argv and env."""
+    (tmp_path / "hyperparameters.json").write_text(json.dumps(tiny_config().to_hyperparameters()))
+    (tmp_path / "resourceconfig.json").write_text(
+        json.dumps(_resourceconfig(["algo-1", "algo-2"], "algo-2", "ml.p6-b200.48xlarge"))
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "torchrun"
+    stub.write_text('#!/bin/sh\necho "ARGS $*"\necho "SHUTDOWN $TORCH_ELASTIC_SHUTDOWN_TIMEOUT MODE $TIERED_TRAINING_MODE"\n')
+    stub.chmod(0o755)
+    result = _run_main(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe", SM_NUM_GPUS="8")
+    assert result.returncode == 0, result.stderr
+    assert "ARGS --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=algo-1" in result.stdout
+    assert "--module training --probe" in result.stdout
+    assert "SHUTDOWN 100 MODE probe" in result.stdout
