@@ -63,6 +63,7 @@ class StepStatsLike(Protocol):
     tokens_per_second: float
     checkpoint_save_s: float | None
     peak_memory_bytes: int | None
+    world_size: int
 
 
 # -- EMF plumbing: a stdout sink without environment detection ------------------------------
@@ -216,7 +217,7 @@ class MetricsHook:
         self.cfg = cfg
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self._world_size = world_size  # else StepStats.world_size, else WORLD_SIZE
         self.node = node or node_name()
         self.stream = stream
         self.interval = max(1, cfg.metrics.interval_steps)
@@ -265,7 +266,8 @@ class MetricsHook:
         """Rank 0's job-wide metrics for the current window."""
         w = self._window
         tokens_per_second = w.tokens / w.step_time if w.step_time > 0 else float(stats.tokens_per_second)
-        per_gpu = tokens_per_second / max(1, self.world_size)
+        world = self._world_size or getattr(stats, "world_size", None) or _env_int("WORLD_SIZE", 1)
+        per_gpu = tokens_per_second / max(1, world)
         mfu = 100.0 * self.flops_per_token * per_gpu / self.cfg.hardware.peak_bf16_flops
         values: list[tuple[MetricSpec, float]] = [
             (catalogue.TOKENS_PER_SECOND, tokens_per_second),

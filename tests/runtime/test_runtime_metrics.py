@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 
 import pytest
 
 from tiered_training import metrics as catalogue
 from training.metrics import MetricsHook, parse_emf_lines
+from training.step_stats import StepStats
 
 from .helpers import tiny_config
 
 GIB = 1024**3
 
 
-@dataclass
-class Stats:  # the fields of training.step_stats.StepStats that the hook reads
-    step: int
-    loss: float = 2.5
-    grad_norm: float = 1.25
-    lr: float = 3e-4
-    tokens: int = 4096
-    step_time_s: float = 0.5
-    data_wait_s: float = 0.05
-    tokens_per_second: float = 8192.0
-    checkpoint_save_s: float | None = None
-    peak_memory_bytes: int | None = None
-    micro_batch_size: int = 2
-    grad_accum_steps: int = 1
+def Stats(step, **fields):
+    """The trainer's real StepStats, with defaults for the fields a test does not care about."""
+    values = dict(
+        loss=2.5, grad_norm=1.25, lr=3e-4, tokens=4096, step_time_s=0.5, data_wait_s=0.05,
+        tokens_per_second=8192.0, micro_batch_size=2, grad_accum_steps=1,
+    )
+    values.update(fields)
+    return StepStats(step=step, **values)
 
 
 def _run(hook, steps, **fields):
@@ -56,8 +50,8 @@ def _metrics(event):
 def test_rank0_job_metrics_every_interval_on_cpu():
     cfg = tiny_config()  # interval 2, total 4 steps, 8 GPUs of 2.25 PFLOP/s
     out = io.StringIO()
-    hook = MetricsHook(cfg, rank=0, local_rank=0, world_size=2, node="algo-1", stream=out, gpu_sampler=None)
-    _run(hook, 4, checkpoint_save_s=lambda s: 1.5 if s == 3 else None)
+    hook = MetricsHook(cfg, rank=0, local_rank=0, node="algo-1", stream=out, gpu_sampler=None)
+    _run(hook, 4, checkpoint_save_s=lambda s: 1.5 if s == 3 else None, world_size=2)
     events = parse_emf_lines(out.getvalue())
     assert len(events) == 2  # steps 2 and 4; no GPU: no node event
     for event in events:
