@@ -87,7 +87,8 @@ class Plan:
     memory: MemoryBreakdown | None
     estimates: Estimates | None
     decisions: tuple[Decision, ...] = ()
-    findings: tuple[Finding, ...] = field(default=())
+    findings: tuple[Finding, ...] = ()
+    locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
 
     @property
     def name(self) -> str:

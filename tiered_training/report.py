@@ -1,0 +1,240 @@
+"""Render plans for people and machines: text tables, markdown for pull requests, stable JSON, diffs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from . import catalogs
+from .plan import Finding, Plan
+
+GIB = 1024**3
+SCHEMA_VERSION = 1
+
+
+def format_finding(plan: Plan, finding: Finding) -> str:
+    line = plan.locations.get(finding.field) if finding.field else None
+    if line is None and finding.field:
+        parts = finding.field.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            line = plan.locations.get(".".join(parts[:end]))
+            if line:
+                break
+    where = plan.source or plan.name
+    if line:
+        where += f":{line}"
+    field = f" {finding.field}:" if finding.field else ""
+    fix = f" Fix: {finding.fix}." if finding.fix else ""
+    return f"{where}: {finding.severity}[{finding.code}]:{field} {finding.message}.{fix}"
+
+
+def _hours(hours: float) -> str:
+    return f"{hours / 24:,.1f} d" if hours >= 48 else f"{hours:,.1f} h"
+
+
+def summary_row(plan: Plan) -> dict[str, str]:
+    """One plan as a row of short strings (shared by the text and markdown tables)."""
+    if not plan.ok or plan.memory is None or plan.estimates is None:
+        return {
+            "recipe": plan.name,
+            "model": plan.model_name,
+            "tier": plan.tier.name,
+            "compute": f"{plan.nodes}x {plan.recipe.compute.instance_type}",
+            "status": f"{len(plan.errors)} error(s)",
+        }
+    est = plan.estimates
+    precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
+    return {
+        "recipe": plan.name,
+        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B)",
+        "tier": plan.tier.name,
+        "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
+        "precision": precision,
+        "AC": plan.activation_checkpointing,
+        "sharding": f"{plan.sharding}/{plan.shard_group_size}",
+        "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
+        "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
+        "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
+        "MFU": f"{est.mfu:.1%}",
+        "time": _hours(est.wall_time_hours),
+        "cost": f"${est.cost_usd:,.0f}",
+        "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else ""),
+    }
+
+
+COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU", "time", "cost", "status")
+
+
+def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+    columns = list(columns)
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        out.append("| " + " | ".join(row.get(c, "") for c in columns) + " |")
+    return "\n".join(out)
+
+
+def plans_markdown(plans: list[Plan]) -> str:
+    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS)]
+    for plan in plans:
+        notes = [f for f in plan.findings if f.severity != "info"]
+        if notes:
+            parts.append(f"\n**{plan.name}**\n")
+            parts += [f"- {'❌' if f.severity == 'error' else '⚠️'} {format_finding(plan, f)}" for f in notes]
+    return "\n".join(parts) + "\n"
+
+
+def plans_json(plans: list[Plan]) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, "plans": [p.to_dict() for p in plans]}, indent=2, sort_keys=True)
+
+
+def explain_lines(plan: Plan) -> list[str]:
+    """Every decision with its reason, the memory proof, the estimates and every finding."""
+    out = [f"{plan.name}  ({plan.source or 'recipe'})", ""]
+    out.append("Decisions")
+    for d in plan.decisions:
+        value = d.value if not isinstance(d.value, dict) else ", ".join(f"{k}={v}" for k, v in d.value.items())
+        out.append(f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}")
+    if plan.memory is not None:
+        out += ["", f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom {plan.tier.memory_headroom:.0%})"]
+        for key, gib in plan.memory.as_gib().items():
+            if key != "hbm":
+                out.append(f"  {key:<22} {gib:>9,.2f} GiB")
+        verdict = "fits" if plan.memory.fraction <= plan.tier.memory_headroom else "does NOT fit"
+        out.append(f"  {'':<22} {plan.memory.fraction:>9.1%} of HBM: {verdict}")
+    if plan.estimates is not None:
+        e = plan.estimates
+        out += [
+            "",
+            "Estimates",
+            f"  FLOPs per token        {e.flops_per_token:,.3e}",
+            f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
+            f"  MFU (BF16-equivalent)  {e.mfu:.1%}  prior: {e.mfu_source}",
+            f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
+            f"  wall time              {_hours(e.wall_time_hours)}",
+            f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})",
+        ]
+    out += ["", "Findings"]
+    out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
+    return out
+
+
+# -- diff ---------------------------------------------------------------------------
+
+
+def _flat(plan: Plan) -> dict[str, Any]:
+    data = plan.to_dict()
+    flat = {"compute." + k: v for k, v in data["compute"].items()}
+    flat.update({"model." + k: v for k, v in data["model"].items()})
+    flat.update({"tuning." + k: v for k, v in data["tuning"].items()})
+    return flat
+
+
+def diff(old: Plan, new: Plan) -> dict[str, Any]:
+    """Changed decisions and the deltas that matter for review: memory, throughput, time, cost."""
+    before, after = _flat(old), _flat(new)
+    changed = [
+        {"field": key, "old": before.get(key), "new": after.get(key), "reason": _reason(new, key)}
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
+    metrics = {}
+    pairs = {
+        "memory_gib_per_gpu": lambda p: p.memory.total / GIB if p.memory else None,
+        "tokens_per_second": lambda p: p.estimates.tokens_per_second if p.estimates else None,
+        "mfu": lambda p: p.estimates.mfu if p.estimates else None,
+        "wall_time_hours": lambda p: p.estimates.wall_time_hours if p.estimates else None,
+        "cost_usd": lambda p: p.estimates.cost_usd if p.estimates else None,
+    }
+    for key, get in pairs.items():
+        a, b = get(old), get(new)
+        metrics[key] = {
+            "old": a,
+            "new": b,
+            "delta": (b - a) if a is not None and b is not None else None,
+            "ratio": (b / a) if a and b is not None else None,
+        }
+    old_codes = {(f.severity, f.code, f.message) for f in old.findings}
+    new_codes = {(f.severity, f.code, f.message) for f in new.findings}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "old": old.name,
+        "new": new.name,
+        "changed": changed,
+        "metrics": metrics,
+        "findings_added": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(new_codes - old_codes)],
+        "findings_removed": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(old_codes - new_codes)],
+    }
+
+
+def _reason(plan: Plan, key: str) -> str:
+    try:
+        return plan.decision(key).reason
+    except KeyError:
+        return ""
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "mfu":
+        return f"{value:.1%}"
+    if key == "cost_usd":
+        return f"${value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+def diff_markdown(result: dict[str, Any]) -> str:
+    out = [f"### Plan diff: `{result['old']}` → `{result['new']}`", ""]
+    if result["changed"]:
+        out += ["| decision | old | new | why |", "|---|---|---|---|"]
+        out += [f"| {c['field']} | {_fmt(c['field'], c['old'])} | {_fmt(c['field'], c['new'])} | {c['reason']} |" for c in result["changed"]]
+    else:
+        out.append("No decision changed.")
+    out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
+    for key, m in result["metrics"].items():
+        change = f"{m['ratio'] - 1:+.1%}" if m["ratio"] is not None else "-"
+        out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {change} |")
+    for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
+        if result[key]:
+            out += ["", f"**{title}**"] + [f"- {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
+    return "\n".join(out) + "\n"
+
+
+def diff_text(result: dict[str, Any]) -> str:
+    out = [f"{result['old']} -> {result['new']}"]
+    for c in result["changed"]:
+        out.append(f"  {c['field']}: {_fmt(c['field'], c['old'])} -> {_fmt(c['field'], c['new'])}" + (f"  ({c['reason']})" if c["reason"] else ""))
+    if not result["changed"]:
+        out.append("  no decision changed")
+    for key, m in result["metrics"].items():
+        change = f" ({m['ratio'] - 1:+.1%})" if m["ratio"] is not None else ""
+        out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}{change}")
+    for title, key in (("new", "findings_added"), ("resolved", "findings_removed")):
+        out += [f"  {title} {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
+    return "\n".join(out) + "\n"
+
+
+# -- tiers --------------------------------------------------------------------------
+
+TIER_COLUMNS = ("tier", "parameters", "precision", "batch", "activation checkpointing", "distribution", "headroom")
+
+
+def tier_rows() -> list[dict[str, str]]:
+    rows = []
+    lower = catalogs.tiers()[0].min_parameters
+    for tier in catalogs.tiers():
+        rows.append(
+            {
+                "tier": tier.name,
+                "parameters": f"{lower / 1e9:g}B-{tier.max_parameters / 1e9:g}B",
+                "precision": f"{tier.precision.upper()}: {tier.precision_why}",
+                "batch": tier.batch_why + (" (ramped)" if tier.batch_ramp else ""),
+                "activation checkpointing": f"{tier.activation_checkpointing}: {tier.checkpointing_why}",
+                "distribution": tier.distribution,
+                "headroom": f"{tier.memory_headroom:.0%} of HBM",
+            }
+        )
+        lower = tier.max_parameters
+    return rows
