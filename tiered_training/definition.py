@@ -1,0 +1,532 @@
+"""The SageMaker pipeline definition of a Plan, as a plain dict (no aws_cdk here).
+
+:func:`build_definition` is a pure function from a Plan (plus the names of the
+resources it runs on) to the pipeline-definition JSON that
+``AWS::SageMaker::Pipeline`` takes as ``PipelineDefinitionBody``. The constructs
+embed it with ``Stack.to_json_string``; tests check it without CDK.
+
+Shape of every pipeline (schema version 2020-12-01)::
+
+    Parameters: InstanceCount, MaxSteps, DataUri, SkipProbe
+    ProbeOrSkip (Condition: SkipProbe == true)
+      if:   TrainWithoutProbe (Training)
+      else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
+            Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
+              if:   Train (Training)
+              else: GateReason (Condition: throughput check alone)
+                      if:   FailMemory (Fail)
+                      else: FailThroughput (Fail)
+
+``SkipProbe`` defaults to ``not recipe.probe.enabled``, so every pipeline has the
+same parameters and steps, and a probe can still be forced (or skipped) per
+execution. Both Fail messages name the failed check and give the measured value
+next to the limit (``Std:Join``), so "by how much" is in the execution's failure
+reason.
+
+:func:`validate_definition` checks what SageMaker would reject at execution time:
+step and parameter names, references to unknown parameters or steps, each
+Training step's arguments against botocore's CreateTrainingJob input shape (with
+pipeline expressions replaced by typed placeholders), SageMaker's limits on
+hyperparameters, environment and metric definitions, and the body size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any, Iterator
+
+from . import metrics
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+SCHEMA_VERSION = "2020-12-01"
+MAX_BODY_CHARS = 1_048_576
+STEP_NAME_PATTERN = r"^[A-Za-z0-9\-_]{1,64}$"
+PARAMETER_NAME_PATTERN = r"^[A-Za-z0-9\-_]{1,64}$"
+MAX_ENVIRONMENT = 100
+MAX_METRIC_DEFINITIONS = 40
+
+# The container contract (training/launcher.py): the run mode travels in the environment.
+MODE_VARIABLE = "TIERED_TRAINING_MODE"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+TRAIN_CHANNEL = "train"
+MODEL_CHANNEL = "model"
+
+# Parameter names: stable, they are the pipeline's public interface.
+P_INSTANCE_COUNT = "InstanceCount"
+P_MAX_STEPS = "MaxSteps"
+P_DATA_URI = "DataUri"
+P_SKIP_PROBE = "SkipProbe"
+PARAMETERS = (P_INSTANCE_COUNT, P_MAX_STEPS, P_DATA_URI, P_SKIP_PROBE)
+
+# Step names: stable, they appear in job names, metrics and EventBridge events.
+S_PROBE_OR_SKIP = "ProbeOrSkip"
+S_PROBE = "Probe"
+S_GATE = "Gate"
+S_GATE_REASON = "GateReason"
+S_TRAIN = "Train"
+S_TRAIN_WITHOUT_PROBE = "TrainWithoutProbe"
+S_FAIL_THROUGHPUT = "FailThroughput"
+S_FAIL_MEMORY = "FailMemory"
+TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE)
+
+PROBE_TOKENS = "probe:tokens_per_second"
+PROBE_MEMORY = "probe:peak_memory_fraction"
+PROBE_MICRO_BATCH = "probe:best_micro_batch"
+
+# Retry: capacity and internal errors are worth retrying (the job resumes from the
+# checkpoint store); a bug in the recipe or the image is not.
+CAPACITY_RETRY = {
+    "ExceptionType": ["SageMaker.CAPACITY_ERROR", "SageMaker.JOB_INTERNAL_ERROR"],
+    "IntervalSeconds": 300,
+    "BackoffRate": 2.0,
+    "MaxAttempts": 5,
+}
+SERVICE_RETRY = {
+    "ExceptionType": ["Step.SERVICE_FAULT", "Step.THROTTLING"],
+    "IntervalSeconds": 30,
+    "BackoffRate": 2.0,
+    "MaxAttempts": 5,
+}
+# In-job restarts (instance failures) on top of the step's retry policies.
+JOB_RETRY_ATTEMPTS = 3
+VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
+PROBE_MAX_RUNTIME_SECONDS = 2 * 3600
+# The launcher derives NCCL_SOCKET_IFNAME from resourceconfig.json; fixing it here would win over that.
+LAUNCHER_OWNED_ENV = frozenset({"NCCL_SOCKET_IFNAME"})
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """Where a pipeline runs. Values may be CDK tokens (plain strings here).
+
+    - ``role_arn``: the SageMaker execution role the training jobs assume.
+    - ``image_uri``: the training image (its entry point is ``training/launcher.py``).
+    - ``checkpoint_s3_uri``: this recipe's checkpoint prefix (all hosts share it).
+    - ``output_s3_uri``: this recipe's output prefix (model artefacts, probe output).
+    - ``kms_key_id``: key for the job's output; default none (the bucket's default encryption).
+    - ``subnets`` / ``security_group_ids``: optional VPC for the jobs.
+    - ``extra_tags``: tags on every training job, after the recipe's own.
+    """
+
+    role_arn: str
+    image_uri: str
+    checkpoint_s3_uri: str
+    output_s3_uri: str
+    kms_key_id: str | None = None
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+
+def get(path: str) -> dict[str, str]:
+    return {"Get": path}
+
+
+def param(name: str) -> dict[str, str]:
+    return get(f"Parameters.{name}")
+
+
+def as_string(expression: Any) -> dict[str, Any]:
+    """A pipeline expression rendered as a string (what the SageMaker SDK's ``to_string`` does)."""
+    return {"Std:Join": {"On": "", "Values": [expression]}}
+
+
+def probe_metric(name: str) -> dict[str, str]:
+    return get(f"Steps.{S_PROBE}.FinalMetricDataList['{name}'].Value")
+
+
+def recipe_tag_key() -> str:
+    return "tiered-training:recipe"
+
+
+def tags_for(plan: "Plan", extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Tags on the pipeline and its training jobs: the recipe's, plus one that names the recipe."""
+    return {**plan.recipe.tags, **(extra or {}), recipe_tag_key(): plan.name}
+
+
+def family_environment(plan: "Plan") -> dict[str, str]:
+    """EFA and NCCL settings for the instance family, from the launcher (one source of truth).
+
+    The launcher sets the same values itself; writing them into the job's Environment
+    makes them visible in the pipeline definition and in DescribeTrainingJob.
+    """
+    from training.launcher import family_environment as launcher_family_environment
+
+    env = launcher_family_environment(plan.instance.name)
+    return {k: v for k, v in sorted(env.items()) if k not in LAUNCHER_OWNED_ENV}
+
+
+# -- the definition ------------------------------------------------------------------------
+
+
+def parameters(plan: "Plan") -> list[dict[str, Any]]:
+    assert plan.estimates is not None
+    return [
+        {"Name": P_INSTANCE_COUNT, "Type": "Integer", "DefaultValue": plan.nodes},
+        {"Name": P_MAX_STEPS, "Type": "Integer", "DefaultValue": plan.estimates.total_steps},
+        {"Name": P_DATA_URI, "Type": "String", "DefaultValue": plan.recipe.data.uri},
+        {"Name": P_SKIP_PROBE, "Type": "Boolean", "DefaultValue": not plan.recipe.probe.enabled},
+    ]
+
+
+def hyperparameters(plan: "Plan") -> dict[str, Any]:
+    """The RunConfig as hyperparameters; ``batch.total_steps`` follows the MaxSteps parameter."""
+    hp: dict[str, Any] = dict(plan.run_config().to_hyperparameters())
+    # json.dumps(int) is the bare number, so the parameter's string form decodes the same way.
+    hp["batch.total_steps"] = as_string(param(P_MAX_STEPS))
+    return hp
+
+
+def probe_threshold(plan: "Plan") -> float:
+    """Tokens/s per GPU the probe must reach: the recipe's fraction of the plan."""
+    assert plan.estimates is not None
+    return round(plan.recipe.probe.min_throughput_fraction * plan.estimates.tokens_per_second_per_gpu, 2)
+
+
+def memory_limit(plan: "Plan") -> float:
+    """Peak memory fraction (0-1) the probe may reach: the tier's headroom."""
+    return plan.tier.memory_headroom
+
+
+def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: bool) -> dict[str, Any]:
+    """CreateTrainingJob arguments (less TrainingJobName, which the pipeline generates)."""
+    assert plan.estimates is not None
+    recipe = plan.recipe
+    compute = recipe.compute
+    env = family_environment(plan)
+    env[MODE_VARIABLE] = "probe" if probe else "train"
+
+    channels = [_channel(TRAIN_CHANNEL, param(P_DATA_URI), recipe.data.input_mode)]
+    if recipe.model.init_checkpoint:
+        # A Hugging Face checkpoint is read once at start: File mode copies it locally.
+        channels.append(_channel(MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
+
+    max_runtime = int(compute.max_runtime_hours * 3600)
+    if probe:
+        max_runtime = min(max_runtime, PROBE_MAX_RUNTIME_SECONDS)
+    stopping: dict[str, Any] = {"MaxRuntimeInSeconds": max_runtime}
+    if compute.spot:
+        wait_hours = compute.max_wait_hours or compute.max_runtime_hours
+        stopping["MaxWaitTimeInSeconds"] = max(max_runtime, int(wait_hours * 3600))
+
+    resource_config: dict[str, Any] = {
+        "InstanceType": plan.instance.name,
+        "InstanceCount": param(P_INSTANCE_COUNT),
+        "VolumeSizeInGB": VOLUME_SIZE_GB,
+    }
+    if compute.training_plan_arn:
+        resource_config["TrainingPlanArn"] = compute.training_plan_arn
+
+    output: dict[str, Any] = {"S3OutputPath": _join_uri(resources.output_s3_uri, "probe" if probe else "model")}
+    if resources.kms_key_id:
+        output["KmsKeyId"] = resources.kms_key_id
+
+    algorithm: dict[str, Any] = {
+        "TrainingImage": resources.image_uri,
+        "TrainingInputMode": recipe.data.input_mode,
+    }
+    if probe:
+        algorithm["MetricDefinitions"] = [
+            {"Name": name, "Regex": regex} for name, (_fmt, regex) in metrics.PROBE_METRICS.items()
+        ]
+
+    args: dict[str, Any] = {
+        "AlgorithmSpecification": algorithm,
+        "RoleArn": resources.role_arn,
+        "HyperParameters": hyperparameters(plan),
+        "InputDataConfig": channels,
+        "OutputDataConfig": output,
+        "ResourceConfig": resource_config,
+        "StoppingCondition": stopping,
+        "Environment": env,
+        "Tags": [{"Key": k, "Value": v} for k, v in tags_for(plan, resources.extra_tags).items()],
+    }
+    if compute.spot:
+        args["EnableManagedSpotTraining"] = True
+    if not probe:
+        # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
+        args["CheckpointConfig"] = {"S3Uri": resources.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}
+        args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
+    if resources.subnets:
+        args["VpcConfig"] = {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)}
+    return args
+
+
+def _channel(name: str, uri: Any, mode: str) -> dict[str, Any]:
+    return {
+        "ChannelName": name,
+        "DataSource": {
+            "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
+        },
+        "InputMode": mode,
+    }
+
+
+def _join_uri(prefix: str, leaf: str) -> str:
+    return prefix.rstrip("/") + "/" + leaf
+
+
+def training_step(name: str, args: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "Name": name,
+        "Type": "Training",
+        "Description": description,
+        "Arguments": args,
+        "RetryPolicies": [dict(CAPACITY_RETRY), dict(SERVICE_RETRY)],
+    }
+
+
+def _fail(name: str, message: list[Any]) -> dict[str, Any]:
+    return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": message}}}}
+
+
+def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
+    assert plan.estimates is not None
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
+    planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
+    fraction = plan.recipe.probe.min_throughput_fraction
+    throughput_ok = {"Type": "GreaterThanOrEqualTo", "LeftValue": probe_metric(PROBE_TOKENS), "RightValue": threshold}
+    memory_ok = {"Type": "LessThanOrEqualTo", "LeftValue": probe_metric(PROBE_MEMORY), "RightValue": limit}
+    measured_memory = [
+        "; peak memory fraction ",
+        probe_metric(PROBE_MEMORY),
+        f" (limit {limit}); best micro-batch ",
+        probe_metric(PROBE_MICRO_BATCH),
+        f" (plan {plan.micro_batch_size}).",
+    ]
+    fail_throughput = _fail(
+        S_FAIL_THROUGHPUT,
+        [
+            f"{plan.name}: probe throughput check failed: measured ",
+            probe_metric(PROBE_TOKENS),
+            f" tokens/s per GPU, needs at least {threshold} ({fraction:g} x the plan's {planned})",
+            *measured_memory,
+            " Fix the recipe or rerun with SkipProbe=true.",
+        ],
+    )
+    fail_memory = _fail(
+        S_FAIL_MEMORY,
+        [
+            f"{plan.name}: probe memory check failed: peak memory fraction ",
+            probe_metric(PROBE_MEMORY),
+            f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
+            "; throughput ",
+            probe_metric(PROBE_TOKENS),
+            f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
+        ],
+    )
+    reason = {
+        "Name": S_GATE_REASON,
+        "Type": "Condition",
+        "Description": "Which gate check failed",
+        "Arguments": {"Conditions": [throughput_ok], "IfSteps": [fail_memory], "ElseSteps": [fail_throughput]},
+    }
+    return {
+        "Name": S_GATE,
+        "Type": "Condition",
+        "Description": f"Probe tokens/s per GPU >= {threshold} and peak memory fraction <= {limit}",
+        "Arguments": {"Conditions": [throughput_ok, memory_ok], "IfSteps": [train], "ElseSteps": [reason]},
+    }
+
+
+def build_definition(plan: "Plan", resources: PipelineResources) -> dict[str, Any]:
+    """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
+    plan.require_ok()
+    train_args = training_arguments(plan, resources, probe=False)
+    probe = training_step(
+        S_PROBE,
+        training_arguments(plan, resources, probe=True),
+        f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
+    )
+    train = training_step(S_TRAIN, train_args, f"Full run: {plan.estimates.total_steps if plan.estimates else '?'} steps")
+    unprobed = training_step(S_TRAIN_WITHOUT_PROBE, train_args, "Full run without a probe (SkipProbe=true)")
+    root = {
+        "Name": S_PROBE_OR_SKIP,
+        "Type": "Condition",
+        "Description": "Skip the probe when SkipProbe is true",
+        "Arguments": {
+            "Conditions": [{"Type": "Equals", "LeftValue": param(P_SKIP_PROBE), "RightValue": True}],
+            "IfSteps": [unprobed],
+            "ElseSteps": [probe, gate_steps(plan, train)],
+        },
+    }
+    return {
+        "Version": SCHEMA_VERSION,
+        "Metadata": {"GeneratedBy": "tiered-training", "Recipe": plan.name},
+        "Parameters": parameters(plan),
+        "Steps": [root],
+    }
+
+
+def to_json(definition: dict[str, Any]) -> str:
+    return json.dumps(definition, separators=(",", ":"), sort_keys=False)
+
+
+# -- walking -------------------------------------------------------------------------------
+
+
+def iter_steps(steps: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every step, including those nested in Condition branches."""
+    for step in steps:
+        yield step
+        if step.get("Type") == "Condition":
+            args = step.get("Arguments", {})
+            yield from iter_steps(args.get("IfSteps", []))
+            yield from iter_steps(args.get("ElseSteps", []))
+
+
+def find_step(definition: dict[str, Any], name: str) -> dict[str, Any]:
+    for step in iter_steps(definition["Steps"]):
+        if step["Name"] == name:
+            return step
+    raise KeyError(name)
+
+
+def _expressions(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        if set(value) == {"Get"} and isinstance(value["Get"], str):
+            yield value["Get"]
+        for child in value.values():
+            yield from _expressions(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _expressions(child)
+
+
+def _is_expression(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Get", "Std:Join", "Std:JsonGet")
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+@cache
+def _create_training_job_shape():
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.operation_model("CreateTrainingJob").input_shape
+
+
+def placeholder_arguments(args: dict[str, Any]) -> dict[str, Any]:
+    """Training arguments with every pipeline expression replaced by a value of the member's type."""
+    request = {"TrainingJobName": "pipelines-placeholder", **args}
+    return _concretise(request, _create_training_job_shape())
+
+
+def _concretise(value: Any, shape) -> Any:
+    if _is_expression(value):
+        return _placeholder(shape)
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {k: _concretise(v, shape.members.get(k)) for k, v in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_concretise(v, shape.member) for v in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {k: _concretise(v, shape.value) for k, v in value.items()}
+    return value
+
+
+def _placeholder(shape) -> Any:
+    kind = shape.type_name if shape is not None else "string"
+    if kind == "string":
+        return "x" * max(1, shape.metadata.get("min", 1)) if shape is not None else "x"
+    if kind in ("integer", "long"):
+        return max(1, shape.metadata.get("min", 1))
+    if kind in ("float", "double"):
+        return 1.0
+    if kind == "boolean":
+        return True
+    if kind == "list":
+        return []
+    return {}
+
+
+def validate_training_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
+    """Problems in one Training step's arguments, each naming the field."""
+    from botocore.validate import ParamValidator
+
+    where = f"step {step_name}: " if step_name else ""
+    problems: list[str] = []
+    report = ParamValidator().validate(placeholder_arguments(args), _create_training_job_shape())
+    if report.has_errors():
+        text = report.generate_report()
+        problems += [f"{where}CreateTrainingJob {line.strip()}" for line in text.splitlines() if line.strip()]
+    hp = args.get("HyperParameters") or {}
+    if len(hp) > 100:
+        problems.append(f"{where}HyperParameters: {len(hp)} keys; SageMaker allows 100")
+    for key, text in hp.items():
+        if isinstance(text, str) and len(text) > 2500:
+            problems.append(f"{where}HyperParameters.{key}: {len(text)} characters; the limit is 2500")
+    env = args.get("Environment") or {}
+    if len(env) > MAX_ENVIRONMENT:
+        problems.append(f"{where}Environment: {len(env)} entries; SageMaker allows {MAX_ENVIRONMENT}")
+    for key, text in env.items():
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]{0,511}", key):
+            problems.append(f"{where}Environment.{key}: not a valid variable name")
+        if isinstance(text, str) and len(text) > 512:
+            problems.append(f"{where}Environment.{key}: {len(text)} characters; the limit is 512")
+    definitions = (args.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+    if len(definitions) > MAX_METRIC_DEFINITIONS:
+        problems.append(f"{where}AlgorithmSpecification.MetricDefinitions: {len(definitions)}; the limit is 40")
+    for number, definition in enumerate(definitions):
+        try:
+            re.compile(definition.get("Regex", ""))
+        except re.error as error:
+            problems.append(f"{where}AlgorithmSpecification.MetricDefinitions[{number}].Regex: {error}")
+    return problems
+
+
+def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
+    """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
+    problems: list[str] = []
+    if definition.get("Version") != SCHEMA_VERSION:
+        problems.append(f"Version: {definition.get('Version')!r}, expected {SCHEMA_VERSION!r}")
+    names = []
+    for parameter in definition.get("Parameters", []):
+        name = parameter.get("Name", "")
+        names.append(name)
+        if not re.fullmatch(PARAMETER_NAME_PATTERN, name):
+            problems.append(f"parameter {name!r}: does not match {PARAMETER_NAME_PATTERN}")
+        if parameter.get("Type") not in ("String", "Integer", "Boolean", "Float"):
+            problems.append(f"parameter {name}: unknown type {parameter.get('Type')!r}")
+    if len(set(names)) != len(names):
+        problems.append(f"parameters: duplicate names in {names}")
+    steps = list(iter_steps(definition.get("Steps", [])))
+    step_names = [s.get("Name", "") for s in steps]
+    if len(set(step_names)) != len(step_names):
+        problems.append(f"steps: duplicate names in {step_names}")
+    for step in steps:
+        name = step.get("Name", "")
+        if not re.fullmatch(STEP_NAME_PATTERN, name):
+            problems.append(f"step {name!r}: does not match {STEP_NAME_PATTERN}")
+        if step.get("Type") == "Training":
+            problems += validate_training_arguments(step.get("Arguments", {}), name)
+        for ref in _expressions(step.get("Arguments", {})):
+            head, _, rest = ref.partition(".")
+            target = rest.split(".")[0].split("[")[0]
+            if head == "Parameters" and target not in names:
+                problems.append(f"step {name}: references unknown parameter {target!r}")
+            elif head == "Steps" and target not in step_names:
+                problems.append(f"step {name}: references unknown step {target!r}")
+    if body is None:
+        body = to_json(definition)
+    if len(body) > MAX_BODY_CHARS:
+        problems.append(f"definition body: {len(body)} characters; the limit is {MAX_BODY_CHARS}")
+    return problems
+
+
+def probe_runtime_estimate(plan: "Plan") -> float:
+    """Seconds the probe's steps take at the plan's speed (not counting start-up)."""
+    if plan.estimates is None:
+        return math.nan
+    candidates = len(plan.run_config().probe.micro_batch_candidates)
+    return candidates * plan.recipe.probe.steps * plan.estimates.step_time_seconds
