@@ -157,7 +157,7 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
     for error in exc.errors(include_url=False):
         path, reached = _real_path(tuple(error["loc"]), data)
         message = _message(error, path)
-        match = re.match(rf"^(?:Value error, )?{AT}([\w.]+): (.*)$", message, re.S)
+        match = re.match(rf"^(?:Value error, )?{AT}([\w.]+): (.*)$", error["msg"], re.S)
         if match:  # a cross-field check names its own field
             path = tuple(match.group(1).split("."))
             message = match.group(2)
@@ -208,5 +208,5 @@ def _message(error: dict, path: tuple) -> str:
         return f"must be one of {ctx.get('expected', '')}"
     if kind == "string_pattern_mismatch":
         return f"does not match the required pattern {ctx.get('pattern', '')}"
-    msg = error["msg"]
+    msg = error["msg"].removeprefix("Value error, ")
     return msg[0].lower() + msg[1:] if msg else kind

@@ -16,6 +16,8 @@ from .plan import Decision, Estimates, Finding, Plan
 from .recipe import AUTO, BatchRampSpec, Recipe
 
 LOSS_CHUNK_TOKENS = 4096
+# When the batch ramps, keep at least this many accumulation steps at the full batch.
+RAMP_MIN_ACCUM = 4
 AC_ORDER = ("none", "selective", "full")
 FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.48xlarge or ml.p6-b300.48xlarge"
 # SageMaker's MaxWaitTimeInSeconds upper bound (28 days).
@@ -373,6 +375,9 @@ def _fit(recipe, arch, instance, tier, nodes, precision, per_gpu_sequences, b):
 
     if tuning.micro_batch_size == AUTO:
         batch_options = sorted(_divisors(per_gpu_sequences), reverse=True)
+        if _wants_ramp(recipe, tier) and per_gpu_sequences >= RAMP_MIN_ACCUM:
+            # A ramp needs accumulation steps to ramp through.
+            batch_options = [m for m in batch_options if per_gpu_sequences // m >= RAMP_MIN_ACCUM]
     else:
         batch_options = [tuning.micro_batch_size]
         if per_gpu_sequences % tuning.micro_batch_size:
@@ -450,10 +455,15 @@ def _record_fit(recipe, tier, instance, nodes, checkpointing, kind, group, micro
     b.decide("tuning.micro_batch_size", micro_batch, reason, tuning.micro_batch_size)
 
 
+def _wants_ramp(recipe: Recipe, tier: Tier) -> bool:
+    ramp = recipe.tuning.batch_ramp
+    return tier.batch_ramp if ramp == AUTO else bool(ramp)
+
+
 def _ramp_and_steps(recipe, tier, accum, micro_batch, gpus, b) -> tuple[int | None, int, int]:
     """Batch ramp (linear in gradient-accumulation steps) and the step count that meets the token budget."""
     tuning = recipe.tuning
-    want = tier.batch_ramp if tuning.batch_ramp == AUTO else bool(tuning.batch_ramp)
+    want = _wants_ramp(recipe, tier)
     spec = tuning.batch_ramp if isinstance(tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
     global_tokens = recipe.budget.global_batch_tokens
     tokens_per_accum = micro_batch * recipe.sequence_length * gpus
@@ -494,7 +504,7 @@ def _estimates(recipe, arch, instance, nodes, precision, fp8_recipe, checkpointi
     anchors = priors.anchors.get(instance.gpu, {})
     if precision == "fp8":
         key = "mxfp8" if fp8_recipe == "mxfp8" and "mxfp8" in anchors else "fp8"
-        anchor = anchors[key]
+        anchor = anchors.get(key) or anchors["bf16"]  # a GPU without FP8 is already an error
         mfu = anchor.mfu * fp8_gain(arch.hidden_size) / fp8_gain(4096)
         source = f"{anchor.source}; scaled for hidden size {arch.hidden_size}"
     else:

@@ -1,0 +1,45 @@
+"""Test helpers: a minimal valid recipe and ways to write variants of it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+BASE = {
+    "name": "unit-test",
+    "model": {"catalog": "llama-3.2-1b"},
+    "data": {"uri": "s3://bucket-for-tests/tokens/"},
+    "sequence_length": 4096,
+    "budget": {"total_tokens": 10_000_000_000, "global_batch_tokens": 4096 * 256},
+    "compute": {"instance_type": "ml.p6-b200.48xlarge", "instance_count": 1},
+}
+
+
+def recipe_dict(**overrides) -> dict:
+    """The base recipe with dotted-path overrides, e.g. recipe_dict(**{"tuning.precision": "fp8"})."""
+    data = copy.deepcopy(BASE)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is _DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return data
+
+
+_DELETE = object()
+
+DELETE = _DELETE
+
+
+def write_yaml(path: Path, data: dict | str) -> Path:
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path

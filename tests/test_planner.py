@@ -1,0 +1,315 @@
+"""The tier engine and planner: decisions at the tier boundaries, every hard error,
+parameter counts, and the memory arithmetic against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiered_training import catalogs, memory
+from tiered_training.architecture import Architecture
+from tiered_training.loader import parse_recipe
+from tiered_training.planner import plan_file, ramp_accum, resolve
+from tiered_training.recipe import Recipe
+
+from support import RECIPES, recipe_dict
+
+GIB = 1024**3
+
+
+def plan_of(**overrides):
+    return resolve(Recipe.model_validate(recipe_dict(**overrides)))
+
+
+def with_dimensions(params_target_layers: int, **overrides):
+    """A Llama-3-shaped model whose size is set by its layer count."""
+    dims = {"layers": params_target_layers, "hidden_size": 4096, "attention_heads": 32, "kv_heads": 8, "ffn_size": 14336, "vocab_size": 128256}
+    data = recipe_dict(**overrides)
+    data["model"] = {"dimensions": dims, "name": "probe-model"}
+    return resolve(Recipe.model_validate(data))
+
+
+def codes(plan, severity=None):
+    return {f.code for f in plan.findings if severity is None or f.severity == severity}
+
+
+# -- catalogues ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", sorted(catalogs.models()), ids=str)
+def test_parameter_counts_match_published_sizes(model):
+    entry = catalogs.models()[model]
+    assert entry.architecture.parameters == pytest.approx(entry.published_parameters, rel=0.005)
+
+
+def test_llama_31_8b_is_8_03_billion():
+    assert catalogs.models()["llama-3.1-8b"].architecture.parameters == 8_030_261_248
+
+
+def test_instance_catalogue_covers_every_family():
+    names = set(catalogs.instances())
+    for family in ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300"):
+        assert any(name.startswith(f"ml.{family}.") for name in names), family
+
+
+def test_instance_price_overrides(monkeypatch):
+    instance = catalogs.instances()["ml.p6-b200.48xlarge"]
+    assert instance.price()[0] == pytest.approx(113.93)
+    monkeypatch.setenv("TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE", "90.5")
+    assert instance.price() == (90.5, "environment TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE")
+    assert instance.price(70.0)[0] == 70.0
+    plan = plan_of(**{"compute.price_per_hour": 50.0})
+    assert plan.estimates.price_per_hour == 50.0
+
+
+# -- tiers at the boundaries ---------------------------------------------------------
+
+
+def test_seven_b_class_is_small_and_bf16():
+    plan = plan_of(**{"model.catalog": "mistral-7b"})  # 7.25B
+    assert plan.tier.name == "small"
+    assert plan.precision == "bf16"
+    assert plan.activation_checkpointing == "selective"
+    assert plan.ramp_steps == 0
+
+
+def test_just_above_seven_and_a_half_b_is_medium_fp8():
+    plan = plan_of(**{"model.catalog": "qwen2.5-7b"})  # 7.62B
+    assert plan.tier.name == "medium"
+    assert plan.precision == "fp8" and plan.fp8_recipe == "tensorwise"
+    assert plan.activation_checkpointing == "full"
+    assert plan.ramp_start_accum_steps is not None and plan.ramp_steps > 0
+
+
+@pytest.mark.parametrize("layers,tier", [(131, "medium"), (133, "large")])
+def test_thirty_b_boundary(layers, tier):
+    plan = with_dimensions(layers, **{"compute.instance_count": 2, "budget.global_batch_tokens": 4096 * 512})
+    assert (plan.parameters <= 30e9) == (tier == "medium")
+    assert plan.tier.name == tier
+    assert plan.ok, [f.message for f in plan.errors]
+
+
+def test_every_auto_field_gets_a_decision_with_a_reason():
+    plan = plan_of()
+    fields = {d.field for d in plan.decisions}
+    assert {"tuning.precision", "tuning.activation_checkpointing", "tuning.sharding", "tuning.shard_group_size", "tuning.micro_batch_size", "tuning.batch_ramp"} <= fields
+    assert all(d.reason for d in plan.decisions)
+
+
+def test_small_tier_takes_the_largest_micro_batch_under_headroom():
+    plan = plan_of()
+    assert plan.memory.fraction <= plan.tier.memory_headroom
+    per_gpu = plan.recipe.budget.global_batch_tokens // plan.recipe.sequence_length // plan.gpus
+    bigger = [d for d in range(plan.micro_batch_size + 1, per_gpu + 1) if per_gpu % d == 0]
+    if bigger:
+        arch = plan.architecture
+        est = memory.estimate(arch, precision="bf16", checkpointing="selective", sequence_length=4096, micro_batch=bigger[0], shard_group=8, hbm_bytes=plan.instance.hbm_bytes)
+        assert est.fraction > plan.tier.memory_headroom
+    assert plan.micro_batch_size * plan.grad_accum_steps * plan.gpus * 4096 == plan.recipe.budget.global_batch_tokens
+
+
+def test_override_against_tier_is_a_warning():
+    plan = plan_of(**{"tuning.precision": "fp8"})
+    assert plan.ok
+    assert "against-tier" in codes(plan, "warning")
+    assert "fp8-small-gain" in codes(plan, "warning")
+
+
+def test_model_outside_tiers_warns_unless_acknowledged():
+    tiny = {"layers": 2, "hidden_size": 512, "attention_heads": 8, "kv_heads": 8, "ffn_size": 1024, "vocab_size": 32000}
+    data = recipe_dict()
+    data["model"] = {"dimensions": tiny}
+    plan = resolve(Recipe.model_validate(data))
+    assert "outside-tiers" in codes(plan, "warning")
+    data["model"]["allow_outside_tiers"] = True
+    assert "outside-tiers" in codes(resolve(Recipe.model_validate(data)), "info")
+
+
+def test_multi_node_picks_smallest_shard_group_that_fits():
+    plan = resolve(Recipe.model_validate(recipe_dict(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512})))
+    assert plan.ok
+    assert plan.sharding == "hybrid" and plan.shard_group_size == 8
+
+
+def test_hybrid_grows_the_group_when_one_node_does_not_fit():
+    # A 64B-class model on P5 (80 GB) cannot hold its state on one node: the group grows.
+    data = recipe_dict(**{"compute.instance_type": "ml.p5.48xlarge", "compute.instance_count": 8, "budget.global_batch_tokens": 4096 * 1024})
+    data["model"] = {"dimensions": {"layers": 72, "hidden_size": 8192, "attention_heads": 64, "kv_heads": 8, "ffn_size": 28672, "vocab_size": 128256}}
+    plan = resolve(Recipe.model_validate(data))
+    assert plan.ok, [str(e) for e in plan.errors]
+    assert plan.shard_group_size > 8
+    assert "no smaller" in plan.decision("tuning.sharding").reason or plan.sharding == "hybrid"
+
+
+def test_fp8_falls_back_to_bf16_on_a100_when_auto():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p4de.24xlarge", "compute.instance_count": 2})
+    assert plan.precision == "bf16"
+    assert "no FP8" in plan.decision("tuning.precision").reason
+
+
+# -- hard errors ---------------------------------------------------------------------
+
+
+def test_error_fp8_on_a100():
+    plan = plan_of(**{"compute.instance_type": "ml.p4d.24xlarge", "tuning.precision": "fp8"})
+    assert "fp8-unsupported" in codes(plan, "error")
+    assert "bf16" in plan.errors[0].fix
+
+
+def test_error_mxfp8_on_hopper():
+    plan = plan_of(**{"compute.instance_type": "ml.p5.48xlarge", "tuning.precision": "fp8", "tuning.fp8_recipe": "mxfp8"})
+    assert "mxfp8-unsupported" in codes(plan, "error")
+
+
+def test_error_large_model_on_one_node():
+    plan = plan_of(**{"model.catalog": "qwen2.5-32b"})
+    assert "needs-multiple-nodes" in codes(plan, "error")
+    assert "instance_count" in next(f for f in plan.errors if f.code == "needs-multiple-nodes").fix
+
+
+def test_error_does_not_fit_anywhere_names_a_fix():
+    plan = plan_of(**{"model.catalog": "llama-3.1-70b", "compute.instance_type": "ml.p5.48xlarge", "compute.instance_count": 2, "model.allow_outside_tiers": True, "budget.global_batch_tokens": 4096 * 64})
+    error = next(f for f in plan.errors if f.code == "does-not-fit")
+    assert "GiB" in error.message and "instance_count" in error.fix
+    assert plan.estimates is None
+
+
+def test_error_spot_max_wait_shorter_than_runtime():
+    plan = plan_of(**{"compute.spot": True, "compute.max_runtime_hours": 48, "compute.max_wait_hours": 24})
+    assert "spot-max-wait" in codes(plan, "error")
+
+
+def test_spot_without_max_wait_gets_one():
+    plan = plan_of(**{"compute.spot": True, "compute.max_runtime_hours": 48})
+    assert plan.ok and plan.decision("compute.max_wait_hours").value == 96
+
+
+def test_error_sequence_longer_than_model_supports():
+    plan = plan_of(**{"model.catalog": "mistral-7b", "sequence_length": 65536, "budget.global_batch_tokens": 65536 * 8})
+    assert "sequence-too-long" in codes(plan, "error")
+
+
+def test_error_unknown_catalogue_entries_suggest_close_names():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8", "compute.instance_type": "ml.p6-b200.48xl"})
+    errors = {f.code: f for f in plan.errors}
+    assert "llama-3.1-8b" in errors["unknown-model"].fix
+    assert "ml.p6-b200.48xlarge" in errors["unknown-instance"].fix
+
+
+def test_error_global_batch_not_divisible_over_gpus():
+    plan = plan_of(**{"budget.global_batch_tokens": 4096 * 12, "compute.instance_count": 1})
+    assert "batch-not-divisible" in codes(plan, "error")
+
+
+def test_error_explicit_micro_batch_that_does_not_fit():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 131072, "tuning.micro_batch_size": 2, "budget.global_batch_tokens": 131072 * 16})
+    assert "does-not-fit" in codes(plan, "error")
+
+
+def test_plan_with_errors_never_yields_a_run_config():
+    from tiered_training.errors import PlanError
+
+    plan = plan_of(**{"model.catalog": "qwen2.5-32b"})
+    with pytest.raises(PlanError, match="needs-multiple-nodes"):
+        plan.run_config()
+
+
+# -- memory arithmetic ----------------------------------------------------------------
+
+
+def test_llama_8b_states_are_15_gib_per_gpu_over_8():
+    arch = catalogs.models()["llama-3.1-8b"].architecture
+    states = memory.sharded_state_bytes(arch, 8)
+    assert sum(states.values()) / GIB == pytest.approx(16 * 8.03e9 / 8 / GIB, rel=0.002)
+    assert sum(states.values()) / GIB == pytest.approx(14.96, abs=0.01)
+
+
+def test_activation_formula_matches_hand_count():
+    arch = Architecture(layers=1, hidden_size=256, attention_heads=8, kv_heads=2, ffn_size=688, vocab_size=512)
+    # Counted with saved_tensors_hooks on transformers' LlamaDecoderLayer (bf16): 10,920 bytes per token.
+    assert memory.activation_bytes_per_token(arch, "bf16", "none") == 10920
+    # ... and 19,752 bytes per token in fp32.
+    assert memory.activation_bytes_per_token(arch, "fp32", "none") == 19752
+    assert memory.activation_bytes_per_token(arch, "bf16", "full") == 2 * 256
+    assert memory.activation_bytes_per_token(arch, "fp8", "none") == memory.activation_bytes_per_token(arch, "bf16", "none")
+
+
+def test_llama_8b_breakdown_by_hand():
+    arch = catalogs.models()["llama-3.1-8b"].architecture
+    s, b = 8192, 2
+    est = memory.estimate(arch, precision="bf16", checkpointing="full", sequence_length=s, micro_batch=b, shard_group=8, hbm_bytes=179 * GIB)
+    h, V = 4096, 128256
+    assert est.activations == 32 * 2 * s * b * h + memory.activation_bytes_per_token(arch, "bf16", "none") * s * b + 2 * h * s * b
+    assert est.logits_and_loss == (4 * h + 4 + 4 * h) * s * b + 10 * 4096 * V
+    unchunked = memory.estimate(arch, precision="bf16", checkpointing="full", sequence_length=s, micro_batch=b, shard_group=8, hbm_bytes=179 * GIB, loss_chunk_tokens=None)
+    assert unchunked.logits_and_loss - est.logits_and_loss == 10 * (s * b - 4096) * V
+
+
+def test_128k_context_fits_on_b200_and_not_on_h100():
+    kwargs = {"model.catalog": "llama-3.1-8b", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8}
+    b200 = plan_of(**kwargs)
+    assert b200.ok and b200.micro_batch_size == 1
+    h100 = plan_of(**{**kwargs, "compute.instance_type": "ml.p5.48xlarge"})
+    assert not h100.ok and "does-not-fit" in codes(h100, "error")
+
+
+# -- estimates ----------------------------------------------------------------------
+
+
+def test_estimates_are_consistent():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b"})
+    e = plan.estimates
+    assert e.tokens_per_second == pytest.approx(e.tokens_per_second_per_gpu * plan.gpus)
+    assert e.mfu == pytest.approx(e.flops_per_token * e.tokens_per_second_per_gpu / plan.instance.peak_bf16_flops)
+    assert e.wall_time_hours == pytest.approx(plan.recipe.budget.total_tokens / e.tokens_per_second / 3600)
+    assert e.cost_usd == pytest.approx(e.wall_time_hours * plan.nodes * e.price_per_hour)
+
+
+def test_h100_bf16_prior_reproduces_torchtitan_anchor():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge", "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 64, "tuning.precision": "bf16", "tuning.activation_checkpointing": "selective"})
+    assert plan.estimates.tokens_per_second_per_gpu == pytest.approx(6667, rel=0.01)
+
+
+def test_ramp_reaches_full_batch_and_total_steps_meet_budget():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b"})
+    start, full, steps = plan.ramp_start_accum_steps, plan.grad_accum_steps, plan.ramp_steps
+    assert ramp_accum(0, start, full, steps) == start
+    assert ramp_accum(steps, start, full, steps) == full
+    per_accum = plan.micro_batch_size * plan.recipe.sequence_length * plan.gpus
+    tokens = sum(ramp_accum(i, start, full, steps) for i in range(plan.estimates.total_steps)) * per_accum
+    assert tokens >= plan.recipe.budget.total_tokens
+    assert tokens - plan.recipe.budget.total_tokens < plan.recipe.budget.global_batch_tokens
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_templates_plan_without_errors_or_warnings(path):
+    plan = plan_file(path)
+    assert plan.ok, [f.message for f in plan.errors]
+    assert not plan.warnings, [f.message for f in plan.warnings]
+
+
+def test_templates_cover_every_tier_and_a_p5_variant():
+    plans = [plan_file(p) for p in RECIPES]
+    assert {p.tier.name for p in plans} == {"small", "medium", "large"}
+    assert any(p.instance.family == "p5" for p in plans)
+    assert any(p.recipe.sequence_length == 131072 for p in plans)
+    assert any(p.sharding == "hybrid" for p in plans)
+    assert any(p.parameters > 60e9 and p.nodes >= 4 for p in plans)
+
+
+def test_findings_point_at_the_recipe_line(tmp_path):
+    text = "\n".join([
+        "name: line-test",
+        "model: {catalog: llama-3.2-1b}",
+        "data: {uri: 's3://bucket-for-tests/x/'}",
+        "sequence_length: 4096",
+        "budget: {total_tokens: 10000000000, global_batch_tokens: 1048576}",
+        "compute:",
+        "  instance_type: ml.p4d.24xlarge",
+        "tuning:",
+        "  precision: fp8",
+    ])
+    recipe, lines = parse_recipe(text, "line.yaml")
+    plan = resolve(recipe, source="line.yaml", lines=lines)
+    from tiered_training.report import format_finding
+
+    assert format_finding(plan, plan.errors[0]).startswith("line.yaml:9: error[fp8-unsupported]: tuning.precision:")
