@@ -254,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``TIERED_TRAINING_CONFIG_DIR`` overrides ``/opt/ml/input/config`` (smoke tests outside SageMaker).
     """
     extra = list(sys.argv[1:] if argv is None else argv)
+    if extra[:1] == ["train"]:  # SageMaker runs `docker run <image> train`
+        extra = extra[1:]
     config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR", str(CONFIG_DIR)))
     try:
         launch = launch_from_files(config_dir, os.environ, extra)

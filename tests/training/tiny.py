@@ -1,0 +1,66 @@
+"""A tiny RunConfig and a learnable synthetic token dataset, shared by the trainer tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tiered_training.runconfig import RunConfig
+
+VOCAB = 256
+
+
+def tiny_config(**overrides) -> RunConfig:
+    """A 2-layer, 64-wide Llama with GQA; override sections with dicts, e.g. precision={...}."""
+    data = {
+        "recipe_name": "tiny-test",
+        "model": {
+            "name": "tiny-llama", "layers": 2, "hidden_size": 64, "attention_heads": 4, "kv_heads": 2,
+            "ffn_size": 128, "vocab_size": VOCAB, "max_sequence_length": 256, "rope_theta": 10000.0,
+        },
+        "parallel": {"sharding": "full", "shard_group_size": 2},
+        "precision": {"precision": "fp32", "activation_checkpointing": "none", "loss_chunk_tokens": 24},
+        "batch": {"sequence_length": 32, "micro_batch_size": 2, "grad_accum_steps": 1, "global_batch_tokens": 128,
+                  "total_steps": 20},
+        "optimizer": {"lr": 3e-3, "min_lr_ratio": 0.1, "warmup_steps": 2, "schedule": "cosine", "weight_decay": 0.01,
+                      "grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95},
+        "data": {"token_dtype": "uint16", "seed": 1234},
+        "checkpoint": {"interval_minutes": 0, "interval_steps": 5, "keep_last": 3, "shutdown_deadline_seconds": 60},
+        "hardware": {"instance_type": "cpu", "gpus_per_node": 2, "peak_bf16_flops": 1e12, "hbm_bytes": 2**34},
+        "probe": {"steps": 3, "micro_batch_candidates": [1, 2]},
+    }
+    for section, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(section), dict):
+            data[section] = {**data[section], **value}
+        else:
+            data[section] = value
+    return RunConfig.model_validate(data)
+
+
+def write_learnable_shards(data_dir: Path, *, tokens: int = 40_000, shards: int = 2, seed: int = 0, dtype=np.uint16) -> None:
+    """A noisy bigram language: next = (3 * prev + 7) % 256 most of the time.
+
+    A model that learns the bigram gets far below ln(256) = 5.5 nats.
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    seq = np.empty(tokens, dtype=np.int64)
+    seq[0] = 1
+    noise = rng.random(tokens) < 0.1
+    random_tokens = rng.integers(0, VOCAB, tokens)
+    for i in range(1, tokens):
+        seq[i] = random_tokens[i] if noise[i] else (3 * seq[i - 1] + 7) % VOCAB
+    for index, part in enumerate(np.array_split(seq, shards)):
+        part.astype(dtype).tofile(data_dir / f"shard-{index:05d}.bin")
+
+
+def write_config(cfg: RunConfig, path: Path) -> Path:
+    Path(path).write_text(cfg.to_json())
+    return Path(path)
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())

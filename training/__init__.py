@@ -1,0 +1,10 @@
+"""The training container's trainer: FSDP2, FP8, activation checkpointing, DCP checkpoints.
+
+This package is the only place in the repo that imports torch. Importing
+``training`` itself stays light; the public entry points are
+
+- :func:`training.trainer.run` (``run(cfg, paths, hooks=(), max_steps=None) -> RunResult``),
+- :class:`training.step_stats.StepStats`, handed to every hook on every rank,
+- :class:`training.paths.Paths`, where data, checkpoints and the model live,
+- ``python -m training`` under ``torchrun`` (see ``training/__main__.py``).
+"""

@@ -1,0 +1,62 @@
+"""``python -m training`` (run it under ``torchrun``).
+
+    torchrun --nproc_per_node 8 -m training --config run.json
+    torchrun ... -m training            # SageMaker: /opt/ml/input/config/hyperparameters.json
+    torchrun ... -m training --probe    # a short probe run (training.probe.run_probe)
+
+The RunConfig comes from ``--config`` (a RunConfig JSON file, or a hyperparameters JSON
+of flat ``section.field`` keys), else from SageMaker's hyperparameters file. Paths
+default to SageMaker's and can be overridden by flags or ``TT_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tiered_training.runconfig import RunConfig
+
+from .paths import HYPERPARAMETERS_FILE, Paths
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """A RunConfig JSON (nested sections) or SageMaker hyperparameters (flat dotted keys)."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and any("." in key for key in data):
+        return RunConfig.from_hyperparameters(data)
+    return RunConfig.model_validate(data)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help=f"RunConfig JSON or hyperparameters JSON (default: {HYPERPARAMETERS_FILE})")
+    parser.add_argument("--data-dir", help="token shards (default: $TT_DATA_DIR, $SM_CHANNEL_TRAIN, /opt/ml/input/data/train)")
+    parser.add_argument("--checkpoint-dir", help="checkpoints (default: $TT_CHECKPOINT_DIR, /opt/ml/checkpoints)")
+    parser.add_argument("--model-dir", help="final HF model (default: $TT_MODEL_DIR, $SM_MODEL_DIR, /opt/ml/model)")
+    parser.add_argument("--init-dir", help="HF checkpoint to start from (default: $TT_INIT_DIR, $SM_CHANNEL_MODEL, /opt/ml/input/data/model)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in this run")
+    parser.add_argument("--probe", action="store_true", help="run a probe (training.probe.run_probe) instead of training")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_config(args.config or HYPERPARAMETERS_FILE)
+    paths = Paths.resolve(
+        data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir, model_dir=args.model_dir, init_dir=args.init_dir
+    )
+    if args.probe:
+        from .probe import run_probe
+
+        result = run_probe(cfg, paths)
+        return int(result) if isinstance(result, int) else 0
+    from .trainer import run
+
+    run(cfg, paths, max_steps=args.max_steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Cross-entropy over the vocabulary, computed in chunks of tokens.
+
+Full logits are ``tokens x vocab``; their fp32 upcast and gradient dominate memory at
+long context (about 10 bytes per logit). Here each chunk of ``chunk_tokens`` tokens
+is projected, upcast and reduced inside its own activation checkpoint, so at most
+one chunk's logits exist at a time, in the forward and in the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+
+
+def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = hidden @ weight.t()
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
+    """Mean token cross-entropy of ``hidden @ weight.T`` against ``labels``.
+
+    hidden: [..., h] in the compute dtype; weight: [vocab, h]; labels: [...] (ignore -100).
+    """
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    labels = labels.reshape(-1)
+    count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        end = start + chunk_tokens
+        h, y = hidden[start:end], labels[start:end]
+        if hidden.requires_grad or weight.requires_grad:
+            total = total + checkpoint(_chunk_loss_sum, h, weight, y, use_reentrant=False)
+        else:
+            total = total + _chunk_loss_sum(h, weight, y)
+    return total / count

@@ -1,0 +1,135 @@
+"""The model: a Hugging Face LlamaForCausalLM, built on the meta device, sharded, then materialised.
+
+``build_model`` never allocates a whole model in one process: parameters live on the
+meta device until :func:`materialize` (after sharding) gives each rank its shards.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tiered_training.runconfig import ModelConfig
+
+INITIALIZER_RANGE = 0.02
+
+
+def llama_config(model: ModelConfig) -> LlamaConfig:
+    """The Hugging Face config for the RunConfig's architecture."""
+    return LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_size,
+        num_hidden_layers=model.layers,
+        num_attention_heads=model.attention_heads,
+        num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.max_sequence_length,
+        rms_norm_eps=model.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": model.rope_theta},
+        tie_word_embeddings=model.tied_embeddings,
+        attention_bias=model.qkv_bias,
+        initializer_range=INITIALIZER_RANGE,
+        use_cache=False,
+    )
+
+
+def check_matches(config: LlamaConfig, model: ModelConfig) -> None:
+    """A starting checkpoint must have the architecture the plan was made for."""
+    expected = {
+        "num_hidden_layers": model.layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.attention_heads,
+        "num_key_value_heads": model.kv_heads,
+        "intermediate_size": model.ffn_size,
+        "vocab_size": model.vocab_size,
+    }
+    wrong = {k: (getattr(config, k), v) for k, v in expected.items() if getattr(config, k) != v}
+    if wrong:
+        detail = ", ".join(f"{k}: checkpoint {got}, plan {want}" for k, (got, want) in wrong.items())
+        raise ValueError(f"the init checkpoint does not match the planned architecture ({detail})")
+
+
+def build_model(model: ModelConfig, init_dir: Path | None = None) -> LlamaForCausalLM:
+    """A LlamaForCausalLM on the meta device (SDPA attention, no KV cache).
+
+    With ``init_dir``, the config comes from the checkpoint's ``config.json`` (checked
+    against the plan); its weights are loaded after sharding by ``load_init_weights``.
+    """
+    if init_dir is not None:
+        config = LlamaConfig.from_pretrained(init_dir)
+        check_matches(config, model)
+        config.use_cache = False
+    else:
+        config = llama_config(model)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        lm = LlamaForCausalLM(config)
+    return lm
+
+
+def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
+    """Allocate the (sharded) parameters on ``device`` and initialise them.
+
+    Linear and embedding weights: N(0, 0.02), the output projections of each block
+    scaled by 1/sqrt(2 * layers) (GPT-2 style); norms: ones; biases: zeros. Then the
+    RoPE ``inv_freq`` buffers, which ``to_empty`` leaves as garbage, are recomputed.
+    """
+    lm.to_empty(device=device)
+    generator_state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    layers = lm.config.num_hidden_layers
+    with torch.no_grad():
+        for name, param in lm.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
+            else:
+                std = INITIALIZER_RANGE
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    std /= math.sqrt(2 * layers)
+                nn.init.normal_(param, mean=0.0, std=std)
+    torch.set_rng_state(generator_state)
+    reset_rope(lm, device)
+
+
+def reset_rope(lm: nn.Module, device: torch.device) -> None:
+    """Recompute every rotary embedding's non-persistent ``inv_freq`` (and its original copy)."""
+    for module in lm.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "config"):
+            rope_type = getattr(module, "rope_type", "default")
+            if rope_type == "default":
+                inv_freq, scaling = module.compute_default_rope_parameters(module.config)
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](module.config, device)
+            with torch.no_grad():
+                module.inv_freq = inv_freq.to(device)
+                if hasattr(module, "original_inv_freq"):
+                    module.original_inv_freq = inv_freq.clone().to(device)
+            module.attention_scaling = scaling
+
+
+class CausalLMLoss(nn.Module):
+    """The training module: the causal LM's trunk plus a chunked loss over its output head.
+
+    FSDP's root is this wrapper, so ``forward`` runs with the root's parameters (embedding,
+    final norm, head) gathered. ``self.lm`` stays a plain LlamaForCausalLM with Hugging Face
+    parameter names for checkpoints and export.
+    """
+
+    def __init__(self, lm: LlamaForCausalLM, loss_chunk_tokens: int):
+        super().__init__()
+        self.lm = lm
+        self.loss_chunk_tokens = loss_chunk_tokens
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from .loss import chunked_cross_entropy
+
+        hidden = self.lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
+        return chunked_cross_entropy(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens)

@@ -1,0 +1,60 @@
+"""Sharding: the device mesh and FSDP2 ``fully_shard`` on every decoder layer and the root.
+
+- ``full``: a 1-D mesh ``("shard",)`` over all ranks.
+- ``hybrid``: a 2-D mesh ``("replicate", "shard")``; each group of
+  ``shard_group_size`` ranks shards one copy of the state, copies are replicated.
+- ``none``: a 2-D mesh with a shard dimension of 1, i.e. plain data parallelism
+  (every rank holds the whole state; gradients are all-reduced).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from tiered_training.runconfig import ParallelConfig, PrecisionConfig
+
+
+def build_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh:
+    if parallel.sharding == "full":
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    group = 1 if parallel.sharding == "none" else parallel.shard_group_size
+    if world_size % group:
+        raise ValueError(f"hybrid sharding: world size {world_size} is not a multiple of shard_group_size {group}")
+    return init_device_mesh(device_type, (world_size // group, group), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_group_size(mesh: DeviceMesh) -> int:
+    """Ranks that share one copy of the sharded state."""
+    return mesh["shard"].size() if "shard" in (mesh.mesh_dim_names or ()) else mesh.size()
+
+
+def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
+    """BF16 parameters and FP32 gradient reduction for bf16 and fp8; none (all fp32) for fp32."""
+    if precision.precision == "fp32":
+        return None
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def enable_tf32() -> None:
+    """FP32 training runs its matmuls in TF32 on GPUs that have it."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+
+
+def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precision: PrecisionConfig) -> nn.Module:
+    """``fully_shard`` each decoder layer, then the root (embedding, final norm, head).
+
+    The last layer is not resharded after forward: backward needs it at once.
+    """
+    kwargs = {"mesh": mesh}
+    policy = mixed_precision_policy(precision)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    for index, layer in enumerate(layers):
+        fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

@@ -1,0 +1,43 @@
+"""Where the trainer reads data and writes checkpoints and the final model.
+
+Defaults are SageMaker's; each can be overridden by a flag or an environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULTS = {
+    "data_dir": ("TT_DATA_DIR", "SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"),
+    "checkpoint_dir": ("TT_CHECKPOINT_DIR", None, "/opt/ml/checkpoints"),
+    "model_dir": ("TT_MODEL_DIR", "SM_MODEL_DIR", "/opt/ml/model"),
+    "init_dir": ("TT_INIT_DIR", "SM_CHANNEL_MODEL", "/opt/ml/input/data/model"),
+}
+HYPERPARAMETERS_FILE = "/opt/ml/input/config/hyperparameters.json"
+
+
+@dataclass(frozen=True)
+class Paths:
+    data_dir: Path
+    checkpoint_dir: Path
+    model_dir: Path
+    init_dir: Path | None = None  # a Hugging Face checkpoint to start from (config.json + safetensors)
+
+    @classmethod
+    def resolve(cls, **overrides: str | os.PathLike | None) -> "Paths":
+        """Flag value, else ``TT_*`` environment variable, else SageMaker's variable, else the default."""
+        values = {}
+        for field, (env, sm_env, default) in DEFAULTS.items():
+            value = overrides.get(field)
+            if value is None:
+                value = os.environ.get(env) or (os.environ.get(sm_env) if sm_env else None) or default
+            values[field] = Path(value)
+        return cls(**values)
+
+    def init_checkpoint(self) -> Path | None:
+        """The init directory, if it holds a Hugging Face checkpoint."""
+        if self.init_dir is not None and (self.init_dir / "config.json").is_file():
+            return self.init_dir
+        return None

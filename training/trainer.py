@@ -1,0 +1,305 @@
+"""The training loop: build, shard, resume, train, checkpoint, export.
+
+Public API::
+
+    from training.trainer import run
+    result = run(cfg, paths, hooks=[my_hook], max_steps=None)
+
+``hooks`` are callables receiving a :class:`~training.step_stats.StepStats` after every
+optimiser step, on every rank. ``torch.OutOfMemoryError`` propagates unchanged (a probe
+catches it). On SIGTERM the trainer finishes the current step, saves, waits for the save
+and returns with ``RunResult.stopped == True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from tiered_training.runconfig import RunConfig
+
+from . import float8
+from .ac import apply_ac
+from .checkpoint import CheckpointManager
+from .compile import apply_compile
+from .data import build_dataloader, split_batch
+from .dist import DistInfo, init_distributed, new_gloo_group
+from .export import export_hf, load_hf_weights
+from .model import CausalLMLoss, build_model, materialize
+from .optim import accum_steps_at, build_optimizer, build_scheduler, clip_grad_norm
+from .parallel import apply_fsdp, build_mesh, enable_tf32
+from .paths import Paths
+from .step_stats import StepStats
+
+log = logging.getLogger("training")
+
+Hook = Callable[[StepStats], None]
+
+
+@dataclass
+class RunResult:
+    step: int  # optimiser steps done in total (resumed ones included)
+    resumed_from: int | None  # the checkpoint step this run started from
+    stopped: bool  # True when SIGTERM ended the run early (after saving)
+    final_loss: float | None
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss, for the steps this run did
+    checkpoint_step: int | None = None  # last committed checkpoint
+    exported_to: Path | None = None
+
+
+class _StopSignal:
+    """Records SIGTERM; the loop stops at the next step boundary, on every rank together."""
+
+    def __init__(self):
+        self.received_at: float | None = None
+        self._previous = None
+
+    def install(self) -> None:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+            log.warning("SIGTERM received: finishing the current step, then saving")
+
+
+@dataclass
+class Trainer:
+    """The built pieces of one run (also handy for tests)."""
+
+    cfg: RunConfig
+    info: DistInfo
+    lm: torch.nn.Module
+    model: CausalLMLoss
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    mesh: object
+    float8_modules: list[str]
+
+
+def setup_logging(rank: int) -> None:
+    level = logging.INFO if rank == 0 else logging.WARNING
+    root = logging.getLogger("training")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level)
+
+
+def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None = None, emulate_fp8: bool | None = None) -> Trainer:
+    """Model, sharding, precision, checkpointing and optimiser, as the RunConfig says."""
+    info = info or init_distributed()
+    precision = cfg.precision
+    if emulate_fp8 is None:
+        emulate_fp8 = info.device.type != "cuda"
+    if precision.precision == "fp32":
+        enable_tf32()
+    float8.validate(precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
+    mesh = build_mesh(cfg.parallel, info.world_size, info.device.type)
+    init_dir = paths.init_checkpoint() if paths is not None else None
+    lm = build_model(cfg.model, init_dir)
+    converted = float8.apply_float8(lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
+    layers = lm.model.layers
+    apply_ac(layers, precision.activation_checkpointing)
+    if precision.compile:
+        apply_compile(layers)
+    model = CausalLMLoss(lm, precision.loss_chunk_tokens)
+    apply_fsdp(model, layers, mesh, precision)
+    materialize(lm, info.device, seed=cfg.data.seed)
+    if init_dir is not None:
+        log.info("loading initial weights from %s", init_dir)
+        load_hf_weights(lm, init_dir)
+    optimizer = build_optimizer(model, cfg.optimizer, info.device)
+    scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.batch.total_steps)
+    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted)
+
+
+def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    return {
+        "model": get_model_state_dict(trainer.model),
+        "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer),
+        "train": pickle.dumps({"step": step, "scheduler": trainer.scheduler.state_dict()}),
+        f"dataloader_rank{rank}": pickle.dumps(dataloader.state_dict()),
+        f"rng_rank{rank}": pickle.dumps(rng),
+    }
+
+
+def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
+    set_model_state_dict(trainer.model, state["model"])
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
+    train = pickle.loads(state["train"])
+    trainer.scheduler.load_state_dict(train["scheduler"])
+    dataloader.load_state_dict(pickle.loads(state[f"dataloader_rank{rank}"]))
+    rng = pickle.loads(state[f"rng_rank{rank}"])
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return int(train["step"])
+
+
+def run(
+    cfg: RunConfig,
+    paths: Paths,
+    *,
+    hooks: Iterable[Hook] = (),
+    max_steps: int | None = None,
+    resume: bool = True,
+    save_checkpoints: bool = True,
+    export: bool | None = None,
+) -> RunResult:
+    """Train as ``cfg`` says; see the module docstring.
+
+    max_steps: stop after this many optimiser steps in this call (a probe); such a run
+        saves no final checkpoint and exports nothing unless it also reaches total_steps.
+    export: write the HF model to ``paths.model_dir`` at the end (default: when total_steps is reached).
+    """
+    info = init_distributed()
+    setup_logging(info.rank)
+    hooks = list(hooks)
+    torch.manual_seed(cfg.data.seed + info.rank)
+    trainer = build(cfg, paths, info=info)
+    batch = cfg.batch
+    dataloader = build_dataloader(
+        paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
+        rank=info.rank, world_size=info.world_size, seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
+    )
+    save_group, control_group = new_gloo_group(), new_gloo_group()
+    ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
+                             save_group=save_group, control_group=control_group)
+    stop = _StopSignal()
+    stop.install()
+    try:
+        return _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export)
+    finally:
+        stop.uninstall()
+        try:
+            ckpt.wait()
+        except Exception:  # noqa: BLE001 - never mask the original error
+            log.exception("waiting for the in-flight checkpoint failed")
+
+
+def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
+    info, model, optimizer, scheduler = trainer.info, trainer.model, trainer.optimizer, trainer.scheduler
+    batch, device = cfg.batch, info.device
+    step, resumed_from = 0, None
+    if resume:
+        found = ckpt.resumable_step()
+        if found is not None:
+            state = _train_state(trainer, 0, dataloader, info.rank)
+            ckpt.load(found, state)
+            step = resumed_from = _restore(trainer, state, dataloader, info.rank)
+            log.info("resumed at step %d", step)
+    end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
+    result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None)
+    interval_s = cfg.checkpoint.interval_minutes * 60.0
+    last_save = time.monotonic()
+    data_iter = iter(dataloader)
+    precompute = float8.needs_precompute(cfg.precision)
+    if precompute:
+        float8.precompute_scales(model)
+    cuda = device.type == "cuda"
+
+    while step < end:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        accum = accum_steps_at(step, batch)
+        data_wait = 0.0
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        for _ in range(accum):
+            waited = time.perf_counter()
+            tokens = next(data_iter)
+            data_wait += time.perf_counter() - waited
+            inputs, labels = split_batch(tokens, device)
+            loss = model(inputs, labels) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if precompute:
+            float8.precompute_scales(model)
+        step += 1
+
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        loss_value = loss_sum.item() / info.world_size
+        grad_norm_value = float(grad_norm)
+        step_time = time.perf_counter() - started
+
+        # One small all-reduce decides, for all ranks together, whether to stop or save now.
+        flags = torch.tensor([
+            1 if stop.received_at is not None else 0,
+            1 if interval_s > 0 and time.monotonic() - last_save >= interval_s else 0,
+        ])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ckpt.control_group)
+        stopping = bool(flags[0])
+        due = bool(flags[1]) or (cfg.checkpoint.interval_steps > 0 and step % cfg.checkpoint.interval_steps == 0)
+        final = step >= batch.total_steps
+        save_s = None
+        committed = ckpt.poll()
+        if save_checkpoints and (due or stopping or final):
+            state = _train_state(trainer, step, dataloader, info.rank)
+            save_s = ckpt.save(step, state)
+            last_save = time.monotonic()
+            if stopping or final:
+                committed = ckpt.wait() or committed
+        if committed is not None:
+            result.checkpoint_step = committed
+
+        tokens_global = accum * batch.micro_batch_size * batch.sequence_length * info.world_size
+        stats = StepStats(
+            step=step, loss=loss_value, grad_norm=grad_norm_value, lr=lr, tokens=tokens_global,
+            step_time_s=step_time, data_wait_s=data_wait, tokens_per_second=tokens_global / step_time,
+            micro_batch_size=batch.micro_batch_size, grad_accum_steps=accum, checkpoint_save_s=save_s,
+            peak_memory_bytes=torch.cuda.max_memory_allocated(device) if cuda else None, world_size=info.world_size,
+        )
+        result.losses[step] = loss_value
+        result.final_loss = loss_value
+        result.step = step
+        if info.is_main:
+            log.info(stats.log_line())
+        for hook in hooks:
+            hook(stats)
+
+        if stopping:
+            elapsed = time.monotonic() - stop.received_at if stop.received_at is not None else 0.0
+            deadline = cfg.checkpoint.shutdown_deadline_seconds
+            log.warning("stopped by SIGTERM after step %d; checkpoint saved %.1f s after the signal (deadline %d s)",
+                        step, elapsed, deadline)
+            result.stopped = True
+            return result
+
+    if ckpt.in_flight is not None:
+        committed = ckpt.wait()
+        if committed is not None:
+            result.checkpoint_step = committed
+    if export if export is not None else step >= batch.total_steps:
+        started = time.perf_counter()
+        result.exported_to = export_hf(trainer.lm, paths.model_dir)
+        log.info("exported Hugging Face weights to %s in %.1f s", paths.model_dir, time.perf_counter() - started)
+    return result
