@@ -163,12 +163,17 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = match.group(2)
             reached = True
         dotted = ".".join(map(str, path))
-        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "reached": reached})
-        if message not in entry["messages"]:
+        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached})
+        if error["type"] == "literal_error" and not match:
+            entry["choices"].append(str((error.get("ctx") or {}).get("expected", "")))
+        elif message not in entry["messages"]:
             entry["messages"].append(message)
     problems = []
     for dotted, entry in grouped.items():
         path = entry["path"]
+        if entry["choices"]:
+            choices = ", ".join(entry["choices"]).replace(" or ", ", ")
+            entry["messages"].insert(0, f"must be one of {choices}")
         value, has_value = _value_at(data, path) if entry["reached"] else (None, False)
         if isinstance(value, (dict, list)):
             has_value = False

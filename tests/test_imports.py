@@ -1,0 +1,46 @@
+"""Light imports: the core loads no aws_cdk, torch or sagemaker SDK; only constructs/ imports
+aws_cdk and only training/ imports torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from support import ROOT
+
+HEAVY = ("aws_cdk", "torch", "sagemaker", "constructs", "jsii", "boto3", "botocore")
+
+
+def test_cli_and_planner_import_nothing_heavy():
+    code = (
+        "import sys, tiered_training, tiered_training.cli, tiered_training.planner, tiered_training.report, tiered_training.definition\n"
+        f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
+        "print(','.join(sorted(heavy)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def _imports(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module.split(".")[0]
+
+
+def test_only_constructs_import_aws_cdk_and_only_training_imports_torch():
+    offenders = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "node_modules", "cdk.out", "tests", "bench", "build"):
+            continue
+        modules = set(_imports(path))
+        if "aws_cdk" in modules and not (rel.parts[:2] == ("tiered_training", "constructs") or rel.name == "app.py"):
+            offenders.append(f"{rel} imports aws_cdk")
+        if modules & {"torch", "torchao", "torchdata", "transformers"} and rel.parts[0] != "training":
+            offenders.append(f"{rel} imports torch")
+    assert not offenders

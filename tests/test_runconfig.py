@@ -1,0 +1,49 @@
+"""RunConfig, the one contract with the container: hyperparameters both ways, within SageMaker's limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiered_training.planner import plan_file
+from tiered_training.runconfig import MAX_HYPERPARAMETER_VALUE, MAX_HYPERPARAMETERS, RunConfig
+
+from support import RECIPES
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_hyperparameters_round_trip_for_every_template(path):
+    config = plan_file(path).run_config()
+    hyperparameters = config.to_hyperparameters()
+    assert len(hyperparameters) <= MAX_HYPERPARAMETERS
+    assert all(isinstance(v, str) and len(v) <= MAX_HYPERPARAMETER_VALUE for v in hyperparameters.values())
+    assert RunConfig.from_hyperparameters(hyperparameters) == config
+    assert RunConfig.from_json(config.to_json()) == config
+
+
+def test_run_config_carries_the_plan_decisions():
+    plan = plan_file(RECIPES[0])
+    config = plan.run_config()
+    assert config.recipe_name == plan.name
+    assert config.precision.precision == plan.precision
+    assert config.precision.activation_checkpointing == plan.activation_checkpointing
+    assert config.parallel.shard_group_size == plan.shard_group_size
+    assert config.batch.micro_batch_size == plan.micro_batch_size
+    assert config.model.layers == plan.architecture.layers
+    assert config.hardware.peak_bf16_flops == plan.instance.peak_bf16_flops
+
+
+def test_sagemaker_keys_are_ignored_and_pipeline_overrides_parse():
+    config = plan_file(RECIPES[0]).run_config()
+    hyperparameters = config.to_hyperparameters()
+    hyperparameters["sagemaker_program"] = "x"
+    hyperparameters["batch.total_steps"] = "17"  # a pipeline parameter arrives as a plain string
+    assert RunConfig.from_hyperparameters(hyperparameters).batch.total_steps == 17
+
+
+def test_unknown_hyperparameter_is_rejected():
+    hyperparameters = plan_file(RECIPES[0]).run_config().to_hyperparameters()
+    hyperparameters["batch.bogus"] = json.dumps(1)
+    with pytest.raises(ValueError):
+        RunConfig.from_hyperparameters(hyperparameters)
