@@ -118,10 +118,10 @@ def test_bad_mode_and_hyperparameters():
         build_launch(rc, {"recipe_name": '"x"'}, {})
 
 
-def _run_main(config_dir, **env):
+def _run_main(config_dir, *args, **env):
     environ = {**os.environ, "TIERED_TRAINING_CONFIG_DIR": str(config_dir), **env}
     return subprocess.run(
-        [sys.executable, "-m", "training.launcher"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "training.launcher", *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60
     )
 
 
@@ -159,8 +159,9 @@ def test_main_execs_torchrun(tmp_path):
     stub = bin_dir / "torchrun"
     stub.write_text('#!/bin/sh\necho "ARGS $*"\necho "SHUTDOWN $TORCH_ELASTIC_SHUTDOWN_TIMEOUT MODE $TIERED_TRAINING_MODE"\n')
     stub.chmod(0o755)
-    result = _run_main(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe", SM_NUM_GPUS="8")
+    # SageMaker starts the container as `docker run <image> train`: that `train` is dropped.
+    result = _run_main(tmp_path, "train", PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe", SM_NUM_GPUS="8")
     assert result.returncode == 0, result.stderr
     assert "ARGS --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=algo-1" in result.stdout
-    assert "--module training --probe" in result.stdout
+    assert "--module training --probe\n" in result.stdout
     assert "SHUTDOWN 100 MODE probe" in result.stdout
