@@ -59,6 +59,7 @@ class RunResult:
     losses: dict[int, float] = field(default_factory=dict)  # step -> loss, for the steps this run did
     checkpoint_step: int | None = None  # last committed checkpoint
     exported_to: Path | None = None
+    trainer: "Trainer | None" = field(default=None, repr=False)  # the built model and optimiser, for callers that inspect them
 
 
 class _StopSignal:
@@ -213,7 +214,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             step = resumed_from = _restore(trainer, state, dataloader, info.rank)
             log.info("resumed at step %d", step)
     end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
-    result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None)
+    result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
     interval_s = cfg.checkpoint.interval_minutes * 60.0
     last_save = time.monotonic()
     data_iter = iter(dataloader)

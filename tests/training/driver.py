@@ -1,0 +1,139 @@
+"""Runs under ``torchrun`` for the multi-process trainer tests; writes JSON results for pytest.
+
+    torchrun --nproc_per_node N tests/training/driver.py losses --root DIR --sharding full --combos fp32:none,...
+    torchrun --nproc_per_node N tests/training/driver.py train --root DIR --out result.json [--sigterm-after 10] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tiered_training.memory import sharded_state_bytes  # noqa: E402
+from tiny import tiny_config, write_learnable_shards  # noqa: E402
+from training.dist import init_distributed  # noqa: E402
+from training.paths import Paths  # noqa: E402
+from training.trainer import run  # noqa: E402
+
+
+def _prepare_data(root: Path, rank: int) -> Path:
+    data = root / "data"
+    if rank == 0 and not data.exists():
+        write_learnable_shards(data)
+    dist.barrier()
+    return data
+
+
+def _state_bytes(trainer) -> dict:
+    """Bytes of fp32 parameters, gradients-to-be and AdamW moments this rank holds."""
+    param = sum(p.to_local().numel() * p.element_size() for p in trainer.model.parameters())
+    moments = 0
+    for state in trainer.optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = state[key]
+            t = t.to_local() if hasattr(t, "to_local") else t
+            moments += t.numel() * t.element_size()
+    return {"param": param, "optimizer": moments}
+
+
+def cmd_losses(args, info) -> None:
+    root = Path(args.root)
+    data = _prepare_data(root, info.rank)
+    results = {}
+    for combo in args.combos.split(","):
+        precision, ac = combo.split(":")[:2]
+        extra = {}
+        if precision == "fp8":
+            extra = {"fp8_recipe": "tensorwise", "fp8_all_gather": True}
+        cfg = tiny_config(
+            parallel={"sharding": args.sharding, "shard_group_size": args.shard_group},
+            precision={"precision": precision, "activation_checkpointing": ac, **extra},
+            batch={"total_steps": args.steps},
+            optimizer={"lr": 1e-2, "warmup_steps": 2},
+        )
+        started = time.perf_counter()
+        result = run(cfg, Paths(data, root / f"ckpt-{combo}", root / f"model-{combo}"), resume=False,
+                     save_checkpoints=False, export=False)
+        entry = {"losses": [result.losses[s] for s in sorted(result.losses)], "seconds": time.perf_counter() - started}
+        if precision == "fp32":
+            measured = _state_bytes(result.trainer)
+            planned = sharded_state_bytes(cfg.model, args.shard_group if args.sharding == "hybrid" else info.world_size)
+            entry["state_bytes"] = {"measured": measured, "planned": planned}
+        results[combo] = entry
+    if info.rank == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def cmd_train(args, info) -> None:
+    root = Path(args.root)
+    data = _prepare_data(root, info.rank)
+    cfg = tiny_config(batch={"total_steps": args.steps})
+    hooks = []
+    if args.sigterm_after:
+        def sigterm(stats):
+            if stats.step == args.sigterm_after and info.rank == 0:
+                os.kill(os.getppid(), signal.SIGTERM)  # torchrun forwards it to every worker
+                time.sleep(1.0)
+        hooks.append(sigterm)
+    if args.sigkill_after:
+        def sigkill(stats):
+            if stats.step >= args.sigkill_after and info.rank == args.sigkill_rank:
+                committed = (Path(args.ckpt or root / "ckpt") / f"step-{args.sigkill_after}" / "COMMITTED").exists()
+                if committed or stats.step >= args.sigkill_after + 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        hooks.append(sigkill)
+    paths = Paths(data, Path(args.ckpt or root / "ckpt"), Path(args.model or root / "model"))
+    result = run(cfg, paths, hooks=hooks)
+    out = {"step": result.step, "resumed_from": result.resumed_from, "stopped": result.stopped,
+           "losses": {str(k): v for k, v in result.losses.items()}, "checkpoint_step": result.checkpoint_step}
+    if args.dump_full:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(result.trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if info.rank == 0:
+            torch.save(full, args.dump_full)
+    if info.rank == 0:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    losses = sub.add_parser("losses")
+    losses.add_argument("--root", required=True)
+    losses.add_argument("--out", required=True)
+    losses.add_argument("--sharding", default="full")
+    losses.add_argument("--shard-group", type=int, default=2)
+    losses.add_argument("--combos", required=True)
+    losses.add_argument("--steps", type=int, default=12)
+    train = sub.add_parser("train")
+    train.add_argument("--root", required=True)
+    train.add_argument("--out", required=True)
+    train.add_argument("--ckpt")
+    train.add_argument("--model")
+    train.add_argument("--steps", type=int, default=20)
+    train.add_argument("--sigterm-after", type=int, default=0)
+    train.add_argument("--sigkill-after", type=int, default=0)
+    train.add_argument("--sigkill-rank", type=int, default=1)
+    train.add_argument("--dump-full")
+    args = parser.parse_args()
+    info = init_distributed()
+    {"losses": cmd_losses, "train": cmd_train}[args.cmd](args, info)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

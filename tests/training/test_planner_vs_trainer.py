@@ -1,0 +1,124 @@
+"""The planner's memory model against the real trainer (the planner's accuracy test).
+
+Activations: for each checkpointing mode, the bytes one decoder layer keeps for backward,
+per token, as ``tiered_training.memory.activation_bytes_per_token`` predicts, within 5%
+of what the real Hugging Face model (wrapped by ``training.ac``) keeps alive.
+
+How it is counted. A TorchDispatchMode sees every tensor any op creates during the
+forward and keeps a weak reference to its storage. After the forward, the storages
+still alive are exactly what is retained for backward: autograd's saved tensors (no
+checkpointing), the selective-checkpoint cache (SAC), or the inputs held by the
+checkpoint frames (full). Storages are counted once each, whatever views share them.
+Per layer = retained(L=2) - retained(L=1), so embeddings, RoPE tables and the final
+norm cancel. For ``none``, ``saved_tensors_hooks`` gives a second, independent count.
+
+Parameter and optimiser-state bytes are compared exactly on real FSDP2 runs in
+``test_multiprocess.py`` (rank 0 of a 2-rank full and a 2x2 hybrid mesh).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from tiered_training.architecture import Architecture  # noqa: E402
+from tiered_training.memory import activation_bytes_per_token  # noqa: E402
+
+SEQ, BATCH = 64, 2
+ARCH = dict(hidden_size=128, attention_heads=4, kv_heads=2, ffn_size=352, vocab_size=256, max_sequence_length=256)
+
+
+class _Storages(TorchDispatchMode):
+    """Weak references to every storage created by an op while active."""
+
+    def __init__(self, exclude=()):
+        super().__init__()
+        self.created: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and (key not in self.created or self.created[key][0].expired()) and key not in self.exclude:
+                    self.created[key] = (StorageWeakRef(storage), storage.nbytes())
+        return out
+
+    def alive_bytes(self) -> int:
+        return sum(size for ref, size in self.created.values() if not ref.expired())
+
+
+def _model(layers: int, dtype: torch.dtype, mode: str):
+    from transformers import LlamaForCausalLM
+
+    from tiered_training.runconfig import ModelConfig
+    from training.ac import apply_ac
+    from training.model import llama_config
+
+    model_cfg = ModelConfig(name="t", layers=layers, **ARCH)
+    config = llama_config(model_cfg)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(config).to(dtype)
+    apply_ac(lm.model.layers, mode)
+    return lm
+
+
+def _retained(layers: int, dtype: torch.dtype, mode: str) -> int:
+    lm = _model(layers, dtype, mode)
+    ids = torch.randint(0, 256, (BATCH, SEQ))
+    tracker = _Storages(exclude=[*lm.parameters(), *lm.buffers(), ids])
+    with tracker:
+        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+    assert hidden.requires_grad
+    alive = tracker.alive_bytes()
+    hidden.sum().backward()  # the retained tensors really serve backward
+    return alive
+
+
+def _saved_by_hooks(layers: int, dtype: torch.dtype) -> int:
+    """Bytes of the distinct storages autograd saves (a tensor saved by two ops counts once)."""
+    lm = _model(layers, dtype, "none")
+    ids = torch.randint(0, 256, (BATCH, SEQ))
+    params = {p.untyped_storage().data_ptr() for p in [*lm.parameters(), *lm.buffers()]}
+    saved: dict[int, int] = {}
+    keep = []  # hold every saved tensor so no address is reused while counting
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        keep.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+    hidden.sum().backward()
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_activation_bytes_per_layer(precision, dtype, mode):
+    arch = Architecture(layers=1, **ARCH)
+    planned = activation_bytes_per_token(arch, precision, mode) * SEQ * BATCH
+    measured = _retained(2, dtype, mode) - _retained(1, dtype, mode)
+    assert measured > 0
+    assert abs(planned - measured) / measured <= 0.05, (
+        f"{precision}/{mode}: planner {planned} B per layer, trainer keeps {measured} B ({planned / measured:.3f}x)"
+    )
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_activation_bytes_none_matches_saved_tensors_hooks(precision, dtype):
+    arch = Architecture(layers=1, **ARCH)
+    planned = activation_bytes_per_token(arch, precision, "none") * SEQ * BATCH
+    hooked = _saved_by_hooks(2, dtype) - _saved_by_hooks(1, dtype)
+    assert abs(planned - hooked) / hooked <= 0.05, f"planner {planned} B, saved_tensors_hooks {hooked} B"
