@@ -37,7 +37,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import metrics
 
@@ -156,8 +156,10 @@ def family_environment(plan: "Plan") -> dict[str, str]:
     The launcher sets the same values itself; writing them into the job's Environment
     makes them visible in the pipeline definition and in DescribeTrainingJob.
     """
-    from training.launcher import family_environment as launcher_family_environment
-
+    try:
+        from training.launcher import family_environment as launcher_family_environment
+    except ImportError:  # the library installed without the repo's training/: the launcher still sets them
+        return {}
     env = launcher_family_environment(plan.instance.name)
     return {k: v for k, v in sorted(env.items()) if k not in LAUNCHER_OWNED_ENV}
 
@@ -415,23 +417,29 @@ def _create_training_job_shape():
     return model.operation_model("CreateTrainingJob").input_shape
 
 
-def placeholder_arguments(args: dict[str, Any]) -> dict[str, Any]:
-    """Training arguments with every pipeline expression replaced by a value of the member's type."""
+def cdk_token(value: Any) -> bool:
+    """A CDK token encoded in a string (a role ARN, a bucket name): known only at deploy time."""
+    return isinstance(value, str) and "${Token[" in value
+
+
+def placeholder_arguments(args: dict[str, Any], is_placeholder: Callable[[Any], bool] = cdk_token) -> dict[str, Any]:
+    """Training arguments with every pipeline expression (and deploy-time token) replaced by a
+    value of the member's type."""
     request = {"TrainingJobName": "pipelines-placeholder", **args}
-    return _concretise(request, _create_training_job_shape())
+    return _concretise(request, _create_training_job_shape(), is_placeholder)
 
 
-def _concretise(value: Any, shape) -> Any:
-    if _is_expression(value):
+def _concretise(value: Any, shape, is_placeholder: Callable[[Any], bool]) -> Any:
+    if _is_expression(value) or is_placeholder(value):
         return _placeholder(shape)
     if shape is None:
         return value
     if shape.type_name == "structure" and isinstance(value, dict):
-        return {k: _concretise(v, shape.members.get(k)) for k, v in value.items()}
+        return {k: _concretise(v, shape.members.get(k), is_placeholder) for k, v in value.items()}
     if shape.type_name == "list" and isinstance(value, list):
-        return [_concretise(v, shape.member) for v in value]
+        return [_concretise(v, shape.member, is_placeholder) for v in value]
     if shape.type_name == "map" and isinstance(value, dict):
-        return {k: _concretise(v, shape.value) for k, v in value.items()}
+        return {k: _concretise(v, shape.value, is_placeholder) for k, v in value.items()}
     return value
 
 

@@ -1,0 +1,35 @@
+"""CDK constructs for tiered-training: the only package that imports aws_cdk.
+
+- :class:`CheckpointStore`: S3 (SSE-KMS, versioned, TLS only) for checkpoints and output.
+- :class:`TrainingRoles`: least-privilege execution and pipeline roles.
+- :class:`TrainingImage`: the training image, built from ``training/Dockerfile`` or an ECR URI.
+- :class:`TrainingPipeline`: the SageMaker pipeline of a Plan (Probe -> Gate -> Train | Fail).
+- :class:`TrainingMetricFactory`: the recipe's CloudWatch metrics, from the metric catalogue.
+- :class:`TrainingMonitoring`: alarms, failed-execution events and a dashboard.
+- :class:`TrainingPlatform`, :class:`PlatformStack`, :class:`RecipeStack`: composition.
+- :func:`build_app`: the app that ``app.py`` runs.
+"""
+
+from .app import build_app, load_plans
+from .checkpoint_store import CheckpointStore
+from .image import TrainingImage
+from .metric_factory import TrainingMetricFactory
+from .monitoring import NoSearchInAlarms, TrainingMonitoring
+from .pipeline import TrainingPipeline
+from .platform import PlatformStack, RecipeStack, TrainingPlatform
+from .roles import TrainingRoles
+
+__all__ = [
+    "CheckpointStore",
+    "NoSearchInAlarms",
+    "PlatformStack",
+    "RecipeStack",
+    "TrainingImage",
+    "TrainingMetricFactory",
+    "TrainingMonitoring",
+    "TrainingPipeline",
+    "TrainingPlatform",
+    "TrainingRoles",
+    "build_app",
+    "load_plans",
+]

@@ -1,0 +1,99 @@
+"""The CDK app: one stack per recipe in a directory, plus the shared platform stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aws_cdk import App, DefaultStackSynthesizer
+
+from .platform import STACK_PREFIX, PlatformStack, RecipeStack, stack_id
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+PLATFORM_STACK = f"{STACK_PREFIX}Platform"
+RECIPE_SUFFIXES = (".yaml", ".yml")
+# Feature flags the constructs are written for; set here so that `python app.py`, the
+# tests and `cdk synth` agree whatever cdk.json says.
+FEATURE_FLAGS = {
+    "@aws-cdk/aws-iam:minimizePolicies": True,
+    "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
+    "@aws-cdk/core:validateSnapshotRemovalPolicy": True,
+}
+
+
+class RecipeProblems(Exception):
+    """Recipes that cannot be planned; ``str()`` is the readable report (as ``tiered-training validate``)."""
+
+    def __init__(self, reports: list[str]):
+        self.reports = reports
+        super().__init__("\n".join(reports))
+
+
+def recipe_files(directory: str | Path) -> list[Path]:
+    path = Path(directory)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise RecipeProblems([f"{path}: no such recipe directory"])
+    return sorted(p for p in path.iterdir() if p.suffix in RECIPE_SUFFIXES and p.is_file())
+
+
+def load_plans(directory: str | Path) -> list["Plan"]:
+    """Every recipe in ``directory``, planned. Raises RecipeProblems listing every bad one."""
+    from ..errors import PlanError, RecipeError
+    from ..planner import plan_file
+
+    plans, reports = [], []
+    for path in recipe_files(directory):
+        try:
+            plan = plan_file(path)
+            plan.require_ok()
+        except (RecipeError, PlanError) as error:
+            reports.append(str(error))
+            continue
+        plans.append(plan)
+    names = [p.name for p in plans]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        files = [str(p.source) for p in plans if p.name == name]
+        reports.append(f"recipe name {name!r} is used by {', '.join(files)}: pipeline names must be unique")
+    if reports:
+        raise RecipeProblems(reports)
+    return plans
+
+
+def build_app(
+    plans: list["Plan"],
+    *,
+    app: App | None = None,
+    nag: bool = True,
+    platform_props: dict[str, Any] | None = None,
+    bootstrap_rule: bool = True,
+    **app_kwargs: Any,
+) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
+    """An app with the platform stack and one RecipeStack per plan (environment-agnostic)."""
+    if app is None:
+        app_kwargs["context"] = {**FEATURE_FLAGS, **app_kwargs.get("context", {})}
+        app = App(**app_kwargs)
+
+    def synthesizer() -> DefaultStackSynthesizer | None:
+        # One synthesizer per stack; without the bootstrap rule, templates hold only Resources (tests, moto).
+        return None if bootstrap_rule else DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
+
+    platform = PlatformStack(
+        app,
+        PLATFORM_STACK,
+        platform_props=platform_props,
+        description="tiered-training shared platform: checkpoint store, training image, alarm topic",
+        synthesizer=synthesizer(),
+    )
+    stacks = {
+        plan.name: RecipeStack(app, stack_id(plan.name), plan=plan, platform=platform.platform, synthesizer=synthesizer())
+        for plan in plans
+    }
+    if nag:
+        from .nag import add_nag
+
+        add_nag(app)
+    return app, platform, stacks

@@ -1,0 +1,99 @@
+"""TrainingPlatform: what many recipes share (checkpoint store, image, alarm topic), and the stacks.
+
+A platform repo composes one :class:`PlatformStack` and one :class:`RecipeStack` per
+recipe: 50 recipes, one bucket, one image, one topic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aws_cdk import Stack, Tags
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from .checkpoint_store import CheckpointStore
+from .image import TrainingImage
+from .monitoring import TrainingMonitoring, alarm_topic
+from .pipeline import TrainingPipeline
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+STACK_PREFIX = "TieredTraining-"
+
+
+class TrainingPlatform(Construct):
+    """The shared pieces.
+
+    Props:
+
+    - ``store``: a CheckpointStore to share; default a new one (``store_props`` are passed to it).
+    - ``image``: a TrainingImage; default built from ``training/Dockerfile``, or taken
+      from ``image_uri`` when given. ``region`` picks the base image build arg.
+    - ``topic``: the shared alarm topic; default a new encrypted topic.
+    - ``alarm_email``: subscribed to the shared topic; default none.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        store: CheckpointStore | None = None,
+        store_props: dict[str, Any] | None = None,
+        image: TrainingImage | None = None,
+        image_uri: str | None = None,
+        region: str | None = None,
+        topic: sns.ITopic | None = None,
+        alarm_email: str | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.store = store or CheckpointStore(self, "Store", **(store_props or {}))
+        self.image = image or TrainingImage(self, "Image", image_uri=image_uri, region=region)
+        self.topic: sns.ITopic = topic or alarm_topic(self, "AlarmTopic", display_name="tiered-training platform")
+        if alarm_email:
+            from aws_cdk import aws_sns_subscriptions as subscriptions
+
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+
+
+class PlatformStack(Stack):
+    """A stack that holds one TrainingPlatform (construct ID ``Platform``)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, platform_props: dict[str, Any] | None = None, **kwargs: Any):
+        super().__init__(scope, construct_id, **kwargs)
+        self.platform = TrainingPlatform(self, "Platform", **(platform_props or {}))
+        Tags.of(self).add("tiered-training:component", "platform")
+
+
+class RecipeStack(Stack):
+    """One recipe: its pipeline (with roles) and monitoring, on a shared platform.
+
+    Alarms go to the recipe's ``monitoring.alarm_topic_arn`` when it names one; else to
+    a topic of the recipe's own when it names an ``alarm_email`` (so that the address
+    gets only this recipe's alarms); else to the platform's topic.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, plan: "Plan", platform: TrainingPlatform, **kwargs: Any):
+        kwargs.setdefault("description", f"tiered-training recipe {plan.name}")
+        super().__init__(scope, construct_id, **kwargs)
+        plan.require_ok()
+        self.plan = plan
+        self.pipeline = TrainingPipeline(self, "Pipeline", plan=plan, store=platform.store, image=platform.image)
+        mon = plan.recipe.monitoring
+        topic: sns.ITopic | None
+        if mon.alarm_topic_arn:
+            topic = sns.Topic.from_topic_arn(self, "AlarmTopic", mon.alarm_topic_arn)
+        elif mon.alarm_email:
+            topic = None  # TrainingMonitoring makes one and subscribes the address
+        else:
+            topic = platform.topic
+        self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic)
+        for key, value in plan.recipe.tags.items():
+            Tags.of(self).add(key, value)
+        Tags.of(self).add("tiered-training:recipe", plan.name)
+
+
+def stack_id(recipe_name: str) -> str:
+    return f"{STACK_PREFIX}{recipe_name}"
