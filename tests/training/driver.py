@@ -106,6 +106,7 @@ def cmd_train(args, info) -> None:
             torch.save(full, args.dump_full)
     if info.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
+    Path(f"{args.out}.rank{info.rank}.exit").write_text("0")  # the trainer returned normally on this rank
 
 
 def main() -> None:

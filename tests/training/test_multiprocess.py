@@ -1,0 +1,200 @@
+"""Real multi-process training on the CPU: ``torchrun`` with gloo, 2 ranks (4 for a 2x2 hybrid mesh).
+
+Launches are shared: one torchrun per group of assertions (see ``driver.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DRIVER = HERE / "driver.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+COMBOS = "fp32:none,fp32:selective,fp32:full,bf16:none,bf16:selective,bf16:full"
+STEPS = 16
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), str(DRIVER), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+# -- loss falls, every precision x checkpointing x sharding ----------------------------
+
+
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("full")
+    torchrun(2, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "full",
+             "--combos", COMBOS + ",fp8:selective", "--steps", str(STEPS))
+    return json.loads((root / "out.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def hybrid_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    torchrun(4, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "hybrid",
+             "--shard-group", "2", "--combos", COMBOS, "--steps", str(STEPS))
+    return json.loads((root / "out.json").read_text())
+
+
+def _assert_learns(losses: list[float]) -> None:
+    assert len(losses) == STEPS
+    assert all(loss == loss for loss in losses), f"NaN loss: {losses}"
+    late = sum(losses[-4:]) / 4
+    assert late < losses[0] - 0.5, f"loss did not fall: first {losses[0]:.3f}, last four {late:.3f} ({losses})"
+
+
+@pytest.mark.parametrize("combo", COMBOS.split(",") + ["fp8:selective"])
+def test_loss_falls_full_sharding(full_runs, combo):
+    _assert_learns(full_runs[combo]["losses"])
+
+
+@pytest.mark.parametrize("combo", COMBOS.split(","))
+def test_loss_falls_hybrid_sharding(hybrid_runs, combo):
+    _assert_learns(hybrid_runs[combo]["losses"])
+
+
+@pytest.mark.parametrize("runs", ["full_runs", "hybrid_runs"])
+def test_checkpointing_does_not_change_the_math(runs, request):
+    """Recompute gives the same numbers: fp32 losses agree across none/selective/full."""
+    results = request.getfixturevalue(runs)
+    reference = results["fp32:none"]["losses"]
+    for mode in ("selective", "full"):
+        assert results[f"fp32:{mode}"]["losses"] == pytest.approx(reference, rel=1e-5)
+
+
+@pytest.mark.parametrize("runs", ["full_runs", "hybrid_runs"])
+def test_planner_state_bytes_match_fsdp_rank0(runs, request):
+    """Parameters and AdamW moments on rank 0 of the real FSDP2 model, to the byte."""
+    entry = request.getfixturevalue(runs)["fp32:none"]["state_bytes"]
+    assert entry["measured"]["param"] == entry["planned"]["param"]
+    assert entry["measured"]["optimizer"] == entry["planned"]["optimizer"]
+
+
+# -- resume: uninterrupted vs SIGTERM vs SIGKILL vs damaged checkpoint ------------------
+
+
+@pytest.fixture(scope="module")
+def resume_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("resume")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(resume_root):
+    root = resume_root
+    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
+             "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"))
+    return json.loads((root / "full.json").read_text())
+
+
+def _compare_from(resumed: dict, reference: dict) -> None:
+    start = resumed["resumed_from"]
+    assert start is not None
+    assert resumed["step"] == 20
+    expected = {k: v for k, v in reference["losses"].items() if int(k) > start}
+    assert resumed["losses"] == expected  # bit for bit: JSON keeps every float digit
+
+
+def test_uninterrupted_run_commits_and_prunes(uninterrupted, resume_root):
+    assert uninterrupted["step"] == 20 and uninterrupted["checkpoint_step"] == 20
+    steps = sorted(p.name for p in (resume_root / "ck-full").iterdir())
+    assert steps == ["step-10", "step-15", "step-20"]  # keep_last 3 of 5, 10, 15, 20
+    assert all((resume_root / "ck-full" / s / "COMMITTED").is_file() for s in steps)
+
+
+def test_resume_after_sigterm_is_bit_identical(uninterrupted, resume_root):
+    root = resume_root
+    first = torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
+                     "--out", str(root / "term1.json"), "--sigterm-after", "10", check=False)
+    stopped = json.loads((root / "term1.json").read_text())
+    assert stopped["stopped"], first.stderr[-3000:]
+    assert 10 <= stopped["step"] <= 12 and stopped["checkpoint_step"] == stopped["step"]
+    assert "SIGTERM received" in first.stderr and "stopped by SIGTERM" in first.stderr
+    for rank in (0, 1):  # every worker returned from the trainer and exited normally
+        assert (root / f"term1.json.rank{rank}.exit").read_text() == "0"
+    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
+             "--out", str(root / "term2.json"))
+    resumed = json.loads((root / "term2.json").read_text())
+    assert resumed["resumed_from"] == stopped["step"]
+    _compare_from(resumed, uninterrupted)
+
+
+def test_resume_after_sigkill_of_one_rank_is_bit_identical(uninterrupted, resume_root):
+    root = resume_root
+    killed = torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-kill"), "--model", str(root / "m-kill"),
+                      "--out", str(root / "kill1.json"), "--sigkill-after", "10", "--sigkill-rank", "1", check=False)
+    assert killed.returncode != 0
+    assert not (root / "kill1.json").exists()
+    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-kill"), "--model", str(root / "m-kill"),
+             "--out", str(root / "kill2.json"))
+    resumed = json.loads((root / "kill2.json").read_text())
+    assert resumed["resumed_from"] in (10, 5)
+    _compare_from(resumed, uninterrupted)
+
+
+def test_damaged_newest_checkpoint_falls_back(uninterrupted, resume_root):
+    """step-20 loses a shard file: resume skips it, says why, and resumes bit-identically from step-15."""
+    root = resume_root
+    ckpt = root / "ck-damaged"
+    shutil.copytree(root / "ck-full", ckpt)
+    (ckpt / "step-20" / "__1_0.distcp").unlink()
+    proc = torchrun(2, "train", "--root", str(root), "--ckpt", str(ckpt), "--model", str(root / "m-damaged"),
+                    "--out", str(root / "damaged.json"))
+    assert "skipping checkpoint step-20: __1_0.distcp is listed in .metadata but missing" in proc.stderr
+    assert "resuming from checkpoint step-15" in proc.stderr
+    resumed = json.loads((root / "damaged.json").read_text())
+    assert resumed["resumed_from"] == 15
+    _compare_from(resumed, uninterrupted)
+
+
+def test_missing_metadata_falls_back(uninterrupted, resume_root, caplog):
+    from training.checkpoint import find_resumable
+
+    ckpt = resume_root / "ck-nometa"
+    shutil.copytree(resume_root / "ck-full", ckpt)
+    (ckpt / "step-20" / ".metadata").unlink()
+    (ckpt / "step-25").mkdir()  # an interrupted save: no marker
+    step, skipped = find_resumable(ckpt)
+    assert step == 15
+    assert skipped == [
+        "step-25: not committed (no COMMITTED marker: the save did not finish)",
+        "step-20: .metadata is missing",
+    ]
+
+
+# -- export ------------------------------------------------------------------------------
+
+
+def test_safetensors_export_reloads_exactly(uninterrupted, resume_root):
+    from transformers import LlamaForCausalLM
+
+    model_dir = resume_root / "model"
+    assert sorted(p.suffix for p in model_dir.glob("*.safetensors")) == [".safetensors"]
+    reloaded = LlamaForCausalLM.from_pretrained(model_dir)
+    trained = torch.load(resume_root / "full.pt")  # rank 0's gathered full state dict of the trained model
+    state = reloaded.state_dict()
+    assert set(trained) == set(state)
+    for name, tensor in trained.items():
+        assert torch.equal(state[name], tensor), name
+    reference = LlamaForCausalLM(reloaded.config)
+    reference.load_state_dict(trained)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, reference.eval()(ids).logits)
