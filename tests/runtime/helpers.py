@@ -56,6 +56,7 @@ TINY = {
 
 
 def tiny_config(**overrides) -> RunConfig:
+    """The tiny RunConfig; override a whole section (``probe={...}``) or one leaf (``batch__micro_batch_size=4``)."""
     data = {key: (dict(value) if isinstance(value, dict) else value) for key, value in TINY.items()}
     for path, value in overrides.items():
         section, _, leaf = path.partition("__")
