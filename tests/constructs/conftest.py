@@ -1,0 +1,107 @@
+"""One synthesized app for the construct tests: every template recipe, the platform, cdk-nag on.
+
+Synth costs about 3-4 s the first time in a process, so the app is built once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, recipe_dict, write_yaml
+
+EXTRA = {
+    # Variants the templates do not cover: spot with MaxWait, a training plan, a passed-in topic.
+    "spot-variant": recipe_dict(
+        name="spot-variant",
+        **{
+            "compute.spot": True,
+            "compute.max_runtime_hours": 10,
+            "compute.max_wait_hours": 30,
+            "compute.training_plan_arn": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p6-reserved",
+            "monitoring.alarm_topic_arn": "arn:aws:sns:us-east-1:123456789012:ml-alarms",
+            "probe.enabled": False,
+            "tags": {"team": "research"},
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def plans(tmp_path_factory):
+    from tiered_training.constructs.app import load_plans
+
+    extra = tmp_path_factory.mktemp("extra-recipes")
+    for name, data in EXTRA.items():
+        write_yaml(extra / f"{name}.yaml", data)
+    return {p.name: p for p in load_plans(ROOT / "recipes") + load_plans(extra)}
+
+
+@pytest.fixture(scope="session")
+def template_names():
+    from tiered_training.constructs.app import load_plans
+
+    return [p.name for p in load_plans(ROOT / "recipes")]
+
+
+@pytest.fixture(scope="session")
+def synthesized(plans, tmp_path_factory):
+    """(app, platform stack, recipe stacks, assembly); synth raises if cdk-nag or a validation fails."""
+    from tiered_training.constructs.app import build_app
+
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    app, platform, stacks = build_app(list(plans.values()), nag=True, outdir=str(outdir))
+    assembly = app.synth()
+    return app, platform, stacks, assembly
+
+
+@pytest.fixture(scope="session")
+def templates(synthesized) -> dict[str, dict]:
+    """Stack name -> template dict, read from the cloud assembly."""
+    _app, _platform, _stacks, assembly = synthesized
+    out = {}
+    for path in Path(assembly.directory).glob("*.template.json"):
+        out[path.name.removesuffix(".template.json")] = json.loads(path.read_text())
+    return out
+
+
+@pytest.fixture(scope="session")
+def assembly_dir(synthesized) -> Path:
+    return Path(synthesized[3].directory)
+
+
+def resources(template: dict, kind: str) -> dict[str, dict]:
+    return {k: v for k, v in template.get("Resources", {}).items() if v["Type"] == kind}
+
+
+def only(template: dict, kind: str) -> dict:
+    found = resources(template, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return next(iter(found.values()))
+
+
+def join_to_text(value) -> str:
+    """A Fn::Join'd string with every intrinsic replaced by a marker: the body as SageMaker would see it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        sep, parts = value["Fn::Join"]
+        return sep.join(join_to_text(p) for p in parts)
+    if isinstance(value, dict) and "Fn::GetAtt" in value:
+        return f"TOKEN-{value['Fn::GetAtt'][0]}-{value['Fn::GetAtt'][1]}"
+    if isinstance(value, dict) and "Ref" in value:
+        return f"TOKEN-{value['Ref']}".replace("::", "-")
+    if isinstance(value, dict) and "Fn::ImportValue" in value:
+        return "TOKEN-" + re.sub(r"[^A-Za-z0-9-]", "-", json.dumps(value["Fn::ImportValue"]))
+    if isinstance(value, dict) and "Fn::Sub" in value:
+        return "TOKEN-sub"
+    raise AssertionError(f"unexpected intrinsic {value}")
+
+
+def pipeline_definition(template: dict) -> dict:
+    pipeline = only(template, "AWS::SageMaker::Pipeline")
+    body = pipeline["Properties"]["PipelineDefinition"]["PipelineDefinitionBody"]
+    return json.loads(join_to_text(body))

@@ -1,0 +1,89 @@
+"""TrainingRoles and CheckpointStore grants: least privilege, no managed policies, Resource "*" only where IAM requires it."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import resources
+
+from tiered_training.constructs.platform import stack_id
+
+# Actions that have no resource-level permissions, so IAM requires Resource "*" (see roles.py / image.py).
+STAR_ONLY = {"ecr:GetAuthorizationToken", "cloudwatch:PutMetricData"}
+
+
+def statements(template: dict, role_fragment: str) -> list[dict]:
+    roles = [k for k in resources(template, "AWS::IAM::Role") if role_fragment in k]
+    assert len(roles) == 1, roles
+    out = []
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        if {"Ref": roles[0]} in policy["Properties"]["Roles"]:
+            out += policy["Properties"]["PolicyDocument"]["Statement"]
+    return out
+
+
+def actions(statement: dict) -> list[str]:
+    value = statement["Action"]
+    return value if isinstance(value, list) else [value]
+
+
+def test_no_managed_policies_anywhere(templates):
+    for name, template in templates.items():
+        for role in resources(template, "AWS::IAM::Role").values():
+            assert "ManagedPolicyArns" not in role["Properties"], name
+        assert "AmazonSageMakerFullAccess" not in json.dumps(template)
+
+
+def test_resource_star_only_where_iam_requires_it(templates):
+    for name, template in templates.items():
+        for policy in resources(template, "AWS::IAM::Policy").values():
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                if statement["Resource"] == "*" or "*" in (statement["Resource"] if isinstance(statement["Resource"], list) else []):
+                    assert set(actions(statement)) <= STAR_ONLY, (name, statement)
+                for action in actions(statement):
+                    assert "*" not in action, (name, action)
+
+
+def test_pipeline_role_creates_only_pipeline_jobs_and_passes_only_its_role(templates):
+    template = templates[stack_id("llama3-8b-fp8")]
+    stmts = statements(template, "RolesPipelineRole")
+    by_action = {a: s for s in stmts for a in actions(s)}
+    assert set(by_action) == {
+        "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
+        "sagemaker:AddTags", "iam:PassRole",
+    }
+    jobs = json.dumps(by_action["sagemaker:CreateTrainingJob"]["Resource"])
+    assert "training-job/pipelines-*" in jobs
+    passed = by_action["iam:PassRole"]["Resource"]
+    assert "Fn::GetAtt" in passed and "ExecutionRole" in passed["Fn::GetAtt"][0]
+
+
+def test_execution_role_reads_data_and_writes_only_its_prefixes(templates):
+    template = templates[stack_id("llama3-8b-fp8")]
+    stmts = statements(template, "RolesExecutionRole")
+    text = json.dumps(stmts)
+    assert "example-training-data/fineweb-edu/llama3-tokens/*" in text
+    assert "example-model-artifacts/llama-3.1-8b/hf/*" in text  # the init checkpoint channel
+    writes = [s for s in stmts if "s3:PutObject" in actions(s)]
+    assert len(writes) == 1
+    resources_text = json.dumps(writes[0]["Resource"])
+    assert "/llama3-8b-fp8/checkpoints/*" in resources_text and "/llama3-8b-fp8/output/*" in resources_text
+    assert "qwen" not in resources_text
+    listing = [s for s in stmts if actions(s) == ["s3:ListBucket"]]
+    assert all("s3:prefix" in json.dumps(s.get("Condition", {})) for s in listing)
+    kms = [s for s in stmts if "kms:GenerateDataKey" in actions(s)]
+    assert len(kms) == 1 and "Fn::ImportValue" in json.dumps(kms[0]["Resource"])
+    ecr = [s for s in stmts if "ecr:BatchGetImage" in actions(s)]
+    assert len(ecr) == 1
+    logs = [s for s in stmts if "logs:PutLogEvents" in actions(s)]
+    assert "/aws/sagemaker/TrainingJobs" in json.dumps(logs)
+    metric = next(s for s in stmts if actions(s) == ["cloudwatch:PutMetricData"])
+    assert metric["Condition"] == {"StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}}
+
+
+def test_roles_trust_only_sagemaker_from_this_account(templates):
+    template = templates[stack_id("llama3-8b-fp8")]
+    for role in resources(template, "AWS::IAM::Role").values():
+        (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+        assert "aws:SourceAccount" in json.dumps(statement["Condition"])
