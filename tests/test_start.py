@@ -1,0 +1,111 @@
+"""`tiered-training start` against moto server on 127.0.0.1 (started and stopped here)."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import pytest
+
+from support import RECIPES
+from tiered_training import definition as d
+from tiered_training.planner import plan_file
+from tiered_training.start import StartError, main, pipeline_parameters, start
+
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def aws_env():
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+        }.items():
+            mp.setenv(key, value)
+        mp.delenv("AWS_PROFILE", raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def client(endpoint, aws_env):
+    import boto3
+    from botocore.config import Config
+
+    # moto answers ListPipelineExecutionSteps with HTTP 500: no retries, so the fallback is quick.
+    return boto3.client("sagemaker", endpoint_url=endpoint, region_name=REGION, config=Config(retries={"max_attempts": 1}))
+
+
+@pytest.fixture(scope="module")
+def deployed(client):
+    iam_role = "arn:aws:iam::123456789012:role/pipeline"
+    plan = plan_file(RECIPES[0])
+    resources = d.PipelineResources(
+        role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+        checkpoint_s3_uri="s3://b/c/", output_s3_uri="s3://b/o/",
+    )
+    client.create_pipeline(
+        PipelineName=plan.name, PipelineDefinition=d.to_json(d.build_definition(plan, resources)), RoleArn=iam_role,
+    )
+    return plan
+
+
+def test_start_prints_the_arn_and_follows_to_the_end(client, deployed):
+    out = io.StringIO()
+    result = start(deployed, client=client, max_steps=10, skip_probe=True, poll_seconds=0, out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == result.arn
+    assert f":pipeline/{deployed.name}/execution/" in result.arn.lower()
+    assert result.status == "Succeeded" and result.ok
+    assert "Succeeded" in out.getvalue()
+    executions = client.list_pipeline_executions(PipelineName=deployed.name)["PipelineExecutionSummaries"]
+    assert result.arn in [e["PipelineExecutionArn"] for e in executions]
+
+
+def test_start_from_a_recipe_path_without_following(client, deployed):
+    out = io.StringIO()
+    result = start(RECIPES[0], client=client, follow=False, out=out)
+    assert out.getvalue().strip() == result.arn
+
+
+def test_unknown_pipeline_is_one_readable_error(client, tmp_path):
+    from support import recipe_dict, write_yaml
+
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(name="never-deployed"))
+    with pytest.raises(StartError, match="never-deployed"):
+        start(path, client=client, follow=False, out=io.StringIO())
+
+
+def test_main_against_the_endpoint(endpoint, aws_env, deployed, capsys):
+    code = main([str(RECIPES[0]), "--endpoint-url", endpoint, "--region", REGION, "--poll-seconds", "0", "--instance-count", "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "/execution/" in captured.out.splitlines()[0]
+
+
+def test_parameters():
+    assert pipeline_parameters(instance_count=2, skip_probe=False, data_uri="s3://x/y/") == [
+        {"Name": "InstanceCount", "Value": "2"},
+        {"Name": "DataUri", "Value": "s3://x/y/"},
+        {"Name": "SkipProbe", "Value": "false"},
+    ]
+    assert pipeline_parameters() == []
