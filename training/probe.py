@@ -13,7 +13,9 @@ smallest first, it runs the real trainer (:func:`training.trainer.run`) for
 - the plan's LR schedule (the probe runs its first ``probe.steps`` steps);
 - no resume, no checkpoint, no export: ``/opt/ml/checkpoints`` and the model
   directory are left alone;
-- tokens/s is measured over the steps after the first (warm-up, compile), all ranks;
+- tokens/s is **per GPU** (the global tokens/s over the world size: the unit of the plan's
+  ``tokens_per_second_per_gpu``, which the pipeline's gate compares it with), measured over
+  the steps after the first (warm-up, compile);
   peak memory is the largest ``torch.cuda.max_memory_allocated`` on any rank,
   as a fraction of ``cfg.hardware.hbm_bytes``.
 
@@ -55,7 +57,7 @@ OK, OOM = "ok", "oom"
 class CandidateResult:
     micro_batch_size: int
     status: str  # "ok" or "oom"
-    tokens_per_second: float | None = None  # all ranks, steady state
+    tokens_per_second: float | None = None  # per GPU (the plan's unit, which the gate compares), steady state
     peak_memory_bytes: int | None = None  # max over ranks; None without a GPU
     steps: int = 0
     error: str | None = None
@@ -114,9 +116,12 @@ def _is_oom(error: BaseException) -> bool:
 
 
 def _steady_tokens_per_second(stats: list) -> float | None:
-    timed = stats[1:] if len(stats) > 1 else stats  # the first step warms up (allocator, compile)
+    """Tokens per second per GPU after the first step (which warms up the allocator and compiles)."""
+    timed = stats[1:] if len(stats) > 1 else stats
     seconds = sum(s.step_time_s for s in timed)
-    return sum(s.tokens for s in timed) / seconds if seconds > 0 else None
+    if not timed or seconds <= 0:
+        return None
+    return sum(s.tokens for s in timed) / seconds / max(1, timed[-1].world_size)
 
 
 def _agree(oom: bool, peak: int | None) -> tuple[bool, int | None]:

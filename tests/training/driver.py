@@ -53,12 +53,13 @@ def cmd_losses(args, info) -> None:
     data = _prepare_data(root, info.rank)
     results = {}
     for combo in args.combos.split(","):
-        precision, ac = combo.split(":")[:2]
+        precision, ac, *rest = combo.split(":")
+        sharding = rest[0] if rest else args.sharding
         extra = {}
         if precision == "fp8":
             extra = {"fp8_recipe": "tensorwise", "fp8_all_gather": True}
         cfg = tiny_config(
-            parallel={"sharding": args.sharding, "shard_group_size": args.shard_group},
+            parallel={"sharding": sharding, "shard_group_size": args.shard_group},
             precision={"precision": precision, "activation_checkpointing": ac, **extra},
             batch={"total_steps": args.steps},
             optimizer={"lr": 1e-2, "warmup_steps": 2},
@@ -69,7 +70,8 @@ def cmd_losses(args, info) -> None:
         entry = {"losses": [result.losses[s] for s in sorted(result.losses)], "seconds": time.perf_counter() - started}
         if precision == "fp32":
             measured = _state_bytes(result.trainer)
-            planned = sharded_state_bytes(cfg.model, args.shard_group if args.sharding == "hybrid" else info.world_size)
+            group = {"hybrid": args.shard_group, "full": info.world_size, "none": 1}[sharding]
+            planned = sharded_state_bytes(cfg.model, group)
             entry["state_bytes"] = {"measured": measured, "planned": planned}
         results[combo] = entry
     if info.rank == 0:
@@ -109,6 +111,22 @@ def cmd_train(args, info) -> None:
     Path(f"{args.out}.rank{info.rank}.exit").write_text("0")  # the trainer returned normally on this rank
 
 
+def cmd_init(args, info) -> None:
+    """Build the sharded model from a Hugging Face checkpoint and dump its gathered weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from training.trainer import build
+
+    cfg = tiny_config(parallel={"sharding": args.sharding, "shard_group_size": 2},
+                      precision={"activation_checkpointing": "full"})
+    paths = Paths(Path(args.root), Path(args.root) / "unused-ckpt", Path(args.root) / "unused-model", Path(args.init))
+    trainer = build(cfg, paths, info=info)
+    full = get_model_state_dict(trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rope = trainer.lm.model.rotary_emb.inv_freq.cpu()
+    if info.rank == 0:
+        torch.save({"state": full, "inv_freq": rope}, args.out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -129,9 +147,14 @@ def main() -> None:
     train.add_argument("--sigkill-after", type=int, default=0)
     train.add_argument("--sigkill-rank", type=int, default=1)
     train.add_argument("--dump-full")
+    init = sub.add_parser("init")
+    init.add_argument("--root", required=True)
+    init.add_argument("--out", required=True)
+    init.add_argument("--init", required=True)
+    init.add_argument("--sharding", default="hybrid")
     args = parser.parse_args()
     info = init_distributed()
-    {"losses": cmd_losses, "train": cmd_train}[args.cmd](args, info)
+    {"losses": cmd_losses, "train": cmd_train, "init": cmd_init}[args.cmd](args, info)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -81,6 +81,9 @@ def test_mxfp8_emulated_forward_and_backward():
     lm = _tiny_lm().to(torch.bfloat16)
     converted = float8.apply_float8(lm, _precision(fp8_recipe="mxfp8"), emulate=True)
     assert converted and "lm_head" not in converted
+    wrapped = type(lm.model.layers[0].mlp.up_proj.weight.data).__name__
+    assert "MXFP8" in wrapped, wrapped
+    assert type(lm.lm_head.weight.data) is torch.Tensor
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
     loss = lm(input_ids=ids, labels=ids).loss
     loss.backward()

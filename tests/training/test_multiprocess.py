@@ -42,7 +42,7 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, check: bool = True) -
 def full_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     torchrun(2, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "full",
-             "--combos", COMBOS + ",fp8:selective", "--steps", str(STEPS))
+             "--combos", COMBOS + ",fp8:selective,fp32:none:none", "--steps", str(STEPS))
     return json.loads((root / "out.json").read_text())
 
 
@@ -63,7 +63,16 @@ def _assert_learns(losses: list[float]) -> None:
 
 @pytest.mark.parametrize("combo", COMBOS.split(",") + ["fp8:selective"])
 def test_loss_falls_full_sharding(full_runs, combo):
+    """fp8:selective is tensorwise float8 (emulated on the CPU) with FSDP float8 all-gather."""
     _assert_learns(full_runs[combo]["losses"])
+
+
+def test_loss_falls_unsharded_data_parallel(full_runs):
+    """sharding none: every rank holds the whole state (shard dimension 1), gradients all-reduced."""
+    entry = full_runs["fp32:none:none"]
+    _assert_learns(entry["losses"])
+    assert entry["state_bytes"]["measured"]["param"] == entry["state_bytes"]["planned"]["param"]
+    assert entry["state_bytes"]["measured"]["optimizer"] == entry["state_bytes"]["planned"]["optimizer"]
 
 
 @pytest.mark.parametrize("combo", COMBOS.split(","))
@@ -198,3 +207,19 @@ def test_safetensors_export_reloads_exactly(uninterrupted, resume_root):
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, reference.eval()(ids).logits)
+
+
+def test_init_from_hf_checkpoint_loads_exactly_into_sharded_model(uninterrupted, resume_root):
+    """Continued training: a 2x2 hybrid-sharded, fully checkpointed model built on the meta device
+    loads the exported safetensors exactly, and RoPE's inv_freq is recomputed, not garbage."""
+    from transformers import LlamaForCausalLM
+
+    out = resume_root / "init.pt"
+    torchrun(4, "init", "--root", str(resume_root / "init-run"), "--out", str(out), "--init", str(resume_root / "model"))
+    loaded = torch.load(out)
+    expected = LlamaForCausalLM.from_pretrained(resume_root / "model")
+    state = expected.state_dict()
+    assert set(loaded["state"]) == set(state)
+    for name, tensor in loaded["state"].items():
+        assert torch.equal(tensor, state[name]), name
+    assert torch.equal(loaded["inv_freq"], expected.model.rotary_emb.inv_freq)
