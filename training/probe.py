@@ -29,7 +29,7 @@ Output (rank 0), one readable line per candidate and then exactly one line per
 metric in the formats of ``tiered_training.metrics.PROBE_METRICS``, which the Probe
 step's MetricDefinitions parse::
 
-    probe candidate: micro_batch=2 status=ok tokens/s=1234.5 peak_memory=0.4123 steps=5
+    probe candidate: micro_batch=2 status=ok tokens/s/gpu=1234.5 peak_memory=0.4123 steps=5
     PROBE tokens_per_second=1234.50
     PROBE peak_memory_fraction=0.4123
     PROBE best_micro_batch=2
@@ -212,7 +212,7 @@ def _print_candidate(result: CandidateResult, hbm_bytes: int, out: IO[str]) -> N
     # Deliberately not in the PROBE format, so the MetricDefinitions see only the final summary.
     parts = [f"probe candidate: micro_batch={result.micro_batch_size}", f"status={result.status}"]
     if result.tokens_per_second is not None:
-        parts.append(f"tokens/s={result.tokens_per_second:.1f}")
+        parts.append(f"tokens/s/gpu={result.tokens_per_second:.1f}")
     fraction = result.fraction(hbm_bytes)
     if fraction is not None:
         parts.append(f"peak_memory={fraction:.4f}")
