@@ -53,7 +53,7 @@ def synthesized(plans, tmp_path_factory):
     from tiered_training.constructs.app import build_app
 
     outdir = tmp_path_factory.mktemp("cdk.out")
-    app, platform, stacks = build_app(list(plans.values()), nag=True, outdir=str(outdir))
+    app, platform, stacks = build_app(list(plans.values()), nag=True, cfn_validation=True, outdir=str(outdir))
     assembly = app.synth()
     return app, platform, stacks, assembly
 

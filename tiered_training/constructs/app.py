@@ -70,11 +70,18 @@ def build_app(
     nag: bool = True,
     platform_props: dict[str, Any] | None = None,
     bootstrap_rule: bool = True,
+    cfn_validation: bool = False,
     **app_kwargs: Any,
 ) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
-    """An app with the platform stack and one RecipeStack per plan (environment-agnostic)."""
+    """An app with the platform stack and one RecipeStack per plan (environment-agnostic).
+
+    - ``nag``: run cdk-nag AwsSolutions at synth (findings fail synth).
+    - ``cfn_validation``: CDK's built-in CloudFormation validation plugin. It costs about
+      1.4 s per stack, so it is off by default; the tests turn it on, and cfn-lint runs there too.
+    """
     if app is None:
         app_kwargs["context"] = {**FEATURE_FLAGS, **app_kwargs.get("context", {})}
+        app_kwargs.setdefault("builtin_cloud_formation_validation", False)
         app = App(**app_kwargs)
 
     def synthesizer() -> DefaultStackSynthesizer | None:
@@ -96,4 +103,8 @@ def build_app(
         from .nag import add_nag
 
         add_nag(app)
+    if cfn_validation:
+        from aws_cdk import CloudFormationValidatePlugin, Validations
+
+        Validations.of(app).add_plugins(CloudFormationValidatePlugin())
     return app, platform, stacks

@@ -6,7 +6,11 @@ manifest until ``cdk deploy`` builds and pushes it.
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
+import tempfile
+from functools import cache
 from pathlib import Path
 
 from aws_cdk import IgnoreMode, Stack
@@ -41,8 +45,52 @@ def docker_ignore(directory: Path, dockerfile: str) -> list[str]:
     for candidate in (directory / f"{dockerfile}.dockerignore", directory / ".dockerignore"):
         if candidate.is_file():
             lines = candidate.read_text(encoding="utf-8").splitlines()
-            return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+            patterns = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+            # Docker reads the Dockerfile even when the ignore file lists it; the staged asset must hold it.
+            return patterns + [f"!{dockerfile}"]
     return []
+
+
+def included_top_level(patterns: list[str]) -> list[str] | None:
+    """The top-level names an ignore file of the form ``*`` then ``!name`` lets through; None otherwise."""
+    if not patterns or patterns[0] != "*":
+        return None
+    names = []
+    for pattern in patterns[1:]:
+        if pattern.startswith("!"):
+            name = pattern[1:].strip("/").split("/")[0]
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@cache
+def build_context(root: Path, dockerfile: str) -> Path:
+    """A copy of only what the Dockerfile's ignore file lets through (once per process).
+
+    CDK fingerprints an asset by walking its whole directory; the repository root holds
+    .venv and node_modules (hundreds of MB), which an ignore file with negations cannot
+    prune. Copying the few included entries first makes synth independent of them.
+    """
+    patterns = docker_ignore(root, dockerfile)
+    names = included_top_level(patterns)
+    if names is None:
+        return root
+    target = Path(tempfile.mkdtemp(prefix="tiered-training-image-"))
+    atexit.register(shutil.rmtree, target, True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for pattern in names:
+        for source in sorted(root.glob(pattern)):
+            if source.is_dir():
+                shutil.copytree(source, target / source.name, ignore=ignore, dirs_exist_ok=True)
+            elif source.is_file():
+                shutil.copy2(source, target / source.name)
+    # The Dockerfile and its ignore file, where the build expects them.
+    for extra in (dockerfile, f"{dockerfile}.dockerignore"):
+        if (root / extra).is_file():
+            (target / extra).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / extra, target / extra)
+    return target
 
 
 class TrainingImage(Construct):
@@ -92,7 +140,7 @@ class TrainingImage(Construct):
                 resource_name=match["repo"],
             )
             return
-        context = Path(directory) if directory is not None else REPO_ROOT
+        context = Path(directory) if directory is not None else build_context(REPO_ROOT, file)
         args = {}
         base = default_base_image(region)
         if base:
