@@ -108,7 +108,13 @@ def build_dataloader(
     data_dir: Path, token_dtype: str, sequence_length: int, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
     num_workers: int = 0, pin_memory: bool = False,
 ) -> StatefulDataLoader:
-    """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows."""
+    """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows.
+
+    ``num_workers`` may be 0 (read in the training process) or 1 (one background reader);
+    the stream is one ordered sequence per rank, so more workers would duplicate it.
+    """
+    if num_workers not in (0, 1):
+        raise ValueError(f"num_workers must be 0 or 1 for the packed token stream, not {num_workers}")
     dataset = PackedTokenWindows(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed)
     return StatefulDataLoader(
         dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True

@@ -14,8 +14,10 @@ and returns with ``RunResult.stopped == True``.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -65,21 +67,33 @@ class RunResult:
 class _StopSignal:
     """Records SIGTERM; the loop stops at the next step boundary, on every rank together."""
 
-    def __init__(self):
+    def __init__(self, deadline_s: float):
         self.received_at: float | None = None
+        self.deadline_s = deadline_s
         self._previous = None
+        self._timer: threading.Timer | None = None
 
     def install(self) -> None:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
 
     def uninstall(self) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+        if self._timer is not None:
+            self._timer.cancel()
 
     def _handle(self, signum, frame) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
-            log.warning("SIGTERM received: finishing the current step, then saving")
+            log.warning("SIGTERM received: finishing the current step, then saving (deadline %d s)", self.deadline_s)
+            self._timer = threading.Timer(self.deadline_s, self._late)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _late(self) -> None:
+        log.error("the shutdown deadline of %d s has passed and the final save is not done; "
+                  "the newest committed checkpoint will be used on restart", self.deadline_s)
 
 
 @dataclass
@@ -180,22 +194,29 @@ def run(
     info = init_distributed()
     setup_logging(info.rank)
     hooks = list(hooks)
+    stop = _StopSignal(cfg.checkpoint.shutdown_deadline_seconds)
+    stop.install()  # before the (possibly long) build, so an early SIGTERM also ends cleanly
+    try:
+        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export)
+    finally:
+        stop.uninstall()
+
+
+def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
     torch.manual_seed(cfg.data.seed + info.rank)
     trainer = build(cfg, paths, info=info)
     batch = cfg.batch
     dataloader = build_dataloader(
         paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
         rank=info.rank, world_size=info.world_size, seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
+        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
     )
     save_group, control_group = new_gloo_group(), new_gloo_group()
     ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
                              save_group=save_group, control_group=control_group)
-    stop = _StopSignal()
-    stop.install()
     try:
         return _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export)
     finally:
-        stop.uninstall()
         try:
             ckpt.wait()
         except Exception:  # noqa: BLE001 - never mask the original error
@@ -222,6 +243,13 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
     if precompute:
         float8.precompute_scales(model)
     cuda = device.type == "cuda"
+
+    early = torch.tensor([1 if stop.received_at is not None else 0])
+    dist.all_reduce(early, op=dist.ReduceOp.MAX, group=ckpt.control_group)
+    if early.item():
+        log.warning("SIGTERM before the first step: nothing new to save, stopping")
+        result.stopped = True
+        return result
 
     while step < end:
         if cuda:

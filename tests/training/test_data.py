@@ -109,3 +109,19 @@ def test_state_from_another_world_size_is_refused(shards):
 def _take(dataset, n):
     it = iter(dataset)
     return [next(it) for _ in range(n)]
+
+
+def test_one_background_worker_resumes_exactly(shards):
+    def loader():
+        return build_dataloader(shards, "uint16", 32, 4, rank=1, world_size=2, seed=3, num_workers=1)
+
+    reference = [b for _, b in zip(range(8), build_dataloader(shards, "uint16", 32, 4, rank=1, world_size=2, seed=3))]
+    first = loader()
+    it = iter(first)
+    got = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    it2 = iter(second)
+    got += [next(it2) for _ in range(5)]
+    assert all(torch.equal(a, b) for a, b in zip(got, reference))
