@@ -11,7 +11,8 @@ Life of a checkpoint:
    write is done (one all-reduce on a second gloo group). Once all are, each rank checks
    that the files it wrote, as listed in ``.metadata``, exist with the listed sizes;
    rank 0 also checks ``.metadata``. Only if every check passes does rank 0 write
-   ``COMMITTED``, and then it prunes all but the last ``keep_last`` committed checkpoints.
+   ``COMMITTED``, and then it picks all but the last ``keep_last`` committed checkpoints for
+   pruning; the first rank on every host deletes its local copies.
 3. On resume, :func:`find_resumable` takes the newest committed checkpoint whose
    ``.metadata`` and every file it lists are present; anything else is skipped with a
    logged reason, falling back to the previous one. Rank 0 decides; all ranks follow.
@@ -176,6 +177,7 @@ class CheckpointManager:
             if self.rank == 0:
                 log.error("checkpoint step-%d NOT committed", flight.step)
             return None
+        doomed: list[int] = []
         if self.rank == 0:
             issues = problems(path, need_marker=False) if _single_host() else []
             if issues:
@@ -185,24 +187,26 @@ class CheckpointManager:
                 marker.write_text(f"step {flight.step}\ncommitted {time.time():.3f}\n")
                 _fsync_dir(path)
                 log.info("checkpoint step-%d committed (%.1f s after the save started)", flight.step, time.monotonic() - flight.started)
-                self.prune()
+                doomed = self.to_prune()
+        # Rank 0 decides what to prune; the first rank of every host deletes its local copy.
+        shared = [doomed]
+        dist.broadcast_object_list(shared, src=0, group=self.control_group)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            for step in shared[0]:
+                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+                if self.rank == 0:
+                    log.info("pruned checkpoint step-%d", step)
         dist.barrier(group=self.control_group)
         self.last_committed = flight.step
         return flight.step
 
-    def prune(self) -> None:
-        """Rank 0: delete committed checkpoints beyond the newest ``keep_last``, and older incomplete ones."""
+    def to_prune(self) -> list[int]:
+        """Rank 0: committed checkpoints beyond the newest ``keep_last``, and incomplete ones older than those kept."""
         steps = list_steps(self.root)
         committed = [s for s in steps if (step_dir(self.root, s) / COMMITTED).is_file()]
         keep = set(committed[: self.keep_last])
         oldest_kept = min(keep) if keep else None
-        for step in steps:
-            if step in keep:
-                continue
-            is_committed = step in committed
-            if is_committed or (oldest_kept is not None and step < oldest_kept):
-                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
-                log.info("pruned checkpoint step-%d", step)
+        return [s for s in steps if s not in keep and (s in committed or (oldest_kept is not None and s < oldest_kept))]
 
     # -- loading -----------------------------------------------------------------
 

@@ -82,7 +82,8 @@ def cmd_train(args, info) -> None:
     root = Path(args.root)
     data = _prepare_data(root, info.rank)
     cfg = tiny_config(batch={"total_steps": args.steps})
-    hooks = []
+    seen = []
+    hooks = [lambda stats: seen.append(stats.as_dict())]
     if args.sigterm_after:
         def sigterm(stats):
             if stats.step == args.sigterm_after and info.rank == 0:
@@ -108,6 +109,7 @@ def cmd_train(args, info) -> None:
             torch.save(full, args.dump_full)
     if info.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
+    Path(f"{args.out}.rank{info.rank}.stats.json").write_text(json.dumps(seen))
     Path(f"{args.out}.rank{info.rank}.exit").write_text("0")  # the trainer returned normally on this rank
 
 

@@ -113,6 +113,19 @@ def uninterrupted(resume_root):
     return json.loads((root / "full.json").read_text())
 
 
+def test_hooks_get_step_stats_on_every_rank(uninterrupted, resume_root):
+    for rank in (0, 1):
+        stats = json.loads((resume_root / f"full.json.rank{rank}.stats.json").read_text())
+        assert [s["step"] for s in stats] == list(range(1, 21))
+        for s in stats:
+            assert s["tokens"] == 2 * 32 * 2 and s["world_size"] == 2  # micro-batch 2 x 32 tokens x 2 ranks
+            assert s["grad_accum_steps"] == 1 and s["micro_batch_size"] == 2
+            assert s["step_time_s"] > 0 and s["tokens_per_second"] > 0 and s["grad_norm"] > 0
+            assert s["peak_memory_bytes"] is None  # CUDA only
+            assert s["loss"] == uninterrupted["losses"][str(s["step"])]  # the global mean, same on every rank
+        assert [s["checkpoint_save_s"] is not None for s in stats].count(True) == 4  # steps 5, 10, 15, 20
+
+
 def _compare_from(resumed: dict, reference: dict) -> None:
     start = resumed["resumed_from"]
     assert start is not None

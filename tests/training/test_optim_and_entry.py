@@ -67,7 +67,10 @@ def test_python_m_training_single_process(tmp_path):
     from tiny import write_learnable_shards
 
     write_learnable_shards(tmp_path / "data", tokens=5000)
-    cfg = tiny_config(batch={"total_steps": 3}, checkpoint={"interval_steps": 0})
+    cfg = tiny_config(
+        batch={"total_steps": 4, "grad_accum_steps": 3, "ramp_start_accum_steps": 1, "ramp_steps": 2},
+        checkpoint={"interval_steps": 0, "interval_minutes": 1e-6, "keep_last": 2},  # by time: after every step
+    )
     (tmp_path / "run.json").write_text(cfg.to_json())
     proc = subprocess.run(
         [sys.executable, "-m", "training", "--config", str(tmp_path / "run.json"), "--data-dir", str(tmp_path / "data"),
@@ -75,6 +78,9 @@ def test_python_m_training_single_process(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "step      3 | loss" in proc.stderr
-    assert (tmp_path / "ck" / "step-3" / "COMMITTED").is_file()
+    for step, accum in [(1, 1), (2, 2), (3, 3), (4, 3)]:  # the batch ramp through accumulation
+        line = next(line for line in proc.stderr.splitlines() if f"step {step:>6} | loss" in line)
+        assert f"mbs 2 x accum {accum}" in line, line
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-3", "step-4"]  # keep_last 2
+    assert (tmp_path / "ck" / "step-4" / "COMMITTED").is_file()
     assert (tmp_path / "model" / "config.json").is_file()
