@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import resources
+from cdk_helpers import resources
 
 from tiered_training.constructs.platform import stack_id
 

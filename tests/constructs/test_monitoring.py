@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import only, resources
+from cdk_helpers import only, resources
 
 from tiered_training import metrics
 from tiered_training.constructs.platform import stack_id

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import only, pipeline_definition, resources
+from cdk_helpers import only, pipeline_definition, resources
 
 from tiered_training import definition as d
 from tiered_training.constructs.platform import stack_id

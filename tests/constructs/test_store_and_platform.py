@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import only, resources
+from cdk_helpers import only, resources
 
 from tiered_training.constructs.app import PLATFORM_STACK
 
