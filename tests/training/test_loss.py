@@ -23,7 +23,7 @@ class _Largest(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.shape[-1] == V and tuple(t.shape) != (H, V):  # logits-shaped (not weight.T)
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == V and tuple(t.shape) != (H, V):  # logits-shaped (not weight.T)
                 self.largest = max(self.largest, t.numel())
         return out
 
