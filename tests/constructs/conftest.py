@@ -5,6 +5,7 @@ Synth costs about 3-4 s the first time in a process, so the app is built once pe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
