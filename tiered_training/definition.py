@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from . import metrics
+from . import environment, metrics
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -98,7 +98,6 @@ JOB_RETRY_ATTEMPTS = 3
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
 PROBE_MAX_RUNTIME_SECONDS = 2 * 3600
 # The launcher derives NCCL_SOCKET_IFNAME from resourceconfig.json; fixing it here would win over that.
-LAUNCHER_OWNED_ENV = frozenset({"NCCL_SOCKET_IFNAME"})
 
 
 @dataclass(frozen=True)
@@ -151,17 +150,13 @@ def tags_for(plan: "Plan", extra: dict[str, str] | None = None) -> dict[str, str
 
 
 def family_environment(plan: "Plan") -> dict[str, str]:
-    """EFA and NCCL settings for the instance family, from the launcher (one source of truth).
+    """EFA and NCCL settings for the instance family (tiered_training.environment, which the launcher also reads).
 
     The launcher sets the same values itself; writing them into the job's Environment
     makes them visible in the pipeline definition and in DescribeTrainingJob.
     """
-    try:
-        from training.launcher import family_environment as launcher_family_environment
-    except ImportError:  # the library installed without the repo's training/: the launcher still sets them
-        return {}
-    env = launcher_family_environment(plan.instance.name)
-    return {k: v for k, v in sorted(env.items()) if k not in LAUNCHER_OWNED_ENV}
+    env = environment.family_environment(plan.instance.name)
+    return {k: v for k, v in sorted(env.items()) if k not in environment.HOST_SPECIFIC}
 
 
 # -- the definition ------------------------------------------------------------------------

@@ -54,23 +54,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from tiered_training.environment import family_environment
+
 CONFIG_DIR = Path("/opt/ml/input/config")
 MASTER_PORT = 29500
 MODE_VARIABLE = "TIERED_TRAINING_MODE"
 MODES = ("train", "probe")
 EXIT_USAGE = 2
-
-# Families whose instances have EFA. p4d/p4de and later have GPUDirect RDMA; the
-# instance catalogue's ``rdma`` flag decides FI_EFA_USE_DEVICE_RDMA.
-EFA_FAMILIES = frozenset({"p4", "p5", "p6"})
-NCCL_FAMILIES = frozenset({"p5", "p6"})
-NCCL_SETTINGS = {
-    # awsome-distributed-training's P5 settings; sensible on P6 (same EFA generation or newer).
-    "NCCL_BUFFSIZE": "8388608",
-    "NCCL_P2P_NET_CHUNKSIZE": "524288",
-    "NCCL_DEBUG": "WARN",
-}
-
 
 class LaunchError(Exception):
     """A problem with SageMaker's files or environment; reported as one line, exit 2."""
@@ -149,27 +139,6 @@ def _gpus(environ: Mapping[str, str], instance_type: str | None, config_gpus: in
     if config_gpus:
         return config_gpus
     raise LaunchError(f"cannot tell how many GPUs {instance_type or 'this host'} has: SM_NUM_GPUS is not set")
-
-
-def family_environment(instance_type: str | None, network_interface: str | None = None) -> dict[str, str]:
-    """EFA and NCCL settings for an instance type's family (empty for families without EFA)."""
-    if not instance_type:
-        return {}
-    from tiered_training.catalogs import instances
-
-    entry = instances().get(instance_type)
-    if entry is None:
-        return {}
-    env: dict[str, str] = {}
-    if entry.family in EFA_FAMILIES and entry.efa_gbps > 0:
-        env["FI_PROVIDER"] = "efa"
-        env["FI_EFA_FORK_SAFE"] = "1"
-        if entry.rdma:
-            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    if entry.family in NCCL_FAMILIES:
-        env.update(NCCL_SETTINGS)
-        env["NCCL_SOCKET_IFNAME"] = network_interface or "^lo,docker"
-    return env
 
 
 def run_mode(environ: Mapping[str, str]) -> str:
