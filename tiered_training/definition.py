@@ -97,7 +97,6 @@ SERVICE_RETRY = {
 JOB_RETRY_ATTEMPTS = 3
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
 PROBE_MAX_RUNTIME_SECONDS = 2 * 3600
-# The launcher derives NCCL_SOCKET_IFNAME from resourceconfig.json; fixing it here would win over that.
 
 
 @dataclass(frozen=True)

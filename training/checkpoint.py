@@ -117,8 +117,6 @@ class CheckpointManager:
         self.control_group = control_group
         self.in_flight: _InFlight | None = None
         self.last_committed: int | None = None
-        if rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
 
     # -- saving ------------------------------------------------------------------
 
@@ -130,8 +128,10 @@ class CheckpointManager:
         started = time.monotonic()
         self.wait()
         path = step_dir(self.root, step)
-        if self.rank == 0 and path.exists():
-            shutil.rmtree(path)  # a stale, uncommitted attempt at the same step
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if path.exists():
+                shutil.rmtree(path)  # a stale, uncommitted attempt at the same step
         dist.barrier(group=self.control_group)
         if blocking:
             dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)

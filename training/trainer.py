@@ -214,13 +214,13 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     save_group, control_group = new_gloo_group(), new_gloo_group()
     ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
                              save_group=save_group, control_group=control_group)
-    try:
-        return _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export)
-    finally:
-        try:
-            ckpt.wait()
-        except Exception:  # noqa: BLE001 - never mask the original error
-            log.exception("waiting for the in-flight checkpoint failed")
+    # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
+    # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
+    # without its COMMITTED marker a restart skips it.
+    result = _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export)
+    for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
+        dist.destroy_process_group(group)
+    return result
 
 
 def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
 from training import tokenize_to_shards as tts  # noqa: E402
 from training.data import PackedTokenWindows, build_dataloader, find_shards  # noqa: E402
