@@ -21,21 +21,25 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[cdk,train,dev,plot]"
 	touch $(STAMP)
 
-$(NODE_STAMP): package.json
-	@if [ -f package.json ]; then npm install --no-audit --no-fund --loglevel=error; fi
-	@mkdir -p node_modules && touch $(NODE_STAMP)
+# The pinned CDK CLI, and Node 22 (jsii warns on older Node); node_modules/.bin is first on PATH.
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
 
 plan: $(STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
 
 synth: $(STAMP) $(NODE_STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
+	cdk synth --no-notices -q -o cdk.out
+	@echo "templates: $(CURDIR)/cdk.out/TieredTraining-*.template.json"
 
 test: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
+	$(PY) bench/synth_bench.py
 
 clean:
 	rm -rf cdk.out bench/results .pytest_cache

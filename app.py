@@ -15,32 +15,7 @@ A recipe with errors stops synth with the same messages as `tiered-training vali
 
 import sys
 
-from aws_cdk import App
-
-from tiered_training.constructs.app import FEATURE_FLAGS, RecipeProblems, build_app, load_plans
-
-EXIT_INVALID = 2
-
-
-def main() -> int:
-    app = App(context=dict(FEATURE_FLAGS), builtin_cloud_formation_validation=False)
-    context = app.node.try_get_context
-    try:
-        plans = load_plans(context("recipes") or "recipes")
-    except RecipeProblems as problems:
-        print(str(problems), file=sys.stderr)
-        return EXIT_INVALID
-    platform_props = {"image_uri": context("image_uri") or None, "region": context("region") or None}
-    build_app(
-        plans,
-        app=app,
-        nag=str(context("nag")).lower() != "false",
-        cfn_validation=str(context("cfn_validation")).lower() == "true",
-        platform_props=platform_props,
-    )
-    app.synth()
-    return 0
-
+from tiered_training.constructs.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

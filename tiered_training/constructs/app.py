@@ -20,6 +20,8 @@ FEATURE_FLAGS = {
     "@aws-cdk/aws-iam:minimizePolicies": True,
     "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
     "@aws-cdk/core:validateSnapshotRemovalPolicy": True,
+    # Recipe stacks import the platform's bucket, key and topic: keep the producer protected.
+    "@aws-cdk/core:defaultCrossStackReferences": "strong",
 }
 
 
@@ -108,3 +110,23 @@ def build_app(
 
         Validations.of(app).add_plugins(CloudFormationValidatePlugin())
     return app, platform, stacks
+
+
+EXIT_INVALID = 2
+
+
+def main() -> int:
+    """Entry point of the repository's ``app.py`` (see its docstring for the context keys)."""
+    import sys
+
+    app = App(context=dict(FEATURE_FLAGS))
+    context = app.node.try_get_context
+    try:
+        plans = load_plans(context("recipes") or "recipes")
+    except RecipeProblems as problems:
+        print(str(problems), file=sys.stderr)
+        return EXIT_INVALID
+    platform_props = {"image_uri": context("image_uri") or None, "region": context("region") or None}
+    build_app(plans, app=app, nag=str(context("nag")).lower() != "false", platform_props=platform_props)
+    app.synth()
+    return 0
