@@ -109,3 +109,20 @@ def test_parameters():
         {"Name": "SkipProbe", "Value": "false"},
     ]
     assert pipeline_parameters() == []
+
+
+def test_cli_start_against_the_endpoint(endpoint, aws_env, deployed):
+    import os
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tiered_training.cli", "start", str(RECIPES[0]), "--endpoint-url", endpoint,
+         "--region", REGION, "--poll-seconds", "0", "--skip-probe", "--max-steps", "5"],
+        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ), timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f":pipeline/{deployed.name}/execution/" in result.stdout.lower()
+    assert "Traceback" not in result.stderr

@@ -238,23 +238,36 @@ def run_config(
 def start(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
     follow: bool = typer.Option(True, help="follow the execution's status until it ends"),
-    skip_probe: bool = typer.Option(False, help="start the full run without the probe"),
+    skip_probe: Optional[bool] = typer.Option(None, "--skip-probe/--probe", help="start the full run without the probe"),
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
-    region: Optional[str] = typer.Option(None, help="AWS region (default: the recipe's, then your AWS config)"),
+    instance_count: Optional[int] = typer.Option(None, help="override the number of instances"),
+    data_uri: Optional[str] = typer.Option(None, help="override the data's S3 URI"),
+    region: Optional[str] = typer.Option(None, help="AWS region (default: your AWS configuration)"),
+    endpoint_url: Optional[str] = typer.Option(None, help="SageMaker endpoint (for testing)"),
+    poll_seconds: float = typer.Option(30.0, help="seconds between status checks"),
 ) -> None:
-    """Start the recipe's SageMaker pipeline and follow it."""
+    """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
     from .start import StartError, start as start_pipeline
 
-    plans, failures = _load_plans([recipe])
-    _report_failures(failures)
-    if failures or not plans[0].ok:
-        raise typer.Exit(EXIT_INVALID)
     try:
-        status = start_pipeline(plans[0], follow=follow, skip_probe=skip_probe, max_steps=max_steps, region=region)
+        result = start_pipeline(
+            recipe,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            skip_probe=skip_probe,
+            follow=follow,
+            region=region,
+            endpoint_url=endpoint_url,
+            poll_seconds=poll_seconds,
+        )
+    except RecipeError as exc:
+        _report_failures([exc])
+        raise typer.Exit(EXIT_INVALID)
     except StartError as exc:
         _console(stderr=True).print(f"error: {exc}", markup=False)
         raise typer.Exit(1)
-    if status not in (None, "Succeeded", "Executing"):
+    if follow and not result.ok:
         raise typer.Exit(1)
 
 
