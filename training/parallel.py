@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -16,9 +18,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from tiered_training.runconfig import ParallelConfig, PrecisionConfig
 
+log = logging.getLogger("training.parallel")
+
 
 def build_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh:
     if parallel.sharding == "full":
+        if parallel.shard_group_size != world_size:
+            log.warning("sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
+                        "estimate does not describe this run", world_size, parallel.shard_group_size)
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
     group = 1 if parallel.sharding == "none" else parallel.shard_group_size
     if world_size % group:
