@@ -56,8 +56,10 @@ def cmd_losses(args, info) -> None:
         precision, ac, *rest = combo.split(":")
         sharding = rest[0] if rest else args.sharding
         extra = {}
-        if precision == "fp8":
+        if precision == "fp8":  # tensorwise with FSDP float8 all-gather (and the scale precompute)
             extra = {"fp8_recipe": "tensorwise", "fp8_all_gather": True}
+        elif precision == "fp8row":
+            precision, extra = "fp8", {"fp8_recipe": "rowwise"}
         cfg = tiny_config(
             parallel={"sharding": sharding, "shard_group_size": args.shard_group},
             precision={"precision": precision, "activation_checkpointing": ac, **extra},

@@ -42,7 +42,7 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, check: bool = True) -
 def full_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     torchrun(2, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "full",
-             "--combos", COMBOS + ",fp8:selective,fp32:none:none", "--steps", str(STEPS))
+             "--combos", COMBOS + ",fp8:selective,fp8row:full,fp32:none:none", "--steps", str(STEPS))
     return json.loads((root / "out.json").read_text())
 
 
@@ -61,9 +61,9 @@ def _assert_learns(losses: list[float]) -> None:
     assert late < losses[0] - 0.5, f"loss did not fall: first {losses[0]:.3f}, last four {late:.3f} ({losses})"
 
 
-@pytest.mark.parametrize("combo", COMBOS.split(",") + ["fp8:selective"])
+@pytest.mark.parametrize("combo", COMBOS.split(",") + ["fp8:selective", "fp8row:full"])
 def test_loss_falls_full_sharding(full_runs, combo):
-    """fp8:selective is tensorwise float8 (emulated on the CPU) with FSDP float8 all-gather."""
+    """fp8: tensorwise float8 with FSDP float8 all-gather; fp8row: rowwise (both emulated on the CPU)."""
     _assert_learns(full_runs[combo]["losses"])
 
 
