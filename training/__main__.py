@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_probe(cfg, paths)
         return int(result) if isinstance(result, int) else 0
+    from .metrics import MetricsHook
     from .trainer import run
 
-    run(cfg, paths, max_steps=args.max_steps)
+    run(cfg, paths, hooks=[MetricsHook(cfg)], max_steps=args.max_steps)
     return 0
 
 

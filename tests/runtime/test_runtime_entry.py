@@ -1,0 +1,59 @@
+"""The container's training path end to end on the CPU: hyperparameters.json in, torchrun
+over 2 ranks, EMF metric lines on stdout, a committed checkpoint and a safetensors export out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiered_training import metrics
+
+from .helpers import REPO, tiny_config
+
+
+@pytest.mark.torch
+def test_python_m_training_emits_metrics_checkpoints_and_exports(tmp_path):
+    cfg = tiny_config(
+        parallel={"sharding": "full", "shard_group_size": 2},
+        hardware__gpus_per_node=2,
+        batch__total_steps=6,
+        checkpoint={"interval_minutes": 60.0, "interval_steps": 3, "keep_last": 2, "shutdown_deadline_seconds": 60},
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(2):
+        rng.integers(0, cfg.model.vocab_size, 20_000).astype(np.uint16).tofile(data / f"shard-{index:05d}.bin")
+    config = tmp_path / "hyperparameters.json"
+    config.write_text(json.dumps(cfg.to_hyperparameters()))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--module", "training",
+         "--config", str(config), "--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"),
+         "--model-dir", str(tmp_path / "model")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+
+    emf = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{") and '"_aws"' in line]
+    assert emf, result.stdout[-2000:]
+    names = set()
+    for record in emf:
+        directive = record["_aws"]["CloudWatchMetrics"][0]
+        assert directive["Namespace"] == metrics.NAMESPACE
+        assert record["Recipe"] == cfg.recipe_name
+        for metric in directive["Metrics"]:
+            spec = metrics.BY_NAME[metric["Name"]]
+            assert metric["Unit"] == spec.unit
+            names.add(metric["Name"])
+    assert {"TokensPerSecond", "Loss", "StepsCompleted", "MFU"} <= names
+    assert max(r["StepsCompleted"] for r in emf if "StepsCompleted" in r) == 6
+
+    committed = sorted(p.parent.name for p in (tmp_path / "ckpt").rglob("COMMITTED"))
+    assert committed, list((tmp_path / "ckpt").iterdir())
+    assert any((tmp_path / "model").rglob("*.safetensors"))
