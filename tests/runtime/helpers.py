@@ -66,3 +66,27 @@ def tiny_config(**overrides) -> RunConfig:
             data[section] = value
     return RunConfig.model_validate(data)
 
+
+
+def run_training_module(tmp_path: Path, cfg: RunConfig, *extra: str, nproc: int = 2, timeout: int = 300):
+    """``torchrun --nproc_per_node N -m training --config ...`` over random token shards in tmp_path (gloo, CPU)."""
+    import json
+    import os
+    import subprocess
+
+    import numpy as np
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(2):
+        rng.integers(0, cfg.model.vocab_size, 20_000).astype(np.uint16).tofile(data / f"shard-{index:05d}.bin")
+    config = tmp_path / "hyperparameters.json"
+    config.write_text(json.dumps(cfg.to_hyperparameters()))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "--module", "training",
+         *extra, "--config", str(config), "--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"),
+         "--model-dir", str(tmp_path / "model")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+    )

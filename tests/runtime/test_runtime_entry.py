@@ -4,16 +4,12 @@ over 2 ranks, EMF metric lines on stdout, a committed checkpoint and a safetenso
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from tiered_training import metrics
 
-from .helpers import REPO, tiny_config
+from .helpers import run_training_module, tiny_config
 
 
 @pytest.mark.torch
@@ -24,20 +20,7 @@ def test_python_m_training_emits_metrics_checkpoints_and_exports(tmp_path):
         batch__total_steps=6,
         checkpoint={"interval_minutes": 60.0, "interval_steps": 3, "keep_last": 2, "shutdown_deadline_seconds": 60},
     )
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for index in range(2):
-        rng.integers(0, cfg.model.vocab_size, 20_000).astype(np.uint16).tofile(data / f"shard-{index:05d}.bin")
-    config = tmp_path / "hyperparameters.json"
-    config.write_text(json.dumps(cfg.to_hyperparameters()))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--module", "training",
-         "--config", str(config), "--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"),
-         "--model-dir", str(tmp_path / "model")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
+    result = run_training_module(tmp_path, cfg)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
     emf = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{") and '"_aws"' in line]

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import io
-import os
 import re
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +12,7 @@ from tiered_training.metrics import PROBE_METRICS
 from training.probe import OK, OOM, candidate_config, run_probe
 from training.step_stats import StepStats
 
-from .helpers import REPO, tiny_config
+from .helpers import run_training_module, tiny_config
 
 GIB = 1024**3
 
@@ -99,22 +95,7 @@ def test_probe_runs_the_real_trainer_under_torchrun(tmp_path):
         hardware__gpus_per_node=2,
         probe={"steps": 3, "micro_batch_candidates": [2, 1]},
     )
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for index in range(2):
-        rng.integers(0, cfg.model.vocab_size, 20_000).astype(np.uint16).tofile(data / f"shard-{index:05d}.bin")
-    config = tmp_path / "hyperparameters.json"
-    import json
-
-    config.write_text(json.dumps(cfg.to_hyperparameters()))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--module", "training",
-         "--probe", "--config", str(config), "--data-dir", str(data), "--checkpoint-dir", str(tmp_path / "ckpt"),
-         "--model-dir", str(tmp_path / "model")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )
+    result = run_training_module(tmp_path, cfg, "--probe", timeout=240)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
     found = _matches(result.stdout)
