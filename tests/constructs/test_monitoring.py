@@ -114,17 +114,16 @@ def test_search_in_an_alarm_fails_synth(tmp_path):
 
 
 def test_search_in_a_monitoring_alarm_fails_synth(plans, tmp_path):
-    from aws_cdk import aws_cloudwatch as cloudwatch
-
     from tiered_training.constructs.app import build_app
 
     plan = plans["llama3-1b-bf16"]
     app, _platform, stacks = build_app([plan], nag=False, outdir=str(tmp_path))
     monitoring = stacks[plan.name].monitoring
+    query = "MAX(SEARCH('{TieredTraining,Recipe,Node} GpuUtilization', 'Average'))"
     monitoring._alarm(
         "Searching",
-        cloudwatch.MathExpression(expression="MAX(SEARCH('{TieredTraining,Recipe,Node} GpuUtilization', 'Average'))", using_metrics={}),
-        threshold=1, comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD, periods=1, description="bad",
+        {"Metrics": monitoring.metrics.expression_query(query)},
+        threshold=1, comparison="GreaterThanThreshold", periods=1, description="bad",
     )
     with pytest.raises(Exception, match="Searching uses a SEARCH expression"):
         app.synth()

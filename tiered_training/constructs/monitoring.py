@@ -18,6 +18,12 @@ stable ``Recipe`` dimension, plus SageMaker's own pipeline metric:
 
 No alarm may use a SEARCH expression (CloudWatch rejects them at deploy time although
 synth, cfn-lint and moto accept them): :class:`NoSearchInAlarms` fails synth if one does.
+
+Synth speed: a platform repo synthesizes one of these per recipe, and every call into
+aws-cdk-lib is a round trip to the jsii runtime. So the alarms are ``CfnAlarm``s and the
+dashboard a ``CfnDashboard`` whose body is plain JSON, both built from the metric
+factory's plain CloudFormation dicts; each sits at the construct path the L2 would use
+(``<id>/Resource``), so logical IDs are those of the L2 constructs.
 """
 
 from __future__ import annotations
@@ -29,9 +35,7 @@ from typing import TYPE_CHECKING
 import jsii
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -39,7 +43,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
 from .. import metrics as catalogue
-from .metric_factory import TrainingMetricFactory
+from .metric_factory import DEFAULT_PERIOD, TrainingMetricFactory
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -74,28 +78,25 @@ class NoSearchInAlarms:
     """Synth-time check: no CloudWatch alarm uses a SEARCH expression.
 
     ``NoSearchInAlarms(stack)`` scans every alarm in the scope's stack (thorough; about
-    70 ms a stack). ``NoSearchInAlarms(scope, metrics={alarm id: metric})`` checks the
-    metrics a construct gave its own alarms, without walking the tree (what
-    TrainingMonitoring registers, so that 50 recipe stacks stay fast to synthesize).
+    70 ms a stack). ``NoSearchInAlarms(scope, queries={alarm id: alarm Metrics})`` checks
+    the plain CloudFormation ``Metrics`` (MetricDataQuery dicts) a construct gave its own
+    alarms, without walking the tree or calling into jsii (what TrainingMonitoring
+    registers, so that 50 recipe stacks stay fast to synthesize).
     """
 
-    def __init__(self, scope: IConstruct, metrics: dict[str, cloudwatch.IMetric] | None = None) -> None:
+    def __init__(self, scope: IConstruct, queries: dict[str, list[dict]] | None = None) -> None:
         self.scope = scope
-        self.metrics = metrics
+        self.queries = queries
 
     def validate(self) -> list[str]:
         message = (
             "uses a SEARCH expression, which CloudWatch alarms reject at deploy time; "
             "use a metric with fixed dimensions or a Metrics Insights query"
         )
-        if self.metrics is not None:
+        if self.queries is not None:
             problems = []
-            for alarm_id, metric in self.metrics.items():
-                texts = []
-                if isinstance(metric, cloudwatch.MathExpression):
-                    texts.append(metric.expression)
-                    texts += [getattr(m, "expression", "") for m in (metric.using_metrics or {}).values()]
-                if any(_has_search(t) for t in texts):
+            for alarm_id, queries in self.queries.items():
+                if any(_has_search(str(q.get("Expression", ""))) for q in queries):
                     problems.append(f"alarm {self.scope.node.path}/{alarm_id} {message}")
             return problems
         stack = Stack.of(self.scope)
@@ -106,6 +107,37 @@ class NoSearchInAlarms:
                 if _has_search(text):
                     problems.append(f"alarm {child.node.path} {message}")
         return problems
+
+
+def _metric_data_queries(queries: list[dict]) -> list[cloudwatch.CfnAlarm.MetricDataQueryProperty]:
+    """Plain MetricDataQuery dicts as CfnAlarm's typed structs (Python objects: no jsii call)."""
+    out = []
+    for q in queries:
+        stat = q.get("MetricStat")
+        metric_stat = None
+        if stat is not None:
+            metric = stat["Metric"]
+            metric_stat = cloudwatch.CfnAlarm.MetricStatProperty(
+                metric=cloudwatch.CfnAlarm.MetricProperty(
+                    dimensions=[cloudwatch.CfnAlarm.DimensionProperty(name=d["Name"], value=d["Value"]) for d in metric.get("Dimensions", [])] or None,
+                    metric_name=metric.get("MetricName"),
+                    namespace=metric.get("Namespace"),
+                ),
+                period=stat["Period"],
+                stat=stat["Stat"],
+                unit=stat.get("Unit"),
+            )
+        out.append(
+            cloudwatch.CfnAlarm.MetricDataQueryProperty(
+                id=q["Id"],
+                expression=q.get("Expression"),
+                label=q.get("Label"),
+                metric_stat=metric_stat,
+                period=q.get("Period"),
+                return_data=q.get("ReturnData"),
+            )
+        )
+    return out
 
 
 class TrainingMonitoring(Construct):
@@ -119,6 +151,10 @@ class TrainingMonitoring(Construct):
       ``monitoring.alarm_email`` (none when a topic is passed in and the recipe has none).
     - ``dashboard``: default True.
     - ``period``: alarm period for the EMF metrics; default 5 minutes.
+
+    Attributes: ``alarms`` (alarm ID -> ``CfnAlarm``; ``alarm(id)`` gives an ``IAlarm``),
+    ``failed_rule`` (``CfnRule``), ``dashboard`` (``CfnDashboard`` or None), ``topic``,
+    ``metrics`` (the TrainingMetricFactory).
     """
 
     def __init__(
@@ -130,7 +166,7 @@ class TrainingMonitoring(Construct):
         topic: sns.ITopic | None = None,
         alarm_email: str | None = None,
         dashboard: bool = True,
-        period: Duration = Duration.minutes(5),
+        period: Duration = DEFAULT_PERIOD,
     ) -> None:
         super().__init__(scope, construct_id)
         plan: "Plan" = pipeline.plan
@@ -143,213 +179,233 @@ class TrainingMonitoring(Construct):
         email = alarm_email or mon.alarm_email
         if email:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
-        self.alarms: dict[str, cloudwatch.Alarm] = {}
-        self._alarm_metrics: dict[str, cloudwatch.IMetric] = {}
+        self._topic_arn = self.topic.topic_arn
+        self.alarms: dict[str, cloudwatch.CfnAlarm] = {}
+        self._alarm_queries: dict[str, list[dict]] = {}
+        self._alarm_arns: dict[str, str] = {}
         m = self.metrics
         plan_rate = plan.estimates.tokens_per_second_per_gpu
 
         self._alarm(
             "ThroughputBelowPlan",
-            m.tokens_per_second_per_gpu(),
+            {"Metrics": [m.metric_query(catalogue.TOKENS_PER_SECOND_PER_GPU)]},
             threshold=round(mon.min_throughput_fraction * plan_rate, 2),
-            comparison=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            comparison="LessThanThreshold",
             periods=3,
             description=f"tokens/s per GPU below {mon.min_throughput_fraction:g} x the plan's {plan_rate:.0f} for 15 minutes",
         )
         self._alarm(
             "GpuUtilizationLow",
-            m.gpu_utilization("MIN"),
+            {"Metrics": m.insights_alarm_query(catalogue.GPU_UTILIZATION, "MIN")},
             threshold=mon.min_gpu_utilization,
-            comparison=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            comparison="LessThanThreshold",
             periods=3,
             description=f"a node's GPU utilisation below {mon.min_gpu_utilization:g}% for 15 minutes",
         )
         self._alarm(
             "MemoryNearlyFull",
-            m.peak_memory_fraction("MAX"),
+            {"Metrics": m.insights_alarm_query(catalogue.PEAK_MEMORY_FRACTION, "MAX")},
             threshold=round(mon.max_memory_fraction * 100, 2),
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            comparison="GreaterThanThreshold",
             periods=1,
             description=f"a node's peak GPU memory above {mon.max_memory_fraction:.0%} of HBM",
         )
-        loss = cloudwatch.MathExpression(
-            expression=f"IF(steps > FILL(losses, 0), {NAN_LOSS:.0f}, loss)",
-            using_metrics={
-                "steps": m.progress("SampleCount"),
-                "losses": m.loss("SampleCount"),
-                "loss": m.loss("Maximum"),
+        loss = m.expression_query(
+            f"IF(steps > FILL(losses, 0), {NAN_LOSS:.0f}, loss)",
+            {
+                "steps": m.metric_query(catalogue.PROGRESS, statistic="SampleCount"),
+                "losses": m.metric_query(catalogue.LOSS, statistic="SampleCount"),
+                "loss": m.metric_query(catalogue.LOSS, statistic="Maximum"),
             },
-            period=period,
             label="loss (1e9 = NaN)",
         )
         self._alarm(
             "LossDiverging",
-            loss,
+            {"Metrics": loss},
             threshold=mon.loss_ceiling,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            comparison="GreaterThanThreshold",
             periods=1,
             description=f"loss above {mon.loss_ceiling:g} or NaN",
         )
-        stall_period = self.stall_period(mon.stall_minutes)
-        stall = cloudwatch.MathExpression(
-            expression=f"IF(FILL(reports, 0) == 0 AND FILL(step, REPEAT) < {plan.estimates.total_steps}, 1, 0)",
-            using_metrics={
-                "reports": m.progress("SampleCount", period=stall_period),
-                "step": m.progress("Maximum", period=stall_period),
+        stall_seconds = self.stall_period_minutes(mon.stall_minutes) * 60
+        stall = m.expression_query(
+            f"IF(FILL(reports, 0) == 0 AND FILL(step, REPEAT) < {plan.estimates.total_steps}, 1, 0)",
+            {
+                "reports": m.metric_query(catalogue.PROGRESS, statistic="SampleCount", period_seconds=stall_seconds),
+                "step": m.metric_query(catalogue.PROGRESS, statistic="Maximum", period_seconds=stall_seconds),
             },
-            period=stall_period,
             label="stalled (1 = no progress)",
         )
         self._alarm(
             "Stalled",
-            stall,
+            {"Metrics": stall},
             threshold=1,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            comparison="GreaterThanOrEqualToThreshold",
             periods=4,
             datapoints=3,
             description=f"no training step reported for {mon.stall_minutes} minutes before the last step",
         )
         self._alarm(
             "ExecutionFailed",
-            m.pipeline_metric("ExecutionFailed"),
+            m.pipeline_alarm_metric("ExecutionFailed"),
             threshold=1,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            comparison="GreaterThanOrEqualToThreshold",
             periods=1,
             description=f"an execution of pipeline {pipeline.pipeline_name} failed",
         )
 
-        self.failed_rule = events.Rule(
-            self,
-            "FailedExecutions",
+        # What events_targets.SnsTopic does: let EventBridge publish (deduplicated), target the topic.
+        self.topic.grant_publish(iam.ServicePrincipal("events.amazonaws.com"))
+        self.failed_rule = events.CfnRule(
+            Construct(self, "FailedExecutions"),
+            "Resource",
             description=f"Failed executions of pipeline {pipeline.pipeline_name}",
-            event_pattern=events.EventPattern(
-                source=["aws.sagemaker"],
-                detail_type=[EXECUTION_STATUS_EVENT],
+            event_pattern={
+                "source": ["aws.sagemaker"],
+                "detail-type": [EXECUTION_STATUS_EVENT],
                 # The events carry pipelineArn, not the pipeline name.
-                detail={"pipelineArn": [pipeline.pipeline_arn], "currentPipelineExecutionStatus": ["Failed"]},
-            ),
+                "detail": {"pipelineArn": [pipeline.pipeline_arn], "currentPipelineExecutionStatus": ["Failed"]},
+            },
+            state="ENABLED",
+            targets=[events.CfnRule.TargetProperty(arn=self._topic_arn, id="Target0")],
         )
-        self.failed_rule.add_target(targets.SnsTopic(self.topic))
 
         self.dashboard = self._dashboard() if dashboard else None
-        self.node.add_validation(NoSearchInAlarms(self, self._alarm_metrics))
+        self.node.add_validation(NoSearchInAlarms(self, self._alarm_queries))
+
+    @staticmethod
+    def stall_period_minutes(stall_minutes: int) -> int:
+        """A third of the stall window, in whole minutes, so that 4 periods fit in a day."""
+        minutes = max(1, math.ceil(stall_minutes / 3))
+        return min(minutes, MAX_ALARM_RANGE_SECONDS // 60 // 4)
 
     @staticmethod
     def stall_period(stall_minutes: int) -> Duration:
-        """A third of the stall window, in whole minutes, so that 4 periods fit in a day."""
-        minutes = max(1, math.ceil(stall_minutes / 3))
-        minutes = min(minutes, MAX_ALARM_RANGE_SECONDS // 60 // 4)
-        return Duration.minutes(minutes)
+        """:meth:`stall_period_minutes` as a Duration."""
+        return Duration.minutes(TrainingMonitoring.stall_period_minutes(stall_minutes))
+
+    def alarm(self, construct_id: str) -> cloudwatch.IAlarm:
+        """One of this construct's alarms as an ``IAlarm`` (for composite alarms, widgets, actions)."""
+        return cloudwatch.Alarm.from_alarm_arn(self, f"{construct_id}Ref", self._alarm_arns[construct_id])
 
     def _alarm(
         self,
         construct_id: str,
-        metric: cloudwatch.IMetric,
+        metric: dict,
         *,
         threshold: float,
-        comparison: cloudwatch.ComparisonOperator,
+        comparison: str,
         periods: int,
         description: str,
         datapoints: int | None = None,
-    ) -> cloudwatch.Alarm:
-        alarm = cloudwatch.Alarm(
-            self,
-            construct_id,
-            metric=metric,
-            threshold=threshold,
-            comparison_operator=comparison,
-            evaluation_periods=periods,
-            datapoints_to_alarm=datapoints or periods,
-            # No datapoints means no job of this recipe is running: not an alarm.
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+    ) -> cloudwatch.CfnAlarm:
+        """An alarm on plain CloudFormation metric properties: ``{"Metrics": [MetricDataQuery...]}``
+        or the top-level ``MetricName``/``Namespace``/``Dimensions``/``Period``/``Statistic``."""
+        queries = metric.get("Metrics")
+        dims = metric.get("Dimensions")
+        alarm = cloudwatch.CfnAlarm(
+            Construct(self, construct_id),
+            "Resource",
+            alarm_actions=[self._topic_arn],
             alarm_description=f"{self.plan.name}: {description}",
+            comparison_operator=comparison,
+            datapoints_to_alarm=datapoints or periods,
+            evaluation_periods=periods,
+            metrics=_metric_data_queries(queries) if queries else None,
+            metric_name=metric.get("MetricName"),
+            namespace=metric.get("Namespace"),
+            dimensions=[cloudwatch.CfnAlarm.DimensionProperty(name=d["Name"], value=d["Value"]) for d in dims] if dims else None,
+            period=metric.get("Period"),
+            statistic=metric.get("Statistic"),
+            threshold=threshold,
+            # No datapoints means no job of this recipe is running: not an alarm.
+            treat_missing_data="notBreaching",
         )
-        alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
         self.alarms[construct_id] = alarm
-        self._alarm_metrics[construct_id] = metric
+        self._alarm_queries[construct_id] = list(queries or [])
+        self._alarm_arns[construct_id] = alarm.attr_arn
         return alarm
 
-    def _dashboard(self) -> cloudwatch.Dashboard:
+    def _dashboard(self) -> cloudwatch.CfnDashboard:
         plan, m = self.plan, self.metrics
         assert plan.estimates is not None
         mon = plan.recipe.monitoring
         rate = plan.estimates.tokens_per_second_per_gpu
-        board = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"TieredTraining-{plan.name}")
-        board.add_widgets(
-            cloudwatch.TextWidget(
-                markdown=(
-                    f"## {plan.name}\n{plan.model_name} ({plan.tier.name} tier) on {plan.nodes} x {plan.instance.name}, "
-                    f"{plan.precision}, AC {plan.activation_checkpointing}, micro-batch {plan.micro_batch_size}. "
-                    f"Plan: {rate:,.0f} tokens/s per GPU, MFU {plan.estimates.mfu:.0%}, "
-                    f"{plan.estimates.total_steps:,} steps, {plan.estimates.wall_time_hours:,.1f} h."
-                ),
-                width=24,
-                height=2,
-            ),
-            cloudwatch.AlarmStatusWidget(alarms=list(self.alarms.values()), title="Alarms", width=24, height=3),
+        stack = Stack.of(self)
+        region = stack.region
+        text = (
+            f"## {plan.name}\n{plan.model_name} ({plan.tier.name} tier) on {plan.nodes} x {plan.instance.name}, "
+            f"{plan.precision}, AC {plan.activation_checkpointing}, micro-batch {plan.micro_batch_size}. "
+            f"Plan: {rate:,.0f} tokens/s per GPU, MFU {plan.estimates.mfu:.0%}, "
+            f"{plan.estimates.total_steps:,} steps, {plan.estimates.wall_time_hours:,.1f} h."
         )
-        board.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Tokens/s per GPU",
-                left=[m.tokens_per_second_per_gpu()],
-                left_annotations=[
-                    cloudwatch.HorizontalAnnotation(value=round(rate, 2), label="plan"),
-                    cloudwatch.HorizontalAnnotation(
-                        value=round(rate * mon.min_throughput_fraction, 2), label="alarm", color="#d62728"
-                    ),
-                ],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="MFU (BF16-equivalent)",
-                left=[m.metric(catalogue.MFU)],
-                left_annotations=[cloudwatch.HorizontalAnnotation(value=round(plan.estimates.mfu * 100, 2), label="plan")],
-                width=12,
-            ),
+
+        def annotation(value: float, label: str, color: str | None = None) -> dict:
+            out: dict = {"value": value}
+            if color:
+                out["color"] = color
+            return {**out, "label": label, "yAxis": "left"}
+
+        def graph(title: str, metrics: list, annotations: list | None = None) -> dict:
+            props: dict = {"view": "timeSeries", "title": title, "region": region, "metrics": metrics}
+            if annotations:
+                props["annotations"] = {"horizontal": annotations}
+            props["yAxis"] = {}
+            return {"type": "metric", "width": 12, "height": 6, "properties": props}
+
+        rows = [
+            [
+                {"type": "text", "width": 24, "height": 2, "properties": {"markdown": text}},
+                {"type": "alarm", "width": 24, "height": 3,
+                 "properties": {"title": "Alarms", "alarms": list(self._alarm_arns.values())}},
+            ],
+            [
+                graph("Tokens/s per GPU", [m.graph_metric(catalogue.TOKENS_PER_SECOND_PER_GPU)], [
+                    annotation(round(rate, 2), "plan"),
+                    annotation(round(rate * mon.min_throughput_fraction, 2), "alarm", "#d62728"),
+                ]),
+                graph("MFU (BF16-equivalent)", [m.graph_metric(catalogue.MFU)],
+                      [annotation(round(plan.estimates.mfu * 100, 2), "plan")]),
+            ],
+            [
+                graph("Loss", [m.graph_metric(catalogue.LOSS), m.graph_metric(catalogue.GRAD_NORM, right=True)]),
+                graph("Progress and step time", [
+                    m.graph_metric(catalogue.PROGRESS, statistic="Maximum"),
+                    m.graph_metric(catalogue.STEP_TIME, right=True),
+                    m.graph_metric(catalogue.DATA_WAIT_FRACTION, right=True),
+                ]),
+            ],
+            [
+                graph("GPU utilisation by node (%)",
+                      [m.graph_insights(catalogue.GPU_UTILIZATION, "AVG", group_by_node=True, label="GPU utilisation")],
+                      [annotation(mon.min_gpu_utilization, "alarm")]),
+                graph("Peak GPU memory by node (% of HBM)",
+                      [m.graph_insights(catalogue.PEAK_MEMORY_FRACTION, "MAX", group_by_node=True, label="peak memory")],
+                      [annotation(round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, "plan"),
+                       annotation(round(mon.max_memory_fraction * 100, 2), "alarm")]),
+            ],
+            [
+                graph("SageMaker host GPU utilisation (all training jobs)",
+                      [m.graph_expression(m.host_insights_query("GPUUtilization"), label="GPUUtilization by host")]),
+                graph("SageMaker host GPU memory utilisation (all training jobs)",
+                      [m.graph_expression(m.host_insights_query("GPUMemoryUtilization"), label="GPUMemoryUtilization by host")]),
+            ],
+        ]
+        widgets = []
+        y = 0
+        for row in rows:
+            # CDK's dashboard layout: each add_widgets() call is a row, widgets left to right,
+            # wrapping at 24 columns.
+            x, height = 0, 0
+            for widget in row:
+                if x + widget["width"] > 24:
+                    y, x, height = y + height, 0, 0
+                widgets.append({"type": widget["type"], "width": widget["width"], "height": widget["height"],
+                                "x": x, "y": y, "properties": widget["properties"]})
+                x += widget["width"]
+                height = max(height, widget["height"])
+            y += height
+        body = stack.to_json_string({"widgets": widgets})
+        return cloudwatch.CfnDashboard(
+            Construct(self, "Dashboard"), "Resource", dashboard_name=f"TieredTraining-{plan.name}", dashboard_body=body
         )
-        board.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Loss",
-                left=[m.loss("Average")],
-                right=[m.metric(catalogue.GRAD_NORM)],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Progress and step time",
-                left=[m.progress("Maximum")],
-                right=[m.metric(catalogue.STEP_TIME), m.metric(catalogue.DATA_WAIT_FRACTION)],
-                width=12,
-            ),
-        )
-        board.add_widgets(
-            cloudwatch.GraphWidget(
-                title="GPU utilisation by node (%)",
-                left=[m.insights(catalogue.GPU_UTILIZATION, "AVG", group_by_node=True, label="GPU utilisation")],
-                left_annotations=[cloudwatch.HorizontalAnnotation(value=mon.min_gpu_utilization, label="alarm")],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Peak GPU memory by node (% of HBM)",
-                left=[m.insights(catalogue.PEAK_MEMORY_FRACTION, "MAX", group_by_node=True, label="peak memory")],
-                left_annotations=[
-                    cloudwatch.HorizontalAnnotation(
-                        value=round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, label="plan"
-                    ),
-                    cloudwatch.HorizontalAnnotation(value=round(mon.max_memory_fraction * 100, 2), label="alarm"),
-                ],
-                width=12,
-            ),
-        )
-        board.add_widgets(
-            cloudwatch.GraphWidget(
-                title="SageMaker host GPU utilisation (all training jobs)",
-                left=[m.host_insights("GPUUtilization")],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="SageMaker host GPU memory utilisation (all training jobs)",
-                left=[m.host_insights("GPUMemoryUtilization")],
-                width=12,
-            ),
-        )
-        return board
