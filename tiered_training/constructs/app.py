@@ -119,7 +119,8 @@ def main() -> int:
     """Entry point of the repository's ``app.py`` (see its docstring for the context keys)."""
     import sys
 
-    app = App(context=dict(FEATURE_FLAGS))
+    # CDK's built-in CloudFormation validation is opt-in (-c cfn_validation=true), as build_app's.
+    app = App(context=dict(FEATURE_FLAGS), builtin_cloud_formation_validation=False)
     context = app.node.try_get_context
     try:
         plans = load_plans(context("recipes") or "recipes")
@@ -127,6 +128,12 @@ def main() -> int:
         print(str(problems), file=sys.stderr)
         return EXIT_INVALID
     platform_props = {"image_uri": context("image_uri") or None, "region": context("region") or None}
-    build_app(plans, app=app, nag=str(context("nag")).lower() != "false", platform_props=platform_props)
+    build_app(
+        plans,
+        app=app,
+        nag=str(context("nag")).lower() != "false",
+        cfn_validation=str(context("cfn_validation")).lower() == "true",
+        platform_props=platform_props,
+    )
     app.synth()
     return 0

@@ -122,6 +122,32 @@ class CheckpointStore(Construct):
     def _objects(self, prefix: str) -> str:
         return self.bucket.arn_for_objects(f"{prefix}*")
 
+    def recipe_statements(self, recipe: str, *, write: bool) -> list[dict]:
+        """The policy statements (plain IAM JSON) of :meth:`grant_recipe_read_write` (``write``)
+        or :meth:`grant_recipe_read`: objects under the recipe's prefixes, ListBucket limited
+        to them, and the key. Built with three jsii calls, for roles that take many statements."""
+        prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
+        bucket_arn = self.bucket.bucket_arn
+        statements: list[dict] = [
+            {
+                "Effect": "Allow",
+                "Action": OBJECT_READ_ACTIONS + (OBJECT_WRITE_ACTIONS if write else []),
+                # Bucket.arn_for_objects(pattern) is f"{bucket_arn}/{pattern}".
+                "Resource": [f"{bucket_arn}/{p}*" for p in prefixes],
+            },
+            {
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
+            },
+        ]
+        if self.encryption_key is not None:
+            statements.append(
+                {"Effect": "Allow", "Action": KMS_USE_ACTIONS if write else ["kms:Decrypt"], "Resource": self.encryption_key.key_arn}
+            )
+        return statements
+
     def _list(self, grantee: iam.IGrantable, prefixes: list[str]) -> iam.Grant:
         return iam.Grant.add_to_principal(
             grantee=grantee,

@@ -159,6 +159,14 @@ class TrainingImage(Construct):
         self.image_uri = self.asset.image_uri
         self.repository_arn = self.asset.repository.repository_arn
 
+    def pull_statements(self) -> list[dict]:
+        """The policy statements (plain IAM JSON) of :meth:`grant_pull`."""
+        return [
+            {"Effect": "Allow", "Action": PULL_ACTIONS, "Resource": self.repository_arn},
+            # ecr:GetAuthorizationToken has no resource-level permissions: IAM requires Resource "*".
+            {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+        ]
+
     def grant_pull(self, grantee: iam.IGrantable) -> iam.Grant:
         """Pull the image: the repository's read actions, plus ecr:GetAuthorizationToken."""
         grant = iam.Grant.add_to_principal(grantee=grantee, actions=PULL_ACTIONS, resource_arns=[self.repository_arn])

@@ -21,6 +21,12 @@ def acknowledge(construct: IConstruct, rule: str, reason: str) -> None:
     Validations.of(construct).acknowledge(Acknowledgment(id=rule, reason=reason))
 
 
+def acknowledge_all(construct: IConstruct, rules: list[tuple[str, str]]) -> None:
+    """Several (finding ID, reason) acknowledgements on one construct, in one call."""
+    if rules:
+        Validations.of(construct).acknowledge(*(Acknowledgment(id=rule, reason=reason) for rule, reason in rules))
+
+
 def render_like_nag(value) -> str:
     """A resolved CloudFormation value as cdk-nag writes it inside a finding ID."""
     if isinstance(value, str):
@@ -55,7 +61,13 @@ class LateAcknowledgements:
         self.entries.append((construct, resource, rule, reason))
 
     def validate(self) -> list[str]:
+        # One resolve and one acknowledge call per construct (jsii round trips are the cost).
+        by_construct: dict[int, tuple[IConstruct, list[tuple[str, str, str]]]] = {}
         for construct, resource, rule, reason in self.entries:
-            rendered = render_like_nag(Stack.of(construct).resolve(resource))
-            acknowledge(construct, f"{rule}[Resource::{rendered}]", reason)
+            by_construct.setdefault(id(construct), (construct, []))[1].append((resource, rule, reason))
+        for construct, entries in by_construct.values():
+            values = Stack.of(construct).resolve([resource for resource, _rule, _reason in entries])
+            acknowledge_all(construct, [
+                (f"{rule}[Resource::{render_like_nag(value)}]", reason) for value, (_r, rule, reason) in zip(values, entries)
+            ])
         return []
