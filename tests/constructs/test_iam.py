@@ -87,3 +87,45 @@ def test_roles_trust_only_sagemaker_from_this_account(templates):
         (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
         assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
         assert "aws:SourceAccount" in json.dumps(statement["Condition"])
+
+
+def test_minimize_statements_merges_like_cdk():
+    from tiered_training.constructs.roles import minimize_statements
+
+    merged = minimize_statements([
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:b/*"},
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:b", "Condition": {"StringLike": {"s3:prefix": ["x*"]}}},
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:a/*"},
+        {"Effect": "Allow", "Action": ["logs:B", "logs:A"], "Resource": "arn:l"},
+        {"Effect": "Allow", "Action": "logs:C", "Resource": "arn:l"},
+    ])
+    assert merged == [
+        {"Action": "s3:GetObject", "Effect": "Allow", "Resource": ["arn:a/*", "arn:b/*"]},
+        {"Action": "s3:ListBucket", "Condition": {"StringLike": {"s3:prefix": ["x*"]}}, "Effect": "Allow", "Resource": "arn:b"},
+        {"Action": ["logs:A", "logs:B", "logs:C"], "Effect": "Allow", "Resource": "arn:l"},
+    ]
+
+
+def test_roles_are_grantable_and_take_a_data_key(tmp_path):
+    from aws_cdk import App, Stack, assertions
+    from aws_cdk import aws_kms as kms
+
+    from tiered_training.constructs import CheckpointStore, TrainingImage, TrainingRoles
+
+    stack = Stack(App(outdir=str(tmp_path)), "S")
+    store = CheckpointStore(stack, "Store")
+    image = TrainingImage(stack, "Image", image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer:1.0")
+    key = kms.Key(stack, "DataKey")
+    roles = TrainingRoles(stack, "Roles", recipe_name="r1", store=store, image=image,
+                          data_uris=["s3://data/tokens/"], data_key=key)
+    store.grant_recipe_read(roles.pipeline_role, "r1")  # a grant to the IRole view: an extra policy on the role
+    template = assertions.Template.from_stack(stack).to_json()
+    policies = resources(template, "AWS::IAM::Policy")
+    assert len(policies) == 3
+    (pipeline_role,) = [k for k in resources(template, "AWS::IAM::Role") if "PipelineRole" in k]
+    extra = [p for k, p in policies.items() if "DefaultPolicy" not in k]
+    assert extra[0]["Properties"]["Roles"] == [{"Ref": pipeline_role}]
+    execution = next(p for k, p in policies.items() if "ExecutionRoleDefaultPolicy" in k)
+    assert execution["Properties"]["PolicyName"] == next(k for k in policies if "ExecutionRoleDefaultPolicy" in k)
+    decrypt = [s for s in execution["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
+    assert decrypt and "DataKey" in json.dumps(decrypt)

@@ -9,6 +9,7 @@ CreateTrainingJob shape, names, references and the body size at synth.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import jsii
@@ -28,12 +29,34 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 
+_botocore_loader: threading.Thread | None = None
+
+
+def _load_botocore_model() -> None:
+    try:
+        d.validate_training_arguments({})  # imports botocore and loads the CreateTrainingJob shape (cached)
+    except Exception:  # the validation at synth reports any real problem
+        pass
+
+
+def _prefetch_botocore_model() -> None:
+    """Load botocore's SageMaker model (about 0.4 s) in a thread while the constructs are
+    built: that time is mostly spent waiting for the jsii runtime, so it overlaps."""
+    global _botocore_loader
+    if _botocore_loader is None:
+        _botocore_loader = threading.Thread(target=_load_botocore_model, name="tiered-training-botocore", daemon=True)
+        _botocore_loader.start()
+
+
 @jsii.implements(IValidation)
 class _DefinitionValidation:
     def __init__(self, pipeline: "TrainingPipeline") -> None:
         self.pipeline = pipeline
+        _prefetch_botocore_model()
 
     def validate(self) -> list[str]:
+        if _botocore_loader is not None:
+            _botocore_loader.join()
         problems = d.validate_definition(self.pipeline.definition)
         return [f"pipeline {self.pipeline.plan.name}: {p}" for p in problems]
 
@@ -77,7 +100,7 @@ class TrainingPipeline(Construct):
         )
         key = store.encryption_key
         self.resources = d.PipelineResources(
-            role_arn=self.roles.execution_role.role_arn,
+            role_arn=self.roles.execution_role_arn,
             image_uri=image.image_uri,
             checkpoint_s3_uri=store.checkpoint_uri(recipe.name),
             output_s3_uri=store.output_uri(recipe.name),
@@ -93,7 +116,7 @@ class TrainingPipeline(Construct):
             pipeline_name=self.pipeline_name,
             pipeline_display_name=self.pipeline_name,
             pipeline_description=(recipe.description or f"tiered-training recipe {recipe.name}")[:3072],
-            role_arn=self.roles.pipeline_role.role_arn,
+            role_arn=self.roles.pipeline_role_arn,
             # Plain PascalCase dicts: the typed Property classes render camelCase keys, which CloudFormation rejects.
             pipeline_definition={"PipelineDefinitionBody": stack.to_json_string(self.definition)},
             parallelism_configuration={"MaxParallelExecutionSteps": max_parallel_steps},

@@ -11,11 +11,22 @@ Pipeline role (the SageMaker pipeline assumes it):
   - create, describe and stop training jobs named ``pipelines-*`` (the names a
     pipeline generates), and tag them at creation;
   - pass the execution role to SageMaker, and nothing else.
+
+Synth speed: a platform repo has a role pair per recipe, and every aws-cdk-lib call is a
+jsii round trip. So the roles are ``CfnRole`` and ``CfnPolicy`` at the construct paths
+the L2 ``iam.Role`` and its default policy would use (``ExecutionRole/Resource``,
+``ExecutionRole/DefaultPolicy/Resource``: the same logical IDs and policy names), with
+policy documents written as plain IAM JSON and merged the way CDK's
+``@aws-cdk/aws-iam:minimizePolicies`` merges grants (:func:`minimize_statements`).
+``execution_role`` and ``pipeline_role`` are ``iam.IRole`` views of them, made on first
+use, so grants to them still work (as extra policies on the role).
 """
 
 from __future__ import annotations
 
 import re
+
+from typing import Any
 
 from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
@@ -62,27 +73,33 @@ class TrainingRoles(Construct):
         data_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        # Synth speed: every aws-cdk-lib call is a jsii round trip, and a platform repo has a
-        # role pair per recipe. So the statements are plain IAM JSON, each turned into a
-        # PolicyStatement with one call and added to the role's default policy in one call;
-        # CDK still merges and sorts them (@aws-cdk/aws-iam:minimizePolicies) as it would grants.
         stack = Stack.of(self)
         self.recipe_name = recipe_name
+        self._imports: dict[str, iam.IRole] = {}
         partition, region, account = stack.partition, stack.region, stack.account
-        sagemaker = iam.ServicePrincipal(SAGEMAKER, conditions={"StringEquals": {"aws:SourceAccount": account}})
-
-        self.execution_role = iam.Role(
-            self,
-            "ExecutionRole",
-            assumed_by=sagemaker,
+        trust = {
+            "Statement": [
+                {
+                    "Action": "sts:AssumeRole",
+                    "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+                    "Effect": "Allow",
+                    "Principal": {"Service": SAGEMAKER},
+                }
+            ],
+            "Version": "2012-10-17",
+        }
+        execution_scope = Construct(self, "ExecutionRole")
+        self.execution_role_resource = iam.CfnRole(
+            execution_scope, "Resource", assume_role_policy_document=trust,
             description=f"SageMaker training jobs of recipe {recipe_name}",
         )
-        self.pipeline_role = iam.Role(
-            self,
-            "PipelineRole",
-            assumed_by=sagemaker,
+        pipeline_scope = Construct(self, "PipelineRole")
+        self.pipeline_role_resource = iam.CfnRole(
+            pipeline_scope, "Resource", assume_role_policy_document=trust,
             description=f"SageMaker pipeline of recipe {recipe_name}",
         )
+        self.execution_role_arn: str = self.execution_role_resource.attr_arn
+        self.pipeline_role_arn: str = self.pipeline_role_resource.attr_arn
 
         # -- execution role ------------------------------------------------------------------
         logs = f"arn:{partition}:logs:{region}:{account}:log-group:{TRAINING_LOG_GROUP}"
@@ -109,14 +126,16 @@ class TrainingRoles(Construct):
                 "Condition": {"StringEquals": {"cloudwatch:namespace": TRAINING_LOG_GROUP}},
             },
         ]
-        execution_policy = _add_statements(self.execution_role, execution)
         if data_key is not None:
-            data_key.grant_decrypt(self.execution_role)
+            # What data_key.grant_decrypt(role) adds to the role's policy.
+            execution.append({"Effect": "Allow", "Action": "kms:Decrypt", "Resource": data_key.key_arn})
+        execution_policy = _default_policy(execution_scope, self.execution_role_resource, execution)
 
         # -- pipeline role -------------------------------------------------------------------
         jobs = f"arn:{partition}:sagemaker:{region}:{account}:training-job/pipelines-*"
-        pipeline_policy = _add_statements(
-            self.pipeline_role,
+        pipeline_policy = _default_policy(
+            pipeline_scope,
+            self.pipeline_role_resource,
             [
                 {
                     "Effect": "Allow",
@@ -129,10 +148,30 @@ class TrainingRoles(Construct):
                     "Resource": jobs,
                 },
                 # What execution_role.grant_pass_role(pipeline_role) adds.
-                {"Effect": "Allow", "Action": "iam:PassRole", "Resource": self.execution_role.role_arn},
+                {"Effect": "Allow", "Action": "iam:PassRole", "Resource": self.execution_role_arn},
             ],
         )
+        self.execution_policy_resource = execution_policy
+        self.pipeline_policy_resource = pipeline_policy
         self._acknowledge(execution_policy, pipeline_policy, object_arns)
+
+    # -- the roles as IRole (made on first use) -------------------------------------------
+
+    def _imported(self, key: str, resource: iam.CfnRole) -> iam.IRole:
+        if key not in self._imports:
+            # Ref of an AWS::IAM::Role is its name; a mutable import takes grants as extra policies.
+            self._imports[key] = iam.Role.from_role_name(self, f"{key}View", resource.ref, mutable=True)
+        return self._imports[key]
+
+    @property
+    def execution_role(self) -> iam.IRole:
+        """The execution role as an ``IRole`` (grantable; grants become extra policies on it)."""
+        return self._imported("ExecutionRole", self.execution_role_resource)
+
+    @property
+    def pipeline_role(self) -> iam.IRole:
+        """The pipeline role as an ``IRole`` (grantable; grants become extra policies on it)."""
+        return self._imported("PipelineRole", self.pipeline_role_resource)
 
     @staticmethod
     def read_s3_statements(uri: str, partition: str) -> tuple[list[dict], str]:
@@ -165,7 +204,8 @@ class TrainingRoles(Construct):
         return objects.combine(listing)
 
     def _acknowledge_objects(self, grantee: iam.IGrantable, arn: str, what: str) -> None:
-        policy = self.execution_role.node.try_find_child("DefaultPolicy") if grantee is self.execution_role else None
+        view = self._imports.get("ExecutionRole")
+        policy = view.node.try_find_child("Policy") if view is not None and grantee is view else None
         if policy is not None:
             late = LateAcknowledgements()
             late.add(policy, arn, f"Objects under one prefix: {what}, named by the trainer")
@@ -193,11 +233,75 @@ class TrainingRoles(Construct):
         )])
 
 
-def _add_statements(role: iam.Role, statements: list[dict]) -> Construct:
-    """Add plain-JSON statements to the role's default policy (created by the first); return that policy."""
-    first, *rest = [iam.PolicyStatement.from_json(s) for s in statements]
-    role.add_to_principal_policy(first)
-    policy = role.node.find_child("DefaultPolicy")
-    if rest:
-        policy.add_statements(*rest)
+def _default_policy(role_scope: Construct, role: iam.CfnRole, statements: list[dict]) -> iam.CfnPolicy:
+    """The role's ``DefaultPolicy`` (as ``iam.Role`` would make it): the statements, minimized."""
+    policy = iam.CfnPolicy(
+        Construct(role_scope, "DefaultPolicy"),
+        "Resource",
+        policy_document={"Statement": minimize_statements(statements), "Version": "2012-10-17"},
+        policy_name="placeholder",
+        roles=[role.ref],
+    )
+    # iam.Policy names itself after its resource's logical ID (resolved at synth).
+    policy.policy_name = policy.logical_id
     return policy
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _render(values: list) -> Any:
+    """CDK's rendering of Action and Resource: unique, sorted, a scalar when there is one."""
+    unique = sorted(set(values))
+    return unique[0] if len(unique) == 1 else unique
+
+
+def minimize_statements(statements: list[dict]) -> list[dict]:
+    """Merge statements as CDK does with ``@aws-cdk/aws-iam:minimizePolicies``.
+
+    Two statements with the same Effect, Principal and Condition merge when their actions
+    are the same (the resources are unioned) or their resources are the same (the actions
+    are unioned); repeated until nothing merges, each merge kept at the earlier statement.
+    Actions and resources are then sorted (tokens by their encoded string, as CDK sorts them).
+    """
+    work = [
+        {
+            "Effect": s.get("Effect", "Allow"),
+            "Action": set(_as_list(s["Action"])),
+            "Resource": set(_as_list(s["Resource"])),
+            "Condition": s.get("Condition"),
+            "Principal": s.get("Principal"),
+        }
+        for s in statements
+    ]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(work)):
+            for j in range(i + 1, len(work)):
+                a, b = work[i], work[j]
+                if (a["Effect"], a["Condition"], a["Principal"]) != (b["Effect"], b["Condition"], b["Principal"]):
+                    continue
+                if a["Action"] == b["Action"]:
+                    a["Resource"] |= b["Resource"]
+                elif a["Resource"] == b["Resource"]:
+                    a["Action"] |= b["Action"]
+                else:
+                    continue
+                del work[j]
+                merged = True
+                break
+            if merged:
+                break
+    out = []
+    for s in work:
+        rendered: dict[str, Any] = {"Action": _render(list(s["Action"]))}
+        if s["Condition"] is not None:
+            rendered["Condition"] = s["Condition"]
+        rendered["Effect"] = s["Effect"]
+        if s["Principal"] is not None:
+            rendered["Principal"] = s["Principal"]
+        rendered["Resource"] = _render(list(s["Resource"]))
+        out.append(rendered)
+    return out
