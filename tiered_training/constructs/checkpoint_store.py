@@ -109,13 +109,33 @@ class CheckpointStore(Construct):
             ],
         )
 
+    # -- tokens, asked once (each is a jsii call; a platform shares them with every recipe) --
+
+    @property
+    def bucket_name(self) -> str:
+        if "_bucket_name" not in self.__dict__:
+            self._bucket_name = self.bucket.bucket_name
+        return self._bucket_name
+
+    @property
+    def bucket_arn(self) -> str:
+        if "_bucket_arn" not in self.__dict__:
+            self._bucket_arn = self.bucket.bucket_arn
+        return self._bucket_arn
+
+    @property
+    def encryption_key_arn(self) -> str | None:
+        if "_key_arn" not in self.__dict__:
+            self._key_arn = self.encryption_key.key_arn if self.encryption_key is not None else None
+        return self._key_arn
+
     # -- locations -------------------------------------------------------------------------
 
     def checkpoint_uri(self, recipe: str) -> str:
-        return f"s3://{self.bucket.bucket_name}/{checkpoint_prefix(recipe)}"
+        return f"s3://{self.bucket_name}/{checkpoint_prefix(recipe)}"
 
     def output_uri(self, recipe: str) -> str:
-        return f"s3://{self.bucket.bucket_name}/{output_prefix(recipe)}"
+        return f"s3://{self.bucket_name}/{output_prefix(recipe)}"
 
     # -- grants ----------------------------------------------------------------------------
 
@@ -125,9 +145,9 @@ class CheckpointStore(Construct):
     def recipe_statements(self, recipe: str, *, write: bool) -> list[dict]:
         """The policy statements (plain IAM JSON) of :meth:`grant_recipe_read_write` (``write``)
         or :meth:`grant_recipe_read`: objects under the recipe's prefixes, ListBucket limited
-        to them, and the key. Built with three jsii calls, for roles that take many statements."""
+        to them, and the key. No jsii call once the store's tokens are known."""
         prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
-        bucket_arn = self.bucket.bucket_arn
+        bucket_arn = self.bucket_arn
         statements: list[dict] = [
             {
                 "Effect": "Allow",
@@ -144,7 +164,7 @@ class CheckpointStore(Construct):
         ]
         if self.encryption_key is not None:
             statements.append(
-                {"Effect": "Allow", "Action": KMS_USE_ACTIONS if write else ["kms:Decrypt"], "Resource": self.encryption_key.key_arn}
+                {"Effect": "Allow", "Action": KMS_USE_ACTIONS if write else ["kms:Decrypt"], "Resource": self.encryption_key_arn}
             )
         return statements
 

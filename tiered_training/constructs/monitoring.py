@@ -43,6 +43,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
 from .. import metrics as catalogue
+from ._scope import env_of, remember_stack, stack_of
 from .metric_factory import DEFAULT_PERIOD, TrainingMetricFactory
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ class _OwnTopic:
     (the same logical IDs and template), in about a third of the jsii calls."""
 
     def __init__(self, scope: Construct, construct_id: str, *, display_name: str, email: str | None) -> None:
-        stack = Stack.of(scope)
-        root = f"arn:{stack.partition}:iam::{stack.account}:root"
+        partition, _region, account = env_of(stack_of(scope))
+        root = f"arn:{partition}:iam::{account}:root"
         key = kms.CfnKey(
             Construct(scope, f"{construct_id}Key"),
             "Resource",
@@ -235,6 +236,7 @@ class TrainingMonitoring(Construct):
         period: Duration = DEFAULT_PERIOD,
     ) -> None:
         super().__init__(scope, construct_id)
+        remember_stack(self, stack_of(scope))
         plan: "Plan" = pipeline.plan
         assert plan.estimates is not None
         self.plan = plan
@@ -411,8 +413,8 @@ class TrainingMonitoring(Construct):
         assert plan.estimates is not None
         mon = plan.recipe.monitoring
         rate = plan.estimates.tokens_per_second_per_gpu
-        stack = Stack.of(self)
-        region = stack.region
+        stack = stack_of(self)
+        region = env_of(stack)[1]
         text = (
             f"## {plan.name}\n{plan.model_name} ({plan.tier.name} tier) on {plan.nodes} x {plan.instance.name}, "
             f"{plan.precision}, AC {plan.activation_checkpointing}, micro-batch {plan.micro_batch_size}. "

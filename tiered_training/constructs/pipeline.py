@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import jsii
-from aws_cdk import Stack, Tags
+from aws_cdk import CfnTag
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
@@ -23,6 +23,7 @@ from .. import definition as d
 from .checkpoint_store import CheckpointStore
 from .image import TrainingImage
 from .metric_factory import TrainingMetricFactory
+from ._scope import env_of, remember_stack, stack_of
 from .roles import TrainingRoles
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ class TrainingPipeline(Construct):
         max_parallel_steps: int = 1,
     ) -> None:
         super().__init__(scope, construct_id)
+        stack = stack_of(scope)
+        remember_stack(self, stack)
         plan.require_ok()
         self.plan = plan
         recipe = plan.recipe
@@ -104,12 +107,11 @@ class TrainingPipeline(Construct):
             image_uri=image.image_uri,
             checkpoint_s3_uri=store.checkpoint_uri(recipe.name),
             output_s3_uri=store.output_uri(recipe.name),
-            kms_key_id=key.key_arn if key is not None else None,
+            kms_key_id=store.encryption_key_arn if key is not None else None,
             subnets=tuple(subnets or ()),
             security_group_ids=tuple(security_group_ids or ()),
         )
         self.definition: dict[str, Any] = d.build_definition(plan, self.resources)
-        stack = Stack.of(self)
         self.resource = sagemaker.CfnPipeline(
             self,
             "Resource",
@@ -120,12 +122,11 @@ class TrainingPipeline(Construct):
             # Plain PascalCase dicts: the typed Property classes render camelCase keys, which CloudFormation rejects.
             pipeline_definition={"PipelineDefinitionBody": stack.to_json_string(self.definition)},
             parallelism_configuration={"MaxParallelExecutionSteps": max_parallel_steps},
+            tags=[CfnTag(key=k, value=v) for k, v in d.tags_for(plan).items()],
         )
-        for key_name, value in d.tags_for(plan).items():
-            Tags.of(self.resource).add(key_name, value)
-        self.pipeline_arn = stack.format_arn(
-            service="sagemaker", resource="pipeline", resource_name=self.pipeline_name.lower()
-        )
+        partition, region, account = env_of(stack)
+        # What stack.format_arn(service="sagemaker", resource="pipeline", resource_name=...) renders.
+        self.pipeline_arn = f"arn:{partition}:sagemaker:{region}:{account}:pipeline/{self.pipeline_name.lower()}"
         self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=self.pipeline_name)
         self.node.add_validation(_DefinitionValidation(self))
 

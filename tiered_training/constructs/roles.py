@@ -28,13 +28,13 @@ import re
 
 from typing import Any
 
-from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from .checkpoint_store import CheckpointStore, checkpoint_prefix, output_prefix
 from .image import TrainingImage
+from ._scope import env_of, remember_stack, stack_of
 from .nag import LateAcknowledgements, acknowledge_all
 
 SAGEMAKER = "sagemaker.amazonaws.com"
@@ -73,10 +73,11 @@ class TrainingRoles(Construct):
         data_key: kms.IKey | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = Stack.of(self)
+        stack = stack_of(scope)
+        remember_stack(self, stack)
         self.recipe_name = recipe_name
         self._imports: dict[str, iam.IRole] = {}
-        partition, region, account = stack.partition, stack.region, stack.account
+        partition, region, account = env_of(stack)
         trust = {
             "Statement": [
                 {
@@ -191,7 +192,7 @@ class TrainingRoles(Construct):
     def grant_read_s3(self, grantee: iam.IGrantable, uri: str) -> iam.Grant:
         """Read one S3 prefix: GetObject under it, ListBucket limited to it."""
         bucket, prefix = split_s3_uri(uri)
-        partition = Stack.of(self).partition
+        partition = env_of(stack_of(self))[0]
         arn = f"arn:{partition}:s3:::{bucket}/{prefix}*"
         objects = iam.Grant.add_to_principal(grantee=grantee, actions=["s3:GetObject"], resource_arns=[arn])
         self._acknowledge_objects(grantee, arn, f"the training data and checkpoint under {uri} are many objects")
