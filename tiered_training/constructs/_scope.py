@@ -7,8 +7,11 @@ environment tokens, so that a recipe stack asks once instead of once per constru
 
 from __future__ import annotations
 
-from aws_cdk import Stack
-from constructs import IConstruct
+from typing import Callable
+
+import jsii
+from aws_cdk import Aws, Stack
+from constructs import IConstruct, IValidation
 
 _STACK = "_tiered_training_stack"
 _ENV = "_tiered_training_env"
@@ -33,3 +36,48 @@ def env_of(stack: Stack) -> tuple[str, str, str]:
         env = (stack.partition, stack.region, stack.account)
         setattr(stack, _ENV, env)
     return env
+
+
+_AGNOSTIC: tuple[str, str, str] | None = None
+
+
+def remember_agnostic_env(stack: Stack) -> None:
+    """For a stack made without ``env``: its partition, region and account are the pseudo
+    parameters (``Aws.PARTITION``, ...), the same tokens for every such stack; ask once per process."""
+    global _AGNOSTIC
+    if _AGNOSTIC is None:
+        _AGNOSTIC = (Aws.PARTITION, Aws.REGION, Aws.ACCOUNT_ID)
+    setattr(stack, _ENV, _AGNOSTIC)
+
+
+@jsii.implements(IValidation)
+class StackChecks:
+    """One validation per stack that runs the synth-time checks our constructs register.
+
+    Each check is a Python callable returning a list of messages. Registering one
+    validation per stack instead of one per construct saves jsii round trips at build
+    time and callbacks at synth; each message names its construct itself.
+    """
+
+    def __init__(self) -> None:
+        self.checks: list[Callable[[], list[str]]] = []
+
+    def validate(self) -> list[str]:
+        problems: list[str] = []
+        for check in self.checks:
+            problems += check()
+        return problems
+
+
+_CHECKS = "_tiered_training_checks"
+
+
+def add_check(scope: IConstruct, check: Callable[[], list[str]]) -> None:
+    """Run ``check`` when the app validates (before validation plugins such as cdk-nag)."""
+    stack = stack_of(scope)
+    hub = getattr(stack, _CHECKS, None)
+    if hub is None:
+        hub = StackChecks()
+        setattr(stack, _CHECKS, hub)
+        stack.node.add_validation(hub)
+    hub.checks.append(check)

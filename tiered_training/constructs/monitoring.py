@@ -43,7 +43,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
 from .. import metrics as catalogue
-from ._scope import env_of, remember_stack, stack_of
+from ._scope import add_check, env_of, remember_stack, stack_of
 from .metric_factory import DEFAULT_PERIOD, TrainingMetricFactory
 
 if TYPE_CHECKING:
@@ -346,7 +346,7 @@ class TrainingMonitoring(Construct):
         )
 
         self.dashboard = self._dashboard() if dashboard else None
-        self.node.add_validation(NoSearchInAlarms(self, self._alarm_queries))
+        add_check(self, NoSearchInAlarms(self, self._alarm_queries).validate)
 
     @property
     def topic(self) -> sns.ITopic:

@@ -55,19 +55,25 @@ class LateAcknowledgements:
     """
 
     def __init__(self) -> None:
-        self.entries: list[tuple[IConstruct, str, str, str]] = []
+        self.entries: list[tuple[IConstruct, str | None, str, str]] = []
 
     def add(self, construct: IConstruct, resource: str, reason: str, rule: str = "AwsSolutions-IAM5") -> None:
         self.entries.append((construct, resource, rule, reason))
 
+    def add_rule(self, construct: IConstruct, rule: str, reason: str) -> None:
+        """An acknowledgement with a complete finding ID, recorded with the others in one call."""
+        self.entries.append((construct, None, rule, reason))
+
     def validate(self) -> list[str]:
         # One resolve and one acknowledge call per construct (jsii round trips are the cost).
-        by_construct: dict[int, tuple[IConstruct, list[tuple[str, str, str]]]] = {}
+        by_construct: dict[int, tuple[IConstruct, list[tuple[str | None, str, str]]]] = {}
         for construct, resource, rule, reason in self.entries:
             by_construct.setdefault(id(construct), (construct, []))[1].append((resource, rule, reason))
         for construct, entries in by_construct.values():
-            values = Stack.of(construct).resolve([resource for resource, _rule, _reason in entries])
+            tokens = [resource for resource, _rule, _reason in entries if resource is not None]
+            values = iter(Stack.of(construct).resolve(tokens) if tokens else [])
             acknowledge_all(construct, [
-                (f"{rule}[Resource::{render_like_nag(value)}]", reason) for value, (_r, rule, reason) in zip(values, entries)
+                (rule if resource is None else f"{rule}[Resource::{render_like_nag(next(values))}]", reason)
+                for resource, rule, reason in entries
             ])
         return []

@@ -23,7 +23,7 @@ from .. import definition as d
 from .checkpoint_store import CheckpointStore
 from .image import TrainingImage
 from .metric_factory import TrainingMetricFactory
-from ._scope import env_of, remember_stack, stack_of
+from ._scope import add_check, env_of, remember_stack, stack_of
 from .roles import TrainingRoles
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class TrainingPipeline(Construct):
         # What stack.format_arn(service="sagemaker", resource="pipeline", resource_name=...) renders.
         self.pipeline_arn = f"arn:{partition}:sagemaker:{region}:{account}:pipeline/{self.pipeline_name.lower()}"
         self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=self.pipeline_name)
-        self.node.add_validation(_DefinitionValidation(self))
+        add_check(self, _DefinitionValidation(self).validate)
 
     # -- grants ----------------------------------------------------------------------------
 

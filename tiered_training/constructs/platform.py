@@ -12,6 +12,7 @@ from aws_cdk import Stack, Tags
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from ._scope import remember_agnostic_env
 from .checkpoint_store import CheckpointStore
 from .image import TrainingImage
 from .monitoring import TrainingMonitoring, alarm_topic
@@ -78,6 +79,8 @@ class RecipeStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, plan: "Plan", platform: TrainingPlatform, **kwargs: Any):
         kwargs.setdefault("description", f"tiered-training recipe {plan.name}")
         super().__init__(scope, construct_id, **kwargs)
+        if kwargs.get("env") is None:
+            remember_agnostic_env(self)
         plan.require_ok()
         self.plan = plan
         self.pipeline = TrainingPipeline(self, "Pipeline", plan=plan, store=platform.store, image=platform.image)

@@ -34,8 +34,8 @@ from constructs import Construct
 
 from .checkpoint_store import CheckpointStore, checkpoint_prefix, output_prefix
 from .image import TrainingImage
-from ._scope import env_of, remember_stack, stack_of
-from .nag import LateAcknowledgements, acknowledge_all
+from ._scope import add_check, env_of, remember_stack, stack_of
+from .nag import LateAcknowledgements
 
 SAGEMAKER = "sagemaker.amazonaws.com"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -210,16 +210,15 @@ class TrainingRoles(Construct):
         if policy is not None:
             late = LateAcknowledgements()
             late.add(policy, arn, f"Objects under one prefix: {what}, named by the trainer")
-            policy.node.add_validation(late)
+            add_check(self, late.validate)
 
     def _acknowledge(self, execution_policy: Construct, pipeline_policy: Construct, object_arns: list[tuple[str, str]]) -> None:
-        """cdk-nag acknowledgements, each with its exact finding ID: one call per policy, plus
-        one validation that names the object ARNs (they hold tokens until synth)."""
+        """cdk-nag acknowledgements, each with its exact finding ID. The object ARNs hold tokens
+        until synth, so all are recorded at validation: one call per policy."""
         late = LateAcknowledgements()
         for arn, what in object_arns:
             late.add(execution_policy, arn, f"Objects under one prefix: {what}, named by the trainer")
-        execution_policy.node.add_validation(late)
-        acknowledge_all(execution_policy, [
+        for rule, reason in [
             ("AwsSolutions-IAM5[Resource::*]",
              "ecr:GetAuthorizationToken and cloudwatch:PutMetricData have no resource-level permissions; "
              "PutMetricData is limited by a cloudwatch:namespace condition"),
@@ -227,11 +226,14 @@ class TrainingRoles(Construct):
              "SageMaker names each training job's log streams after the generated job name"),
             (f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:{TRAINING_LOG_GROUP}:log-stream:*]",
              "SageMaker names each training job's log streams after the generated job name"),
-        ])
-        acknowledge_all(pipeline_policy, [(
+        ]:
+            late.add_rule(execution_policy, rule, reason)
+        late.add_rule(
+            pipeline_policy,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:training-job/pipelines-*]",
             "A pipeline names its training jobs pipelines-<execution>-<step>-<suffix> at run time",
-        )])
+        )
+        add_check(self, late.validate)
 
 
 def _default_policy(role_scope: Construct, role: iam.CfnRole, statements: list[dict]) -> iam.CfnPolicy:
