@@ -129,3 +129,21 @@ def test_roles_are_grantable_and_take_a_data_key(tmp_path):
     assert execution["Properties"]["PolicyName"] == next(k for k in policies if "ExecutionRoleDefaultPolicy" in k)
     decrypt = [s for s in execution["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
     assert decrypt and "DataKey" in json.dumps(decrypt)
+
+
+def test_default_policy_names_are_their_logical_ids(tmp_path):
+    # Inside a stack (path known: the name is computed) and under a foreign construct (the logical ID token).
+    from aws_cdk import App, Stack, assertions
+    from constructs import Construct
+
+    from tiered_training.constructs import CheckpointStore, TrainingImage, TrainingRoles
+
+    stack = Stack(App(outdir=str(tmp_path)), "S")
+    store = CheckpointStore(stack, "Store")
+    image = TrainingImage(stack, "Image", image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer:1.0")
+    TrainingRoles(stack, "Roles", recipe_name="r1", store=store, image=image, data_uris=["s3://data/tokens/"])
+    TrainingRoles(Construct(stack, "Team-A"), "Roles", recipe_name="r2", store=store, image=image, data_uris=["s3://data/x/"])
+    policies = resources(assertions.Template.from_stack(stack).to_json(), "AWS::IAM::Policy")
+    assert len(policies) == 4
+    for logical, policy in policies.items():
+        assert policy["Properties"]["PolicyName"] == logical

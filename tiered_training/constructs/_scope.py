@@ -7,6 +7,8 @@ environment tokens, so that a recipe stack asks once instead of once per constru
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Callable
 
 import jsii
@@ -25,8 +27,38 @@ def stack_of(scope: IConstruct) -> Stack:
     return known if known is not None else Stack.of(scope)
 
 
-def remember_stack(construct: IConstruct, stack: Stack) -> None:
+_PATH = "_tiered_training_path"
+
+
+def remember_stack(construct: IConstruct, stack: Stack, scope: IConstruct | None = None, construct_id: str | None = None) -> None:
+    """Remember ``construct``'s stack and, when its scope is that stack or one of our constructs,
+    its construct path inside the stack (for :func:`logical_id`)."""
     setattr(construct, _STACK, stack)
+    if scope is not None and construct_id is not None:
+        parent = [] if scope is stack else getattr(scope, _PATH, None)
+        setattr(construct, _PATH, None if parent is None else [*parent, construct_id])
+
+
+def path_in_stack(construct: IConstruct) -> list[str] | None:
+    """The construct IDs from the stack down to ``construct``, when :func:`remember_stack` knew them."""
+    return getattr(construct, _PATH, None)
+
+
+def logical_id(path: list[str]) -> str:
+    """The logical ID CDK allocates to the element at this path inside its stack
+    (``makeUniqueId``: the IDs without "Resource", then 8 hex digits of the path's MD5)."""
+    components = [c for c in path if c != "Default"]
+    if len(components) == 1:
+        candidate = re.sub(r"[^A-Za-z0-9]", "", components[0])
+        if len(candidate) <= 255:
+            return candidate
+    digest = hashlib.md5("/".join(components).encode("utf-8")).hexdigest()[:8].upper()
+    human: list[str] = []
+    for component in components:
+        if not human or not human[-1].endswith(component):
+            human.append(component)
+    text = "".join(re.sub(r"[^A-Za-z0-9]", "", c) for c in human if c != "Resource")
+    return text[:240] + digest
 
 
 def env_of(stack: Stack) -> tuple[str, str, str]:

@@ -236,7 +236,7 @@ class TrainingMonitoring(Construct):
         period: Duration = DEFAULT_PERIOD,
     ) -> None:
         super().__init__(scope, construct_id)
-        remember_stack(self, stack_of(scope))
+        remember_stack(self, stack_of(scope), scope, construct_id)
         plan: "Plan" = pipeline.plan
         assert plan.estimates is not None
         self.plan = plan

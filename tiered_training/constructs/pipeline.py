@@ -92,7 +92,7 @@ class TrainingPipeline(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = stack_of(scope)
-        remember_stack(self, stack)
+        remember_stack(self, stack, scope, construct_id)
         plan.require_ok()
         self.plan = plan
         recipe = plan.recipe

@@ -34,7 +34,7 @@ from constructs import Construct
 
 from .checkpoint_store import CheckpointStore, checkpoint_prefix, output_prefix
 from .image import TrainingImage
-from ._scope import add_check, env_of, remember_stack, stack_of
+from ._scope import add_check, env_of, logical_id, path_in_stack, remember_stack, stack_of
 from .nag import LateAcknowledgements
 
 SAGEMAKER = "sagemaker.amazonaws.com"
@@ -74,7 +74,7 @@ class TrainingRoles(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = stack_of(scope)
-        remember_stack(self, stack)
+        remember_stack(self, stack, scope, construct_id)
         self.recipe_name = recipe_name
         self._imports: dict[str, iam.IRole] = {}
         partition, region, account = env_of(stack)
@@ -130,14 +130,17 @@ class TrainingRoles(Construct):
         if data_key is not None:
             # What data_key.grant_decrypt(role) adds to the role's policy.
             execution.append({"Effect": "Allow", "Action": "kms:Decrypt", "Resource": data_key.key_arn})
-        execution_policy = _default_policy(execution_scope, self.execution_role_resource, execution)
+        path = path_in_stack(self)
+        execution_policy = _default_policy(execution_scope, self.execution_role_resource, execution,
+                                           None if path is None else [*path, "ExecutionRole"])
 
         # -- pipeline role -------------------------------------------------------------------
         jobs = f"arn:{partition}:sagemaker:{region}:{account}:training-job/pipelines-*"
         pipeline_policy = _default_policy(
             pipeline_scope,
             self.pipeline_role_resource,
-            [
+            role_path=None if path is None else [*path, "PipelineRole"],
+            statements=[
                 {
                     "Effect": "Allow",
                     "Action": [
@@ -236,17 +239,23 @@ class TrainingRoles(Construct):
         add_check(self, late.validate)
 
 
-def _default_policy(role_scope: Construct, role: iam.CfnRole, statements: list[dict]) -> iam.CfnPolicy:
-    """The role's ``DefaultPolicy`` (as ``iam.Role`` would make it): the statements, minimized."""
+def _default_policy(
+    role_scope: Construct, role: iam.CfnRole, statements: list[dict], role_path: list[str] | None = None
+) -> iam.CfnPolicy:
+    """The role's ``DefaultPolicy`` (as ``iam.Role`` would make it): the statements, minimized.
+
+    iam.Policy names itself after its resource's logical ID: computed here when the role's
+    path in its stack is known, else the logical ID token (resolved at synth)."""
+    known = role_path is not None
     policy = iam.CfnPolicy(
         Construct(role_scope, "DefaultPolicy"),
         "Resource",
         policy_document={"Statement": minimize_statements(statements), "Version": "2012-10-17"},
-        policy_name="placeholder",
+        policy_name=logical_id([*role_path, "DefaultPolicy", "Resource"])[-128:] if known else "placeholder",
         roles=[role.ref],
     )
-    # iam.Policy names itself after its resource's logical ID (resolved at synth).
-    policy.policy_name = policy.logical_id
+    if not known:
+        policy.policy_name = policy.logical_id
     return policy
 
 
