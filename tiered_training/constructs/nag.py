@@ -54,7 +54,8 @@ class LateAcknowledgements:
     prefix, and the reason.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stack: Stack | None = None) -> None:
+        self.stack = stack  # the entries' stack, when known (saves a Stack.of call)
         self.entries: list[tuple[IConstruct, str | None, str, str]] = []
 
     def add(self, construct: IConstruct, resource: str, reason: str, rule: str = "AwsSolutions-IAM5") -> None:
@@ -71,7 +72,7 @@ class LateAcknowledgements:
             by_construct.setdefault(id(construct), (construct, []))[1].append((resource, rule, reason))
         for construct, entries in by_construct.values():
             tokens = [resource for resource, _rule, _reason in entries if resource is not None]
-            values = iter(Stack.of(construct).resolve(tokens) if tokens else [])
+            values = iter((self.stack or Stack.of(construct)).resolve(tokens) if tokens else [])
             acknowledge_all(construct, [
                 (rule if resource is None else f"{rule}[Resource::{render_like_nag(next(values))}]", reason)
                 for resource, rule, reason in entries

@@ -157,7 +157,7 @@ class TrainingRoles(Construct):
         )
         self.execution_policy_resource = execution_policy
         self.pipeline_policy_resource = pipeline_policy
-        self._acknowledge(execution_policy, pipeline_policy, object_arns)
+        self._acknowledge(object_arns)
 
     # -- the roles as IRole (made on first use) -------------------------------------------
 
@@ -215,12 +215,13 @@ class TrainingRoles(Construct):
             late.add(policy, arn, f"Objects under one prefix: {what}, named by the trainer")
             add_check(self, late.validate)
 
-    def _acknowledge(self, execution_policy: Construct, pipeline_policy: Construct, object_arns: list[tuple[str, str]]) -> None:
+    def _acknowledge(self, object_arns: list[tuple[str, str]]) -> None:
         """cdk-nag acknowledgements, each with its exact finding ID. The object ARNs hold tokens
-        until synth, so all are recorded at validation: one call per policy."""
-        late = LateAcknowledgements()
+        until synth, so all are recorded at validation, in one call on this construct (an
+        acknowledgement covers the construct's children: here the two default policies)."""
+        late = LateAcknowledgements(stack_of(self))
         for arn, what in object_arns:
-            late.add(execution_policy, arn, f"Objects under one prefix: {what}, named by the trainer")
+            late.add(self, arn, f"Objects under one prefix: {what}, named by the trainer")
         for rule, reason in [
             ("AwsSolutions-IAM5[Resource::*]",
              "ecr:GetAuthorizationToken and cloudwatch:PutMetricData have no resource-level permissions; "
@@ -230,9 +231,9 @@ class TrainingRoles(Construct):
             (f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:{TRAINING_LOG_GROUP}:log-stream:*]",
              "SageMaker names each training job's log streams after the generated job name"),
         ]:
-            late.add_rule(execution_policy, rule, reason)
+            late.add_rule(self, rule, reason)
         late.add_rule(
-            pipeline_policy,
+            self,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sagemaker:<AWS::Region>:<AWS::AccountId>:training-job/pipelines-*]",
             "A pipeline names its training jobs pipelines-<execution>-<step>-<suffix> at run time",
         )
