@@ -162,3 +162,9 @@ def test_error_text_names_file_line_field_value_and_valid_values(write_recipe):
     assert "'selective'" in text
     line = info.value.problems[0].line
     assert path.read_text().splitlines()[line - 1].strip().startswith("activation_checkpointing")
+
+
+def test_error_inside_a_union_branch_points_at_the_nested_field(write_recipe):
+    problems = problems_of(write_recipe, recipe_dict(**{"tuning.batch_ramp": {"start_fraction": 2}}))
+    assert [p.field for p in problems] == ["tuning.batch_ramp.start_fraction"]
+    assert problems[0].value == 2 and "less than or equal to 1" in problems[0].message

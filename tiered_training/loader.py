@@ -19,6 +19,8 @@ from .recipe import AT, Recipe
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Lines = dict[str, int]
+# Errors pydantic reports for the branches of a union that the value did not take.
+UNION_ALTERNATIVES = frozenset({"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"})
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -93,8 +95,9 @@ def _index(node: yaml.Node, path: tuple, lines: Lines, problems: list[Problem], 
 def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:
     """Split pydantic's location into the path that exists in the document.
 
-    Union branches add labels such as ``literal['auto']`` or ``int``; they are not
-    document keys. Returns the document path and whether it reached the value.
+    Union branches add labels such as ``literal['auto']``, ``int`` or a model's class
+    name; they are neither document keys nor fields. Returns the document path and
+    whether it reached a value (False for a missing field).
     """
     path: list = []
     node = data
@@ -105,19 +108,15 @@ def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             path.append(part)
             node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not _is_branch_label(part):
-            path.append(part)  # a missing or unknown key
+        elif isinstance(node, dict) and _is_field(tuple(path), part):
+            path.append(part)  # a field the document leaves out
             return tuple(path), False
-        else:
-            continue
     return tuple(path), True
 
 
-def _is_branch_label(part: str) -> bool:
-    return bool(re.match(r"^(literal\[|function-|constrained-|int$|float$|bool$|str$|is-instance|lax-|strict-|json-)", part)) or part in {
-        "BatchRampSpec",
-        "Architecture",
-    }
+def _is_field(path: tuple, name: Any) -> bool:
+    model = _model_at(path)
+    return model is not None and name in model.model_fields
 
 
 def _value_at(data: Any, path: tuple) -> tuple[Any, bool]:
@@ -163,7 +162,8 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = match.group(2)
             reached = True
         dotted = ".".join(map(str, path))
-        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached})
+        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True})
+        entry["alternatives"] &= error["type"] in UNION_ALTERNATIVES
         if error["type"] == "literal_error" and not match:
             entry["choices"].append(str((error.get("ctx") or {}).get("expected", "")))
         elif message not in entry["messages"]:
@@ -171,6 +171,8 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
     problems = []
     for dotted, entry in grouped.items():
         path = entry["path"]
+        if entry["alternatives"] and any(other.startswith(dotted + ".") for other in grouped):
+            continue  # a union's other branches failed too; the deeper problem is the one to fix
         if entry["choices"]:
             choices = ", ".join(entry["choices"]).replace(" or ", ", ")
             entry["messages"].insert(0, f"must be one of {choices}")
