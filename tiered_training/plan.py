@@ -132,7 +132,6 @@ class Plan:
         self.require_ok()
         assert self.estimates is not None
         recipe = self.recipe
-        interval_steps = 0
         candidates = sorted({max(1, self.micro_batch_size // 2), self.micro_batch_size, self.micro_batch_size * 2})
         return RunConfig(
             recipe_name=recipe.name,
@@ -172,7 +171,7 @@ class Plan:
             data=DataConfig(token_dtype=recipe.data.token_dtype, seed=recipe.data.seed),
             checkpoint=CheckpointConfig(
                 interval_minutes=recipe.checkpointing.interval_minutes,
-                interval_steps=interval_steps,
+                interval_steps=0,  # by time; the trainer also saves on SIGTERM
                 keep_last=recipe.checkpointing.keep_last,
                 shutdown_deadline_seconds=recipe.checkpointing.shutdown_deadline_seconds,
             ),
