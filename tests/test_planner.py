@@ -8,8 +8,9 @@ import pytest
 from tiered_training import catalogs, memory
 from tiered_training.architecture import Architecture
 from tiered_training.loader import parse_recipe
-from tiered_training.planner import plan_file, ramp_accum, resolve
+from tiered_training.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
+from tiered_training.runconfig import ramp_accum_steps as ramp_accum
 
 from support import RECIPES, recipe_dict
 

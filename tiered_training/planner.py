@@ -14,6 +14,7 @@ from .architecture import Architecture
 from .catalogs import Instance, Tier
 from .plan import Decision, Estimates, Finding, Plan
 from .recipe import AUTO, BatchRampSpec, Recipe
+from .runconfig import ramp_accum_steps
 
 LOSS_CHUNK_TOKENS = 4096
 # When the batch ramps, keep at least this many accumulation steps at the full batch.
@@ -487,16 +488,9 @@ def _ramp_and_steps(recipe, tier, accum, micro_batch, gpus, b) -> tuple[int | No
     if start is None:
         steps = math.ceil(recipe.budget.total_tokens / global_tokens)
         return None, 0, steps
-    ramp_tokens = sum(ramp_accum(i, start, accum, ramp_steps) for i in range(ramp_steps)) * tokens_per_accum
+    ramp_tokens = sum(ramp_accum_steps(i, start, accum, ramp_steps) for i in range(ramp_steps)) * tokens_per_accum
     remaining = max(0, recipe.budget.total_tokens - ramp_tokens)
     return start, ramp_steps, ramp_steps + math.ceil(remaining / global_tokens)
-
-
-def ramp_accum(step: int, start: int, full: int, ramp_steps: int) -> int:
-    """Gradient-accumulation steps at ``step`` under a linear ramp; the trainer uses the same rule."""
-    if step >= ramp_steps:
-        return full
-    return start + (full - start) * step // ramp_steps
 
 
 def _estimates(recipe, arch, instance, nodes, precision, fp8_recipe, checkpointing, sharding, total_steps, b) -> Estimates:

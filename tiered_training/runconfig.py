@@ -58,6 +58,21 @@ class BatchConfig(_Frozen):
     ramp_start_accum_steps: int | None = Field(default=None, description="accumulation at step 0 when ramping")
     ramp_steps: int = 0
 
+    def accum_steps_at(self, step: int) -> int:
+        """Gradient-accumulation steps at the 0-based ``step``, under the linear batch ramp."""
+        return ramp_accum_steps(step, self.ramp_start_accum_steps, self.grad_accum_steps, self.ramp_steps)
+
+
+def ramp_accum_steps(step: int, start: int | None, full: int, ramp_steps: int) -> int:
+    """The batch ramp, linear in accumulation steps: ``start`` at step 0, ``full`` from ``ramp_steps`` on.
+
+    The planner counts the ramp's tokens with it and the trainer follows it, so the
+    plan's step count meets the token budget exactly as the trainer runs.
+    """
+    if not start or ramp_steps <= 0 or step >= ramp_steps:
+        return full
+    return start + (full - start) * step // ramp_steps
+
 
 class OptimizerConfig(_Frozen):
     lr: float

@@ -1,4 +1,4 @@
-"""AdamW, the learning-rate schedule, gradient clipping and the batch-size ramp."""
+"""AdamW, the learning-rate schedule and gradient clipping (the batch ramp is BatchConfig.accum_steps_at)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from tiered_training.runconfig import BatchConfig, OptimizerConfig
+from tiered_training.runconfig import OptimizerConfig
 
 
 def build_optimizer(model: nn.Module, opt: OptimizerConfig, device: torch.device) -> torch.optim.AdamW:
@@ -50,18 +50,6 @@ def lr_factor(step: int, opt: OptimizerConfig, total_steps: int) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, opt: OptimizerConfig, total_steps: int) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_factor(step, opt, total_steps))
-
-
-def accum_steps_at(step: int, batch: BatchConfig) -> int:
-    """Gradient-accumulation steps for the 0-based step ``step``: the linear batch ramp.
-
-    From ``ramp_start_accum_steps`` at step 0 to ``grad_accum_steps`` at ``ramp_steps``.
-    """
-    start = batch.ramp_start_accum_steps
-    if not start or batch.ramp_steps <= 0 or step >= batch.ramp_steps:
-        return batch.grad_accum_steps
-    value = start + (batch.grad_accum_steps - start) * step / batch.ramp_steps
-    return max(1, min(batch.grad_accum_steps, int(round(value))))
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

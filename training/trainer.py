@@ -42,7 +42,7 @@ from .data import build_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights
 from .model import CausalLMLoss, build_model, materialize
-from .optim import accum_steps_at, build_optimizer, build_scheduler, clip_grad_norm
+from .optim import build_optimizer, build_scheduler, clip_grad_norm
 from .parallel import apply_fsdp, build_mesh, enable_tf32
 from .paths import Paths
 from .step_stats import StepStats
@@ -255,7 +255,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
-        accum = accum_steps_at(step, batch)
+        accum = batch.accum_steps_at(step)
         data_wait = 0.0
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         for _ in range(accum):

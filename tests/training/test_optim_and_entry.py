@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiny import tiny_config  # noqa: E402
-from training.optim import accum_steps_at, lr_factor  # noqa: E402
+from training.optim import lr_factor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,9 +35,9 @@ def test_linear_and_constant_schedules():
 
 def test_batch_ramp_through_accumulation():
     batch = tiny_config(batch={"grad_accum_steps": 8, "ramp_start_accum_steps": 2, "ramp_steps": 6}).batch
-    assert [accum_steps_at(s, batch) for s in range(8)] == [2, 3, 4, 5, 6, 7, 8, 8]
+    assert [batch.accum_steps_at(s) for s in range(8)] == [2, 3, 4, 5, 6, 7, 8, 8]
     flat = tiny_config(batch={"grad_accum_steps": 4}).batch
-    assert {accum_steps_at(s, flat) for s in range(10)} == {4}
+    assert {flat.accum_steps_at(s) for s in range(10)} == {4}
 
 
 def test_config_from_json_and_hyperparameters(tmp_path):
