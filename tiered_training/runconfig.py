@@ -130,6 +130,12 @@ class RunConfig(_Frozen):
     probe: ProbeConfig
     metrics: MetricsConfig = MetricsConfig()
 
+    def mfu(self, tokens_per_second_per_gpu: float) -> float:
+        """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,
+        so FP8 runs report BF16-equivalent MFU."""
+        flops = self.model.flops_per_token(self.batch.sequence_length)
+        return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
+
     # -- SageMaker hyperparameters -------------------------------------------------
 
     def to_hyperparameters(self) -> dict[str, str]:

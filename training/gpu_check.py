@@ -123,7 +123,7 @@ def _measure(cfg: RunConfig, root: Path, steps: int) -> dict:
     steady = stats[warm:] or stats
     seconds = sum(s.step_time_s for s in steady)
     tps = sum(s.tokens for s in steady) / seconds
-    mfu = 100.0 * cfg.model.flops_per_token(cfg.batch.sequence_length) * tps / cfg.hardware.peak_bf16_flops
+    mfu = 100.0 * cfg.mfu(tps)
     peak = max((s.peak_memory_bytes or 0) for s in stats)
     return {
         "status": "ok", "steps": len(stats), "wall_s": round(wall, 1), "first_step_s": round(stats[0].step_time_s, 2),

@@ -21,7 +21,7 @@ Every name, unit and dimension comes from :mod:`tiered_training.metrics`, the
 catalogue that the alarms also read. The namespace is ``cfg.metrics.namespace``
 (which defaults to ``tiered_training.metrics.NAMESPACE``).
 
-MFU uses the planner's own FLOPs formula, ``Architecture.flops_per_token``, and the
+MFU is ``RunConfig.mfu``: the planner's own FLOPs formula, ``Architecture.flops_per_token``, and the
 BF16 peak (``cfg.hardware.peak_bf16_flops``), so FP8 runs report BF16-equivalent MFU.
 
 Emission never stops training: an error is reported once on stderr and the hook
@@ -222,7 +222,6 @@ class MetricsHook:
         self.stream = stream
         self.interval = max(1, cfg.metrics.interval_steps)
         self.namespace = cfg.metrics.namespace
-        self.flops_per_token = cfg.model.flops_per_token(cfg.batch.sequence_length)
         self._window = _Window()
         self._warned = False
         if gpu_sampler is None and self.local_rank == 0:
@@ -268,7 +267,7 @@ class MetricsHook:
         tokens_per_second = w.tokens / w.step_time if w.step_time > 0 else float(stats.tokens_per_second)
         world = self._world_size or getattr(stats, "world_size", None) or _env_int("WORLD_SIZE", 1)
         per_gpu = tokens_per_second / max(1, world)
-        mfu = 100.0 * self.flops_per_token * per_gpu / self.cfg.hardware.peak_bf16_flops
+        mfu = 100.0 * self.cfg.mfu(per_gpu)
         values: list[tuple[MetricSpec, float]] = [
             (catalogue.TOKENS_PER_SECOND, tokens_per_second),
             (catalogue.TOKENS_PER_SECOND_PER_GPU, per_gpu),
