@@ -57,6 +57,26 @@ def test_data_uri_must_be_s3(write_recipe):
     only(problems_of(write_recipe, recipe_dict(**{"data.uri": "/local/tokens"})), "data.uri")
 
 
+
+def test_allowed_uris_default_to_the_data_uri(write_recipe):
+    data = load_recipe(write_recipe(recipe_dict(**{"data.uri": "s3://bucket-a/tokens/v2/"}))).data
+    assert data.data_prefixes == ["s3://bucket-a/tokens/v2/"]
+    assert data.allows("s3://bucket-a/tokens/v2/shard-0")
+    assert not data.allows("s3://bucket-a/tokens/v3/")
+
+
+def test_allowed_uris_bound_data_uri_by_whole_segments(write_recipe):
+    recipe = recipe_dict(**{"data.uri": "s3://bucket-a/tokens/v2/", "data.allowed_uris": ["s3://bucket-a/tokens", "s3://bucket-b/x/"]})
+    data = load_recipe(write_recipe(recipe)).data
+    assert data.allows("s3://bucket-a/tokens/v3/") and data.allows("s3://bucket-b/x/y")
+    assert not data.allows("s3://bucket-a/tokens-other/") and not data.allows("s3://bucket-c/")
+
+
+def test_data_uri_outside_allowed_uris_is_an_error(write_recipe):
+    recipe = recipe_dict(**{"data.uri": "s3://bucket-a/tokens/", "data.allowed_uris": ["s3://bucket-b/"]})
+    p = only(problems_of(write_recipe, recipe), "data.uri")
+    assert "allowed_uris" in p.message and p.line
+
 def test_token_dtype_choices(write_recipe):
     p = only(problems_of(write_recipe, recipe_dict(**{"data.token_dtype": "int16"})), "data.token_dtype")
     assert "'uint16'" in p.message and "'uint32'" in p.message

@@ -56,9 +56,36 @@ class ModelSection(_Strict):
 
 class DataSection(_Strict):
     uri: str = Field(pattern=S3_URI_PATTERN, description="S3 prefix of flat token shards")
+    allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="S3 prefixes that the DataUri pipeline parameter may name; default: [uri]",
+    )
     token_dtype: Literal["uint16", "uint32"] = "uint32"
     input_mode: Literal["FastFile", "File"] = "FastFile"
     seed: int = Field(default=1234, ge=0)
+
+    @property
+    def data_prefixes(self) -> list[str]:
+        """The S3 prefixes a run may read its data from: ``allowed_uris``, or the recipe's ``uri``."""
+        return list(self.allowed_uris) if self.allowed_uris else [self.uri]
+
+    def allows(self, uri: str) -> bool:
+        """Whether ``uri`` lies under one of :attr:`data_prefixes` (whole path segments only)."""
+        return any(_under(uri, prefix) for prefix in self.data_prefixes)
+
+    @model_validator(mode="after")
+    def _uri_allowed(self) -> "DataSection":
+        if self.allowed_uris and not self.allows(self.uri):
+            raise ValueError(f"{AT}data.uri: not under any of data.allowed_uris ({', '.join(self.allowed_uris)})")
+        return self
+
+
+def _under(uri: str, prefix: str) -> bool:
+    if uri == prefix:
+        return True
+    base = prefix if prefix.endswith("/") else prefix + "/"
+    return uri.startswith(base)
 
 
 class BudgetSection(_Strict):
