@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NAMESPACE = "TieredTraining"
+# The container emits on this wall-clock cadence (``RunConfig.metrics.interval_seconds``);
+# the alarms are fitted to it (``tiered_training.alarms``).
+DEFAULT_INTERVAL_SECONDS = 60.0
 # Every metric carries exactly this dimension set.
 DIMENSIONS: tuple[str, ...] = ("Recipe",)
 # GPU-utilisation and memory metrics also carry the node, on each node's local rank 0.
@@ -44,7 +47,11 @@ GPU_UTILIZATION = MetricSpec(
 )
 DATA_WAIT_FRACTION = MetricSpec("DataWaitFraction", "Percent", "share of step time spent waiting for data")
 CHECKPOINT_SAVE_TIME = MetricSpec("CheckpointSaveTime", "Seconds", "blocking time of a checkpoint save")
-PROGRESS = MetricSpec("StepsCompleted", "Count", "optimiser steps completed; the stall alarm watches it")
+PROGRESS = MetricSpec(
+    "StepsCompleted", "Count", "optimiser steps completed; also sent by the heartbeat, so the stall alarm sees a live run"
+)
+NON_FINITE_LOSS = MetricSpec("NonFiniteLossSteps", "Count", "steps of the interval whose loss was NaN or infinite")
+VALIDATION_LOSS = MetricSpec("ValidationLoss", "None", "loss on the held-out validation shards")
 
 ALL: tuple[MetricSpec, ...] = (
     TOKENS_PER_SECOND,
@@ -60,6 +67,8 @@ ALL: tuple[MetricSpec, ...] = (
     DATA_WAIT_FRACTION,
     CHECKPOINT_SAVE_TIME,
     PROGRESS,
+    NON_FINITE_LOSS,
+    VALIDATION_LOSS,
 )
 BY_NAME = {m.name: m for m in ALL}
 

@@ -25,6 +25,9 @@ from .runconfig import (
     PrecisionConfig,
     ProbeConfig,
     RunConfig,
+    TENSORBOARD_DIR,
+    TrackingConfig,
+    ValidationConfig,
 )
 
 Severity = Literal["error", "warning", "info"]
@@ -183,7 +186,23 @@ class Plan:
             ),
             probe=ProbeConfig(steps=recipe.probe.steps, micro_batch_candidates=candidates),
             metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),
+            tracking=TrackingConfig(
+                mlflow_tracking_uri=recipe.tracking.mlflow_tracking_server_arn,
+                experiment_name=recipe.tracking.mlflow_experiment or recipe.name,
+                tensorboard_dir=TENSORBOARD_DIR if recipe.tracking.tensorboard else None,
+            ),
+            validation=self.validation_config(),
         )
+
+    def validation_config(self) -> ValidationConfig:
+        """Where the validation loss comes from: the recipe's validation_uri, a held-out fraction, or nowhere."""
+        recipe = self.recipe
+        timing = {"interval_minutes": recipe.validation.interval_minutes, "batches": recipe.validation.batches}
+        if recipe.data.validation_uri:
+            return ValidationConfig(source="channel", **timing)
+        if recipe.data.validation_fraction > 0:
+            return ValidationConfig(source="holdout", holdout_every=max(2, round(1 / recipe.data.validation_fraction)), **timing)
+        return ValidationConfig(source="none", **timing)
 
     def to_dict(self) -> dict[str, Any]:
         """Stable, JSON-ready form (``plan --format json``)."""

@@ -23,6 +23,7 @@ S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
 SNS_ARN_PATTERN = r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]{1,256}$"
 TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:training-plan/.{1,63}$"
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+MLFLOW_SERVER_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
 
 Precision = Literal["bf16", "fp8", "fp32"]
 Fp8Recipe = Literal["tensorwise", "rowwise", "mxfp8"]
@@ -63,6 +64,13 @@ class DataSection(_Strict):
     )
     token_dtype: Literal["uint16", "uint32"] = "uint32"
     input_mode: Literal["FastFile", "File"] = "FastFile"
+    validation_uri: str | None = Field(
+        default=None, pattern=S3_URI_PATTERN, description="S3 prefix of held-out token shards for the validation loss"
+    )
+    validation_fraction: float = Field(
+        default=0.001, ge=0, le=0.5,
+        description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
+    )
     seed: int = Field(default=1234, ge=0)
 
     @property
@@ -128,8 +136,33 @@ class MonitoringSection(_Strict):
     min_throughput_fraction: float = Field(default=0.7, gt=0, le=1, description="of the plan's tokens/s")
     min_gpu_utilization: float = Field(default=70.0, gt=0, le=100, description="percent")
     max_memory_fraction: float = Field(default=0.97, gt=0, le=1, description="of HBM")
-    stall_minutes: int = Field(default=30, ge=5, le=1440)
-    loss_ceiling: float = Field(default=12.0, gt=0, description="loss above this is divergence")
+    stall_minutes: int = Field(
+        default=10, ge=5, le=1440,
+        description="no step for this long is a stall; the alarm widens it to the plan's longest healthy pause",
+    )
+    loss_ceiling: Union[Annotated[float, Field(gt=0)], Auto] = Field(
+        default=AUTO, description="loss above this is divergence; auto: ln(vocabulary size) + loss_margin"
+    )
+    loss_margin: float = Field(
+        default=1.0, gt=0, le=20, description="nats above ln(V), the loss of a uniform guess, for an automatic ceiling"
+    )
+    max_validation_gap: float = Field(
+        default=0.5, gt=0, description="validation loss this far (nats) above the training loss is divergence"
+    )
+
+
+class ValidationSection(_Strict):
+    interval_minutes: float = Field(default=30.0, ge=1, le=24 * 60, description="evaluate every N minutes")
+    batches: int = Field(default=8, ge=1, le=10_000, description="micro-batches per GPU in one evaluation")
+
+
+class TrackingSection(_Strict):
+    mlflow_tracking_server_arn: str | None = Field(
+        default=None, pattern=MLFLOW_SERVER_ARN_PATTERN,
+        description="a SageMaker managed MLflow tracking server; the trainer logs params and metrics to it",
+    )
+    mlflow_experiment: str | None = Field(default=None, min_length=1, max_length=256, description="default: the recipe name")
+    tensorboard: bool = Field(default=True, description="write TensorBoard event files, uploaded beside the model output")
 
 
 class ProbeSection(_Strict):
@@ -166,6 +199,8 @@ class Recipe(_Strict):
     compute: ComputeSection
     checkpointing: CheckpointSection = CheckpointSection()
     monitoring: MonitoringSection = MonitoringSection()
+    validation: ValidationSection = ValidationSection()
+    tracking: TrackingSection = TrackingSection()
     probe: ProbeSection = ProbeSection()
     tuning: TuningSection = TuningSection()
     tags: dict[str, str] = Field(default_factory=dict)

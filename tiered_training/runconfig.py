@@ -20,6 +20,10 @@ from .architecture import Architecture
 
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_VALUE = 2500
+# Paths and names both sides of the contract use: the Training step configures them,
+# the container reads or writes them.
+TENSORBOARD_DIR = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath
+VALIDATION_CHANNEL = "validation"  # input channel of data.validation_uri
 
 
 class _Frozen(BaseModel):
@@ -112,9 +116,34 @@ class ProbeConfig(_Frozen):
 
 
 class MetricsConfig(_Frozen):
+    """What the container emits to CloudWatch (``training/metrics.py``); the alarms are fitted to it."""
+
     namespace: str = "TieredTraining"
-    interval_steps: int = 10
+    interval_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="wall-clock cadence of the EMF metrics and of the progress heartbeat"
+    )
     plan_tokens_per_second_per_gpu: float = 0.0
+
+
+class TrackingConfig(_Frozen):
+    """Experiment tracking beside CloudWatch (``training/tracking.py``)."""
+
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="a SageMaker MLflow tracking-server ARN (sagemaker-mlflow plugin) or any MLflow URI"
+    )
+    experiment_name: str | None = Field(default=None, description="MLflow experiment; default the recipe name")
+    tensorboard_dir: str | None = Field(default=None, description="where TensorBoard event files are written")
+
+
+class ValidationConfig(_Frozen):
+    """Validation loss on held-out token shards (``training/validation.py``)."""
+
+    source: Literal["none", "channel", "holdout"] = Field(
+        default="none", description="channel: the 'validation' input channel; holdout: every N-th window of the training data"
+    )
+    holdout_every: int = Field(default=0, ge=0, description="with source=holdout: every N-th window is held out")
+    interval_minutes: float = Field(default=30.0, gt=0, description="evaluate every N minutes of wall clock")
+    batches: int = Field(default=8, ge=1, description="micro-batches per rank in one evaluation")
 
 
 class RunConfig(_Frozen):
@@ -129,6 +158,8 @@ class RunConfig(_Frozen):
     hardware: HardwareConfig
     probe: ProbeConfig
     metrics: MetricsConfig = MetricsConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    validation: ValidationConfig = ValidationConfig()
 
     def mfu(self, tokens_per_second_per_gpu: float) -> float:
         """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,

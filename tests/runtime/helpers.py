@@ -51,7 +51,7 @@ TINY = {
         "hbm_bytes": 179 * 1024**3,
     },
     "probe": {"steps": 2, "micro_batch_candidates": [1, 2, 4]},
-    "metrics": {"namespace": "TieredTraining", "interval_steps": 2, "plan_tokens_per_second_per_gpu": 1000.0},
+    "metrics": {"namespace": "TieredTraining", "interval_seconds": 60.0, "plan_tokens_per_second_per_gpu": 1000.0},
 }
 
 

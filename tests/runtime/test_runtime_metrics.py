@@ -1,9 +1,10 @@
-"""EMF emission: parse the printed lines as CloudWatch would, and prove the names come from the catalogue."""
+"""EMF emission on a wall-clock cadence: parse the printed lines as CloudWatch would, with a fake clock."""
 
 from __future__ import annotations
 
 import io
 import math
+import time
 
 import pytest
 
@@ -14,21 +15,45 @@ from training.step_stats import StepStats
 from .helpers import tiny_config
 
 GIB = 1024**3
+T0 = float(int(time.time()) // 60 * 60 - 86_400)  # EMF timestamps must lie within the last two weeks
+
+
+class Clock:
+    def __init__(self, now: float = T0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def Stats(step, **fields):
     """The trainer's real StepStats, with defaults for the fields a test does not care about."""
     values = dict(
-        loss=2.5, grad_norm=1.25, lr=3e-4, tokens=4096, step_time_s=0.5, data_wait_s=0.05,
-        tokens_per_second=8192.0, micro_batch_size=2, grad_accum_steps=1,
+        loss=2.5, grad_norm=1.25, lr=3e-4, tokens=4096, step_time_s=20.0, data_wait_s=2.0,
+        tokens_per_second=204.8, micro_batch_size=2, grad_accum_steps=1,
     )
     values.update(fields)
     return StepStats(step=step, **values)
 
 
-def _run(hook, steps, **fields):
-    for step in range(1, steps + 1):
-        hook(Stats(step=step, **{k: (v(step) if callable(v) else v) for k, v in fields.items()}))
+def _train(hook, clock, steps, *, step_s=20.0, tick_s=5.0, first=1, **fields):
+    """Steps of ``step_s`` seconds of wall clock, the heartbeat ticking every ``tick_s``."""
+    for step in range(first, first + steps):
+        end = clock.now + step_s
+        while clock.now + tick_s < end:
+            clock.now += tick_s
+            hook.tick()
+        clock.now = end
+        values = {k: (v(step) if callable(v) else v) for k, v in fields.items()}
+        hook(Stats(step=step, step_time_s=step_s, **values))
+
+
+def _wait(hook, clock, seconds, tick_s=5.0):
+    end = clock.now + seconds
+    while clock.now + tick_s <= end:
+        clock.now += tick_s
+        hook.tick()
+    clock.now = end
 
 
 def _metrics(event):
@@ -47,94 +72,155 @@ def _metrics(event):
     return out
 
 
-def test_rank0_job_metrics_every_interval_on_cpu():
-    cfg = tiny_config()  # interval 2, total 4 steps, 8 GPUs of 2.25 PFLOP/s
-    out = io.StringIO()
-    hook = MetricsHook(cfg, rank=0, local_rank=0, node="algo-1", stream=out, gpu_sampler=None)
-    _run(hook, 4, checkpoint_save_s=lambda s: 1.5 if s == 3 else None, world_size=2)
+def _times(events):
+    return [(e["_aws"]["Timestamp"] / 1000 - T0) for e in events]
+
+
+def test_job_metrics_aggregate_the_steps_of_each_minute():
+    cfg = tiny_config(batch__total_steps=100)  # 8 GPUs of 2.25 PFLOP/s, interval 60 s
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(cfg, rank=0, local_rank=0, node="algo-1", stream=out, gpu_sampler=None, clock=clock,
+                       world_size=2)
+    _train(hook, clock, 6, step_s=20.0, checkpoint_save_s=lambda s: 1.5 if s == 5 else None)
     events = parse_emf_lines(out.getvalue())
-    assert len(events) == 2  # steps 2 and 4; no GPU: no node event
+    assert _times(events) == [60.0, 120.0]  # steps 1-3 and 4-6; no GPU: no node event
     for event in events:
         directive = event["_aws"]["CloudWatchMetrics"][0]
         assert directive["Namespace"] == catalogue.NAMESPACE == cfg.metrics.namespace
         assert directive["Dimensions"] == [list(catalogue.DIMENSIONS)]
         assert event["Recipe"] == "tiny-test"
-    first, last = (_metrics(e) for e in events)
-    assert events[0]["Step"] == 2 and events[1]["Step"] == 4
-    assert first["StepsCompleted"] == (2, "Count") and last["StepsCompleted"] == (4, "Count")
-    assert first["TokensPerSecond"] == (pytest.approx(8192.0), "Count/Second")  # 2*4096 tokens / 2*0.5 s
-    assert first["TokensPerSecondPerGpu"][0] == pytest.approx(4096.0)
-    expected_mfu = 100 * cfg.model.flops_per_token(32) * 4096.0 / 2.25e15
-    assert first["MFU"] == (pytest.approx(expected_mfu), "Percent")
-    assert first["StepTime"] == (pytest.approx(0.5), "Seconds")
+    first, second = (_metrics(e) for e in events)
+    assert first["StepsCompleted"] == (3, "Count") and second["StepsCompleted"] == (6, "Count")
+    # Step 1 (start-up, compile) is left out of throughput: steps 2-3 = 8192 tokens in 40 s.
+    assert first["TokensPerSecond"] == (pytest.approx(204.8), "Count/Second")
+    assert first["TokensPerSecondPerGpu"][0] == pytest.approx(102.4)
+    assert first["MFU"] == (pytest.approx(100 * cfg.model.flops_per_token(32) * 102.4 / 2.25e15), "Percent")
+    assert first["StepTime"] == (pytest.approx(20.0), "Seconds")
     assert first["DataWaitFraction"] == (pytest.approx(10.0), "Percent")
     assert first["Loss"] == (2.5, "None") and first["GradNorm"] == (1.25, "None")
-    assert first["LearningRate"] == (pytest.approx(3e-4), "None")
-    assert "CheckpointSaveTime" not in first
-    assert last["CheckpointSaveTime"] == (1.5, "Seconds")
-    for gpu_metric in ("PeakMemoryGiB", "PeakMemoryFraction", "GpuUtilization"):
-        assert gpu_metric not in first and gpu_metric not in last
+    assert first["NonFiniteLossSteps"] == (0, "Count")
+    assert "CheckpointSaveTime" not in first and second["CheckpointSaveTime"] == (1.5, "Seconds")
     readable = [line for line in out.getvalue().splitlines() if line.startswith("metrics: ")]
-    assert len(readable) == 2 and "step 4/4" in readable[1] and "ckpt save 1.50s" in readable[1]
+    assert len(readable) == 2 and "step 6/100" in readable[1] and "ckpt save 1.50s" in readable[1]
 
 
-def test_node_metrics_with_gpu_on_local_rank0_of_second_node():
-    cfg = tiny_config()
-    out = io.StringIO()
-    samples = iter([90.0, 100.0, 50.0, 70.0])
-    hook = MetricsHook(
-        cfg, rank=8, local_rank=0, world_size=16, node="algo-2", stream=out, gpu_sampler=lambda: next(samples)
-    )
-    _run(hook, 2, peak_memory_bytes=lambda s: int(s * 40 * GIB))
+def test_a_step_longer_than_the_interval_reports_at_its_end_with_a_heartbeat_meanwhile():
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, stream=out, gpu_sampler=None,
+                       clock=clock, world_size=1)
+    _train(hook, clock, 3, step_s=150.0)
     events = parse_emf_lines(out.getvalue())
-    assert len(events) == 1  # not rank 0: only the node event, no readable line
+    steps = [e for e in events if "Heartbeat" not in e]
+    beats = [e for e in events if e.get("Heartbeat")]
+    assert _times(steps) == [150.0, 300.0, 450.0]  # each step at its end
+    # No heartbeat before the first step; then one a minute while step 2 and 3 run.
+    assert _times(beats) == [210.0, 270.0, 360.0, 420.0]
+    assert [_metrics(e) for e in beats][0] == {"StepsCompleted": (1, "Count")}
+    assert beats[0]["SecondsSinceStep"] == 60.0
+
+
+def test_heartbeat_goes_on_during_a_save_and_stops_when_the_run_ends():
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, stream=out, gpu_sampler=None,
+                       clock=clock, world_size=1)
+    _train(hook, clock, 3, step_s=20.0)
+    _wait(hook, clock, 200)  # a long checkpoint save or a data wait: the run is alive, no step ends
+    beats = [e for e in parse_emf_lines(out.getvalue()) if e.get("Heartbeat")]
+    assert len(beats) == 3 and {_metrics(e)["StepsCompleted"][0] for e in beats} == {3}
+    hook.close()  # the run returned (MaxSteps, SIGTERM, an error): silence from now on
+    before = out.getvalue()
+    _wait(hook, clock, 600)
+    hook(Stats(step=4))
+    assert out.getvalue() == before
+
+
+def test_the_last_step_sends_its_interval_and_ends_the_heartbeat():
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(), rank=0, local_rank=0, stream=out, gpu_sampler=None, clock=clock, world_size=1)
+    _train(hook, clock, 4, step_s=5.0)  # total_steps 4, well inside one interval
+    _wait(hook, clock, 600)
+    events = parse_emf_lines(out.getvalue())
+    assert len(events) == 1 and events[0]["Step"] == 4 and not events[0].get("Heartbeat")
+
+
+def test_node_utilisation_counts_samples_taken_during_steps_only():
+    cfg = tiny_config(batch__total_steps=100)
+    out, clock = io.StringIO(), Clock()
+    busy = {"value": 90.0}
+    hook = MetricsHook(cfg, rank=8, local_rank=0, world_size=16, node="algo-2", stream=out, clock=clock,
+                       gpu_sampler=lambda: busy["value"])
+    _train(hook, clock, 2, step_s=20.0, peak_memory_bytes=lambda s: int(s * 40 * GIB))
+    busy["value"] = 0.0  # a checkpoint save: the GPUs idle
+    _wait(hook, clock, 30)
+    busy["value"] = 90.0
+    _train(hook, clock, 1, step_s=40.0, first=3, peak_memory_bytes=80 * GIB, checkpoint_save_s=None)
+    events = parse_emf_lines(out.getvalue())
+    assert len(events) == 1  # not rank 0: the node event only, no heartbeat, no readable line
     event = events[0]
     assert event["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [list(catalogue.NODE_DIMENSIONS)]
     assert (event["Recipe"], event["Node"]) == ("tiny-test", "algo-2")
     values = _metrics(event)
     assert values["PeakMemoryGiB"] == (pytest.approx(80.0), "Gigabytes")
     assert values["PeakMemoryFraction"] == (pytest.approx(100 * 80 / 179), "Percent")
-    assert values["GpuUtilization"] == (pytest.approx(95.0), "Percent")
+    assert values["GpuUtilization"] == (pytest.approx(90.0), "Percent")  # the idle save is not in it
     assert "metrics: " not in out.getvalue()
 
 
 def test_other_ranks_print_nothing():
-    out = io.StringIO()
-    hook = MetricsHook(tiny_config(), rank=3, local_rank=3, world_size=8, stream=out, gpu_sampler=lambda: 1.0)
-    _run(hook, 4, peak_memory_bytes=GIB)
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(), rank=3, local_rank=3, world_size=8, stream=out, gpu_sampler=lambda: 1.0, clock=clock)
+    _train(hook, clock, 4, peak_memory_bytes=GIB)
     assert out.getvalue() == ""
 
 
-def test_non_finite_loss_is_left_out_not_emitted_as_nan():
-    out = io.StringIO()
-    hook = MetricsHook(tiny_config(), rank=0, local_rank=0, world_size=1, stream=out, gpu_sampler=None)
-    _run(hook, 2, loss=float("nan"))
+def test_non_finite_loss_is_counted_not_emitted_as_nan():
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, world_size=1, stream=out,
+                       gpu_sampler=None, clock=clock)
+    _train(hook, clock, 4, step_s=15.0, loss=lambda s: float("nan") if s >= 3 else 3.0)
     (event,) = parse_emf_lines(out.getvalue())
-    assert "Loss" not in _metrics(event) and event["LossNonFinite"] == "nan"
+    values = _metrics(event)
+    assert values["Loss"] == (3.0, "None") and values["NonFiniteLossSteps"] == (2, "Count")
+    assert event["LossNonFinite"] == "nan"
 
 
 def test_every_emitted_metric_comes_from_the_catalogue():
     """The container's names, units and dimensions are tiered_training.metrics' (which the alarms read)."""
-    out = io.StringIO()
-    rank0 = MetricsHook(tiny_config(), rank=0, local_rank=0, world_size=8, node="algo-1", stream=out, gpu_sampler=lambda: 99.0)
-    _run(rank0, 4, peak_memory_bytes=100 * GIB, checkpoint_save_s=2.0)
+    out, clock = io.StringIO(), Clock()
+    rank0 = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, world_size=8, node="algo-1",
+                        stream=out, gpu_sampler=lambda: 99.0, clock=clock)
+    _train(rank0, clock, 2, peak_memory_bytes=100 * GIB, checkpoint_save_s=2.0)
+    rank0.record_validation(2.75)
+    _train(rank0, clock, 2, first=3, peak_memory_bytes=100 * GIB, checkpoint_save_s=2.0)
     emitted = set()
     for event in parse_emf_lines(out.getvalue()):
         dims = event["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
         for name, (_, unit) in _metrics(event).items():
             spec = catalogue.BY_NAME[name]
-            assert spec in catalogue.ALL
             assert unit == spec.unit
             assert tuple(dims) == spec.dimensions
             emitted.add(name)
-    # With a GPU, a checkpoint save and a finite loss, every catalogued metric is emitted.
+    # With a GPU, a checkpoint save, a validation pass and a finite loss, every catalogued metric is emitted.
     assert emitted == {spec.name for spec in catalogue.ALL}
 
 
-def test_default_namespace_is_the_catalogue_namespace():
+def test_heartbeat_thread_ticks_in_real_time():
+    cfg = tiny_config(batch__total_steps=100, metrics__interval_seconds=0.05)
+    out = io.StringIO()
+    hook = MetricsHook(cfg, rank=0, local_rank=0, world_size=1, stream=out, gpu_sampler=None).start(0.01)
+    hook(Stats(step=1))
+    time.sleep(0.3)
+    hook.close()
+    beats = [e for e in parse_emf_lines(out.getvalue()) if e.get("Heartbeat")]
+    assert len(beats) >= 2
+    assert not hook._heartbeat.is_alive() or hook._heartbeat.join(1) is None
+
+
+def test_default_namespace_and_cadence_are_the_catalogue_ones():
     from tiered_training.runconfig import MetricsConfig
 
     assert MetricsConfig().namespace == catalogue.NAMESPACE
+    assert MetricsConfig().interval_seconds == catalogue.DEFAULT_INTERVAL_SECONDS
 
 
 def test_nvml_absent_is_clean():
