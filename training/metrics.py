@@ -421,7 +421,7 @@ class MetricsHook:
         # The step ran from (end - step time) to its end; a checkpoint save came after it.
         end = now - float(stats.checkpoint_save_s or 0.0)
         begin = end - float(stats.step_time_s)
-        while self._samples and self._samples[0][0] < begin:
+        while self._samples and self._samples[0][0] <= begin:
             self._samples.popleft()
         if warm:
             w.utilisation += [value for at, value in self._samples if at <= end]

@@ -127,7 +127,11 @@ def main() -> int:
     except RecipeProblems as problems:
         print(str(problems), file=sys.stderr)
         return EXIT_INVALID
-    platform_props = {"image_uri": context("image_uri") or None, "region": context("region") or None}
+    platform_props = {
+        "image_uri": context("image_uri") or None,
+        "region": context("region") or None,
+        "alarm_email": context("alarm_email") or None,  # subscribed to the platform's alarm topic
+    }
     build_app(
         plans,
         app=app,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from aws_cdk import Stack, Tags
+from aws_cdk import Annotations, Stack, Tags
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -34,6 +34,9 @@ class TrainingPlatform(Construct):
       from ``image_uri`` when given. ``region`` picks the base image build arg.
     - ``topic``: the shared alarm topic; default a new encrypted topic.
     - ``alarm_email``: subscribed to the shared topic; default none.
+    - ``alarm_subscriptions``: more subscriptions to the shared topic (``sns.ITopicSubscription``);
+      default none. Without any (and without a ``topic`` passed in), recipes that name no
+      alarm address of their own notify no one: each such recipe stack carries a warning.
     """
 
     def __init__(
@@ -48,15 +51,21 @@ class TrainingPlatform(Construct):
         region: str | None = None,
         topic: sns.ITopic | None = None,
         alarm_email: str | None = None,
+        alarm_subscriptions: list[sns.ITopicSubscription] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.store = store or CheckpointStore(self, "Store", **(store_props or {}))
         self.image = image or TrainingImage(self, "Image", image_uri=image_uri, region=region)
         self.topic: sns.ITopic = topic or alarm_topic(self, "AlarmTopic", display_name="tiered-training platform")
+        subscribers = list(alarm_subscriptions or [])
         if alarm_email:
             from aws_cdk import aws_sns_subscriptions as subscriptions
 
-            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+            subscribers.append(subscriptions.EmailSubscription(alarm_email))
+        for subscription in subscribers:
+            self.topic.add_subscription(subscription)
+        # A topic passed in is the caller's: assume someone listens to it.
+        self.alarms_reach_someone = topic is not None or bool(subscribers)
 
 
 class PlatformStack(Stack):
@@ -93,6 +102,10 @@ class RecipeStack(Stack):
         else:
             topic = platform.topic
         self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic)
+        from ..alarms import routing_findings
+
+        for finding in routing_findings(plan, platform.alarms_reach_someone):
+            Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}", f"{finding.message}. Fix: {finding.fix}.")
         for key, value in plan.recipe.tags.items():
             Tags.of(self).add(key, value)
         Tags.of(self).add("tiered-training:recipe", plan.name)
