@@ -81,7 +81,6 @@ class AlarmPlan:
     window_seconds: int
     stall_seconds: int
     stall_min_reports: int
-    validation_period_seconds: int
     validation_seconds: float  # estimated length of one validation pass
     loss_ceiling: float
     alarms: dict[str, AlarmFit]
@@ -126,9 +125,10 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
     pause = 2 * t + recipe.checkpointing.shutdown_deadline_seconds + val_seconds
     stall = whole_minutes(max(mon.stall_minutes * MINUTE, pause))
     min_reports = max(2, int(STALL_COVERAGE * stall / c))
-    # A validation datapoint every interval (at the next step boundary, sent with the next event).
+    # A validation pass starts at the first step boundary after its interval and is sent with
+    # the next event; the window compares it with the training loss of the same few minutes.
     val_interval = recipe.validation.interval_minutes * MINUTE
-    val_period = whole_minutes(val_interval + val_seconds + d + 2 * c)
+    val_fires = int(math.ceil(val_interval + t + val_seconds + c)) + 2 * EVALUATION_SECONDS
     ceiling = loss_ceiling(plan)
     plan_rate = plan.estimates.tokens_per_second_per_gpu
     minutes = window // MINUTE
@@ -170,8 +170,7 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
             AlarmFit(
                 VALIDATION,
                 f"validation loss more than {mon.max_validation_gap:g} above the training loss",
-                val_period, mon.max_validation_gap, "GreaterThanThreshold",
-                val_period + 2 * EVALUATION_SECONDS,
+                window, mon.max_validation_gap, "GreaterThanThreshold", val_fires,
             )
         )
     return AlarmPlan(
@@ -180,7 +179,6 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
         window_seconds=window,
         stall_seconds=stall,
         stall_min_reports=min_reports,
-        validation_period_seconds=val_period,
         validation_seconds=val_seconds,
         loss_ceiling=ceiling,
         alarms={a.name: a for a in alarms},

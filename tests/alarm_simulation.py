@@ -1,0 +1,174 @@
+"""Simulated training runs that print the container's real EMF lines, on a fake clock.
+
+:class:`Simulation` drives ``training.metrics.MetricsHook`` (one per node, as on
+SageMaker: global rank 0 on the first node, local rank 0 on every node) through steps of
+the plan's step time, checkpoint saves, validation passes, start-ups, hangs and stops,
+with the heartbeat ticking as its thread would. No torch: the hooks get the trainer's
+``StepStats`` as the trainer would fill them. The lines land in a
+:class:`cloudwatch_alarms.MetricStore`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cloudwatch_alarms import MetricStore
+
+from tiered_training.plan import Plan
+from training.metrics import MetricsHook
+from training.step_stats import StepStats
+
+TICK_SECONDS = 10.0  # the heartbeat thread's period (5 s in the container; coarser here for speed)
+START_UP_SECONDS = 300.0  # model build, checkpoint load: no metrics yet
+COMPILE_SECONDS = 180.0  # the first step of a process is longer (torch.compile, warm-up)
+GPU_BUSY = 97.0
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Conditions:
+    """What the run looks like from a given time on (each a function of simulated time)."""
+
+    slowdown: Callable[[float], float] = lambda t: 1.0  # step time multiplier
+    loss: Callable[[float, float], float] | None = None  # (t, healthy loss) -> loss
+    validation_gap: Callable[[float], float] = lambda t: 0.03
+    idle_node: Callable[[float], int | None] = lambda t: None  # index of a node whose GPUs idle
+    hang_at: float | None = None  # a step that starts after this never ends
+
+
+@dataclass
+class Simulation:
+    plan: Plan
+    start: float = field(default_factory=lambda: float(int(time.time()) // 60 * 60 - 2 * 86_400))
+    conditions: Conditions = field(default_factory=Conditions)
+
+    def __post_init__(self) -> None:
+        self.cfg = self.plan.run_config()
+        self.clock = Clock(self.start)
+        self.out = io.StringIO()
+        self.step = 0
+        self.phase = "idle"  # what the GPUs do: idle, step, save, validation
+        self.hooks: list[MetricsHook] = []
+        estimates = self.plan.estimates
+        assert estimates is not None
+        self.step_seconds = estimates.step_time_seconds
+        self.memory_bytes = int((self.plan.memory.fraction if self.plan.memory else 0.8) * self.cfg.hardware.hbm_bytes)
+        self.ln_v = math.log(self.plan.architecture.vocab_size)
+
+    # -- pieces of a run ----------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def _sampler(self, node: int) -> Callable[[], float]:
+        def sample() -> float:
+            if self.phase != "step":
+                return 0.0 if self.phase != "validation" else 60.0
+            idle = self.conditions.idle_node(self.now)
+            return 2.0 if idle == node else GPU_BUSY
+
+        return sample
+
+    def _start_process(self) -> None:
+        gpus = self.plan.instance.gpus
+        self.hooks = [
+            MetricsHook(
+                self.cfg, rank=i * gpus, local_rank=0, world_size=self.plan.gpus, node=f"algo-{i + 1}",
+                stream=self.out, clock=self.clock, gpu_sampler=self._sampler(i),
+            )
+            for i in range(self.plan.nodes)
+        ]
+
+    def wait(self, seconds: float, phase: str | None = None) -> None:
+        """Time passes; the heartbeat ticks (when a process runs)."""
+        if phase is not None:
+            self.phase = phase
+        end = self.now + seconds
+        while self.now + TICK_SECONDS <= end:
+            self.clock.now += TICK_SECONDS
+            for hook in self.hooks:
+                hook.tick()
+        self.clock.now = end
+
+    def healthy_loss(self) -> float:
+        return 2.2 + (self.ln_v - 2.2) * math.exp(-self.step / 400)
+
+    def _one_step(self, first: bool) -> bool:
+        batch = self.cfg.batch
+        accum = batch.accum_steps_at(self.step)
+        seconds = self.step_seconds * accum / batch.grad_accum_steps * self.conditions.slowdown(self.now)
+        if first:
+            seconds += COMPILE_SECONDS
+        hang = self.conditions.hang_at is not None and self.now >= self.conditions.hang_at
+        if hang:
+            return False
+        self.wait(seconds, "step")
+        self.step += 1
+        save_s = None
+        if self.step % self._save_every == 0 or self.step >= batch.total_steps:
+            save_s = 0.8 * self.cfg.checkpoint.shutdown_deadline_seconds
+            self.wait(save_s, "save")
+        loss = self.healthy_loss()
+        if self.conditions.loss is not None:
+            loss = self.conditions.loss(self.now, loss)
+        tokens = accum * batch.micro_batch_size * batch.sequence_length * self.plan.gpus
+        stats = StepStats(
+            step=self.step, loss=loss, grad_norm=0.8, lr=1e-4, tokens=tokens, step_time_s=seconds,
+            data_wait_s=0.01 * seconds, tokens_per_second=tokens / seconds, micro_batch_size=batch.micro_batch_size,
+            grad_accum_steps=accum, checkpoint_save_s=save_s, peak_memory_bytes=self.memory_bytes,
+            world_size=self.plan.gpus,
+        )
+        for hook in self.hooks:
+            hook(stats)
+        self.phase = "idle"
+        return True
+
+    @property
+    def _save_every(self) -> int:
+        return max(1, round(self.cfg.checkpoint.interval_minutes * 60 / self.step_seconds))
+
+    def run_process(self, seconds: float, *, end: str = "stop") -> None:
+        """One training process: start-up, steps (with saves and validation) for ``seconds``, then
+        ``end``: 'stop' (SIGTERM: a final save, then the run returns), 'return' (MaxSteps reached),
+        or 'finish' (run to the plan's last step from where it is)."""
+        self._start_process()
+        self.wait(START_UP_SECONDS, "idle")
+        until = self.now + seconds
+        last_validation = self.now
+        first = True
+        total = self.cfg.batch.total_steps
+        validation_every = self.cfg.validation.interval_minutes * 60
+        while (self.now < until or end == "finish") and self.step < total:
+            if not self._one_step(first):  # a hang: the heartbeat goes on, no step ends
+                self.wait(until - self.now, "idle")
+                break
+            first = False
+            if self.cfg.validation.source != "none" and self.now - last_validation >= validation_every:
+                self.wait(self.plan.recipe.validation.batches * self.step_seconds / max(1, self.cfg.batch.grad_accum_steps) / 3,
+                          "validation")
+                gap = self.conditions.validation_gap(self.now)
+                self.hooks[0].record_validation(self.healthy_loss() + gap)
+                last_validation = self.now
+        if end == "stop":
+            self.wait(0.8 * self.cfg.checkpoint.shutdown_deadline_seconds, "save")
+        for hook in self.hooks:
+            hook.close()
+        self.hooks = []
+        self.phase = "idle"
+
+    def store(self) -> MetricStore:
+        store = MetricStore()
+        store.add_emf_lines(self.out.getvalue())
+        return store
