@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         result = run_probe(cfg, paths)
         return int(result) if isinstance(result, int) else 0
     from .metrics import MetricsHook
+    from .tracking import build_sinks
     from .trainer import run
 
-    run(cfg, paths, hooks=[MetricsHook(cfg)], max_steps=args.max_steps)
+    metrics = MetricsHook(cfg, sinks=build_sinks(cfg, int(os.environ.get("RANK", "0")))).start()
+    try:
+        run(cfg, paths, hooks=[metrics], max_steps=args.max_steps)
+    finally:
+        metrics.close()  # the heartbeat stops with the run: a finished or shortened run goes quiet
     return 0
 
 

@@ -50,14 +50,17 @@ def find_shards(data_dir: Path, token_dtype: str) -> list[Shard]:
 class PackedTokenWindows(IterableDataset):
     """An endless, resumable stream of ``[sequence_length + 1]`` int64 windows for one rank."""
 
-    def __init__(self, data_dir: Path, token_dtype: str, sequence_length: int, *, rank: int, world_size: int, seed: int):
+    def __init__(self, data_dir: Path, token_dtype: str, sequence_length: int, *, rank: int, world_size: int, seed: int,
+                 holdout_every: int = 0):
         self.shards = find_shards(data_dir, token_dtype)
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
         self.rank, self.world_size, self.seed = rank, world_size, seed
         counts = [max(0, (s.tokens - 1) // sequence_length) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.windows = int(self.starts[-1])
+        # With holdout_every = k, every k-th window (k-1, 2k-1, ...) is held out for validation.
+        self.index = held_out_windows(int(self.starts[-1]), holdout_every, held_out=False) if holdout_every else None
+        self.windows = int(self.starts[-1]) if self.index is None else len(self.index)
         self.per_rank = self.windows // world_size
         if self.per_rank == 0:
             raise ValueError(
@@ -76,6 +79,8 @@ class PackedTokenWindows(IterableDataset):
         return self._order[1]
 
     def _window(self, index: int) -> np.ndarray:
+        if self.index is not None:
+            index = int(self.index[index])
         shard = int(np.searchsorted(self.starts, index, side="right") - 1)
         if shard not in self._maps:
             self._maps[shard] = np.memmap(self.shards[shard].path, dtype=self.dtype, mode="r")
@@ -104,9 +109,16 @@ class PackedTokenWindows(IterableDataset):
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+def held_out_windows(windows: int, every: int, *, held_out: bool = True) -> np.ndarray:
+    """The window indices held out for validation (every ``every``-th), or the others."""
+    index = np.arange(windows, dtype=np.int64)
+    mask = index % every == every - 1
+    return index[mask if held_out else ~mask]
+
+
 def build_dataloader(
     data_dir: Path, token_dtype: str, sequence_length: int, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
-    num_workers: int = 0, pin_memory: bool = False,
+    num_workers: int = 0, pin_memory: bool = False, holdout_every: int = 0,
 ) -> StatefulDataLoader:
     """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows.
 
@@ -115,7 +127,8 @@ def build_dataloader(
     """
     if num_workers not in (0, 1):
         raise ValueError(f"num_workers must be 0 or 1 for the packed token stream, not {num_workers}")
-    dataset = PackedTokenWindows(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed)
+    dataset = PackedTokenWindows(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed,
+                                 holdout_every=holdout_every)
     return StatefulDataLoader(
         dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True
     )

@@ -149,6 +149,18 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted)
 
 
+def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
+    """The validation loss of ``training.validation``, or None (none asked for, or no held-out data here)."""
+    from .validation import Validator
+
+    try:
+        return Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
+                               rank=trainer.info.rank, world_size=trainer.info.world_size, group=group)
+    except (FileNotFoundError, ValueError) as error:
+        log.warning("no validation loss in this run: %s", error)
+        return None
+
+
 def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -210,6 +222,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
         rank=info.rank, world_size=info.world_size, seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
         num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
+        holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     save_group, control_group = new_gloo_group(), new_gloo_group()
     ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
@@ -217,13 +230,16 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
     # without its COMMITTED marker a restart skips it.
-    result = _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export)
+    validator = build_validator(cfg, paths, trainer, control_group)
+    result = _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
+                   validator)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
 
 
-def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
+def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
+          validator=None) -> RunResult:
     info, model, optimizer, scheduler = trainer.info, trainer.model, trainer.optimizer, trainer.scheduler
     batch, device = cfg.batch, info.device
     step, resumed_from = 0, None
@@ -314,6 +330,8 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             log.info(stats.log_line())
         for hook in hooks:
             hook(stats)
+        if validator is not None and not stopping:
+            validator.maybe_run(lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")])
 
         if stopping:
             elapsed = time.monotonic() - stop.received_at if stop.received_at is not None else 0.0
