@@ -27,8 +27,10 @@ checked for every template in ``tests/constructs/test_alarm_evaluation.py``.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from . import metrics as catalogue
@@ -218,3 +220,20 @@ def routing_findings(plan: "Plan", platform_has_subscriber: bool) -> list["Findi
             "monitoring",
         )
     ]
+
+
+def app_context(path: str | Path = "cdk.json") -> dict[str, object]:
+    """The ``context`` of a CDK app's cdk.json (empty when there is none)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    context = data.get("context") if isinstance(data, dict) else None
+    return context if isinstance(context, dict) else {}
+
+
+def with_routing_findings(plan: "Plan", context: Mapping[str, object] | None = None) -> "Plan":
+    """The plan with :func:`routing_findings` added, for the app whose context is given (default ./cdk.json)."""
+    context = app_context() if context is None else context
+    extra = routing_findings(plan, platform_subscribed(context))
+    return replace(plan, findings=plan.findings + tuple(extra)) if extra else plan

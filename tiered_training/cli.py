@@ -119,7 +119,10 @@ def validate(
     """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
     from . import report
 
+    from .alarms import with_routing_findings
+
     plans, failures = _load_plans(recipes)
+    plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
     _report_failures(failures)
     bad = len(failures)
     out, err = _console(), _console(stderr=True)

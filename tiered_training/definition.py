@@ -40,6 +40,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import environment, metrics
+from .runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -202,6 +203,9 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
     if recipe.model.init_checkpoint:
         # A Hugging Face checkpoint is read once at start: File mode copies it locally.
         channels.append(_channel(MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
+    if recipe.data.validation_uri and not probe:
+        # Held-out shards for the validation loss (training/validation.py).
+        channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
 
     max_runtime = int(compute.max_runtime_hours * 3600)
     if probe:
@@ -249,6 +253,12 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
         # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
         args["CheckpointConfig"] = {"S3Uri": resources.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}
         args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
+        if recipe.tracking.tensorboard:
+            # SageMaker uploads the event files the trainer writes there (training/tracking.py).
+            args["TensorBoardOutputConfig"] = {
+                "S3OutputPath": _join_uri(resources.output_s3_uri, "tensorboard"),
+                "LocalPath": TENSORBOARD_DIR,
+            }
     if resources.subnets:
         args["VpcConfig"] = {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)}
     return args

@@ -45,6 +45,9 @@ def test_runtime_dependencies_are_pinned():
         "pydantic": "2.14.3",
         "PyYAML": "6.0.3",
         "safetensors": "0.8.0",
+        "mlflow-skinny": "3.17.2",
+        "sagemaker-mlflow": "0.5.0",
+        "tensorboard": "2.21.0",
     }
 
 

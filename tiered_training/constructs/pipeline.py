@@ -98,8 +98,10 @@ class TrainingPipeline(Construct):
         recipe = plan.recipe
         self.pipeline_name = pipeline_name or recipe.name
         data_uris = [recipe.data.uri] + ([recipe.model.init_checkpoint] if recipe.model.init_checkpoint else [])
+        data_uris += [recipe.data.validation_uri] if recipe.data.validation_uri else []
         self.roles = roles or TrainingRoles(
-            self, "Roles", recipe_name=recipe.name, store=store, image=image, data_uris=data_uris
+            self, "Roles", recipe_name=recipe.name, store=store, image=image, data_uris=data_uris,
+            mlflow_tracking_server_arn=recipe.tracking.mlflow_tracking_server_arn,
         )
         key = store.encryption_key
         self.resources = d.PipelineResources(

@@ -42,6 +42,32 @@ TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
 
 
+# What the trainer's MLflow client calls (training/tracking.py): experiments, runs, params,
+# metrics and tags. IAM service prefix sagemaker-mlflow (Service Authorization Reference,
+# "Actions, resources, and condition keys for Amazon SageMaker with MLflow"); each is
+# scoped to the mlflow-tracking-server resource.
+MLFLOW_TRACKING_ACTIONS = [
+    "sagemaker-mlflow:CreateExperiment",
+    "sagemaker-mlflow:GetExperiment",
+    "sagemaker-mlflow:GetExperimentByName",
+    "sagemaker-mlflow:SearchExperiments",
+    "sagemaker-mlflow:CreateRun",
+    "sagemaker-mlflow:GetRun",
+    "sagemaker-mlflow:SearchRuns",
+    "sagemaker-mlflow:UpdateRun",
+    "sagemaker-mlflow:LogBatch",
+    "sagemaker-mlflow:LogMetric",
+    "sagemaker-mlflow:LogParam",
+    "sagemaker-mlflow:SetTag",
+    "sagemaker-mlflow:GetMetricHistory",
+]
+
+
+def mlflow_tracking_statement(server_arn: str) -> dict:
+    """The execution role's access to one MLflow tracking server, and to nothing else."""
+    return {"Effect": "Allow", "Action": list(MLFLOW_TRACKING_ACTIONS), "Resource": server_arn}
+
+
 def split_s3_uri(uri: str) -> tuple[str, str]:
     match = S3_URI.match(uri)
     if not match:
@@ -59,6 +85,8 @@ class TrainingRoles(Construct):
     - ``image``: the TrainingImage (pull access).
     - ``data_uris``: S3 prefixes the jobs may read (the recipe's data and init checkpoint).
     - ``data_key``: a KMS key that encrypts the data, if any; default none.
+    - ``mlflow_tracking_server_arn``: a SageMaker MLflow tracking server the jobs log to;
+      default none (see :func:`mlflow_tracking_statement`).
     """
 
     def __init__(
@@ -71,6 +99,7 @@ class TrainingRoles(Construct):
         image: TrainingImage,
         data_uris: list[str],
         data_key: kms.IKey | None = None,
+        mlflow_tracking_server_arn: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = stack_of(scope)
@@ -127,6 +156,8 @@ class TrainingRoles(Construct):
                 "Condition": {"StringEquals": {"cloudwatch:namespace": TRAINING_LOG_GROUP}},
             },
         ]
+        if mlflow_tracking_server_arn:
+            execution.append(mlflow_tracking_statement(mlflow_tracking_server_arn))
         if data_key is not None:
             # What data_key.grant_decrypt(role) adds to the role's policy.
             execution.append({"Effect": "Allow", "Action": "kms:Decrypt", "Resource": data_key.key_arn})
