@@ -13,7 +13,8 @@ import pytest
 from support import ROOT, recipe_dict, write_yaml
 
 EXTRA = {
-    # Variants the templates do not cover: spot with MaxWait, a training plan, a passed-in topic.
+    # Variants the templates do not cover: spot with MaxWait, a training plan, a passed-in topic,
+    # an MLflow tracking server and validation shards of their own.
     "spot-variant": recipe_dict(
         name="spot-variant",
         **{
@@ -22,6 +23,8 @@ EXTRA = {
             "compute.max_wait_hours": 30,
             "compute.training_plan_arn": "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p6-reserved",
             "monitoring.alarm_topic_arn": "arn:aws:sns:us-east-1:123456789012:ml-alarms",
+            "tracking.mlflow_tracking_server_arn": "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/research",
+            "data.validation_uri": "s3://bucket-for-tests/held-out/",
             "probe.enabled": False,
             "tags": {"team": "research"},
         },

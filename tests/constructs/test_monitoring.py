@@ -160,3 +160,30 @@ def test_search_in_an_alarm_fails_synth(plans, tmp_path):
     )
     with pytest.raises(Exception, match="Searching/Resource uses a SEARCH expression"):
         app.synth()
+
+
+def test_tracking_and_validation_in_the_train_step_and_the_role(plans, templates):
+    from cdk_helpers import pipeline_definition
+
+    from tiered_training import definition as d
+
+    template = templates[stack_id("spot-variant")]
+    body = pipeline_definition(template)
+    train = d.find_step(body, d.S_TRAIN_WITHOUT_PROBE)["Arguments"]  # the variant skips the probe
+    assert train["TensorBoardOutputConfig"]["LocalPath"] == "/opt/ml/output/tensorboard"
+    assert train["TensorBoardOutputConfig"]["S3OutputPath"].endswith("/tensorboard")
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in train["InputDataConfig"]}
+    assert channels["validation"] == "s3://bucket-for-tests/held-out/"
+    assert train["HyperParameters"]["validation.source"] == '"channel"'
+    assert "mlflow-tracking-server/research" in train["HyperParameters"]["tracking.mlflow_tracking_uri"]
+    probe = d.find_step(body, d.S_PROBE)["Arguments"]
+    assert "TensorBoardOutputConfig" not in probe
+    assert "validation" not in {c["ChannelName"] for c in probe["InputDataConfig"]}
+    # The execution role may log to that one tracking server, and read the validation shards.
+    policies = json.dumps([p["Properties"] for p in resources(template, "AWS::IAM::Policy").values()])
+    statements = [s for p in resources(template, "AWS::IAM::Policy").values() for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    mlflow = [s for s in statements if any(str(a).startswith("sagemaker-mlflow:") for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
+    assert len(mlflow) == 1
+    assert mlflow[0]["Resource"] == "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/research"
+    assert "sagemaker-mlflow:LogBatch" in mlflow[0]["Action"] and "sagemaker-mlflow:*" not in mlflow[0]["Action"]
+    assert "held-out" in policies
