@@ -361,3 +361,115 @@ def test_findings_point_at_the_recipe_line(tmp_path):
     from tiered_training.report import format_finding
 
     assert format_finding(plan, plan.errors[0]).startswith("line.yaml:9: error[fp8-unsupported]: tuning.precision:")
+
+
+# -- the search ------------------------------------------------------------------------------
+
+
+def _fastest_by_brute_force(plan):
+    """Every configuration of precision, recipe, checkpointing, micro-batch and context
+    parallelism for this plan's recipe, evaluated directly: the fastest that fits."""
+    from tiered_training import perf
+
+    recipe, arch = plan.recipe, plan.architecture
+    hw = perf.Hardware.of(plan.instance)
+    limit = plan.tier.memory_headroom * plan.instance.hbm_bytes
+    sequences = recipe.budget.global_batch_tokens // recipe.sequence_length
+    best = 0.0
+    for precision, fp8_recipe in (("bf16", None), ("fp8", "tensorwise"), ("fp8", "rowwise"), ("fp8", "mxfp8")):
+        for ac in ("none", "selective", "full"):
+            for cp in (1, 2, 4, 8):
+                ranks = plan.gpus // cp
+                if sequences % ranks or recipe.sequence_length // cp < 4096 and cp > 1:
+                    continue
+                per_rank = sequences // ranks
+                for mb in (m for m in range(1, per_rank + 1) if per_rank % m == 0 and per_rank // m >= 4):
+                    est = memory.estimate(arch, precision=precision, checkpointing=ac, sequence_length=recipe.sequence_length // cp,
+                                          micro_batch=mb, shard_group=plan.gpus, hbm_bytes=plan.instance.hbm_bytes)
+                    if est.total > limit:
+                        continue
+                    setting = perf.Setting(precision, ac, mb, plan.gpus, fp8_recipe=fp8_recipe, context_parallel=cp)
+                    t = perf.step_time(arch, hw, setting, sequence_length=recipe.sequence_length, gpus=plan.gpus,
+                                       accum=per_rank // mb, params=catalogs.performance_parameters())
+                    best = max(best, t.tokens_per_second_per_gpu)
+    return best
+
+
+def test_auto_is_within_five_percent_of_the_fastest_for_8b_on_b200():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    assert plan.ok
+    assert plan.estimates.tokens_per_second_per_gpu >= 0.95 * _fastest_by_brute_force(plan)
+
+
+def test_strict_keeps_the_tier_and_auto_explains_its_departure():
+    kwargs = {"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024}
+    strict = plan_of(**kwargs, **{"tuning.follow_tiers": "strict"})
+    auto = plan_of(**kwargs)
+    assert (strict.precision, strict.activation_checkpointing) == ("fp8", "full")
+    assert not strict.departures and "departs-from-tier" not in codes(strict)
+    assert auto.estimates.tokens_per_second_per_gpu > strict.estimates.tokens_per_second_per_gpu
+    assert auto.activation_checkpointing != "full"
+    departure = next(d for d in auto.departures if d.field == "tuning.activation_checkpointing")
+    assert departure.tier_value == "full" and departure.gain > 0.02 and departure.margin_gib > 0
+    assert "predicted" in auto.decision("tuning.activation_checkpointing").reason
+    assert "departs-from-tier" in codes(auto, "info")
+
+
+def test_explain_shows_step_terms_departures_and_three_alternatives():
+    from tiered_training.report import explain_lines
+
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    text = "\n".join(explain_lines(plan))
+    for section in ("Step time, term by term", "compute: GEMMs", "compute: attention", "recomputation",
+                    "communication (exposed)", "optimiser step", "Departures from the medium tier", "Next alternatives that fit"):
+        assert section in text
+    assert len(plan.alternatives) == 3
+    assert all(a.memory_fraction <= plan.tier.memory_headroom for a in plan.alternatives)
+    speeds = [a.tokens_per_second_per_gpu for a in plan.alternatives]
+    assert speeds == sorted(speeds, reverse=True)
+    assert sum(t.seconds for t in plan.estimates.step_terms) == pytest.approx(plan.estimates.step_time_seconds, rel=0.02)
+
+
+def test_fp8_against_a_bf16_tier_must_earn_ten_percent():
+    plan = plan_of(**{"model.catalog": "llama-3.2-1b"})  # small tier: BF16
+    if plan.precision == "fp8":
+        bf16 = max(a.tokens_per_second_per_gpu for a in plan.alternatives if a.precision == "bf16")
+        assert plan.estimates.tokens_per_second_per_gpu >= 1.1 * bf16
+    assert plan_of(**{"model.catalog": "llama-3.2-1b", "tuning.follow_tiers": "strict"}).precision == "bf16"
+
+
+def test_errored_plan_is_its_own_type_without_estimates():
+    from tiered_training.plan import FailedPlan
+    from tiered_training.report import explain_lines, summary_row
+
+    # A recipe that would fit but carries an error still gets no estimates.
+    plan = plan_of(**{"compute.spot": True, "compute.max_runtime_hours": 48, "compute.max_wait_hours": 24})
+    assert isinstance(plan, FailedPlan) and not plan.ok
+    data = plan.to_dict()
+    assert data["estimates"] is None and data["memory_gib"] is None and data["ok"] is False
+    assert "Estimates" not in "\n".join(explain_lines(plan))
+    assert summary_row(plan)["status"] == "1 error(s)"
+    unknown = plan_of(**{"model.catalog": "no-such-model"})
+    assert isinstance(unknown, FailedPlan) and unknown.tier is None and unknown.to_dict()["model"]["tier"] is None
+
+
+def test_warmup_tokens_are_tokens_during_the_ramp():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "optimizer.warmup_tokens": 3_000_000_000, "budget.total_tokens": 50_000_000_000,
+                      "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    assert plan.ramp_steps > 0
+    per_accum = plan.micro_batch_size * plan.recipe.sequence_length * plan.gpus // plan.context_parallel
+    start, full = plan.ramp_start_accum_steps, plan.grad_accum_steps
+
+    def tokens(steps):
+        return sum(ramp_accum(i, start, full, plan.ramp_steps) for i in range(steps)) * per_accum
+
+    assert tokens(plan.warmup_steps) >= 3_000_000_000 > tokens(plan.warmup_steps - 1)
+    assert plan.run_config().optimizer.warmup_steps == plan.warmup_steps
+
+
+def test_long_context_templates_choose_context_parallelism():
+    for name in ("llama3-8b-128k-p5.yaml", "dense-32b-128k.yaml"):
+        plan = plan_file(RECIPES[0].parent / name)
+        assert plan.ok, [f.message for f in plan.errors]
+        assert plan.recipe.sequence_length == 131072
+        assert plan.context_parallel > 1 and plan.decision("tuning.context_parallel").source == "auto"

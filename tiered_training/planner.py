@@ -642,7 +642,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
 def _versus(fitting: list[Option], chosen: Option, attribute: str) -> str:
     """'; predicted +x% over <the best fitting option that differs only in attribute>'."""
     mine = getattr(chosen.setting, attribute)
-    others = [o for o in fitting if getattr(o.setting, attribute) != mine]
+    others = [
+        o for o in fitting
+        if getattr(o.setting, attribute) != mine and (attribute != "fp8_recipe" or o.setting.precision == "fp8")
+    ]
     if not others:
         return ""
     other = others[0]
