@@ -28,6 +28,7 @@ Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .architecture import Architecture
 
@@ -149,6 +150,20 @@ def _linears(arch: Architecture) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class _Counts:
+    layer: int
+    linear: int
+    root: int
+    total: int
+
+
+@lru_cache(maxsize=64)
+def _counts(arch: Architecture) -> _Counts:
+    """Parameter counts the communication and optimiser terms need (computed once per model)."""
+    return _Counts(arch.layer_parameters, sum(k * n for k, n in _linears(arch)), arch.root_parameters, arch.parameters)
+
+
+@dataclass(frozen=True)
 class LinearCost:
     """Time of one Linear layer (``M`` tokens, ``K`` in, ``N`` out): its three GEMMs and,
     in FP8, torchao's casts of input, weight and output gradient."""
@@ -255,7 +270,7 @@ def step_time(
 
     # -- optimiser step, once per step -------------------------------------------------------
     group = 1 if setting.sharding == "none" else setting.shard_group
-    optimizer = OPTIMIZER_BYTES_PER_ELEMENT * arch.parameters / group / mem_bw
+    optimizer = OPTIMIZER_BYTES_PER_ELEMENT * _counts(arch).total / group / mem_bw
 
     return StepTime(
         gemm=accum * gemm,
@@ -285,8 +300,8 @@ def _communication(arch, hw, setting, gpus, params, attn_fwd, tokens, e) -> tupl
 
     group = 1 if setting.sharding == "none" else setting.shard_group
     param_bytes = 4 if setting.precision == "fp32" else 2
-    layer_params = arch.layer_parameters
-    linear_params = sum(k * n for k, n in _linears(arch))
+    counts = _counts(arch)
+    layer_params, linear_params = counts.layer, counts.linear
     if setting.precision == "fp8" and setting.fp8_recipe == "tensorwise" and setting.fp8_all_gather and group > 1:
         gathered = linear_params * 1 + (layer_params - linear_params) * param_bytes  # float8 all-gather
     else:
@@ -294,8 +309,8 @@ def _communication(arch, hw, setting, gpus, params, attn_fwd, tokens, e) -> tupl
     bw = bandwidth(group)
     layer_ag = _collective_seconds(gathered, group, bw)
     layer_rs = _collective_seconds(layer_params * 4, group, bw)  # fp32 gradient reduction
-    root_ag = _collective_seconds(arch.root_parameters * param_bytes, group, bw)
-    root_rs = _collective_seconds(arch.root_parameters * 4, group, bw)
+    root_ag = _collective_seconds(counts.root * param_bytes, group, bw)
+    root_rs = _collective_seconds(counts.root * 4, group, bw)
     # Forward gathers every layer; backward gathers them again (all but the last layer
     # were resharded) and reduce-scatters every gradient.
     fsdp = (2 * arch.layers - 1) * layer_ag + arch.layers * layer_rs + root_ag + root_rs
@@ -305,7 +320,7 @@ def _communication(arch, hw, setting, gpus, params, attn_fwd, tokens, e) -> tupl
     if replicas > 1:
         # Hybrid (or no) sharding: all-reduce each shard's fp32 gradient across replicas.
         # Every GPU of a node runs its own all-reduce at once: they share the node's EFA.
-        shard_bytes = arch.parameters * 4 / group
+        shard_bytes = counts.total * 4 / group
         across = network / hw.gpus_per_node if nodes > 1 and group >= hw.gpus_per_node else bandwidth(gpus)
         replicate = 2 * _collective_seconds(shard_bytes, replicas, across)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 from . import catalogs, memory, perf
@@ -94,7 +95,7 @@ class _Run:
 
     @property
     def hardware(self) -> perf.Hardware:
-        return perf.Hardware.of(self.instance)
+        return _hardware(self.instance)
 
     @property
     def limit(self) -> float:
@@ -125,6 +126,11 @@ class _Run:
 # -- the search space and its evaluation --------------------------------------------------
 
 
+@lru_cache(maxsize=32)
+def _hardware(instance: Instance) -> perf.Hardware:
+    return perf.Hardware.of(instance)
+
+
 @dataclass(frozen=True)
 class Option:
     """One configuration, evaluated: its memory and its predicted step time."""
@@ -132,7 +138,7 @@ class Option:
     setting: perf.Setting
     accum: int
     memory: memory.MemoryBreakdown
-    time: perf.StepTime
+    time: perf.StepTime | None  # None when it does not fit
     fits: bool
 
     @property
@@ -161,26 +167,29 @@ class Space:
     nodes: int
 
 
-def evaluate(run: _Run, setting: perf.Setting, nodes: int | None = None) -> Option:
-    """Memory and step time of ``setting`` for this recipe on ``nodes`` (default: the recipe's)."""
-    recipe, arch = run.recipe, run.arch
-    nodes = nodes or run.nodes
-    gpus = nodes * run.instance.gpus
-    per_rank = run.sequences // (gpus // setting.context_parallel)
-    accum = max(1, per_rank // setting.micro_batch)
-    estimate = memory.estimate(
-        arch,
+def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
+    return memory.estimate(
+        run.arch,
         precision=setting.precision,
         checkpointing=setting.checkpointing,
         # Context parallelism splits each sequence: a rank holds seq/cp tokens' activations.
-        sequence_length=recipe.sequence_length // setting.context_parallel,
+        sequence_length=run.recipe.sequence_length // setting.context_parallel,
         micro_batch=setting.micro_batch,
         shard_group=setting.shard_group if setting.sharding != "none" else 1,
         hbm_bytes=run.instance.hbm_bytes,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
     )
+
+
+def evaluate(run: _Run, setting: perf.Setting, nodes: int | None = None, estimate: memory.MemoryBreakdown | None = None) -> Option:
+    """Memory and step time of ``setting`` for this recipe on ``nodes`` (default: the recipe's)."""
+    nodes = nodes or run.nodes
+    gpus = nodes * run.instance.gpus
+    per_rank = run.sequences // (gpus // setting.context_parallel)
+    accum = max(1, per_rank // setting.micro_batch)
+    estimate = estimate or _memory(run, setting)
     time = perf.step_time(
-        arch, run.hardware, setting, sequence_length=recipe.sequence_length, gpus=gpus, accum=accum,
+        run.arch, run.hardware, setting, sequence_length=run.recipe.sequence_length, gpus=gpus, accum=accum,
         params=catalogs.performance_parameters(),
     )
     return Option(setting, accum, estimate, time, estimate.total <= run.limit)
@@ -204,6 +213,7 @@ def search(run: _Run, space: Space) -> list[Option]:
     so the largest that fits is the fastest of its combination."""
     options = []
     gpus = space.nodes * run.instance.gpus
+    limit = run.limit
     for precision, recipe_name in space.precisions:
         for checkpointing in space.checkpointing:
             for sharding, group in space.groups:
@@ -216,28 +226,28 @@ def search(run: _Run, space: Space) -> list[Option]:
                     if not sizes:
                         continue
 
-                    def option(m: int) -> Option:
-                        setting = perf.Setting(
+                    def setting(m: int) -> perf.Setting:
+                        return perf.Setting(
                             precision=precision, checkpointing=checkpointing, micro_batch=m, shard_group=group,
                             sharding=sharding, fp8_recipe=recipe_name, context_parallel=cp, compile=run.recipe.compute.compile,
                         )
-                        return evaluate(run, setting, space.nodes)
 
-                    # Memory grows with the micro-batch: bisect for the largest that fits.
+                    # Memory grows with the micro-batch: bisect for the largest that fits, then
+                    # predict the speed of that one only.
                     lo, hi = 0, len(sizes) - 1  # sizes[hi] is the smallest
-                    smallest = option(sizes[hi])
-                    if not smallest.fits:
-                        options.append(smallest)
-                        continue
-                    best = smallest
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        candidate = option(sizes[mid])
-                        if candidate.fits:
-                            best, hi = candidate, mid
-                        else:
-                            lo = mid + 1
-                    options.append(best)
+                    best = _memory(run, setting(sizes[hi]))
+                    if best.total <= limit:
+                        while lo < hi:
+                            mid = (lo + hi) // 2
+                            estimate = _memory(run, setting(sizes[mid]))
+                            if estimate.total <= limit:
+                                best, hi = estimate, mid
+                            else:
+                                lo = mid + 1
+                    if best.total <= limit:
+                        options.append(evaluate(run, setting(sizes[hi]), space.nodes, best))
+                    else:  # kept for the does-not-fit report, which needs its memory only
+                        options.append(Option(setting(sizes[hi]), 0, best, None, False))
     return options
 
 
