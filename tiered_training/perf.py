@@ -265,7 +265,7 @@ def step_time(
     compute = gemm + attention + memory_bound + recompute
 
     # -- communication -------------------------------------------------------------------
-    comm, first_unit, cp_exposed = _communication(arch, hw, setting, gpus, params, attn_fwd, tokens, e)
+    comm, first_unit, cp_exposed = _communication(arch, hw, setting, gpus=gpus, params=params, attn_fwd=attn_fwd, tokens=tokens, e=e)
     exposed = max(0.0, comm - params.overlap * compute) + first_unit + cp_exposed
 
     # -- optimiser step, once per step -------------------------------------------------------
@@ -285,7 +285,7 @@ def step_time(
     )
 
 
-def _communication(arch, hw, setting, gpus, params, attn_fwd, tokens, e) -> tuple[float, float, float]:
+def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters, attn_fwd: float, tokens: float, e: int) -> tuple[float, float, float]:
     """FSDP (and hybrid, context-parallel) communication per micro-batch and GPU:
     (overlappable seconds, the first unit's all-gather that nothing hides, exposed ring seconds)."""
     nodes = max(1, -(-gpus // hw.gpus_per_node))

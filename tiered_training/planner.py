@@ -666,6 +666,7 @@ def _versus(fitting: list[Option], chosen: Option, attribute: str) -> str:
 
 RELAXABLE = (
     ("activation_checkpointing", "tuning.activation_checkpointing"),
+    ("sharding", "tuning.sharding"),
     ("micro_batch_size", "tuning.micro_batch_size"),
     ("shard_group_size", "tuning.shard_group_size"),
     ("context_parallel", "tuning.context_parallel"),
@@ -711,6 +712,7 @@ def _fit_fix(run: _Run) -> str:
         if found:
             value = {
                 "activation_checkpointing": found.setting.checkpointing,
+                "sharding": found.setting.sharding,
                 "micro_batch_size": found.setting.micro_batch,
                 "shard_group_size": found.setting.shard_group,
                 "context_parallel": found.setting.context_parallel,
