@@ -64,7 +64,7 @@ def test_gpu_check_rows_are_read_as_held_out_rows(tmp_path, capsys):
         "sequence_length": 4096, "micro_batch_size": 2, "precision": "bf16", "fp8_recipe": None,
         "activation_checkpointing": "selective", "sharding": "full", "shard_group_size": 1, "context_parallel": 1,
         "compile": True, "tokens_per_second_per_gpu": 25000.0, "peak_memory_gib_allocated": 30.1,
-        "peak_memory_gib_reserved": 32.5, "notes": "",
+        "peak_memory_gib_reserved": 32.5, "notes": "", "mfu": 0.41,
     }
     (tmp_path / "h200.json").write_text(json.dumps({"rows": [row]}))
     loaded = calibration.load(gpu_dir=tmp_path)

@@ -123,8 +123,9 @@ def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
         for path in sorted(gpu_dir.glob("*.json")):
             document = json.loads(path.read_text())
             for row in document.get("rows", []):
-                row = {**row, "split": row.get("split", "holdout")}
-                rows.append(Row(**row))
+                # A GPU check may record more than a calibration row needs (MFU, step times): keep the row's fields.
+                row = {k: v for k, v in row.items() if k in Row.model_fields}
+                rows.append(Row(**{"split": "holdout", **row}))
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
