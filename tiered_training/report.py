@@ -9,7 +9,7 @@ from . import catalogs
 from .plan import Finding, Plan
 
 GIB = 1024**3
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
 
 
 def format_finding(plan: Plan, finding: Finding) -> str:
