@@ -36,6 +36,9 @@ MIN_CP_CHUNK_TOKENS = 4096
 # a tier that advises BF16 (for its numerical ease), only above the FP8 threshold.
 MIN_DEPARTURE_GAIN = 0.02
 MIN_FP8_GAIN = 0.10
+# Configurations within this of the fastest count as equally fast: the plan takes the one
+# closest to the tier's choice.
+NEAR_FASTEST = 0.02
 FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.48xlarge or ml.p6-b300.48xlarge"
 # SageMaker's MaxWaitTimeInSeconds upper bound (28 days).
 MAX_WAIT_LIMIT_HOURS = 28 * 24
@@ -512,7 +515,10 @@ def _choose(run: _Run) -> Option | None:
             if bf16 and fp8 and fp8[0].speed < bf16[0].speed * (1 + MIN_FP8_GAIN):
                 candidates = bf16
         worth = [o for o in candidates if o.speed > by_tier.speed * (1 + MIN_DEPARTURE_GAIN)]
-        chosen = worth[0] if worth else by_tier
+        if worth:
+            # Among the near-fastest, the one that departs from the tier the least.
+            near = [o for o in worth if o.speed >= worth[0].speed * (1 - NEAR_FASTEST)]
+            chosen = min(near, key=lambda o: (_departures_from(o, by_tier), -o.speed))
     run.alternatives = _alternatives(fitting, chosen)
     _record(run, chosen, by_tier, fitting)
     return chosen
@@ -531,6 +537,13 @@ def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list
             seen.add(key(option))
             out.append(option.alternative())
     return out[:count]
+
+
+def _departures_from(option: Option, by_tier: Option) -> int:
+    a, b = option.setting, by_tier.setting
+    return sum(
+        getattr(a, name) != getattr(b, name) for name in ("precision", "fp8_recipe", "checkpointing", "context_parallel", "shard_group")
+    )
 
 
 def _fp8_against_tier(run: _Run) -> bool:
@@ -643,8 +656,9 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         changes = ", ".join(f"{d.field.split('.')[-1]} {d.tier_value} -> {d.value}" for d in run.departures)
         run.info(
             "departs-from-tier",
-            f"the plan leaves the {tier.name} tier's advice ({changes}) "
-            f"for a predicted {gain:+.0%} throughput, keeping {margin:,.1f} GiB under the headroom; tuning.follow_tiers: strict keeps the tier's choices",
+            f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's own choice "
+            f"({by_tier.alternative().describe()}: {by_tier.speed:,.0f} tokens/s per GPU), keeping {margin:,.1f} GiB under the headroom; "
+            "tuning.follow_tiers: strict keeps the tier's choices",
             "tuning.follow_tiers",
         )
 
