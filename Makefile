@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test plan bench clean
+.PHONY: synth test plan bench calibrate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ test: $(STAMP) $(NODE_STAMP)
 bench: $(STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
 	$(PY) bench/synth_bench.py
+
+# Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
+# and the GPU-check results (bench/gpu/*.json); print predicted against published and the
+# held-out error; store the fitted parameters in tiered_training/catalog/performance.yaml.
+calibrate: $(STAMP)
+	$(PY) -m tiered_training.calibration --write
 
 clean:
 	rm -rf cdk.out bench/results .pytest_cache

@@ -123,7 +123,8 @@ class Simulation:
         loss = self.healthy_loss()
         if self.conditions.loss is not None:
             loss = self.conditions.loss(self.now, loss)
-        tokens = accum * batch.micro_batch_size * batch.sequence_length * self.plan.gpus
+        # a context-parallel group of GPUs shares each sequence
+        tokens = accum * batch.micro_batch_size * batch.sequence_length * self.plan.gpus // self.cfg.parallel.context_parallel
         stats = StepStats(
             step=self.step, loss=loss, grad_norm=0.8, lr=1e-4, tokens=tokens, step_time_s=seconds,
             data_wait_s=0.01 * seconds, tokens_per_second=tokens / seconds, micro_batch_size=batch.micro_batch_size,

@@ -30,7 +30,7 @@ def test_plan_json_is_stable_and_complete():
     result = run("plan", "--format", "json", *RECIPES)
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert len(data["plans"]) == len(RECIPES)
     plan = data["plans"][0]
     assert {"memory_gib", "estimates", "decisions", "findings", "tuning"} <= set(plan)

@@ -66,15 +66,16 @@ def test_instance_price_overrides(monkeypatch):
 
 
 def test_seven_b_class_is_small_and_bf16():
-    plan = plan_of(**{"model.catalog": "mistral-7b"})  # 7.25B
+    plan = plan_of(**{"model.catalog": "mistral-7b", "tuning.follow_tiers": "strict"})  # 7.25B
     assert plan.tier.name == "small"
     assert plan.precision == "bf16"
     assert plan.activation_checkpointing == "selective"
     assert plan.ramp_steps == 0
+    assert not plan.departures
 
 
 def test_just_above_seven_and_a_half_b_is_medium_fp8():
-    plan = plan_of(**{"model.catalog": "qwen2.5-7b"})  # 7.62B
+    plan = plan_of(**{"model.catalog": "qwen2.5-7b", "tuning.follow_tiers": "strict"})  # 7.62B
     assert plan.tier.name == "medium"
     assert plan.precision == "fp8" and plan.fp8_recipe == "tensorwise"
     assert plan.activation_checkpointing == "full"
@@ -96,16 +97,21 @@ def test_every_auto_field_gets_a_decision_with_a_reason():
     assert all(d.reason for d in plan.decisions)
 
 
-def test_small_tier_takes_the_largest_micro_batch_under_headroom():
-    plan = plan_of()
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-3.1-8b"])
+def test_micro_batch_is_the_largest_that_fits_under_headroom(model):
+    plan = plan_of(**{"model.catalog": model, "budget.global_batch_tokens": 4096 * 1024})
     assert plan.memory.fraction <= plan.tier.memory_headroom
-    per_gpu = plan.recipe.budget.global_batch_tokens // plan.recipe.sequence_length // plan.gpus
-    bigger = [d for d in range(plan.micro_batch_size + 1, per_gpu + 1) if per_gpu % d == 0]
+    ranks = plan.gpus // plan.context_parallel
+    per_rank = plan.recipe.budget.global_batch_tokens // plan.recipe.sequence_length // ranks
+    bigger = [d for d in range(plan.micro_batch_size + 1, per_rank + 1) if per_rank % d == 0]
     if bigger:
-        arch = plan.architecture
-        est = memory.estimate(arch, precision="bf16", checkpointing="selective", sequence_length=4096, micro_batch=bigger[0], shard_group=8, hbm_bytes=plan.instance.hbm_bytes)
+        est = memory.estimate(
+            plan.architecture, precision=plan.precision, checkpointing=plan.activation_checkpointing,
+            sequence_length=4096 // plan.context_parallel, micro_batch=bigger[0], shard_group=plan.shard_group_size,
+            hbm_bytes=plan.instance.hbm_bytes,
+        )
         assert est.fraction > plan.tier.memory_headroom
-    assert plan.micro_batch_size * plan.grad_accum_steps * plan.gpus * 4096 == plan.recipe.budget.global_batch_tokens
+    assert plan.micro_batch_size * plan.grad_accum_steps * ranks * 4096 == plan.recipe.budget.global_batch_tokens
 
 
 def test_override_against_tier_is_a_warning():
@@ -125,16 +131,25 @@ def test_model_outside_tiers_warns_unless_acknowledged():
     assert "outside-tiers" in codes(resolve(Recipe.model_validate(data)), "info")
 
 
-def test_multi_node_picks_smallest_shard_group_that_fits():
-    plan = resolve(Recipe.model_validate(recipe_dict(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512})))
+def test_strict_multi_node_picks_smallest_shard_group_that_fits():
+    plan = plan_of(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512, "tuning.follow_tiers": "strict"})
     assert plan.ok
     assert plan.sharding == "hybrid" and plan.shard_group_size == 8
+    assert plan.activation_checkpointing == "full"
+
+
+def test_auto_multi_node_takes_the_fastest_shard_group():
+    plan = plan_of(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512})
+    assert plan.ok
+    assert all(a.tokens_per_second_per_gpu <= plan.estimates.tokens_per_second_per_gpu * 1.02 for a in plan.alternatives)
+    assert "EFA" in plan.decision("tuning.sharding").reason
 
 
 def test_hybrid_grows_the_group_when_one_node_does_not_fit():
     # A 64B-class model on P5 (80 GB) cannot hold its state on one node: the group grows.
     data = recipe_dict(**{"compute.instance_type": "ml.p5.48xlarge", "compute.instance_count": 8, "budget.global_batch_tokens": 4096 * 1024})
     data["model"] = {"dimensions": {"layers": 72, "hidden_size": 8192, "attention_heads": 64, "kv_heads": 8, "ffn_size": 28672, "vocab_size": 128256}}
+    data["tuning"] = {"follow_tiers": "strict"}
     plan = resolve(Recipe.model_validate(data))
     assert plan.ok, [str(e) for e in plan.errors]
     assert plan.shard_group_size > 8
@@ -201,9 +216,26 @@ def test_error_global_batch_not_divisible_over_gpus():
     assert "batch-not-divisible" in codes(plan, "error")
 
 
-def test_error_explicit_micro_batch_that_does_not_fit():
-    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 131072, "tuning.micro_batch_size": 2, "budget.global_batch_tokens": 131072 * 16})
-    assert "does-not-fit" in codes(plan, "error")
+def test_error_explicit_micro_batch_that_does_not_fit_suggests_the_smallest_change():
+    plan = plan_of(**{
+        "model.catalog": "llama-3.1-8b", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 16,
+        "tuning.micro_batch_size": 2, "tuning.context_parallel": 1, "tuning.activation_checkpointing": "full",
+    })
+    error = next(f for f in plan.errors if f.code == "does-not-fit")
+    # One pinned field freed is enough (micro-batch 1, or context parallelism): never more nodes.
+    assert "tuning.micro_batch_size: 1" in error.fix or "tuning.context_parallel" in error.fix
+    assert "instance_count" not in error.fix
+
+
+def test_fit_fix_respects_pinned_checkpointing():
+    # Pinned 'none' does not fit at 128K; full checkpointing does, on the same node.
+    plan = plan_of(**{
+        "model.catalog": "llama-3.1-8b", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 16,
+        "tuning.activation_checkpointing": "none", "tuning.context_parallel": 1,
+    })
+    error = next(f for f in plan.errors if f.code == "does-not-fit")
+    assert "tuning.activation_checkpointing: full" in error.fix or "tuning.context_parallel" in error.fix
+    assert "instance_count" not in error.fix
 
 
 def test_plan_with_errors_never_yields_a_run_config():
@@ -245,12 +277,21 @@ def test_llama_8b_breakdown_by_hand():
     assert unchunked.logits_and_loss - est.logits_and_loss == 10 * (s * b - 4096) * V
 
 
-def test_128k_context_fits_on_b200_and_not_on_h100():
+def test_128k_context_on_h100_needs_context_parallelism():
     kwargs = {"model.catalog": "llama-3.1-8b", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8}
     b200 = plan_of(**kwargs)
     assert b200.ok and b200.micro_batch_size == 1
+    whole = plan_of(**{**kwargs, "compute.instance_type": "ml.p5.48xlarge", "tuning.context_parallel": 1})
+    assert not whole.ok and "does-not-fit" in codes(whole, "error")
+    assert "tuning.context_parallel" in next(f for f in whole.errors if f.code == "does-not-fit").fix
     h100 = plan_of(**{**kwargs, "compute.instance_type": "ml.p5.48xlarge"})
-    assert not h100.ok and "does-not-fit" in codes(h100, "error")
+    assert h100.ok and h100.context_parallel > 1
+    assert h100.decision("tuning.context_parallel").source == "auto"
+    config = h100.run_config()
+    assert config.parallel.context_parallel == h100.context_parallel
+    assert config.parallel.shard_group_size % config.parallel.context_parallel == 0
+    ranks = h100.gpus // h100.context_parallel
+    assert config.batch.micro_batch_size * 131072 * ranks * config.batch.grad_accum_steps == config.batch.global_batch_tokens
 
 
 # -- estimates ----------------------------------------------------------------------
@@ -265,9 +306,15 @@ def test_estimates_are_consistent():
     assert e.cost_usd == pytest.approx(e.wall_time_hours * plan.nodes * e.price_per_hour)
 
 
-def test_h100_bf16_prior_reproduces_torchtitan_anchor():
-    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge", "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 64, "tuning.precision": "bf16", "tuning.activation_checkpointing": "selective"})
-    assert plan.estimates.tokens_per_second_per_gpu == pytest.approx(6667, rel=0.01)
+def test_p5_estimate_agrees_with_the_published_sagemaker_run():
+    # AWS's torchtitan post: 4 x ml.p5.48xlarge, Llama 3 8B, 8,192 tokens, per-op SAC, compile: 7,166 tokens/s per GPU.
+    plan = plan_of(**{
+        "model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge", "compute.instance_count": 4,
+        "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 64, "tuning.precision": "bf16",
+        "tuning.activation_checkpointing": "selective", "tuning.micro_batch_size": 1, "tuning.sharding": "full",
+        "tuning.context_parallel": 1,
+    })
+    assert plan.estimates.tokens_per_second_per_gpu == pytest.approx(7166, rel=0.15)
 
 
 def test_ramp_reaches_full_batch_and_total_steps_meet_budget():
@@ -314,3 +361,115 @@ def test_findings_point_at_the_recipe_line(tmp_path):
     from tiered_training.report import format_finding
 
     assert format_finding(plan, plan.errors[0]).startswith("line.yaml:9: error[fp8-unsupported]: tuning.precision:")
+
+
+# -- the search ------------------------------------------------------------------------------
+
+
+def _fastest_by_brute_force(plan):
+    """Every configuration of precision, recipe, checkpointing, micro-batch and context
+    parallelism for this plan's recipe, evaluated directly: the fastest that fits."""
+    from tiered_training import perf
+
+    recipe, arch = plan.recipe, plan.architecture
+    hw = perf.Hardware.of(plan.instance)
+    limit = plan.tier.memory_headroom * plan.instance.hbm_bytes
+    sequences = recipe.budget.global_batch_tokens // recipe.sequence_length
+    best = 0.0
+    for precision, fp8_recipe in (("bf16", None), ("fp8", "tensorwise"), ("fp8", "rowwise"), ("fp8", "mxfp8")):
+        for ac in ("none", "selective", "full"):
+            for cp in (1, 2, 4, 8):
+                ranks = plan.gpus // cp
+                if sequences % ranks or recipe.sequence_length // cp < 4096 and cp > 1:
+                    continue
+                per_rank = sequences // ranks
+                for mb in (m for m in range(1, per_rank + 1) if per_rank % m == 0 and per_rank // m >= 4):
+                    est = memory.estimate(arch, precision=precision, checkpointing=ac, sequence_length=recipe.sequence_length // cp,
+                                          micro_batch=mb, shard_group=plan.gpus, hbm_bytes=plan.instance.hbm_bytes)
+                    if est.total > limit:
+                        continue
+                    setting = perf.Setting(precision, ac, mb, plan.gpus, fp8_recipe=fp8_recipe, context_parallel=cp)
+                    t = perf.step_time(arch, hw, setting, sequence_length=recipe.sequence_length, gpus=plan.gpus,
+                                       accum=per_rank // mb, params=catalogs.performance_parameters())
+                    best = max(best, t.tokens_per_second_per_gpu)
+    return best
+
+
+def test_auto_is_within_five_percent_of_the_fastest_for_8b_on_b200():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    assert plan.ok
+    assert plan.estimates.tokens_per_second_per_gpu >= 0.95 * _fastest_by_brute_force(plan)
+
+
+def test_strict_keeps_the_tier_and_auto_explains_its_departure():
+    kwargs = {"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024}
+    strict = plan_of(**kwargs, **{"tuning.follow_tiers": "strict"})
+    auto = plan_of(**kwargs)
+    assert (strict.precision, strict.activation_checkpointing) == ("fp8", "full")
+    assert not strict.departures and "departs-from-tier" not in codes(strict)
+    assert auto.estimates.tokens_per_second_per_gpu > strict.estimates.tokens_per_second_per_gpu
+    assert auto.activation_checkpointing != "full"
+    departure = next(d for d in auto.departures if d.field == "tuning.activation_checkpointing")
+    assert departure.tier_value == "full" and departure.gain > 0.02 and departure.margin_gib > 0
+    assert "predicted" in auto.decision("tuning.activation_checkpointing").reason
+    assert "departs-from-tier" in codes(auto, "info")
+
+
+def test_explain_shows_step_terms_departures_and_three_alternatives():
+    from tiered_training.report import explain_lines
+
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    text = "\n".join(explain_lines(plan))
+    for section in ("Step time, term by term", "compute: GEMMs", "compute: attention", "recomputation",
+                    "communication (exposed)", "optimiser step", "Departures from the medium tier", "Next alternatives that fit"):
+        assert section in text
+    assert len(plan.alternatives) == 3
+    assert all(a.memory_fraction <= plan.tier.memory_headroom for a in plan.alternatives)
+    speeds = [a.tokens_per_second_per_gpu for a in plan.alternatives]
+    assert speeds == sorted(speeds, reverse=True)
+    assert sum(t.seconds for t in plan.estimates.step_terms) == pytest.approx(plan.estimates.step_time_seconds, rel=0.02)
+
+
+def test_fp8_against_a_bf16_tier_must_earn_ten_percent():
+    plan = plan_of(**{"model.catalog": "llama-3.2-1b"})  # small tier: BF16
+    if plan.precision == "fp8":
+        bf16 = max(a.tokens_per_second_per_gpu for a in plan.alternatives if a.precision == "bf16")
+        assert plan.estimates.tokens_per_second_per_gpu >= 1.1 * bf16
+    assert plan_of(**{"model.catalog": "llama-3.2-1b", "tuning.follow_tiers": "strict"}).precision == "bf16"
+
+
+def test_errored_plan_is_its_own_type_without_estimates():
+    from tiered_training.plan import FailedPlan
+    from tiered_training.report import explain_lines, summary_row
+
+    # A recipe that would fit but carries an error still gets no estimates.
+    plan = plan_of(**{"compute.spot": True, "compute.max_runtime_hours": 48, "compute.max_wait_hours": 24})
+    assert isinstance(plan, FailedPlan) and not plan.ok
+    data = plan.to_dict()
+    assert data["estimates"] is None and data["memory_gib"] is None and data["ok"] is False
+    assert "Estimates" not in "\n".join(explain_lines(plan))
+    assert summary_row(plan)["status"] == "1 error(s)"
+    unknown = plan_of(**{"model.catalog": "no-such-model"})
+    assert isinstance(unknown, FailedPlan) and unknown.tier is None and unknown.to_dict()["model"]["tier"] is None
+
+
+def test_warmup_tokens_are_tokens_during_the_ramp():
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "optimizer.warmup_tokens": 3_000_000_000, "budget.total_tokens": 50_000_000_000,
+                      "sequence_length": 8192, "budget.global_batch_tokens": 4 * 1024 * 1024})
+    assert plan.ramp_steps > 0
+    per_accum = plan.micro_batch_size * plan.recipe.sequence_length * plan.gpus // plan.context_parallel
+    start, full = plan.ramp_start_accum_steps, plan.grad_accum_steps
+
+    def tokens(steps):
+        return sum(ramp_accum(i, start, full, plan.ramp_steps) for i in range(steps)) * per_accum
+
+    assert tokens(plan.warmup_steps) >= 3_000_000_000 > tokens(plan.warmup_steps - 1)
+    assert plan.run_config().optimizer.warmup_steps == plan.warmup_steps
+
+
+def test_long_context_templates_choose_context_parallelism():
+    for name in ("llama3-8b-128k-p5.yaml", "dense-32b-128k.yaml"):
+        plan = plan_file(RECIPES[0].parent / name)
+        assert plan.ok, [f.message for f in plan.errors]
+        assert plan.recipe.sequence_length == 131072
+        assert plan.context_parallel > 1 and plan.decision("tuning.context_parallel").source == "auto"

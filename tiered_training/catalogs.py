@@ -1,4 +1,4 @@
-"""The catalogues: instances, models, tiers and throughput priors, loaded from ``catalog/*.yaml``.
+"""The catalogues: instances, models, tiers and the performance model's parameters, loaded from ``catalog/*.yaml``.
 
 The YAML files are the single source of these facts; each carries its sources and
 the date it was checked. Loading is lazy and cached.
@@ -33,7 +33,9 @@ class Instance(_Entry):
     peak_bf16_tflops: float
     peak_fp8_tflops: float | None
     mxfp8: bool
-    efa_gbps: int
+    hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s")
+    nvlink_gbytes_per_s: float = Field(gt=0, description="NVLink bandwidth per GPU and direction, GB/s")
+    efa_gbps: int = Field(description="EFA bandwidth per instance, Gbit/s")
     rdma: bool
     family: str
     price_per_hour: float
@@ -92,16 +94,27 @@ class Tier(_Entry):
     distribution: str
 
 
-class MfuAnchor(_Entry):
-    mfu: float
-    source: str
+class PerformanceSummary(_Entry):
+    rows: int
+    fit_rows: int
+    heldout_rows: int
+    heldout_median_error: float | None
+    heldout_worst_error: float | None
+    heldout_memory_median_error: float | None = None
 
 
-class ThroughputPriors(_Entry):
-    anchors: dict[str, dict[str, MfuAnchor]]
-    fp8_gain_by_hidden: dict[int, float]
-    recompute_cost: dict[str, float]
-    multi_node_efficiency: dict[str, float]
+class PerformanceModel(_Entry):
+    """``catalog/performance.yaml``: the performance model's parameters and how well they predict."""
+
+    fitted: dict
+    calibration_only: dict[str, float]
+    fixed: dict[str, float]
+    summary: PerformanceSummary
+
+    def parameters(self):
+        from .perf import Parameters
+
+        return Parameters(**self.fitted, **self.fixed)
 
 
 def _load(name: str) -> dict:
@@ -127,8 +140,8 @@ def tiers() -> tuple[Tier, ...]:
 
 
 @cache
-def throughput_priors() -> ThroughputPriors:
-    return ThroughputPriors(**_load("throughput.yaml"))
+def performance_model() -> PerformanceModel:
+    return PerformanceModel(**_load("performance.yaml"))
 
 
 def tier_for(parameters: int) -> tuple[Tier, bool]:
@@ -139,3 +152,9 @@ def tier_for(parameters: int) -> tuple[Tier, bool]:
         if parameters <= tier.max_parameters:
             return tier, inside
     return ordered[-1], inside
+
+
+@cache
+def performance_parameters():
+    """The planner's :class:`perf.Parameters` (fitted and fixed values of ``performance.yaml``)."""
+    return performance_model().parameters()

@@ -1,7 +1,8 @@
 """The Plan: a recipe with every ``auto`` resolved, each decision with its reason,
 plus the memory proof, the estimates and the findings.
 
-A Plan with errors never reaches the constructs (``Plan.require_ok``).
+A recipe with errors resolves to a :class:`FailedPlan` instead: its decisions so far and
+its findings, no estimates. It never reaches the constructs (``require_ok``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from .architecture import Architecture
 from .catalogs import Instance, Tier
 from .memory import MemoryBreakdown
+from .perf import Term
 from .recipe import Recipe
 from .runconfig import (
     BatchConfig,
@@ -56,8 +58,9 @@ class Estimates:
     tokens_per_second_per_gpu: float
     tokens_per_second: float
     mfu: float  # BF16-equivalent
-    mfu_source: str
+    throughput_source: str
     step_time_seconds: float
+    step_terms: tuple[Term, ...]  # the performance model's terms of one step, in seconds
     total_steps: int
     wall_time_hours: float
     price_per_hour: float  # per node
@@ -66,44 +69,49 @@ class Estimates:
 
 
 @dataclass(frozen=True)
-class Plan:
-    recipe: Recipe
-    source: str | None  # the recipe's file, when it came from one
-    model_name: str
-    architecture: Architecture
-    tier: Tier
-    instance: Instance
-    nodes: int
-    # Resolved tuning
+class Alternative:
+    """A configuration the search also found to fit, for comparison."""
+
     precision: str
     fp8_recipe: str | None
     activation_checkpointing: str
-    sharding: str
-    shard_group_size: int  # GPUs
     micro_batch_size: int
-    grad_accum_steps: int
-    ramp_start_accum_steps: int | None
-    ramp_steps: int
-    warmup_steps: int
-    loss_chunk_tokens: int
-    compile: bool
-    memory: MemoryBreakdown | None
-    estimates: Estimates | None
-    decisions: tuple[Decision, ...] = ()
-    findings: tuple[Finding, ...] = ()
-    locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
+    shard_group_size: int
+    context_parallel: int
+    tokens_per_second_per_gpu: float
+    memory_gib: float
+    memory_fraction: float
+
+    def describe(self) -> str:
+        precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")
+        cp = f", CP {self.context_parallel}" if self.context_parallel > 1 else ""
+        return f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, shard group {self.shard_group_size}{cp}"
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where the plan leaves the tier's advice, and what that buys."""
+
+    field: str
+    tier_value: Any
+    value: Any
+    gain: float  # predicted throughput gain over the tier's own choice (0.25 = 25% faster)
+    margin_gib: float  # memory left under the headroom
+    reason: str
+
+
+class _Result:
+    """What a Plan and a FailedPlan share: identity, decisions and findings."""
+
+    recipe: Recipe
+    source: str | None
+    decisions: tuple[Decision, ...]
+    findings: tuple[Finding, ...]
+    locations: dict[str, int]
 
     @property
     def name(self) -> str:
         return self.recipe.name
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.instance.gpus
-
-    @property
-    def parameters(self) -> int:
-        return self.architecture.parameters
 
     @property
     def errors(self) -> list[Finding]:
@@ -117,7 +125,7 @@ class Plan:
     def ok(self) -> bool:
         return not self.errors
 
-    def require_ok(self) -> "Plan":
+    def require_ok(self):
         if not self.ok:
             from .errors import PlanError
 
@@ -130,10 +138,108 @@ class Plan:
                 return decision
         raise KeyError(field_path)
 
+
+@dataclass(frozen=True)
+class FailedPlan(_Result):
+    """A recipe that loads but cannot work: its errors, the decisions made before them, no estimates."""
+
+    recipe: Recipe
+    source: str | None
+    model_name: str
+    tier: Tier | None
+    parameters: int | None
+    decisions: tuple[Decision, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    locations: dict[str, int] = field(default_factory=dict, compare=False)
+
+    memory = None  # never estimated
+    estimates = None
+
+    @property
+    def nodes(self) -> int:
+        return self.recipe.compute.instance_count
+
+    def run_config(self) -> RunConfig:
+        self.require_ok()
+        raise AssertionError("a FailedPlan always has errors")
+
+    def to_dict(self) -> dict[str, Any]:
+        recipe = self.recipe
+        return {
+            "name": self.name,
+            "source": self.source,
+            "ok": False,
+            "model": {"name": self.model_name, "parameters": self.parameters, "tier": self.tier.name if self.tier else None},
+            "compute": {
+                "instance_type": recipe.compute.instance_type,
+                "gpu": None,
+                "nodes": recipe.compute.instance_count,
+                "gpus": None,
+                "spot": recipe.compute.spot,
+            },
+            "tuning": {key: None for key in TUNING_KEYS} | {
+                "sequence_length": recipe.sequence_length,
+                "global_batch_tokens": recipe.budget.global_batch_tokens,
+            },
+            "memory_gib": None,
+            "memory_fraction": None,
+            "memory_headroom": self.tier.memory_headroom if self.tier else None,
+            "estimates": None,
+            "departures": [],
+            "alternatives": [],
+            "decisions": [asdict(d) for d in self.decisions],
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+
+TUNING_KEYS = (
+    "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size", "context_parallel",
+    "micro_batch_size", "grad_accum_steps", "ramp_start_accum_steps", "ramp_steps",
+)
+
+
+@dataclass(frozen=True)
+class Plan(_Result):
+    recipe: Recipe
+    source: str | None  # the recipe's file, when it came from one
+    model_name: str
+    architecture: Architecture
+    tier: Tier
+    instance: Instance
+    nodes: int
+    # Resolved tuning
+    precision: str
+    fp8_recipe: str | None
+    activation_checkpointing: str
+    sharding: str
+    shard_group_size: int  # GPUs sharing one sharded copy of the state, context-parallel ranks included
+    context_parallel: int  # GPUs that split each sequence
+    micro_batch_size: int  # sequences per data-parallel rank (a context-parallel group)
+    grad_accum_steps: int
+    ramp_start_accum_steps: int | None
+    ramp_steps: int
+    warmup_steps: int
+    loss_chunk_tokens: int
+    compile: bool
+    memory: MemoryBreakdown
+    estimates: Estimates
+    decisions: tuple[Decision, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    departures: tuple[Departure, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()  # the next fastest configurations that fit
+    locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.instance.gpus
+
+    @property
+    def parameters(self) -> int:
+        return self.architecture.parameters
+
     def run_config(self) -> RunConfig:
         """The slice the training container needs. Only for a Plan without errors."""
         self.require_ok()
-        assert self.estimates is not None
         recipe = self.recipe
         candidates = sorted({max(1, self.micro_batch_size // 2), self.micro_batch_size, self.micro_batch_size * 2})
         return RunConfig(
@@ -143,7 +249,9 @@ class Plan:
                 init_checkpoint=recipe.model.init_checkpoint,
                 **self.architecture.model_dump(),
             ),
-            parallel=ParallelConfig(sharding=self.sharding, shard_group_size=self.shard_group_size),
+            parallel=ParallelConfig(
+                sharding=self.sharding, shard_group_size=self.shard_group_size, context_parallel=self.context_parallel
+            ),
             precision=PrecisionConfig(
                 precision=self.precision,
                 fp8_recipe=self.fp8_recipe,
@@ -224,6 +332,7 @@ class Plan:
                 "activation_checkpointing": self.activation_checkpointing,
                 "sharding": self.sharding,
                 "shard_group_size": self.shard_group_size,
+                "context_parallel": self.context_parallel,
                 "micro_batch_size": self.micro_batch_size,
                 "grad_accum_steps": self.grad_accum_steps,
                 "ramp_start_accum_steps": self.ramp_start_accum_steps,
@@ -231,10 +340,15 @@ class Plan:
                 "sequence_length": self.recipe.sequence_length,
                 "global_batch_tokens": self.recipe.budget.global_batch_tokens,
             },
-            "memory_gib": self.memory.as_gib() if self.memory else None,
-            "memory_fraction": round(self.memory.fraction, 4) if self.memory else None,
+            "memory_gib": self.memory.as_gib(),
+            "memory_fraction": round(self.memory.fraction, 4),
             "memory_headroom": self.tier.memory_headroom,
-            "estimates": asdict(self.estimates) if self.estimates else None,
+            "estimates": asdict(self.estimates),
+            "departures": [asdict(d) for d in self.departures],
+            "alternatives": [asdict(a) for a in self.alternatives],
             "decisions": [asdict(d) for d in self.decisions],
             "findings": [asdict(f) for f in self.findings],
         }
+
+
+PlanResult = Plan | FailedPlan

@@ -1,31 +1,51 @@
-"""Resolve a Recipe into a Plan: fill every ``auto`` from the tier table, prove or
-refute that the run fits in GPU memory, and estimate throughput, time and cost.
+"""Resolve a Recipe into a Plan: search the configurations every ``auto`` leaves open,
+prove or refute that the run fits in GPU memory, and estimate throughput, time and cost.
+
+The tier table is the starting point and the reason. For every ``auto`` field the search
+tries precision, activation checkpointing, micro-batch, shard group and context-parallel
+degree; the performance model (``perf.py``) predicts each configuration's speed and the
+memory model (``memory.py``) its footprint. The plan takes the fastest configuration that
+fits under the tier's headroom, and says where and why it leaves the tier's advice.
+``tuning.follow_tiers: strict`` keeps the tier's choices.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from bisect import bisect_left
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
-from . import catalogs, memory
+from . import catalogs, memory, perf
 from .architecture import Architecture
 from .catalogs import Instance, Tier
-from .plan import Decision, Estimates, Finding, Plan
+from .plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, Plan, PlanResult
 from .recipe import AUTO, BatchRampSpec, Recipe
-from .runconfig import ramp_accum_steps
+from .runconfig import steps_for_tokens
 
 LOSS_CHUNK_TOKENS = 4096
 # When the batch ramps, keep at least this many accumulation steps at the full batch.
 RAMP_MIN_ACCUM = 4
 AC_ORDER = ("none", "selective", "full")
+CP_DEGREES = (1, 2, 4, 8)
+# The search splits sequences no finer than this: below it, ring attention's blocks are
+# too small to hide their communication, and plain data parallelism serves better.
+MIN_CP_CHUNK_TOKENS = 4096
+# The plan leaves the tier's advice only for a predicted gain above this; to FP8 against
+# a tier that advises BF16 (for its numerical ease), only above the FP8 threshold.
+MIN_DEPARTURE_GAIN = 0.02
+MIN_FP8_GAIN = 0.10
+# Configurations within this of the fastest count as equally fast: the plan takes the one
+# closest to the tier's choice.
+NEAR_FASTEST = 0.02
 FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.48xlarge or ml.p6-b300.48xlarge"
 # SageMaker's MaxWaitTimeInSeconds upper bound (28 days).
 MAX_WAIT_LIMIT_HOURS = 28 * 24
+GIB = memory.GIB
 
 
-def plan_file(path: str | Path) -> Plan:
+def plan_file(path: str | Path) -> PlanResult:
     """Load and resolve one recipe file. Raises :class:`errors.RecipeError` for a bad file."""
     from .loader import load_recipe_with_lines
 
@@ -33,89 +53,359 @@ def plan_file(path: str | Path) -> Plan:
     return resolve(recipe, source=str(path), lines=lines)
 
 
-class _Builder:
-    def __init__(self, recipe: Recipe):
-        self.recipe = recipe
-        self.decisions: list[Decision] = []
-        self.findings: list[Finding] = []
+# -- working state ---------------------------------------------------------------------
 
-    def decide(self, field: str, value, reason: str, requested) -> None:
+
+@dataclass
+class _Run:
+    """The planner's working state for one recipe: what is known so far, and what it decided."""
+
+    recipe: Recipe
+    decisions: list[Decision] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    model_name: str = ""
+    arch: Architecture | None = None
+    instance: Instance | None = None
+    tier: Tier | None = None
+    departures: list[Departure] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+
+    def decide(self, field_path: str, value, reason: str, requested) -> None:
         source = "auto" if requested == AUTO else ("derived" if requested is None else "recipe")
-        self.decisions.append(Decision(field, value, reason, source))
+        self.decisions.append(Decision(field_path, value, reason, source))
 
-    def error(self, code: str, message: str, fix: str, field: str = "") -> None:
-        self.findings.append(Finding("error", code, message, fix, field))
+    def error(self, code: str, message: str, fix: str, field_path: str = "") -> None:
+        self.findings.append(Finding("error", code, message, fix, field_path))
 
-    def warn(self, code: str, message: str, fix: str = "", field: str = "") -> None:
-        self.findings.append(Finding("warning", code, message, fix, field))
+    def warn(self, code: str, message: str, fix: str = "", field_path: str = "") -> None:
+        self.findings.append(Finding("warning", code, message, fix, field_path))
 
-    def info(self, code: str, message: str, field: str = "") -> None:
-        self.findings.append(Finding("info", code, message, "", field))
+    def info(self, code: str, message: str, field_path: str = "") -> None:
+        self.findings.append(Finding("info", code, message, "", field_path))
+
+    @property
+    def failed(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    # Derived facts, valid once arch, instance and tier are known.
+    @property
+    def nodes(self) -> int:
+        return self.recipe.compute.instance_count
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.instance.gpus
+
+    @property
+    def hardware(self) -> perf.Hardware:
+        return _hardware(self.instance)
+
+    @property
+    def limit(self) -> float:
+        return self.tier.memory_headroom * self.instance.hbm_bytes
+
+    @property
+    def sequences(self) -> int:
+        """Sequences per optimiser step, over all ranks."""
+        return self.recipe.budget.global_batch_tokens // self.recipe.sequence_length
+
+    @property
+    def strict(self) -> bool:
+        return self.recipe.tuning.follow_tiers == "strict"
+
+    def failure(self, source, lines) -> FailedPlan:
+        return FailedPlan(
+            recipe=self.recipe,
+            source=source,
+            model_name=self.model_name,
+            tier=self.tier,
+            parameters=self.arch.parameters if self.arch else None,
+            decisions=tuple(self.decisions),
+            findings=tuple(self.findings),
+            locations=dict(lines or {}),
+        )
 
 
-def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> Plan:
-    b = _Builder(recipe)
-    tuning = recipe.tuning
+# -- the search space and its evaluation --------------------------------------------------
 
-    model_name, arch = _model(recipe, b)
-    instance = _instance(recipe, b)
-    if arch is None or instance is None:
-        return _unresolved(recipe, source, lines, b, model_name, arch, instance)
 
-    nodes = recipe.compute.instance_count
-    gpus = nodes * instance.gpus
-    params = arch.parameters
-    tier, inside = catalogs.tier_for(params)
-    b.decide("tier", tier.name, _tier_reason(params, tier), None)
+@lru_cache(maxsize=32)
+def _hardware(instance: Instance) -> perf.Hardware:
+    return perf.Hardware.of(instance)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration, evaluated: its memory and its predicted step time."""
+
+    setting: perf.Setting
+    accum: int
+    memory: memory.MemoryBreakdown
+    time: perf.StepTime | None  # None when it does not fit
+    fits: bool
+
+    @property
+    def speed(self) -> float:
+        return self.time.tokens_per_second_per_gpu
+
+    def alternative(self) -> Alternative:
+        s = self.setting
+        return Alternative(
+            precision=s.precision, fp8_recipe=s.fp8_recipe, activation_checkpointing=s.checkpointing,
+            micro_batch_size=s.micro_batch, shard_group_size=s.shard_group, context_parallel=s.context_parallel,
+            tokens_per_second_per_gpu=round(self.speed, 1), memory_gib=round(self.memory.total / GIB, 2),
+            memory_fraction=round(self.memory.fraction, 4),
+        )
+
+
+@dataclass(frozen=True)
+class Space:
+    """The values each tuning field may take: one when the recipe pins it (or the tier, when strict)."""
+
+    precisions: tuple[tuple[str, str | None], ...]  # (precision, fp8 recipe)
+    checkpointing: tuple[str, ...]
+    groups: tuple[tuple[str, int], ...]  # (sharding, shard group size)
+    context_parallel: tuple[int, ...]
+    micro_batch: int | None  # None: search
+    nodes: int
+
+
+def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
+    return memory.estimate(
+        run.arch,
+        precision=setting.precision,
+        checkpointing=setting.checkpointing,
+        # Context parallelism splits each sequence: a rank holds seq/cp tokens' activations.
+        sequence_length=run.recipe.sequence_length // setting.context_parallel,
+        micro_batch=setting.micro_batch,
+        shard_group=setting.shard_group if setting.sharding != "none" else 1,
+        hbm_bytes=run.instance.hbm_bytes,
+        loss_chunk_tokens=LOSS_CHUNK_TOKENS,
+    )
+
+
+def evaluate(run: _Run, setting: perf.Setting, nodes: int | None = None, estimate: memory.MemoryBreakdown | None = None) -> Option:
+    """Memory and step time of ``setting`` for this recipe on ``nodes`` (default: the recipe's)."""
+    nodes = nodes or run.nodes
+    gpus = nodes * run.instance.gpus
+    per_rank = run.sequences // (gpus // setting.context_parallel)
+    accum = max(1, per_rank // setting.micro_batch)
+    estimate = estimate or _memory(run, setting)
+    time = perf.step_time(
+        run.arch, run.hardware, setting, sequence_length=run.recipe.sequence_length, gpus=gpus, accum=accum,
+        params=catalogs.performance_parameters(),
+    )
+    return Option(setting, accum, estimate, time, estimate.total <= run.limit)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _micro_batches(run: _Run, per_rank: int) -> list[int]:
+    """Micro-batch sizes to try, largest first: divisors of the sequences a rank takes per step."""
+    options = sorted(_divisors(per_rank), reverse=True)
+    if _wants_ramp(run.recipe, run.tier) and per_rank >= RAMP_MIN_ACCUM:
+        options = [m for m in options if per_rank // m >= RAMP_MIN_ACCUM]  # a ramp needs steps to ramp through
+    return options
+
+
+def search(run: _Run, space: Space) -> list[Option]:
+    """For every combination of the space, the largest micro-batch that fits (or, when none
+    does, the smallest), evaluated. Speed grows with the micro-batch and so does memory,
+    so the largest that fits is the fastest of its combination."""
+    options = []
+    gpus = space.nodes * run.instance.gpus
+    limit = run.limit
+    for precision, recipe_name in space.precisions:
+        for checkpointing in space.checkpointing:
+            for sharding, group in space.groups:
+                for cp in space.context_parallel:
+                    if group % cp and sharding != "none":
+                        continue
+                    per_rank = run.sequences // (gpus // cp)
+                    sizes = [space.micro_batch] if space.micro_batch else _micro_batches(run, per_rank)
+                    sizes = [m for m in sizes if per_rank % m == 0]
+                    if not sizes:
+                        continue
+
+                    def setting(m: int) -> perf.Setting:
+                        return perf.Setting(
+                            precision=precision, checkpointing=checkpointing, micro_batch=m, shard_group=group,
+                            sharding=sharding, fp8_recipe=recipe_name, context_parallel=cp, compile=run.recipe.compute.compile,
+                        )
+
+                    # Memory grows with the micro-batch: bisect for the largest that fits, then
+                    # predict the speed of that one only.
+                    lo, hi = 0, len(sizes) - 1  # sizes[hi] is the smallest
+                    best = _memory(run, setting(sizes[hi]))
+                    if best.total <= limit:
+                        while lo < hi:
+                            mid = (lo + hi) // 2
+                            estimate = _memory(run, setting(sizes[mid]))
+                            if estimate.total <= limit:
+                                best, hi = estimate, mid
+                            else:
+                                lo = mid + 1
+                    if best.total <= limit:
+                        options.append(evaluate(run, setting(sizes[hi]), space.nodes, best))
+                    else:  # kept for the does-not-fit report, which needs its memory only
+                        options.append(Option(setting(sizes[hi]), 0, best, None, False))
+    return options
+
+
+def _groups(run: _Run, nodes: int, cps: tuple[int, ...]) -> tuple[tuple[str, int], ...] | None:
+    """Shard groups to try; None after an error."""
+    tuning = run.recipe.tuning
+    gpus = nodes * run.instance.gpus
+    if tuning.sharding == "none":
+        return (("none", 1),)
+    if tuning.shard_group_size != AUTO:
+        size = tuning.shard_group_size
+        if gpus % size:
+            run.error("shard-group", f"tuning.shard_group_size {size} does not divide the {gpus} GPUs", f"use one of {', '.join(map(str, _divisors(gpus)))}", "tuning.shard_group_size")
+            return None
+        kind = "full" if size == gpus else "hybrid"
+        if tuning.sharding not in (AUTO, kind):
+            run.error("shard-group", f"tuning.sharding {tuning.sharding} with shard_group_size {size} of {gpus} GPUs is {kind} sharding", f"set tuning.sharding to {kind} or auto", "tuning.shard_group_size")
+            return None
+        return ((kind, size),)
+    if tuning.sharding == "full" or nodes == 1:
+        return (("full", gpus),)
+    return tuple(("hybrid" if k < nodes else "full", k * run.instance.gpus) for k in _divisors(nodes))
+
+
+def _context_parallel(run: _Run) -> tuple[int, ...] | None:
+    """Context-parallel degrees to try; None after an error."""
+    tuning, seq = run.recipe.tuning, run.recipe.sequence_length
+    node = run.instance.gpus
+    if tuning.context_parallel != AUTO:
+        cp = tuning.context_parallel
+        if node % cp or seq % (2 * cp):
+            run.error(
+                "context-parallel",
+                f"tuning.context_parallel {cp} must divide the {node} GPUs of a node (ring attention stays on NVLink) "
+                f"and split each {seq:,}-token sequence into 2 x {cp} equal chunks (for the causal load balance)",
+                f"use one of {', '.join(str(d) for d in CP_DEGREES if node % d == 0 and seq % (2 * d) == 0)}",
+                "tuning.context_parallel",
+            )
+            return None
+        if cp > 1 and tuning.sharding == "none":
+            run.error("context-parallel", "context parallelism shards the state over its ranks; tuning.sharding none keeps a full replica per GPU", "set tuning.sharding to full, hybrid or auto, or tuning.context_parallel: 1", "tuning.context_parallel")
+            return None
+        return (cp,)
+    degrees = tuple(
+        d for d in CP_DEGREES if node % d == 0 and seq % (2 * d) == 0 and d <= run.gpus and (d == 1 or seq // d >= MIN_CP_CHUNK_TOKENS)
+    )
+    return degrees if tuning.sharding != "none" else (1,)
+
+
+def _precisions(run: _Run) -> tuple[tuple[str, str | None], ...]:
+    tuning, instance, tier = run.recipe.tuning, run.instance, run.tier
+    if tuning.precision != AUTO:
+        precisions = [tuning.precision]
+    elif run.strict:
+        precisions = [tier.precision if tier.precision != "fp8" or instance.fp8 else "bf16"]
+    else:
+        precisions = ["bf16", "fp8"] if instance.fp8 else ["bf16"]
+        if tier.precision == "fp32":
+            precisions.append("fp32")
+    out = []
+    for precision in precisions:
+        if precision != "fp8":
+            out.append((precision, None))
+        elif tuning.fp8_recipe != AUTO:
+            out.append((precision, tuning.fp8_recipe))
+        else:
+            out.append((precision, "tensorwise"))
+            if instance.mxfp8 and not run.strict:
+                out.append((precision, "mxfp8"))
+    return tuple(out)
+
+
+def _checkpointing(run: _Run) -> tuple[str, ...]:
+    tuning = run.recipe.tuning
+    if tuning.activation_checkpointing != AUTO:
+        return (tuning.activation_checkpointing,)
+    if run.strict:
+        return AC_ORDER[AC_ORDER.index(run.tier.activation_checkpointing):]
+    return AC_ORDER
+
+
+def tier_choice(run: _Run, options: list[Option]) -> Option | None:
+    """What the tier alone would pick among ``options``: its precision, its checkpointing
+    (or more recompute when that does not fit), then the smallest shard group, the smallest
+    context-parallel degree and the largest micro-batch that fit."""
+    tier, tuning = run.tier, run.recipe.tuning
+    precision = tuning.precision if tuning.precision != AUTO else (tier.precision if tier.precision != "fp8" or run.instance.fp8 else "bf16")
+    recipe_name = tuning.fp8_recipe if tuning.fp8_recipe != AUTO else "tensorwise"
+    start = AC_ORDER.index(tier.activation_checkpointing) if tuning.activation_checkpointing == AUTO else 0
+    fitting = [
+        o for o in options
+        if o.fits and o.setting.precision == precision and (precision != "fp8" or o.setting.fp8_recipe == recipe_name)
+        and AC_ORDER.index(o.setting.checkpointing) >= start
+    ]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda o: (AC_ORDER.index(o.setting.checkpointing), o.setting.shard_group, o.setting.context_parallel, -o.setting.micro_batch))
+
+
+# -- resolve ------------------------------------------------------------------------------
+
+
+def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> PlanResult:
+    run = _Run(recipe)
+    run.model_name, run.arch = _model(recipe, run)
+    run.instance = _instance(recipe, run)
+    if run.arch is None or run.instance is None:
+        return run.failure(source, lines)
+
+    params = run.arch.parameters
+    run.tier, inside = catalogs.tier_for(params)
+    tier = run.tier
+    run.decide("tier", tier.name, _tier_reason(params, tier), None)
     if not inside:
         lo, hi = catalogs.tiers()[0].min_parameters, catalogs.tiers()[-1].max_parameters
         text = f"{params / 1e9:.2f}B parameters lies outside the {lo / 1e9:g}B-{hi / 1e9:g}B the tiers cover; planned as '{tier.name}'"
         if recipe.model.allow_outside_tiers:
-            b.info("outside-tiers", text + " (acknowledged by model.allow_outside_tiers)", "model")
+            run.info("outside-tiers", text + " (acknowledged by model.allow_outside_tiers)", "model")
         else:
-            b.warn("outside-tiers", text, "set model.allow_outside_tiers: true to acknowledge", "model")
+            run.warn("outside-tiers", text, "set model.allow_outside_tiers: true to acknowledge", "model")
 
-    if recipe.sequence_length > arch.max_sequence_length:
-        b.error(
+    if recipe.sequence_length > run.arch.max_sequence_length:
+        run.error(
             "sequence-too-long",
-            f"sequence_length {recipe.sequence_length} exceeds {model_name}'s maximum of {arch.max_sequence_length}",
-            f"set sequence_length to at most {arch.max_sequence_length}, or use a model with longer context",
+            f"sequence_length {recipe.sequence_length} exceeds {run.model_name}'s maximum of {run.arch.max_sequence_length}",
+            f"set sequence_length to at most {run.arch.max_sequence_length}, or use a model with longer context",
             "sequence_length",
         )
-    _spot(recipe, b)
-    if nodes < tier.min_nodes:
-        b.error(
+    _spot(recipe, run)
+    if run.nodes < tier.min_nodes:
+        run.error(
             "needs-multiple-nodes",
-            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {tier.min_nodes} nodes; the recipe has {nodes}",
+            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {tier.min_nodes} nodes; the recipe has {run.nodes}",
             f"set compute.instance_count to {tier.min_nodes} or more",
             "compute.instance_count",
         )
+    _check_precision(run)
 
-    precision, fp8_recipe = _precision(recipe, arch, instance, tier, b)
+    chosen = _choose(run)
+    if chosen is None or run.failed:
+        return run.failure(source, lines)
 
-    per_gpu_sequences = _sequences_per_gpu(recipe, gpus, b)
-    fit = _fit(recipe, arch, instance, tier, nodes, precision, per_gpu_sequences, b)
-    if fit is None:
-        return _unresolved(recipe, source, lines, b, model_name, arch, instance, tier=tier, nodes=nodes, precision=precision, fp8_recipe=fp8_recipe)
-    checkpointing, sharding, group, micro_batch, breakdown = fit
-
-    accum = per_gpu_sequences // micro_batch
-    b.decide(
+    setting = chosen.setting
+    gpus, cp = run.gpus, setting.context_parallel
+    run.decide(
         "grad_accum_steps",
-        accum,
-        f"{recipe.budget.global_batch_tokens:,} tokens per step / ({micro_batch} x {recipe.sequence_length:,} tokens x {gpus} GPUs)",
+        chosen.accum,
+        f"{recipe.budget.global_batch_tokens:,} tokens per step / ({setting.micro_batch} x {recipe.sequence_length:,} tokens x {gpus // cp} data-parallel ranks)",
         None,
     )
-    ramp_start, ramp_steps, total_steps = _ramp_and_steps(recipe, tier, accum, micro_batch, gpus, b)
-    warmup_tokens = recipe.optimizer.warmup_tokens
-    if warmup_tokens is None:
-        warmup_tokens = recipe.budget.total_tokens // 100
-    warmup_steps = max(1, min(total_steps, math.ceil(warmup_tokens / recipe.budget.global_batch_tokens)))
-    b.decide("optimizer.warmup_steps", warmup_steps, f"{warmup_tokens:,} warmup tokens / global batch", AUTO if recipe.optimizer.warmup_tokens is None else "set")
-
-    estimates = _estimates(recipe, arch, instance, nodes, precision, fp8_recipe, checkpointing, sharding, total_steps, b)
+    ramp_start, ramp_steps, total_steps = _ramp_and_steps(run, chosen)
+    warmup_steps = _warmup(run, chosen, ramp_start, ramp_steps, total_steps)
+    estimates = _estimates(run, chosen, total_steps)
     if estimates.wall_time_hours > recipe.compute.max_runtime_hours:
-        b.warn(
+        run.warn(
             "runtime-too-short",
             f"the run needs about {estimates.wall_time_hours:,.1f} h but compute.max_runtime_hours is {recipe.compute.max_runtime_hours:g}; "
             "the job stops there and resumes only when restarted",
@@ -124,84 +414,372 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
             else f"SageMaker caps a job at {MAX_WAIT_LIMIT_HOURS} h: add nodes, lower budget.total_tokens, or plan several executions that resume from the checkpoint",
             "compute.max_runtime_hours",
         )
+    if run.failed:
+        return run.failure(source, lines)
 
     return Plan(
         recipe=recipe,
         source=source,
-        model_name=model_name,
-        architecture=arch,
+        model_name=run.model_name,
+        architecture=run.arch,
         tier=tier,
-        instance=instance,
-        nodes=nodes,
-        precision=precision,
-        fp8_recipe=fp8_recipe,
-        activation_checkpointing=checkpointing,
-        sharding=sharding,
-        shard_group_size=group,
-        micro_batch_size=micro_batch,
-        grad_accum_steps=accum,
+        instance=run.instance,
+        nodes=run.nodes,
+        precision=setting.precision,
+        fp8_recipe=setting.fp8_recipe,
+        activation_checkpointing=setting.checkpointing,
+        sharding=setting.sharding,
+        shard_group_size=setting.shard_group,
+        context_parallel=cp,
+        micro_batch_size=setting.micro_batch,
+        grad_accum_steps=chosen.accum,
         ramp_start_accum_steps=ramp_start,
         ramp_steps=ramp_steps,
         warmup_steps=warmup_steps,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
         compile=recipe.compute.compile,
-        memory=breakdown,
+        memory=chosen.memory,
         estimates=estimates,
-        decisions=tuple(b.decisions),
-        findings=tuple(b.findings),
+        decisions=tuple(run.decisions),
+        findings=tuple(run.findings),
+        departures=tuple(run.departures),
+        alternatives=tuple(run.alternatives),
         locations=dict(lines or {}),
     )
 
 
-def _unresolved(recipe, source, lines, b, model_name, arch, instance, tier=None, nodes=None, precision="bf16", fp8_recipe=None) -> Plan:
-    """A Plan that stops at its errors: enough to report them, never to build from."""
-    arch = arch or Architecture(layers=1, hidden_size=64, attention_heads=1, kv_heads=1, ffn_size=64, vocab_size=256)
-    instance = instance or Instance(
-        name=recipe.compute.instance_type, gpu="unknown", gpus=1, usable_hbm_gib=0.0, peak_bf16_tflops=0.0,
-        peak_fp8_tflops=None, mxfp8=False, efa_gbps=0, rdma=False, family="unknown", price_per_hour=0.0, price_source="unknown",
+def _space(run: _Run, nodes: int | None = None) -> Space | None:
+    """The recipe's search space, or None after an error (already recorded)."""
+    nodes = nodes or run.nodes
+    cps = _context_parallel(run)
+    if cps is None:
+        return None
+    groups = _groups(run, nodes, cps)
+    if groups is None:
+        return None
+    tuning = run.recipe.tuning
+    micro = None if tuning.micro_batch_size == AUTO else tuning.micro_batch_size
+    return Space(_precisions(run), _checkpointing(run), groups, cps, micro, nodes)
+
+
+def _batch_fits(run: _Run, space: Space) -> bool:
+    """Check that the global batch splits over the data-parallel ranks and micro-batches."""
+    recipe, gpus = run.recipe, space.nodes * run.instance.gpus
+    ranks = [gpus // cp for cp in space.context_parallel]
+    if not any(run.sequences % r == 0 for r in ranks):
+        dp = gpus // space.context_parallel[0]
+        step = recipe.sequence_length * dp
+        lower = max(step, recipe.budget.global_batch_tokens // step * step)
+        run.error(
+            "batch-not-divisible",
+            f"budget.global_batch_tokens {recipe.budget.global_batch_tokens:,} is {run.sequences} sequences, which do not split evenly over {dp} data-parallel ranks",
+            f"use a multiple of {step:,} (sequence_length x data-parallel ranks), for example {lower:,} or {lower + step:,}",
+            "budget.global_batch_tokens",
+        )
+        return False
+    if space.micro_batch:
+        per_rank = [run.sequences // r for r in ranks if run.sequences % r == 0]
+        if not any(p % space.micro_batch == 0 for p in per_rank):
+            run.error(
+                "micro-batch",
+                f"tuning.micro_batch_size {space.micro_batch} does not divide the {per_rank[0]} sequences each data-parallel rank takes per step",
+                f"use one of {', '.join(map(str, _divisors(per_rank[0])))}",
+                "tuning.micro_batch_size",
+            )
+            return False
+    return True
+
+
+def _choose(run: _Run) -> Option | None:
+    """Search, then pick: the tier's choice unless a faster one fits (auto), or the tier's (strict)."""
+    space = _space(run)
+    if space is None or not _batch_fits(run, space):
+        return None
+    options = search(run, space)
+    # Fastest first; on a tie, the simpler configuration (less recompute, no context parallelism).
+    fitting = sorted(
+        (o for o in options if o.fits),
+        key=lambda o: (-round(o.speed, 6), o.setting.context_parallel, o.setting.shard_group, AC_ORDER.index(o.setting.checkpointing)),
     )
-    tier = tier or catalogs.tier_for(arch.parameters)[0]
-    return Plan(
-        recipe=recipe, source=source, model_name=model_name, architecture=arch, tier=tier, instance=instance,
-        nodes=nodes or recipe.compute.instance_count, precision=precision, fp8_recipe=fp8_recipe,
-        activation_checkpointing="full", sharding="full", shard_group_size=1, micro_batch_size=0, grad_accum_steps=0,
-        ramp_start_accum_steps=None, ramp_steps=0, warmup_steps=0, loss_chunk_tokens=LOSS_CHUNK_TOKENS,
-        compile=recipe.compute.compile, memory=None, estimates=None, decisions=tuple(b.decisions),
-        findings=tuple(b.findings), locations=dict(lines or {}),
+    if not fitting:
+        _does_not_fit(run, options)
+        return None
+    by_tier = tier_choice(run, options)
+    chosen = by_tier or fitting[0]
+    if not run.strict and by_tier is not None:
+        candidates = fitting
+        if _fp8_against_tier(run):
+            # FP8 against a tier that advises BF16 must earn its numerical risk on its own.
+            bf16 = [o for o in fitting if o.setting.precision != "fp8"]
+            fp8 = [o for o in fitting if o.setting.precision == "fp8"]
+            if bf16 and fp8 and fp8[0].speed < bf16[0].speed * (1 + MIN_FP8_GAIN):
+                candidates = bf16
+        worth = [o for o in candidates if o.speed > by_tier.speed * (1 + MIN_DEPARTURE_GAIN)]
+        if worth:
+            # Among the near-fastest, the one that departs from the tier the least.
+            near = [o for o in worth if o.speed >= worth[0].speed * (1 - NEAR_FASTEST)]
+            chosen = min(near, key=lambda o: (_departures_from(o, by_tier), -o.speed))
+    run.alternatives = _alternatives(fitting, chosen)
+    _record(run, chosen, by_tier, fitting)
+    return chosen
+
+
+def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
+    """The next fastest configurations that differ from the chosen one in precision,
+    checkpointing or shard group (the fastest context-parallel degree of each)."""
+    def key(o: Option):
+        s = o.setting
+        return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
+
+    seen, out = {key(chosen)}, []
+    for option in fitting:
+        if key(option) not in seen:
+            seen.add(key(option))
+            out.append(option.alternative())
+    return out[:count]
+
+
+def _departures_from(option: Option, by_tier: Option) -> int:
+    a, b = option.setting, by_tier.setting
+    return sum(
+        getattr(a, name) != getattr(b, name) for name in ("precision", "fp8_recipe", "checkpointing", "context_parallel", "shard_group")
     )
+
+
+def _fp8_against_tier(run: _Run) -> bool:
+    return run.tier.precision != "fp8" and run.recipe.tuning.precision == AUTO
+
+
+def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Option]) -> None:
+    """Decisions for every tuning field, and the departures from the tier with their gain."""
+    tuning, tier, s = run.recipe.tuning, run.tier, chosen.setting
+    margin = (run.limit - chosen.memory.total) / GIB
+    gain = chosen.speed / by_tier.speed - 1 if by_tier else 0.0
+    tier_setting = by_tier.setting if by_tier else None
+    speeds = f"{chosen.speed:,.0f} vs {by_tier.speed:,.0f} tokens/s per GPU" if by_tier else ""
+    fit_text = f"{chosen.memory.fraction:.0%} of HBM, {margin:,.1f} GiB under the {tier.memory_headroom:.0%} headroom"
+
+    def departure(field_path: str, attribute: str, tier_value, value, what: str) -> str:
+        # The gain of this one change: against the same configuration with the tier's value.
+        changed = {attribute: tier_value} | ({"fp8_recipe": None if tier_value != "fp8" else "tensorwise"} if attribute == "precision" else {})
+        same = [o for o in fitting if o.setting == replace(s, **changed, micro_batch=o.setting.micro_batch)]
+        own = chosen.speed / same[0].speed - 1 if same else gain
+        versus = f"{chosen.speed:,.0f} vs {same[0].speed:,.0f} tokens/s per GPU with {tier_value}" if same else speeds
+        reason = (
+            f"departs from the {tier.name} tier's {tier_value} ({what}): {value} is predicted {own:+.0%} faster "
+            f"({versus}) and fits at {fit_text}"
+        )
+        run.departures.append(Departure(field_path, tier_value, value, round(own, 4), round(margin, 2), reason))
+        return reason
+
+    # Precision
+    if tuning.precision != AUTO:
+        reason = "set in the recipe"
+    elif tier_setting and s.precision != tier_setting.precision:
+        reason = departure("tuning.precision", "precision", tier_setting.precision, s.precision, tier.precision_why)
+    elif tier.precision == "fp8" and not run.instance.fp8:
+        reason = f"the {tier.name} tier prefers FP8, but the {run.instance.gpu} has no FP8 tensor cores; BF16 instead"
+    else:
+        reason = f"{tier.name} tier: {tier.precision_why}" + _versus(fitting, chosen, "precision")
+    run.decide("tuning.precision", s.precision, reason, tuning.precision)
+    if s.precision == "fp8":
+        if tuning.fp8_recipe != AUTO:
+            reason = "set in the recipe"
+        else:
+            reason = "tensorwise scaling with float8 all-gather is torchao's fastest recipe" if s.fp8_recipe == "tensorwise" else "predicted fastest"
+            reason += _versus(fitting, chosen, "fp8_recipe")
+        run.decide("tuning.fp8_recipe", s.fp8_recipe, reason, tuning.fp8_recipe)
+
+    # Checkpointing
+    if tuning.activation_checkpointing != AUTO:
+        reason = "set in the recipe"
+    elif tier_setting and s.checkpointing != tier_setting.checkpointing:
+        reason = departure("tuning.activation_checkpointing", "checkpointing", tier_setting.checkpointing, s.checkpointing, tier.checkpointing_why)
+    elif s.checkpointing != tier.activation_checkpointing:
+        reason = f"the {tier.name} tier's {tier.activation_checkpointing} checkpointing does not fit even at micro-batch 1; {s.checkpointing} does"
+    else:
+        reason = f"{tier.name} tier: {tier.checkpointing_why}" + _versus(fitting, chosen, "checkpointing")
+    run.decide("tuning.activation_checkpointing", s.checkpointing, reason, tuning.activation_checkpointing)
+
+    # Sharding and shard group
+    nodes, node = run.nodes, run.instance.gpus
+    if tuning.sharding == "none":
+        shard_reason = "set in the recipe: every GPU keeps a full replica"
+    elif tuning.shard_group_size != AUTO:
+        shard_reason = "shard group set in the recipe"
+    elif nodes == 1:
+        shard_reason = f"one node: FSDP shards over its {node} GPUs on NVLink"
+    else:
+        smaller = [o for o in fitting if o.setting.shard_group < s.shard_group]
+        spans = f"{s.shard_group // node} node(s) ({s.shard_group} GPUs)"
+        if s.sharding == "hybrid":
+            shard_reason = (
+                f"a shard group of {spans}: its all-gathers stay inside the group, and {run.gpus // s.shard_group} replicas "
+                f"all-reduce gradients over EFA" + ("; the smallest that fits" if not smaller else "; predicted fastest")
+            )
+        else:
+            shard_reason = f"FSDP shards over all {s.shard_group} GPUs, across nodes over EFA" + (
+                "; no smaller group fits" if not smaller else "; predicted faster than the smaller groups that fit"
+            )
+    run.decide("tuning.sharding", s.sharding, shard_reason, tuning.sharding)
+    run.decide(
+        "tuning.shard_group_size", s.shard_group,
+        f"{s.shard_group} GPUs share one sharded copy of the parameters and optimiser state" + (" (context-parallel ranks included)" if s.context_parallel > 1 else ""),
+        tuning.shard_group_size,
+    )
+
+    # Context parallelism
+    cp = s.context_parallel
+    if tuning.context_parallel != AUTO:
+        cp_reason = "set in the recipe"
+    elif cp == 1:
+        cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
+    else:
+        whole = [o for o in fitting if o.setting.context_parallel == 1]
+        if whole:
+            why = f"predicted {chosen.speed / whole[0].speed - 1:+.0%} faster than whole sequences per GPU"
+        elif run.sequences % run.gpus:
+            why = f"the global batch of {run.sequences} sequences does not split over {run.gpus} GPUs without it"
+        else:
+            why = "without it no configuration fits"
+        cp_reason = (
+            f"splits each {run.recipe.sequence_length:,}-token sequence over {cp} GPUs (ring attention over NVLink), "
+            f"dividing activations and logits per GPU by {cp}: {why}"
+        )
+    run.decide("tuning.context_parallel", cp, cp_reason, tuning.context_parallel)
+
+    # Micro-batch
+    head = "set in the recipe" if tuning.micro_batch_size != AUTO else "the largest that fits: bigger GEMMs, fewer collectives per token"
+    run.decide("tuning.micro_batch_size", s.micro_batch, f"{head}; {fit_text}", tuning.micro_batch_size)
+
+    if run.departures:
+        changes = ", ".join(f"{d.field.split('.')[-1]} {d.tier_value} -> {d.value}" for d in run.departures)
+        run.info(
+            "departs-from-tier",
+            f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's own choice "
+            f"({by_tier.alternative().describe()}: {by_tier.speed:,.0f} tokens/s per GPU), keeping {margin:,.1f} GiB under the headroom; "
+            "tuning.follow_tiers: strict keeps the tier's choices",
+            "tuning.follow_tiers",
+        )
+
+
+def _versus(fitting: list[Option], chosen: Option, attribute: str) -> str:
+    """'; predicted +x% over <the best fitting option that differs only in attribute>'."""
+    mine = getattr(chosen.setting, attribute)
+    others = [
+        o for o in fitting
+        if getattr(o.setting, attribute) != mine and (attribute != "fp8_recipe" or o.setting.precision == "fp8")
+    ]
+    if not others:
+        return ""
+    other = others[0]
+    return f"; predicted {chosen.speed / other.speed - 1:+.0%} over the fastest with {attribute.replace('_', ' ')} {getattr(other.setting, attribute)}"
+
+
+# -- when nothing fits -----------------------------------------------------------------------
+
+RELAXABLE = (
+    ("activation_checkpointing", "tuning.activation_checkpointing"),
+    ("sharding", "tuning.sharding"),
+    ("micro_batch_size", "tuning.micro_batch_size"),
+    ("shard_group_size", "tuning.shard_group_size"),
+    ("context_parallel", "tuning.context_parallel"),
+)
+
+
+def _does_not_fit(run: _Run, options: list[Option]) -> None:
+    smallest = min(options, key=lambda o: o.memory.total)
+    s = smallest.setting
+    cp = f", context parallelism {s.context_parallel}" if s.context_parallel > 1 else ""
+    run.error(
+        "does-not-fit",
+        f"needs {smallest.memory.total / GIB:,.1f} GiB per GPU at best ({s.checkpointing} checkpointing, {s.sharding} sharding over "
+        f"{s.shard_group} GPUs, micro-batch {s.micro_batch}{cp}); the {run.instance.gpu}'s limit is {run.limit / GIB:,.1f} GiB "
+        f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)",
+        _fit_fix(run),
+        "compute.instance_count",
+    )
+
+
+def _relaxed(run: _Run, free: tuple[str, ...], nodes: int | None = None) -> Option | None:
+    """The fastest option that fits with the recipe's pins in ``free`` set to auto (and on ``nodes``)."""
+    tuning = run.recipe.tuning.model_copy(update={name: AUTO for name in free} | ({"sharding": AUTO} if "shard_group_size" in free else {}))
+    probe = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch, instance=run.instance, tier=run.tier)
+    space = _space(probe, nodes)
+    if space is None:
+        return None
+    gpus = space.nodes * run.instance.gpus
+    if not any(probe.sequences % (gpus // cp) == 0 for cp in space.context_parallel):
+        return None
+    fitting = [o for o in search(probe, space) if o.fits]
+    return max(fitting, key=lambda o: o.speed) if fitting else None
+
+
+def _fit_fix(run: _Run) -> str:
+    """The smallest change from the recipe's pinned settings that fits: one pinned field set
+    to auto, then more nodes; the fix names the value the search finds."""
+    tuning = run.recipe.tuning
+    pinned = [(attr, path) for attr, path in RELAXABLE if getattr(tuning, attr) != AUTO]
+    fixes = []
+    for attr, path in pinned:
+        found = _relaxed(run, (attr,))
+        if found:
+            value = {
+                "activation_checkpointing": found.setting.checkpointing,
+                "sharding": found.setting.sharding,
+                "micro_batch_size": found.setting.micro_batch,
+                "shard_group_size": found.setting.shard_group,
+                "context_parallel": found.setting.context_parallel,
+            }[attr]
+            fixes.append((found.speed, f"set {path}: {value} (fits at {found.memory.fraction:.0%} of HBM)"))
+    if fixes:
+        return "; or ".join(text for _, text in sorted(fixes, reverse=True))
+    free = tuple(attr for attr, _ in pinned)
+    for factor in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+        nodes = run.nodes * factor
+        if nodes > 512:
+            break
+        found = _relaxed(run, (), nodes) or (_relaxed(run, free, nodes) if free else None)
+        if found:
+            extra = "" if _relaxed(run, (), nodes) else " with " + ", ".join(f"{path}: auto" for _, path in pinned)
+            return f"use compute.instance_count: {nodes}{extra} (fits at {found.memory.fraction:.0%} of HBM), a shorter sequence_length, or an instance with more memory per GPU"
+    return "use a shorter sequence_length, a smaller model, or an instance with more memory per GPU"
+
+
+# -- the parts before the search ---------------------------------------------------------
 
 
 def _tier_reason(params: int, tier: Tier) -> str:
     return f"{params / 1e9:.2f}B parameters; the '{tier.name}' tier reaches {tier.max_parameters / 1e9:g}B"
 
 
-def _model(recipe: Recipe, b: _Builder) -> tuple[str, Architecture | None]:
+def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
     section = recipe.model
     if section.dimensions is not None:
         name = section.name or "custom"
-        b.decide("model", name, f"explicit dimensions: {section.dimensions.parameters / 1e9:.2f}B parameters", "set")
+        run.decide("model", name, f"explicit dimensions: {section.dimensions.parameters / 1e9:.2f}B parameters", "set")
         return name, section.dimensions
     catalog = catalogs.models()
     entry = catalog.get(section.catalog)
     if entry is None:
         close = difflib.get_close_matches(section.catalog, list(catalog), n=3)
-        b.error(
+        run.error(
             "unknown-model",
             f"model.catalog {section.catalog!r} is not in the model catalogue",
             f"use one of: {', '.join(close or catalog)}; or give model.dimensions",
             "model.catalog",
         )
         return section.catalog, None
-    b.decide("model", entry.id, f"{entry.display_name}, {entry.architecture.parameters / 1e9:.2f}B parameters ({entry.source})", "set")
+    run.decide("model", entry.id, f"{entry.display_name}, {entry.architecture.parameters / 1e9:.2f}B parameters ({entry.source})", "set")
     return entry.display_name, entry.architecture
 
 
-def _instance(recipe: Recipe, b: _Builder) -> Instance | None:
+def _instance(recipe: Recipe, run: _Run) -> Instance | None:
     catalog = catalogs.instances()
     instance = catalog.get(recipe.compute.instance_type)
     if instance is None:
         close = difflib.get_close_matches(recipe.compute.instance_type, list(catalog), n=3)
-        b.error(
+        run.error(
             "unknown-instance",
             f"compute.instance_type {recipe.compute.instance_type!r} is not a GPU training instance in the catalogue",
             f"use one of: {', '.join(close or catalog)}",
@@ -210,19 +788,19 @@ def _instance(recipe: Recipe, b: _Builder) -> Instance | None:
     return instance
 
 
-def _spot(recipe: Recipe, b: _Builder) -> None:
+def _spot(recipe: Recipe, run: _Run) -> None:
     compute = recipe.compute
     if not compute.spot:
         if compute.max_wait_hours is not None:
-            b.warn("max-wait-without-spot", "compute.max_wait_hours applies only to spot training", "remove it, or set compute.spot: true", "compute.max_wait_hours")
+            run.warn("max-wait-without-spot", "compute.max_wait_hours applies only to spot training", "remove it, or set compute.spot: true", "compute.max_wait_hours")
         return
     if compute.max_wait_hours is None:
         wait = min(MAX_WAIT_LIMIT_HOURS, compute.max_runtime_hours * 2)
-        b.decide("compute.max_wait_hours", wait, "spot: twice the maximum runtime, to allow for waiting and interruptions", AUTO)
+        run.decide("compute.max_wait_hours", wait, "spot: twice the maximum runtime, to allow for waiting and interruptions", AUTO)
         if wait < compute.max_runtime_hours:
-            b.error("spot-max-wait", "spot needs MaxWait at least the runtime, and SageMaker caps MaxWait at 672 h", f"lower compute.max_runtime_hours to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_runtime_hours")
+            run.error("spot-max-wait", "spot needs MaxWait at least the runtime, and SageMaker caps MaxWait at 672 h", f"lower compute.max_runtime_hours to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_runtime_hours")
     elif compute.max_wait_hours < compute.max_runtime_hours:
-        b.error(
+        run.error(
             "spot-max-wait",
             f"compute.max_wait_hours {compute.max_wait_hours:g} is shorter than compute.max_runtime_hours {compute.max_runtime_hours:g}; "
             "SageMaker rejects a spot job whose MaxWait is below its MaxRuntime",
@@ -230,230 +808,68 @@ def _spot(recipe: Recipe, b: _Builder) -> None:
             "compute.max_wait_hours",
         )
     elif compute.max_wait_hours > MAX_WAIT_LIMIT_HOURS:
-        b.error("spot-max-wait", f"compute.max_wait_hours {compute.max_wait_hours:g} exceeds SageMaker's limit of {MAX_WAIT_LIMIT_HOURS} h", f"set it to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_wait_hours")
+        run.error("spot-max-wait", f"compute.max_wait_hours {compute.max_wait_hours:g} exceeds SageMaker's limit of {MAX_WAIT_LIMIT_HOURS} h", f"set it to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_wait_hours")
 
 
-def fp8_gain(hidden_size: int) -> float:
-    """Expected FP8 speed-up over BF16 at this hidden size (throughput.yaml)."""
-    table = sorted(catalogs.throughput_priors().fp8_gain_by_hidden.items())
-    xs = [math.log2(h) for h, _ in table]
-    x = math.log2(hidden_size)
-    if x <= xs[0]:
-        return table[0][1]
-    if x >= xs[-1]:
-        return table[-1][1]
-    i = bisect_left(xs, x)
-    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return table[i - 1][1] + t * (table[i][1] - table[i - 1][1])
-
-
-def _precision(recipe: Recipe, arch: Architecture, instance: Instance, tier: Tier, b: _Builder) -> tuple[str, str | None]:
-    tuning = recipe.tuning
-    if tuning.precision == AUTO:
-        precision = tier.precision
-        reason = f"{tier.name} tier: {tier.precision_why}"
-        if precision == "fp8" and not instance.fp8:
-            precision = "bf16"
-            reason = f"the {tier.name} tier prefers FP8, but the {instance.gpu} has no FP8 tensor cores; BF16 instead"
-        b.decide("tuning.precision", precision, reason, AUTO)
-    else:
-        precision = tuning.precision
-        b.decide("tuning.precision", precision, "set in the recipe", tuning.precision)
-        if precision == "fp8" and not instance.fp8:
-            b.error(
+def _check_precision(run: _Run) -> None:
+    """Errors and warnings about pinned precision settings; the search decides the rest."""
+    tuning, instance, tier = run.recipe.tuning, run.instance, run.tier
+    if tuning.precision != AUTO:
+        if tuning.precision == "fp8" and not instance.fp8:
+            run.error(
                 "fp8-unsupported",
                 f"FP8 needs Hopper or Blackwell GPUs; {instance.name} has the {instance.gpu}",
                 f"set tuning.precision to bf16, or use {FP8_GPUS_HINT}",
                 "tuning.precision",
             )
-        elif precision != tier.precision and not (tier.precision == "fp8" and not instance.fp8):
-            b.warn(
+        elif tuning.precision != tier.precision and not (tier.precision == "fp8" and not instance.fp8):
+            run.warn(
                 "against-tier",
-                f"tuning.precision {precision} goes against the {tier.name} tier's {tier.precision} ({tier.precision_why})",
+                f"tuning.precision {tuning.precision} goes against the {tier.name} tier's {tier.precision} ({tier.precision_why})",
                 "set tuning.precision: auto unless this is deliberate",
                 "tuning.precision",
             )
-
-    fp8_recipe = None
-    if precision == "fp8":
-        if tuning.fp8_recipe == AUTO:
-            fp8_recipe = "tensorwise"
-            b.decide("tuning.fp8_recipe", fp8_recipe, "tensorwise scaling is the fastest torchao recipe with FSDP float8 all-gather (10,417 vs MXFP8 9,969 tokens/s per B200 on Llama 3 8B)", AUTO)
-        else:
-            fp8_recipe = tuning.fp8_recipe
-            b.decide("tuning.fp8_recipe", fp8_recipe, "set in the recipe", fp8_recipe)
-            if fp8_recipe == "mxfp8" and not instance.mxfp8:
-                b.error(
-                    "mxfp8-unsupported",
-                    f"MXFP8 needs Blackwell GPUs; {instance.name} has the {instance.gpu}",
-                    "set tuning.fp8_recipe to tensorwise or rowwise, or use ml.p6-b200.48xlarge or ml.p6-b300.48xlarge",
-                    "tuning.fp8_recipe",
+        if tuning.precision == "fp8" and instance.fp8:
+            gain = _fp8_gain(run)
+            if gain < 1.1:
+                run.warn(
+                    "fp8-small-gain",
+                    f"FP8 is predicted to speed up this model by only x{gain:.2f} (hidden size {run.arch.hidden_size}); its GEMMs are too small",
+                    "set tuning.precision: bf16",
+                    "tuning.precision",
                 )
-        gain = fp8_gain(arch.hidden_size)
-        if gain < 1.1:
-            b.warn(
-                "fp8-small-gain",
-                f"FP8 is unlikely to speed up a model of hidden size {arch.hidden_size} (expected x{gain:.2f}); its GEMMs are too small",
-                "set tuning.precision: bf16",
-                "tuning.precision",
-            )
-    elif tuning.fp8_recipe != AUTO:
-        b.warn("fp8-recipe-ignored", f"tuning.fp8_recipe {tuning.fp8_recipe} has no effect at precision {precision}", "remove it or set tuning.precision: fp8", "tuning.fp8_recipe")
-    return precision, fp8_recipe
-
-
-def _sequences_per_gpu(recipe: Recipe, gpus: int, b: _Builder) -> int:
-    sequences = recipe.budget.global_batch_tokens // recipe.sequence_length
-    if sequences % gpus:
-        step = recipe.sequence_length * gpus
-        lower = max(step, recipe.budget.global_batch_tokens // step * step)
-        b.error(
-            "batch-not-divisible",
-            f"budget.global_batch_tokens {recipe.budget.global_batch_tokens:,} is {sequences} sequences, which do not split evenly over {gpus} GPUs",
-            f"use a multiple of {step:,} (sequence_length x GPUs), for example {lower:,} or {lower + step:,}",
-            "budget.global_batch_tokens",
+    if tuning.fp8_recipe == "mxfp8" and not instance.mxfp8 and tuning.precision != "bf16":
+        run.error(
+            "mxfp8-unsupported",
+            f"MXFP8 needs Blackwell GPUs; {instance.name} has the {instance.gpu}",
+            "set tuning.fp8_recipe to tensorwise or rowwise, or use ml.p6-b200.48xlarge or ml.p6-b300.48xlarge",
+            "tuning.fp8_recipe",
         )
-        return 0
-    return sequences // gpus
-
-
-def _estimate(recipe, arch, instance, precision, checkpointing, group, micro_batch):
-    return memory.estimate(
-        arch,
-        precision=precision,
-        checkpointing=checkpointing,
-        sequence_length=recipe.sequence_length,
-        micro_batch=micro_batch,
-        shard_group=group,
-        hbm_bytes=instance.hbm_bytes,
-        loss_chunk_tokens=LOSS_CHUNK_TOKENS,
-    )
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _fit(recipe, arch, instance, tier, nodes, precision, per_gpu_sequences, b):
-    """Choose checkpointing, sharding and micro-batch: the first that fits under the headroom."""
-    tuning = recipe.tuning
-    gpus = nodes * instance.gpus
-    limit = tier.memory_headroom * instance.hbm_bytes
-    if per_gpu_sequences == 0:
-        return None
-
-    # Checkpointing: the tier's choice first, then more recomputation if needed.
-    if tuning.activation_checkpointing == AUTO:
-        start = AC_ORDER.index(tier.activation_checkpointing)
-        ac_options = list(AC_ORDER[start:])
-    else:
-        ac_options = [tuning.activation_checkpointing]
-        if tuning.activation_checkpointing != tier.activation_checkpointing:
-            b.warn(
-                "against-tier",
-                f"tuning.activation_checkpointing {tuning.activation_checkpointing} goes against the {tier.name} tier's {tier.activation_checkpointing}",
-                "set it to auto unless this is deliberate",
-                "tuning.activation_checkpointing",
-            )
-
-    # Sharding: the smallest shard group that fits; a node first, then 2 nodes, and so on.
-    if tuning.sharding == "none":
-        groups = [("none", 1)]
-    elif tuning.shard_group_size != AUTO:
-        size = tuning.shard_group_size
-        if gpus % size:
-            b.error("shard-group", f"tuning.shard_group_size {size} does not divide the {gpus} GPUs", f"use one of {', '.join(map(str, _divisors(gpus)))}", "tuning.shard_group_size")
-            return None
-        kind = "full" if size == gpus else "hybrid"
-        if tuning.sharding not in (AUTO, kind):
-            b.error("shard-group", f"tuning.sharding {tuning.sharding} with shard_group_size {size} of {gpus} GPUs is {kind} sharding", f"set tuning.sharding to {kind} or auto", "tuning.sharding")
-            return None
-        groups = [(kind, size)]
-    elif tuning.sharding == "full" or nodes == 1:
-        groups = [("full", gpus)]
-    else:  # hybrid or auto across nodes
-        groups = [("hybrid" if k < nodes else "full", k * instance.gpus) for k in _divisors(nodes)]
-
-    if tuning.micro_batch_size == AUTO:
-        batch_options = sorted(_divisors(per_gpu_sequences), reverse=True)
-        if _wants_ramp(recipe, tier) and per_gpu_sequences >= RAMP_MIN_ACCUM:
-            # A ramp needs accumulation steps to ramp through.
-            batch_options = [m for m in batch_options if per_gpu_sequences // m >= RAMP_MIN_ACCUM]
-    else:
-        batch_options = [tuning.micro_batch_size]
-        if per_gpu_sequences % tuning.micro_batch_size:
-            b.error(
-                "micro-batch",
-                f"tuning.micro_batch_size {tuning.micro_batch_size} does not divide the {per_gpu_sequences} sequences each GPU takes per step",
-                f"use one of {', '.join(map(str, _divisors(per_gpu_sequences)))}",
-                "tuning.micro_batch_size",
-            )
-            return None
-
-    best = None  # the smallest-memory setting tried, for the error message
-    for checkpointing in ac_options:
-        for kind, group in groups:
-            for micro_batch in batch_options:
-                estimate = _estimate(recipe, arch, instance, precision, checkpointing, group, micro_batch)
-                if best is None or estimate.total < best[4].total:
-                    best = (checkpointing, kind, group, micro_batch, estimate)
-                if estimate.total <= limit:
-                    _record_fit(recipe, tier, instance, nodes, checkpointing, kind, group, micro_batch, estimate, groups, b)
-                    return checkpointing, kind, group, micro_batch, estimate
-
-    checkpointing, kind, group, micro_batch, estimate = best
-    b.error(
-        "does-not-fit",
-        f"needs {estimate.total / memory.GIB:,.1f} GiB per GPU at best ({checkpointing} checkpointing, {kind} sharding over {group} GPUs, "
-        f"micro-batch {micro_batch}); the {instance.gpu}'s limit is {limit / memory.GIB:,.1f} GiB ({tier.memory_headroom:.0%} of {instance.usable_hbm_gib:g} GiB)",
-        _fit_fix(recipe, arch, instance, tier, precision, limit),
-        "compute.instance_count",
-    )
-    return None
-
-
-def _fit_fix(recipe, arch, instance, tier, precision, limit) -> str:
-    for nodes in (2, 4, 8, 16, 32, 64):
-        if nodes <= recipe.compute.instance_count:
-            continue
-        gpus = nodes * instance.gpus
-        if _estimate(recipe, arch, instance, precision, "full", gpus, 1).total <= limit:
-            return f"use compute.instance_count: {nodes} or more, a shorter sequence_length, or an instance with more memory per GPU"
-    return "use a shorter sequence_length, a smaller model, or an instance with more memory per GPU"
-
-
-def _record_fit(recipe, tier, instance, nodes, checkpointing, kind, group, micro_batch, estimate, groups, b):
-    tuning = recipe.tuning
-    ac_reason = f"{tier.name} tier: {tier.checkpointing_why}"
-    if tuning.activation_checkpointing == AUTO and checkpointing != tier.activation_checkpointing:
-        ac_reason = f"the {tier.name} tier's {tier.activation_checkpointing} checkpointing does not fit even at micro-batch 1; {checkpointing} does"
-    elif tuning.activation_checkpointing != AUTO:
-        ac_reason = "set in the recipe"
-    b.decide("tuning.activation_checkpointing", checkpointing, ac_reason, tuning.activation_checkpointing)
-
-    if tuning.sharding == "none":
-        shard_reason = "set in the recipe: every GPU keeps a full replica"
-    elif tuning.shard_group_size != AUTO:
-        shard_reason = "shard group set in the recipe"
-    elif nodes == 1:
-        shard_reason = f"one node: FSDP shards over its {instance.gpus} GPUs on NVLink"
-    elif kind == "hybrid":
-        shard_reason = (
-            f"the smallest shard group that fits is {group // instance.gpus} node(s) ({group} GPUs): all-gathers stay inside the group, "
-            f"and {nodes * instance.gpus // group} replicas all-reduce gradients over EFA"
+    if tuning.fp8_recipe != AUTO and tuning.precision not in ("fp8", AUTO):
+        run.warn("fp8-recipe-ignored", f"tuning.fp8_recipe {tuning.fp8_recipe} has no effect at precision {tuning.precision}", "remove it or set tuning.precision: fp8", "tuning.fp8_recipe")
+    if tuning.activation_checkpointing != AUTO and tuning.activation_checkpointing != tier.activation_checkpointing:
+        run.warn(
+            "against-tier",
+            f"tuning.activation_checkpointing {tuning.activation_checkpointing} goes against the {tier.name} tier's {tier.activation_checkpointing}",
+            "set it to auto unless this is deliberate",
+            "tuning.activation_checkpointing",
         )
-    else:
-        tried = ", ".join(f"{g // instance.gpus} node(s)" for _, g in groups[:-1])
-        shard_reason = f"no smaller shard group fits ({tried} tried); FSDP shards over all {group} GPUs" if tried else f"FSDP shards over all {group} GPUs"
-    b.decide("tuning.sharding", kind, shard_reason, tuning.sharding)
-    b.decide("tuning.shard_group_size", group, f"{group} GPUs share one sharded copy of the parameters and optimiser state", tuning.shard_group_size)
 
-    fraction = estimate.total / estimate.hbm
-    if tuning.micro_batch_size == AUTO:
-        reason = f"{tier.batch_why}: {fraction:.0%} of HBM, under the {tier.memory_headroom:.0%} headroom"
-    else:
-        reason = f"set in the recipe; {fraction:.0%} of HBM, under the {tier.memory_headroom:.0%} headroom"
-    b.decide("tuning.micro_batch_size", micro_batch, reason, tuning.micro_batch_size)
+
+def _fp8_gain(run: _Run) -> float:
+    """Predicted FP8 (tensorwise) speed-up over BF16 at micro-batch 1, one node, no checkpointing."""
+    node = run.instance.gpus
+    speeds = {}
+    for precision, recipe_name in (("bf16", None), ("fp8", "tensorwise")):
+        setting = perf.Setting(precision=precision, checkpointing="none", micro_batch=1, shard_group=node, fp8_recipe=recipe_name)
+        speeds[precision] = perf.step_time(
+            run.arch, run.hardware, setting, sequence_length=run.recipe.sequence_length, gpus=node, accum=8,
+            params=catalogs.performance_parameters(),
+        ).tokens_per_second_per_gpu
+    return speeds["fp8"] / speeds["bf16"]
+
+
+# -- steps, warmup and estimates -------------------------------------------------------------
 
 
 def _wants_ramp(recipe: Recipe, tier: Tier) -> bool:
@@ -461,21 +877,27 @@ def _wants_ramp(recipe: Recipe, tier: Tier) -> bool:
     return tier.batch_ramp if ramp == AUTO else bool(ramp)
 
 
-def _ramp_and_steps(recipe, tier, accum, micro_batch, gpus, b) -> tuple[int | None, int, int]:
+def _tokens_per_accum(run: _Run, chosen: Option) -> int:
+    s = chosen.setting
+    return s.micro_batch * run.recipe.sequence_length * (run.gpus // s.context_parallel)
+
+
+def _ramp_and_steps(run: _Run, chosen: Option) -> tuple[int | None, int, int]:
     """Batch ramp (linear in gradient-accumulation steps) and the step count that meets the token budget."""
-    tuning = recipe.tuning
+    recipe, tier, tuning = run.recipe, run.tier, run.recipe.tuning
+    accum = chosen.accum
     want = _wants_ramp(recipe, tier)
     spec = tuning.batch_ramp if isinstance(tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
     global_tokens = recipe.budget.global_batch_tokens
-    tokens_per_accum = micro_batch * recipe.sequence_length * gpus
+    tokens_per_accum = _tokens_per_accum(run, chosen)
     start = ramp_steps = None
     if want and accum < 2:
-        b.decide("tuning.batch_ramp", False, "the global batch is one micro-batch per GPU; there is nothing to ramp", tuning.batch_ramp)
+        run.decide("tuning.batch_ramp", False, "the global batch is one micro-batch per data-parallel rank; there is nothing to ramp", tuning.batch_ramp)
     elif want:
         start = max(1, round(accum * spec.start_fraction))
         ramp_steps = max(1, math.ceil(spec.ramp_fraction * recipe.budget.total_tokens / global_tokens))
         why = tier.batch_why if tuning.batch_ramp == AUTO else "set in the recipe"
-        b.decide(
+        run.decide(
             "tuning.batch_ramp",
             {"start_accum_steps": start, "ramp_steps": ramp_steps},
             f"{why}: from {start * tokens_per_accum:,} to {global_tokens:,} tokens per step over {ramp_steps} steps",
@@ -483,52 +905,46 @@ def _ramp_and_steps(recipe, tier, accum, micro_batch, gpus, b) -> tuple[int | No
         )
     else:
         reason = f"{tier.name} tier: {tier.batch_why}" if tuning.batch_ramp == AUTO else "set in the recipe"
-        b.decide("tuning.batch_ramp", False, reason, tuning.batch_ramp)
-
-    if start is None:
-        steps = math.ceil(recipe.budget.total_tokens / global_tokens)
-        return None, 0, steps
-    ramp_tokens = sum(ramp_accum_steps(i, start, accum, ramp_steps) for i in range(ramp_steps)) * tokens_per_accum
-    remaining = max(0, recipe.budget.total_tokens - ramp_tokens)
-    return start, ramp_steps, ramp_steps + math.ceil(remaining / global_tokens)
+        run.decide("tuning.batch_ramp", False, reason, tuning.batch_ramp)
+    total = steps_for_tokens(recipe.budget.total_tokens, tokens_per_accum, start, accum, ramp_steps or 0)
+    return start, ramp_steps or 0, total
 
 
-def _estimates(recipe, arch, instance, nodes, precision, fp8_recipe, checkpointing, sharding, total_steps, b) -> Estimates:
-    priors = catalogs.throughput_priors()
-    anchors = priors.anchors.get(instance.gpu, {})
-    if precision == "fp8":
-        key = "mxfp8" if fp8_recipe == "mxfp8" and "mxfp8" in anchors else "fp8"
-        anchor = anchors.get(key) or anchors["bf16"]  # a GPU without FP8 is already an error
-        mfu = anchor.mfu * fp8_gain(arch.hidden_size) / fp8_gain(4096)
-        source = f"{anchor.source}; scaled for hidden size {arch.hidden_size}"
-    else:
-        anchor = anchors["bf16"]
-        mfu = anchor.mfu
-        source = anchor.source
-        if precision == "fp32":
-            mfu *= 0.5
-            source += "; halved for TF32, whose peak is half of BF16"
-    mfu *= priors.recompute_cost["selective"] / priors.recompute_cost[checkpointing]
-    if nodes > 1:
-        mfu *= priors.multi_node_efficiency["full" if sharding == "full" else "hybrid"]
-        source += f"; x{priors.multi_node_efficiency['full' if sharding == 'full' else 'hybrid']} for {sharding} sharding across nodes"
+def _warmup(run: _Run, chosen: Option, start: int | None, ramp_steps: int, total_steps: int) -> int:
+    """Warmup steps that train on ``optimizer.warmup_tokens`` tokens, the ramp's smaller steps counted as such."""
+    recipe = run.recipe
+    tokens = recipe.optimizer.warmup_tokens
+    if tokens is None:
+        tokens = recipe.budget.total_tokens // 100
+    steps = min(total_steps, steps_for_tokens(tokens, _tokens_per_accum(run, chosen), start, chosen.accum, ramp_steps))
+    during = " (the batch ramp's smaller steps counted as such)" if start and steps <= ramp_steps else ""
+    run.decide(
+        "optimizer.warmup_steps", steps, f"the first {steps:,} steps train on {tokens:,} warmup tokens{during}",
+        AUTO if recipe.optimizer.warmup_tokens is None else "set",
+    )
+    return steps
 
-    flops = arch.flops_per_token(recipe.sequence_length)
-    per_gpu = mfu * instance.peak_bf16_flops / flops
-    gpus = nodes * instance.gpus
-    total = per_gpu * gpus
+
+def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
+    recipe, instance = run.recipe, run.instance
+    summary = catalogs.performance_model().summary
+    flops = run.arch.flops_per_token(recipe.sequence_length)
+    per_gpu = chosen.speed
+    total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
     price, price_source = instance.price(recipe.compute.price_per_hour)
+    error = f"; held-out median error {summary.heldout_median_error:.0%}" if summary.heldout_median_error is not None else ""
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
-        mfu=mfu,
-        mfu_source=source,
+        mfu=flops * per_gpu / instance.peak_bf16_flops,
+        throughput_source=f"performance model calibrated on {summary.rows} published runs{error} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
+        step_terms=tuple(chosen.time.terms()),
         total_steps=total_steps,
         wall_time_hours=wall_hours,
         price_per_hour=price,
         price_source=price_source,
-        cost_usd=wall_hours * nodes * price,
+        cost_usd=wall_hours * run.nodes * price,
     )

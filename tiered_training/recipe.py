@@ -183,7 +183,14 @@ class TuningSection(_Strict):
     sharding: Union[Sharding, Auto] = AUTO
     shard_group_size: Union[Annotated[int, Field(ge=1)], Auto] = AUTO
     micro_batch_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
+    context_parallel: Union[Annotated[int, Field(ge=1, le=64)], Auto] = Field(
+        default=AUTO, description="GPUs that split each sequence (ring attention); auto: the search chooses"
+    )
     batch_ramp: Union[bool, BatchRampSpec, Auto] = AUTO
+    follow_tiers: Literal["auto", "strict"] = Field(
+        default=AUTO,
+        description="auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices",
+    )
 
 
 class Recipe(_Strict):

@@ -9,7 +9,7 @@ from . import catalogs
 from .plan import Finding, Plan
 
 GIB = 1024**3
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
 
 
 def format_finding(plan: Plan, finding: Finding) -> str:
@@ -38,7 +38,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         return {
             "recipe": plan.name,
             "model": plan.model_name,
-            "tier": plan.tier.name,
+            "tier": plan.tier.name if plan.tier else "-",
             "compute": f"{plan.nodes}x {plan.recipe.compute.instance_type}",
             "status": f"{len(plan.errors)} error(s)",
         }
@@ -51,7 +51,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
         "precision": precision,
         "AC": plan.activation_checkpointing,
-        "sharding": f"{plan.sharding}/{plan.shard_group_size}",
+        "sharding": f"{plan.sharding}/{plan.shard_group_size}" + (f" cp{plan.context_parallel}" if plan.context_parallel > 1 else ""),
         "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
@@ -108,11 +108,27 @@ def explain_lines(plan: Plan) -> list[str]:
             "Estimates",
             f"  FLOPs per token        {e.flops_per_token:,.3e}",
             f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
-            f"  MFU (BF16-equivalent)  {e.mfu:.1%}  prior: {e.mfu_source}",
+            f"  MFU (BF16-equivalent)  {e.mfu:.1%}",
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
             f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})",
+            "",
+            f"Step time, term by term ({e.throughput_source})",
         ]
+        total = sum(t.seconds for t in e.step_terms) or 1.0
+        for term in e.step_terms:
+            out.append(f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}")
+        out.append(f"  {'step':<26} {total:>9,.3f} s")
+    departures = getattr(plan, "departures", ())
+    if departures:
+        out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
+        for d in departures:
+            out.append(f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom")
+    alternatives = getattr(plan, "alternatives", ())
+    if alternatives:
+        out += ["", "Next alternatives that fit"]
+        for a in alternatives:
+            out.append(f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} GiB ({a.memory_fraction:.0%})")
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
     return out

@@ -42,6 +42,15 @@ class ModelConfig(Architecture):
 class ParallelConfig(_Frozen):
     sharding: Literal["full", "hybrid", "none"]
     shard_group_size: int = Field(ge=1, description="GPUs that share one copy of the sharded state")
+    context_parallel: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "GPUs that split each sequence (ring attention). world = replicate x shard x cp; FSDP shards over the "
+            "flattened (shard, cp) ranks, so shard_group_size counts the cp ranks and is a multiple of it; "
+            "a data-parallel rank is a cp group, and micro_batch_size counts sequences per cp group"
+        ),
+    )
 
 
 class PrecisionConfig(_Frozen):
@@ -65,6 +74,22 @@ class BatchConfig(_Frozen):
     def accum_steps_at(self, step: int) -> int:
         """Gradient-accumulation steps at the 0-based ``step``, under the linear batch ramp."""
         return ramp_accum_steps(step, self.ramp_start_accum_steps, self.grad_accum_steps, self.ramp_steps)
+
+
+def steps_for_tokens(tokens: int, tokens_per_accum: int, start: int | None, full: int, ramp_steps: int) -> int:
+    """Optimiser steps until ``tokens`` have been trained on, counting the batch ramp's smaller
+    steps (``tokens_per_accum`` tokens per accumulation step, over all ranks). At least 1.
+
+    The planner turns ``warmup_tokens`` and the token budget into steps with it, so both
+    mean tokens whether the batch ramps or not.
+    """
+    done, step = 0, 0
+    while done < tokens and step < ramp_steps:
+        done += ramp_accum_steps(step, start, full, ramp_steps) * tokens_per_accum
+        step += 1
+    if done < tokens:
+        step += -(-(tokens - done) // (full * tokens_per_accum))
+    return max(1, step)
 
 
 def ramp_accum_steps(step: int, start: int | None, full: int, ramp_steps: int) -> int:
