@@ -14,11 +14,13 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch is pinned first so that no other package pulls a CUDA build.
-$(STAMP): pyproject.toml | $(PY)
+# pyproject.toml declares version ranges; constraints.txt pins the versions CI verified.
+# torch is installed first so that no other package pulls a CUDA build.
+CONSTRAINTS := constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[cdk,train,dev,plot]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch==2.13.0
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[cdk,train,dev,plot]"
 	touch $(STAMP)
 
 # The pinned CDK CLI, and Node 22 (jsii warns on older Node); node_modules/.bin is first on PATH.

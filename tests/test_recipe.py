@@ -77,6 +77,13 @@ def test_data_uri_outside_allowed_uris_is_an_error(write_recipe):
     p = only(problems_of(write_recipe, recipe), "data.uri")
     assert "allowed_uris" in p.message and p.line
 
+
+def test_data_kms_key_arn_names_a_key(write_recipe):
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    assert load_recipe(write_recipe(recipe_dict(**{"data.kms_key_arn": key}))).data.kms_key_arn == key
+    # An alias cannot be granted in IAM: the key's own ARN is needed.
+    only(problems_of(write_recipe, recipe_dict(**{"data.kms_key_arn": "arn:aws:kms:us-east-1:123456789012:alias/data"})), "data.kms_key_arn")
+
 def test_token_dtype_choices(write_recipe):
     p = only(problems_of(write_recipe, recipe_dict(**{"data.token_dtype": "int16"})), "data.token_dtype")
     assert "'uint16'" in p.message and "'uint32'" in p.message

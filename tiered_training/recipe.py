@@ -24,6 +24,7 @@ SNS_ARN_PATTERN = r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]{1,256
 TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:training-plan/.{1,63}$"
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
 MLFLOW_SERVER_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
+KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
 
 Precision = Literal["bf16", "fp8", "fp32"]
 Fp8Recipe = Literal["tensorwise", "rowwise", "mxfp8"]
@@ -61,6 +62,11 @@ class DataSection(_Strict):
         default=None,
         min_length=1,
         description="S3 prefixes that the DataUri pipeline parameter may name; default: [uri]",
+    )
+    kms_key_arn: str | None = Field(
+        default=None,
+        pattern=KMS_KEY_ARN_PATTERN,
+        description="ARN of the KMS key that encrypts the data (a key, not an alias); the jobs may decrypt with it",
     )
     token_dtype: Literal["uint16", "uint32"] = "uint32"
     input_mode: Literal["FastFile", "File"] = "FastFile"

@@ -14,7 +14,8 @@ from support import ROOT, recipe_dict, write_yaml
 
 EXTRA = {
     # Variants the templates do not cover: spot with MaxWait, a training plan, a passed-in topic,
-    # an MLflow tracking server and validation shards of their own.
+    # an MLflow tracking server and validation shards of their own; several allowed data
+    # prefixes and a KMS key for the data.
     "spot-variant": recipe_dict(
         name="spot-variant",
         **{
@@ -27,6 +28,14 @@ EXTRA = {
             "data.validation_uri": "s3://bucket-for-tests/held-out/",
             "probe.enabled": False,
             "tags": {"team": "research"},
+        },
+    ),
+    "data-variant": recipe_dict(
+        name="data-variant",
+        **{
+            "data.uri": "s3://bucket-a/tokens/v2/",
+            "data.allowed_uris": ["s3://bucket-a/tokens", "s3://bucket-b/shared/"],
+            "data.kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
         },
     ),
 }

@@ -1,9 +1,13 @@
 """CDK constructs for tiered-training: the only package that imports aws_cdk.
 
-- :class:`CheckpointStore`: S3 (SSE-KMS, versioned, TLS only) for checkpoints and output.
-- :class:`TrainingRoles`: least-privilege execution and pipeline roles.
-- :class:`TrainingImage`: the training image, built from ``training/Dockerfile`` or an ECR URI.
-- :class:`TrainingPipeline`: the SageMaker pipeline of a Plan (Probe -> Gate -> Train | Fail).
+- :class:`CheckpointStore`: S3 (SSE-KMS, versioned, TLS only) for checkpoints and output,
+  or a bucket and key of your own.
+- :class:`TrainingRoles`: least-privilege execution and pipeline roles (``iam.Role`` with
+  grants, or roles of your own).
+- :class:`TrainingImage`: the training image: the packaged container, an ECR repository and
+  tag, a DockerImageAsset or an image URI.
+- :class:`TrainingPipeline`: the SageMaker pipeline of a Plan (Probe -> Gate -> Train | Fail);
+  an ``aws_sagemaker.IPipeline``.
 - :class:`TrainingMetricFactory`: the recipe's CloudWatch metrics, from the metric catalogue.
 - :class:`TrainingMonitoring`: alarms, failed-execution events and a dashboard.
 - :class:`TrainingPlatform`, :class:`PlatformStack`, :class:`RecipeStack`: composition.
@@ -11,17 +15,19 @@
 """
 
 from .app import build_app, load_plans
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import CheckpointStore, CheckpointStoreProps
 from .image import TrainingImage
 from .metric_factory import TrainingMetricFactory
 from .monitoring import NoSearchInAlarms, TrainingMonitoring
 from .pipeline import TrainingPipeline
-from .platform import PlatformStack, RecipeStack, TrainingPlatform
+from .platform import PlatformProps, PlatformStack, RecipeStack, TrainingPlatform
 from .roles import TrainingRoles
 
 __all__ = [
     "CheckpointStore",
+    "CheckpointStoreProps",
     "NoSearchInAlarms",
+    "PlatformProps",
     "PlatformStack",
     "RecipeStack",
     "TrainingImage",

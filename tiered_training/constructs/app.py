@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from aws_cdk import App, DefaultStackSynthesizer
 
-from .platform import STACK_PREFIX, PlatformStack, RecipeStack, stack_id
+from .platform import STACK_PREFIX, PlatformProps, PlatformStack, RecipeStack, stack_id
 
 if TYPE_CHECKING:
     from ..plan import Plan
@@ -70,14 +70,15 @@ def build_app(
     *,
     app: App | None = None,
     nag: bool = True,
-    platform_props: dict[str, Any] | None = None,
+    platform: PlatformProps | None = None,
     bootstrap_rule: bool = True,
     cfn_validation: bool = False,
     **app_kwargs: Any,
 ) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
     """An app with the platform stack and one RecipeStack per plan (environment-agnostic).
 
-    - ``nag``: run cdk-nag AwsSolutions at synth (findings fail synth).
+    - ``nag``: run cdk-nag AwsSolutions at synth, one pass over the app (findings fail synth).
+    - ``platform``: the platform stack's :class:`PlatformProps`; default all defaults.
     - ``cfn_validation``: CDK's built-in CloudFormation validation plugin. It costs about
       1.4 s per stack, so it is off by default; the tests turn it on, and cfn-lint runs there too.
     """
@@ -90,15 +91,15 @@ def build_app(
         # One synthesizer per stack; without the bootstrap rule, templates hold only Resources (tests, moto).
         return None if bootstrap_rule else DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
 
-    platform = PlatformStack(
+    platform_stack = PlatformStack(
         app,
         PLATFORM_STACK,
-        platform_props=platform_props,
+        props=platform,
         description="tiered-training shared platform: checkpoint store, training image, alarm topic",
         synthesizer=synthesizer(),
     )
     stacks = {
-        plan.name: RecipeStack(app, stack_id(plan.name), plan=plan, platform=platform.platform, synthesizer=synthesizer())
+        plan.name: RecipeStack(app, stack_id(plan.name), plan=plan, platform=platform_stack.platform, synthesizer=synthesizer())
         for plan in plans
     }
     if nag:
@@ -109,7 +110,7 @@ def build_app(
         from aws_cdk import CloudFormationValidatePlugin, Validations
 
         Validations.of(app).add_plugins(CloudFormationValidatePlugin())
-    return app, platform, stacks
+    return app, platform_stack, stacks
 
 
 EXIT_INVALID = 2
@@ -127,17 +128,17 @@ def main() -> int:
     except RecipeProblems as problems:
         print(str(problems), file=sys.stderr)
         return EXIT_INVALID
-    platform_props = {
-        "image_uri": context("image_uri") or None,
-        "region": context("region") or None,
-        "alarm_email": context("alarm_email") or None,  # subscribed to the platform's alarm topic
-    }
+    platform = PlatformProps(
+        image_uri=context("image_uri") or None,
+        region=context("region") or None,
+        alarm_email=context("alarm_email") or None,  # subscribed to the platform's alarm topic
+    )
     build_app(
         plans,
         app=app,
         nag=str(context("nag")).lower() != "false",
         cfn_validation=str(context("cfn_validation")).lower() == "true",
-        platform_props=platform_props,
+        platform=platform,
     )
     app.synth()
     return 0

@@ -6,7 +6,10 @@ and ``s3://<bucket>/<recipe>/output/`` (model artefacts and probe output).
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from dataclasses import dataclass
+from functools import cached_property
+
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -18,7 +21,10 @@ from .nag import acknowledge
 # write checkpoints, delete (SageMaker mirrors a local delete), multipart uploads.
 OBJECT_READ_ACTIONS = ["s3:GetObject"]
 OBJECT_WRITE_ACTIONS = ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
-KMS_USE_ACTIONS = ["kms:Decrypt", "kms:GenerateDataKey"]
+# Writing through SSE-KMS needs GenerateDataKey; CreateTrainingJob with OutputDataConfig.KmsKeyId
+# also needs kms:Encrypt on the execution role (CreateTrainingJob API reference, KmsKeyId).
+KMS_READ_ACTIONS = ["kms:Decrypt"]
+KMS_WRITE_ACTIONS = ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"]
 
 
 def checkpoint_prefix(recipe: str) -> str:
@@ -29,20 +35,40 @@ def output_prefix(recipe: str) -> str:
     return f"{recipe}/output/"
 
 
+@dataclass(frozen=True)
+class CheckpointStoreProps:
+    """Settings of a new CheckpointStore (the keyword arguments of :class:`CheckpointStore`).
+
+    - ``bucket``: an existing bucket instead of a new one; default a new bucket.
+    - ``encryption_key``: the KMS key; default the bucket's key, or a new key with rotation.
+    - ``noncurrent_version_expiration``: default 30 days.
+    - ``abort_incomplete_multipart_upload_after``: default 7 days.
+    - ``removal_policy``: default RETAIN.
+    - ``server_access_logs_bucket``: default a new access-log bucket.
+    """
+
+    bucket: s3.IBucket | None = None
+    encryption_key: kms.IKey | None = None
+    noncurrent_version_expiration: Duration | None = None
+    abort_incomplete_multipart_upload_after: Duration | None = None
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
+    server_access_logs_bucket: s3.IBucket | None = None
+
+
 class CheckpointStore(Construct):
     """An S3 bucket for checkpoints and model output.
 
     Props (all optional):
 
-    - ``bucket``: an existing bucket to use instead of a new one (then none of the
-      bucket props below apply, and ``encryption_key`` should be the bucket's key, if any).
-    - ``encryption_key``: the KMS key; default a new key with rotation.
+    - ``bucket``: an existing bucket (``IBucket``) to use instead of a new one. None of the
+      bucket props below apply then; ``encryption_key`` defaults to the bucket's key, if any.
+    - ``encryption_key``: the KMS key (``IKey``); default a new key with rotation.
     - ``noncurrent_version_expiration``: default 30 days. Checkpoints are rewritten
       often; old versions are only for recovering from an accidental delete.
     - ``abort_incomplete_multipart_upload_after``: default 7 days.
     - ``removal_policy``: default RETAIN (checkpoints outlive a stack).
     - ``server_access_logs_bucket``: where S3 access logs go; default a new
-      log bucket (SSE-S3, which S3 log delivery requires), RETAIN.
+      log bucket (SSE-S3, which S3 log delivery requires), with the same removal policy.
     """
 
     def __init__(
@@ -52,12 +78,15 @@ class CheckpointStore(Construct):
         *,
         bucket: s3.IBucket | None = None,
         encryption_key: kms.IKey | None = None,
-        noncurrent_version_expiration: Duration = Duration.days(30),
-        abort_incomplete_multipart_upload_after: Duration = Duration.days(7),
+        noncurrent_version_expiration: Duration | None = None,
+        abort_incomplete_multipart_upload_after: Duration | None = None,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
         server_access_logs_bucket: s3.IBucket | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        self._object_arns: dict[str, list[str]] = {}
+        self.bucket: s3.IBucket
+        self.encryption_key: kms.IKey | None
         if bucket is not None:
             self.bucket = bucket
             self.encryption_key = encryption_key or bucket.encryption_key
@@ -71,7 +100,7 @@ class CheckpointStore(Construct):
         )
         logs = server_access_logs_bucket
         if logs is None:
-            access_logs = s3.Bucket(
+            logs = s3.Bucket(
                 self,
                 "AccessLogs",
                 encryption=s3.BucketEncryption.S3_MANAGED,
@@ -82,11 +111,10 @@ class CheckpointStore(Construct):
                 lifecycle_rules=[s3.LifecycleRule(id="expire-logs", expiration=Duration.days(365))],
             )
             acknowledge(
-                access_logs,
+                logs,
                 "AwsSolutions-S1",
                 "This is the access-log target of the checkpoint store; logging it into itself would loop.",
             )
-            logs = access_logs
         self.bucket = s3.Bucket(
             self,
             "Bucket",
@@ -102,32 +130,41 @@ class CheckpointStore(Construct):
             lifecycle_rules=[
                 s3.LifecycleRule(
                     id="noncurrent-and-multipart",
-                    noncurrent_version_expiration=noncurrent_version_expiration,
-                    abort_incomplete_multipart_upload_after=abort_incomplete_multipart_upload_after,
+                    noncurrent_version_expiration=noncurrent_version_expiration or Duration.days(30),
+                    abort_incomplete_multipart_upload_after=abort_incomplete_multipart_upload_after or Duration.days(7),
                     expired_object_delete_marker=True,
                 )
             ],
         )
 
-    # -- tokens, asked once (each is a jsii call; a platform shares them with every recipe) --
+    @classmethod
+    def from_props(cls, scope: Construct, construct_id: str, props: CheckpointStoreProps | None = None) -> "CheckpointStore":
+        """A store made from :class:`CheckpointStoreProps` (default: all defaults)."""
+        props = props or CheckpointStoreProps()
+        return cls(
+            scope,
+            construct_id,
+            bucket=props.bucket,
+            encryption_key=props.encryption_key,
+            noncurrent_version_expiration=props.noncurrent_version_expiration,
+            abort_incomplete_multipart_upload_after=props.abort_incomplete_multipart_upload_after,
+            removal_policy=props.removal_policy,
+            server_access_logs_bucket=props.server_access_logs_bucket,
+        )
 
-    @property
+    # -- the bucket's tokens, asked once (a platform shares them with every recipe) ---------
+
+    @cached_property
     def bucket_name(self) -> str:
-        if "_bucket_name" not in self.__dict__:
-            self._bucket_name = self.bucket.bucket_name
-        return self._bucket_name
+        return self.bucket.bucket_name
 
-    @property
+    @cached_property
     def bucket_arn(self) -> str:
-        if "_bucket_arn" not in self.__dict__:
-            self._bucket_arn = self.bucket.bucket_arn
-        return self._bucket_arn
+        return self.bucket.bucket_arn
 
-    @property
+    @cached_property
     def encryption_key_arn(self) -> str | None:
-        if "_key_arn" not in self.__dict__:
-            self._key_arn = self.encryption_key.key_arn if self.encryption_key is not None else None
-        return self._key_arn
+        return self.encryption_key.key_arn if self.encryption_key is not None else None
 
     # -- locations -------------------------------------------------------------------------
 
@@ -137,73 +174,38 @@ class CheckpointStore(Construct):
     def output_uri(self, recipe: str) -> str:
         return f"s3://{self.bucket_name}/{output_prefix(recipe)}"
 
+    def recipe_object_arns(self, recipe: str) -> list[str]:
+        """The object ARNs (with a trailing wildcard) of the recipe's checkpoint and output prefixes."""
+        if recipe not in self._object_arns:
+            self._object_arns[recipe] = [
+                self.bucket.arn_for_objects(f"{prefix}*") for prefix in (checkpoint_prefix(recipe), output_prefix(recipe))
+            ]
+        return list(self._object_arns[recipe])
+
     # -- grants ----------------------------------------------------------------------------
 
-    def _objects(self, prefix: str) -> str:
-        return self.bucket.arn_for_objects(f"{prefix}*")
-
-    def recipe_statements(self, recipe: str, *, write: bool) -> list[dict]:
-        """The policy statements (plain IAM JSON) of :meth:`grant_recipe_read_write` (``write``)
-        or :meth:`grant_recipe_read`: objects under the recipe's prefixes, ListBucket limited
-        to them, and the key. No jsii call once the store's tokens are known."""
+    def _grant(self, grantee: iam.IGrantable, recipe: str, object_actions: list[str], key_actions: list[str]) -> iam.Grant:
         prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
-        bucket_arn = self.bucket_arn
-        statements: list[dict] = [
-            {
-                "Effect": "Allow",
-                "Action": OBJECT_READ_ACTIONS + (OBJECT_WRITE_ACTIONS if write else []),
-                # Bucket.arn_for_objects(pattern) is f"{bucket_arn}/{pattern}".
-                "Resource": [f"{bucket_arn}/{p}*" for p in prefixes],
-            },
-            {
-                "Effect": "Allow",
-                "Action": "s3:ListBucket",
-                "Resource": bucket_arn,
-                "Condition": {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
-            },
-        ]
-        if self.encryption_key is not None:
-            statements.append(
-                {"Effect": "Allow", "Action": KMS_USE_ACTIONS if write else ["kms:Decrypt"], "Resource": self.encryption_key_arn}
-            )
-        return statements
-
-    def _list(self, grantee: iam.IGrantable, prefixes: list[str]) -> iam.Grant:
-        return iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["s3:ListBucket"],
-            resource_arns=[self.bucket.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=object_actions, resource_arns=self.recipe_object_arns(recipe)
         )
-
-    def grant_key(self, grantee: iam.IGrantable, *, write: bool) -> iam.Grant | None:
-        if self.encryption_key is None:
-            return None
-        actions = KMS_USE_ACTIONS if write else ["kms:Decrypt"]
-        return iam.Grant.add_to_principal(grantee=grantee, actions=actions, resource_arns=[self.encryption_key.key_arn])
+        grant = grant.combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["s3:ListBucket"],
+                resource_arns=[self.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
+            )
+        )
+        if self.encryption_key is not None:
+            grant = grant.combine(self.encryption_key.grant(grantee, *key_actions))
+        return grant
 
     def grant_recipe_read(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
         """Read this recipe's checkpoints and output (for example, an evaluation job)."""
-        prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
-        grant = iam.Grant.add_to_principal(
-            grantee=grantee, actions=OBJECT_READ_ACTIONS, resource_arns=[self._objects(p) for p in prefixes]
-        )
-        grant = grant.combine(self._list(grantee, prefixes))
-        key = self.grant_key(grantee, write=False)
-        return grant.combine(key) if key else grant
+        return self._grant(grantee, recipe, OBJECT_READ_ACTIONS, KMS_READ_ACTIONS)
 
     def grant_recipe_read_write(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
-        """Read and write this recipe's checkpoint and output prefixes, and nothing else in the bucket."""
-        prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
-        grant = iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS,
-            resource_arns=[self._objects(p) for p in prefixes],
-        )
-        grant = grant.combine(self._list(grantee, prefixes))
-        key = self.grant_key(grantee, write=True)
-        return grant.combine(key) if key else grant
-
-    @property
-    def stack(self) -> Stack:
-        return Stack.of(self)
+        """Read and write this recipe's checkpoint and output prefixes, and nothing else in the
+        bucket; use the key to read, write and encrypt the job's output."""
+        return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS)

@@ -1,7 +1,12 @@
-"""TrainingImage: the training container, built from ``training/Dockerfile`` or taken as an ECR URI.
+"""TrainingImage: the training container, as an ECR repository and tag, a DockerImageAsset, an
+image URI, or built from the container that ships with the package.
 
-Synth needs no Docker daemon: a DockerImageAsset is only an entry in the asset
-manifest until ``cdk deploy`` builds and pushes it.
+The build context of the packaged container holds two directories: ``tiered_training/`` (the
+library's core, which the trainer imports) and ``training/`` (the trainer, its
+``Dockerfile`` and ``Dockerfile.dockerignore``). In a source checkout ``training/`` sits
+beside the package; in an installed wheel it is the package data
+``tiered_training/container/``. Synth needs no Docker daemon: a DockerImageAsset is only
+an entry in the asset manifest until ``cdk deploy`` builds and pushes it.
 """
 
 from __future__ import annotations
@@ -14,30 +19,47 @@ from functools import cache
 from pathlib import Path
 
 from aws_cdk import IgnoreMode, Stack
+from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "training/Dockerfile"
+PACKAGED_CONTAINER = "container"  # tiered_training/container/ in a wheel: the trainer directory
 ECR_URI = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/(?P<repo>[a-z0-9._/-]+)(?::[\w.-]+|@sha256:[0-9a-f]{64})$"
 )
-PULL_ACTIONS = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
 
 
 def default_base_image(region: str | None) -> str | None:
-    """The base image for a region from the container's catalogue, when that module exists."""
+    """The base image for a region from the container's catalogue; None for no region or an unknown one."""
     if not region:
         return None
-    try:
-        from tiered_training.images import base_image_uri
-    except ImportError:
-        return None
+    from tiered_training.images import base_image_uri
+
     try:
         return base_image_uri(region)
     except Exception:  # an unknown region: the Dockerfile's default applies
         return None
+
+
+def container_sources() -> tuple[Path, Path]:
+    """``(library, trainer)``: the directories of the ``tiered_training`` package and of the trainer.
+
+    The trainer is the package data ``tiered_training/container/`` of an installed wheel, or
+    ``training/`` beside the package in a source checkout (editable installs included).
+    """
+    import tiered_training
+
+    library = Path(tiered_training.__file__).resolve().parent
+    for trainer in (library / PACKAGED_CONTAINER, library.parent / "training"):
+        if (trainer / "Dockerfile").is_file():
+            return library, trainer
+    raise FileNotFoundError(
+        f"the training container's build context is missing: neither {library / PACKAGED_CONTAINER} "
+        f"nor {library.parent / 'training'} holds a Dockerfile; reinstall tiered-training, or give "
+        "TrainingImage an image_uri, a repository or an asset"
+    )
 
 
 def docker_ignore(directory: Path, dockerfile: str) -> list[str]:
@@ -51,61 +73,49 @@ def docker_ignore(directory: Path, dockerfile: str) -> list[str]:
     return []
 
 
-def included_top_level(patterns: list[str]) -> list[str] | None:
-    """The top-level names an ignore file of the form ``*`` then ``!name`` lets through; None otherwise."""
-    if not patterns or patterns[0] != "*":
-        return None
-    names = []
-    for pattern in patterns[1:]:
-        if pattern.startswith("!"):
-            name = pattern[1:].strip("/").split("/")[0]
-            if name not in names:
-                names.append(name)
-    return names
+def _ignore(skip_at: Path | None = None, skip: str | None = None):
+    """A copytree ignore function: caches and bytecode everywhere, and ``skip`` directly under ``skip_at``."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        ignored = {n for n in names if n in ("__pycache__", ".pytest_cache") or n.endswith(".pyc")}
+        if skip_at is not None and Path(directory) == skip_at and skip in names:
+            ignored.add(skip)
+        return ignored
+
+    return ignore
 
 
 @cache
-def build_context(root: Path, dockerfile: str) -> Path:
-    """A copy of only what the Dockerfile's ignore file lets through (once per process).
+def build_context() -> Path:
+    """A directory with the packaged container's build context (made once per process).
 
-    CDK fingerprints an asset by walking its whole directory; the repository root holds
-    .venv and node_modules (hundreds of MB), which an ignore file with negations cannot
-    prune. Copying the few included entries first makes synth independent of them.
+    Only the two directories the Dockerfile copies go in: CDK fingerprints an asset by
+    walking its whole directory, and a checkout's root also holds .venv and node_modules.
     """
-    patterns = docker_ignore(root, dockerfile)
-    names = included_top_level(patterns)
-    if names is None:
-        return root
+    library, trainer = container_sources()
     target = Path(tempfile.mkdtemp(prefix="tiered-training-image-"))
     atexit.register(shutil.rmtree, target, True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-    for pattern in names:
-        for source in sorted(root.glob(pattern)):
-            if source.is_dir():
-                shutil.copytree(source, target / source.name, ignore=ignore, dirs_exist_ok=True)
-            elif source.is_file():
-                shutil.copy2(source, target / source.name)
-    # The Dockerfile and its ignore file, where the build expects them.
-    for extra in (dockerfile, f"{dockerfile}.dockerignore"):
-        if (root / extra).is_file():
-            (target / extra).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / extra, target / extra)
+    shutil.copytree(library, target / "tiered_training", ignore=_ignore(skip_at=library, skip=PACKAGED_CONTAINER))
+    shutil.copytree(trainer, target / "training", ignore=_ignore())
     return target
 
 
 class TrainingImage(Construct):
     """The training image.
 
-    Props (give at most one of ``image_uri`` and ``directory``):
+    Props: give at most one of ``repository``, ``asset`` and ``image_uri``; with none, the
+    container that ships with the package is built at deploy time.
 
-    - ``image_uri``: an existing ECR image (``<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>``);
-      nothing is built.
-    - ``directory``: the build context; default the repository root (with
-      ``training/Dockerfile`` and its ``Dockerfile.dockerignore``).
-    - ``file``: the Dockerfile, relative to ``directory``; default ``training/Dockerfile``.
-    - ``region``: picks the default ``BASE_IMAGE`` build arg from
+    - ``repository`` and ``tag``: an ECR repository (``IRepository``) and a tag or a digest
+      (``sha256:...``); default tag ``latest``.
+    - ``asset``: a ``DockerImageAsset`` of your own.
+    - ``image_uri``: an existing ECR image (``<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>``).
+    - ``region``: for the packaged build, picks the ``BASE_IMAGE`` build arg from
       ``tiered_training.images.base_image_uri``; default none (the Dockerfile's default).
-    - ``build_args``: extra build args, which win over the default ``BASE_IMAGE``.
+    - ``build_args``: extra build args for the packaged build, which win over ``BASE_IMAGE``.
+
+    Attributes: ``image_uri``, ``repository`` (``IRepository``), ``asset`` (the
+    ``DockerImageAsset``, or None).
     """
 
     def __init__(
@@ -113,63 +123,62 @@ class TrainingImage(Construct):
         scope: Construct,
         construct_id: str,
         *,
+        repository: ecr.IRepository | None = None,
+        tag: str = "latest",
+        asset: ecr_assets.DockerImageAsset | None = None,
         image_uri: str | None = None,
-        directory: str | Path | None = None,
-        file: str = DOCKERFILE,
         region: str | None = None,
         build_args: dict[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.asset: ecr_assets.DockerImageAsset | None = None
-        self.repository_arn: str
+        given = [name for name, value in (("repository", repository), ("asset", asset), ("image_uri", image_uri)) if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"TrainingImage: give one of repository, asset and image_uri, not {' and '.join(given)}")
+        self.asset: ecr_assets.DockerImageAsset | None = asset
+        self.repository: ecr.IRepository
+        if repository is not None:
+            self.repository = repository
+            self.image_uri: str = (
+                repository.repository_uri_for_digest(tag) if tag.startswith("sha256:") else repository.repository_uri_for_tag(tag)
+            )
+            return
         if image_uri is not None:
-            if directory is not None:
-                raise ValueError("TrainingImage: give image_uri or directory, not both")
             match = ECR_URI.match(image_uri)
             if not match:
                 raise ValueError(
                     f"TrainingImage: {image_uri!r} is not an ECR image URI "
                     "(<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag>)"
                 )
-            self.image_uri = image_uri
-            self.repository_arn = Stack.of(self).format_arn(
-                service="ecr",
-                region=match["region"],
-                account=match["account"],
-                resource="repository",
-                resource_name=match["repo"],
+            arn = Stack.of(self).format_arn(
+                service="ecr", region=match["region"], account=match["account"],
+                resource="repository", resource_name=match["repo"],
             )
+            self.repository = ecr.Repository.from_repository_attributes(
+                self, "Repository", repository_arn=arn, repository_name=match["repo"]
+            )
+            self.image_uri = image_uri
             return
-        context = Path(directory) if directory is not None else build_context(REPO_ROOT, file)
-        args = {}
-        base = default_base_image(region)
-        if base:
-            args["BASE_IMAGE"] = base
-        args.update(build_args or {})
-        self.asset = ecr_assets.DockerImageAsset(
-            self,
-            "Asset",
-            directory=str(context),
-            file=file,
-            build_args=args or None,
-            platform=ecr_assets.Platform.LINUX_AMD64,
-            exclude=docker_ignore(context, file),
-            ignore_mode=IgnoreMode.DOCKER,
-        )
-        self.image_uri = self.asset.image_uri
-        self.repository_arn = self.asset.repository.repository_arn
-
-    def pull_statements(self) -> list[dict]:
-        """The policy statements (plain IAM JSON) of :meth:`grant_pull`."""
-        return [
-            {"Effect": "Allow", "Action": PULL_ACTIONS, "Resource": self.repository_arn},
-            # ecr:GetAuthorizationToken has no resource-level permissions: IAM requires Resource "*".
-            {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
-        ]
+        if asset is None:
+            context = build_context()
+            args = {}
+            base = default_base_image(region)
+            if base:
+                args["BASE_IMAGE"] = base
+            args.update(build_args or {})
+            asset = ecr_assets.DockerImageAsset(
+                self,
+                "Asset",
+                directory=str(context),
+                file=DOCKERFILE,
+                build_args=args or None,
+                platform=ecr_assets.Platform.LINUX_AMD64,
+                exclude=docker_ignore(context, DOCKERFILE),
+                ignore_mode=IgnoreMode.DOCKER,
+            )
+            self.asset = asset
+        self.repository = asset.repository
+        self.image_uri = asset.image_uri
 
     def grant_pull(self, grantee: iam.IGrantable) -> iam.Grant:
         """Pull the image: the repository's read actions, plus ecr:GetAuthorizationToken."""
-        grant = iam.Grant.add_to_principal(grantee=grantee, actions=PULL_ACTIONS, resource_arns=[self.repository_arn])
-        # ecr:GetAuthorizationToken has no resource-level permissions: IAM requires Resource "*".
-        token = iam.Grant.add_to_principal(grantee=grantee, actions=["ecr:GetAuthorizationToken"], resource_arns=["*"])
-        return grant.combine(token)
+        return self.repository.grant_pull(grantee)

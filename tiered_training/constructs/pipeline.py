@@ -5,25 +5,32 @@ pure function; this construct embeds it with ``Stack.to_json_string`` (which tur
 role ARNs and bucket names into ``Fn::Join``) as a plain PascalCase dict, and
 registers a validation that checks every Training step against botocore's
 CreateTrainingJob shape, names, references and the body size at synth.
+
+``TrainingPipeline`` is an ``aws_sagemaker.IPipeline``, so EventBridge Scheduler's
+``aws_scheduler_targets.SageMakerStartPipelineExecution`` and any other integration
+that takes an ``IPipeline`` can start it.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jsii
-from aws_cdk import CfnTag
+from aws_cdk import ArnFormat, CfnTag, Resource, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk.interfaces import aws_sagemaker as sagemaker_refs
 from constructs import Construct, IValidation
 
 from .. import definition as d
 from .checkpoint_store import CheckpointStore
 from .image import TrainingImage
 from .metric_factory import TrainingMetricFactory
-from ._scope import add_check, env_of, remember_stack, stack_of
 from .roles import TrainingRoles
 
 if TYPE_CHECKING:
@@ -41,8 +48,8 @@ def _load_botocore_model() -> None:
 
 
 def _prefetch_botocore_model() -> None:
-    """Load botocore's SageMaker model (about 0.4 s) in a thread while the constructs are
-    built: that time is mostly spent waiting for the jsii runtime, so it overlaps."""
+    """Load botocore's SageMaker model (about 0.4 s, once per process) in a thread while the
+    constructs are built: that time is mostly spent waiting for the jsii runtime, so it overlaps."""
     global _botocore_loader
     if _botocore_loader is None:
         _botocore_loader = threading.Thread(target=_load_botocore_model, name="tiered-training-botocore", daemon=True)
@@ -62,18 +69,31 @@ class _DefinitionValidation:
         return [f"pipeline {self.pipeline.plan.name}: {p}" for p in problems]
 
 
-class TrainingPipeline(Construct):
+@jsii.implements(sagemaker.IPipeline)
+class TrainingPipeline(Resource):
     """One recipe's SageMaker pipeline.
 
     Props:
 
     - ``plan``: a Plan without errors (``PlanError`` otherwise).
-    - ``store``: the CheckpointStore; checkpoints go under ``<recipe>/checkpoints/``.
     - ``image``: the TrainingImage.
-    - ``roles``: TrainingRoles; default new roles for this recipe.
+    - ``store``: the CheckpointStore; checkpoints go under ``<recipe>/checkpoints/``. Or
+      ``bucket`` (an ``IBucket``) and ``encryption_key`` (an ``IKey``; default the bucket's
+      key). Default a new CheckpointStore.
+    - ``execution_role``: the role the training jobs assume (an ``IRole``); default a new
+      role. Either way it is granted what the jobs need (see :class:`TrainingRoles`).
+    - ``pipeline_role``: the role the pipeline assumes; default a new role, granted the same way.
+    - ``data_key``: the KMS key of the training data; default the recipe's ``data.kms_key_arn``, if any.
+    - ``vpc``: run the training jobs in this VPC; default none (SageMaker's network).
+    - ``vpc_subnets``: which of its subnets; default the VPC's private subnets.
+    - ``security_groups``: default a new group whose members may reach each other (the
+      hosts of a distributed job must), with all outbound traffic allowed.
     - ``pipeline_name``: default the recipe name (create-only: renaming replaces the pipeline).
-    - ``subnets`` / ``security_group_ids``: optional VPC for the training jobs.
     - ``max_parallel_steps``: ParallelismConfiguration; default 1 (the steps run one after another).
+
+    Attributes: ``pipeline_name``, ``pipeline_arn``, ``roles`` (the :class:`TrainingRoles`),
+    ``execution_role``, ``pipeline_role``, ``store``, ``connections`` (``ec2.Connections``,
+    when in a VPC), ``resource`` (the ``CfnPipeline``), ``definition`` (the pipeline body).
     """
 
     def __init__(
@@ -82,60 +102,123 @@ class TrainingPipeline(Construct):
         construct_id: str,
         *,
         plan: "Plan",
-        store: CheckpointStore,
         image: TrainingImage,
-        roles: TrainingRoles | None = None,
+        store: CheckpointStore | None = None,
+        bucket: s3.IBucket | None = None,
+        encryption_key: kms.IKey | None = None,
+        execution_role: iam.IRole | None = None,
+        pipeline_role: iam.IRole | None = None,
+        data_key: kms.IKey | None = None,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
         pipeline_name: str | None = None,
-        subnets: list[str] | None = None,
-        security_group_ids: list[str] | None = None,
         max_parallel_steps: int = 1,
     ) -> None:
-        super().__init__(scope, construct_id)
-        stack = stack_of(scope)
-        remember_stack(self, stack, scope, construct_id)
         plan.require_ok()
-        self.plan = plan
         recipe = plan.recipe
-        self.pipeline_name = pipeline_name or recipe.name
-        data_uris = [recipe.data.uri] + ([recipe.model.init_checkpoint] if recipe.model.init_checkpoint else [])
+        name = pipeline_name or recipe.name
+        super().__init__(scope, construct_id, physical_name=name)
+        if store is not None and (bucket is not None or encryption_key is not None):
+            raise ValueError("TrainingPipeline: give store, or bucket (and encryption_key), not both")
+        if vpc is None and (vpc_subnets is not None or security_groups):
+            raise ValueError("TrainingPipeline: vpc_subnets and security_groups need a vpc")
+        self.plan = plan
+        self._name = name
+        if store is None:
+            store = CheckpointStore(self, "Store", bucket=bucket, encryption_key=encryption_key)
+        self.store = store
+        if data_key is None and recipe.data.kms_key_arn:
+            data_key = kms.Key.from_key_arn(self, "DataKey", recipe.data.kms_key_arn)
+
+        subnet_ids: list[str] = []
+        self.connections: ec2.Connections | None = None
+        subnets: list[ec2.ISubnet] = []
+        if vpc is not None:
+            selected = vpc.select_subnets(**_selection_kwargs(vpc_subnets))
+            subnets, subnet_ids = list(selected.subnets), list(selected.subnet_ids)
+            if not security_groups:
+                group = ec2.SecurityGroup(
+                    self, "SecurityGroup", vpc=vpc, allow_all_outbound=True,
+                    description=f"SageMaker training jobs of recipe {recipe.name}",
+                )
+                group.add_ingress_rule(group, ec2.Port.all_traffic(), "the hosts of one training job")
+                security_groups = [group]
+            self.connections = ec2.Connections(security_groups=list(security_groups))
+
+        data_uris = recipe.data.data_prefixes + ([recipe.model.init_checkpoint] if recipe.model.init_checkpoint else [])
         data_uris += [recipe.data.validation_uri] if recipe.data.validation_uri else []
-        self.roles = roles or TrainingRoles(
-            self, "Roles", recipe_name=recipe.name, store=store, image=image, data_uris=data_uris,
+        self.roles = TrainingRoles(
+            self,
+            "Roles",
+            recipe_name=recipe.name,
+            store=store,
+            image=image,
+            data_uris=data_uris,
+            data_key=data_key,
+            vpc=vpc,
+            subnets=subnets,
+            security_groups=list(security_groups or ()),
+            execution_role=execution_role,
+            pipeline_role=pipeline_role,
             mlflow_tracking_server_arn=recipe.tracking.mlflow_tracking_server_arn,
         )
-        key = store.encryption_key
+        self.execution_role: iam.IRole = self.roles.execution_role
+        self.pipeline_role: iam.IRole = self.roles.pipeline_role
         self.resources = d.PipelineResources(
-            role_arn=self.roles.execution_role_arn,
+            role_arn=self.execution_role.role_arn,
             image_uri=image.image_uri,
             checkpoint_s3_uri=store.checkpoint_uri(recipe.name),
             output_s3_uri=store.output_uri(recipe.name),
-            kms_key_id=store.encryption_key_arn if key is not None else None,
-            subnets=tuple(subnets or ()),
-            security_group_ids=tuple(security_group_ids or ()),
+            kms_key_id=store.encryption_key_arn,
+            subnets=tuple(subnet_ids),
+            security_group_ids=tuple(g.security_group_id for g in security_groups or ()),
         )
         self.definition: dict[str, Any] = d.build_definition(plan, self.resources)
+        stack = Stack.of(self)
         self.resource = sagemaker.CfnPipeline(
             self,
             "Resource",
-            pipeline_name=self.pipeline_name,
-            pipeline_display_name=self.pipeline_name,
+            pipeline_name=name,
+            pipeline_display_name=name,
             pipeline_description=(recipe.description or f"tiered-training recipe {recipe.name}")[:3072],
-            role_arn=self.roles.pipeline_role_arn,
+            role_arn=self.pipeline_role.role_arn,
             # Plain PascalCase dicts: the typed Property classes render camelCase keys, which CloudFormation rejects.
             pipeline_definition={"PipelineDefinitionBody": stack.to_json_string(self.definition)},
             parallelism_configuration={"MaxParallelExecutionSteps": max_parallel_steps},
             tags=[CfnTag(key=k, value=v) for k, v in d.tags_for(plan).items()],
         )
-        partition, region, account = env_of(stack)
-        # What stack.format_arn(service="sagemaker", resource="pipeline", resource_name=...) renders.
-        self.pipeline_arn = f"arn:{partition}:sagemaker:{region}:{account}:pipeline/{self.pipeline_name.lower()}"
-        self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=self.pipeline_name)
-        add_check(self, _DefinitionValidation(self).validate)
+        # SageMaker lowercases the name in a pipeline's ARN.
+        self._arn = stack.format_arn(
+            service="sagemaker", resource="pipeline", resource_name=name.lower(), arn_format=ArnFormat.SLASH_RESOURCE_NAME
+        )
+        self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=name)
+        self.node.add_validation(_DefinitionValidation(self))
+
+    # -- IPipeline -------------------------------------------------------------------------
+
+    @property
+    def pipeline_name(self) -> str:
+        return self._name
+
+    @property
+    def pipeline_arn(self) -> str:
+        return self._arn
+
+    @property
+    def pipeline_ref(self) -> sagemaker_refs.PipelineReference:
+        return sagemaker_refs.PipelineReference(pipeline_name=self._name)
+
+    def grant_start_pipeline_execution(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Start executions of this pipeline (what EventBridge Scheduler's target needs)."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee, actions=["sagemaker:StartPipelineExecution"], resource_arns=[self._arn]
+        )
 
     # -- grants ----------------------------------------------------------------------------
 
     def grant_start_execution(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Start, describe, list and stop executions of this pipeline."""
+        """Start, describe, list and stop executions of this pipeline (what ``tiered-training start`` does)."""
         return iam.Grant.add_to_principal(
             grantee=grantee,
             actions=[
@@ -146,7 +229,7 @@ class TrainingPipeline(Construct):
                 "sagemaker:DescribePipelineExecution",
                 "sagemaker:StopPipelineExecution",
             ],
-            resource_arns=[self.pipeline_arn, f"{self.pipeline_arn}/execution/*"],
+            resource_arns=[self._arn, f"{self._arn}/execution/*"],
         )
 
     # -- metrics ---------------------------------------------------------------------------
@@ -162,3 +245,11 @@ class TrainingPipeline(Construct):
 
     def metric_execution_failed(self, **kwargs: Any) -> cloudwatch.Metric:
         return self.metrics.pipeline_metric("ExecutionFailed", **kwargs)
+
+
+def _selection_kwargs(selection: ec2.SubnetSelection | None) -> dict[str, Any]:
+    """``vpc.select_subnets`` takes the SubnetSelection's fields as keyword arguments."""
+    if selection is None:
+        return {}
+    names = ("availability_zones", "one_per_az", "subnet_filters", "subnet_group_name", "subnets", "subnet_type")
+    return {n: getattr(selection, n) for n in names if getattr(selection, n, None) is not None}

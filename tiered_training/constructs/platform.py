@@ -1,19 +1,20 @@
 """TrainingPlatform: what many recipes share (checkpoint store, image, alarm topic), and the stacks.
 
 A platform repo composes one :class:`PlatformStack` and one :class:`RecipeStack` per
-recipe: 50 recipes, one bucket, one image, one topic.
+recipe: 50 recipes, one bucket, one image, one topic. A stack of your own can hold the
+same constructs directly (see ``examples/platform-repo/``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk import Annotations, Stack, Tags
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from ._scope import remember_agnostic_env
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import CheckpointStore, CheckpointStoreProps
 from .image import TrainingImage
 from .monitoring import TrainingMonitoring, alarm_topic
 from .pipeline import TrainingPipeline
@@ -27,12 +28,14 @@ STACK_PREFIX = "TieredTraining-"
 class TrainingPlatform(Construct):
     """The shared pieces.
 
-    Props:
+    Props (all optional):
 
-    - ``store``: a CheckpointStore to share; default a new one (``store_props`` are passed to it).
-    - ``image``: a TrainingImage; default built from ``training/Dockerfile``, or taken
-      from ``image_uri`` when given. ``region`` picks the base image build arg.
-    - ``topic``: the shared alarm topic; default a new encrypted topic.
+    - ``store``: a CheckpointStore to share; default one made from ``store_props``
+      (:class:`CheckpointStoreProps`: an ``IBucket`` and ``IKey`` of your own, or the
+      settings of a new bucket; default a new bucket and key).
+    - ``image``: a TrainingImage; default the packaged container, or the image at
+      ``image_uri`` when given. ``region`` picks the packaged build's base image.
+    - ``topic``: the shared alarm topic (an ``ITopic``); default a new encrypted topic.
     - ``alarm_email``: subscribed to the shared topic; default none.
     - ``alarm_subscriptions``: more subscriptions to the shared topic (``sns.ITopicSubscription``);
       default none. Without any (and without a ``topic`` passed in), recipes that name no
@@ -45,7 +48,7 @@ class TrainingPlatform(Construct):
         construct_id: str,
         *,
         store: CheckpointStore | None = None,
-        store_props: dict[str, Any] | None = None,
+        store_props: CheckpointStoreProps | None = None,
         image: TrainingImage | None = None,
         image_uri: str | None = None,
         region: str | None = None,
@@ -54,7 +57,7 @@ class TrainingPlatform(Construct):
         alarm_subscriptions: list[sns.ITopicSubscription] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.store = store or CheckpointStore(self, "Store", **(store_props or {}))
+        self.store = store or CheckpointStore.from_props(self, "Store", store_props)
         self.image = image or TrainingImage(self, "Image", image_uri=image_uri, region=region)
         self.topic: sns.ITopic = topic or alarm_topic(self, "AlarmTopic", display_name="tiered-training platform")
         subscribers = list(alarm_subscriptions or [])
@@ -68,12 +71,36 @@ class TrainingPlatform(Construct):
         self.alarms_reach_someone = topic is not None or bool(subscribers)
 
 
-class PlatformStack(Stack):
-    """A stack that holds one TrainingPlatform (construct ID ``Platform``)."""
+@dataclass(frozen=True)
+class PlatformProps:
+    """What :class:`PlatformStack` (and ``build_app``) pass to its TrainingPlatform.
 
-    def __init__(self, scope: Construct, construct_id: str, *, platform_props: dict[str, Any] | None = None, **kwargs: Any):
+    - ``image_uri``: an existing ECR image; default the packaged container, built at deploy.
+    - ``region``: picks the packaged build's base image; default the Dockerfile's.
+    - ``alarm_email``: subscribed to the shared topic; default none.
+    - ``store``: the new checkpoint store's settings; default :class:`CheckpointStoreProps`'s.
+    """
+
+    image_uri: str | None = None
+    region: str | None = None
+    alarm_email: str | None = None
+    store: CheckpointStoreProps = field(default_factory=CheckpointStoreProps)
+
+
+class PlatformStack(Stack):
+    """A stack that holds one TrainingPlatform (construct ID ``Platform``), made from ``props``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: PlatformProps | None = None, **kwargs: Any):
         super().__init__(scope, construct_id, **kwargs)
-        self.platform = TrainingPlatform(self, "Platform", **(platform_props or {}))
+        props = props or PlatformProps()
+        self.platform = TrainingPlatform(
+            self,
+            "Platform",
+            store_props=props.store,
+            image_uri=props.image_uri,
+            region=props.region,
+            alarm_email=props.alarm_email,
+        )
         Tags.of(self).add("tiered-training:component", "platform")
 
 
@@ -88,8 +115,6 @@ class RecipeStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, *, plan: "Plan", platform: TrainingPlatform, **kwargs: Any):
         kwargs.setdefault("description", f"tiered-training recipe {plan.name}")
         super().__init__(scope, construct_id, **kwargs)
-        if kwargs.get("env") is None:
-            remember_agnostic_env(self)
         plan.require_ok()
         self.plan = plan
         self.pipeline = TrainingPipeline(self, "Pipeline", plan=plan, store=platform.store, image=platform.image)
