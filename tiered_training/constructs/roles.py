@@ -90,16 +90,21 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return match["bucket"], match["prefix"]
 
 
-def prefix_arns(uri: str) -> tuple[str, str, list[str]]:
-    """``(objects ARN, bucket ARN, s3:prefix patterns)`` for reading under an S3 prefix by whole
-    path segments: ``s3://b/tokens`` covers ``tokens/...`` and not ``tokens-v2/...``
-    (as ``DataSection.allows`` reads it). Listing may also name the prefix as written,
-    as SageMaker does for an S3Uri without a trailing slash."""
+def prefix_arns(uri: str) -> tuple[list[str], str, list[str]]:
+    """``(object ARNs, bucket ARN, s3:prefix patterns)`` for reading an S3 prefix by whole path
+    segments, as ``DataSection.allows`` reads it: ``s3://b/tokens`` covers the object
+    ``tokens`` and everything under ``tokens/``, not ``tokens-v2/...``. Listing may also
+    name the prefix as written, as SageMaker does for an S3Uri without a trailing slash.
+    The first object ARN is the wildcard one."""
     bucket, prefix = split_s3_uri(uri)
     partition = _partition()
     segment = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
-    patterns = [] if prefix == "" else [f"{segment}*"] + ([prefix] if prefix != segment else [])
-    return f"arn:{partition}:s3:::{bucket}/{segment}*", f"arn:{partition}:s3:::{bucket}", patterns
+    objects = [f"arn:{partition}:s3:::{bucket}/{segment}*"]
+    patterns = [f"{segment}*"] if prefix else []
+    if prefix != segment:
+        objects.append(f"arn:{partition}:s3:::{bucket}/{prefix}")
+        patterns.append(prefix)
+    return objects, f"arn:{partition}:s3:::{bucket}", patterns
 
 
 @cache
@@ -110,7 +115,7 @@ def _partition() -> str:
 def grant_read_prefix(grantee: iam.IGrantable, uri: str) -> iam.Grant:
     """Read one S3 prefix: GetObject under it, ListBucket limited to it."""
     objects, bucket_arn, patterns = prefix_arns(uri)
-    grant = iam.Grant.add_to_principal(grantee=grantee, actions=["s3:GetObject"], resource_arns=[objects])
+    grant = iam.Grant.add_to_principal(grantee=grantee, actions=["s3:GetObject"], resource_arns=objects)
     listing = iam.Grant.add_to_principal(
         grantee=grantee,
         actions=["s3:ListBucket"],
@@ -200,7 +205,7 @@ class TrainingRoles(Construct):
         # -- execution role ------------------------------------------------------------------
         for uri in data_uris:
             grant_read_prefix(execution, uri)
-            late.add(execution, prefix_arns(uri)[0], f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer")
+            late.add(execution, prefix_arns(uri)[0][0], f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer")
         if data_key is not None:
             data_key.grant_decrypt(execution)
         store.grant_recipe_read_write(execution, recipe_name)
