@@ -118,6 +118,7 @@ def test_platform_topic_takes_a_subscription_and_unrouted_recipes_warn(plans, tm
     from aws_cdk.assertions import Annotations, Match
 
     from tiered_training.constructs.app import build_app
+    from tiered_training.constructs.platform import PlatformProps
 
     quiet = plans["llama3-8b-128k"]  # names no alarm address
     assert not quiet.recipe.monitoring.alarm_email and not quiet.recipe.monitoring.alarm_topic_arn
@@ -126,7 +127,7 @@ def test_platform_topic_takes_a_subscription_and_unrouted_recipes_warn(plans, tm
     assert not platform.platform.alarms_reach_someone
 
     app, platform, stacks = build_app(
-        [quiet], nag=False, outdir=str(tmp_path / "b"), platform_props={"alarm_email": "oncall@example.com"}
+        [quiet], nag=False, outdir=str(tmp_path / "b"), platform=PlatformProps(alarm_email="oncall@example.com")
     )
     Annotations.from_stack(stacks[quiet.name]).has_no_warning("*", Match.string_like_regexp("notifies no one"))
     template = app.synth().get_stack_by_name(platform.stack_name).template
