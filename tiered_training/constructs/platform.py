@@ -21,7 +21,7 @@ from .pipeline import TrainingPipeline
 if TYPE_CHECKING:
     from ..plan import Plan
 
-STACK_PREFIX = "TieredTraining-"
+from ..names import STACK_PREFIX, stack_name
 
 
 class TrainingPlatform(Construct):
@@ -112,4 +112,4 @@ class RecipeStack(Stack):
 
 
 def stack_id(recipe_name: str) -> str:
-    return f"{STACK_PREFIX}{recipe_name}"
+    return stack_name(recipe_name)
