@@ -129,11 +129,13 @@ def format_duration(seconds: float) -> str:
 
 def latest_execution(sm: Any, pipeline_name: str) -> str:
     with aws_errors(f"list the executions of pipeline {pipeline_name}"):
-        listed = sm.list_pipeline_executions(PipelineName=pipeline_name, SortBy="CreationTime", SortOrder="Descending", MaxResults=1)
+        listed = sm.list_pipeline_executions(PipelineName=pipeline_name, SortBy="CreationTime", SortOrder="Descending")
     summaries = listed.get("PipelineExecutionSummaries", [])
     if not summaries:
         raise StartError(f"pipeline {pipeline_name} has no executions (start one: tiered-training start RECIPE)")
-    return summaries[0]["PipelineExecutionArn"]
+    # The first page holds the newest; pick by start time rather than trust the order.
+    newest = max(summaries, key=lambda s: s.get("StartTime") or datetime.min.replace(tzinfo=timezone.utc))
+    return newest["PipelineExecutionArn"]
 
 
 def execution_steps(sm: Any, arn: str) -> list[dict[str, Any]]:

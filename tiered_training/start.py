@@ -17,6 +17,7 @@ Every AWS error becomes one line (:class:`StartError`).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -146,7 +147,8 @@ def aws_errors(action: str) -> Iterator[None]:
     except ClientError as error:
         info = error.response.get("Error", {})
         code, message = info.get("Code", "Error"), info.get("Message", str(error))
-        hint = " (deploy the recipe's stack first: cdk deploy)" if "ResourceNotFound" in code or "does not exist" in message else ""
+        missing = "ResourceNotFound" in code or re.search(r"does not exist|could not find|not found", message, re.I)
+        hint = " (deploy the recipe's stack first: cdk deploy)" if missing and "pipeline" in action else ""
         raise StartError(f"cannot {action}: {code}: {clip(message, 300)}{hint}") from None
     except BotoCoreError as error:
         raise StartError(f"cannot {action}: {clip(str(error), 300)}") from None
@@ -159,16 +161,22 @@ def aws_client(service: str, *, region: str | None = None, endpoint_url: str | N
     if endpoint_url is not None and not re.match(r"^https?://[^\s/]+", endpoint_url):
         raise ParameterError(f"--endpoint-url {clip(repr(endpoint_url))}: not an http(s) URL")
     with aws_errors(f"create a {service} client"):
-        import boto3
         from botocore.config import Config
 
-        session = boto3.Session(profile_name=profile) if profile else boto3.Session()
-        return session.client(
+        return _session(profile).client(
             service,
             region_name=region,
             endpoint_url=endpoint_url,
             config=Config(connect_timeout=10, read_timeout=60),
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _session(profile: str | None) -> Any:
+    """One boto3 session per profile: its clients share the loaded service models."""
+    import boto3
+
+    return boto3.Session(profile_name=profile) if profile else boto3.Session()
 
 
 def _recipe_and_plan(plan_or_recipe_path: "Plan | str | Path") -> tuple["Recipe", "Plan | None"]:
