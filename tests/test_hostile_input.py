@@ -86,6 +86,16 @@ def test_hostile_recipe_is_exit_2_with_one_clear_line_within_a_second(tmp_path, 
     assert seconds < 1.0, f"{label}: {seconds:.2f} s"
 
 
+def test_the_longest_name_fits_every_derived_name():
+    from tiered_training import names
+
+    longest = "n" * names.longest_name()
+    recipe, _ = parse_recipe(yaml.safe_dump(recipe_dict(name=longest)), "long.yaml")
+    for derived in names.DERIVED:
+        assert len(derived.derive(recipe.name)) <= derived.limit, derived.what
+    assert names.longest_name() == 100 - len("tiered-training ")  # the SNS display name binds
+
+
 def test_a_50_mb_name_is_refused_by_size_without_reading_it(tmp_path):
     path = tmp_path / "huge.yaml"
     with open(path, "w") as handle:
