@@ -15,6 +15,26 @@ CLI = [sys.executable, "-m", "tiered_training.cli"]
 
 
 def run(*args, cwd=ROOT):
+    """The CLI in-process (typer's CliRunner), from ``cwd``; ``subprocess`` only where a test needs a real process."""
+    import os
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from tiered_training.cli import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], prog_name="tiered-training", env={"COLUMNS": None})
+    finally:
+        os.chdir(here)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+
+def run_process(*args, cwd=ROOT):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60)
 
 
@@ -46,7 +66,7 @@ def test_plan_markdown_is_a_table():
 def test_invalid_recipe_exits_2_with_readable_message_and_no_traceback(tmp_path):
     bad = write_yaml(tmp_path / "bad.yaml", recipe_dict(sequence_length=64, **{"tuning.precision": "fp4"}))
     for command in ("validate", "plan", "explain"):
-        result = run(command, bad)
+        result = (run_process if command == "validate" else run)(command, bad)
         assert result.returncode == 2, command
         assert "Traceback" not in result.stderr + result.stdout
         assert f"{bad}:" in result.stderr

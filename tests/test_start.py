@@ -39,7 +39,7 @@ def aws_env():
     with pytest.MonkeyPatch.context() as mp:
         for key, value in {
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
+            "AWS_REGION": REGION, "AWS_MAX_ATTEMPTS": "1",
         }.items():
             mp.setenv(key, value)
         mp.delenv("AWS_PROFILE", raising=False)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Architecture(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     layers: int = Field(ge=1, le=512)
     hidden_size: int = Field(ge=64, le=65536)
@@ -26,7 +26,7 @@ class Architecture(BaseModel):
     max_sequence_length: int = Field(default=131072, ge=128, le=1_048_576)
     rope_theta: float = Field(default=500000.0, gt=0)
     qkv_bias: bool = False
-    norm_eps: float = Field(default=1e-5, gt=0)
+    norm_eps: float = Field(default=1e-5, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _heads_divide(self):

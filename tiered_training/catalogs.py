@@ -6,6 +6,7 @@ the date it was checked. Loading is lazy and cached.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from functools import cache
@@ -40,6 +41,8 @@ class Instance(_Entry):
     family: str
     price_per_hour: float
     price_source: str
+    spot_discount: float = Field(default=0.0, ge=0, lt=1, description="expected saving of managed spot over on-demand (an estimate)")
+    spot_source: str = ""
 
     @property
     def fp8(self) -> bool:
@@ -53,17 +56,28 @@ class Instance(_Entry):
     def peak_bf16_flops(self) -> float:
         return self.peak_bf16_tflops * 1e12
 
-    def price(self, override: float | None = None) -> tuple[float, str]:
-        """Price per node-hour and where it came from: recipe, environment or catalogue."""
+    def price(self, override: float | None = None, *, spot: bool = False) -> tuple[float, str]:
+        """Price per node-hour and where it came from: recipe, environment or catalogue.
+
+        With ``spot``, an on-demand price (environment or catalogue) is cut by the
+        catalogue's expected spot discount, and the source says it is an estimate. A
+        recipe's own ``compute.price_per_hour`` is taken as the price paid.
+        """
         if override is not None:
             return override, "recipe compute.price_per_hour"
+        price, source = self.price_per_hour, self.price_source
         var = price_variable(self.name)
         if var in os.environ:
             try:
-                return float(os.environ[var]), f"environment {var}"
+                value = float(os.environ[var])
             except ValueError:
-                pass
-        return self.price_per_hour, self.price_source
+                value = float("nan")
+            if math.isfinite(value) and value > 0:
+                price, source = value, f"environment {var}"
+        if spot:
+            price *= 1 - self.spot_discount
+            source += f"; spot: expected {self.spot_discount:.0%} below on-demand (estimate)"
+        return price, source
 
 
 def price_variable(instance_type: str) -> str:

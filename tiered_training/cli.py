@@ -1,8 +1,15 @@
-"""The ``tiered-training`` command line: plan, validate, explain, diff, tiers, models, run-config, start."""
+"""The ``tiered-training`` command line.
+
+Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
+``instances``, ``run-config``. Runs: ``start``, ``status``, ``logs``, ``stop``.
+
+Every command takes ``--format json``. Exit codes: 0 when everything is fine; 1 when
+AWS refuses or a run fails; 2 for invalid input: a recipe that does not load or
+whose plan has errors (``diff`` included), a bad option, or no recipes at all.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -10,15 +17,20 @@ from typing import Optional
 
 import typer
 
-from .errors import RecipeError
+from .errors import Problem, RecipeError
+
+PROG = "tiered-training"
 
 app = typer.Typer(
-    add_completion=False,
+    name=PROG,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Plan, check and compare SageMaker training recipes.",
+    rich_markup_mode=None,
+    help="Plan, check and compare SageMaker training recipes; start and follow their runs.",
 )
 
+EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
@@ -28,41 +40,104 @@ class Format(str, Enum):
     json = "json"
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
+class TextFormat(str, Enum):
+    text = "text"
+    json = "json"
 
-    console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal:
-        console = Console(stderr=stderr, highlight=False, width=200)
-    return console
+
+class JsonFormat(str, Enum):
+    json = "json"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"{PROG} {version()}")
+        raise typer.Exit()
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed(PROG)
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+@app.callback()
+def _main(
+    _show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Plan, check and compare SageMaker training recipes; start and follow their runs."""
+
+
+def _out():
+    from .render import console
+
+    return console()
+
+
+def _err():
+    from .render import console
+
+    return console(stderr=True)
 
 
 def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
+    """Plans of the recipes ``paths`` name, and the recipes that failed to load.
+
+    No recipe at all is a failure too ("no recipes found").
+    """
+    from .loader import find_recipes
     from .planner import plan_file
 
-    plans, failures = [], []
-    for path in _expand(paths):
+    files, failures = find_recipes(paths)
+    plans = []
+    for path in files:
         try:
             plans.append(plan_file(path))
         except RecipeError as exc:
             failures.append(exc)
+    if not plans and not failures:
+        where = ", ".join(map(str, paths)) or "."
+        failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))
     return plans, failures
 
 
-def _expand(paths: list[Path]) -> list[Path]:
-    out: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            out += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
-        else:
-            out.append(path)
-    return out
-
-
 def _report_failures(failures: list[RecipeError]) -> None:
-    err = _console(stderr=True)
+    from .render import print_lines
+
+    err = _err()
+    lines = []
     for failure in failures:
-        err.print(f"[bold red]error[/]: {failure}", markup=True, highlight=False)
+        text = str(failure).splitlines()
+        lines += [f"error: {text[0]}"] + text[1:]
+    print_lines(err, lines)
+
+
+def _report_findings(plans: list, *, strict: bool = False) -> None:
+    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout."""
+    from . import report
+    from .render import print_lines
+
+    out, err = _out(), _err()
+    for plan in plans:
+        blocking = plan.errors + (plan.warnings if strict else [])
+        for finding in plan.findings:
+            if finding.severity != "info":
+                print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def _exit_for(plans: list, failures: list) -> None:
+    if failures or any(not p.ok for p in plans):
+        raise typer.Exit(EXIT_INVALID)
 
 
 @app.command()
@@ -73,84 +148,82 @@ def plan(
 ) -> None:
     """Resolve recipes into plans and print them."""
     from . import report
+    from .render import print_json
 
     plans, failures = _load_plans(recipes)
     if format is Format.json:
-        print(report.plans_json(plans))
+        print_json(report.plans_data(plans, failures))
     elif format is Format.markdown:
-        print(report.plans_markdown(plans))
+        _print(report.plans_markdown(plans))
     else:
         _print_table(plans)
-    if chart is not None:
+    if chart is not None and plans:
         from .chart import memory_chart
 
         memory_chart(plans, chart)
-        _console(stderr=True).print(f"memory chart written to {chart}")
-    _report_failures(failures)
-    if failures or any(not p.ok for p in plans):
-        raise typer.Exit(EXIT_INVALID)
+        _err().print(f"memory chart written to {chart}")
+    if format is not Format.json:
+        _report_failures(failures)
+    _exit_for(plans, failures)
 
 
 def _print_table(plans: list) -> None:
-    from rich.table import Table
-
     from . import report
+    from .render import print_lines, print_table
 
-    console = _console()
-    table = Table(show_lines=False, header_style="bold")
-    rows = [report.summary_row(p) for p in plans]
-    for column in report.COLUMNS:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(row.get(c, "") for c in report.COLUMNS))
-    console.print(table)
-    for plan in plans:
-        for finding in plan.findings:
-            if finding.severity != "info":
-                style = "red" if finding.severity == "error" else "yellow"
-                console.print(f"[{style}]{report.format_finding(plan, finding)}[/]")
+    if not plans:
+        return
+    out = _out()
+    print_table(out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS)
+    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity != "info"]
+    print_lines(out, lines)
 
 
 @app.command()
 def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
     strict: bool = typer.Option(False, help="treat warnings as errors"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
 ) -> None:
     """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
     from . import report
-
     from .alarms import with_routing_findings
+    from .render import print_json, print_lines
 
     plans, failures = _load_plans(recipes)
     plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
-    _report_failures(failures)
-    bad = len(failures)
-    out, err = _console(), _console(stderr=True)
-    for plan in plans:
-        blocking = plan.errors + (plan.warnings if strict else [])
-        for finding in plan.findings:
-            if finding.severity != "info":
-                (err if finding in blocking else out).print(report.format_finding(plan, finding), markup=False)
-        if blocking:
-            bad += 1
-        else:
-            out.print(f"{plan.source}: ok", markup=False)
-    if bad:
-        err.print(f"{bad} of {len(plans) + len(failures)} recipe(s) invalid", markup=False)
+    data = report.validate_data(plans, failures, strict)
+    if format is TextFormat.json:
+        print_json(data)
+    else:
+        _report_failures(failures)
+        _report_findings(plans, strict=strict)
+        print_lines(_out(), [f"{p.source}: ok" for p in plans if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]])
+        bad = sum(not r["ok"] for r in data["recipes"])
+        if bad and len(data["recipes"]) > 1:
+            print_lines(_err(), [f"{bad} of {len(data['recipes'])} recipes invalid"])
+    if not data["ok"]:
         raise typer.Exit(EXIT_INVALID)
 
 
 @app.command()
-def explain(recipe: Path = typer.Argument(..., help="a recipe file")) -> None:
+def explain(
+    recipe: Path = typer.Argument(..., help="a recipe file"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
     """Show every decision with its reason, the memory proof, the estimates and every finding."""
     from . import report
+    from .render import print_json, print_lines
 
     plans, failures = _load_plans([recipe])
-    _report_failures(failures)
-    for plan in plans:
-        print("\n".join(report.explain_lines(plan)))
-    if failures or any(not p.ok for p in plans):
-        raise typer.Exit(EXIT_INVALID)
+    if format is TextFormat.json:
+        print_json(report.plans_data(plans, failures))
+    else:
+        _report_failures(failures)
+        out = _out()
+        for plan in plans:
+            print_lines(out, report.explain_lines(plan))
+    _exit_for(plans, failures)
 
 
 @app.command()
@@ -159,71 +232,114 @@ def diff(
     new: Path = typer.Argument(..., help="the recipe after the change"),
     format: Format = typer.Option(Format.table, "--format", "-f"),
 ) -> None:
-    """Compare two resolved plans: changed decisions and memory, throughput, time and cost deltas."""
+    """Compare two resolved plans: changed decisions and memory, throughput, time and cost deltas.
+
+    Exit 2, and no comparison, when either recipe is invalid or its plan has errors.
+    """
     from . import report
+    from .render import dumps, print_lines
 
     plans, failures = _load_plans([old, new])
-    if failures:
-        _report_failures(failures)
+    broken = [p for p in plans if not p.ok]
+    if failures or broken or len(plans) != 2:
+        if format is Format.json:
+            _print(dumps(report.plans_data(plans, failures) | {"diff": None}))
+        else:
+            _report_failures(failures)
+            _report_findings(broken)
         raise typer.Exit(EXIT_INVALID)
     result = report.diff(plans[0], plans[1])
     if format is Format.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        _print(dumps(result))
     elif format is Format.markdown:
-        print(report.diff_markdown(result))
+        _print(report.diff_markdown(result))
     else:
-        print(report.diff_text(result), end="")
+        print_lines(_out(), report.diff_text(result).splitlines())
 
 
 @app.command()
 def tiers(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
     """Print the size-tiered guidance the planner applies."""
     from . import report
+    from .render import print_json, print_table
 
-    rows = report.tier_rows()
     if format is Format.json:
-        print(json.dumps(rows, indent=2))
+        print_json(report.tiers_data())
     elif format is Format.markdown:
-        print(report.markdown_table(rows, report.TIER_COLUMNS))
+        _print(report.markdown_table(report.tier_rows(), report.TIER_COLUMNS))
     else:
-        from rich.table import Table
+        print_table(_out(), report.tier_rows(), report.TIER_COLUMNS, show_lines=True)
 
-        table = Table(header_style="bold", show_lines=True)
-        for column in report.TIER_COLUMNS:
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*(row[c] for c in report.TIER_COLUMNS))
-        _console().print(table)
+
+MODEL_COLUMNS = ("id", "parameters", "layers", "hidden", "context", "name")
+INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "spot (est.)", "price source")
 
 
 @app.command()
-def models() -> None:
+def models(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
     """List the model catalogue."""
-    from . import catalogs
+    from . import report
+    from .render import print_json, print_table
 
-    for entry in catalogs.models().values():
-        arch = entry.architecture
-        print(f"{entry.id:<14} {arch.parameters / 1e9:>6.2f}B  L={arch.layers:<3} h={arch.hidden_size:<5} ctx={arch.max_sequence_length:<6} {entry.display_name}")
+    data = report.models_data()
+    if format is Format.json:
+        print_json(data)
+        return
+    rows = [
+        {
+            "id": m["id"],
+            "parameters": f"{m['parameters'] / 1e9:,.2f}B",
+            "layers": str(m["architecture"]["layers"]),
+            "hidden": str(m["architecture"]["hidden_size"]),
+            "context": f"{m['architecture']['max_sequence_length']:,}",
+            "name": m["display_name"],
+        }
+        for m in data["models"]
+    ]
+    if format is Format.markdown:
+        _print(report.markdown_table(rows, MODEL_COLUMNS))
+    else:
+        print_table(_out(), rows, MODEL_COLUMNS, numeric=("parameters", "layers", "hidden", "context"))
 
 
 @app.command("instances")
-def list_instances() -> None:
-    """List the instance catalogue."""
-    from . import catalogs
+def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
+    """List the instance catalogue with prices (spot: the catalogue's expected discount, an estimate)."""
+    from . import report
+    from .render import print_json, print_table
 
-    for inst in catalogs.instances().values():
-        price, source = inst.price()
-        fp8 = "FP8+MXFP8" if inst.mxfp8 else ("FP8" if inst.fp8 else "-")
-        print(f"{inst.name:<22} {inst.gpus}x {inst.gpu:<10} {inst.usable_hbm_gib:>6g} GiB  {fp8:<9} EFA {inst.efa_gbps:>4} Gbps  ${price:,.2f}/h ({source})")
+    data = report.instances_data()
+    if format is Format.json:
+        print_json(data)
+        return
+    rows = [
+        {
+            "instance": i["name"],
+            "GPUs": f"{i['gpus']}x {i['gpu']}",
+            "HBM/GPU": f"{i['usable_hbm_gib']:g} GiB",
+            "FP8": "FP8+MXFP8" if i["mxfp8"] else ("FP8" if i["peak_fp8_tflops"] else "-"),
+            "EFA": f"{i['efa_gbps']:,} Gbps",
+            "on-demand": f"${i['price_per_hour']:,.2f}/h",
+            "spot (est.)": f"${i['spot_price_per_hour']:,.2f}/h",
+            "price source": i["price_source"],
+        }
+        for i in data["instances"]
+    ]
+    if format is Format.markdown:
+        _print(report.markdown_table(rows, INSTANCE_COLUMNS))
+    else:
+        print_table(_out(), rows, INSTANCE_COLUMNS, numeric=("HBM/GPU", "EFA", "on-demand", "spot (est.)"))
 
 
 @app.command("run-config")
 def run_config(
     recipe: Path = typer.Argument(..., help="a recipe file"),
-    hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of JSON"),
+    hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of the RunConfig"),
+    format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
 ) -> None:
     """Print the RunConfig the training container receives (to run it outside SageMaker)."""
     from .errors import PlanError
+    from .render import dumps
 
     plans, failures = _load_plans([recipe])
     _report_failures(failures)
@@ -232,29 +348,71 @@ def run_config(
     try:
         config = plans[0].run_config()
     except PlanError as exc:
-        _console(stderr=True).print(str(exc), markup=False)
+        from .render import print_lines
+
+        print_lines(_err(), str(exc).splitlines())
         raise typer.Exit(EXIT_INVALID)
-    print(json.dumps(config.to_hyperparameters(), indent=2) if hyperparameters else config.to_json())
+    _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+
+
+# -- runs ----------------------------------------------------------------------------
+
+_REGION = typer.Option(None, help="AWS region (default: the recipe's compute.region, AWS_REGION, AWS_DEFAULT_REGION, your AWS configuration)")
+_ENDPOINT = typer.Option(None, help="AWS endpoint URL for every service (for testing)")
+_PROFILE = typer.Option(None, help="AWS profile")
+_EXECUTION = typer.Option(None, "--execution", help="an execution ARN (default: the pipeline's latest)")
+
+
+def _run_recipe(recipe: Path):
+    """The recipe's plan (or RecipeError, reported as invalid input)."""
+    from .planner import plan_file
+
+    try:
+        return plan_file(recipe)
+    except RecipeError as exc:
+        _report_failures([exc])
+        raise typer.Exit(EXIT_INVALID)
+
+
+def _start_error(exc: Exception) -> typer.Exit:
+    from .render import print_lines
+    from .start import StartError
+
+    code = exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED
+    print_lines(_err(), [f"error: {exc}"])
+    return typer.Exit(code)
+
+
+def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str) -> list:
+    from .start import aws_client, resolve_region
+
+    region = resolve_region(region, plan.recipe.compute.region)
+    return [aws_client(s, region=region, endpoint_url=endpoint_url, profile=profile) for s in services]
 
 
 @app.command()
 def start(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
-    follow: bool = typer.Option(True, help="follow the execution's status until it ends"),
+    follow: bool = typer.Option(True, help="follow the execution until it ends: steps, loss, tokens/s against the plan, ETA"),
     skip_probe: Optional[bool] = typer.Option(None, "--skip-probe/--probe", help="start the full run without the probe"),
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
     instance_count: Optional[int] = typer.Option(None, help="override the number of instances"),
-    data_uri: Optional[str] = typer.Option(None, help="override the data's S3 URI"),
-    region: Optional[str] = typer.Option(None, help="AWS region (default: your AWS configuration)"),
-    endpoint_url: Optional[str] = typer.Option(None, help="SageMaker endpoint (for testing)"),
-    poll_seconds: float = typer.Option(30.0, help="seconds between status checks"),
+    data_uri: Optional[str] = typer.Option(None, help="override the data's S3 URI (one of the recipe's data.allowed_uris)"),
+    region: Optional[str] = _REGION,
+    endpoint_url: Optional[str] = _ENDPOINT,
+    profile: Optional[str] = _PROFILE,
+    poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
 ) -> None:
     """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
+    from . import runs
+    from .render import print_json
     from .start import StartError, start as start_pipeline
 
+    plan = _run_recipe(recipe)
     try:
         result = start_pipeline(
-            recipe,
+            plan,
             instance_count=instance_count,
             max_steps=max_steps,
             data_uri=data_uri,
@@ -262,21 +420,121 @@ def start(
             follow=follow,
             region=region,
             endpoint_url=endpoint_url,
+            profile=profile,
             poll_seconds=poll_seconds,
+            reporter=runs.QuietReporter() if format is TextFormat.json else None,
         )
-    except RecipeError as exc:
-        _report_failures([exc])
-        raise typer.Exit(EXIT_INVALID)
     except StartError as exc:
-        _console(stderr=True).print(f"error: {exc}", markup=False)
-        raise typer.Exit(1)
+        raise _start_error(exc)
+    if format is TextFormat.json:
+        print_json(result.to_dict())
     if follow and not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
-def main() -> None:
+@app.command()
+def status(
+    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    execution: Optional[str] = _EXECUTION,
+    region: Optional[str] = _REGION,
+    endpoint_url: Optional[str] = _ENDPOINT,
+    profile: Optional[str] = _PROFILE,
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """The status of the recipe's latest execution (or --execution), its steps and its training progress."""
+    from . import runs
+    from .render import print_json, print_lines
+    from .start import StartError
+
+    plan = _run_recipe(recipe)
     try:
-        app()
+        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch")
+        arn = execution or runs.latest_execution(sm, plan.name)
+        snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
+    except StartError as exc:
+        raise _start_error(exc)
+    result = snap.result()
+    if format is TextFormat.json:
+        print_json(result.to_dict())
+        return
+    lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
+    for step in snap.steps or []:
+        job = f" ({step['training_job']})" if step.get("training_job") else ""
+        reason = f": {step['failure_reason']}" if step.get("failure_reason") else ""
+        lines.append(f"  {step['name']}: {step['status']}{job}{reason}")
+    if snap.steps is None:
+        lines.append("  (the endpoint could not list the steps)")
+    if snap.progress is not None:
+        lines.append(f"training: {snap.progress.describe()}")
+    print_lines(_out(), lines)
+
+
+@app.command()
+def logs(
+    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    execution: Optional[str] = _EXECUTION,
+    lines: int = typer.Option(50, "--lines", "-n", min=1, max=10_000, help="how many of the last log lines"),
+    region: Optional[str] = _REGION,
+    endpoint_url: Optional[str] = _ENDPOINT,
+    profile: Optional[str] = _PROFILE,
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """The last log lines of the training jobs of the recipe's latest execution (or --execution)."""
+    from . import runs
+    from .render import print_json, print_lines
+    from .start import StartError
+
+    plan = _run_recipe(recipe)
+    try:
+        sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs")
+        arn = execution or runs.latest_execution(sm, plan.name)
+        steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
+        jobs = runs.training_jobs(steps)
+        events = runs.tail_logs(cwl, jobs, lines=lines)
+    except StartError as exc:
+        raise _start_error(exc)
+    if format is TextFormat.json:
+        print_json({"execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events})
+        return
+    if not jobs:
+        print_lines(_err(), [f"{arn}: no training job has started yet"])
+        return
+    if not events:
+        print_lines(_err(), [f"no log lines yet in {runs.LOG_GROUP} for {', '.join(jobs)}"])
+        return
+    print_lines(_out(), [runs.format_event(e) for e in events])
+
+
+@app.command()
+def stop(
+    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    execution: Optional[str] = _EXECUTION,
+    region: Optional[str] = _REGION,
+    endpoint_url: Optional[str] = _ENDPOINT,
+    profile: Optional[str] = _PROFILE,
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Stop the recipe's latest execution (or --execution). Training jobs get SIGTERM and save a checkpoint."""
+    from . import runs
+    from .render import print_json, print_lines
+    from .start import StartError
+
+    plan = _run_recipe(recipe)
+    try:
+        (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker")
+        arn = execution or runs.latest_execution(sm, plan.name)
+        state = runs.stop(sm, arn)
+    except StartError as exc:
+        raise _start_error(exc)
+    if format is TextFormat.json:
+        print_json({"execution_arn": arn, "status": state})
+    else:
+        print_lines(_out(), [f"{state}: {arn}"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name=PROG)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -8,6 +8,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .plan import Plan
 
+# A message quotes at most this many characters of a user's value.
+QUOTE_LIMIT = 80
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` on one line, cut to ``limit`` characters with a note of how much was left out."""
+    text = " ".join(str(text).split()) if ("\n" in text or "\r" in text) else str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 50 MB string is never quoted whole)."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return f"<an integer of more than {limit} digits>"
+    return clip(text, limit)
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -20,8 +42,19 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        got = f" (got {self.value!r})" if self.has_value else ""
-        return f"{where}: {self.field or '(recipe)'}: {self.message}{got}"
+        got = f" (got {quote(self.value)})" if self.has_value else ""
+        field = f"{clip(self.field, 120)}: " if self.field else ""
+        return f"{where}: {field}{clip(self.message, 400)}{got}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with the value quoted as it is in the message."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "field": clip(self.field, 120),
+            "message": clip(self.message, 400),
+            "value": quote(self.value) if self.has_value else None,
+        }
 
 
 class RecipeError(Exception):
@@ -33,6 +66,8 @@ class RecipeError(Exception):
 
     def __str__(self) -> str:
         count = len(self.problems)
+        if count == 1:
+            return str(self.problems[0])
         head = f"{count} problem{'s' if count != 1 else ''} in {self.problems[0].file}" if self.problems else "invalid recipe"
         return "\n".join([head] + [f"  {p}" for p in self.problems])
 

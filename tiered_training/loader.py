@@ -2,25 +2,115 @@
 
 Every problem is reported at once, each with file, line, field path, the bad value
 and what would be valid. Nothing here raises anything but :class:`RecipeError`.
+
+Hostile input is bounded before it can cost anything: only regular files of at most
+:data:`MAX_BYTES` are read (a FIFO or a device is never opened for a blocking read);
+the YAML event stream is checked for nesting depth and for the size the document
+would have once every alias is expanded *before* the document is composed, so a
+"billion laughs" file or a 50,000-deep one is one line of error, not a hang or a
+crash in the recursive composer.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import Problem, RecipeError
+from .errors import Problem, RecipeError, clip
 from .recipe import AT, Recipe
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Lines = dict[str, int]
 # Errors pydantic reports for the branches of a union that the value did not take.
 UNION_ALTERNATIVES = frozenset({"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"})
+RECIPE_SUFFIXES = (".yaml", ".yml")
+MERGE_TAG = "tag:yaml.org,2002:merge"
+# A recipe is a few kilobytes, about 100 YAML nodes, 4 levels deep; these bounds are far above that.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_NODES = 10_000  # after alias expansion
+
+
+def find_recipes(paths: Iterable[str | Path]) -> tuple[list[Path], list[RecipeError]]:
+    """The recipe files that ``paths`` name, and the paths that are errors.
+
+    A directory contributes its ``*.yaml``/``*.yml`` entries (hidden ones excepted)
+    whatever their kind, so a dangling link, a FIFO or an unreadable file is
+    reported when it is read rather than silently skipped. The CLI and the CDK app
+    both list recipes with this function.
+    """
+    files: list[Path] = []
+    errors: list[RecipeError] = []
+    for path in map(Path, paths):
+        try:
+            is_dir = path.is_dir()
+        except OSError as exc:
+            errors.append(_file_error(path, f"cannot read: {exc.strerror or exc}"))
+            continue
+        if not is_dir:
+            files.append(path)  # read_recipe_text says what is wrong with it, if anything
+            continue
+        try:
+            entries = sorted(p for p in path.iterdir() if p.suffix in RECIPE_SUFFIXES and not p.name.startswith("."))
+        except OSError as exc:
+            errors.append(_file_error(path, f"cannot list the directory: {exc.strerror or exc}"))
+            continue
+        files += entries
+    return files, errors
+
+
+def _file_error(path: Path, message: str) -> RecipeError:
+    return RecipeError([Problem(str(path), None, "", message)])
+
+
+def read_recipe_text(path: str | Path) -> str:
+    """The text of a recipe file; only a regular UTF-8 file of at most MAX_BYTES is read."""
+    path = Path(path)
+    name = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise _file_error(path, f"cannot read the file: a dangling symbolic link (to {clip(os.readlink(path))})") from None
+        raise _file_error(path, "cannot read the file: no such file or directory") from None
+    except OSError as exc:
+        raise _file_error(path, f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _kind(info.st_mode)
+            raise _file_error(path, f"cannot read the file: {kind}, not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise _file_error(path, f"{info.st_size:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise _file_error(path, f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise _file_error(path, f"more than {MAX_BYTES:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise RecipeError([Problem(name, line, "", "the file is not UTF-8 text")]) from None
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -29,42 +119,22 @@ def load_recipe(path: str | Path) -> Recipe:
 
 def load_recipe_with_lines(path: str | Path) -> tuple[Recipe, Lines]:
     """The recipe and a map from dotted field path to its 1-based line."""
-    path = Path(path)
-    name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError([Problem(name, None, "", f"cannot read the file: {exc.strerror or exc}")]) from None
-    except UnicodeDecodeError:
-        raise RecipeError([Problem(name, None, "", "the file is not UTF-8 text")]) from None
-    return parse_recipe(text, name)
+    return parse_recipe(read_recipe_text(path), str(path))
 
 
 def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise RecipeError([Problem(name, line, "", f"YAML syntax: {exc.problem or exc}")]) from None
-    except yaml.YAMLError as exc:
-        raise RecipeError([Problem(name, None, "", f"YAML: {exc}")]) from None
+    node, data, lines, problems = _compose(text, name)
 
     if not isinstance(data, dict):
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
 
-    lines: Lines = {}
-    problems: list[Problem] = []
-    _index(node, (), lines, problems, name)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         problems += _problems(exc, data, lines, name)
+        recipe = None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never a traceback for bad input
+        problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
         recipe = None
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
@@ -72,24 +142,115 @@ def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
     return recipe, lines
 
 
+def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[Problem]]:
+    """The YAML node tree, the constructed document, key lines and duplicate-key problems."""
+    if len(text) > MAX_BYTES:
+        raise RecipeError([Problem(name, None, "", f"{len(text):,} characters; a recipe is at most {MAX_BYTES:,}")])
+    lines: Lines = {}
+    problems: list[Problem] = []
+    try:
+        _check_events(text, name)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None, None, lines, problems
+            _index(node, (), lines, problems, name)
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise RecipeError([Problem(name, line, "", f"YAML syntax: {clip(exc.problem or str(exc))}")]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise RecipeError([Problem(name, line, "", f"YAML: character {exc.character!r} is not allowed ({exc.reason})")]) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError([Problem(name, None, "", f"YAML: {clip(str(exc))}")]) from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # SafeConstructor on an explicit tag with a bad value (``!!int x``, ``!!timestamp x``).
+        raise RecipeError([Problem(name, None, "", f"YAML: a value cannot be read: {clip(str(exc))}")]) from None
+    return node, data, lines, problems
+
+
+def _check_events(text: str, name: str) -> None:
+    """Bound nesting depth and alias expansion on the event stream, before composing.
+
+    The parser is iterative; only the composer and the constructor recurse. Each
+    anchor's expanded size is counted when its node ends, and each alias adds that
+    size, so the count is what the document would hold with every alias expanded.
+    """
+    loader = _Loader(text)
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # per open collection: expanded node count, anchor
+    total = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            added = 0
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) > MAX_DEPTH:
+                    raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4")])
+                stack.append([1, event.anchor])
+                added = 1
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                count, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = count
+                stack[-1][0] += count
+            elif isinstance(event, yaml.ScalarEvent):
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+                stack[-1][0] += 1
+                added = 1
+            elif isinstance(event, yaml.AliasEvent):
+                added = sizes.get(event.anchor, 1)
+                stack[-1][0] += added
+            total += added
+            if total > MAX_NODES:
+                raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100")])
+    finally:
+        loader.dispose()
+
+
 def _index(node: yaml.Node, path: tuple, lines: Lines, problems: list[Problem], name: str) -> None:
-    """Record the line of every key; report duplicate keys, which YAML would silently overwrite."""
+    """Record the line of every key; report duplicate keys, which YAML would silently overwrite.
+
+    A merge key (``<<: *base``) brings in the keys of the merged mappings that the
+    mapping does not set itself, as YAML defines it; overriding a merged key is not a
+    duplicate.
+    """
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
+        for key, (key_node, value_node) in _entries(node, path, problems, name).items():
             child = path + (key,)
-            dotted = ".".join(map(str, child))
-            if key in seen:
-                problems.append(Problem(name, key_node.start_mark.line + 1, dotted, "duplicate key; keep one"))
-            seen.add(key)
-            lines[dotted] = key_node.start_mark.line + 1
+            lines[".".join(map(str, child))] = key_node.start_mark.line + 1
             _index(value_node, child, lines, problems, name)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             child = path + (index,)
             lines[".".join(map(str, child))] = item.start_mark.line + 1
             _index(item, child, lines, problems, name)
+
+
+def _entries(node: yaml.MappingNode, path: tuple, problems: list[Problem] | None, name: str) -> dict[str, tuple]:
+    """A mapping's keys as YAML resolves them: its own keys, then merged keys it does not set."""
+    own: dict[str, tuple] = {}
+    merged: list[yaml.Node] = []
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            continue
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "<complex key>"
+        if key in own and problems is not None:
+            dotted = ".".join(map(str, path + (key,)))
+            problems.append(Problem(name, key_node.start_mark.line + 1, clip(dotted), "duplicate key; keep one"))
+        own[key] = (key_node, value_node)
+    for source in merged:  # earlier merged mappings win over later ones
+        if isinstance(source, yaml.MappingNode):
+            for key, entry in _entries(source, path, None, name).items():
+                own.setdefault(key, entry)
+    return own
 
 
 def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:

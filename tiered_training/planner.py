@@ -932,7 +932,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     per_gpu = chosen.speed
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
-    price, price_source = instance.price(recipe.compute.price_per_hour)
+    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
     error = f"; held-out median error {summary.heldout_median_error:.0%}" if summary.heldout_median_error is not None else ""
     return Estimates(
         flops_per_token=flops,

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .architecture import Architecture
+from .names import name_problem
 
 AUTO = "auto"
 # A cross-field error names its field with this prefix; the loader points at that field.
@@ -25,6 +26,14 @@ TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:trai
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
 MLFLOW_SERVER_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
+# An S3 URI: s3:// (5), a bucket name (at most 63), / and a key (at most 1024).
+S3_URI_MAX = 5 + 63 + 1 + 1024
+# Upper bounds that catch a slip of the keyboard long before anything overflows.
+MAX_TOKENS = 10**15
+MAX_BATCH_TOKENS = 2**30
+MAX_SEED = 2**32 - 1  # numpy and CUDA generators take 32-bit seeds
+# AWS allows 50 tags on a resource; the constructs add one (the recipe tag).
+MAX_TAGS = 49
 
 Precision = Literal["bf16", "fp8", "fp32"]
 Fp8Recipe = Literal["tensorwise", "rowwise", "mxfp8"]
@@ -33,17 +42,17 @@ Sharding = Literal["full", "hybrid", "none"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSection(_Strict):
     """Either ``catalog`` (an id from ``tiered-training models``) or ``dimensions``."""
 
-    catalog: str | None = None
+    catalog: str | None = Field(default=None, max_length=128)
     dimensions: Architecture | None = None
-    name: str | None = Field(default=None, description="display name for explicit dimensions")
+    name: str | None = Field(default=None, max_length=256, description="display name for explicit dimensions")
     init_checkpoint: str | None = Field(
-        default=None, pattern=S3_URI_PATTERN, description="S3 URI of a Hugging Face checkpoint to start from"
+        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 URI of a Hugging Face checkpoint to start from"
     )
     allow_outside_tiers: bool = Field(
         default=False, description="acknowledge a model outside the 1B-64B range the tiers cover"
@@ -57,10 +66,11 @@ class ModelSection(_Strict):
 
 
 class DataSection(_Strict):
-    uri: str = Field(pattern=S3_URI_PATTERN, description="S3 prefix of flat token shards")
-    allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN)]] | None = Field(
+    uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of flat token shards")
+    allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX)]] | None = Field(
         default=None,
         min_length=1,
+        max_length=100,
         description="S3 prefixes that the DataUri pipeline parameter may name; default: [uri]",
     )
     kms_key_arn: str | None = Field(
@@ -71,13 +81,13 @@ class DataSection(_Strict):
     token_dtype: Literal["uint16", "uint32"] = "uint32"
     input_mode: Literal["FastFile", "File"] = "FastFile"
     validation_uri: str | None = Field(
-        default=None, pattern=S3_URI_PATTERN, description="S3 prefix of held-out token shards for the validation loss"
+        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of held-out token shards for the validation loss"
     )
     validation_fraction: float = Field(
         default=0.001, ge=0, le=0.5,
         description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
     )
-    seed: int = Field(default=1234, ge=0)
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
 
     @property
     def data_prefixes(self) -> list[str]:
@@ -103,14 +113,14 @@ def _under(uri: str, prefix: str) -> bool:
 
 
 class BudgetSection(_Strict):
-    total_tokens: int = Field(ge=1_000_000, description="tokens to train on")
-    global_batch_tokens: int = Field(ge=1024, description="tokens per optimiser step")
+    total_tokens: int = Field(ge=1_000_000, le=MAX_TOKENS, description="tokens to train on")
+    global_batch_tokens: int = Field(ge=1024, le=MAX_BATCH_TOKENS, description="tokens per optimiser step")
 
 
 class OptimizerSection(_Strict):
     lr: float = Field(default=3e-4, gt=0, le=1.0)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    warmup_tokens: int | None = Field(default=None, ge=0, description="default: 1% of the budget")
+    warmup_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS, description="default: 1% of the budget")
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     weight_decay: float = Field(default=0.1, ge=0, le=1)
     grad_clip: float = Field(default=1.0, gt=0)
@@ -119,13 +129,13 @@ class OptimizerSection(_Strict):
 
 
 class ComputeSection(_Strict):
-    instance_type: str
+    instance_type: str = Field(max_length=64)
     instance_count: int = Field(default=1, ge=1, le=512)
     spot: bool = False
-    max_runtime_hours: float = Field(default=120.0, gt=0, le=28 * 24)
+    max_runtime_hours: float = Field(default=120.0, ge=1 / 60, le=28 * 24, description="at least one minute; SageMaker caps a job at 28 days")
     max_wait_hours: float | None = Field(default=None, gt=0, description="spot only; at least max_runtime_hours")
     training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
-    price_per_hour: float | None = Field(default=None, gt=0, description="overrides the catalogue price per node")
+    price_per_hour: float | None = Field(default=None, gt=0, le=100_000, description="overrides the catalogue price per node")
     compile: bool = True
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 
@@ -137,7 +147,7 @@ class CheckpointSection(_Strict):
 
 
 class MonitoringSection(_Strict):
-    alarm_email: str | None = Field(default=None, pattern=EMAIL_PATTERN)
+    alarm_email: str | None = Field(default=None, max_length=254, pattern=EMAIL_PATTERN)
     alarm_topic_arn: str | None = Field(default=None, pattern=SNS_ARN_PATTERN)
     min_throughput_fraction: float = Field(default=0.7, gt=0, le=1, description="of the plan's tokens/s")
     min_gpu_utilization: float = Field(default=70.0, gt=0, le=100, description="percent")
@@ -187,7 +197,7 @@ class TuningSection(_Strict):
     fp8_recipe: Union[Fp8Recipe, Auto] = AUTO
     activation_checkpointing: Union[Checkpointing, Auto] = AUTO
     sharding: Union[Sharding, Auto] = AUTO
-    shard_group_size: Union[Annotated[int, Field(ge=1)], Auto] = AUTO
+    shard_group_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
     micro_batch_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
     context_parallel: Union[Annotated[int, Field(ge=1, le=64)], Auto] = Field(
         default=AUTO, description="GPUs that split each sequence (ring attention); auto: the search chooses"
@@ -202,8 +212,8 @@ class TuningSection(_Strict):
 class Recipe(_Strict):
     """A training recipe. See ``recipes/`` for templates."""
 
-    name: str = Field(max_length=256, pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name")
-    description: str | None = None
+    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name; names.py derives the others")
+    description: str | None = Field(default=None, max_length=3072)
     model: ModelSection
     data: DataSection
     sequence_length: int = Field(ge=128, le=131072)
@@ -218,12 +228,24 @@ class Recipe(_Strict):
     tuning: TuningSection = TuningSection()
     tags: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _name_length(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
     @field_validator("tags")
     @classmethod
     def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
-        for key in tags:
+        if len(tags) > MAX_TAGS:
+            raise ValueError(f"{len(tags)} tags; AWS allows at most {MAX_TAGS} besides the recipe tag")
+        for key, value in tags.items():
             if not re.fullmatch(r"[\w.:/=+\-@ ]{1,128}", key) or key.startswith("aws:"):
-                raise ValueError(f"tag key {key!r} is not a valid AWS tag key")
+                raise ValueError(f"tag key {key[:40]!r} is not a valid AWS tag key (1-128 letters, digits, spaces or _.:/=+-@)")
+            if len(value) > 256:
+                raise ValueError(f"the value of tag {key!r} has {len(value)} characters; AWS allows 256")
         return tags
 
     @model_validator(mode="after")

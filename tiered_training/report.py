@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable
 
 from . import catalogs
+from .errors import Problem, RecipeError
 from .plan import Finding, Plan
 
 GIB = 1024**3
 SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
 
 
-def format_finding(plan: Plan, finding: Finding) -> str:
+def finding_line(plan: Plan, finding: Finding) -> int | None:
+    """The recipe line a finding points at: its field's, or the nearest parent's."""
     line = plan.locations.get(finding.field) if finding.field else None
     if line is None and finding.field:
         parts = finding.field.split(".")
@@ -20,6 +21,11 @@ def format_finding(plan: Plan, finding: Finding) -> str:
             line = plan.locations.get(".".join(parts[:end]))
             if line:
                 break
+    return line
+
+
+def format_finding(plan: Plan, finding: Finding) -> str:
+    line = finding_line(plan, finding)
     where = plan.source or plan.name
     if line:
         where += f":{line}"
@@ -57,12 +63,14 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU": f"{est.mfu:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": f"${est.cost_usd:,.0f}",
+        "cost": f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
         "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else ""),
     }
 
 
 COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU", "time", "cost", "status")
+# Columns that hold numbers: never wrapped, right-aligned.
+NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU", "time", "cost")
 
 
 def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -83,8 +91,92 @@ def plans_markdown(plans: list[Plan]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def plans_json(plans: list[Plan]) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "plans": [p.to_dict() for p in plans]}, indent=2, sort_keys=True)
+def plans_json(plans: list[Plan], failures: Iterable[RecipeError] = ()) -> str:
+    from .render import dumps
+
+    return dumps(plans_data(plans, failures))
+
+
+# -- JSON ---------------------------------------------------------------------------
+# Every command's ``--format json``: one object with ``schema_version``. A recipe that
+# fails to load is listed under ``invalid`` with its errors; one that loads but cannot
+# work is a plan with ``"ok": false`` and its findings.
+
+
+def problem_dict(problem: Problem) -> dict[str, Any]:
+    return {"severity": "error", "code": "invalid-recipe", "fix": "", **problem.to_dict()}
+
+
+def finding_dict(plan: Plan, finding: Finding) -> dict[str, Any]:
+    return {
+        "severity": finding.severity,
+        "code": finding.code,
+        "file": plan.source,
+        "line": finding_line(plan, finding),
+        "field": finding.field,
+        "message": finding.message,
+        "fix": finding.fix,
+        "value": None,
+    }
+
+
+def failure_dict(error: RecipeError) -> dict[str, Any]:
+    source = error.problems[0].file if error.problems else None
+    return {"source": source, "name": None, "ok": False, "errors": [problem_dict(p) for p in error.problems], "warnings": []}
+
+
+def plans_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = ()) -> dict[str, Any]:
+    plans, failures = list(plans), list(failures)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "ok": not failures and all(p.ok for p in plans),
+        "plans": [p.to_dict() for p in plans],
+        "invalid": [failure_dict(f) for f in failures],
+    }
+
+
+def validate_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = (), strict: bool = False) -> dict[str, Any]:
+    """One entry per recipe: ok, errors and warnings (warnings block under ``strict``)."""
+    recipes = [failure_dict(f) for f in failures]
+    for plan in plans:
+        errors = [finding_dict(plan, f) for f in plan.errors]
+        warnings = [finding_dict(plan, f) for f in plan.warnings]
+        recipes.append({"source": plan.source, "name": plan.name, "ok": not errors and not (strict and warnings), "errors": errors, "warnings": warnings})
+    recipes.sort(key=lambda r: str(r["source"]))
+    return {"schema_version": SCHEMA_VERSION, "strict": strict, "ok": all(r["ok"] for r in recipes), "recipes": recipes}
+
+
+def tiers_data() -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "tiers": [tier.model_dump() for tier in catalogs.tiers()]}
+
+
+def models_data() -> dict[str, Any]:
+    models = []
+    for entry in catalogs.models().values():
+        models.append({**entry.model_dump(), "parameters": entry.architecture.parameters})
+    return {"schema_version": SCHEMA_VERSION, "models": models}
+
+
+def instance_rows() -> list[dict[str, Any]]:
+    """The instance catalogue with the prices in effect (environment overrides, spot estimate)."""
+    rows = []
+    for inst in catalogs.instances().values():
+        price, source = inst.price()
+        spot_price, spot_source = inst.price(spot=True)
+        rows.append(
+            {
+                **inst.model_dump(),
+                "price_per_hour": price,
+                "price_source": source,
+                "spot_price_per_hour": spot_price,
+                "spot_price_source": spot_source,
+            }
+        )
+    return rows
+
+
+def instances_data() -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "instances": instance_rows()}
 
 
 def explain_lines(plan: Plan) -> list[str]:

@@ -1,33 +1,55 @@
 """``tiered-training start RECIPE``: start a recipe's pipeline execution and follow it.
 
 A thin boto3 wrapper: ``StartPipelineExecution`` on the pipeline named after the
-recipe (``recipe.name``), print the execution ARN, then poll
-``DescribePipelineExecution`` (and ``ListPipelineExecutionSteps`` where the
-endpoint has it) with a rich progress display until the execution ends.
+recipe (``recipe.name``), print the execution ARN, then follow it with
+:func:`tiered_training.runs.follow` (status, steps, and the training metrics from
+CloudWatch: step, loss, tokens/s against the plan, ETA).
 
 Parameters are the pipeline's (``tiered_training.definition.PARAMETERS``):
-``InstanceCount``, ``MaxSteps``, ``DataUri`` and ``SkipProbe``.
+``InstanceCount``, ``MaxSteps``, ``DataUri`` and ``SkipProbe``. They are checked
+here, before any call, against the same rules the recipe obeys: counts and steps
+positive, the data URI an S3 URI under the recipe's ``data.allowed_uris``.
+
+The region is, in order: ``--region``, the recipe's ``compute.region``,
+``AWS_REGION``, ``AWS_DEFAULT_REGION``, then the AWS configuration (profile).
+Every AWS error becomes one line (:class:`StartError`).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from .definition import P_DATA_URI, P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE
+from .errors import clip
 
 if TYPE_CHECKING:
     from .plan import Plan
+    from .recipe import Recipe
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Stopped"})
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+MAX_INSTANCE_COUNT = 512  # as compute.instance_count
+MAX_STEPS_LIMIT = 10**9
 
 
 class StartError(Exception):
-    """A problem a user can fix (no such pipeline, no credentials, bad parameter); one line."""
+    """A problem a user can fix (no such pipeline, no credentials, endpoint down); one line."""
+
+    exit_code = EXIT_FAILED
+
+
+class ParameterError(StartError):
+    """A parameter that is wrong before any call is made (exit 2, like invalid input)."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass
@@ -36,10 +58,20 @@ class ExecutionResult:
     status: str
     failure_reason: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    progress: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "Succeeded"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "execution_arn": self.arn,
+            "status": self.status,
+            "failure_reason": self.failure_reason,
+            "steps": self.steps,
+            "progress": self.progress,
+        }
 
 
 def pipeline_parameters(
@@ -68,21 +100,94 @@ def pipeline_parameters(
     return out
 
 
-def _pipeline_name(plan_or_recipe_path: "Plan | str | Path") -> str:
-    if isinstance(plan_or_recipe_path, (str, Path)):
-        from .loader import load_recipe
+def check_parameters(
+    recipe: "Recipe",
+    *,
+    instance_count: int | None = None,
+    max_steps: int | None = None,
+    data_uri: str | None = None,
+) -> None:
+    """Raise :class:`ParameterError` naming every override that the pipeline would run wrongly with."""
+    from .recipe import S3_URI_MAX, S3_URI_PATTERN
 
-        return load_recipe(plan_or_recipe_path).name
-    return plan_or_recipe_path.name
+    problems = []
+    if instance_count is not None and not 1 <= instance_count <= MAX_INSTANCE_COUNT:
+        problems.append(f"--instance-count {instance_count}: must be 1 to {MAX_INSTANCE_COUNT}")
+    if max_steps is not None and not 1 <= max_steps <= MAX_STEPS_LIMIT:
+        problems.append(f"--max-steps {max_steps}: must be 1 to {MAX_STEPS_LIMIT:,}")
+    if data_uri is not None:
+        allowed = ", ".join(recipe.data.data_prefixes)
+        if len(data_uri) > S3_URI_MAX or not re.match(S3_URI_PATTERN, data_uri):
+            problems.append(f"--data-uri {clip(repr(data_uri))}: not an S3 URI (s3://bucket/prefix/)")
+        elif not recipe.data.allows(data_uri):
+            problems.append(
+                f"--data-uri {clip(repr(data_uri))}: not under the recipe's data.allowed_uris ({allowed}); "
+                "the pipeline's role may read only those"
+            )
+    if problems:
+        raise ParameterError("; ".join(problems))
 
 
-def _client(client: Any, region: str | None, endpoint_url: str | None, profile: str | None) -> Any:
-    if client is not None:
-        return client
+def resolve_region(region: str | None, recipe_region: str | None = None) -> str | None:
+    """``--region``, the recipe's region, ``AWS_REGION``, ``AWS_DEFAULT_REGION``; None leaves it to the profile."""
+    return region or recipe_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+@contextmanager
+def aws_errors(action: str) -> Iterator[None]:
+    """Turn every botocore error raised inside into one :class:`StartError` line."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except NoRegionError:
+        raise StartError("no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION") from None
+    except NoCredentialsError:
+        raise StartError("no AWS credentials: configure a profile or the AWS_* environment variables") from None
+    except ClientError as error:
+        info = error.response.get("Error", {})
+        code, message = info.get("Code", "Error"), info.get("Message", str(error))
+        missing = "ResourceNotFound" in code or re.search(r"does not exist|could not find|not found", message, re.I)
+        hint = " (deploy the recipe's stack first: cdk deploy)" if missing and "pipeline" in action else ""
+        raise StartError(f"cannot {action}: {code}: {clip(message, 300)}{hint}") from None
+    except BotoCoreError as error:
+        raise StartError(f"cannot {action}: {clip(str(error), 300)}") from None
+    except ValueError as error:  # botocore rejects a malformed endpoint URL with ValueError
+        raise StartError(f"cannot {action}: {clip(str(error), 300)}") from None
+
+
+def aws_client(service: str, *, region: str | None = None, endpoint_url: str | None = None, profile: str | None = None) -> Any:
+    """A boto3 client with short connect timeouts; errors become :class:`StartError`."""
+    if endpoint_url is not None and not re.match(r"^https?://[^\s/]+", endpoint_url):
+        raise ParameterError(f"--endpoint-url {clip(repr(endpoint_url))}: not an http(s) URL")
+    with aws_errors(f"create a {service} client"):
+        from botocore.config import Config
+
+        return _session(profile).client(
+            service,
+            region_name=region,
+            endpoint_url=endpoint_url,
+            config=Config(connect_timeout=10, read_timeout=60),
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _session(profile: str | None) -> Any:
+    """One boto3 session per profile: its clients share the loaded service models."""
     import boto3
 
-    session = boto3.Session(profile_name=profile, region_name=region) if profile else boto3.Session(region_name=region)
-    return session.client("sagemaker", endpoint_url=endpoint_url)
+    return boto3.Session(profile_name=profile) if profile else boto3.Session()
+
+
+def _recipe_and_plan(plan_or_recipe_path: "Plan | str | Path") -> tuple["Recipe", "Plan | None"]:
+    """The recipe, and its plan when it has no errors (for progress against the plan)."""
+    if isinstance(plan_or_recipe_path, (str, Path)):
+        from .planner import plan_file
+
+        plan = plan_file(plan_or_recipe_path)
+    else:
+        plan = plan_or_recipe_path
+    return plan.recipe, (plan if plan.ok else None)
 
 
 def start(
@@ -100,56 +205,46 @@ def start(
     endpoint_url: str | None = None,
     profile: str | None = None,
     client: Any = None,
+    cloudwatch: Any = None,
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    reporter: Any = None,
 ) -> ExecutionResult:
     """Start the recipe's pipeline; print the execution ARN; follow it to the end when ``follow``.
 
-    Raises :class:`StartError` for errors a user can fix (one readable line), and
+    Raises :class:`ParameterError` for a bad override (before any call),
+    :class:`StartError` for errors a user can fix (one readable line), and
     ``RecipeError`` for a recipe that does not load.
     """
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+    from . import runs
 
     out = out or sys.stdout
-    name = _pipeline_name(plan_or_recipe_path)
-    try:
-        sm = _client(client, region, endpoint_url, profile)
-        request: dict[str, Any] = {
-            "PipelineName": name,
-            "PipelineParameters": pipeline_parameters(
-                instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe
-            ),
-        }
-        if display_name:
-            request["PipelineExecutionDisplayName"] = display_name
+    recipe, plan = _recipe_and_plan(plan_or_recipe_path)
+    name = recipe.name
+    check_parameters(recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+    region = resolve_region(region, recipe.compute.region)
+    sm = client if client is not None else aws_client("sagemaker", region=region, endpoint_url=endpoint_url, profile=profile)
+    request: dict[str, Any] = {
+        "PipelineName": name,
+        "PipelineParameters": pipeline_parameters(
+            instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe
+        ),
+    }
+    if display_name:
+        request["PipelineExecutionDisplayName"] = display_name
+    with aws_errors(f"start pipeline {name}"):
         arn = sm.start_pipeline_execution(**request)["PipelineExecutionArn"]
-    except NoRegionError:
-        raise StartError("no AWS region: set AWS_REGION or pass --region") from None
-    except NoCredentialsError:
-        raise StartError("no AWS credentials: configure a profile or the AWS_* environment variables") from None
-    except ClientError as error:
-        info = error.response.get("Error", {})
-        code, message = info.get("Code", "Error"), info.get("Message", str(error))
-        hint = " (deploy the recipe's stack first: cdk deploy)" if "ResourceNotFound" in code or "does not exist" in message else ""
-        raise StartError(f"cannot start pipeline {name}: {code}: {message}{hint}") from None
-    except BotoCoreError as error:
-        raise StartError(f"cannot start pipeline {name}: {error}") from None
-    print(arn, file=out, flush=True)
+    if reporter is None:
+        print(arn, file=out, flush=True)
     if not follow:
         return ExecutionResult(arn=arn, status="Executing")
-    return follow_execution(sm, arn, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, out=out, sleep=sleep)
-
-
-def _steps(sm: Any, arn: str) -> list[dict[str, Any]] | None:
-    """The execution's steps, or None where the endpoint cannot list them."""
-    from botocore.exceptions import ClientError
-
-    try:
-        return sm.list_pipeline_execution_steps(PipelineExecutionArn=arn, SortOrder="Ascending").get(
-            "PipelineExecutionSteps", []
-        )
-    except ClientError:
-        return None
+    if cloudwatch is None and client is None:
+        cloudwatch = aws_client("cloudwatch", region=region, endpoint_url=endpoint_url, profile=profile)
+    target = runs.Target.of(recipe, plan, instance_count=instance_count, max_steps=max_steps)
+    return runs.follow(
+        sm, arn, target=target, cloudwatch=cloudwatch, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
+        reporter=reporter or runs.reporter_for(out), sleep=sleep,
+    )
 
 
 def follow_execution(
@@ -161,93 +256,21 @@ def follow_execution(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ExecutionResult:
-    """Poll an execution until it ends, showing its status and steps as a rich progress display."""
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    """Poll an execution until it ends, showing its status and steps (no metrics)."""
+    from . import runs
 
-    console = Console(file=out or sys.stdout, soft_wrap=True)
-    started = time.monotonic()
-    status, reason, steps = "Executing", None, []
-    can_list = True
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        TextColumn("{task.fields[detail]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("execution", total=None, detail="")
-        step_tasks: dict[str, Any] = {}
-        while True:
-            described = sm.describe_pipeline_execution(PipelineExecutionArn=arn)
-            status = described.get("PipelineExecutionStatus", "Unknown")
-            reason = described.get("FailureReason")
-            progress.update(task, description=f"execution {status}", detail=reason or "")
-            if can_list:
-                listed = _steps(sm, arn)
-                if listed is None:
-                    can_list = False
-                else:
-                    steps = listed
-                    for step in steps:
-                        step_name = step.get("StepName", "?")
-                        detail = step.get("StepStatus", "")
-                        if step.get("FailureReason"):
-                            detail += f": {step['FailureReason']}"
-                        if step_name not in step_tasks:
-                            step_tasks[step_name] = progress.add_task(f"  {step_name}", total=None, detail=detail)
-                        progress.update(step_tasks[step_name], detail=detail)
-            if status in TERMINAL:
-                progress.update(task, completed=1, total=1)
-                for task_id in step_tasks.values():
-                    progress.update(task_id, completed=1, total=1)
-                break
-            if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
-                break
-            sleep(poll_seconds)
-    console.print(f"{status}: {arn}" + (f" ({reason})" if reason else ""))
-    return ExecutionResult(arn=arn, status=status, failure_reason=reason, steps=steps)
+    return runs.follow(sm, arn, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds, reporter=runs.reporter_for(out or sys.stdout), sleep=sleep)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tiered_training.start RECIPE [--no-follow]`` (the CLI wires the same function)."""
-    import argparse
+    """``python -m tiered_training.start RECIPE ...``: the CLI's ``start`` command."""
+    from .cli import main as cli_main
 
-    from .errors import RecipeError
-
-    parser = argparse.ArgumentParser(prog="tiered-training start")
-    parser.add_argument("recipe")
-    parser.add_argument("--instance-count", type=int)
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--data-uri")
-    parser.add_argument("--skip-probe", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--no-follow", action="store_true")
-    parser.add_argument("--region")
-    parser.add_argument("--endpoint-url")
-    parser.add_argument("--poll-seconds", type=float, default=30.0)
-    args = parser.parse_args(argv)
     try:
-        result = start(
-            args.recipe,
-            instance_count=args.instance_count,
-            max_steps=args.max_steps,
-            data_uri=args.data_uri,
-            skip_probe=args.skip_probe,
-            follow=not args.no_follow,
-            region=args.region,
-            endpoint_url=args.endpoint_url,
-            poll_seconds=args.poll_seconds,
-        )
-    except RecipeError as error:
-        print(str(error), file=sys.stderr)
-        return EXIT_USAGE
-    except StartError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
-    if args.no_follow:
-        return EXIT_OK
-    return EXIT_OK if result.ok else EXIT_FAILED
+        cli_main(["start", *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as done:
+        return int(done.code or 0) if not isinstance(done.code, str) else EXIT_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

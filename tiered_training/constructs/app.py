@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 PLATFORM_STACK = f"{STACK_PREFIX}Platform"
-RECIPE_SUFFIXES = (".yaml", ".yml")
 # Feature flags the constructs are written for; set here so that `python app.py`, the
 # tests and `cdk synth` agree whatever cdk.json says.
 FEATURE_FLAGS = {
@@ -34,16 +33,27 @@ class RecipeProblems(Exception):
 
 
 def recipe_files(directory: str | Path) -> list[Path]:
-    path = Path(directory)
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise RecipeProblems([f"{path}: no such recipe directory"])
-    return sorted(p for p in path.iterdir() if p.suffix in RECIPE_SUFFIXES and p.is_file())
+    """The recipe files in ``directory`` (or the one file it names), as the CLI lists them.
+
+    Raises RecipeProblems for entries that are not readable recipe files (dangling
+    links, FIFOs, unreadable files are reported when read) and for no recipes at all.
+    """
+    from ..loader import find_recipes
+
+    files, errors = find_recipes([directory])
+    if errors:
+        raise RecipeProblems([str(e) for e in errors])
+    if not files:
+        raise RecipeProblems([f"{directory}: no recipes found (*.yaml or *.yml)"])
+    return files
 
 
 def load_plans(directory: str | Path) -> list["Plan"]:
-    """Every recipe in ``directory``, planned. Raises RecipeProblems listing every bad one."""
+    """Every recipe in ``directory``, planned. Raises RecipeProblems listing every bad one.
+
+    The entries are the CLI's (``tiered_training.loader.find_recipes``), so ``cdk synth``
+    fails on exactly the files ``tiered-training validate`` reports.
+    """
     from ..errors import PlanError, RecipeError
     from ..planner import plan_file
 

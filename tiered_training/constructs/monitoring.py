@@ -42,6 +42,7 @@ from constructs import Construct, IConstruct, IValidation
 
 from .. import alarms as fitting
 from .. import metrics as catalogue
+from .. import names
 from .metric_factory import TrainingMetricFactory
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class TrainingMonitoring(Construct):
         self.pipeline = pipeline
         self.fit = fitting.fit_alarms(plan, cadence_seconds)
         self.metrics = TrainingMetricFactory(plan.name, pipeline_name=pipeline.pipeline_name)
-        self.topic: sns.ITopic = topic or alarm_topic(self, "Topic", display_name=f"tiered-training {plan.name}")
+        self.topic: sns.ITopic = topic or alarm_topic(self, "Topic", display_name=names.topic_display_name(plan.name))
         email = alarm_email or plan.recipe.monitoring.alarm_email
         if email:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
@@ -225,7 +226,7 @@ class TrainingMonitoring(Construct):
                 title=title, left=left, right=right or [], left_annotations=annotations or [], width=12, height=6
             )
 
-        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"TieredTraining-{plan.name}")
+        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=names.dashboard_name(plan.name))
         dashboard.add_widgets(
             cloudwatch.TextWidget(markdown=text, width=24, height=2),
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24, height=3),

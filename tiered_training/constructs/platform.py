@@ -22,7 +22,7 @@ from .pipeline import TrainingPipeline
 if TYPE_CHECKING:
     from ..plan import Plan
 
-STACK_PREFIX = "TieredTraining-"
+from ..names import STACK_PREFIX, stack_name
 
 
 class TrainingPlatform(Construct):
@@ -137,4 +137,4 @@ class RecipeStack(Stack):
 
 
 def stack_id(recipe_name: str) -> str:
-    return f"{STACK_PREFIX}{recipe_name}"
+    return stack_name(recipe_name)

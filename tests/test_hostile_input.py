@@ -1,0 +1,280 @@
+"""Hostile and careless input: every case is exit 2 with one clear line, fast, never a hang or a crash.
+
+Cases run in-process through the CLI (typer's CliRunner) so that the time measured is
+the command's, not Python's start-up; a few run as subprocesses where a segfault or a
+blocking read would take the test process down with it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from support import ROOT, recipe_dict, write_yaml
+from tiered_training.cli import app
+from tiered_training.errors import RecipeError
+from tiered_training.loader import MAX_DEPTH, find_recipes, parse_recipe
+
+RUNNER = CliRunner()
+
+
+def invoke(*args, env=None):
+    started = time.perf_counter()
+    result = RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training", env=env)
+    return result, time.perf_counter() - started
+
+
+def alias_bomb(levels: int = 9, fan: int = 10) -> str:
+    lines = ["a0: &a0 [" + ",".join(["lol"] * fan) + "]"]
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def with_text(base: dict, old: str, new: str) -> str:
+    text = yaml.safe_dump(base, sort_keys=False)
+    assert old in text
+    return text.replace(old, new)
+
+
+# The table of the hostile inputs: (label, file text, words the one line must hold).
+CASES = [
+    ("alias bomb", alias_bomb(), ["aliases expand"]),
+    ("nesting 2,000 deep", "name: " + "[" * 2000 + "]" * 2000 + "\n", ["nested more than"]),
+    ("nesting 50,000 deep", "name: " + "[" * 50_000 + "]" * 50_000 + "\n", ["nested more than"]),
+    ("deep mapping", "".join(" " * i + f"k{i}:\n" for i in range(200)), ["nested more than"]),
+    ("400-digit total_tokens", recipe_dict(**{"budget.total_tokens": int("9" * 400)}), ["budget.total_tokens", "less than or equal", "400 characters"]),
+    ("price_per_hour .inf", with_text(recipe_dict(**{"compute.price_per_hour": 1.5}), "price_per_hour: 1.5", "price_per_hour: .inf"), ["compute.price_per_hour", "finite"]),
+    ("price_per_hour .nan", with_text(recipe_dict(**{"compute.price_per_hour": 1.5}), "price_per_hour: 1.5", "price_per_hour: .nan"), ["compute.price_per_hour", "finite"]),
+    ("grad_clip .inf", with_text(recipe_dict(**{"optimizer.grad_clip": 1.5}), "grad_clip: 1.5", "grad_clip: .inf"), ["optimizer.grad_clip", "finite"]),
+    ("rope_theta -.inf", recipe_dict(**{"model.catalog": None, "model.dimensions": {"layers": 2, "hidden_size": 64, "attention_heads": 1, "kv_heads": 1, "ffn_size": 64, "vocab_size": 256, "rope_theta": float("-inf")}}), ["rope_theta", "finite"]),
+    ("seed 2**64", recipe_dict(**{"data.seed": 2**64}), ["data.seed", "4294967295"]),
+    ("name of 130 characters", recipe_dict(name="n" * 130), ["name", "at most 84", "130 characters"]),
+    ("name of 256 characters", recipe_dict(name="n" * 256), ["name", "at most 84"]),
+    ("name of 85 characters", recipe_dict(name="n" * 85), ["SNS topic display name", "at most 100"]),
+    ("instance type of 10,000 characters", recipe_dict(**{"compute.instance_type": "x" * 10_000}), ["compute.instance_type", "10,000 characters"]),
+    ("5,000-digit integer", "name: unit-test\nsequence_length: " + "9" * 5000 + "\n", ["YAML", "cannot be read"]),
+    ("explicit bad tag", "name: !!int nope\n", ["YAML", "cannot be read"]),
+    ("bad timestamp tag", "name: !!timestamp nope\n", ["YAML"]),
+    ("python object tag", "name: !!python/object:os.system x\n", ["YAML syntax"]),
+    ("unhashable key", "? [a, b]\n: 1\nname: x\n", ["YAML syntax"]),
+    ("NUL byte", "name: a\x00b\n", ["YAML", "not allowed"]),
+    ("two documents", "name: a\n---\nname: b\n", ["YAML syntax"]),
+    ("tags over the limit", recipe_dict(tags={f"k{i}": "v" for i in range(60)}), ["tags", "at most 49"]),
+    ("a value of 300 tag characters", recipe_dict(tags={"team": "t" * 300}), ["tags", "256"]),
+]
+
+
+@pytest.mark.parametrize("label,text,words", CASES, ids=[c[0] for c in CASES])
+def test_hostile_recipe_is_exit_2_with_one_clear_line_within_a_second(tmp_path, label, text, words):
+    path = write_yaml(tmp_path / "recipe.yaml", text)
+    result, seconds = invoke("validate", path)
+    assert result.exit_code == 2, (label, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {path}"), lines[0]
+    assert len(lines[0]) < 600, len(lines[0])
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert seconds < 1.0, f"{label}: {seconds:.2f} s"
+
+
+def test_the_longest_name_fits_every_derived_name():
+    from tiered_training import names
+
+    longest = "n" * names.longest_name()
+    recipe, _ = parse_recipe(yaml.safe_dump(recipe_dict(name=longest)), "long.yaml")
+    for derived in names.DERIVED:
+        assert len(derived.derive(recipe.name)) <= derived.limit, derived.what
+    assert names.longest_name() == 100 - len("tiered-training ")  # the SNS display name binds
+
+
+def test_a_50_mb_name_is_refused_by_size_without_reading_it(tmp_path):
+    path = tmp_path / "huge.yaml"
+    with open(path, "w") as handle:
+        handle.write("name: ")
+        handle.truncate(50_000_000)  # sparse: as big as a 50 MB name, nothing to write
+    result, seconds = invoke("plan", path)
+    assert result.exit_code == 2
+    assert "at most 1,048,576 bytes" in result.stderr and result.stderr.count("\n") == 1
+    assert seconds < 1.0
+
+
+def test_depth_bound_triggers_before_any_recursion():
+    text = "a: " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n"
+    with pytest.raises(RecipeError, match="nested more than"):
+        parse_recipe(text, "deep.yaml")
+    ok = "a: " + "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2) + "\n"
+    with pytest.raises(RecipeError) as info:  # within the bound: an ordinary schema error
+        parse_recipe(ok, "shallow.yaml")
+    assert "nested" not in str(info.value)
+
+
+def test_a_few_aliases_are_fine():
+    text = yaml.safe_dump(recipe_dict(), sort_keys=False)
+    text = text.replace("data:\n  uri: s3://bucket-for-tests/tokens/", "data:\n  uri: &u s3://bucket-for-tests/tokens/\n  allowed_uris: [*u]")
+    recipe, _ = parse_recipe(text, "aliases.yaml")
+    assert recipe.data.allowed_uris == ["s3://bucket-for-tests/tokens/"]
+
+
+def test_merge_key_with_an_override_is_not_a_duplicate():
+    text = """\
+name: merged
+model: {catalog: llama-3.2-1b}
+data: {uri: "s3://bucket-for-tests/tokens/"}
+sequence_length: 4096
+budget: {total_tokens: 10000000000, global_batch_tokens: 1048576}
+compute: {instance_type: ml.p6-b200.48xlarge}
+monitoring: &mon {stall_minutes: 45, loss_ceiling: 9.0}
+checkpointing:
+  <<: [{interval_minutes: 20, keep_last: 4}, {keep_last: 9, shutdown_deadline_seconds: 100}]
+  keep_last: 5
+"""
+    recipe, lines = parse_recipe(text, "merge.yaml")
+    # Explicit keys override merged ones; of the merged mappings, the first wins.
+    assert recipe.checkpointing.keep_last == 5
+    assert recipe.checkpointing.interval_minutes == 20
+    assert recipe.checkpointing.shutdown_deadline_seconds == 100
+    assert lines["checkpointing.keep_last"] == 10
+    assert recipe.monitoring.stall_minutes == 45
+
+
+def test_merged_key_errors_point_at_the_merged_line():
+    text = "base: &b {keep_last: 0}\n" + "checkpointing:\n  <<: *b\n"
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, "m.yaml")
+    problem = next(p for p in info.value.problems if p.field == "checkpointing.keep_last")
+    assert problem.line == 1
+
+
+def test_a_real_duplicate_is_still_reported():
+    with pytest.raises(RecipeError, match="duplicate key"):
+        parse_recipe("name: a\nname: b\n", "dup.yaml")
+
+
+def test_messages_quote_at_most_80_characters_of_a_value(tmp_path):
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"data.uri": "s3://" + "b" * 900}))
+    result, _ = invoke("validate", path)
+    assert result.exit_code == 2
+    assert "b" * 81 not in result.stderr and "905 characters" in result.stderr
+
+
+# -- the recipes directory: synth and the CLI agree -------------------------------------
+
+
+def recipes_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write_yaml(folder / "good.yaml", recipe_dict(name="good"))
+    return folder
+
+
+def special_entries(folder: Path) -> dict[str, str]:
+    """Entries that are not readable recipe files, and the words their error holds."""
+    (folder / "gone.yaml").symlink_to(folder / "missing-target.yaml")
+    os.mkfifo(folder / "pipe.yaml")
+    (folder / "dir.yaml").mkdir()
+    return {"gone.yaml": "dangling symbolic link", "pipe.yaml": "FIFO", "dir.yaml": "directory"}
+
+
+def test_fifo_dangling_link_and_directory_are_errors_in_validate_and_synth(tmp_path):
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    folder = recipes_dir(tmp_path)
+    expected = special_entries(folder)
+    (folder / ".hidden.yaml").symlink_to(folder / "editor-lock")  # editors' lock files are skipped
+    (folder / "notes.txt").write_text("not a recipe")
+
+    files, errors = find_recipes([folder])
+    assert sorted(p.name for p in files) == sorted(["good.yaml", *expected])
+
+    result, seconds = invoke("validate", folder)
+    assert result.exit_code == 2 and seconds < 1.0
+    for name, words in expected.items():
+        line = next(x for x in result.stderr.splitlines() if name in x)
+        assert words in line
+    assert "good.yaml: ok" in result.stdout
+    assert ".hidden" not in result.output and "notes.txt" not in result.output
+
+    with pytest.raises(RecipeProblems) as info:
+        load_plans(folder)
+    reported = str(info.value)
+    for name, words in expected.items():
+        assert name in reported and words in reported
+
+
+def test_unreadable_file_is_an_error_in_validate_and_synth(tmp_path, monkeypatch):
+    from tiered_training import loader
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    folder = recipes_dir(tmp_path)
+    secret = write_yaml(folder / "secret.yaml", recipe_dict(name="secret"))
+    secret.chmod(0)
+    if os.geteuid() == 0:  # root reads whatever the mode: refuse the open as the kernel would
+        real_open = os.open
+
+        def refuse(path, *args, **kwargs):
+            if Path(path).name == "secret.yaml":
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(loader.os, "open", refuse)
+    result, _ = invoke("validate", folder)
+    assert result.exit_code == 2 and "secret.yaml" in result.stderr and "Permission denied" in result.stderr
+    with pytest.raises(RecipeProblems, match="secret.yaml: cannot read the file: Permission denied"):
+        load_plans(folder)
+
+
+def test_synth_app_exits_2_on_a_bad_entry(tmp_path, monkeypatch, capsys):
+    from tiered_training.constructs import app as cdk_app
+
+    folder = recipes_dir(tmp_path)
+    (folder / "gone.yaml").symlink_to(folder / "nowhere.yaml")
+    real_app = cdk_app.App
+    # The app's context as `cdk synth -c recipes=<folder>` gives it.
+    monkeypatch.setattr(cdk_app, "App", lambda **kw: real_app(**{**kw, "context": {**kw.get("context", {}), "recipes": str(folder)}, "outdir": str(tmp_path / "out")}))
+    monkeypatch.setattr(cdk_app, "build_app", lambda *a, **k: pytest.fail("synth went ahead"))
+    assert cdk_app.main() == 2
+    err = capsys.readouterr().err
+    assert "gone.yaml" in err and "dangling symbolic link" in err
+
+
+def test_empty_input_is_exit_2_no_recipes_found(tmp_path):
+    for command in ("plan", "validate"):
+        result, _ = invoke(command, tmp_path)
+        assert result.exit_code == 2
+        assert "no recipes found" in result.stderr
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    with pytest.raises(RecipeProblems, match="no recipes found"):
+        load_plans(tmp_path)
+
+
+# -- as a user runs it: a separate process, for what would crash or block a process -------
+
+
+def run_cli(*args, timeout=20):
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "tiered_training.cli", *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return result, time.perf_counter() - started
+
+
+def test_subprocess_deep_nesting_bomb_and_fifo_never_crash_or_hang(tmp_path):
+    deep = write_yaml(tmp_path / "deep.yaml", "name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    bomb = write_yaml(tmp_path / "bomb.yaml", alias_bomb())
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    result, seconds = run_cli("validate", deep, bomb, fifo)
+    assert result.returncode == 2, result.stderr  # not 139 (segfault), not a timeout
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3, result.stderr
+    # Python's start-up and imports are most of this; the in-process checks above bound the work itself.
+    assert seconds < 10, seconds

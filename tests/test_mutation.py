@@ -1,0 +1,198 @@
+"""Mutation test: every template, mutated every way a careless or hostile edit could.
+
+Mutations: each field deleted, its type swapped, pushed past its bounds (zero,
+negative, huge, infinite, NaN), set to long and odd strings; unknown keys added;
+top-level keys duplicated. For each:
+
+- no exception but ``RecipeError`` escapes the loader and planner (no traceback);
+- each takes less than 2 s;
+- a recipe that loads with no plan error is really runnable: its RunConfig
+  round-trips, its pipeline definition passes ``validate_definition`` (SageMaker's
+  rules, botocore's CreateTrainingJob shape), its estimates are finite and its
+  name fits every derived name; so ``validate`` can never exit 0 on an invalid plan.
+
+The loader and planner run in-process for every mutation; the CLI (``validate``
+through typer's CliRunner) runs on a deterministic sample, checking its exit code
+against the same verdict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from support import RECIPES
+from tiered_training import definition as d
+from tiered_training import names, report
+from tiered_training.cli import app
+from tiered_training.errors import RecipeError
+from tiered_training.loader import parse_recipe
+from tiered_training.planner import resolve
+from tiered_training.runconfig import RunConfig
+
+LIMIT_SECONDS = 2.0
+CLI_SAMPLE_EVERY = 25
+RESOURCES = d.PipelineResources(
+    role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+    checkpoint_s3_uri="s3://b/c/", output_s3_uri="s3://b/o/",
+)
+
+ODD_STRINGS = {
+    "empty": "",
+    "spaces": "   ",
+    "markup": "[bold]x[/] [/]",
+    "long": "a" * 5000,
+    "newlines": "a\nb\r\nc",
+    "nul": "a\x00b",
+    "unicode": "名前-ñ-🙂",
+    "template": "${AWS_SECRET} {{x}} %s",
+    "number-like": "1e3",
+    "auto": "auto",
+}
+TYPE_SWAPS = {"int": 7, "float": 0.5, "bool": True, "null": None, "list": [1, "a"], "map": {"a": 1}, "string": "x"}
+BOUNDS = {"zero": 0, "negative": -1, "int64": 2**63, "huge": 10**30, "tiny": 1e-300, "max-float": 1.7e308, "inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def paths(node: Any, prefix: tuple = ()) -> Iterator[tuple]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield prefix + (key,)
+            yield from paths(value, prefix + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield prefix + (index,)
+            yield from paths(value, prefix + (index,))
+
+
+def replaced(data: dict, path: tuple, value: Any = None, delete: bool = False) -> dict:
+    data = copy.deepcopy(data)
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return data
+
+
+def dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=10**6)
+
+
+def mutations(text: str) -> Iterator[tuple[str, str]]:
+    data = yaml.safe_load(text)
+    for path in paths(data):
+        where = ".".join(map(str, path))
+        value = _get(data, path)
+        yield f"delete {where}", dump(replaced(data, path, delete=True))
+        for label, swap in TYPE_SWAPS.items():
+            if type(swap) is not type(value):
+                yield f"{where} = {label}", dump(replaced(data, path, swap))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            for label, bound in BOUNDS.items():
+                yield f"{where} = {label}", dump(replaced(data, path, bound))
+            yield f"{where} x1000", dump(replaced(data, path, value * 1000))
+        if isinstance(value, str):
+            for label, odd in ODD_STRINGS.items():
+                yield f"{where} = {label} string", dump(replaced(data, path, odd))
+            yield f"{where} doubled", dump(replaced(data, path, value * 2))
+        if isinstance(value, dict):
+            yield f"{where} + unknown key", dump(replaced(data, path + ("unknown_key",), 1))
+        if isinstance(value, list) and value:
+            yield f"{where} duplicated item", dump(replaced(data, path, value + value[-1:]))
+    yield "unknown top-level key", dump({**data, "extra": 1})
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if line and not line.startswith((" ", "#", "-")) and ":" in line:
+            yield f"duplicate line {index + 1}", "\n".join(lines[: index + 1] + [line] + lines[index + 1 :]) + "\n"
+    yield "empty file", ""
+    yield "a list, not a mapping", "- " + "\n- ".join(lines[:3]) + "\n"
+    yield "tabs for indentation", text.replace("  ", "\t")
+    yield "truncated", text[: len(text) // 2]
+
+
+def _get(data: Any, path: tuple) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def verdict(text: str, name: str) -> bool:
+    """True when the recipe is runnable, False when it is reported; anything else raises."""
+    try:
+        recipe, lines = parse_recipe(text, name)
+    except RecipeError as error:
+        assert error.problems, "a RecipeError without problems"
+        for line in str(error).splitlines():
+            assert len(line) < 1200, f"message line of {len(line)} characters"
+        return False
+    plan = resolve(recipe, source=name, lines=lines)
+    report.plans_json([plan])  # strict JSON: raises on NaN or Infinity
+    if not plan.ok:
+        return False
+    est = plan.estimates
+    for value in (est.tokens_per_second_per_gpu, est.wall_time_hours, est.cost_usd, est.step_time_seconds):
+        assert math.isfinite(value) and value > 0, value
+    config = plan.run_config()
+    assert RunConfig.from_json(config.to_json()) == config
+    json.loads(config.to_json())
+    problems = d.validate_definition(d.build_definition(plan, RESOURCES))
+    assert not problems, problems
+    assert names.name_problem(plan.name) is None
+    return True
+
+
+def all_mutations() -> list[tuple[str, str, str]]:
+    out = []
+    for path in RECIPES:
+        for label, text in mutations(path.read_text()):
+            out.append((path.name, label, text))
+    return out
+
+
+def test_no_mutation_of_any_template_gives_a_traceback_a_hang_or_a_false_ok(tmp_path):
+    cases = all_mutations()
+    assert len(cases) > 2000
+    failures, slow, verdicts = [], [], {}
+    runner = CliRunner()
+    for index, (template, label, text) in enumerate(cases):
+        started = time.perf_counter()
+        try:
+            verdicts[index] = verdict(text, f"{template}[{label}]")
+        except Exception as exc:  # noqa: BLE001 - collect every failure, then report them together
+            failures.append(f"{template} [{label}]: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        seconds = time.perf_counter() - started
+        if seconds > LIMIT_SECONDS:
+            slow.append(f"{template} [{label}]: {seconds:.2f} s")
+    assert not failures, f"{len(failures)} of {len(cases)} mutations failed:\n" + "\n".join(failures[:40])
+    assert not slow, "\n".join(slow)
+    # Both verdicts occur: the mutations reach the planner, not only the loader.
+    assert 0 < sum(verdicts.values()) < len(verdicts)
+
+    mismatched = []
+    for index in range(0, len(cases), CLI_SAMPLE_EVERY):
+        template, label, text = cases[index]
+        path = tmp_path / f"mutation-{index}.yaml"
+        path.write_text(text, encoding="utf-8")
+        result = runner.invoke(app, ["validate", str(path)], prog_name="tiered-training")
+        expected = 0 if verdicts[index] else 2
+        if result.exit_code != expected or (result.exception and not isinstance(result.exception, SystemExit)):
+            mismatched.append(f"{template} [{label}]: exit {result.exit_code}, expected {expected}: {result.output[-300:]}")
+    assert not mismatched, "\n".join(mismatched)
+
+
+@pytest.mark.parametrize("template", RECIPES, ids=lambda p: p.name)
+def test_every_template_is_mutated_at_every_field(template):
+    data = yaml.safe_load(template.read_text())
+    labels = {label for label, _ in mutations(template.read_text())}
+    for path in paths(data):
+        assert f"delete {'.'.join(map(str, path))}" in labels
