@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .architecture import Architecture
 
@@ -40,6 +40,12 @@ class ModelConfig(Architecture):
 
 
 class ParallelConfig(_Frozen):
+    """world = replicate x shard x context_parallel GPUs.
+
+    ``shard_group_size`` counts the context-parallel ranks: FSDP shards the state over
+    shard x context_parallel GPUs, so it is a multiple of ``context_parallel``.
+    """
+
     sharding: Literal["full", "hybrid", "none"]
     shard_group_size: int = Field(ge=1, description="GPUs that share one copy of the sharded state")
     context_parallel: int = Field(
@@ -51,6 +57,21 @@ class ParallelConfig(_Frozen):
             "a data-parallel rank is a cp group, and micro_batch_size counts sequences per cp group"
         ),
     )
+
+    @model_validator(mode="after")
+    def _context_parallel_fits(self) -> "ParallelConfig":
+        cp = self.context_parallel
+        if cp > 1 and self.sharding == "none":
+            raise ValueError(
+                f"context_parallel {cp} needs sharded state: FSDP shards it over the context-parallel ranks; "
+                "set sharding to full, or hybrid with shard_group_size a multiple of context_parallel"
+            )
+        if self.shard_group_size % cp:
+            raise ValueError(
+                f"shard_group_size {self.shard_group_size} is not a multiple of context_parallel {cp}: "
+                "the GPUs sharing one sharded copy include the context-parallel ranks"
+            )
+        return self
 
 
 class PrecisionConfig(_Frozen):
@@ -185,6 +206,17 @@ class RunConfig(_Frozen):
     metrics: MetricsConfig = MetricsConfig()
     tracking: TrackingConfig = TrackingConfig()
     validation: ValidationConfig = ValidationConfig()
+
+    @model_validator(mode="after")
+    def _sequence_splits_over_context_parallel(self) -> "RunConfig":
+        cp = self.parallel.context_parallel
+        if cp > 1 and self.batch.sequence_length % (2 * cp):
+            raise ValueError(
+                f"batch.sequence_length {self.batch.sequence_length} is not a multiple of 2 x context_parallel "
+                f"({2 * cp}): each context-parallel rank holds one chunk from the head and one from the tail "
+                "of every sequence (load balancing for the causal mask)"
+            )
+        return self
 
     def mfu(self, tokens_per_second_per_gpu: float) -> float:
         """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,

@@ -9,6 +9,7 @@ one chunk's logits exist at a time, in the forward and in the backward.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -21,15 +22,26 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int,
+    *, group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Mean token cross-entropy of ``hidden @ weight.T`` against ``labels``.
 
     hidden: [..., h] in the compute dtype; weight: [vocab, h]; labels: [...] (ignore -100).
+
+    group: the ranks that hold parts of the same sequences (context parallelism). The
+    tokens are then counted over the group and each rank returns ``group size x`` its
+    loss sum over that count: the mean over the group's ranks (which gradient averaging
+    takes) is the token-weighted mean over the whole sequences.
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
-    count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    count = (labels != IGNORE_INDEX).sum()
+    scale = 1
+    if group is not None:
+        dist.all_reduce(count, group=group)
+        scale = dist.get_world_size(group)
+    count = count.clamp(min=1)
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk_tokens):
         end = start + chunk_tokens
@@ -38,4 +50,4 @@ def chunked_cross_entropy(
             total = total + checkpoint(_chunk_loss_sum, h, weight, y, use_reentrant=False)
         else:
             total = total + _chunk_loss_sum(h, weight, y)
-    return total / count
+    return total * scale / count

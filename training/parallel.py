@@ -5,6 +5,10 @@
   ``shard_group_size`` ranks shards one copy of the state, copies are replicated.
 - ``none``: a 2-D mesh with a shard dimension of 1, i.e. plain data parallelism
   (every rank holds the whole state; gradients are all-reduced).
+- ``context_parallel`` > 1: a 3-D mesh ``("replicate", "shard", "cp")`` (replicate 1 for
+  ``full``); consecutive ranks form a context-parallel group. FSDP shards over the
+  flattened ``("shard", "cp")`` dimension ``shard_cp`` (torchtitan's ``dp_shard_cp``), so
+  ``shard_group_size`` counts the context-parallel ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ log = logging.getLogger("training.parallel")
 
 
 def build_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh:
+    if parallel.context_parallel > 1:
+        return _build_cp_mesh(parallel, world_size, device_type)
     if parallel.sharding == "full":
         if parallel.shard_group_size != world_size:
             log.warning("sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
@@ -33,9 +39,37 @@ def build_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> D
     return init_device_mesh(device_type, (world_size // group, group), mesh_dim_names=("replicate", "shard"))
 
 
+def _build_cp_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh:
+    cp = parallel.context_parallel
+    if world_size % cp:
+        raise ValueError(f"context_parallel {cp} does not divide the world size {world_size}")
+    group = world_size if parallel.sharding == "full" else parallel.shard_group_size
+    if parallel.sharding == "full" and parallel.shard_group_size != world_size:
+        log.warning("sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
+                    "estimate does not describe this run", world_size, parallel.shard_group_size)
+    if world_size % group:
+        raise ValueError(f"hybrid sharding: world size {world_size} is not a multiple of shard_group_size {group}")
+    mesh = init_device_mesh(device_type, (world_size // group, group // cp, cp), mesh_dim_names=("replicate", "shard", "cp"))
+    mesh["shard", "cp"]._flatten("shard_cp")
+    return mesh
+
+
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP shards over: ``mesh`` itself, or with context parallelism the flattened
+    ``shard_cp`` dimension (with ``replicate`` in front for hybrid sharding)."""
+    if "cp" not in (mesh.mesh_dim_names or ()):
+        return mesh
+    return mesh["shard_cp"] if mesh["replicate"].size() == 1 else mesh["replicate", "shard_cp"]
+
+
 def shard_group_size(mesh: DeviceMesh) -> int:
-    """Ranks that share one copy of the sharded state."""
-    return mesh["shard"].size() if "shard" in (mesh.mesh_dim_names or ()) else mesh.size()
+    """Ranks that share one copy of the sharded state (context-parallel ranks included)."""
+    mesh = fsdp_mesh(mesh)
+    names = mesh.mesh_dim_names or ()
+    for name in ("shard_cp", "shard"):
+        if name in names:
+            return mesh[name].size()
+    return mesh.size()
 
 
 def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy | None:
@@ -57,7 +91,7 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precis
 
     The last layer is not resharded after forward: backward needs it at once.
     """
-    kwargs = {"mesh": mesh}
+    kwargs = {"mesh": fsdp_mesh(mesh)}
     policy = mixed_precision_policy(precision)
     if policy is not None:
         kwargs["mp_policy"] = policy

@@ -38,6 +38,7 @@ from . import float8
 from .ac import apply_ac
 from .checkpoint import CheckpointManager
 from .compile import apply_compile
+from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights
@@ -108,6 +109,7 @@ class Trainer:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     mesh: object
     float8_modules: list[str]
+    cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
 
 
 def setup_logging(rank: int) -> None:
@@ -131,14 +133,16 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
         enable_tf32()
     float8.validate(precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
     mesh = build_mesh(cfg.parallel, info.world_size, info.device.type)
+    cp = ContextParallel.from_mesh(mesh, info.rank, info.world_size)
     init_dir = paths.init_checkpoint() if paths is not None else None
     lm = build_model(cfg.model, init_dir)
     converted = float8.apply_float8(lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
     layers = lm.model.layers
+    apply_context_parallel(lm, cp)
     apply_ac(layers, precision.activation_checkpointing)
     if precision.compile:
         apply_compile(layers)
-    model = CausalLMLoss(lm, precision.loss_chunk_tokens)
+    model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
     apply_fsdp(model, layers, mesh, precision)
     materialize(lm, info.device, seed=cfg.data.seed)
     if init_dir is not None:
@@ -146,7 +150,7 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
         load_hf_weights(lm, init_dir)
     optimizer = build_optimizer(model, cfg.optimizer, info.device)
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.batch.total_steps)
-    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted)
+    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp)
 
 
 def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
@@ -220,7 +224,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     batch = cfg.batch
     dataloader = build_dataloader(
         paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
-        rank=info.rank, world_size=info.world_size, seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
+        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, seed=cfg.data.seed,  # a CP group reads the same data pin_memory=info.device.type == "cuda",
         num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
@@ -278,8 +282,8 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             waited = time.perf_counter()
             tokens = next(data_iter)
             data_wait += time.perf_counter() - waited
-            inputs, labels = split_batch(tokens, device)
-            loss = model(inputs, labels) / accum
+            inputs, labels, positions = trainer.cp.shard(*split_batch(tokens, device))
+            loss = model(inputs, labels, positions) / accum
             loss.backward()
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
@@ -316,7 +320,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         if committed is not None:
             result.checkpoint_step = committed
 
-        tokens_global = accum * batch.micro_batch_size * batch.sequence_length * info.world_size
+        tokens_global = accum * batch.micro_batch_size * batch.sequence_length * trainer.cp.data_ranks
         stats = StepStats(
             step=step, loss=loss_value, grad_norm=grad_norm_value, lr=lr, tokens=tokens_global,
             step_time_s=step_time, data_wait_s=data_wait, tokens_per_second=tokens_global / step_time,
