@@ -41,10 +41,6 @@ from torch.distributed.tensor.experimental._attention import (
     _enable_context_parallel_dispatcher,
     _HeadTailLoadBalancer,
 )
-from torch.distributed.tensor.experimental._context_parallel._attention import (
-    _templated_ring_attention,
-    _templated_ring_attention_backward,
-)
 
 ATTENTION = "context_parallel"  # the Hugging Face attention implementation registered here
 SEQ_DIM = 2  # q, k, v are [batch, heads, sequence, head_dim]
@@ -170,10 +166,19 @@ def _wrap(mesh: DeviceMesh, tensors) -> tuple:
     return tuple(DTensor.from_local(t, mesh, [Shard(SEQ_DIM)], run_check=False) for t in tensors)
 
 
+def _ring():
+    """PyTorch's ring attention (forward, backward); private, so imported only where needed."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention
+    except ImportError:  # older layout
+        from torch.distributed.tensor.experimental import _attention
+    return _attention._templated_ring_attention, _attention._templated_ring_attention_backward
+
+
 def _cpu_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None, mesh):
     if attn_mask is not None:
         raise NotImplementedError("context-parallel attention does not take an attention mask")
-    return _templated_ring_attention(
+    return _ring()[0](
         mesh.get_group(), SEQ_DIM, _aten._scaled_dot_product_flash_attention_for_cpu,
         query=query, key=key, value=value, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
     )
@@ -183,7 +188,7 @@ def _cpu_flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, 
                         scale=None, mesh):
     if attn_mask is not None:
         raise NotImplementedError("context-parallel attention does not take an attention mask")
-    return _templated_ring_attention_backward(
+    return _ring()[1](
         mesh.get_group(), SEQ_DIM, _aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
         grad_out=grad_out, grad_out_name="grad_out", query=query, key=key, value=value, out=out,
         logsumexp=logsumexp, is_causal=is_causal, dropout_p=dropout_p, scale=scale,

@@ -11,7 +11,9 @@ everything as JSON.
     python -m training.gpu_check --list                 # the runs and predictions; no GPU needed
     python -m training.gpu_check --out results.json     # on the GPU (default: $OUT/gpu_check.json)
 
-Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
+First, a context-parallel case (``context_parallel_case``: ring attention on the CUDA SDPA
+kernels and the trainer with context parallelism 2 against 1, two ranks under torchrun;
+see ``training/context_parallel_check.py``). Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
 the rest are recorded as skipped, so the whole check stays under eight minutes. A run
 that fails (out of memory, a missing kernel, a missing package) is recorded with its
 error and the check carries on.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -145,6 +148,27 @@ def _release() -> None:
         pass
 
 
+def context_parallel_case(out_dir: Path, timeout_s: float) -> dict:
+    """Context parallelism 2 (ring attention on the CUDA SDPA kernels, then the trainer against
+    context parallelism 1): ``training.context_parallel_check`` under torchrun with 2 ranks."""
+    out = out_dir / "context_parallel_check.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "training.context_parallel_check", "--out", str(out)]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # torchrun and its workers, which hold the GPU
+        log, _ = proc.communicate()
+    result = json.loads(out.read_text()) if out.exists() else {}
+    status = "ok" if result.get("passed") else "timeout" if proc.returncode == -9 else "error"
+    row = {"status": status, "seconds": round(time.monotonic() - started, 1), **result}
+    if status != "ok":
+        row["log_tail"] = log[-6000:].splitlines()
+    return row
+
+
 def _table(rows: list[dict]) -> str:
     head = f"{'run':<28} {'status':<8} {'tok/s':>9} {'MFU%':>6} {'peak GiB':>9} {'pred GiB':>9} {'err%':>6}"
     lines = [head, "-" * len(head)]
@@ -171,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the remaining runs after this many seconds")
     parser.add_argument("--instance", default=None, help="catalogue instance for the BF16 peak (default: from the GPU name)")
+    parser.add_argument("--cp-timeout-s", type=float, default=180.0,
+                        help="the context-parallel case (first, 2 ranks under torchrun); 0 skips it")
     args = parser.parse_args(argv)
     for key in args.models:
         if key not in MODELS:
@@ -210,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     print("gpu_check:", json.dumps(env), flush=True)
 
     started = time.monotonic()
+    extra: dict = {}
+    if args.cp_timeout_s > 0:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        extra["context_parallel"] = context_parallel_case(out_path.parent, args.cp_timeout_s)
+        print("gpu_check: context parallel: " + json.dumps({k: extra["context_parallel"].get(k) for k in (
+            "status", "seconds", "attention", "trainer")}), flush=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         root = Path(tmp)
@@ -234,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "status", "tokens_per_second", "mfu_percent", "measured_peak_gib", "predicted_peak_gib", "error")}),
                 flush=True)
             out_path.parent.mkdir(parents=True, exist_ok=True)
-            out_path.write_text(json.dumps({"environment": env, "runs": rows}, indent=2))  # partial results survive a kill
+            out_path.write_text(json.dumps({"environment": env, "runs": rows, **extra}, indent=2))  # partial results survive a kill
     print(_table(rows))
     print(f"gpu_check: wrote {out_path} in {time.monotonic() - started:.0f} s")
     return 0

@@ -5,7 +5,7 @@
 
 First the pieces around attention are checked on every rank (ring attention against
 plain SDPA, the sequence split and its positions, the loss over the parts); then each run
-``cp:precision:checkpointing:sharding:micro_batch[:resume]`` trains and writes its
+``cp:precision:checkpointing:sharding:micro_batch[:resume][:compile]`` trains and writes its
 losses (hybrid: shard groups of 2 ranks). fp32 runs also export the final weights.
 ``resume`` runs save checkpoints, then the newest is deleted and the run restarts from
 the one before it.
@@ -40,10 +40,11 @@ from training.trainer import run  # noqa: E402
 CHECKPOINT_EVERY = 3
 
 
-def _config(precision: str, ac: str, sharding: str, micro_batch: int, cp: int, world: int, steps: int):
-    extra = {}
+def _config(precision: str, ac: str, sharding: str, micro_batch: int, cp: int, world: int, steps: int,
+            compile: bool = False):
+    extra = {"compile": compile}
     if precision == "fp8":  # tensorwise with FSDP float8 all-gather (emulated on the CPU)
-        extra = {"fp8_recipe": "tensorwise", "fp8_all_gather": True}
+        extra.update(fp8_recipe="tensorwise", fp8_all_gather=True)
     group = world if sharding == "full" else 2
     return tiny_config(
         parallel={"sharding": sharding, "shard_group_size": group, "context_parallel": cp},
@@ -110,7 +111,7 @@ def cmd_runs(args, info) -> None:
     dist.all_gather_object(results["checks"], checks(info))
     for spec in args.runs.split(","):
         cp, precision, ac, sharding, micro_batch, *flags = spec.split(":")
-        cfg = _config(precision, ac, sharding, int(micro_batch), int(cp), info.world_size, args.steps)
+        cfg = _config(precision, ac, sharding, int(micro_batch), int(cp), info.world_size, args.steps, "compile" in flags)
         name = spec.replace(":", "-")
         paths = Paths(data, root / f"ckpt-{name}", root / f"model-{name}")
         exporting = precision == "fp32"
