@@ -159,7 +159,8 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 
     try:
         return Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
-                               rank=trainer.info.rank, world_size=trainer.info.world_size, group=group)
+                               rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, group=group,
+                               shard=trainer.cp.shard)
     except (FileNotFoundError, ValueError) as error:
         log.warning("no validation loss in this run: %s", error)
         return None
@@ -224,7 +225,8 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     batch = cfg.batch
     dataloader = build_dataloader(
         paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
-        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, seed=cfg.data.seed,  # a CP group reads the same data pin_memory=info.device.type == "cuda",
+        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
+        seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
         num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )

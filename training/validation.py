@@ -75,9 +75,12 @@ class Validator:
     """Runs a validation pass when its interval has passed; see the module docstring."""
 
     def __init__(self, cfg: RunConfig, data_dir: Path, model: torch.nn.Module, device: torch.device, *,
-                 rank: int, world_size: int, group=None, clock: Callable[[], float] = time.monotonic):
+                 rank: int, world_size: int, group=None, clock: Callable[[], float] = time.monotonic, shard=None):
+        """rank, world_size: the data-parallel rank (with context parallelism, its CP group);
+        shard: ``ContextParallel.shard``, this rank's part of each batch and its positions."""
         v = cfg.validation
         self.cfg, self.model, self.device, self.group, self.clock = cfg, model, device, group, clock
+        self.shard = shard or (lambda inputs, labels: (inputs, labels, None))
         self.interval = v.interval_minutes * 60.0
         directory = validation_dir() if v.source == "channel" else data_dir
         batch = cfg.batch
@@ -88,11 +91,12 @@ class Validator:
         self.last = clock()
 
     @classmethod
-    def build(cls, cfg: RunConfig, data_dir: Path, model, device, *, rank: int, world_size: int, group=None) -> "Validator | None":
+    def build(cls, cfg: RunConfig, data_dir: Path, model, device, *, rank: int, world_size: int, group=None,
+              shard=None) -> "Validator | None":
         """A Validator, or None when the RunConfig asks for no validation loss."""
         if cfg.validation.source == "none":
             return None
-        return cls(cfg, data_dir, model, device, rank=rank, world_size=world_size, group=group)
+        return cls(cfg, data_dir, model, device, rank=rank, world_size=world_size, group=group, shard=shard)
 
     def due(self) -> bool:
         """Whether a pass is due on any rank (one small all-reduce: every rank calls it after every step)."""
@@ -111,8 +115,8 @@ class Validator:
         count = 0
         try:
             for tokens in self.data.batches(self.cfg.batch.micro_batch_size):
-                inputs, labels = split_batch(tokens, self.device)
-                total += self.model(inputs, labels).detach().float()
+                inputs, labels, positions = self.shard(*split_batch(tokens, self.device))
+                total += self.model(inputs, labels, positions).detach().float()
                 count += 1
         finally:
             self.model.train(was_training)

@@ -53,7 +53,22 @@ def _config(precision: str, ac: str, sharding: str, micro_batch: int, cp: int, w
                "global_batch_tokens": micro_batch * 32 * (world // cp)},
         optimizer={"lr": 1e-2, "warmup_steps": 2},
         checkpoint={"interval_steps": CHECKPOINT_EVERY},
+        # a validation pass after every step, on every 8th window (held out of training)
+        validation={"source": "holdout", "holdout_every": 8, "interval_minutes": 1e-6, "batches": 2},
     )
+
+
+class _Validation:
+    """A hook that keeps the validation losses."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def __call__(self, stats) -> None:
+        pass
+
+    def record_validation(self, loss: float) -> None:
+        self.losses.append(loss)
 
 
 def checks(info) -> dict:
@@ -116,10 +131,11 @@ def cmd_runs(args, info) -> None:
         paths = Paths(data, root / f"ckpt-{name}", root / f"model-{name}")
         exporting = precision == "fp32"
         resume = "resume" in flags
-        result = run(cfg, paths, resume=False, save_checkpoints=resume, export=exporting)
+        validation = _Validation()
+        result = run(cfg, paths, hooks=[validation], resume=False, save_checkpoints=resume, export=exporting)
         trainer = result.trainer
         entry = {
-            "losses": [result.losses[s] for s in sorted(result.losses)],
+            "losses": [result.losses[s] for s in sorted(result.losses)], "validation_losses": validation.losses,
             "mesh": list(trainer.mesh.mesh_dim_names), "mesh_shape": list(trainer.mesh.shape),
             "shard_group_size": shard_group_size(trainer.mesh), "cp_size": trainer.cp.size,
             "attention": trainer.lm.config._attn_implementation,

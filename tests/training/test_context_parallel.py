@@ -31,6 +31,8 @@ FP32_TOLERANCE = 1e-4
 RUNS = {
     "ref-hybrid": "1:fp32:none:hybrid:1",  # 2 replicas x shard groups of 2
     "ref-full": "1:fp32:none:full:1",  # shard over 4
+    "ref-full-bf16": "1:bf16:selective:full:1",
+    "ref-full-fp8": "1:fp8:full:full:1",
     "cp-hybrid": "2:fp32:none:hybrid:2:resume",  # replicate 2 x shard 1 x cp 2
     "cp-hybrid-full-ac": "2:fp32:full:hybrid:2",
     "cp-hybrid-selective-ac": "2:fp32:selective:hybrid:2",
@@ -148,6 +150,13 @@ def test_context_parallel_losses_equal_unsplit_losses(cp_runs, sharding):
 
 
 @pytest.mark.torch
+def test_validation_loss_with_context_parallel_equals_unsplit(cp_runs):
+    """Held-out windows, split over the CP group like training batches."""
+    cp, ref = cp_runs["cp-hybrid"]["validation_losses"], cp_runs["ref-hybrid"]["validation_losses"]
+    _close(cp, ref, FP32_TOLERANCE)
+
+
+@pytest.mark.torch
 @pytest.mark.parametrize("ac", ["full", "selective"])
 def test_activation_checkpointing_with_context_parallel(cp_runs, ac):
     _close(cp_runs[f"cp-hybrid-{ac}-ac"]["losses"], cp_runs["ref-hybrid"]["losses"], FP32_TOLERANCE)
@@ -155,9 +164,13 @@ def test_activation_checkpointing_with_context_parallel(cp_runs, ac):
 
 @pytest.mark.torch
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_low_precision_with_context_parallel_tracks_fp32(cp_runs, precision):
-    """bf16 (selective checkpointing) and emulated fp8 tensorwise with float8 all-gather (full)."""
-    _close(cp_runs[f"cp-full-{precision}"]["losses"], cp_runs["ref-full"]["losses"], 0.1)
+def test_low_precision_with_context_parallel_equals_unsplit(cp_runs, precision):
+    """bf16 (selective checkpointing) and emulated fp8 tensorwise with float8 all-gather (full
+    checkpointing), against CP 1 in the same precision. The first step's loss agrees to 1e-3;
+    rounding differences then grow with training (measured: at most 0.04 by step 6)."""
+    cp, ref = cp_runs[f"cp-full-{precision}"]["losses"], cp_runs[f"ref-full-{precision}"]["losses"]
+    assert abs(cp[0] - ref[0]) < 1e-3
+    _close(cp, ref, 0.06)
 
 
 @pytest.mark.torch
