@@ -13,7 +13,8 @@ everything as JSON.
 
 First, a context-parallel case (``context_parallel_case``: ring attention on the CUDA SDPA
 kernels and the trainer with context parallelism 2 against 1, two ranks under torchrun;
-see ``training/context_parallel_check.py``). Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
+see ``training/context_parallel_check.py``; at most ``--cp-timeout-s``, counted in the
+budget). Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
 the rest are recorded as skipped, so the whole check stays under eight minutes. A run
 that fails (out of memory, a missing kernel, a missing package) is recorded with its
 error and the check carries on.
