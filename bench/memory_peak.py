@@ -17,6 +17,7 @@ fragmentation reserve; see ``tiered_training/memory.py``).
 
     .venv/bin/python bench/memory_peak.py                      # table + bench/results/memory_peak.json
     .venv/bin/python bench/memory_peak.py --modes full --accum 1 --out /tmp/peak.json
+    .venv/bin/python bench/memory_peak.py --model '{"vocab_size": 8192, "ffn_size": 512}' --seq 256
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ MODEL = {"name": "peak-llama", "layers": 4, "hidden_size": 256, "attention_heads
          "ffn_size": 688, "vocab_size": 2048, "max_sequence_length": 1024, "rope_theta": 10000.0}
 
 
-def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: int, accum: int, chunk: int):
+def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: int, accum: int, chunk: int,
+               model: dict | None = None):
     from tiered_training.runconfig import RunConfig
 
+    model = {**MODEL, **(model or {})}
     return RunConfig.model_validate({
         "recipe_name": f"memory-peak-{mode}",
-        "model": MODEL,
+        "model": model,
         "parallel": {"sharding": "full", "shard_group_size": world},
         "precision": {"precision": precision, "activation_checkpointing": mode, "loss_chunk_tokens": chunk},
         "batch": {"sequence_length": seq, "micro_batch_size": micro_batch, "grad_accum_steps": accum,
@@ -71,10 +74,24 @@ def planned(cfg, world: int) -> dict:
 
 def step_tracker(model, optimizer):
     """``FSDPMemTracker`` over every micro-batch of a step: its per-module statistics restart
-    at each forward of the root (the peak it reports spans them all)."""
+    at each forward of the root (the peak it reports spans them all).
+
+    A view of a storage that no op created is not counted: on gloo, ``reduce_scatter``
+    copies its input outside the dispatcher and splits the copy in ``wait()``. NCCL makes no
+    such copy, so counting it would charge the GPU model for a CPU-only buffer.
+    """
+    import torch
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.tensor import DTensor
 
     class StepTracker(FSDPMemTracker):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.is_view and not any(t == DTensor for t in types):
+                source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                if source is not None and type(source) is torch.Tensor and source.untyped_storage() not in self._WINFO:
+                    return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
         def _fsdp_state_pre_forward(self, fsdp_mod, orig_fsdp_state_pre_fw):
             inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)
 
@@ -135,12 +152,12 @@ def worker(args) -> None:
     if info.rank == 0:
         (root / "data").mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(0)
-        rng.integers(0, MODEL["vocab_size"], 200_000, dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+        rng.integers(0, 256, 200_000, dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
     dist.barrier()
     rows = []
     for mode in args.modes.split(","):
         cfg = run_config(mode, precision=args.precision, world=info.world_size, seq=args.seq,
-                         micro_batch=args.micro_batch, accum=args.accum, chunk=args.chunk)
+                         micro_batch=args.micro_batch, accum=args.accum, chunk=args.chunk, model=json.loads(args.model))
         measured = measure(cfg, root)
         plan = planned(cfg, info.world_size)
         rows.append({"mode": mode, "precision": args.precision, "sequence_length": args.seq,
@@ -149,7 +166,7 @@ def worker(args) -> None:
                      "measured_by_kind": measured["by_kind"], "planned_bytes": plan["allocated"], "planned": plan,
                      "error": plan["allocated"] / measured["total"] - 1})
     if info.rank == 0:
-        Path(args.out).write_text(json.dumps({"model": MODEL, "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps({"model": {**MODEL, **json.loads(args.model)}, "rows": rows}, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -164,7 +181,8 @@ def table(result: dict) -> str:
 
 
 def launch(out: Path, *, modes: str = "none,selective,full", precision: str = "bf16", seq: int = 512,
-           micro_batch: int = 2, accum: int = 2, chunk: int = 256, nproc: int = 2, timeout: float = 300) -> dict:
+           micro_batch: int = 2, accum: int = 2, chunk: int = 256, nproc: int = 2, model: dict | None = None,
+           timeout: float = 300) -> dict:
     """Run the measurement under torchrun (gloo, ``nproc`` ranks) and return its JSON."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -172,7 +190,7 @@ def launch(out: Path, *, modes: str = "none,selective,full", precision: str = "b
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                str(Path(__file__).resolve()), "--worker", "--root", tmp, "--out", str(out), "--modes", modes,
                "--precision", precision, "--seq", str(seq), "--micro-batch", str(micro_batch), "--accum", str(accum),
-               "--chunk", str(chunk)]
+               "--chunk", str(chunk), "--model", json.dumps(model or {})]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"memory_peak failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
@@ -191,6 +209,7 @@ def main() -> None:
     parser.add_argument("--accum", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--model", default="{}", help="JSON overrides of the model's dimensions, e.g. '{\"vocab_size\": 8192}'")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -198,7 +217,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = launch(out, modes=args.modes, precision=args.precision, seq=args.seq, micro_batch=args.micro_batch,
-                    accum=args.accum, chunk=args.chunk, nproc=args.nproc)
+                    accum=args.accum, chunk=args.chunk, nproc=args.nproc, model=json.loads(args.model))
     print(table(result))
     print(f"wrote {out}")
 

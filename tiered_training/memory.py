@@ -10,6 +10,8 @@ The peak is the largest of four moments of a step (``peak_at``):
   activations are alive and the loss chunks are recomputed and differentiated.
 - ``top layer backward``: the last layer is recomputed (with checkpointing) and
   differentiated while the layers below still hold their activations.
+- ``bottom layer backward``: the first layer's turn; the layers above have released
+  their activations, and (with one micro-batch per step) left their sharded gradients.
 - ``root reduce``: the end of backward; the embedding and output head's gradients are
   reduced.
 - ``optimizer step``: every gradient exists (the fused AdamW of CUDA needs no more).
@@ -46,7 +48,7 @@ STATE_BYTES = {"param": 4, "grad": 4, "optimizer": 8}
 # FSDP2 reduces gradients in fp32 (MixedPrecisionPolicy reduce_dtype).
 REDUCE_BYTES = 4
 
-PHASES = ("loss backward", "top layer backward", "root reduce", "optimizer step")
+PHASES = ("loss backward", "top layer backward", "bottom layer backward", "root reduce", "optimizer step")
 
 
 def element_size(precision: str) -> int:
@@ -178,8 +180,9 @@ def sharded_state_bytes(arch: Architecture, shard_group: int) -> dict[str, int]:
 
 
 def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
-            chunk: int) -> dict[str, tuple[int, int, int]]:
-    """(unsharded in flight, activations, logits and loss) at each moment, in bytes."""
+            chunk: int) -> dict[str, tuple[int, int, int, float]]:
+    """(unsharded in flight, activations, logits and loss, share of the sharded gradients
+    already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
     h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
     layer, root = arch.layer_parameters, arch.root_parameters
@@ -193,18 +196,19 @@ def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int,
         e * (root + layer) + head_grad,
         layers * kept + rope,
         final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
+        0.0,
     )
     # The last layer's backward: it and the prefetched layer below are gathered; its gradients
     # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
     # gradient of its output flows in.
-    top = (
-        e * (root + 2 * layer) + head_grad + (e + REDUCE_BYTES) * layer,
-        layers * kept + rope + (backward_bytes_per_token(arch, precision, checkpointing) + e * h) * tokens,
-        0,
-    )
+    in_layer = e * (root + 2 * layer) + head_grad + (e + REDUCE_BYTES) * layer
+    backward = (backward_bytes_per_token(arch, precision, checkpointing) + e * h) * tokens
+    top = (in_layer, layers * kept + rope + backward, 0, 0.0)
+    bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
     # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
-    root_reduce = (e * root + (e + REDUCE_BYTES) * root, rope, 0)
-    return {"loss backward": loss, "top layer backward": top, "root reduce": root_reduce, "optimizer step": (0, 0, 0)}
+    root_reduce = (e * root + (e + REDUCE_BYTES) * root, rope, 0, 1.0)
+    return {"loss backward": loss, "top layer backward": top, "bottom layer backward": bottom,
+            "root reduce": root_reduce, "optimizer step": (0, 0, 0, 1.0)}
 
 
 def estimate(
@@ -230,11 +234,15 @@ def estimate(
     chunk = tokens if loss_chunk_tokens is None else min(loss_chunk_tokens, tokens)
     accumulates = grad_accum_steps is None or grad_accum_steps > 1
 
+    layer_grads = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) * STATE_BYTES["grad"]
     best = None
-    for phase, (in_flight, activations, logits) in _phases(
+    for phase, (in_flight, activations, logits, reduced) in _phases(
         arch, precision, checkpointing, tokens, sequence_length, chunk
     ).items():
-        grads = states["grad"] if accumulates or phase in ("root reduce", "optimizer step") else 0
+        if accumulates or reduced == 1.0:
+            grads = states["grad"]
+        else:
+            grads = int(reduced * layer_grads)
         allocated = states["param"] + states["optimizer"] + grads + in_flight + activations + logits
         if best is None or allocated > best[0]:
             best = (allocated, phase, grads, in_flight, activations, logits)
