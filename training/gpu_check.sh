@@ -11,15 +11,15 @@
 #
 # The image has Python 3.12, torch 2.11 and transformers 5.17 but no pydantic, torchao or
 # torchdata, and no network. Their wheels travel in ./.whl (`make gpu-wheels` fills it:
-# about 8 MB) and are installed here with --no-deps into ./.gpu_deps/site, which goes on
-# sys.path AFTER site-packages (training/__init__.py appends $TT_APPEND_SYSPATH): nothing
-# carried can shadow the image's torch, and gpu_check.py fails if torch came from there.
-# typing_extensions is the one exception: pydantic needs a recent one, so when the
-# image's is older the carried copy goes in front (./.gpu_deps/front), alone.
+# about 8 MB) and are installed here with --no-deps into $TMPDIR/tt-gpu-deps/site, which
+# goes on sys.path AFTER site-packages (training/__init__.py appends $TT_APPEND_SYSPATH):
+# nothing carried can shadow the image's torch, and gpu_check.py fails if torch came from
+# there. typing_extensions is the one exception: pydantic needs a recent one, so when the
+# image's is older the carried copy goes in front ($TMPDIR/tt-gpu-deps/front), alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-deps="$PWD/.gpu_deps"
+deps="${TT_GPU_DEPS:-${TMPDIR:-/tmp}/tt-gpu-deps}"  # outside the repository
 wheels="$PWD/.whl"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "from", torch.__file__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())'
