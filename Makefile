@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test plan bench calibrate clean
+.PHONY: synth test plan bench calibrate memory-bench gpu-wheels gpu-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,35 @@ bench: $(STAMP) $(NODE_STAMP)
 # held-out error; store the fitted parameters in tiered_training/catalog/performance.yaml.
 calibrate: $(STAMP)
 	$(PY) -m tiered_training.calibration --write
+
+# The planner's memory model against the peak of a real 2-rank trainer step, per checkpointing mode.
+memory-bench: $(STAMP)
+	$(PY) bench/memory_peak.py
+
+# Wheels the GPU machine's image lacks (Python 3.12, x86_64), carried in .whl/ (ignored by git);
+# pydantic-core for Python 3.11 too, for the CPU smoke below.
+GPU_WHEELS := pydantic==2.14.3 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 \
+	torchdata==0.11.0 torchao==0.17.0
+PIP_DOWNLOAD := $(PY) -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform any -d .whl
+gpu-wheels: $(STAMP)
+	mkdir -p .whl
+	$(PIP_DOWNLOAD) --python-version 3.12 $(GPU_WHEELS) pydantic-core==2.50.4
+	$(PIP_DOWNLOAD) --python-version 3.11 pydantic-core==2.50.4
+	@du -sh .whl
+
+# training/gpu_check.sh --cpu-smoke in a clean venv that stands in for the GPU image: CPU torch
+# (2.13.0: no CPU build of 2.11 can be had here), transformers 5.17, and only the carried wheels.
+SMOKE_VENV ?= /tmp/tt-gpu-smoke
+SMOKE_PYTHON ?= python3.11
+gpu-smoke: gpu-wheels
+	rm -rf $(SMOKE_VENV) && $(SMOKE_PYTHON) -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install --quiet torch==2.13.0 "transformers==5.17.*"
+	@# The image has no pydantic (its typer predates typer's pydantic dependency): neither does this venv.
+	$(SMOKE_VENV)/bin/python -m pip uninstall --quiet -y pydantic pydantic-core annotated-types typing-inspection
+	! $(SMOKE_VENV)/bin/python -c "import pydantic" 2>/dev/null
+	env -u PYTHONPATH PYTHON=$(SMOKE_VENV)/bin/python bash training/gpu_check.sh --cpu-smoke --out $(SMOKE_VENV)/gpu_check.json
 
 clean:
 	rm -rf cdk.out bench/results .pytest_cache

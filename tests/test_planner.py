@@ -270,11 +270,27 @@ def test_llama_8b_breakdown_by_hand():
     arch = catalogs.models()["llama-3.1-8b"].architecture
     s, b = 8192, 2
     est = memory.estimate(arch, precision="bf16", checkpointing="full", sequence_length=s, micro_batch=b, shard_group=8, hbm_bytes=179 * GIB)
-    h, V = 4096, 128256
-    assert est.activations == 32 * 2 * s * b * h + memory.activation_bytes_per_token(arch, "bf16", "none") * s * b + 2 * h * s * b
-    assert est.logits_and_loss == (4 * h + 4 + 4 * h) * s * b + 10 * 4096 * V
+    h, V, t = 4096, 128256, s * b
+    # With full checkpointing the 4,096-token loss chunk over a 128K vocabulary sets the peak.
+    assert est.peak_at == "loss backward"
+    assert est.activations == 32 * 2 * h * t + 2 * 2 * 128 * s  # block inputs, RoPE cos and sin
+    assert est.logits_and_loss == (4 * h + 4 + 4 * h) * t + 12 * 4096 * V + 2 * h * t
+    assert est.unsharded_in_flight == 2 * (arch.root_parameters + arch.layer_parameters) + 2 * V * h
+    assert est.gradients == memory.sharded_state_bytes(arch, 8)["grad"]
+    assert est.allocated + est.overhead == est.total and est.reserved == est.allocated + est.fragmentation
     unchunked = memory.estimate(arch, precision="bf16", checkpointing="full", sequence_length=s, micro_batch=b, shard_group=8, hbm_bytes=179 * GIB, loss_chunk_tokens=None)
-    assert unchunked.logits_and_loss - est.logits_and_loss == 10 * (s * b - 4096) * V
+    assert unchunked.logits_and_loss - est.logits_and_loss == 12 * (t - 4096) * V
+    # One micro-batch per step: no sharded gradients exist yet when the loss is differentiated.
+    single = memory.estimate(arch, precision="bf16", checkpointing="full", sequence_length=s, micro_batch=b, shard_group=8, hbm_bytes=179 * GIB, grad_accum_steps=1)
+    assert single.peak_at == "loss backward" and single.gradients == 0
+
+
+def test_selective_sits_between_none_and_full():
+    arch = catalogs.models()["llama-3.1-8b"].architecture
+    per_token = {mode: memory.activation_bytes_per_token(arch, "bf16", mode) for mode in ("none", "selective", "full")}
+    assert per_token["none"] > per_token["selective"] > per_token["full"]
+    # torchtitan's policy keeps the block input, q, v, gate, down and attention's output and log-sum-exp.
+    assert per_token["selective"] == 2 * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32
 
 
 def test_128k_context_on_h100_needs_context_parallelism():

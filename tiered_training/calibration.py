@@ -192,7 +192,7 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
         hbm_bytes=int(usable * GIB),
         loss_chunk_tokens=row.loss_chunk_tokens,
     )
-    return (estimate.total - memory.FIXED_OVERHEAD_BYTES) / GIB
+    return estimate.reserved / GIB
 
 
 # -- fitting ------------------------------------------------------------------------------

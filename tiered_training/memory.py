@@ -1,9 +1,34 @@
 """GPU memory per rank: the planner's model of what the trainer in ``training/`` allocates.
 
-Every term is in bytes for the busiest rank (rank 0). The activation formulas were
-measured to the byte on transformers' LlamaForCausalLM with
-``torch.autograd.graph.saved_tensors_hooks``; ``tests/training/test_planner_vs_trainer.py``
-keeps them honest.
+Every term is in bytes for the busiest rank (rank 0) of a training step: FSDP2 over a
+shard group, the compute dtype's parameters gathered one unit at a time, fp32 gradient
+reduction, AdamW, the chunked loss and the activation checkpointing of ``training/ac.py``.
+
+The peak is the largest of four moments of a step (``peak_at``):
+
+- ``loss backward``: the forward of the last micro-batch is done; every layer's saved
+  activations are alive and the loss chunks are recomputed and differentiated.
+- ``top layer backward``: the last layer is recomputed (with checkpointing) and
+  differentiated while the layers below still hold their activations.
+- ``bottom layer backward``: the first layer's turn; the layers above have released
+  their activations, and (with one micro-batch per step) left their sharded gradients.
+- ``root reduce``: the end of backward; the embedding and output head's gradients are
+  reduced.
+- ``optimizer step``: every gradient exists (the fused AdamW of CUDA needs no more).
+
+Sharded fp32 gradients exist through forward and backward from the second micro-batch
+of an accumulation on; with one micro-batch per step they appear only as backward
+reduces them, after the first two moments.
+
+Two terms are not allocations and stay apart (``overhead``), so that a measurement can
+be compared like for like: the fixed per-GPU reserve (CUDA context, NCCL buffers, cuBLAS
+workspaces; outside PyTorch's allocator) and the caching allocator's fragmentation
+(reserved minus allocated). ``allocated`` compares with ``torch.cuda.max_memory_allocated``
+and ``reserved`` with ``torch.cuda.max_memory_reserved``.
+
+The activation formulas were measured to the byte on transformers' LlamaForCausalLM;
+``tests/training/test_planner_vs_trainer.py`` checks them per layer and checks the whole
+step's peak against a real 2-rank FSDP step of the trainer (``bench/memory_peak.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +38,17 @@ from dataclasses import dataclass
 from .architecture import Architecture, sharded_elements
 
 GIB = 1024**3
-# CUDA context, NCCL buffers and cuBLAS workspaces: a fixed reserve per GPU.
+# CUDA context, NCCL buffers and cuBLAS workspaces: a fixed reserve per GPU, outside the allocator.
 FIXED_OVERHEAD_BYTES = 4 * GIB
-# The caching allocator rounds and fragments: a reserve on the transient terms.
+# The caching allocator rounds and fragments: reserved exceeds allocated by this share of the transient terms.
 FRAGMENTATION = 0.10
 # Bytes per element of optimiser-owned state: fp32 master parameter, fp32 gradient,
 # AdamW's two fp32 moments.
 STATE_BYTES = {"param": 4, "grad": 4, "optimizer": 8}
+# FSDP2 reduces gradients in fp32 (MixedPrecisionPolicy reduce_dtype).
+REDUCE_BYTES = 4
+
+PHASES = ("loss backward", "top layer backward", "bottom layer backward", "root reduce", "optimizer step")
 
 
 def element_size(precision: str) -> int:
@@ -35,8 +64,9 @@ def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing
       (4h), the rsqrt (4) and two h-wide tensors in the compute dtype; Q, K, V after
       RoPE, the attention output and its fp32 log-sum-exp (4 per head); SwiGLU's gate,
       up, SiLU and product (4f).
-    - ``selective``: the block input plus the outputs of every matmul and of
-      attention, which the selective policy saves; the rest is recomputed.
+    - ``selective``: the block input, the attention output and its log-sum-exp, and the
+      outputs of every other matmul (q, v, gate, down: h + kv + f + h); the rest is
+      recomputed.
     - ``full``: only the block input.
     """
     e = element_size(precision)
@@ -48,7 +78,7 @@ def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing
         return norms + attention + mlp
     if checkpointing == "selective":
         block_input = e * h
-        matmuls = e * (h + 2 * kv) + e * h + e * (2 * f) + e * h  # qkv, o, gate+up, down
+        matmuls = e * (h + kv + f + h)  # q_proj, v_proj, gate_proj, down_proj
         attention = e * h + 4 * heads  # output and log-sum-exp
         return block_input + matmuls + attention
     if checkpointing == "full":
@@ -56,21 +86,58 @@ def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing
     raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
 
 
+def backward_bytes_per_token(arch: Architecture, precision: str, checkpointing: str) -> int:
+    """Bytes per token that one layer's backward adds, at its height, to what it keeps.
+
+    - ``none``: the RMSNorm backward's fp32 temporaries (four h-wide fp32 tensors and the
+      incoming gradient); the layer's own saved tensors are being released meanwhile.
+    - ``full``: the recompute brings back everything ``none`` saves, and the SwiGLU
+      backward holds two f-wide gradients while two h-wide inputs are already freed.
+    - ``selective``: as ``full`` less what the policy kept (V, the attention output and
+      log-sum-exp, gate, and the q that RoPE re-derives) and one f-wide gradient fewer.
+
+    Measured on transformers' LlamaDecoderLayer for three shapes (different h, f and kv).
+    """
+    e = element_size(precision)
+    h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    none = activation_bytes_per_token(arch, precision, "none")
+    if checkpointing == "none":
+        return (e + 16) * h
+    if checkpointing == "full":
+        return none + e * (2 * f - 2 * h)
+    if checkpointing == "selective":
+        return none + e * (f - 4 * h - kv) - 4 * heads
+    raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
+
+
+def loss_bytes_per_logit(precision: str) -> int:
+    """Peak bytes per logit of one loss chunk's recompute and backward: the logits, their
+    fp32 upcast and log-softmax, and the gradient (measured: 12 for BF16, 16 for fp32)."""
+    return 16 if precision == "fp32" else 12
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per GPU, by what holds them."""
+    """Bytes per GPU at the step's peak, by what holds them."""
 
     parameters: int  # sharded fp32 master parameters
-    gradients: int  # sharded fp32 gradients
+    gradients: int  # sharded fp32 gradients alive at the peak
     optimizer_states: int  # sharded AdamW moments
-    unsharded_in_flight: int  # all-gathered parameters and unreduced gradients of the units in flight
-    activations: int  # saved for backward, all layers, plus one layer's recompute
-    logits_and_loss: int
-    overhead: int  # CUDA context, NCCL, allocator fragmentation
+    unsharded_in_flight: int  # gathered parameters, unreduced gradients and reduce buffers of the units in flight
+    activations: int  # saved for backward, plus the backward (and recompute) of the layer at the peak
+    logits_and_loss: int  # final norm, one loss chunk's logits and their gradient
+    overhead: int  # fixed reserve (CUDA context, NCCL, cuBLAS) + allocator fragmentation
     hbm: int
+    fragmentation: int = 0  # the part of ``overhead`` that the caching allocator reserves but does not allocate
+    peak_at: str = ""  # which moment of the step the peak is (one of PHASES)
 
     @property
     def total(self) -> int:
+        return self.allocated + self.overhead
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of live tensors at the peak: compare with ``torch.cuda.max_memory_allocated``."""
         return (
             self.parameters
             + self.gradients
@@ -78,8 +145,12 @@ class MemoryBreakdown:
             + self.unsharded_in_flight
             + self.activations
             + self.logits_and_loss
-            + self.overhead
         )
+
+    @property
+    def reserved(self) -> int:
+        """What the caching allocator holds: compare with ``torch.cuda.max_memory_reserved``."""
+        return self.allocated + self.fragmentation
 
     @property
     def fraction(self) -> float:
@@ -108,6 +179,38 @@ def sharded_state_bytes(arch: Architecture, shard_group: int) -> dict[str, int]:
     return {kind: elements * size for kind, size in STATE_BYTES.items()}
 
 
+def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
+            chunk: int) -> dict[str, tuple[int, int, int, float]]:
+    """(unsharded in flight, activations, logits and loss, share of the sharded gradients
+    already reduced in this micro-batch) at each moment, in bytes."""
+    e = element_size(precision)
+    h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
+    layer, root = arch.layer_parameters, arch.root_parameters
+    head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
+    kept = activation_bytes_per_token(arch, precision, checkpointing) * tokens
+    rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
+    final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
+
+    # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
+    loss = (
+        e * (root + layer) + head_grad,
+        layers * kept + rope,
+        final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
+        0.0,
+    )
+    # The last layer's backward: it and the prefetched layer below are gathered; its gradients
+    # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
+    # gradient of its output flows in.
+    in_layer = e * (root + 2 * layer) + head_grad + (e + REDUCE_BYTES) * layer
+    backward = (backward_bytes_per_token(arch, precision, checkpointing) + e * h) * tokens
+    top = (in_layer, layers * kept + rope + backward, 0, 0.0)
+    bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
+    # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
+    root_reduce = (e * root + (e + REDUCE_BYTES) * root, rope, 0, 1.0)
+    return {"loss backward": loss, "top layer backward": top, "bottom layer backward": bottom,
+            "root reduce": root_reduce, "optimizer step": (0, 0, 0, 1.0)}
+
+
 def estimate(
     arch: Architecture,
     *,
@@ -118,42 +221,43 @@ def estimate(
     shard_group: int,
     hbm_bytes: int,
     loss_chunk_tokens: int | None = 4096,
+    grad_accum_steps: int | None = None,
 ) -> MemoryBreakdown:
     """Peak memory of one GPU for a training step.
 
     ``loss_chunk_tokens=None`` models an unchunked loss (full fp32 logits).
+    ``grad_accum_steps``: micro-batches per optimiser step; ``None`` (not known) is
+    taken as more than one, so the sharded gradients are held throughout.
     """
     states = sharded_state_bytes(arch, shard_group)
-    e = element_size(precision)
     tokens = sequence_length * micro_batch
-
-    # FSDP2 keeps the root unit (embedding, final norm, head) and up to two layers
-    # (current and prefetched) unsharded in the compute dtype; their gradients exist
-    # unsharded in the compute dtype and once more in fp32 for the reduce-scatter.
-    gathered = e * (arch.root_parameters + 2 * arch.layer_parameters)
-    unreduced = (e + 4) * 2 * arch.layer_parameters
-    in_flight = gathered + unreduced
-
-    per_layer = activation_bytes_per_token(arch, precision, checkpointing) * tokens
-    recompute = 0 if checkpointing == "none" else activation_bytes_per_token(arch, precision, "none") * tokens
-    embeddings = e * arch.hidden_size * tokens  # embedding output feeding layer 0
-    activations = arch.layers * per_layer + recompute + embeddings
-
-    # Final norm's saved tensors, then BF16 logits, their fp32 upcast and gradient (10 bytes
-    # per logit) for one chunk of tokens at a time.
     chunk = tokens if loss_chunk_tokens is None else min(loss_chunk_tokens, tokens)
-    final_norm = (4 * arch.hidden_size + 4 + 2 * e * arch.hidden_size) * tokens
-    logits = final_norm + 10 * chunk * arch.vocab_size
+    accumulates = grad_accum_steps is None or grad_accum_steps > 1
 
-    transient = in_flight + activations + logits
-    overhead = FIXED_OVERHEAD_BYTES + int(FRAGMENTATION * transient)
+    layer_grads = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) * STATE_BYTES["grad"]
+    best = None
+    for phase, (in_flight, activations, logits, reduced) in _phases(
+        arch, precision, checkpointing, tokens, sequence_length, chunk
+    ).items():
+        if accumulates or reduced == 1.0:
+            grads = states["grad"]
+        else:
+            grads = int(reduced * layer_grads)
+        allocated = states["param"] + states["optimizer"] + grads + in_flight + activations + logits
+        if best is None or allocated > best[0]:
+            best = (allocated, phase, grads, in_flight, activations, logits)
+    _, phase, grads, in_flight, activations, logits = best
+
+    fragmentation = int(FRAGMENTATION * (in_flight + activations + logits))
     return MemoryBreakdown(
         parameters=states["param"],
-        gradients=states["grad"],
+        gradients=grads,
         optimizer_states=states["optimizer"],
         unsharded_in_flight=in_flight,
         activations=activations,
         logits_and_loss=logits,
-        overhead=overhead,
+        overhead=FIXED_OVERHEAD_BYTES + fragmentation,
         hbm=hbm_bytes,
+        fragmentation=fragmentation,
+        peak_at=phase,
     )

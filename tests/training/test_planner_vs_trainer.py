@@ -1,5 +1,12 @@
 """The planner's memory model against the real trainer (the planner's accuracy test).
 
+The gate: the peak of a whole training step. ``bench/memory_peak.py`` runs the trainer
+on 2 ranks (torchrun, gloo, FSDP2, BF16, the chunked loss, AdamW, two micro-batches per
+step) and takes the peak of its second step from PyTorch's ``FSDPMemTracker``; the
+planner's ``estimate(...).allocated`` (its total less the fixed CUDA/NCCL reserve and the
+allocator's fragmentation, which a CPU step cannot show) must be within 10% of it for
+every checkpointing mode.
+
 Activations: for each checkpointing mode, the bytes one decoder layer keeps for backward,
 per token, as ``tiered_training.memory.activation_bytes_per_token`` predicts, within 5%
 of what the real Hugging Face model (wrapped by ``training.ac``) keeps alive.
@@ -18,6 +25,10 @@ Parameter and optimiser-state bytes are compared exactly on real FSDP2 runs in
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -29,6 +40,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from tiered_training.architecture import Architecture  # noqa: E402
 from tiered_training.memory import activation_bytes_per_token  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 SEQ, BATCH = 64, 2
 ARCH = dict(hidden_size=128, attention_heads=4, kv_heads=2, ffn_size=352, vocab_size=256, max_sequence_length=256)
 
@@ -122,3 +134,37 @@ def test_activation_bytes_none_matches_saved_tensors_hooks(precision, dtype):
     planned = activation_bytes_per_token(arch, precision, "none") * SEQ * BATCH
     hooked = _saved_by_hooks(2, dtype) - _saved_by_hooks(1, dtype)
     assert abs(planned - hooked) / hooked <= 0.05, f"planner {planned} B, saved_tensors_hooks {hooked} B"
+
+
+# -- the whole step --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def step_peaks(tmp_path_factory):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from memory_peak import launch
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path_factory.mktemp("peak") / "peak.json"
+    return {row["mode"]: row for row in launch(out)["rows"]}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_whole_step_peak_matches_planner(step_peaks, mode):
+    row = step_peaks[mode]
+    measured, planned = row["measured_bytes"], row["planned_bytes"]
+    kinds = {k: round(v / 2**20, 2) for k, v in row["measured_by_kind"].items()}
+    assert abs(planned - measured) / measured <= 0.10, (
+        f"{mode}: planner {planned / 2**20:.2f} MiB ({row['planned']['peak_at']}), "
+        f"measured peak {measured / 2**20:.2f} MiB {json.dumps(kinds)}"
+    )
+
+
+def test_checkpointing_modes_order_the_step_peak(step_peaks):
+    """Selective keeps less than none and more than full, in the trainer as in the planner."""
+    measured = [step_peaks[m]["measured_bytes"] for m in ("none", "selective", "full")]
+    planned = [step_peaks[m]["planned_bytes"] for m in ("none", "selective", "full")]
+    assert measured[0] > measured[1] > measured[2]
+    assert planned[0] > planned[1] > planned[2]

@@ -1,0 +1,226 @@
+"""The planner's memory model against the peak of a real training step, on the CPU.
+
+Runs the trainer (``training.trainer.run``: its model build, FSDP2 over 2 ranks with gloo,
+BF16 mixed precision, the chunked loss, AdamW) for two optimiser steps per activation
+checkpointing mode, and takes the peak of the second step (forward, backward and
+optimiser, with every micro-batch of the accumulation) from PyTorch's
+``FSDPMemTracker``. The tracker is a ``TorchDispatchMode`` that follows every tensor
+storage an op creates or FSDP resizes until it is freed, on whichever thread, and sorts
+it into sharded and unsharded parameters and gradients, all-gather and reduce-scatter
+buffers, activations, temporaries and optimiser states. Its peak stands in for
+``torch.cuda.max_memory_allocated``; kernel-internal workspaces that never reach the
+dispatcher are not in it.
+
+The planner's side is ``tiered_training.memory.estimate(...).allocated``: its total less
+the terms a CPU step cannot show (the fixed CUDA/NCCL reserve and the allocator's
+fragmentation reserve; see ``tiered_training/memory.py``).
+
+    .venv/bin/python bench/memory_peak.py                      # table + bench/results/memory_peak.json
+    .venv/bin/python bench/memory_peak.py --modes full --accum 1 --out /tmp/peak.json
+    .venv/bin/python bench/memory_peak.py --model '{"vocab_size": 8192, "ffn_size": 512}' --seq 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MIB = 2**20
+# A Llama-shaped model small enough for two CPU ranks, with LLM-like proportions:
+# activations dominate, GQA, SwiGLU at ~2.7x, a vocabulary larger than the width.
+MODEL = {"name": "peak-llama", "layers": 4, "hidden_size": 256, "attention_heads": 4, "kv_heads": 2,
+         "ffn_size": 688, "vocab_size": 2048, "max_sequence_length": 1024, "rope_theta": 10000.0}
+
+
+def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: int, accum: int, chunk: int,
+               model: dict | None = None):
+    from tiered_training.runconfig import RunConfig
+
+    model = {**MODEL, **(model or {})}
+    return RunConfig.model_validate({
+        "recipe_name": f"memory-peak-{mode}",
+        "model": model,
+        "parallel": {"sharding": "full", "shard_group_size": world},
+        "precision": {"precision": precision, "activation_checkpointing": mode, "loss_chunk_tokens": chunk},
+        "batch": {"sequence_length": seq, "micro_batch_size": micro_batch, "grad_accum_steps": accum,
+                  "global_batch_tokens": seq * micro_batch * accum * world, "total_steps": 10},
+        "optimizer": {"lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 2, "schedule": "cosine", "weight_decay": 0.1,
+                      "grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95},
+        "data": {"token_dtype": "uint16", "seed": 0},
+        "checkpoint": {"interval_minutes": 0, "interval_steps": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
+        "hardware": {"instance_type": "cpu", "gpus_per_node": world, "peak_bf16_flops": 1e12, "hbm_bytes": 2**34},
+        "probe": {"steps": 2, "micro_batch_candidates": [micro_batch]},
+    })
+
+
+def planned(cfg, world: int) -> dict:
+    from tiered_training.memory import estimate
+
+    est = estimate(cfg.model, precision=cfg.precision.precision, checkpointing=cfg.precision.activation_checkpointing,
+                   sequence_length=cfg.batch.sequence_length, micro_batch=cfg.batch.micro_batch_size, shard_group=world,
+                   hbm_bytes=cfg.hardware.hbm_bytes, loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
+                   grad_accum_steps=cfg.batch.grad_accum_steps)
+    terms = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "logits_and_loss")
+    return {"allocated": est.allocated, "peak_at": est.peak_at, **{k: getattr(est, k) for k in terms}}
+
+
+def step_tracker(model, optimizer):
+    """``FSDPMemTracker`` over every micro-batch of a step: its per-module statistics restart
+    at each forward of the root (the peak it reports spans them all).
+
+    A view of a storage that no op created is not counted: on gloo, ``reduce_scatter``
+    copies its input outside the dispatcher and splits the copy in ``wait()``. NCCL makes no
+    such copy, so counting it would charge the GPU model for a CPU-only buffer.
+    """
+    import torch
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.tensor import DTensor
+
+    class StepTracker(FSDPMemTracker):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.is_view and not any(t == DTensor for t in types):
+                source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                if source is not None and type(source) is torch.Tensor and source.untyped_storage() not in self._WINFO:
+                    return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _fsdp_state_pre_forward(self, fsdp_mod, orig_fsdp_state_pre_fw):
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig_fsdp_state_pre_fw)
+
+            def pre_forward(*args, **kwargs):
+                if fsdp_mod is self._root_mod and fsdp_mod in self.memory_tracking:
+                    self.reset_mod_stats()
+                return inner(*args, **kwargs)
+
+            return pre_forward
+
+    return StepTracker(model, optimizer)
+
+
+def measure(cfg, root: Path) -> dict:
+    """Peak bytes of the second optimiser step on this rank, by the tracker's categories."""
+    import gc
+
+    import training.trainer as trainer_module
+    from training.paths import Paths
+
+    built = []
+    build = trainer_module.build
+
+    def capture(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    tracker = {}
+
+    def hook(stats):
+        if stats.step == 1:  # optimiser states exist from here on: step 2 is a steady-state step
+            trainer = built[-1]
+            gc.collect()
+            tracker["mode"] = step_tracker(trainer.model, trainer.optimizer)
+            tracker["mode"].__enter__()
+        elif stats.step == 2:
+            tracker["mode"].__exit__(None, None, None)
+
+    trainer_module.build = capture
+    try:
+        trainer_module.run(cfg, Paths(root / "data", root / "ckpt", root / "model"), hooks=[hook], max_steps=2,
+                           resume=False, save_checkpoints=False, export=False)
+    finally:
+        trainer_module.build = build
+    peak = next(iter(tracker["mode"].get_tracker_snapshot("peak").values()))
+    return {"total": peak["Total"],
+            "by_kind": {str(getattr(k, "value", k)): v for k, v in peak.items() if v and k != "Total"}}
+
+
+def worker(args) -> None:
+    import numpy as np
+    import torch.distributed as dist
+
+    from training.dist import init_distributed
+
+    info = init_distributed()
+    root = Path(args.root)
+    if info.rank == 0:
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        rng.integers(0, 256, 200_000, dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+    dist.barrier()
+    rows = []
+    for mode in args.modes.split(","):
+        cfg = run_config(mode, precision=args.precision, world=info.world_size, seq=args.seq,
+                         micro_batch=args.micro_batch, accum=args.accum, chunk=args.chunk, model=json.loads(args.model))
+        measured = measure(cfg, root)
+        plan = planned(cfg, info.world_size)
+        rows.append({"mode": mode, "precision": args.precision, "sequence_length": args.seq,
+                     "micro_batch": args.micro_batch, "grad_accum_steps": args.accum, "loss_chunk_tokens": args.chunk,
+                     "world_size": info.world_size, "measured_bytes": measured["total"],
+                     "measured_by_kind": measured["by_kind"], "planned_bytes": plan["allocated"], "planned": plan,
+                     "error": plan["allocated"] / measured["total"] - 1})
+    if info.rank == 0:
+        Path(args.out).write_text(json.dumps({"model": {**MODEL, **json.loads(args.model)}, "rows": rows}, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def table(result: dict) -> str:
+    head = f"{'mode':<10} {'accum':>5} {'measured MiB':>13} {'planned MiB':>12} {'error':>7}  planner's peak"
+    lines = [head, "-" * len(head)]
+    for row in result["rows"]:
+        lines.append(f"{row['mode']:<10} {row['grad_accum_steps']:>5} {row['measured_bytes'] / MIB:>13.2f} "
+                     f"{row['planned_bytes'] / MIB:>12.2f} {100 * row['error']:>+6.1f}%  {row['planned']['peak_at']}")
+    return "\n".join(lines)
+
+
+def launch(out: Path, *, modes: str = "none,selective,full", precision: str = "bf16", seq: int = 512,
+           micro_batch: int = 2, accum: int = 2, chunk: int = 256, nproc: int = 2, model: dict | None = None,
+           timeout: float = 300) -> dict:
+    """Run the measurement under torchrun (gloo, ``nproc`` ranks) and return its JSON."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="memory-peak-") as tmp:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               str(Path(__file__).resolve()), "--worker", "--root", tmp, "--out", str(out), "--modes", modes,
+               "--precision", precision, "--seq", str(seq), "--micro-batch", str(micro_batch), "--accum", str(accum),
+               "--chunk", str(chunk), "--model", json.dumps(model or {})]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory_peak failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(Path(out).read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_peak.json"))
+    parser.add_argument("--modes", default="none,selective,full")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--accum", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--model", default="{}", help="JSON overrides of the model's dimensions, e.g. '{\"vocab_size\": 8192}'")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = launch(out, modes=args.modes, precision=args.precision, seq=args.seq, micro_batch=args.micro_batch,
+                    accum=args.accum, chunk=args.chunk, nproc=args.nproc, model=json.loads(args.model))
+    print(table(result))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
