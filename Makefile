@@ -42,6 +42,7 @@ test: $(STAMP) $(NODE_STAMP)
 bench: $(STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
 	$(PY) bench/synth_bench.py
+	$(PY) bench/rehearse_bench.py
 
 # Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
 # and the GPU-check results (bench/gpu/*.json); print predicted against published and the

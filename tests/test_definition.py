@@ -37,7 +37,7 @@ def test_every_template_recipe_is_valid_and_small(definitions):
 def test_step_and_parameter_names(definitions):
     _plan, definition = next(iter(definitions.values()))
     names = [s["Name"] for s in d.iter_steps(definition["Steps"])]
-    assert names == ["ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason", "FailMemory", "FailThroughput"]
+    assert names == ["ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason", "FailThroughput", "FailMemory"]
     for name in names:
         assert re.fullmatch(d.STEP_NAME_PATTERN, name)
     assert [p["Name"] for p in definition["Parameters"]] == ["InstanceCount", "MaxSteps", "DataUri", "SkipProbe"]

@@ -489,3 +489,11 @@ def test_long_context_templates_choose_context_parallelism():
         assert plan.ok, [f.message for f in plan.errors]
         assert plan.recipe.sequence_length == 131072
         assert plan.context_parallel > 1 and plan.decision("tuning.context_parallel").source == "auto"
+
+
+def test_keep_last_1_warns_that_s3_may_hold_no_complete_checkpoint():
+    plan = plan_of(**{"checkpointing.keep_last": 1})
+    (finding,) = [f for f in plan.findings if f.code == "keep-last-1"]
+    assert plan.ok and finding.severity == "warning" and finding.field == "checkpointing.keep_last"
+    assert "no complete checkpoint" in finding.message and "2 or more" in finding.fix
+    assert "keep-last-1" not in codes(plan_of(**{"checkpointing.keep_last": 2}))

@@ -433,6 +433,38 @@ def start(
 
 
 @app.command()
+def rehearse(
+    recipe: Path = typer.Argument(..., help="a recipe file"),
+    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this)"),
+    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs')"),
+    steps: Optional[int] = typer.Option(None, help="optimiser steps of the full run (the MaxSteps parameter); "
+                                        "default: enough for two checkpoints and the interrupt, at least 12"),
+    param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
+    interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP"),
+    workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here"),
+    restart_with: list[str] = typer.Option([], "--restart-with", help="then start a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
+) -> None:
+    """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
+    from .errors import PlanError
+    from .rehearse.run import Options, RehearsalError, parse_params, rehearse as run_rehearsal
+
+    try:
+        result = run_rehearsal(Options(recipe, hosts=hosts, workers=workers, steps=steps, params=parse_params(param),
+                                       interrupt=interrupt, workdir=workdir,
+                                       then=parse_params(restart_with) if restart_with else None))
+    except RecipeError as exc:
+        _report_failures([exc])
+        raise typer.Exit(EXIT_INVALID)
+    except (RehearsalError, PlanError, ValueError) as exc:
+        from .render import print_lines
+
+        print_lines(_err(), [f"error: {exc}"])
+        raise typer.Exit(EXIT_INVALID)
+    if not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
 def status(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
     execution: Optional[str] = _EXECUTION,

@@ -13,15 +13,21 @@ Shape of every pipeline (schema version 2020-12-01)::
       else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
             Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
               if:   Train (Training)
-              else: GateReason (Condition: throughput check alone)
-                      if:   FailMemory (Fail)
-                      else: FailThroughput (Fail)
+              else: GateReason (Condition: memory check alone)
+                      if:   FailThroughput (Fail)
+                      else: FailMemory (Fail; also when no micro-batch fits at all)
 
 ``SkipProbe`` defaults to ``not recipe.probe.enabled``, so every pipeline has the
 same parameters and steps, and a probe can still be forced (or skipped) per
 execution. Both Fail messages name the failed check and give the measured value
 next to the limit (``Std:Join``), so "by how much" is in the execution's failure
 reason.
+
+Warm pool: without managed spot (which warm pools do not support), the Probe job keeps its
+instances for :data:`WARM_POOL_SECONDS` after it ends (``ResourceConfig.KeepAlivePeriodInSeconds``).
+Train asks for the same role, instance type and count, volume and network settings (the
+matching criteria of SageMaker managed warm pools), so after a good probe the full run starts
+on the probe's instances instead of queueing again for capacity.
 
 :func:`validate_definition` checks what SageMaker would reject at execution time:
 step and parameter names, references to unknown parameters or steps, each
@@ -98,6 +104,8 @@ SERVICE_RETRY = {
 JOB_RETRY_ATTEMPTS = 3
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
 PROBE_MAX_RUNTIME_SECONDS = 2 * 3600
+# The Gate takes seconds; a failed gate leaves the pool idle (and billed) for this long at most.
+WARM_POOL_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,8 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
     }
     if compute.training_plan_arn:
         resource_config["TrainingPlanArn"] = compute.training_plan_arn
+    if probe and not compute.spot:  # warm pools cannot be used with spot instances
+        resource_config["KeepAlivePeriodInSeconds"] = WARM_POOL_SECONDS
 
     output: dict[str, Any] = {"S3OutputPath": _join_uri(resources.output_s3_uri, "probe" if probe else "model")}
     if resources.kms_key_id:
@@ -317,13 +327,16 @@ def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
             " Fix the recipe or rerun with SkipProbe=true.",
         ],
     )
+    candidates = plan.run_config().probe.micro_batch_candidates
     fail_memory = _fail(
         S_FAIL_MEMORY,
         [
             f"{plan.name}: probe memory check failed: peak memory fraction ",
             probe_metric(PROBE_MEMORY),
             f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
-            "; throughput ",
+            "; best micro-batch ",
+            probe_metric(PROBE_MICRO_BATCH),
+            f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
             probe_metric(PROBE_TOKENS),
             f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
         ],
@@ -331,8 +344,8 @@ def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
     reason = {
         "Name": S_GATE_REASON,
         "Type": "Condition",
-        "Description": "Which gate check failed",
-        "Arguments": {"Conditions": [throughput_ok], "IfSteps": [fail_memory], "ElseSteps": [fail_throughput]},
+        "Description": "Which gate check failed (memory first: nothing else matters when the model does not fit)",
+        "Arguments": {"Conditions": [memory_ok], "IfSteps": [fail_throughput], "ElseSteps": [fail_memory]},
     }
     return {
         "Name": S_GATE,

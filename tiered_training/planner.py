@@ -380,6 +380,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
             "sequence_length",
         )
     _spot(recipe, run)
+    _keep_last(recipe, run)
     if run.nodes < tier.min_nodes:
         run.error(
             "needs-multiple-nodes",
@@ -786,6 +787,20 @@ def _instance(recipe: Recipe, run: _Run) -> Instance | None:
             "compute.instance_type",
         )
     return instance
+
+
+def _keep_last(recipe: Recipe, run: _Run) -> None:
+    """SageMaker uploads each host's checkpoints behind the trainer and propagates local deletions,
+    so right after a commit the one older checkpoint may already be gone from S3 while the new
+    one is still uploading (docs/rehearse.md)."""
+    if recipe.checkpointing.keep_last == 1:
+        run.warn(
+            "keep-last-1",
+            "checkpointing.keep_last 1: right after each save S3 may hold no complete checkpoint (the older one is "
+            "deleted while the new one still uploads); an instance lost then loses every step so far",
+            "set checkpointing.keep_last to 2 or more",
+            "checkpointing.keep_last",
+        )
 
 
 def _spot(recipe: Recipe, run: _Run) -> None:

@@ -161,6 +161,13 @@ class ProbeConfig(_Frozen):
     micro_batch_candidates: list[int]
 
 
+class ExportConfig(_Frozen):
+    """The Hugging Face model written at the end (``training/export.py``)."""
+
+    dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="dtype of the exported weights")
+    max_shard_bytes: int = Field(default=5 * 10**9, ge=1, description="split the safetensors into files of at most this size")
+
+
 class MetricsConfig(_Frozen):
     """What the container emits to CloudWatch (``training/metrics.py``); the alarms are fitted to it."""
 
@@ -206,6 +213,7 @@ class RunConfig(_Frozen):
     metrics: MetricsConfig = MetricsConfig()
     tracking: TrackingConfig = TrackingConfig()
     validation: ValidationConfig = ValidationConfig()
+    export: ExportConfig = ExportConfig()
 
     @model_validator(mode="after")
     def _sequence_splits_over_context_parallel(self) -> "RunConfig":

@@ -42,7 +42,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def record_failure(error: BaseException) -> None:
+    """One line for the launcher's failure file (``/opt/ml/output/failure``, SageMaker's FailureReason)."""
+    where = os.environ.get("TIERED_TRAINING_FAILURE_DIR")
+    if not where:
+        return
+    text = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+    try:
+        Path(where, f"rank-{os.environ.get('RANK', '0')}").write_text(line + "\n")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BaseException as error:
+        if not (isinstance(error, SystemExit) and error.code in (0, None)):
+            record_failure(error)
+        raise
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config or HYPERPARAMETERS_FILE)
     paths = Paths.resolve(
@@ -51,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         from .probe import run_probe
 
-        result = run_probe(cfg, paths)
-        return int(result) if isinstance(result, int) else 0
+        run_probe(cfg, paths)
+        return 0
     from .metrics import MetricsHook
     from .tracking import build_sinks
     from .trainer import run

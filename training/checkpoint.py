@@ -1,29 +1,46 @@
-"""Checkpoints that survive any interruption: DCP async saves, commit markers, fallback on resume.
+"""Checkpoints that survive any interruption, on one host or many: DCP async saves, a global
+commit decision, checksums, fallback on resume, bounded pruning.
 
 Layout: ``<checkpoint dir>/step-N/`` holds a torch.distributed.checkpoint (``.metadata``
-plus ``__<rank>_<i>.distcp`` files) and, once complete, a ``COMMITTED`` marker.
+plus ``__<rank>_<i>.distcp`` files) and, once complete, a ``COMMITTED`` marker. On
+SageMaker every host has its own checkpoint directory: a host holds only the files its
+own ranks wrote (rank 0's host also holds ``.metadata``), and SageMaker uploads every
+host's directory to the one S3 prefix, where the files of all hosts meet. A restarted
+job gets the whole prefix on every host.
 
 Life of a checkpoint:
 
 1. :meth:`CheckpointManager.save` stages the state to CPU memory and writes it in a
    background thread through a gloo group (``dcp.async_save``); training continues.
-2. At every step boundary :meth:`CheckpointManager.poll` asks all ranks whether their
-   write is done (one all-reduce on a second gloo group). Once all are, each rank checks
-   that the files it wrote, as listed in ``.metadata``, exist with the listed sizes;
-   rank 0 also checks ``.metadata``. Only if every check passes does rank 0 write
-   ``COMMITTED``, and then it picks all but the last ``keep_last`` committed checkpoints for
-   pruning; the first rank on every host deletes its local copies.
-3. On resume, :func:`find_resumable` takes the newest committed checkpoint whose
-   ``.metadata`` and every file it lists are present; anything else is skipped with a
-   logged reason, falling back to the previous one. Rank 0 decides; all ranks follow.
+   When its write is done, each rank computes the size and SHA-256 of every file it
+   wrote (rank 0 also of ``.metadata``), still in the background.
+2. At every step boundary :meth:`CheckpointManager.poll` asks all ranks whether that is
+   done (one all-reduce). Then the ranks' file lists are gathered on rank 0, which checks
+   them against ``.metadata``: every listed file was written by some rank, with at least
+   the listed size. Only then does rank 0 write ``COMMITTED``, a JSON manifest of every
+   file with its size and checksum. The decision is global: each host checked its own
+   files, no host needs the others' files.
+3. Pruning: rank 0 keeps the newest ``keep_last`` checkpoints that were *verified* in this
+   process (committed here, or checked file by file at resume) and deletes everything
+   older, plus the damaged ones; a checkpoint that carries ``COMMITTED`` but failed a check
+   never counts as kept. The first rank of every host deletes its own copies; on SageMaker
+   a local deletion also deletes the files in S3, so the prefix holds at most
+   ``keep_last + 1`` checkpoints (the kept ones and the one being written).
+4. On resume, :meth:`CheckpointManager.resumable_step` takes the newest committed
+   checkpoint whose every file is present on every host with the manifest's size and
+   checksum (the ranks of each host share the hashing); anything else is skipped with a
+   logged reason, falling back to the previous one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -38,7 +55,9 @@ from torch.distributed.checkpoint import FileSystemReader
 log = logging.getLogger("training.checkpoint")
 
 COMMITTED = "COMMITTED"
+METADATA = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_CHUNK = 8 * 1024 * 1024
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -62,34 +81,78 @@ def listed_files(path: Path) -> dict[str, int]:
     return needed
 
 
-def problems(path: Path, *, only_rank: int | None = None, need_marker: bool = True) -> list[str]:
-    """Why ``path`` is not a complete checkpoint ([] if it is).
+def saved_keys(path: Path) -> set[str]:
+    """Top-level keys of the state saved in a checkpoint (``model``, ``optimizer``, ``train``, ...)."""
+    metadata = FileSystemReader(str(path)).read_metadata()
+    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
 
-    ``only_rank`` restricts the file check to the files that rank wrote.
-    """
+
+def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The ``COMMITTED`` marker's manifest; ``{}`` for a marker without one, ``None`` without a marker."""
+    marker = Path(path) / COMMITTED
+    if not marker.is_file():
+        return None
+    try:
+        manifest = json.loads(marker.read_text())
+    except (ValueError, OSError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def check_file(path: Path, name: str, size: int, checksum: str | None) -> str | None:
+    """Why one checkpoint file is unusable, or None."""
+    file = Path(path) / name
+    if not file.is_file():
+        return f"{name} is listed but missing"
+    actual = file.stat().st_size
+    if actual != size:
+        return f"{name} has {actual} bytes; {size} were written"
+    if checksum is not None and sha256(file) != checksum:
+        return f"{name} fails its checksum (the bytes changed after they were written)"
+    return None
+
+
+def problems(path: Path, *, need_marker: bool = True, checksums: bool = True) -> list[str]:
+    """Why ``path`` is not a complete checkpoint on this host ([] if it is): every file that
+    ``.metadata`` lists (and the manifest, when there is one) is here, whole, unchanged."""
     path = Path(path)
-    if need_marker and not (path / COMMITTED).is_file():
+    manifest = read_manifest(path)
+    if need_marker and manifest is None:
         return ["not committed (no COMMITTED marker: the save did not finish)"]
-    if not (path / ".metadata").is_file():
-        return [".metadata is missing"]
+    if not (path / METADATA).is_file():
+        return [f"{METADATA} is missing"]
     try:
         needed = listed_files(path)
     except Exception as exc:  # noqa: BLE001 - a damaged file is a reason, not a crash
-        return [f".metadata is unreadable ({type(exc).__name__}: {exc})"]
+        return [f"{METADATA} is unreadable ({type(exc).__name__}: {exc})"]
+    files = (manifest or {}).get("files") or {}
     found = []
+    if files:
+        for name, entry in sorted(files.items()):
+            issue = check_file(path, name, int(entry["bytes"]), entry.get("sha256") if checksums else None)
+            if issue:
+                found.append(issue)
+        found += [f"{name} is listed in {METADATA} but not in the manifest" for name in sorted(set(needed) - set(files))]
+        return found
     for name, size in sorted(needed.items()):
-        if only_rank is not None and not name.startswith(f"__{only_rank}_"):
-            continue
         file = path / name
         if not file.is_file():
-            found.append(f"{name} is listed in .metadata but missing")
+            found.append(f"{name} is listed in {METADATA} but missing")
         elif file.stat().st_size < size:
             found.append(f"{name} is truncated ({file.stat().st_size} of {size} bytes)")
     return found
 
 
 def find_resumable(root: Path) -> tuple[int | None, list[str]]:
-    """The newest complete checkpoint's step (or None), and a reason for each one skipped."""
+    """On one host: the newest complete checkpoint's step (or None), and a reason for each one skipped."""
     skipped = []
     for step in list_steps(root):
         issues = problems(step_dir(root, step))
@@ -99,11 +162,35 @@ def find_resumable(root: Path) -> tuple[int | None, list[str]]:
     return None, skipped
 
 
+def plan_pruning(steps: list[int], verified: set[int], damaged: set[int], keep_last: int,
+                 in_flight: int | None = None) -> list[int]:
+    """Steps to delete: everything older than the newest ``keep_last`` verified checkpoints (once
+    there are that many), and the damaged ones. Unverified checkpoints never count as kept; the
+    save in flight is never deleted."""
+    keep = sorted(verified)[-keep_last:] if keep_last > 0 else []
+    full = len(keep) >= keep_last and keep
+    doomed = []
+    for step in steps:
+        if step in keep or step == in_flight:
+            continue
+        if step in damaged or (full and step < min(keep)):
+            doomed.append(step)
+    return sorted(doomed)
+
+
 @dataclass
 class _InFlight:
     step: int
-    future: Any
+    future: Future  # resolves to {file: {"bytes", "sha256"}} of this rank's files, once written
     started: float
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _local_world() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 
 
 class CheckpointManager:
@@ -117,6 +204,8 @@ class CheckpointManager:
         self.control_group = control_group
         self.in_flight: _InFlight | None = None
         self.last_committed: int | None = None
+        self.verified: set[int] = set()  # checkpoints checked in this process (committed here, or at resume)
+        self.damaged: set[int] = set()  # committed or not, found unusable at resume
 
     # -- saving ------------------------------------------------------------------
 
@@ -128,20 +217,22 @@ class CheckpointManager:
         started = time.monotonic()
         self.wait()
         path = step_dir(self.root, step)
-        if self.rank == 0:
+        if _local_rank() == 0:  # every host clears its own stale attempt (or a downloaded damaged copy)
             self.root.mkdir(parents=True, exist_ok=True)
             if path.exists():
-                shutil.rmtree(path)  # a stale, uncommitted attempt at the same step
+                shutil.rmtree(path)
+        self.verified.discard(step)
+        self.damaged.discard(step)
         dist.barrier(group=self.control_group)
         if blocking:
             dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)
-            done: Future = Future()
-            done.set_result(None)
-            self.in_flight = _InFlight(step, done, started)
-            self.wait()
+            written: Future = Future()
+            written.set_result(None)
         else:
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
-            self.in_flight = _InFlight(step, future, started)
+            written = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
+        self.in_flight = _InFlight(step, _then_checksum(written, path, self.rank), started)
+        if blocking:
+            self.wait()
         return time.monotonic() - started
 
     def poll(self) -> int | None:
@@ -151,7 +242,7 @@ class CheckpointManager:
         """
         if self.in_flight is None:
             return None
-        done = torch.tensor([0 if _is_done(self.in_flight.future) else 1])
+        done = torch.tensor([0 if self.in_flight.future.done() else 1])
         dist.all_reduce(done, op=dist.ReduceOp.MAX, group=self.control_group)
         if done.item():
             return None
@@ -161,96 +252,179 @@ class CheckpointManager:
         """Block until the in-flight save is written, then commit it."""
         if self.in_flight is None:
             return None
-        _result(self.in_flight.future)
+        try:
+            self.in_flight.future.result()
+        except Exception:  # noqa: BLE001 - reported (and decided on) in _commit
+            pass
         return self._commit()
 
     def _commit(self) -> int | None:
         flight, self.in_flight = self.in_flight, None
-        _result(flight.future)  # re-raises a failed write
         path = step_dir(self.root, flight.step)
-        issues = problems(path, only_rank=self.rank, need_marker=False)
-        bad = torch.tensor([1 if issues else 0])
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.control_group)
-        if bad.item():
-            for issue in issues:
-                log.error("checkpoint step-%d is incomplete on rank %d: %s", flight.step, self.rank, issue)
-            if self.rank == 0:
-                log.error("checkpoint step-%d NOT committed", flight.step)
-            return None
+        try:
+            mine, error = flight.future.result(), None
+        except Exception as exc:  # noqa: BLE001 - a failed write on any rank means no commit
+            mine, error = {}, f"rank {self.rank}: the write failed ({type(exc).__name__}: {exc})"
+        gathered: list = [None] * dist.get_world_size(self.control_group) if self.rank == 0 else None
+        dist.gather_object((mine, error), gathered, dst=0, group=self.control_group)
         doomed: list[int] = []
+        committed = False
         if self.rank == 0:
-            issues = problems(path, need_marker=False) if _single_host() else []
+            files: dict[str, dict] = {}
+            issues = [err for _, err in gathered if err]
+            for rank_files, _ in gathered:
+                files.update(rank_files or {})
+            if not issues:
+                issues = _check_against_metadata(path, files)
             if issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
             else:
+                manifest = {"step": flight.step, "committed_at": round(time.time(), 3),
+                            "world_size": dist.get_world_size(), "files": dict(sorted(files.items()))}
                 marker = path / COMMITTED
-                marker.write_text(f"step {flight.step}\ncommitted {time.time():.3f}\n")
+                tmp = path / (COMMITTED + ".tmp")
+                tmp.write_text(json.dumps(manifest, indent=1))
+                os.replace(tmp, marker)
                 _fsync_dir(path)
-                log.info("checkpoint step-%d committed (%.1f s after the save started)", flight.step, time.monotonic() - flight.started)
-                doomed = self.to_prune()
-        # Rank 0 decides what to prune; the first rank of every host deletes its local copy.
-        shared = [doomed]
+                committed = True
+                log.info("checkpoint step-%d committed (%.1f s after the save started)",
+                         flight.step, time.monotonic() - flight.started)
+                self.verified.add(flight.step)
+                doomed = plan_pruning(list_steps(self.root), self.verified, self.damaged, self.keep_last)
+        # Rank 0 decides; the first rank of every host deletes its local copies.
+        shared = [committed, doomed]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            for step in shared[0]:
-                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
-                if self.rank == 0:
-                    log.info("pruned checkpoint step-%d", step)
+        committed, doomed = shared
+        self._delete(doomed)
         dist.barrier(group=self.control_group)
+        if not committed:
+            return None
+        self.verified.add(flight.step)
+        self.verified.difference_update(doomed)
         self.last_committed = flight.step
         return flight.step
 
-    def to_prune(self) -> list[int]:
-        """Rank 0: committed checkpoints beyond the newest ``keep_last``, and incomplete ones older than those kept."""
-        steps = list_steps(self.root)
-        committed = [s for s in steps if (step_dir(self.root, s) / COMMITTED).is_file()]
-        keep = set(committed[: self.keep_last])
-        oldest_kept = min(keep) if keep else None
-        return [s for s in steps if s not in keep and (s in committed or (oldest_kept is not None and s < oldest_kept))]
+    def _delete(self, steps: list[int]) -> None:
+        if _local_rank() == 0:
+            for step in steps:
+                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+                if self.rank == 0:
+                    log.info("pruned checkpoint step-%d", step)
+        self.damaged.difference_update(steps)
 
     # -- loading -----------------------------------------------------------------
 
     def resumable_step(self) -> int | None:
-        """Rank 0 picks the newest complete checkpoint, logging every skip; all ranks get its step."""
-        choice = torch.tensor([-1])
+        """The newest checkpoint that is complete and unchanged on every host; all ranks get its step.
+
+        Rank 0 reads each candidate's manifest; every host checks every file (its ranks share
+        the hashing), since after a restart any rank may read any file. Skips are logged.
+        """
+        candidates = [list_steps(self.root)] if self.rank == 0 else [None]
+        dist.broadcast_object_list(candidates, src=0, group=self.control_group)
+        for step in candidates[0]:
+            issues = self._verify_everywhere(step)
+            if not issues:
+                if self.rank == 0:
+                    log.info("resuming from checkpoint step-%d", step)
+                self.verified.add(step)
+                return step
+            self.damaged.add(step)
+            if self.rank == 0:
+                log.warning("skipping checkpoint step-%d: %s", step, "; ".join(issues))
+        return None
+
+    def _verify_everywhere(self, step: int) -> list[str]:
+        path = step_dir(self.root, step)
+        header: list = [None]
         if self.rank == 0:
-            step, skipped = find_resumable(self.root)
-            for reason in skipped:
-                log.warning("skipping checkpoint %s", reason)
-            if step is not None:
-                log.info("resuming from checkpoint step-%d", step)
-                choice[0] = step
-        dist.broadcast(choice, src=0, group=self.control_group)
-        return None if choice.item() < 0 else int(choice.item())
+            manifest = read_manifest(path)
+            if manifest is None:
+                header[0] = ("issues", ["not committed (no COMMITTED marker: the save did not finish)"])
+            elif not manifest.get("files"):  # a marker without a manifest: sizes from .metadata only
+                header[0] = ("issues", problems(path))
+            else:
+                header[0] = ("files", manifest["files"])
+        dist.broadcast_object_list(header, src=0, group=self.control_group)
+        kind, value = header[0]
+        if kind == "issues":
+            return value
+        mine = []
+        names = sorted(value)
+        for index, name in enumerate(names):
+            if index % _local_world() == _local_rank():
+                issue = check_file(path, name, int(value[name]["bytes"]), value[name].get("sha256"))
+                if issue:
+                    mine.append(f"{issue} on host {_host()}")
+        gathered: list = [None] * dist.get_world_size(self.control_group)
+        dist.all_gather_object(gathered, mine, group=self.control_group)
+        return sorted({issue for issues in gathered for issue in issues})
 
     def load(self, step: int, state: dict[str, Any]) -> None:
         dcp.load(state, checkpoint_id=str(step_dir(self.root, step)), process_group=self.save_group)
 
-
-def _is_done(future: Any) -> bool:
-    if hasattr(future, "upload_completion"):  # AsyncSaveResponse
-        return future.upload_completion.done()
-    return future.done()
-
-
-def _result(future: Any) -> None:
-    if hasattr(future, "upload_completion"):
-        future.upload_completion.result()
-    else:
-        future.result()
+    def saved_keys(self, step: int) -> set[str]:
+        """Top-level keys in a checkpoint; rank 0 reads them, all ranks get them."""
+        keys = [saved_keys(step_dir(self.root, step)) if self.rank == 0 else None]
+        dist.broadcast_object_list(keys, src=0, group=self.control_group)
+        return keys[0]
 
 
-def _single_host() -> bool:
-    """True when every rank writes to this host's disk (then rank 0 can check every file)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) == int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _fsync_dir(path: Path) -> None:
+def _check_against_metadata(path: Path, files: dict[str, dict]) -> list[str]:
+    """Rank 0: every file ``.metadata`` lists was written by some rank, at least as long as listed."""
+    if METADATA not in files:
+        return [f"{METADATA} was not written"]
     try:
-        fd = os.open(path, os.O_RDONLY)
+        needed = listed_files(path)
+    except Exception as exc:  # noqa: BLE001
+        return [f"{METADATA} is unreadable ({type(exc).__name__}: {exc})"]
+    issues = []
+    for name, size in sorted(needed.items()):
+        if name not in files:
+            issues.append(f"{name} is listed in {METADATA} but no rank wrote it")
+        elif files[name]["bytes"] < size:
+            issues.append(f"{name} is truncated ({files[name]['bytes']} of {size} bytes)")
+    return issues
+
+
+def _then_checksum(written: Any, path: Path, rank: int) -> Future:
+    """A future of this rank's written files with their sizes and checksums, computed in the
+    background once the DCP write is done."""
+    result: Future = Future()
+
+    def work() -> None:
+        try:
+            if hasattr(written, "upload_completion"):  # AsyncSaveResponse
+                written.upload_completion.result()
+            else:
+                written.result()
+            own = sorted(p for p in Path(path).glob(f"__{rank}_*") if p.is_file())
+            if rank == 0 and (Path(path) / METADATA).is_file():
+                own.append(Path(path) / METADATA)
+            for file in own:  # written by this process; on disk before anyone reads the manifest
+                _fsync(file)
+            result.set_result({p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in own})
+        except BaseException as exc:  # noqa: BLE001 - surfaced by _commit
+            result.set_exception(exc)
+
+    threading.Thread(target=work, name=f"checksum-step-{path.name}", daemon=True).start()
+    return result
+
+
+def _host() -> str:
+    return os.environ.get("SM_CURRENT_HOST") or f"node-{os.environ.get('GROUP_RANK', '0')}"
+
+
+def _fsync(file: Path) -> None:
+    try:
+        fd = os.open(file, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:
         pass
+
+
+def _fsync_dir(path: Path) -> None:
+    _fsync(path)

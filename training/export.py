@@ -1,18 +1,23 @@
-"""Export the final weights as a Hugging Face checkpoint (config.json + safetensors).
+"""Export the final weights as a Hugging Face checkpoint (config.json + safetensors), on any number of hosts.
 
-Every rank writes its shards through ``dcp.HuggingFaceStorageWriter``; with
-consolidation the result is ordinary safetensors that ``from_pretrained`` reloads exactly.
+Each weight is gathered whole on rank 0 one at a time (``DTensor.full_tensor``, a collective
+over all ranks), cast to the export dtype (``export.dtype``, bf16 by default) and written by
+rank 0 into safetensors files of at most ``export.max_shard_bytes``: ``model.safetensors``
+when one file holds everything, else ``model-00001-of-0000N.safetensors`` files and a
+``model.safetensors.index.json`` weight map, as Hugging Face shards a large model. Only rank 0's
+host writes, so the export does not depend on which files each host's disk holds, and rank 0
+never holds more than one shard file's worth of weights.
 """
 
 from __future__ import annotations
 
-import shutil
+import json
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -22,10 +27,10 @@ def hf_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(lm)
     if getattr(lm.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    return {key: _plain(value) for key, value in state.items()}
+    return {key: plain_tensor(value) for key, value in state.items()}
 
 
-def _plain(value: torch.Tensor) -> torch.Tensor:
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
     """Unwrap torchao's float8 weight wrappers so plain tensors are written."""
     if isinstance(value, DTensor):
         local = value.to_local()
@@ -38,26 +43,68 @@ def _plain(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None = None) -> Path:
-    """Write ``lm`` (any sharding) to ``model_dir`` as config.json + model safetensors; collective."""
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None = torch.bfloat16,
+              max_shard_bytes: int = 5 * 10**9) -> Path:
+    """Write ``lm`` (any sharding, any number of hosts) to ``model_dir`` as config.json + safetensors; collective."""
+    from safetensors.torch import save_file
+
     model_dir = Path(model_dir)
     rank = dist.get_rank()
+    state = hf_state_dict(lm)
+    part: dict[str, torch.Tensor] = {}
+    part_bytes = total = parts = 0
     if rank == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    state = hf_state_dict(lm)
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
-    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(model_dir), save_distributed=True, enable_consolidation=True))
+        for stale in model_dir.glob("part-*.tmp"):
+            stale.unlink()
+    for name, value in state.items():
+        full = value.full_tensor() if isinstance(value, DTensor) else value  # every rank takes part
+        if rank != 0:
+            continue
+        tensor = (full.to(dtype) if dtype is not None else full).detach().to("cpu").contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if part and part_bytes + nbytes > max_shard_bytes:
+            parts += 1
+            save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
+            part, part_bytes = {}, 0
+        part[name] = tensor
+        part_bytes += nbytes
+        total += nbytes
     if rank == 0:
+        parts += 1
+        save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
         config = lm.config
         config.architectures = [type(lm).__name__]
         config.use_cache = True
         config.dtype = dtype or next(iter(state.values())).dtype
         config.save_pretrained(model_dir)
-        shutil.rmtree(model_dir / "sharded", ignore_errors=True)
+        _name_files(model_dir, total)
     dist.barrier()
     return model_dir
+
+
+def _name_files(model_dir: Path, total: int) -> None:
+    """Rename the parts as Hugging Face names them and write the index when there are several."""
+    from safetensors import safe_open
+
+    parts = sorted(model_dir.glob("part-*.tmp"))
+    for stale in list(model_dir.glob("model*.safetensors")) + list(model_dir.glob(INDEX_FILE)):
+        stale.unlink()
+    if len(parts) == 1:
+        parts[0].rename(model_dir / SINGLE_FILE)
+        return
+    weight_map = {}
+    for number, part in enumerate(parts, start=1):
+        name = f"model-{number:05d}-of-{len(parts):05d}.safetensors"
+        with safe_open(str(part), framework="pt") as handle:
+            weight_map.update({key: name for key in handle.keys()})
+        part.rename(model_dir / name)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (model_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
 
 
 def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """The container's entry point: SageMaker's files in, one ``torchrun`` per host out.
 
 SageMaker starts the image's ENTRYPOINT once on every host of a training job. This
-module reads what SageMaker wrote there and ``exec``s ``torchrun`` with one worker
+module reads what SageMaker wrote there and runs ``torchrun`` with one worker
 per GPU, all hosts joined into one job:
 
 - ``/opt/ml/input/config/resourceconfig.json``: ``hosts`` and ``current_host``
@@ -40,6 +40,20 @@ Errors in SageMaker's files (missing or malformed resourceconfig, invalid
 hyperparameters, unknown mode) print one line ``launcher: error: ...`` on stderr
 and exit with status 2, with no traceback.
 
+The launcher stays the parent of ``torchrun`` (SageMaker's PID 1 in the container):
+
+- **Failure reason.** On any failure it writes one line to ``/opt/ml/output/failure``,
+  which SageMaker shows as the job's FailureReason: a worker's own error (each worker
+  records its exception in :data:`FAILURE_DIR_VARIABLE`; the first one wins), else
+  torchrun's exit status.
+- **SIGTERM** (stop, spot interruption) goes to the workers, not to torchrun: they finish
+  the step, save, commit and exit 0, and torchrun then exits 0 (torchrun itself would
+  answer a SIGTERM with a ``SignalException`` and status 1 even after a clean save).
+
+Outside SageMaker, ``TIERED_TRAINING_OPT_ML`` moves the whole ``/opt/ml`` tree (config,
+data, checkpoints, model, output: what a local rehearsal of several hosts needs), and
+``TIERED_TRAINING_MASTER_ADDR`` / ``TIERED_TRAINING_MASTER_PORT`` replace the rendezvous.
+
 :func:`build_launch` is pure (files already parsed, environment as a mapping), so
 the tests cover a single P6-B200 node, four P5 nodes and the error paths without
 SageMaker.
@@ -49,16 +63,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tiered_training.environment import family_environment
 
-CONFIG_DIR = Path("/opt/ml/input/config")
+OPT_ML = Path("/opt/ml")
+CONFIG_DIR = OPT_ML / "input/config"
 MASTER_PORT = 29500
 MODE_VARIABLE = "TIERED_TRAINING_MODE"
+OPT_ML_VARIABLE = "TIERED_TRAINING_OPT_ML"
+FAILURE_DIR_VARIABLE = "TIERED_TRAINING_FAILURE_DIR"
 MODES = ("train", "probe")
 EXIT_USAGE = 2
 
@@ -163,6 +185,31 @@ def load_run_config(hyperparameters: Mapping[str, Any]):
         ) from None
 
 
+def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
+    """Refuse, before torchrun starts, to resume the newest committed checkpoint on a host count that
+    cannot keep its global batch (training/world.py)."""
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return
+    from .world import WorldSizeError, resume_accumulation
+
+    saved_world = None
+    steps = sorted((p for p in checkpoint_dir.glob("step-*") if (p / "COMMITTED").is_file()),
+                   key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1)
+    for path in reversed(steps):
+        try:
+            saved_world = json.loads((path / "COMMITTED").read_text()).get("world_size")
+        except (ValueError, OSError, AttributeError):
+            continue
+        if saved_world:
+            break
+    if not saved_world or saved_world == world:
+        return
+    try:
+        resume_accumulation(cfg, int(saved_world), world)
+    except WorldSizeError as error:
+        raise LaunchError(str(error)) from None
+
+
 # -- the pure function -------------------------------------------------------------------
 
 
@@ -172,8 +219,13 @@ def build_launch(
     environ: Mapping[str, str],
     *,
     extra_args: Sequence[str] = (),
+    checkpoint_dir: Path | None = None,
 ) -> Launch:
-    """argv and environment of the ``torchrun`` that this host runs."""
+    """argv and environment of the ``torchrun`` that this host runs.
+
+    ``checkpoint_dir``: this host's checkpoints (downloaded at job start); a committed one saved on
+    another world size that the plan's global batch cannot be resumed on is refused here.
+    """
     hosts, current = _hosts(resourceconfig)
     cfg = load_run_config(hyperparameters)
     mode = run_mode(environ)
@@ -181,13 +233,16 @@ def build_launch(
     gpus = _gpus(environ, instance_type, cfg.hardware.gpus_per_node)
 
     nnodes, node_rank = len(hosts), hosts.index(current)
+    _check_world(cfg, nnodes * gpus, checkpoint_dir)
+    master_addr = environ.get("TIERED_TRAINING_MASTER_ADDR") or hosts[0]
+    master_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
     argv = [
         "torchrun",
         f"--nnodes={nnodes}",
         f"--node_rank={node_rank}",
         f"--nproc_per_node={gpus}",
-        f"--master_addr={hosts[0]}",
-        f"--master_port={MASTER_PORT}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port}",
         "--max_restarts=0",  # SageMaker's RetryStrategy restarts the job from the checkpoint store
         "--module",
         "training",
@@ -200,6 +255,7 @@ def build_launch(
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, cfg.checkpoint.shutdown_deadline_seconds)),
         "PYTORCH_ALLOC_CONF": "expandable_segments:True",
         "PYTHONUNBUFFERED": "1",  # EMF lines reach CloudWatch Logs as they are printed
+        "SM_CURRENT_HOST": current,  # the node dimension of the metrics, the host in failure reasons
         MODE_VARIABLE: mode,
     }
     added.update(family_environment(instance_type, resourceconfig.get("network_interface_name")))
@@ -208,33 +264,123 @@ def build_launch(
     return Launch(argv=argv, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=gpus, mode=mode)
 
 
+def opt_ml_paths(root: Path) -> tuple[dict[str, str], list[str]]:
+    """Environment and trainer arguments that point the workers at an ``/opt/ml`` tree under ``root``."""
+    env = {
+        "TT_DATA_DIR": str(root / "input/data/train"),
+        "TT_CHECKPOINT_DIR": str(root / "checkpoints"),
+        "TT_MODEL_DIR": str(root / "model"),
+        "TT_INIT_DIR": str(root / "input/data/model"),
+    }
+    return env, ["--config", str(root / "input/config/hyperparameters.json")]
+
+
 def launch_from_files(
-    config_dir: Path = CONFIG_DIR, environ: Mapping[str, str] | None = None, extra_args: Sequence[str] = ()
+    config_dir: Path = CONFIG_DIR, environ: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
+    checkpoint_dir: Path | None = None,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     resourceconfig = read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
     hyperparameters = read_json(config_dir / "hyperparameters.json", "hyperparameters.json")
-    return build_launch(resourceconfig, hyperparameters, environ, extra_args=extra_args)
+    return build_launch(resourceconfig, hyperparameters, environ, extra_args=extra_args, checkpoint_dir=checkpoint_dir)
+
+
+# -- running torchrun: signals and the failure file --------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc): torchrun's workers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses; split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def failure_reason(failure_dir: Path, status: int, host: str) -> str:
+    """One line: the first error a worker recorded, else torchrun's status."""
+    recorded = sorted((p for p in failure_dir.glob("rank-*") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name))
+    for path in recorded:
+        text = path.read_text(errors="replace").strip()
+        if text:
+            return f"{host} {path.name}: {text.splitlines()[0]}"[:1000]
+    if status < 0:
+        return f"{host}: torchrun was killed by signal {signal.Signals(-status).name}"
+    return (f"{host}: training exited with status {status} and no worker recorded an error "
+            "(a worker killed by a signal, or out of host memory?)")
+
+
+def write_failure(output_dir: Path, reason: str) -> None:
+    """``<output>/failure``, where SageMaker reads FailureReason; nothing outside an /opt/ml tree."""
+    if not output_dir.parent.is_dir():
+        return
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "failure").write_text(reason.strip() + "\n")
+    except OSError as error:
+        print(f"launcher: cannot write {output_dir / 'failure'}: {error.strerror}", file=sys.stderr)
+
+
+def run_torchrun(launch: Launch, output_dir: Path) -> int:
+    """Run torchrun as a child, send SIGTERM to its workers, write the failure file; its exit status."""
+    failure_dir = Path(tempfile.mkdtemp(prefix="tt-failures-"))
+    env = {**launch.env, FAILURE_DIR_VARIABLE: str(failure_dir)}
+    argv = list(launch.argv)
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        argv[:1] = [sys.executable, "-m", "torch.distributed.run"]
+    proc = subprocess.Popen(argv, env=env)
+
+    def forward(signum, frame):
+        workers = children(proc.pid)
+        for pid in workers or [proc.pid]:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        print(f"launcher: {signal.Signals(signum).name} sent to {len(workers) or 'torchrun, no'} worker(s)", flush=True)
+
+    signal.signal(signal.SIGTERM, forward)
+    status = proc.wait()
+    if status != 0:
+        time.sleep(0.2)  # a worker's last words
+        write_failure(output_dir, failure_reason(failure_dir, status, launch.env.get("SM_CURRENT_HOST", "this host")))
+    shutil.rmtree(failure_dir, ignore_errors=True)
+    return status if status >= 0 else 128 - status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python -m training.launcher [extra trainer args]``; execs torchrun (found on PATH).
+    """Entry point: ``python -m training.launcher [extra trainer args]``; runs torchrun (found on PATH).
 
-    ``TIERED_TRAINING_CONFIG_DIR`` overrides ``/opt/ml/input/config`` (smoke tests outside SageMaker).
+    ``TIERED_TRAINING_OPT_ML`` moves the /opt/ml tree; ``TIERED_TRAINING_CONFIG_DIR`` only the config.
     """
     extra = list(sys.argv[1:] if argv is None else argv)
     if extra[:1] == ["train"]:  # SageMaker runs `docker run <image> train`
         extra = extra[1:]
-    config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR", str(CONFIG_DIR)))
+    root = Path(os.environ.get(OPT_ML_VARIABLE) or OPT_ML)
+    environ = dict(os.environ)
+    if os.environ.get(OPT_ML_VARIABLE):
+        paths_env, paths_args = opt_ml_paths(root)
+        environ = {**paths_env, **environ}
+        extra = paths_args + extra
+    config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR") or root / "input/config")
     try:
-        launch = launch_from_files(config_dir, os.environ, extra)
+        launch = launch_from_files(config_dir, environ, extra,
+                                   checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"))
     except LaunchError as error:
         print(f"launcher: error: {error}", file=sys.stderr)
+        write_failure(root / "output", f"launcher: {error}")
         return EXIT_USAGE
     print(launch.summary(), flush=True)
     sys.stderr.flush()
-    os.execvpe(launch.argv[0], launch.argv, launch.env)
-    return 0  # not reached
+    return run_torchrun(launch, root / "output")
 
 
 if __name__ == "__main__":

@@ -34,15 +34,23 @@ step's MetricDefinitions parse::
     PROBE peak_memory_fraction=0.4123
     PROBE best_micro_batch=2
 
-The best micro-batch is the fitting candidate with the highest tokens/s. Without a
-GPU there is no peak-memory figure, so the ``peak_memory_fraction`` line is left out
-rather than faked. When no candidate fits, ``best_micro_batch=0`` and
-``tokens_per_second=0.00`` are printed, so the gate fails with a clear reason.
+The best micro-batch is the fitting candidate with the highest tokens/s. Every value the
+pipeline's Gate reads is always printed:
+
+- **Nothing fits** (every candidate ran out of memory): ``best_micro_batch=0``,
+  ``tokens_per_second=0.00`` and ``peak_memory_fraction=1.0000`` (each candidate needed at
+  least all of the memory), so the Gate fails on memory, and its FailMemory step says that
+  no micro-batch fits.
+- **No GPU** (a CPU rehearsal or test): peak memory is the workers' peak resident set
+  (``getrusage``'s ``ru_maxrss``, the largest on any rank), as a fraction of
+  ``hardware.hbm_bytes``; the candidate line says so (``(resident set, CPU)``).
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import resource
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Callable
@@ -61,6 +69,7 @@ class CandidateResult:
     peak_memory_bytes: int | None = None  # max over ranks; None without a GPU
     steps: int = 0
     error: str | None = None
+    gpu_memory: bool = True  # peak_memory_bytes is the GPU allocator's peak (else the CPU's resident set)
 
     def fraction(self, hbm_bytes: int) -> float | None:
         return None if self.peak_memory_bytes is None else self.peak_memory_bytes / hbm_bytes
@@ -77,18 +86,20 @@ class ProbeReport:
         return max(fitting, key=lambda c: c.tokens_per_second, default=None)
 
     def probe_lines(self) -> list[str]:
-        """The lines the pipeline's MetricDefinitions parse, in PROBE_METRICS' exact formats."""
+        """The lines the pipeline's MetricDefinitions parse, in PROBE_METRICS' exact formats: all of them, always."""
         best = self.best
         lines = [PROBE_METRICS["probe:tokens_per_second"][0].format(best.tokens_per_second if best else 0.0)]
-        fraction = best.fraction(self.hbm_bytes) if best else None
-        if fraction is not None:
+        # Nothing fits: every candidate needed at least all of the memory.
+        fraction = best.fraction(self.hbm_bytes) if best else 1.0
+        if fraction is not None:  # None only for a stand-in trainer that reports no memory
             lines.append(PROBE_METRICS["probe:peak_memory_fraction"][0].format(fraction))
         lines.append(PROBE_METRICS["probe:best_micro_batch"][0].format(best.micro_batch_size if best else 0))
         return lines
 
 
-def candidate_config(cfg: RunConfig, micro_batch_size: int) -> RunConfig:
-    """The RunConfig of one probe candidate: this micro-batch, one micro-batch per optimiser step.
+def candidate_config(cfg: RunConfig, micro_batch_size: int, world_size: int = 1) -> RunConfig:
+    """The RunConfig of one probe candidate: this micro-batch, one micro-batch per optimiser step
+    on each of ``world_size`` ranks.
 
     ``total_steps`` (and so the LR schedule) is the plan's; :func:`run_probe` stops after
     ``probe.steps`` steps with ``max_steps``.
@@ -99,7 +110,7 @@ def candidate_config(cfg: RunConfig, micro_batch_size: int) -> RunConfig:
             "grad_accum_steps": 1,
             "ramp_start_accum_steps": None,
             "ramp_steps": 0,
-            "global_batch_tokens": micro_batch_size * cfg.batch.sequence_length,
+            "global_batch_tokens": micro_batch_size * cfg.batch.sequence_length * world_size,
         }
     )
     checkpoint = cfg.checkpoint.model_copy(update={"interval_minutes": 0.0, "interval_steps": 0})
@@ -137,6 +148,11 @@ def _agree(oom: bool, peak: int | None) -> tuple[bool, int | None]:
     return bool(flags[0]), None if flags[1] < 0 else int(flags[1])
 
 
+def _resident_peak() -> int:
+    """This process's peak resident set in bytes (Linux reports kilobytes): the CPU's peak memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _release_memory() -> None:
     gc.collect()
     try:
@@ -167,16 +183,18 @@ def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: 
 
     ``run_fn`` replaces :func:`training.trainer.run` in tests (same signature).
     """
+    run_fn_is_real = run_fn is None
     if run_fn is None:
         from .trainer import run as run_fn
     out = stream or sys.stdout
     report = ProbeReport(hbm_bytes=cfg.hardware.hbm_bytes)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     for micro_batch in sorted(set(cfg.probe.micro_batch_candidates)):
         collected: list = []
         oom, error = False, None
         try:
             run_fn(
-                candidate_config(cfg, micro_batch),
+                candidate_config(cfg, micro_batch, world_size),
                 paths,
                 hooks=[collected.append],
                 max_steps=cfg.probe.steps,
@@ -189,11 +207,13 @@ def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: 
                 raise
             oom, error = True, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         peaks = [s.peak_memory_bytes for s in collected if s.peak_memory_bytes is not None]
-        oom, peak = _agree(oom, max(peaks) if peaks else None)
+        cpu = bool(collected) and not peaks and run_fn_is_real
+        oom, peak = _agree(oom, max(peaks) if peaks else (_resident_peak() if cpu else None))
         if oom:
             result = CandidateResult(micro_batch, OOM, steps=len(collected), error=error or "out of memory on another rank")
         else:
-            result = CandidateResult(micro_batch, OK, _steady_tokens_per_second(collected), peak, steps=len(collected))
+            result = CandidateResult(micro_batch, OK, _steady_tokens_per_second(collected), peak, steps=len(collected),
+                                     gpu_memory=bool(peaks))
         report.candidates.append(result)
         if _rank() == 0:
             _print_candidate(result, report.hbm_bytes, out)
@@ -215,7 +235,7 @@ def _print_candidate(result: CandidateResult, hbm_bytes: int, out: IO[str]) -> N
         parts.append(f"tokens/s/gpu={result.tokens_per_second:.1f}")
     fraction = result.fraction(hbm_bytes)
     if fraction is not None:
-        parts.append(f"peak_memory={fraction:.4f}")
+        parts.append(f"peak_memory={fraction:.4f}" + ("" if result.gpu_memory else " (resident set, CPU)"))
     parts.append(f"steps={result.steps}")
     if result.error:
         parts.append(f"error={result.error}")

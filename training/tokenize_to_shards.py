@@ -6,8 +6,9 @@
 Each input file is one document (``--lines``: each non-empty line is one). Every document
 is followed by the end-of-text token. Tokens are written as flat little-endian uint16
 (vocabularies up to 65,536) or uint32 files of at most ``--tokens-per-shard`` tokens,
-named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest
-(which the trainer does not need). The tokenizer is loaded from a local directory with
+named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
+lists each shard's token count and largest token id (the trainer refuses a shard whose
+largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from a local directory with
 ``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
 tokenizer: token = byte value (0-255), end-of-text = 256.
 """
@@ -82,7 +83,7 @@ def write_shards(docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_sh
             del buffer[: len(chunk)]
             name = f"shard-{len(shards):05d}.bin"
             np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tofile(out_dir / name)
-            shards.append({"file": name, "tokens": len(chunk)})
+            shards.append({"file": name, "tokens": len(chunk), "max_token_id": int(max(chunk))})
 
     for doc in docs:
         buffer.extend(tokenizer.encode(doc))

@@ -41,12 +41,13 @@ from .compile import apply_compile
 from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
-from .export import export_hf, load_hf_weights
+from .export import export_hf, load_hf_weights, plain_tensor
 from .model import CausalLMLoss, build_model, materialize
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
 from .parallel import apply_fsdp, build_mesh, enable_tf32
 from .paths import Paths
 from .step_stats import StepStats
+from .world import accumulation, resume_accumulation
 
 log = logging.getLogger("training")
 
@@ -167,14 +168,17 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 
 
 def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
+    """What a checkpoint holds. The data position is global (the same on every rank), so a
+    checkpoint resumes on any number of ranks; only the RNG state is per rank."""
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     return {
-        "model": get_model_state_dict(trainer.model),
+        # float8 weights as the plain tensors they wrap: DCP reads into (and writes from) their storage
+        "model": {key: plain_tensor(value) for key, value in get_model_state_dict(trainer.model).items()},
         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer),
-        "train": pickle.dumps({"step": step, "scheduler": trainer.scheduler.state_dict()}),
-        f"dataloader_rank{rank}": pickle.dumps(dataloader.state_dict()),
+        "train": pickle.dumps({"step": step, "scheduler": trainer.scheduler.state_dict(),
+                               "data": dataloader.state_dict(), "world_size": trainer.info.world_size}),
         f"rng_rank{rank}": pickle.dumps(rng),
     }
 
@@ -184,12 +188,26 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     train = pickle.loads(state["train"])
     trainer.scheduler.load_state_dict(train["scheduler"])
-    dataloader.load_state_dict(pickle.loads(state[f"dataloader_rank{rank}"]))
-    rng = pickle.loads(state[f"rng_rank{rank}"])
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
+    if "data" not in train:
+        raise ValueError("the checkpoint stores per-rank data positions (an older format) and cannot be resumed")
+    dataloader.load_state_dict(train["data"])
+    if f"rng_rank{rank}" in state:
+        rng = pickle.loads(state[f"rng_rank{rank}"])
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    else:  # saved on another number of ranks: this rank had no state
+        torch.manual_seed(trainer.cfg.data.seed + rank + int(train["step"]))
+    if train.get("world_size", trainer.info.world_size) != trainer.info.world_size:
+        log.warning("resuming a checkpoint of %d ranks on %d: the state is resharded, the data continues from its "
+                    "global position, and the accumulation keeps the global batch", train["world_size"], trainer.info.world_size)
     return int(train["step"])
+
+
+def _resume_accumulation(cfg: RunConfig, state: dict, world: int):
+    """The accumulation that keeps the resumed run's global batch on this world (WorldSizeError if none)."""
+    saved_world = pickle.loads(state["train"]).get("world_size", world)
+    return resume_accumulation(cfg, saved_world, world)
 
 
 def run(
@@ -220,6 +238,10 @@ def run(
 
 
 def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
+    accum_at, exact = accumulation(cfg, info.world_size)
+    if not exact and info.rank == 0:
+        log.warning("%d ranks cannot keep the plan's global batch of %d tokens; running the plan's accumulation as it is",
+                    info.world_size, cfg.batch.global_batch_tokens)
     torch.manual_seed(cfg.data.seed + info.rank)
     trainer = build(cfg, paths, info=info)
     batch = cfg.batch
@@ -227,7 +249,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
         rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
         seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
-        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
+        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")), vocab_size=cfg.model.vocab_size,
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     save_group, control_group = new_gloo_group(), new_gloo_group()
@@ -238,14 +260,14 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     # without its COMMITTED marker a restart skips it.
     validator = build_validator(cfg, paths, trainer, control_group)
     result = _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
-                   validator)
+                   accum_at, validator)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
 
 
 def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
-          validator=None) -> RunResult:
+          accum_at=None, validator=None) -> RunResult:
     info, model, optimizer, scheduler = trainer.info, trainer.model, trainer.optimizer, trainer.scheduler
     batch, device = cfg.batch, info.device
     step, resumed_from = 0, None
@@ -253,7 +275,10 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         found = ckpt.resumable_step()
         if found is not None:
             state = _train_state(trainer, 0, dataloader, info.rank)
+            saved = ckpt.saved_keys(found)
+            state = {key: value for key, value in state.items() if key in saved}  # per-rank keys of another world
             ckpt.load(found, state)
+            accum_at = _resume_accumulation(cfg, state, info.world_size)
             step = resumed_from = _restore(trainer, state, dataloader, info.rank)
             log.info("resumed at step %d", step)
     end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
@@ -277,7 +302,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
-        accum = batch.accum_steps_at(step)
+        accum = (accum_at or batch.accum_steps_at)(step)
         data_wait = 0.0
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         for _ in range(accum):
@@ -353,6 +378,11 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             result.checkpoint_step = committed
     if export if export is not None else step >= batch.total_steps:
         started = time.perf_counter()
-        result.exported_to = export_hf(trainer.lm, paths.model_dir)
+        result.exported_to = export_hf(trainer.lm, paths.model_dir, dtype=_export_dtype(cfg),
+                                       max_shard_bytes=cfg.export.max_shard_bytes)
         log.info("exported Hugging Face weights to %s in %.1f s", paths.model_dir, time.perf_counter() - started)
     return result
+
+
+def _export_dtype(cfg: RunConfig) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.export.dtype]

@@ -179,11 +179,31 @@ def test_damaged_newest_checkpoint_falls_back(uninterrupted, resume_root):
     (ckpt / "step-20" / "__1_0.distcp").unlink()
     proc = torchrun(2, "train", "--root", str(root), "--ckpt", str(ckpt), "--model", str(root / "m-damaged"),
                     "--out", str(root / "damaged.json"))
-    assert "skipping checkpoint step-20: __1_0.distcp is listed in .metadata but missing" in proc.stderr
+    assert "skipping checkpoint step-20: __1_0.distcp is listed but missing" in proc.stderr
     assert "resuming from checkpoint step-15" in proc.stderr
     resumed = json.loads((root / "damaged.json").read_text())
     assert resumed["resumed_from"] == 15
     _compare_from(resumed, uninterrupted)
+
+
+def test_resume_on_another_world_keeps_the_global_batch_and_the_data(uninterrupted, resume_root):
+    """A 2-rank checkpoint resumed by 1 rank: DCP reshards the model and the optimiser, the accumulation
+    doubles so the global batch stays 2 x 32 x 2 tokens, and the data continues from its global position.
+    The losses follow the uninterrupted run's; not to the bit, since the sums run in another order."""
+    root = resume_root
+    ckpt = root / "ck-world"
+    ckpt.mkdir()
+    shutil.copytree(root / "ck-full" / "step-10", ckpt / "step-10")
+    proc = torchrun(1, "train", "--root", str(root), "--ckpt", str(ckpt), "--model", str(root / "m-world"),
+                    "--out", str(root / "world.json"))
+    assert "resuming a checkpoint of 2 ranks on 1" in proc.stderr
+    resumed = json.loads((root / "world.json").read_text())
+    assert resumed["resumed_from"] == 10 and resumed["step"] == 20
+    stats = json.loads((root / "world.json.rank0.stats.json").read_text())
+    assert {(s["world_size"], s["grad_accum_steps"], s["tokens"]) for s in stats} == {(1, 2, 2 * 32 * 2)}
+    expected = {k: v for k, v in uninterrupted["losses"].items() if int(k) > 10}
+    assert resumed["losses"].keys() == expected.keys()
+    assert [resumed["losses"][k] for k in expected] == pytest.approx(list(expected.values()), rel=1e-4)
 
 
 def test_missing_metadata_falls_back(uninterrupted, resume_root, caplog):
@@ -213,13 +233,13 @@ def test_safetensors_export_reloads_exactly(uninterrupted, resume_root):
     trained = torch.load(resume_root / "full.pt")  # rank 0's gathered full state dict of the trained model
     state = reloaded.state_dict()
     assert set(trained) == set(state)
-    for name, tensor in trained.items():
-        assert torch.equal(state[name], tensor), name
-    reference = LlamaForCausalLM(reloaded.config)
-    reference.load_state_dict(trained)
+    for name, tensor in trained.items():  # exported in bf16 (export.dtype's default)
+        assert state[name].dtype == torch.bfloat16 and torch.equal(state[name], tensor.to(torch.bfloat16)), name
+    reference = LlamaForCausalLM(reloaded.config).to(torch.bfloat16)
+    reference.load_state_dict({name: tensor.to(torch.bfloat16) for name, tensor in trained.items()})
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert torch.equal(reloaded(ids).logits, reference.eval()(ids).logits)
+    with torch.no_grad():  # the same bf16 weights (checked exactly above); the two models may pick different kernels
+        torch.testing.assert_close(reloaded(ids).logits, reference.eval()(ids).logits, rtol=2e-2, atol=2e-2)
 
 
 def test_init_from_hf_checkpoint_loads_exactly_into_sharded_model(uninterrupted, resume_root):

@@ -1,0 +1,91 @@
+"""The pipeline interpreter on the real definitions, with stand-in training jobs (no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiered_training.definition import PipelineResources, build_definition, find_step
+from tiered_training.planner import plan_file
+from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
+from training.probe import OOM, CandidateResult, ProbeReport
+
+from support import ROOT as REPO
+
+RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
+
+
+@pytest.fixture(scope="module")
+def definition():
+    plan = plan_file(REPO / "recipes/qwen2.5-32b-hybrid.yaml")
+    return plan, build_definition(plan, RESOURCES)
+
+
+class Jobs:
+    """Stand-in jobs: each step's attempts end as scripted; the Probe prints ``probe_lines``."""
+
+    def __init__(self, probe_lines, script=None):
+        self.probe_lines, self.script, self.calls = probe_lines, dict(script or {}), []
+
+    def __call__(self, step, job_name, args, attempt, *, warm_from):
+        self.calls.append((step, attempt, warm_from))
+        outcomes = self.script.get(step, [])
+        outcome = outcomes.pop(0) if outcomes else JobAttempt("Completed")
+        if step == "Probe" and outcome.status == "Completed":
+            outcome.log = [(float(i), "algo-1", line) for i, line in enumerate(self.probe_lines)]
+        return outcome
+
+
+def test_a_probe_where_nothing_fits_ends_at_fail_memory_saying_so(definition):
+    plan, body = definition
+    candidates = plan.run_config().probe.micro_batch_candidates
+    report = ProbeReport([CandidateResult(c, OOM, error="OutOfMemoryError") for c in candidates],
+                         hbm_bytes=plan.instance.hbm_bytes)
+    execution = Interpreter(body, Jobs(report.probe_lines())).run({})
+    assert execution.status == "Failed" and execution.failed_step == "FailMemory"
+    assert f"best micro-batch 0.0 of the candidates {candidates} (0: no micro-batch fits" in execution.failure
+    assert execution.metrics["Probe"] == {"probe:tokens_per_second": 0.0, "probe:peak_memory_fraction": 1.0,
+                                          "probe:best_micro_batch": 0.0}
+
+
+def test_a_good_probe_runs_train_on_the_probes_warm_pool(definition):
+    plan, body = definition
+    lines = ["PROBE tokens_per_second=1.00", "PROBE tokens_per_second=5000.00",  # the last match counts
+             "PROBE peak_memory_fraction=0.5000", "PROBE best_micro_batch=8"]
+    jobs = Jobs(lines)
+    execution = Interpreter(body, jobs).run({"InstanceCount": 2})
+    assert execution.status == "Succeeded"
+    assert jobs.calls == [("Probe", 1, None), ("Train", 1, "Probe")]
+    assert execution.metrics["Probe"]["probe:tokens_per_second"] == 5000.0
+    assert find_step(body, "Probe")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
+    assert "KeepAlivePeriodInSeconds" not in find_step(body, "Train")["Arguments"]["ResourceConfig"]
+
+
+def test_retry_strategy_then_retry_policy(definition):
+    _, body = definition
+    lost = lambda: JobAttempt("Failed", "algo-2 was lost", internal=True)  # noqa: E731
+    jobs = Jobs([], {"TrainWithoutProbe": [lost() for _ in range(4)] + [JobAttempt("Interrupted", "spot")]})
+    execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
+    restarts = [e.text for e in execution.trace if e.kind == "restart"]
+    retries = [e.text for e in execution.trace if e.kind == "retry"]
+    assert len(restarts) == 4 and "RetryStrategy starts it again (0 retries left)" in restarts[2]
+    assert "interrupted (spot)" in restarts[3]
+    assert len(retries) == 1 and "SageMaker.JOB_INTERNAL_ERROR; retry policy 1: attempt 2 of 5 after 300 s" in retries[0]
+    assert execution.status == "Succeeded"
+
+
+def test_unknown_expressions_and_parameters_are_named(definition):
+    _, body = definition
+    with pytest.raises(PipelineError, match="unknown parameter"):
+        Interpreter(body, Jobs([])).run({"Nope": 1})
+    broken = {**body, "Steps": [{"Name": "X", "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Format": "x"}}}]}
+    with pytest.raises(PipelineError, match="Std:Format"):
+        Interpreter(broken, Jobs([])).run({})
+    missing = Interpreter(body, Jobs(["PROBE tokens_per_second=9.0", "PROBE best_micro_batch=1"]))
+    with pytest.raises(PipelineError, match="probe:peak_memory_fraction.*unresolved"):
+        missing.run({})
+
+
+def test_final_metrics_take_the_last_match_in_time_order():
+    definitions = [{"Name": "m", "Regex": r"m=([0-9.]+)"}]
+    log = [(2.0, "algo-2", "m=2"), (1.0, "algo-1", "m=1"), (3.0, "algo-1", "nothing")]
+    assert final_metrics(definitions, log) == {"m": 2.0}

@@ -1,0 +1,155 @@
+"""A two-host rehearsal of the hybrid-sharded qwen2.5-32b recipe, with one host killed during a checkpoint
+save, then a second execution on one host that resumes the final checkpoint: one run, many assertions."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("moto")
+
+from tiered_training.rehearse.run import Options, rehearse  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 7
+INTERVAL = 3  # a checkpoint every 3 steps; the second save (step 6) is interrupted
+KEEP_LAST = 1  # the bound K+1 = 2 is tight: every prune must reach S3 before the next save
+
+
+def _test_recipe(root: Path) -> Path:
+    """The qwen2.5-32b recipe with keep_last 1 and a checkpoint every INTERVAL steps at the plan's step time."""
+    from tiered_training.planner import plan_file
+
+    text = (REPO / "recipes/qwen2.5-32b-hybrid.yaml").read_text().replace("keep_last: 4", f"keep_last: {KEEP_LAST}")
+    recipe = root / "qwen2.5-32b-hybrid.yaml"
+    recipe.write_text(text)
+    step_seconds = plan_file(recipe).estimates.step_time_seconds
+    recipe.write_text(text.replace("interval_minutes: 20", f"interval_minutes: {INTERVAL * step_seconds / 60:.4f}"))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """The plan's shard groups span 2 hosts (the export must gather across hosts). A restart on 1 host
+    cannot keep them, so the second execution must be refused before any compute; resuming on another
+    host count is tested in tests/training/test_multiprocess.py."""
+    root = tmp_path_factory.mktemp("rehearsal")
+    out = io.StringIO()
+    result = rehearse(Options(_test_recipe(root), hosts=2, workers=2, steps=STEPS, interrupt="kill-host@save",
+                              workdir=root / "work",
+                              then={"InstanceCount": "1", "SkipProbe": "true", "MaxSteps": str(STEPS + 1)}), out)
+    (root / "rehearsal.log").write_text(out.getvalue())
+    return result, out.getvalue(), root
+
+
+def _events(execution, kind):
+    return [e.text for e in execution.trace if e.kind == kind]
+
+
+def test_the_pipeline_succeeds_through_probe_gate_and_train(rehearsal):
+    result, log, _ = rehearsal
+    assert result.execution.status == "Succeeded", log[-6000:]
+    steps = [e.step for e in result.execution.trace if e.kind == "job" and "completed" in e.text]
+    assert steps == ["Probe", "Train"]
+    gate = [e for e in result.execution.trace if e.kind == "condition" and e.step == "Gate"][0]
+    assert gate.data["outcome"] is True
+    assert any(check.startswith("probe:peak_memory_fraction") and "<= 0.85" in check for check in gate.data["checks"])
+    assert "scaled down (plan -> rehearsal):" in log and "kept as planned:" in log
+    assert "parallel.shard_group_size: 16 -> 4  (2 host(s) per shard group, as planned)" in log
+    assert "precision.precision fp8" in log
+    assert f"checkpoint.interval_steps: 0 -> {INTERVAL}" in log
+    assert f"interrupt kill-host@save: SIGKILL of algo-2 during the save of step-{2 * INTERVAL}" in log
+
+
+def test_the_validation_loss_and_each_hosts_emf_lines_are_shown(rehearsal):
+    result, log, _ = rehearsal
+    validation = result.validation_losses()
+    assert validation and all(0 < value < 10 for value in validation.values())
+    assert "validation loss (held-out windows): " in log
+    first = result.train_attempts()[0]
+    assert set(first.detail["emf"]) == {"algo-1", "algo-2"}
+    assert "Train attempt 1 algo-1: " in log and "Train attempt 1 algo-2: none" in log
+    job = [json.loads(line) for line in first.detail["emf"]["algo-1"] if '"Loss"' in line]
+    assert [record["Step"] for record in job][:3] == [1, 2, 3]  # one event per step
+
+
+def test_train_reuses_the_probes_warm_pool(rehearsal):
+    result, _, _ = rehearsal
+    assert any("Train: reuses the warm pool of Probe" in text for text in _events(result.execution, "warm-pool"))
+
+
+def test_a_host_killed_during_a_save_restarts_from_the_newest_complete_checkpoint(rehearsal):
+    result, log, _ = rehearsal
+    first, second = result.train_attempts()
+    assert first.status == "Failed" and first.internal and "SIGKILL while writing checkpoint step-6" in first.failure_reason
+    assert second.status == "Completed" and second.detail["resumed_from"] == 3
+    assert "skipping checkpoint step-6: not committed" in log
+    # The first attempt is an uninterrupted run up to the kill, with the same settings: the steps redone
+    # after the restart equal its losses, bit for bit (the EMF JSON keeps every digit).
+    # bench/rehearse_bench.py compares whole runs, interrupted and not.
+    redone = {s: v for s, v in second.detail["losses"].items() if s in first.detail["losses"]}
+    assert {4, 5} <= set(redone)  # step 6 too when its line was out before the kill
+    assert redone == {s: first.detail["losses"][s] for s in redone}
+    assert any(len(repr(value)) > 8 for value in redone.values())  # full precision, not the 4-decimal log line
+    assert sorted(second.detail["losses"]) == list(range(4, STEPS + 1))
+
+
+def test_the_surviving_host_writes_a_one_line_failure_reason(rehearsal):
+    result, _, _ = rehearsal
+    first = result.train_attempts()[0]
+    reason = first.detail["failure_files"]["algo-1"]
+    assert reason.startswith("algo-1 rank-") and "\n" not in reason
+    assert "algo-2" not in first.detail["failure_files"]  # killed: it wrote nothing
+
+
+def test_checkpoints_commit_on_two_hosts_and_both_upload(rehearsal):
+    result, log, _ = rehearsal
+    assert "checkpoint step-3 committed" in log and f"checkpoint step-{STEPS} committed" in log
+    second = result.train_attempts()[1]
+    uploads = second.detail["uploads"]
+    assert any(key.endswith("COMMITTED") for key in uploads["algo-1"])
+    assert any(key.startswith(f"step-{STEPS}/__2_") for key in uploads["algo-2"])  # rank 2 lives on algo-2
+    assert not any(key.startswith(f"step-{STEPS}/__2_") for key in uploads["algo-1"])
+
+
+def test_s3_holds_at_most_keep_last_plus_one_checkpoints(rehearsal):
+    result, _, _ = rehearsal
+    assert 1 <= result.max_checkpoints <= KEEP_LAST + 1
+    assert result.checkpoints_at_end == [f"step-{STEPS}"]
+
+
+def test_a_restart_on_a_host_count_that_breaks_the_shard_groups_is_refused_before_any_compute(rehearsal):
+    result, log, _ = rehearsal
+    assert result.then is not None and result.then.status == "Failed" and not result.ok
+    (attempt,) = result.then.jobs["TrainWithoutProbe"]
+    reason = attempt.detail["failure_files"]["algo-1"]
+    assert reason.startswith("launcher: ") and "cannot resume the checkpoint of a run on 4 GPUs on 2 GPUs" in reason
+    assert "hybrid sharding needs a multiple of the shard group of 4 GPUs" in reason
+    assert not attempt.detail["losses"] and not any("torchrun" in line or "[rank" in line for _, _, line in attempt.log)
+    assert result.checkpoints_at_end == [f"step-{STEPS}"]  # nothing was written
+
+
+def test_export_on_two_hosts_equals_a_single_host_export(rehearsal, tmp_path):
+    """Shapes, bf16, several safetensors files with an index, and from_pretrained logits equal to those of
+    the same final checkpoint exported by one process."""
+    result, _, root = rehearsal
+    exported = result.exported
+    assert exported["tensors"]["model.embed_tokens.weight"] == {
+        **exported["tensors"]["model.embed_tokens.weight"], "dtype": "BF16", "shape": [256, 64]}
+    assert "model.safetensors.index.json" in exported["files"]
+    assert sum(name.endswith(".safetensors") for name in exported["files"]) > 1
+    hosts = Path(result.train_attempts()[1].detail["model_dir"]).parents[3]  # attempt-2/<host>/opt/ml/model
+    checkpoint = ",".join(str(hosts / h / "opt/ml/checkpoints" / f"step-{STEPS}") for h in ("algo-1", "algo-2"))
+    script = REPO / "tests/rehearse/single_host_export.py"
+    proc = subprocess.run([sys.executable, str(script), checkpoint, exported["dir"], str(tmp_path / "single")],
+                          cwd=REPO, capture_output=True, text=True, timeout=180, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LOGITS EQUAL" in proc.stdout, proc.stdout[-2000:]

@@ -1,0 +1,63 @@
+"""What a rehearsal scales, without running it: context parallelism, accumulation, interrupts it cannot reach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiered_training.planner import plan_file
+from tiered_training.rehearse.hosts import Interrupt
+from tiered_training.rehearse.run import steps_for
+from tiered_training.rehearse.scale import MAX_ACCUM, scale
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def long_context():
+    plan = plan_file(REPO / "recipes/llama3-8b-128k.yaml")
+    assert plan.ok and plan.run_config().parallel.context_parallel > 1
+    return plan
+
+
+def _scaled(plan, **kwargs):
+    return scale(plan.run_config(), hosts=2, workers=2, plan_step_seconds=plan.estimates.step_time_seconds,
+                 plan_total_steps=plan.estimates.total_steps, memory_per_worker=2**30, **kwargs)
+
+
+def test_context_parallelism_is_rehearsed_as_1_and_said_so_when_the_trainer_lacks_it(long_context):
+    scaled = _scaled(long_context, context_parallel=False)
+    (change,) = [c for c in scaled.changes if c.field == "parallel.context_parallel"]
+    assert change.plan == long_context.run_config().parallel.context_parallel and change.rehearsal == 1
+    assert "no context parallelism" in change.why
+    cfg = scaled.config
+    assert cfg.parallel.context_parallel == 1
+    b = cfg.batch
+    assert b.global_batch_tokens == b.micro_batch_size * b.sequence_length * b.grad_accum_steps * 4
+
+
+def test_context_parallelism_is_kept_within_a_host_when_the_trainer_has_it(long_context):
+    cfg = _scaled(long_context, context_parallel=True).config
+    assert cfg.parallel.context_parallel == 2  # the plan's 8 does not fit a host of 2 workers
+    assert cfg.parallel.shard_group_size % 2 == 0
+    b = cfg.batch
+    assert b.global_batch_tokens == b.micro_batch_size * b.sequence_length * b.grad_accum_steps * 2  # 2 CP groups
+
+
+def test_accumulation_shrinks_by_one_factor_keeping_the_ramp_shape():
+    plan = plan_file(REPO / "recipes/qwen2.5-32b-hybrid.yaml")
+    planned = plan.run_config().batch
+    b = _scaled(plan).config.batch
+    assert b.grad_accum_steps <= MAX_ACCUM
+    if planned.ramp_start_accum_steps:
+        assert b.ramp_start_accum_steps / b.grad_accum_steps == pytest.approx(
+            planned.ramp_start_accum_steps / planned.grad_accum_steps, rel=0.5)
+
+
+def test_an_interrupt_the_run_cannot_reach_is_refused_before_anything_runs():
+    save = Interrupt.parse("kill-host@save")
+    assert save.unreachable(28, 14) is None
+    problem = save.unreachable(12, 14)
+    assert "step 28" in problem and "a checkpoint every 14 steps" in problem and "--steps" in problem
+    assert steps_for(save, 14) == 29 and steps_for(Interrupt.parse("sigterm@5"), 3) == 12

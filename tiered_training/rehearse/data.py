@@ -1,0 +1,52 @@
+"""The rehearsal's training data: token shards in the trainer's format, put under the run's DataUri in the local S3.
+
+A noisy bigram language (next token = (3 x previous + 7) mod 256, one token in ten random),
+which a tiny model learns within a few steps, so the rehearsal's losses fall. The shards
+have the recipe's token dtype and a ``shards.json`` manifest with each shard's largest id, as
+``training/tokenize_to_shards.py`` writes them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import sys
+from array import array
+
+from .s3 import split_uri
+
+VOCAB = 256
+
+
+def bigram_tokens(count: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    tokens = [1]
+    for _ in range(count - 1):
+        tokens.append(rng.randrange(VOCAB) if rng.random() < 0.1 else (3 * tokens[-1] + 7) % VOCAB)
+    return tokens
+
+
+def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, shards: int = 2, seed: int = 0) -> dict:
+    """Write ``shards`` token files and their manifest under ``uri``; returns the manifest."""
+    bucket, prefix = split_uri(uri)
+    prefix = prefix.rstrip("/")
+    typecode = {"uint16": "H", "uint32": "I"}[token_dtype]
+    stream = bigram_tokens(tokens, seed)
+    size = len(stream) // shards
+    entries = []
+    for index in range(shards):
+        chunk = stream[index * size : (index + 1) * size]
+        data = array(typecode, chunk)
+        if data.itemsize != {"H": 2, "I": 4}[typecode]:  # array's sizes are the platform's; ours are fixed
+            raise RuntimeError(f"array({typecode!r}) is {data.itemsize} bytes here")
+        if sys.byteorder == "big":
+            data.byteswap()  # the shards are little-endian
+        name = f"shard-{index:05d}.bin"
+        client.upload_fileobj(io.BytesIO(data.tobytes()), bucket, f"{prefix}/{name}" if prefix else name)
+        entries.append({"file": name, "tokens": len(chunk), "max_token_id": max(chunk)})
+    manifest = {"format": "flat little-endian token ids", "dtype": token_dtype, "tokenizer": "rehearsal bigram",
+                "vocab_size": VOCAB, "tokens": sum(e["tokens"] for e in entries), "shards": entries}
+    client.put_object(Bucket=bucket, Key=f"{prefix}/shards.json" if prefix else "shards.json",
+                      Body=json.dumps(manifest, indent=1).encode())
+    return manifest
