@@ -49,13 +49,13 @@ def test_a_probe_where_nothing_fits_ends_at_fail_memory_saying_so(definition):
 
 def test_a_good_probe_runs_train_on_the_probes_warm_pool(definition):
     plan, body = definition
-    lines = ["PROBE tokens_per_second=1.00", "PROBE tokens_per_second=5000.00",  # the last match counts
+    lines = ["PROBE tokens_per_second=1.00", "PROBE tokens_per_second=50000.00",  # the last match counts
              "PROBE peak_memory_fraction=0.5000", "PROBE best_micro_batch=8"]
     jobs = Jobs(lines)
     execution = Interpreter(body, jobs).run({"InstanceCount": 2})
     assert execution.status == "Succeeded"
     assert jobs.calls == [("Probe", 1, None), ("Train", 1, "Probe")]
-    assert execution.metrics["Probe"]["probe:tokens_per_second"] == 5000.0
+    assert execution.metrics["Probe"]["probe:tokens_per_second"] == 50000.0
     assert find_step(body, "Probe")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
     assert "KeepAlivePeriodInSeconds" not in find_step(body, "Train")["Arguments"]["ResourceConfig"]
 
