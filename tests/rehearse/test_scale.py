@@ -61,3 +61,16 @@ def test_an_interrupt_the_run_cannot_reach_is_refused_before_anything_runs():
     problem = save.unreachable(12, 14)
     assert "step 28" in problem and "a checkpoint every 14 steps" in problem and "--steps" in problem
     assert steps_for(save, 14) == 29 and steps_for(Interrupt.parse("sigterm@5"), 3) == 12
+
+
+def test_the_trainer_comes_from_the_checkout_or_from_the_wheels_container(tmp_path):
+    from tiered_training.rehearse.run import RehearsalError, repo_root
+
+    assert (repo_root() / "training" / "launcher.py").is_file()  # this checkout
+    library = tmp_path / "site-packages" / "tiered_training"
+    (library / "container").mkdir(parents=True)
+    with pytest.raises(RehearsalError, match="reinstall tiered-training"):
+        repo_root(library)
+    (library / "container" / "launcher.py").write_text("")
+    root = repo_root(library)  # an installed wheel: training/ is its container directory
+    assert (root / "training" / "launcher.py").is_file() and (root / "training").resolve() == library / "container"

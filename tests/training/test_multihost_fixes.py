@@ -52,6 +52,18 @@ def test_another_world_keeps_the_global_batch_or_is_refused_with_the_counts_that
         resume_accumulation(cfg, 4, 6)
 
 
+def test_with_context_parallelism_the_global_batch_counts_data_parallel_ranks():
+    # 2 data-parallel ranks of a context-parallel group of 2: 4 GPUs planned
+    cfg = tiny_config(parallel={"sharding": "full", "shard_group_size": 4, "context_parallel": 2},
+                      batch={"grad_accum_steps": 2, "global_batch_tokens": 2 * 32 * 2 * 2}, hardware={"gpus_per_node": 2})
+    fn, exact = accumulation(cfg, 4)
+    assert exact and fn(5) == 2
+    fn, exact = accumulation(cfg, 2)  # one CP group: twice the accumulation
+    assert exact and fn(5) == 4
+    with pytest.raises(WorldSizeError, match="context parallelism of 2 needs a multiple of 2 GPUs"):
+        resume_accumulation(cfg, 4, 3)
+
+
 def test_the_launcher_refuses_a_restart_that_would_change_the_global_batch(tmp_path):
     cfg = tiny_config(batch={"grad_accum_steps": 4, "global_batch_tokens": 2 * 32 * 4 * 2}, hardware={"gpus_per_node": 1})
     step = tmp_path / "step-10"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -95,12 +96,21 @@ def steps_for(interrupt: Interrupt | None, interval: int) -> int:
     return max(MIN_STEPS, save + 1)
 
 
-def repo_root() -> Path:
-    """The checkout whose ``training/`` package the simulated hosts run."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "training" / "launcher.py").is_file():
-        raise RehearsalError(f"rehearse runs the training container's code from a checkout; no training/ next to {root}")
-    return root
+def repo_root(library: Path | None = None) -> Path:
+    """A directory whose ``training/`` is the trainer the simulated hosts run: the checkout's
+    ``training/`` beside the package, or the container that an installed wheel ships as
+    ``tiered_training/container/`` (linked as ``training`` in a temporary directory)."""
+    library = library or Path(__file__).resolve().parents[1]
+    if (library.parent / "training" / "launcher.py").is_file():
+        return library.parent
+    packaged = library / "container"
+    if (packaged / "launcher.py").is_file():
+        root = Path(tempfile.mkdtemp(prefix="tt-rehearse-trainer-"))
+        atexit.register(shutil.rmtree, root, True)
+        (root / "training").symlink_to(packaged, target_is_directory=True)
+        return root
+    raise RehearsalError(f"rehearse runs the training container's code, and neither {library.parent / 'training'} "
+                         f"nor {packaged} holds it; reinstall tiered-training")
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -132,7 +142,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         raise RehearsalError("--hosts and --workers must be at least 1, --steps at least 2")
     assert plan.estimates is not None
     memory = _memory_bytes() // max(1, options.hosts * options.workers)
-    context_parallel = (repo_root() / "training" / "context_parallel.py").is_file()
+    repo = repo_root()
+    context_parallel = (repo / "training" / "context_parallel.py").is_file()
 
     def scaled_for(hp: dict[str, Any]) -> Scaled:
         cfg = RunConfig.from_hyperparameters(hp)
@@ -150,8 +161,6 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     if not plan.recipe.data.allows(data_uri):
         raise RehearsalError(f"--param DataUri={data_uri}: not under the recipe's data.allowed_uris "
                              f"({', '.join(plan.recipe.data.data_prefixes)}); the pipeline's role could not read it")
-    repo = repo_root()
-
     resources = PipelineResources(role_arn=ROLE, image_uri=IMAGE,
                                   checkpoint_s3_uri=f"{STORE}/{plan.name}/checkpoints/",
                                   output_s3_uri=f"{STORE}/{plan.name}/output")
