@@ -12,8 +12,9 @@ tokens, labels the last). Windows never cross a shard boundary.
 Order: the global order is one endless stream of windows: epoch ``e`` is a permutation of
 all windows seeded with ``(seed, e)``, epochs follow each other. Each micro-step the job
 takes the next ``micro_batch_size x world_size`` windows of that stream, and rank ``r``
-takes its ``micro_batch_size`` from offset ``r x micro_batch_size``. Ranks read disjoint
-data, and the order depends only on the seed and the data.
+takes every ``world_size``-th of them from offset ``r`` (within an epoch, rank ``r`` reads
+windows ``r, r + world_size, r + 2 x world_size, ...`` of the permutation, as with a
+per-rank split). Ranks read disjoint data, and the order depends only on the seed and the data.
 
 The state saved with every checkpoint is the **global** position in that stream (windows
 consumed by the whole job), the same on every rank. A job restarted on another number of
@@ -147,9 +148,8 @@ class PackedTokenWindows(IterableDataset):
     def __iter__(self):
         step = self.micro_batch_size * self.world_size
         while True:
-            base = self.position + self.rank * self.micro_batch_size
             for j in range(self.micro_batch_size):
-                window = self._window(base + j)
+                window = self._window(self.position + j * self.world_size + self.rank)
                 if j == self.micro_batch_size - 1:
                     self.position += step  # the micro-step is done once its last window is handed out
                 yield torch.from_numpy(window.astype(np.int64))
