@@ -53,6 +53,7 @@ def _config(precision: str, ac: str, sharding: str, micro_batch: int, cp: int, w
                "global_batch_tokens": micro_batch * 32 * (world // cp)},
         optimizer={"lr": 1e-2, "warmup_steps": 2},
         checkpoint={"interval_steps": CHECKPOINT_EVERY},
+        export={"dtype": "fp32"},  # the exports are compared as trained, not rounded to bf16
         # a validation pass after every step, on every 8th window (held out of training)
         validation={"source": "holdout", "holdout_every": 8, "interval_minutes": 1e-6, "batches": 2},
     )
