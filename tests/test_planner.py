@@ -145,6 +145,20 @@ def test_auto_multi_node_takes_the_fastest_shard_group():
     assert "EFA" in plan.decision("tuning.sharding").reason
 
 
+
+def test_pinned_hybrid_sharding_is_kept_even_where_full_is_faster():
+    base = {"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512}
+    assert plan_of(**base).sharding == "full"  # the search's own choice here
+    plan = plan_of(**base, **{"tuning.sharding": "hybrid"})
+    assert plan.ok and plan.sharding == "hybrid" and plan.shard_group_size < plan.gpus
+    assert all(a.shard_group_size < plan.gpus for a in plan.alternatives)
+
+
+def test_hybrid_sharding_on_one_node_is_an_error_with_its_fix():
+    plan = plan_of(**{"tuning.sharding": "hybrid", "compute.instance_count": 1})
+    error = next(e for e in plan.errors if e.field == "tuning.sharding")
+    assert "one node" in error.message and "instance_count" in error.fix
+
 def test_hybrid_grows_the_group_when_one_node_does_not_fit():
     # A 64B-class model on P5 (80 GB) cannot hold its state on one node: the group grows.
     data = recipe_dict(**{"compute.instance_type": "ml.p5.48xlarge", "compute.instance_count": 8, "budget.global_batch_tokens": 4096 * 1024})

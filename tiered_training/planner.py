@@ -270,6 +270,11 @@ def _groups(run: _Run, nodes: int, cps: tuple[int, ...]) -> tuple[tuple[str, int
             run.error("shard-group", f"tuning.sharding {tuning.sharding} with shard_group_size {size} of {gpus} GPUs is {kind} sharding", f"set tuning.sharding to {kind} or auto", "tuning.shard_group_size")
             return None
         return ((kind, size),)
+    if tuning.sharding == "hybrid":
+        if nodes == 1:
+            run.error("shard-group", "hybrid sharding replicates shard groups across nodes; the recipe has one node", "set tuning.sharding to full or auto, or compute.instance_count to 2 or more", "tuning.sharding")
+            return None
+        return tuple(("hybrid", k * run.instance.gpus) for k in _divisors(nodes) if k < nodes)
     if tuning.sharding == "full" or nodes == 1:
         return (("full", gpus),)
     return tuple(("hybrid" if k < nodes else "full", k * run.instance.gpus) for k in _divisors(nodes))

@@ -23,9 +23,16 @@ def test_checkpoint_bucket(templates):
     sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
     assert sse["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
     assert "KMSMasterKeyID" in sse["ServerSideEncryptionByDefault"]
-    (rule,) = props["LifecycleConfiguration"]["Rules"]
+    rules = {rule["Id"]: rule for rule in props["LifecycleConfiguration"]["Rules"]}
+    rule = rules.pop("noncurrent-and-multipart")
     assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30}
     assert rule["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+    # Each recipe's pruned checkpoints leave the bucket a day after SageMaker deletes them.
+    recipes = [name for name in templates if name != PLATFORM_STACK]
+    assert len(rules) == len(recipes)
+    for rule in rules.values():
+        assert rule["Prefix"].endswith("/checkpoints/") and rule["Status"] == "Enabled"
+        assert rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
     assert "LoggingConfiguration" in props
     policies = [p for p in resources(template, "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"] == {"Ref": store_id}]
     (policy,) = policies

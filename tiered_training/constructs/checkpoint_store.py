@@ -42,6 +42,7 @@ class CheckpointStoreProps:
     - ``bucket``: an existing bucket instead of a new one; default a new bucket.
     - ``encryption_key``: the KMS key; default the bucket's key, or a new key with rotation.
     - ``noncurrent_version_expiration``: default 30 days.
+    - ``pruned_checkpoint_expiration``: how long a pruned checkpoint's old versions stay; default 1 day.
     - ``abort_incomplete_multipart_upload_after``: default 7 days.
     - ``removal_policy``: default RETAIN.
     - ``server_access_logs_bucket``: default a new access-log bucket.
@@ -50,6 +51,7 @@ class CheckpointStoreProps:
     bucket: s3.IBucket | None = None
     encryption_key: kms.IKey | None = None
     noncurrent_version_expiration: Duration | None = None
+    pruned_checkpoint_expiration: Duration | None = None
     abort_incomplete_multipart_upload_after: Duration | None = None
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     server_access_logs_bucket: s3.IBucket | None = None
@@ -65,6 +67,11 @@ class CheckpointStore(Construct):
     - ``encryption_key``: the KMS key (``IKey``); default a new key with rotation.
     - ``noncurrent_version_expiration``: default 30 days. Checkpoints are rewritten
       often; old versions are only for recovering from an accidental delete.
+    - ``pruned_checkpoint_expiration``: default 1 day. The trainer prunes to the recipe's
+      ``checkpointing.keep_last`` and SageMaker deletes the pruned files in S3 too; in a
+      versioned bucket they would stay as noncurrent versions (hundreds of GB each for a
+      large model), so each recipe's checkpoint prefix gets a rule of its own
+      (:meth:`expire_pruned_checkpoints`). With ``bucket`` given, add that rule yourself.
     - ``abort_incomplete_multipart_upload_after``: default 7 days.
     - ``removal_policy``: default RETAIN (checkpoints outlive a stack).
     - ``server_access_logs_bucket``: where S3 access logs go; default a new
@@ -79,12 +86,15 @@ class CheckpointStore(Construct):
         bucket: s3.IBucket | None = None,
         encryption_key: kms.IKey | None = None,
         noncurrent_version_expiration: Duration | None = None,
+        pruned_checkpoint_expiration: Duration | None = None,
         abort_incomplete_multipart_upload_after: Duration | None = None,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
         server_access_logs_bucket: s3.IBucket | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._object_arns: dict[str, list[str]] = {}
+        self._pruned_expiration = pruned_checkpoint_expiration or Duration.days(1)
+        self._expiring: set[str] = set()
         self.bucket: s3.IBucket
         self.encryption_key: kms.IKey | None
         if bucket is not None:
@@ -147,6 +157,7 @@ class CheckpointStore(Construct):
             bucket=props.bucket,
             encryption_key=props.encryption_key,
             noncurrent_version_expiration=props.noncurrent_version_expiration,
+            pruned_checkpoint_expiration=props.pruned_checkpoint_expiration,
             abort_incomplete_multipart_upload_after=props.abort_incomplete_multipart_upload_after,
             removal_policy=props.removal_policy,
             server_access_logs_bucket=props.server_access_logs_bucket,
@@ -165,6 +176,23 @@ class CheckpointStore(Construct):
     @cached_property
     def encryption_key_arn(self) -> str | None:
         return self.encryption_key.key_arn if self.encryption_key is not None else None
+
+    def expire_pruned_checkpoints(self, recipe: str) -> bool:
+        """Expire the noncurrent versions under ``recipe``'s checkpoint prefix after
+        ``pruned_checkpoint_expiration``, so pruned checkpoints do not pile up as versions.
+
+        Only a bucket this store created can take the rule; returns whether it did.
+        """
+        if not isinstance(self.bucket, s3.Bucket):
+            return False
+        if recipe not in self._expiring:
+            self._expiring.add(recipe)
+            self.bucket.add_lifecycle_rule(
+                id=f"pruned-checkpoints-{recipe}",
+                prefix=checkpoint_prefix(recipe),
+                noncurrent_version_expiration=self._pruned_expiration,
+            )
+        return True
 
     # -- locations -------------------------------------------------------------------------
 

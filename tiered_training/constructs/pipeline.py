@@ -128,6 +128,7 @@ class TrainingPipeline(Resource):
         if store is None:
             store = CheckpointStore(self, "Store", bucket=bucket, encryption_key=encryption_key)
         self.store = store
+        store.expire_pruned_checkpoints(recipe.name)
         if data_key is None and recipe.data.kms_key_arn:
             data_key = kms.Key.from_key_arn(self, "DataKey", recipe.data.kms_key_arn)
 
