@@ -25,14 +25,14 @@ KEEP_LAST = 1  # the bound K+1 = 2 is tight: every prune must reach S3 before th
 
 
 def _test_recipe(root: Path) -> Path:
-    """The qwen2.5-32b recipe with keep_last 1, a checkpoint every INTERVAL steps at the plan's step time, and
-    shard groups of 2 nodes pinned: the planner's own choice for this recipe may be full sharding, and this
-    test is of a hybrid-sharded recipe whose shard groups span hosts."""
+    """The qwen2.5-32b recipe (hybrid sharding pinned) with keep_last 1, a checkpoint every INTERVAL steps at
+    the plan's step time, and shard groups of 2 nodes: this test is of a hybrid-sharded recipe whose shard
+    groups span hosts."""
     from tiered_training.planner import plan_file
 
     text = (REPO / "recipes/qwen2.5-32b-hybrid.yaml").read_text().replace("keep_last: 4", f"keep_last: {KEEP_LAST}")
-    assert "\ntuning:" not in text
-    text += "tuning:\n  shard_group_size: 16\n"
+    assert "\ntuning:\n  sharding: hybrid\n" in text
+    text = text.replace("\ntuning:\n", "\ntuning:\n  shard_group_size: 16\n")
     recipe = root / "qwen2.5-32b-hybrid.yaml"
     recipe.write_text(text)
     step_seconds = plan_file(recipe).estimates.step_time_seconds
