@@ -27,3 +27,13 @@ def test_alarms_to_an_unsubscribed_platform_topic_warn(tmp_path, monkeypatch):
 def test_an_address_in_the_recipe_or_the_app_context_routes_them(tmp_path, monkeypatch):
     assert _validate(tmp_path, monkeypatch, None, **{"monitoring.alarm_email": "a@example.com"}).exit_code == 0
     assert _validate(tmp_path, monkeypatch, {"alarm_email": "oncall@example.com"}).exit_code == 0
+
+
+def test_the_monitoring_doc_states_the_fitted_times_of_every_template():
+    from tiered_training.alarms import markdown_table
+    from tiered_training.planner import plan_file
+
+    from support import RECIPES, ROOT
+
+    table = markdown_table([plan_file(path) for path in RECIPES])
+    assert table in (ROOT / "docs" / "monitoring.md").read_text(), "run: python -m tiered_training.alarms recipes/"

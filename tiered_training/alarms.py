@@ -237,3 +237,35 @@ def with_routing_findings(plan: "Plan", context: Mapping[str, object] | None = N
     context = app_context() if context is None else context
     extra = routing_findings(plan, platform_subscribed(context))
     return replace(plan, findings=plan.findings + tuple(extra)) if extra else plan
+
+
+# -- the table in docs/monitoring.md -------------------------------------------------------
+
+
+def markdown_table(plans: list["Plan"]) -> str:
+    """Each plan's step time, windows and times to fire, in minutes (``python -m tiered_training.alarms``)."""
+    rows = [
+        "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for plan in plans:
+        fit = fit_alarms(plan)
+        minutes = [
+            fit.window_seconds / MINUTE,
+            fit.stall_seconds / MINUTE,
+            fit[THROUGHPUT].fires_within_seconds / MINUTE,
+            fit[STALLED].fires_within_seconds / MINUTE,
+        ]
+        validation = fit.alarms.get(VALIDATION)
+        cells = [f"{m:.0f}" for m in minutes] + [f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-"]
+        rows.append(f"| {plan.name} | {fit.step_seconds:.0f} s | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .loader import find_recipes
+    from .planner import plan_file
+
+    print(markdown_table([plan_file(path) for path in find_recipes([Path(arg) for arg in sys.argv[1:] or ["recipes"]])[0]]))
