@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from typer.testing import CliRunner
 
-from support import recipe_dict, write_yaml
+from support import free_port, moto_server, recipe_dict, write_yaml
 from tiered_training import definition as d
 from tiered_training import metrics as catalogue
 from tiered_training.cli import app
@@ -56,16 +55,8 @@ def add_missing_actions(monkeypatch) -> None:
     monkeypatch.setattr(SageMakerResponse, "stop_pipeline_execution", stop_pipeline_execution, raising=False)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory):
-    from moto.server import ThreadedMotoServer
-
     home = tmp_path_factory.mktemp("home")
     with pytest.MonkeyPatch.context() as mp:
         for key, value in {
@@ -76,13 +67,8 @@ def endpoint(tmp_path_factory):
             mp.setenv(key, value)
         mp.delenv("AWS_PROFILE", raising=False)
         add_missing_actions(mp)
-        port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.stop()
+        with moto_server() as url:
+            yield url
 
 
 def client(service: str, endpoint: str, region: str = REGION):

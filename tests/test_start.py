@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import io
-import socket
 
 import pytest
 
-from support import RECIPES
+from support import RECIPES, moto_server
 from tiered_training import definition as d
 from tiered_training.planner import plan_file
 from tiered_training.start import StartError, main, pipeline_parameters, start
@@ -15,23 +14,10 @@ from tiered_training.start import StartError, main, pipeline_parameters, start
 REGION = "us-east-1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def endpoint():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
