@@ -81,7 +81,7 @@ def cases(args) -> list[Case]:
     if args.cpu_smoke:
         return [Case("smoke", precision, False, args.seq, args.micro_batch, args.ac) for precision in args.precisions]
     out = []
-    for compiled in (False, True) if not args.no_compile else (False,):
+    for compiled in {"both": (False, True), "off": (False,), "on": (True,)}[args.compile]:
         for model in args.models:
             for precision in args.precisions:
                 out.append(Case(model, precision, compiled, args.seq, args.micro_batch, args.ac))
@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default 4096; 128 with --cpu-smoke)")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--ac", default="selective", choices=["none", "selective", "full"])
-    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--compile", default="both", choices=["both", "off", "on"],
+                        help="eager runs, compiled runs, or both (eager first; default both)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the remaining runs after this many seconds")
     parser.add_argument("--instance", default=None, help="catalogue instance for the BF16 peak (default: from the GPU name)")
     parser.add_argument("--cp-timeout-s", type=float, default=180.0,

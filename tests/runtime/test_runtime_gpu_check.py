@@ -37,7 +37,7 @@ def test_gpu_check_without_cuda_exits_cleanly():
     if torch.cuda.is_available():
         return
     result = subprocess.run(
-        [sys.executable, "-m", "training.gpu_check", "--models", "1b", "--no-compile"],
+        [sys.executable, "-m", "training.gpu_check", "--models", "1b", "--compile", "off"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and "no CUDA device" in result.stderr
