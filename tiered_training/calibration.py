@@ -197,7 +197,8 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
 
 # -- fitting ------------------------------------------------------------------------------
 
-FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "eager_memory_factor", "fp8_cast_factor")
+FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_attention_efficiency",
+          "eager_memory_factor", "fp8_cast_factor", "fp8_eager_cast_factor")
 RECIPES = ("rowwise", "mxfp8")
 # Parameter -> (to the fit's unbounded space, back)
 _UNIT = (lambda v: math.log(v / (1 - v)), lambda x: 1 / (1 + math.exp(-x)))
@@ -210,7 +211,7 @@ def _transforms(names: list[str]) -> list[tuple]:
     for name in names:
         if name in ("megatron_te", "fp8_cast_factor"):
             out.append(_POSITIVE)
-        elif name == "eager_memory_factor":
+        elif name in ("eager_memory_factor", "fp8_eager_cast_factor"):
             out.append(_ABOVE_ONE)
         else:
             out.append(_UNIT)  # efficiencies and power factors lie in (0, 1)

@@ -93,7 +93,9 @@ class Parameters:
     fp8_gemm_efficiency: float  # large FP8 GEMMs, fraction of the FP8 peak
     gemm_overhead_seconds: float  # fixed cost of one GEMM (launch, tail, small-size inefficiency)
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
+    fp8_eager_cast_factor: float  # torchao's casts without torch.compile (unfused kernels), relative to compiled
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
+    ring_attention_efficiency: float  # context parallelism's per-block attention calls, relative to one call
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
     memory_efficiency: float  # fraction of HBM bandwidth that streaming kernels reach
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
@@ -189,7 +191,7 @@ class LinearCost:
             # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
             # and the transposed copies backward needs: input, weight, output gradient.
             moved = 8 * m * k + 5 * m * n + 7 * k * n
-            eager = 1.0 if self.compile else p.eager_memory_factor
+            eager = 1.0 if self.compile else p.fp8_eager_cast_factor
             casts = p.fp8_cast_factor * moved * eager / (hw.hbm_bytes_per_s * p.memory_efficiency)
         return gemm, 2 * gemm, casts
 
@@ -228,10 +230,12 @@ def step_time(
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
-    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step.
+    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
+    # on half-length head and tail chunks: smaller calls that reach less of the peak.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
-    attn_fwd = attn_fwd_flops / (peak_bf16 * params.attention_efficiency) + cp * params.gemm_overhead_seconds
-    attn_bwd = 2.5 * attn_fwd_flops / (peak_bf16 * params.attention_efficiency) + cp * params.gemm_overhead_seconds
+    attn_rate = peak_bf16 * params.attention_efficiency * (params.ring_attention_efficiency if cp > 1 else 1.0)
+    attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
+    attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)
 
     # -- memory-bound work ---------------------------------------------------------------
