@@ -54,6 +54,7 @@ class Row(BaseModel):
     model: str | Architecture
     sequence_length: int = Field(ge=1)
     micro_batch_size: int = Field(ge=1)
+    grad_accum_steps: int | None = Field(default=None, ge=1)  # None: not published (taken as more than one)
     precision: Literal["bf16", "fp8", "fp32"]
     fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8"] | None = None
     fp8_all_gather: bool | None = None
@@ -177,12 +178,10 @@ def predict_speedup(row: LinearRow, cal: Calibration, params: Parameters, factor
     return bf16 / fp8
 
 
-def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) -> float:
-    """The planner's peak memory for the row's run, as the caching allocator sees it:
-    the planner's total without its fixed reserve for the CUDA context and NCCL, which
-    live outside ``torch.cuda.max_memory_reserved``."""
+def predict_memory(row: Row, cal: Calibration, factors: dict[str, float]) -> memory.MemoryBreakdown:
+    """The planner's memory breakdown for the row's run, per GPU."""
     _, usable = hardware(row, cal, factors)
-    estimate = memory.estimate(
+    return memory.estimate(
         row.architecture,
         precision=row.precision,
         checkpointing=row.activation_checkpointing,
@@ -191,8 +190,15 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
         shard_group=row.shard_group_size if row.sharding != "none" else 1,
         hbm_bytes=int(usable * GIB),
         loss_chunk_tokens=row.loss_chunk_tokens,
+        grad_accum_steps=row.grad_accum_steps,
     )
-    return estimate.reserved / GIB
+
+
+def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) -> float:
+    """The planner's peak memory for the row's run, as the caching allocator sees it:
+    the planner's total without its fixed reserve for the CUDA context and NCCL, which
+    live outside ``torch.cuda.max_memory_reserved``."""
+    return predict_memory(row, cal, factors).reserved / GIB
 
 
 # -- fitting ------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ GPU_INSTANCES = {"H200": "ml.p5en.48xlarge", "H100": "ml.p5.48xlarge", "B200": "
                  "B300": "ml.p6-b300.48xlarge", "A100": "ml.p4de.24xlarge"}
 # The calibration row: exactly these keys (``make calibrate`` reads them; bench/gpu/README.md).
 ROW_KEYS = ("id", "source", "date", "hardware", "gpu", "gpus", "framework", "model", "sequence_length",
-            "micro_batch_size", "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size",
+            "micro_batch_size", "grad_accum_steps", "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size",
             "context_parallel", "compile", "tokens_per_second_per_gpu", "peak_memory_gib_allocated",
             "peak_memory_gib_reserved", "notes")
 LOSS_CHUNK_TOKENS = 4096
@@ -194,6 +194,7 @@ def calibration_row(case: Case, cfg: RunConfig, run: dict, env: dict) -> dict:
         "model": model,
         "sequence_length": case.sequence_length,
         "micro_batch_size": case.micro_batch,
+        "grad_accum_steps": cfg.batch.grad_accum_steps,
         "precision": precision,
         "fp8_recipe": recipe,
         "activation_checkpointing": case.checkpointing,

@@ -12,7 +12,7 @@ import sys
 from .helpers import REPO
 
 ROW_KEYS = ["id", "source", "date", "hardware", "gpu", "gpus", "framework", "model", "sequence_length",
-            "micro_batch_size", "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size",
+            "micro_batch_size", "grad_accum_steps", "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size",
             "context_parallel", "compile", "tokens_per_second_per_gpu", "peak_memory_gib_allocated",
             "peak_memory_gib_reserved", "notes"]
 
@@ -58,6 +58,7 @@ def test_gpu_check_cpu_smoke_writes_calibration_rows(tmp_path):
     assert list(row) == ROW_KEYS
     assert row["framework"] == "tiered-training" and row["precision"] == "bf16" and row["compile"] is False
     assert row["tokens_per_second_per_gpu"] > 0 and row["model"]["hidden_size"] == 128
+    assert row["grad_accum_steps"] == 1  # the planner's memory is compared for this very setting
     [run] = document["runs"]
     assert run["status"] == "ok" and run["steps"] == 3 and run["predicted_allocated_gib"] <= run["predicted_reserved_gib"]
     assert document["environment"]["sys_path_tail"][-1] == str(tmp_path / "carried")
