@@ -108,6 +108,20 @@ class Tier(_Entry):
     distribution: str
 
 
+class Quota(_Entry):
+    """A service quota that decides whether a plan can run (``catalog/quotas.yaml``)."""
+
+    name: str
+    code: str = Field(pattern=r"^L-[0-9A-F]{8}$")
+    service: str
+    title: str
+    unit: Literal["seconds", "instances", "count"]
+    default: float = Field(ge=0)
+    hard_max: float | None = Field(default=None, description="a limit no quota raise lifts (an API bound)")
+    adjustable: bool
+    source: str
+
+
 class PerformanceSummary(_Entry):
     rows: int
     fit_rows: int
@@ -151,6 +165,11 @@ def tiers() -> tuple[Tier, ...]:
     """Tiers in ascending size order."""
     loaded = [Tier(name=name, **entry) for name, entry in _load("tiers.yaml").items()]
     return tuple(sorted(loaded, key=lambda tier: tier.max_parameters))
+
+
+@cache
+def quotas() -> dict[str, Quota]:
+    return {name: Quota(name=name, **entry) for name, entry in _load("quotas.yaml").items()}
 
 
 @cache

@@ -138,6 +138,30 @@ class ComputeSection(_Strict):
     price_per_hour: float | None = Field(default=None, gt=0, le=100_000, description="overrides the catalogue price per node")
     compile: bool = True
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; default: AWS's defaults",
+    )
+
+    @field_validator("quotas")
+    @classmethod
+    def _known_quotas(cls, values: dict[str, float]) -> dict[str, float]:
+        from .catalogs import quotas
+
+        known = quotas()
+        for name, value in values.items():
+            if name not in known:
+                raise ValueError(f"unknown quota {name!r}; known: {', '.join(sorted(known))}")
+            hard_max = known[name].hard_max
+            if hard_max is not None and value > hard_max:
+                raise ValueError(f"quota {name!r}: {value:g} is above AWS's hard limit of {hard_max:g} {known[name].unit}")
+        return values
+
+    def quota(self, name: str) -> float:
+        """The account's value of a quota: the recipe's applied value, else AWS's default."""
+        from .catalogs import quotas
+
+        return self.quotas.get(name, quotas()[name].default)
 
 
 class CheckpointSection(_Strict):
