@@ -285,3 +285,33 @@ def test_text_output_and_exit_codes(endpoint, tmp_path):
     bad = write_yaml(tmp_path / "bad.yaml", recipe_dict(**{"compute.instance_count": 0}))
     assert RUNNER.invoke(app, ["preflight", str(bad), "--endpoint-url", endpoint]).exit_code == 2
     assert RUNNER.invoke(app, ["preflight", str(path), "--endpoint-url", "not a url"]).exit_code == 2
+
+
+class _Quotas:
+    """A Service Quotas client that answers every GetServiceQuota with one reply (or error)."""
+
+    def __init__(self, reply):
+        self.reply = reply
+
+    def get_service_quota(self, **_):
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return {"Quota": self.reply}
+
+    def get_paginator(self, _operation):
+        raise AssertionError("not used for quotas with a code")
+
+
+def test_a_code_that_names_another_quota_and_a_refusal_fail_only_the_quota_check(tmp_path):
+    from botocore.exceptions import ClientError
+
+    from tiered_training.preflight import check_quotas
+
+    plan = plan_file(write_recipe(tmp_path, "p5", **{"compute.instance_type": "ml.p5.48xlarge", "compute.spot": True}))
+    wrong = check_quotas(_Quotas({"QuotaName": "ml.g5.xlarge for training job usage", "Value": 8}), plan)
+    runtime = next(c for c in wrong if "Longest run time" in c.subject)
+    assert runtime.status == "fail" and "names 'ml.g5.xlarge for training job usage'" in runtime.detail
+    denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "not authorized"}}, "GetServiceQuota")
+    refused = check_quotas(_Quotas(denied), plan)
+    assert all(c.status == "fail" for c in refused)
+    assert "AWS refused: AccessDeniedException" in refused[0].detail and "servicequotas:GetServiceQuota" in refused[0].fix
