@@ -124,3 +124,44 @@ def test_an_unknown_quota_name_is_a_one_line_error_naming_the_known_ones(tmp_pat
     with pytest.raises(RecipeError) as error:
         plan_of(tmp_path, **{"compute.quotas": {"training/ml.p6-b200": 2}})
     assert "unknown quota 'training/ml.p6-b200'" in str(error.value) and "training/ml.p6-b200.48xlarge" in str(error.value)
+
+
+def test_the_apps_context_quotas_count_for_every_recipe_and_the_recipe_wins(tmp_path):
+    plan = plan_of(tmp_path, **{"compute.instance_count": 2, "compute.quotas": {"warm-pool/ml.p6-b200.48xlarge": 1}})
+    account = quotas.parse_account('{"training/ml.p6-b200.48xlarge": 2, "warm-pool/ml.p6-b200.48xlarge": 8}')
+    found = quota_findings(quotas.with_account(plan, account))
+    assert set(found) == {"warm-pool/ml.p6-b200.48xlarge"} and "compute.quotas states 1" in found["warm-pool/ml.p6-b200.48xlarge"]
+    assert quotas.with_account(plan, {}) is plan
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not JSON"),
+    ("[1]", "must be an object"),
+    ('{"training/ml.p9": 1}', "unknown quota 'training/ml.p9'"),
+    ('{"training-instances": -1}', "is not a number >= 0"),
+    ('{"training-job-max-runtime": 9999999}', "above AWS's hard limit of 2,419,200 seconds"),
+])
+def test_bad_context_quotas_are_one_line_errors(text, message):
+    with pytest.raises(ValueError) as error:
+        quotas.parse_account(text)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_cli_reads_the_context_quotas_of_cdk_json(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tiered_training.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    plan_json = lambda: json.loads(CliRunner().invoke(app, ["plan", "-f", "json", str(recipe)]).stdout)  # noqa: E731
+    codes = lambda data: [f["code"] for p in data["plans"] for f in p["findings"]]  # noqa: E731
+    assert codes(plan_json()).count("quota-needed") == 2
+    context = {"quotas": {"training/ml.p6-b200.48xlarge": 1, "warm-pool/ml.p6-b200.48xlarge": 1}}
+    (tmp_path / "cdk.json").write_text(json.dumps({"app": "python app.py", "context": context}))
+    assert "quota-needed" not in codes(plan_json())
+    (tmp_path / "cdk.json").write_text(json.dumps({"app": "python app.py", "context": {"quotas": {"nope": 1}}}))
+    result = CliRunner().invoke(app, ["validate", str(recipe)])
+    assert result.exit_code == 2 and "cdk.json: context.quotas: unknown quota 'nope'" in result.output

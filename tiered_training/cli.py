@@ -92,18 +92,32 @@ def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
     """
     from .loader import find_recipes
     from .planner import plan_file
+    from .quotas import with_account
 
     files, failures = find_recipes(paths)
+    account = _account_quotas(failures)
     plans = []
     for path in files:
         try:
-            plans.append(plan_file(path))
+            plans.append(with_account(plan_file(path), account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:
         where = ", ".join(map(str, paths)) or "."
         failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))
     return plans, failures
+
+
+def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
+    """The applied quotas in ./cdk.json's context (``"quotas": {name: value}``), shared by every recipe."""
+    from .alarms import app_context
+    from .quotas import parse_account
+
+    try:
+        return parse_account(app_context().get("quotas"), "cdk.json: context.quotas")
+    except ValueError as exc:
+        failures.append(RecipeError([Problem("cdk.json", None, "context.quotas", str(exc).split(": ", 2)[-1])]))
+        return {}
 
 
 def _report_failures(failures: list[RecipeError]) -> None:

@@ -13,13 +13,13 @@ Pure Python: no boto3, no aws_cdk.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Mapping
 
 from .catalogs import Quota, quotas
 
 if TYPE_CHECKING:
-    from .plan import Finding
+    from .plan import Finding, PlanResult
     from .recipe import Recipe
 
 FINDING_CODE = "quota-needed"
@@ -34,9 +34,14 @@ class Need:
     why: str
     field: str  # the recipe field the need comes from
 
-    def applied(self, recipe: "Recipe") -> float:
-        """The recipe's stated value (compute.quotas), else AWS's default."""
-        return recipe.compute.quota(self.quota.name)
+    def applied(self, recipe: "Recipe", account: Mapping[str, float] | None = None) -> float:
+        """The recipe's stated value (compute.quotas), else the app's (``account``), else AWS's default."""
+        return applied_values(recipe, account).get(self.quota.name, self.quota.default)
+
+
+def applied_values(recipe: "Recipe", account: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The applied quotas the plan may count on: the app's (``-c quotas=...``), the recipe's on top."""
+    return {**(account or {}), **recipe.compute.quotas}
 
 
 def runtime_need(recipe: "Recipe") -> float:
@@ -80,19 +85,57 @@ def needs(recipe: "Recipe") -> list[Need]:
     return out
 
 
-def shortfalls(recipe: "Recipe") -> list[Need]:
-    """The needs above the applied value (stated in compute.quotas, else AWS's default)."""
-    return [need for need in needs(recipe) if need.needed > need.applied(recipe)]
+def shortfalls(recipe: "Recipe", account: Mapping[str, float] | None = None) -> list[Need]:
+    """The needs above the applied value (compute.quotas, else the app's, else AWS's default)."""
+    return [need for need in needs(recipe) if need.needed > need.applied(recipe, account)]
 
 
-def findings(recipe: "Recipe") -> list["Finding"]:
+def findings(recipe: "Recipe", account: Mapping[str, float] | None = None) -> list["Finding"]:
     """A warning for each quota the plan needs beyond its applied value."""
     from .plan import Finding
 
     return [
-        Finding("warning", FINDING_CODE, _message(recipe, need), raise_fix(need.quota, need.needed), need.field)
-        for need in shortfalls(recipe)
+        Finding("warning", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field)
+        for need in shortfalls(recipe, account)
     ]
+
+
+def parse_account(value: object, where: str = "context quotas") -> dict[str, float]:
+    """An app's applied quotas: a mapping, or its JSON text (``cdk synth -c quotas='{...}'``).
+
+    Raises ValueError with one line naming the bad entry and what would be valid.
+    """
+    import json
+
+    if value in (None, ""):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{where}: not JSON; give an object such as '{{\"training/ml.p5.48xlarge\": 2}}'") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: must be an object of quota name to applied value")
+    catalog = quotas()
+    out = {}
+    for name, number in value.items():
+        if name not in catalog:
+            raise ValueError(f"{where}: unknown quota {name!r}; known: {', '.join(sorted(catalog))}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
+            raise ValueError(f"{where}: {name}: {number!r} is not a number >= 0")
+        hard_max = catalog[name].hard_max
+        if hard_max is not None and number > hard_max:
+            raise ValueError(f"{where}: {name}: {number:,.0f} is above AWS's hard limit of {hard_max:,.0f} {catalog[name].unit}")
+        out[name] = float(number)
+    return out
+
+
+def with_account(plan: "PlanResult", account: Mapping[str, float]) -> "PlanResult":
+    """The plan with its quota findings recomputed against the app's applied quotas."""
+    if not account:
+        return plan
+    kept = tuple(f for f in plan.findings if f.code != FINDING_CODE)
+    return replace(plan, findings=kept + tuple(findings(plan.recipe, account)))
 
 
 def amount(quota: Quota, value: float) -> str:
@@ -106,10 +149,12 @@ def label(quota: Quota) -> str:
     return f"'{quota.title}' ({quota.code or 'code not published'})"
 
 
-def _message(recipe: "Recipe", need: Need) -> str:
+def _message(recipe: "Recipe", need: Need, account: Mapping[str, float] | None = None) -> str:
     quota = need.quota
     if quota.name in recipe.compute.quotas:
         applied = f"compute.quotas states {amount(quota, need.applied(recipe))}"
+    elif account and quota.name in account:
+        applied = f"the app's context quotas state {amount(quota, account[quota.name])}"
     else:
         applied = f"AWS's default is {amount(quota, quota.default)}" + ("" if quota.default_published else " (assumed; none published)")
     return f"{need.why} needs {amount(quota, need.needed)} of the quota {label(quota)}; {applied}"
@@ -140,5 +185,5 @@ def raise_fix(quota: Quota, needed: float) -> str:
     value = desired_value(quota, needed)
     return (
         f"{find}request {value:,} with `{increase_command(quota, needed)}` (or in the Service Quotas console); "
-        f"once applied, set compute.quotas: {{{quota.name}: {value}}}"
+        f"once applied, set compute.quotas: {{{quota.name}: {value}}} (or the app's context quotas)"
     )
