@@ -82,6 +82,10 @@ def test_stated_quotas_silence_the_findings_and_a_short_one_says_what_it_states(
     assert "needs 3" in short["training/ml.p6-b200.48xlarge"] and "compute.quotas states 2" in short["training/ml.p6-b200.48xlarge"]
 
 
+def test_no_warm_pool_without_a_probe(tmp_path):
+    assert "warm-pool/ml.p6-b200.48xlarge" not in quota_findings(plan_of(tmp_path, **{"probe.enabled": False}))
+
+
 def test_spot_needs_spot_quotas_and_no_warm_pool(tmp_path):
     found = quota_findings(plan_of(tmp_path, **{"compute.spot": True, "compute.instance_count": 5}))
     assert set(found) == {"spot-training/ml.p6-b200.48xlarge", "spot-training-instances"}
@@ -111,7 +115,8 @@ def test_the_warm_pool_need_follows_the_pipeline_definition():
     for path in RECIPES:
         plan = plan_file(path)
         probe = d.training_arguments(plan, resources, probe=True)
-        assert ("KeepAlivePeriodInSeconds" in probe["ResourceConfig"]) == quotas.uses_warm_pool(plan.recipe)
+        assert ("KeepAlivePeriodInSeconds" in probe["ResourceConfig"]) == (not plan.recipe.compute.spot)
+        assert quotas.uses_warm_pool(plan.recipe) == (not plan.recipe.compute.spot and plan.recipe.probe.enabled)
         listed = any(n.quota.name.startswith("warm-pool/") for n in quotas.needs(plan.recipe))
         assert listed == quotas.uses_warm_pool(plan.recipe)
         full = d.training_arguments(plan, resources, probe=False)

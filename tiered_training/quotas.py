@@ -55,9 +55,10 @@ def runtime_need(recipe: "Recipe") -> float:
 
 
 def uses_warm_pool(recipe: "Recipe") -> bool:
-    """Whether the Probe job keeps its instances in a warm pool (as ``definition.training_arguments``
-    sets ``KeepAlivePeriodInSeconds``: never with managed spot, which warm pools do not support)."""
-    return not recipe.compute.spot
+    """Whether an execution's Probe job keeps its instances in a warm pool: ``definition.training_arguments``
+    sets ``KeepAlivePeriodInSeconds`` on the probe unless the job is managed spot (which warm pools do
+    not support), and the probe runs by default unless ``probe.enabled`` is false."""
+    return not recipe.compute.spot and recipe.probe.enabled
 
 
 def needs(recipe: "Recipe") -> list[Need]:
