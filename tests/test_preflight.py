@@ -231,7 +231,8 @@ def test_a_fresh_account_fails_each_check_with_its_fix(endpoint, tmp_path):
     failed = {c["subject"]: c for c in checks["quota"] if c["status"] == "fail"}
     b200 = failed["'ml.p6-b200.48xlarge for training job usage' (code not published)"]
     assert "AWS default 0; needs 2" in b200["detail"] and "request-service-quota-increase" in b200["fix"]
-    assert "list-service-quotas" in b200["fix"]  # how to find the code AWS does not publish
+    # Found by its title: the fix names the account's code for it.
+    assert f"--quota-code {account_code(catalogs.quotas()['training/ml.p6-b200.48xlarge'])} --desired-value 2" in b200["fix"]
     # The account-wide quotas hold at their defaults (4 instances, 20 per job): they pass.
     assert all(c["status"] == "pass" for c in checks["quota"] if "across all" in c["subject"])
     # Not deployed: the image check looks for the region's base image, which moto does not hold.

@@ -53,7 +53,7 @@ class Check:
         return self.status == FAIL
 
     def line(self) -> str:
-        fix = f" Fix: {self.fix}" if self.fix else ""
+        fix = f". Fix: {self.fix}" if self.fix else ""
         return f"{self.status.upper():4}  {self.check}: {self.subject}: {self.detail}{fix}"
 
 
@@ -89,7 +89,7 @@ def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri:
     recipe = plan.recipe
     checks: list[Check] = []
     deployed = Deployed()
-    checks.append(_guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed)))
+    checks.append(_guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed, region)))
     checks.extend(check_quotas(clients["service-quotas"], plan))
     image = image_uri or deployed.image_uri
     checks.append(_guard("image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)))
@@ -99,7 +99,7 @@ def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri:
     return Report(recipe=recipe.name, region=region, checks=checks)
 
 
-def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed) -> Check:
+def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed, region: str | None = None) -> Check:
     from .names import stack_name
 
     name = plan.recipe.name
@@ -108,7 +108,7 @@ def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed) -> Check:
     except _client_error() as error:
         if _code(error) in ("ResourceNotFound", "ValidationException") or "does not exist" in _message(error):
             return Check("pipeline", name, FAIL, "not deployed in this account and region",
-                         f"deploy it: cdk deploy {stack_name(name)} -c region=<region> (README, Deploy)")
+                         f"deploy it: cdk deploy {stack_name(name)} -c region={region or '<region>'} (README, Deploy)")
         raise
     status = described.get("PipelineStatus", "unknown")
     _read_definition(described.get("PipelineDefinition") or "{}", deployed)
@@ -196,8 +196,10 @@ def check_quotas(client: Any, plan: "Plan") -> list[Check]:
         detail += f" ({code}" if code else ""
         if value >= need.needed:
             out.append(Check("quota", subject, PASS, detail))
-        else:
-            out.append(Check("quota", subject, FAIL, detail, quota_needs.raise_fix(quota, need.needed)))
+            continue
+        found = re.search(r"L-[0-9A-F]{8}", code)
+        known = quota.model_copy(update={"code": found.group(0)}) if found and not quota.code else quota
+        out.append(Check("quota", subject, FAIL, detail, quota_needs.raise_fix(known, need.needed)))
     return out
 
 
