@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test plan bench calibrate memory-bench gpu-wheels gpu-smoke clean
+.PHONY: synth test plan bench calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,20 @@ gpu-smoke: gpu-wheels
 	$(SMOKE_VENV)/bin/python -m pip uninstall --quiet -y pydantic pydantic-core annotated-types typing-inspection
 	! $(SMOKE_VENV)/bin/python -c "import pydantic" 2>/dev/null
 	env -u PYTHONPATH PYTHON=$(SMOKE_VENV)/bin/python bash training/gpu_check.sh --cpu-smoke --out $(SMOKE_VENV)/gpu_check.json
+
+# Log Docker in to the base image's ECR registry before `cdk deploy` builds the training image.
+# The registry's account differs by region; it comes from tiered_training/catalog/base_images.yaml.
+#   make image-login REGION=eu-south-1
+# `make image REGION=...` also builds the image here (docker build), as cdk deploy would.
+IMAGE_TAG ?= tiered-training
+image-login:
+	@test -n "$(REGION)" || { echo "usage: make image-login REGION=<aws region>" >&2; exit 2; }
+	@set -o pipefail; registry=$$($(PY) -m tiered_training.images registry $(REGION)) || exit 2; \
+	echo "docker login to $$registry"; \
+	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $$registry
+
+image: image-login
+	docker build -f training/Dockerfile --build-arg BASE_IMAGE=$$($(PY) -m tiered_training.images uri $(REGION)) -t $(IMAGE_TAG) .
 
 clean:
 	rm -rf cdk.out bench/results .pytest_cache

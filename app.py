@@ -8,6 +8,10 @@
     cdk synth -c nag=false         # skip the cdk-nag AwsSolutions checks
     cdk synth -c alarm_email=a@b.c # subscribe an address to the platform's alarm topic
     cdk synth -c cfn_validation=true  # also CDK's built-in CloudFormation validation (about 1.4 s a stack)
+    cdk synth -c quotas='{"training/ml.p6-b200.48xlarge": 8}'  # the account's applied quotas, for every recipe
+
+Synth warns (tiered-training:quota-needed) for each quota a recipe needs beyond the applied
+value: the recipe's compute.quotas, else the context's quotas, else AWS's default.
 
 Stacks are environment-agnostic: synth needs no AWS account and no Docker daemon.
 A recipe with errors stops synth with the same messages as `tiered-training validate`

@@ -31,6 +31,9 @@ INSTANCE_TYPE = "ml.p5.48xlarge"
 # Regions in the standard AWS partition (P5/P6 capacity is offered in a subset of them;
 # SageMaker rejects an instance type a region lacks, so listing more is harmless).
 EXCLUDE = re.compile(r"^(cn-|us-gov-|us-iso|eu-isoe|eusc-)")
+# The DLC's Python version: the SDK's catalogue has no py_versions for the amzn2023 images, so it
+# is stated here; training/Dockerfile's build checks it (ARG BASE_PYTHON) and fails on another.
+PYTHON = "3.12"
 
 
 def _sdk():
@@ -77,6 +80,7 @@ def generate(version: str = VERSION, today: str | None = None) -> str:
         f"  cuda: '{cuda}'",
         f"  tag: {tag}",
         "  os: amzn2023",
+        f"  python: '{PYTHON}'  # not in the SDK's catalogue; training/Dockerfile's build checks it",
         "images:",
     ]
     lines += [f"  {region}: {uri}" for region, uri in images.items()]

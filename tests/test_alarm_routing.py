@@ -14,7 +14,9 @@ def _validate(tmp_path, monkeypatch, context: dict | None, **overrides):
     monkeypatch.chdir(tmp_path)
     if context is not None:
         (tmp_path / "cdk.json").write_text(json.dumps({"app": "python app.py", "context": context}))
-    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict(**overrides))
+    # The account's applied quotas, so that --strict judges the alarms alone.
+    quotas = {"training/ml.p6-b200.48xlarge": 1, "warm-pool/ml.p6-b200.48xlarge": 1}
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"compute.quotas": quotas, **overrides}))
     return CliRunner().invoke(app, ["validate", "--strict", str(recipe)])
 
 

@@ -14,7 +14,8 @@ HEAVY = ("aws_cdk", "torch", "sagemaker", "constructs", "jsii", "boto3", "botoco
 
 def test_cli_and_planner_import_nothing_heavy():
     code = (
-        "import sys, tiered_training, tiered_training.cli, tiered_training.planner, tiered_training.report, tiered_training.definition\n"
+        "import sys, tiered_training, tiered_training.cli, tiered_training.planner, tiered_training.report, tiered_training.definition, "
+        "tiered_training.quotas, tiered_training.preflight\n"
         f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
         "print(','.join(sorted(heavy)))"
     )

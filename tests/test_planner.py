@@ -360,9 +360,11 @@ def test_ramp_reaches_full_batch_and_total_steps_meet_budget():
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
 def test_templates_plan_without_errors_or_warnings(path):
+    """No warnings but the quotas a default account lacks (tests/test_quotas.py checks those)."""
     plan = plan_file(path)
     assert plan.ok, [f.message for f in plan.errors]
-    assert not plan.warnings, [f.message for f in plan.warnings]
+    others = [f for f in plan.warnings if f.code != "quota-needed"]
+    assert not others, [f.message for f in others]
 
 
 def test_templates_cover_every_tier_and_a_p5_variant():

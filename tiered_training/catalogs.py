@@ -112,14 +112,17 @@ class Quota(_Entry):
     """A service quota that decides whether a plan can run (``catalog/quotas.yaml``)."""
 
     name: str
-    code: str = Field(pattern=r"^L-[0-9A-F]{8}$")
+    code: str | None = Field(pattern=r"^L-[0-9A-F]{8}$", description="the Service Quotas code; None where no public page names it")
     service: str
-    title: str
+    title: str = Field(description="the quota's name as the Service Quotas console and API spell it")
     unit: Literal["seconds", "instances", "count"]
+    instance_type: str | None = Field(default=None, description="the instance type a per-type quota counts")
     default: float = Field(ge=0)
+    default_published: bool = Field(default=True, description="False where AWS publishes no default and 0 is assumed")
     hard_max: float | None = Field(default=None, description="a limit no quota raise lifts (an API bound)")
     adjustable: bool
     source: str
+    note: str = ""
 
 
 class PerformanceSummary(_Entry):

@@ -1,7 +1,7 @@
 """The ``tiered-training`` command line.
 
 Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
-``instances``, ``run-config``. Runs: ``start``, ``status``, ``logs``, ``stop``.
+``instances``, ``run-config``. The account: ``preflight``. Runs: ``start``, ``status``, ``logs``, ``stop``.
 
 Every command takes ``--format json``. Exit codes: 0 when everything is fine; 1 when
 AWS refuses or a run fails; 2 for invalid input: a recipe that does not load or
@@ -92,18 +92,32 @@ def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
     """
     from .loader import find_recipes
     from .planner import plan_file
+    from .quotas import with_account
 
     files, failures = find_recipes(paths)
+    account = _account_quotas(failures)
     plans = []
     for path in files:
         try:
-            plans.append(plan_file(path))
+            plans.append(with_account(plan_file(path), account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:
         where = ", ".join(map(str, paths)) or "."
         failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))
     return plans, failures
+
+
+def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
+    """The applied quotas in ./cdk.json's context (``"quotas": {name: value}``), shared by every recipe."""
+    from .alarms import app_context
+    from .quotas import parse_account
+
+    try:
+        return parse_account(app_context().get("quotas"), "cdk.json: context.quotas")
+    except ValueError as exc:
+        failures.append(RecipeError([Problem("cdk.json", None, "context.quotas", str(exc).split(": ", 2)[-1])]))
+        return {}
 
 
 def _report_failures(failures: list[RecipeError]) -> None:
@@ -562,6 +576,37 @@ def stop(
         print_json({"execution_arn": arn, "status": state})
     else:
         print_lines(_out(), [f"{state}: {arn}"])
+
+
+@app.command()
+def preflight(
+    recipe: Path = typer.Argument(..., help="a recipe file"),
+    image_uri: Optional[str] = typer.Option(None, help="the training image to look for in ECR (default: the deployed pipeline's; before a deploy, the region's base image)"),
+    role_arn: Optional[str] = typer.Option(None, help="the execution role whose read of data.uri to check (default: the deployed pipeline's)"),
+    region: Optional[str] = _REGION,
+    endpoint_url: Optional[str] = _ENDPOINT,
+    profile: Optional[str] = _PROFILE,
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Check the AWS account for the recipe: quotas, image, data, MLflow, training plan, pipeline (exit 0 when all pass)."""
+    from .preflight import preflight as run_preflight
+    from .render import print_json, print_lines
+    from .start import StartError
+
+    plan = _run_recipe(recipe)
+    try:
+        report = run_preflight(plan, region=region, endpoint_url=endpoint_url, profile=profile, image_uri=image_uri, role_arn=role_arn)
+    except StartError as exc:
+        raise _start_error(exc)
+    if format is TextFormat.json:
+        print_json(report.to_dict())
+    else:
+        failed = sum(c.failed for c in report.checks)
+        lines = [f"preflight {report.recipe} in {report.region}"] + [c.line() for c in report.checks]
+        lines.append("all checks pass" if report.ok else f"{failed} of {len(report.checks)} checks failed")
+        print_lines(_out(), lines)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def main(argv: list[str] | None = None) -> None:

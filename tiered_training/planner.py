@@ -20,6 +20,7 @@ from pathlib import Path
 from . import catalogs, memory, perf
 from .architecture import Architecture
 from .catalogs import Instance, Tier
+from .quotas import findings as quota_findings
 from .plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, Plan, PlanResult
 from .recipe import AUTO, BatchRampSpec, Recipe
 from .runconfig import steps_for_tokens
@@ -394,6 +395,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
             "compute.instance_count",
         )
     _check_precision(run)
+    run.findings.extend(quota_findings(recipe))
 
     chosen = _choose(run)
     if chosen is None or run.failed:

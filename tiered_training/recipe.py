@@ -154,7 +154,7 @@ class ComputeSection(_Strict):
                 raise ValueError(f"unknown quota {name!r}; known: {', '.join(sorted(known))}")
             hard_max = known[name].hard_max
             if hard_max is not None and value > hard_max:
-                raise ValueError(f"quota {name!r}: {value:g} is above AWS's hard limit of {hard_max:g} {known[name].unit}")
+                raise ValueError(f"quota {name!r}: {value:,.0f} is above AWS's hard limit of {hard_max:,.0f} {known[name].unit}")
         return values
 
     def quota(self, name: str) -> float:

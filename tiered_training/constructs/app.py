@@ -138,6 +138,14 @@ def main() -> int:
     except RecipeProblems as problems:
         print(str(problems), file=sys.stderr)
         return EXIT_INVALID
+    from ..quotas import parse_account, with_account
+
+    try:  # the account's applied quotas, for every recipe: -c quotas='{"training/ml.p5.48xlarge": 4}'
+        account = parse_account(context("quotas"))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    plans = [with_account(plan, account) for plan in plans]
     platform = PlatformProps(
         image_uri=context("image_uri") or None,
         region=context("region") or None,

@@ -131,6 +131,11 @@ class RecipeStack(Stack):
 
         for finding in routing_findings(plan, platform.alarms_reach_someone):
             Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}", f"{finding.message}. Fix: {finding.fix}.")
+        from ..quotas import FINDING_CODE
+
+        quota_findings = [f for f in plan.findings if f.code == FINDING_CODE]  # quotas a deploy needs raised
+        for index, finding in enumerate(quota_findings):
+            Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}:{index}", f"{finding.message}. Fix: {finding.fix}.")
         for key, value in plan.recipe.tags.items():
             Tags.of(self).add(key, value)
         Tags.of(self).add("tiered-training:recipe", plan.name)

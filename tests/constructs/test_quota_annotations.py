@@ -1,0 +1,20 @@
+"""cdk synth warns about the quotas a deploy needs raised; the app's context quotas state the account's."""
+
+from __future__ import annotations
+
+
+def test_synth_warns_for_each_quota_the_account_lacks_and_context_quotas_silence_it(plans, tmp_path):
+    from aws_cdk.assertions import Annotations, Match
+
+    from tiered_training.constructs.app import build_app
+    from tiered_training.quotas import parse_account, with_account
+
+    plan = plans["llama3-8b-128k"]  # one p6-b200 node for 120 h: the per-type quotas only
+    _, _, stacks = build_app([plan], nag=False, outdir=str(tmp_path / "default"))
+    warnings = Annotations.from_stack(stacks[plan.name])
+    warnings.has_warning("*", Match.string_like_regexp("'ml.p6-b200.48xlarge for training job usage'"))
+    warnings.has_warning("*", Match.string_like_regexp("'ml.p6-b200.48xlarge for training warm pool usage'"))
+
+    account = parse_account('{"training/ml.p6-b200.48xlarge": 2, "warm-pool/ml.p6-b200.48xlarge": 2}')
+    _, _, stacks = build_app([with_account(plan, account)], nag=False, outdir=str(tmp_path / "raised"))
+    Annotations.from_stack(stacks[plan.name]).has_no_warning("*", Match.string_like_regexp("quota"))
