@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from tiered_training.runconfig import RunConfig
 
@@ -198,6 +199,23 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
                                "data": dataloader.state_dict(), "world_size": trainer.info.world_size}),
         f"rng_rank{rank}": pickle.dumps(rng),
     }
+
+
+def _finite_everywhere(weights: dict, group) -> bool:
+    """Whether every weight about to be saved is finite on every rank (one all-reduced flag)."""
+    found = []
+    for value in weights.values():
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if local.is_floating_point() and local.numel():
+            found.append((~torch.isfinite(local)).any())
+    flag = torch.tensor([1 if found and bool(torch.stack(found).any()) else 0])  # one device sync
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return not flag.item()
+
+
+def _last_healthy(ckpt: CheckpointManager, saved_at: int | None) -> str:
+    newest = ckpt.last_committed if ckpt.last_committed is not None else saved_at
+    return f"the newest checkpoint (step-{newest}) holds the last healthy state" if newest is not None else "no checkpoint was saved"
 
 
 def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
@@ -373,6 +391,10 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         committed = ckpt.poll()
         if save_checkpoints and (due or final or (stopping and step != saved_at)):
             state = _train_state(trainer, step, dataloader, info.rank)
+            if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
+                ckpt.wait()
+                raise NonFiniteError(f"the weights after step {step} are not finite although its loss and gradient "
+                                     f"norm were; they were not saved; {_last_healthy(ckpt, saved_at)}")
             save_s = ckpt.save(step, state)
             last_save = time.monotonic()
             saved_at = step
@@ -408,9 +430,8 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             raise NonFiniteError(
                 f"{in_a_row} steps in a row after step {step} had a non-finite loss or gradient norm "
                 f"(last: loss {loss_value}, grad norm {grad_norm_value}; optimizer.max_nonfinite_skips is "
-                f"{cfg.optimizer.max_nonfinite_skips}); no update was applied, the newest checkpoint "
-                f"(step-{ckpt.last_committed if ckpt.last_committed is not None else saved_at}) holds the last healthy "
-                "state; lower optimizer.lr or raise optimizer.warmup_tokens, or check the data after that position")
+                f"{cfg.optimizer.max_nonfinite_skips}); no update was applied; {_last_healthy(ckpt, saved_at)}; "
+                "lower optimizer.lr or raise optimizer.warmup_tokens, or check the data after that position")
         if validator is not None and not stopping and not skipped:
             validator.maybe_run(lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")])
 

@@ -129,3 +129,13 @@ def test_a_restart_that_would_change_the_global_batch_of_the_resumable_checkpoin
     # a misnamed copy of it is not read either
     shutil.move(step_dir(root, 6), step_dir(root, 12))
     assert _launch_on(2, root).nnodes == 2
+
+
+def test_weights_with_a_nan_or_an_infinity_are_never_saved(group):
+    from training.trainer import _finite_everywhere
+
+    weights = {"a": torch.ones(4), "b": torch.zeros(2, 2), "step": torch.tensor(3)}
+    assert _finite_everywhere(weights, group)
+    for bad in (float("nan"), float("inf")):
+        weights["b"][1, 0] = bad
+        assert not _finite_everywhere(weights, group)
