@@ -50,7 +50,7 @@ CHECKPOINT_SAVE_TIME = MetricSpec("CheckpointSaveTime", "Seconds", "blocking tim
 PROGRESS = MetricSpec(
     "StepsCompleted", "Count", "optimiser steps completed; also sent by the heartbeat, so the stall alarm sees a live run"
 )
-NON_FINITE_LOSS = MetricSpec("NonFiniteLossSteps", "Count", "steps of the interval whose loss was NaN or infinite")
+NON_FINITE_LOSS = MetricSpec("NonFiniteLossSteps", "Count", "steps of the interval whose loss or gradient norm was NaN or infinite (skipped)")
 VALIDATION_LOSS = MetricSpec("ValidationLoss", "None", "loss on the held-out validation shards")
 
 ALL: tuple[MetricSpec, ...] = (

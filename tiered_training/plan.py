@@ -278,6 +278,7 @@ class Plan(_Result):
                 grad_clip=recipe.optimizer.grad_clip,
                 beta1=recipe.optimizer.beta1,
                 beta2=recipe.optimizer.beta2,
+                max_nonfinite_skips=recipe.optimizer.max_nonfinite_skips,
             ),
             data=DataConfig(token_dtype=recipe.data.token_dtype, seed=recipe.data.seed),
             checkpoint=CheckpointConfig(

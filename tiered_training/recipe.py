@@ -126,6 +126,11 @@ class OptimizerSection(_Strict):
     grad_clip: float = Field(default=1.0, gt=0)
     beta1: float = Field(default=0.9, gt=0, lt=1)
     beta2: float = Field(default=0.95, gt=0, lt=1)
+    max_nonfinite_skips: int = Field(
+        default=3, ge=0, le=1000,
+        description=("a step whose loss or gradient norm is NaN or infinite is skipped (no update, no checkpoint); "
+                     "after this many skipped steps in a row the job stops with a failure reason. 0: stop at the first"),
+    )
 
 
 class ComputeSection(_Strict):

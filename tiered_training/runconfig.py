@@ -133,6 +133,9 @@ class OptimizerConfig(_Frozen):
     grad_clip: float
     beta1: float
     beta2: float
+    max_nonfinite_skips: int = Field(
+        default=3, ge=0, description="skipped non-finite steps in a row before the job stops; 0: stop at the first"
+    )
 
 
 class DataConfig(_Frozen):

@@ -20,16 +20,24 @@ Life of a checkpoint:
    the listed size. Only then does rank 0 write ``COMMITTED``, a JSON manifest of every
    file with its size and checksum. The decision is global: each host checked its own
    files, no host needs the others' files.
-3. Pruning: rank 0 keeps the newest ``keep_last`` checkpoints that were *verified* in this
-   process (committed here, or checked file by file at resume) and deletes everything
-   older, plus the damaged ones; a checkpoint that carries ``COMMITTED`` but failed a check
-   never counts as kept. The first rank of every host deletes its own copies; on SageMaker
-   a local deletion also deletes the files in S3, so the prefix holds at most
-   ``keep_last + 1`` checkpoints (the kept ones and the one being written).
+3. Pruning: rank 0 keeps the checkpoint just committed and the newest ``keep_last - 1``
+   older ones that were *verified* in this process (committed here, or checked file by file
+   at resume), and deletes everything older, plus the damaged ones; a checkpoint that
+   carries ``COMMITTED`` but failed a check, or whose manifest disagrees with its name,
+   never counts as kept. The first rank of every host deletes its own copies. Every host
+   therefore holds at most ``keep_last + 1`` checkpoints (the kept ones and the one being
+   written). In S3 the bound is looser: each host's sync runs on its own, so until every
+   host's sync has carried a deletion to S3, the prefix may also hold a pruned checkpoint;
+   a save that starts within that lag (a periodic save followed closely by the final or
+   SIGTERM one) is seen as ``keep_last + 2`` (see ``tests/rehearse``).
 4. On resume, :meth:`CheckpointManager.resumable_step` takes the newest committed
-   checkpoint whose every file is present on every host with the manifest's size and
-   checksum (the ranks of each host share the hashing); anything else is skipped with a
-   logged reason, falling back to the previous one.
+   checkpoint whose manifest names the directory's step (and, with ``accept``, the run)
+   and whose every file is present on every host with the manifest's size and checksum
+   (the ranks of each host share the hashing); anything else is skipped with a logged
+   reason, falling back to the previous one.
+
+A checkpoint is identified by its manifest, not its directory name: a copy of step 6 placed
+as ``step-99`` says ``"step": 6`` in its manifest, and is skipped (and pruned as damaged).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -58,6 +66,8 @@ COMMITTED = "COMMITTED"
 METADATA = ".metadata"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _CHUNK = 8 * 1024 * 1024
+
+Acceptor = Callable[[dict[str, Any]], "str | None"]  # a manifest -> why it is not this run's, or None
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -107,6 +117,25 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) else {}
 
 
+def lineage_problem(path: Path, manifest: dict[str, Any] | None, accept: Acceptor | None = None) -> str | None:
+    """Why a committed checkpoint directory is not what its name says, or None.
+
+    The manifest's step must be the directory's step: a copy or a rename of another step's
+    checkpoint (``step-6`` copied as ``step-99``) is not step 99. ``accept`` checks the rest of
+    the manifest (the run's identity, once manifests record it) and returns a reason or None.
+    """
+    if manifest is None:
+        return None
+    match = _STEP_DIR.match(Path(path).name)
+    named = int(match.group(1)) if match else None
+    recorded = manifest.get("step")
+    if recorded is None:
+        return "its COMMITTED marker has no manifest step (written by something other than this trainer)"
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded != named:
+        return f"its manifest is of step {recorded!r}, not {named} (a copy or a rename of another checkpoint)"
+    return accept(manifest) if accept is not None else None
+
+
 def check_file(path: Path, name: str, size: int, checksum: str | None) -> str | None:
     """Why one checkpoint file is unusable, or None."""
     file = Path(path) / name
@@ -120,13 +149,16 @@ def check_file(path: Path, name: str, size: int, checksum: str | None) -> str | 
     return None
 
 
-def problems(path: Path, *, need_marker: bool = True, checksums: bool = True) -> list[str]:
-    """Why ``path`` is not a complete checkpoint on this host ([] if it is): every file that
-    ``.metadata`` lists (and the manifest, when there is one) is here, whole, unchanged."""
+def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, accept: Acceptor | None = None) -> list[str]:
+    """Why ``path`` is not a complete checkpoint on this host ([] if it is): its manifest names
+    its step, and every file that ``.metadata`` lists (and the manifest, when there is one) is
+    here, whole, unchanged."""
     path = Path(path)
     manifest = read_manifest(path)
     if need_marker and manifest is None:
         return ["not committed (no COMMITTED marker: the save did not finish)"]
+    if need_marker and (lineage := lineage_problem(path, manifest, accept)):
+        return [lineage]
     if not (path / METADATA).is_file():
         return [f"{METADATA} is missing"]
     try:
@@ -151,27 +183,46 @@ def problems(path: Path, *, need_marker: bool = True, checksums: bool = True) ->
     return found
 
 
-def find_resumable(root: Path) -> tuple[int | None, list[str]]:
-    """On one host: the newest complete checkpoint's step (or None), and a reason for each one skipped."""
+def find_resumable(root: Path, *, checksums: bool = True, accept: Acceptor | None = None) -> tuple[int | None, list[str]]:
+    """On one host: the newest complete checkpoint's step (or None), and a reason for each one skipped.
+
+    ``checksums=False`` checks sizes only (a quick look before the job starts)."""
     skipped = []
     for step in list_steps(root):
-        issues = problems(step_dir(root, step))
+        issues = problems(step_dir(root, step), checksums=checksums, accept=accept)
         if not issues:
             return step, skipped
         skipped.append(f"step-{step}: " + "; ".join(issues))
     return None, skipped
 
 
+def misnamed(root: Path, accept: Acceptor | None = None) -> dict[int, str]:
+    """``{step: reason}`` of the committed directories whose manifest disagrees with their name (or run)."""
+    found = {}
+    for step in list_steps(root):
+        reason = lineage_problem(step_dir(root, step), read_manifest(step_dir(root, step)), accept)
+        if reason:
+            found[step] = reason
+    return found
+
+
 def plan_pruning(steps: list[int], verified: set[int], damaged: set[int], keep_last: int,
-                 in_flight: int | None = None) -> list[int]:
-    """Steps to delete: everything older than the newest ``keep_last`` verified checkpoints (once
-    there are that many), and the damaged ones. Unverified checkpoints never count as kept; the
-    save in flight is never deleted."""
-    keep = sorted(verified)[-keep_last:] if keep_last > 0 else []
+                 in_flight: int | None = None, committed: int | None = None) -> list[int]:
+    """Steps to delete: everything older than the kept checkpoints (once there are ``keep_last``),
+    and the damaged ones.
+
+    Kept: ``committed`` (the checkpoint just committed) and the newest verified checkpoints
+    older than it, ``keep_last`` in all. Unverified checkpoints never count as kept; neither
+    ``committed`` nor the save in flight is ever deleted. ``verified`` holds only checkpoints
+    whose manifest names their directory's step, so the order is the manifests' order.
+    """
+    older = sorted(v for v in verified if committed is None or v < committed)
+    keep = ([committed] if committed is not None else []) + older
+    keep = sorted(keep, reverse=True)[:keep_last] if keep_last > 0 else []
     full = len(keep) >= keep_last and keep
     doomed = []
     for step in steps:
-        if step in keep or step == in_flight:
+        if step in keep or step == in_flight or step == committed:
             continue
         if step in damaged or (full and step < min(keep)):
             doomed.append(step)
@@ -196,8 +247,13 @@ def _local_world() -> int:
 class CheckpointManager:
     """Saves, commits, prunes and finds checkpoints under ``root`` (all ranks call every method)."""
 
-    def __init__(self, root: Path, *, keep_last: int, rank: int, save_group: dist.ProcessGroup, control_group: dist.ProcessGroup):
+    def __init__(self, root: Path, *, keep_last: int, rank: int, save_group: dist.ProcessGroup, control_group: dist.ProcessGroup,
+                 accept: Acceptor | None = None):
+        """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
+        checkpoint of another run) makes the checkpoint skipped and never kept. The run's identity
+        check plugs in here."""
         self.root = Path(root)
+        self.accept = accept
         self.keep_last = max(1, keep_last)
         self.rank = rank
         self.save_group = save_group
@@ -290,7 +346,13 @@ class CheckpointManager:
                 log.info("checkpoint step-%d committed (%.1f s after the save started)",
                          flight.step, time.monotonic() - flight.started)
                 self.verified.add(flight.step)
-                doomed = plan_pruning(list_steps(self.root), self.verified, self.damaged, self.keep_last)
+                for step, reason in misnamed(self.root, self.accept).items():
+                    if step not in self.damaged:
+                        log.warning("checkpoint step-%d is not this run's (%s): pruned as damaged", step, reason)
+                    self.damaged.add(step)
+                    self.verified.discard(step)
+                doomed = plan_pruning(list_steps(self.root), self.verified, self.damaged, self.keep_last,
+                                      committed=flight.step)
         # Rank 0 decides; the first rank of every host deletes its local copies.
         shared = [committed, doomed]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
@@ -341,6 +403,8 @@ class CheckpointManager:
             manifest = read_manifest(path)
             if manifest is None:
                 header[0] = ("issues", ["not committed (no COMMITTED marker: the save did not finish)"])
+            elif lineage := lineage_problem(path, manifest, self.accept):
+                header[0] = ("issues", [lineage])
             elif not manifest.get("files"):  # a marker without a manifest: sizes from .metadata only
                 header[0] = ("issues", problems(path))
             else:

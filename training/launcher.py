@@ -186,23 +186,20 @@ def load_run_config(hyperparameters: Mapping[str, Any]):
 
 
 def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
-    """Refuse, before torchrun starts, to resume the newest committed checkpoint on a host count that
-    cannot keep its global batch (training/world.py)."""
+    """Refuse, before torchrun starts, to resume on a host count that cannot keep the global batch
+    (training/world.py). Only the checkpoint the trainer would resume counts: committed, its
+    manifest naming its step, every file present at its size (checksums are the trainer's);
+    a leftover marker or a misnamed copy is not read."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir():
         return
+    from .checkpoint import find_resumable, read_manifest, step_dir
     from .world import WorldSizeError, resume_accumulation
 
-    saved_world = None
-    steps = sorted((p for p in checkpoint_dir.glob("step-*") if (p / "COMMITTED").is_file()),
-                   key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1)
-    for path in reversed(steps):
-        try:
-            saved_world = json.loads((path / "COMMITTED").read_text()).get("world_size")
-        except (ValueError, OSError, AttributeError):
-            continue
-        if saved_world:
-            break
-    if not saved_world or saved_world == world:
+    step, _ = find_resumable(checkpoint_dir, checksums=False)
+    if step is None:
+        return
+    saved_world = (read_manifest(step_dir(checkpoint_dir, step)) or {}).get("world_size")
+    if not isinstance(saved_world, int) or saved_world == world:
         return
     try:
         resume_accumulation(cfg, int(saved_world), world)

@@ -395,7 +395,7 @@ class MetricsHook:
             w.step_time += float(stats.step_time_s)
             w.data_wait += float(stats.data_wait_s)
         loss = float(stats.loss)
-        if math.isfinite(loss):
+        if math.isfinite(loss) and not getattr(stats, "skipped", False):  # a skipped step counts as non-finite
             w.losses.append(loss)
         else:
             w.non_finite += 1

@@ -20,6 +20,7 @@ class StepStats:
     checkpoint_save_s: float | None = None  # blocking part of a checkpoint save started at this step
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated() this step (CUDA only)
     world_size: int = 1
+    skipped: bool = False  # non-finite loss or gradient norm on some rank: no update was applied, ``step`` did not advance
 
     @property
     def tokens_per_second_per_device(self) -> float:
@@ -34,6 +35,8 @@ class StepStats:
             f" | tok/s {self.tokens_per_second:,.0f} | step {self.step_time_s * 1000:.0f} ms"
             f" (data {self.data_wait_s * 1000:.0f} ms) | mbs {self.micro_batch_size} x accum {self.grad_accum_steps}"
         )
+        if self.skipped:
+            line += " | SKIPPED (non-finite)"
         if self.checkpoint_save_s is not None:
             line += f" | ckpt {self.checkpoint_save_s:.2f} s"
         if self.peak_memory_bytes is not None:

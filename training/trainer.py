@@ -9,6 +9,18 @@ Public API::
 optimiser step, on every rank. ``torch.OutOfMemoryError`` propagates unchanged (a probe
 catches it). On SIGTERM the trainer finishes the current step, saves, waits for the save
 and returns with ``RunResult.stopped == True``.
+
+Non-finite steps: when the loss or the gradient norm of a step is NaN or infinite on any
+rank (one all-reduced flag, so every rank decides alike), the update is skipped: no
+optimiser step, no LR-schedule step, no step count, no checkpoint of that step. Its batch
+is consumed: the data position moves past it, as Megatron-LM does for a skipped iteration
+(its LR scheduler steps only when the update succeeded:
+https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/training.py); replaying
+the same batch would most likely fail the same way. The step is reported to the hooks
+with ``skipped=True`` (the NonFiniteLoss metric counts it) and logged. More than
+``optimizer.max_nonfinite_skips`` skips in a row raise :class:`NonFiniteError` after the
+save in flight (a healthy state) is committed, so the last healthy checkpoint is never
+pruned by a checkpoint of a broken state.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from tiered_training.runconfig import RunConfig
 
@@ -54,6 +67,10 @@ log = logging.getLogger("training")
 Hook = Callable[[StepStats], None]
 
 
+class NonFiniteError(RuntimeError):
+    """More non-finite steps in a row than ``optimizer.max_nonfinite_skips`` allows."""
+
+
 @dataclass
 class RunResult:
     step: int  # optimiser steps done in total (resumed ones included)
@@ -62,6 +79,7 @@ class RunResult:
     final_loss: float | None
     losses: dict[int, float] = field(default_factory=dict)  # step -> loss, for the steps this run did
     checkpoint_step: int | None = None  # last committed checkpoint
+    skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
     exported_to: Path | None = None
     trainer: "Trainer | None" = field(default=None, repr=False)  # the built model and optimiser, for callers that inspect them
 
@@ -183,6 +201,23 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
     }
 
 
+def _finite_everywhere(weights: dict, group) -> bool:
+    """Whether every weight about to be saved is finite on every rank (one all-reduced flag)."""
+    found = []
+    for value in weights.values():
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if local.is_floating_point() and local.numel():
+            found.append((~torch.isfinite(local)).any())
+    flag = torch.tensor([1 if found and bool(torch.stack(found).any()) else 0])  # one device sync
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return not flag.item()
+
+
+def _last_healthy(ckpt: CheckpointManager, saved_at: int | None) -> str:
+    newest = ckpt.last_committed if ckpt.last_committed is not None else saved_at
+    return f"the newest checkpoint (step-{newest}) holds the last healthy state" if newest is not None else "no checkpoint was saved"
+
+
 def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     set_model_state_dict(trainer.model, state["model"])
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
@@ -280,11 +315,16 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             ckpt.load(found, state)
             accum_at = _resume_accumulation(cfg, state, info.world_size)
             step = resumed_from = _restore(trainer, state, dataloader, info.rank)
+            if step != found:  # the manifest said `found`; the state inside says otherwise
+                raise ValueError(f"checkpoint step-{found} holds the training state of step {step}: "
+                                 "its files were copied from another checkpoint; delete the directory")
             log.info("resumed at step %d", step)
     end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
     result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
     interval_s = cfg.checkpoint.interval_minutes * 60.0
     last_save = time.monotonic()
+    saved_at = resumed_from  # the step whose state the newest save holds
+    in_a_row = 0  # non-finite steps in a row
     data_iter = iter(dataloader)
     precompute = float8.needs_precompute(cfg.precision)
     if precompute:
@@ -315,12 +355,22 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
         lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if precompute:
-            float8.precompute_scales(model)
-        step += 1
+        # One flag, all-reduced: a NaN on one rank skips the step on every rank.
+        bad = torch.tensor([0 if bool(torch.isfinite(loss_sum)) and bool(torch.isfinite(grad_norm)) else 1])
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=ckpt.control_group)
+        skipped = bool(bad.item())
+        if skipped:  # no update, no schedule step, no step count; the batch is consumed
+            optimizer.zero_grad(set_to_none=True)
+            in_a_row += 1
+            result.skipped_steps += 1
+        else:
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if precompute:
+                float8.precompute_scales(model)
+            step += 1
+            in_a_row = 0
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         loss_value = loss_sum.item() / info.world_size
@@ -335,15 +385,21 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ckpt.control_group)
         stopping = bool(flags[0])
         due = bool(flags[1]) or (cfg.checkpoint.interval_steps > 0 and step % cfg.checkpoint.interval_steps == 0)
-        final = step >= batch.total_steps
+        due = due and not skipped  # a skipped step changed no state: nothing new to save
+        final = step >= batch.total_steps and not skipped
         save_s = None
         committed = ckpt.poll()
-        if save_checkpoints and (due or stopping or final):
+        if save_checkpoints and (due or final or (stopping and step != saved_at)):
             state = _train_state(trainer, step, dataloader, info.rank)
+            if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
+                ckpt.wait()
+                raise NonFiniteError(f"the weights after step {step} are not finite although its loss and gradient "
+                                     f"norm were; they were not saved; {_last_healthy(ckpt, saved_at)}")
             save_s = ckpt.save(step, state)
             last_save = time.monotonic()
-            if stopping or final:
-                committed = ckpt.wait() or committed
+            saved_at = step
+        if stopping or final:
+            committed = ckpt.wait() or committed
         if committed is not None:
             result.checkpoint_step = committed
 
@@ -353,15 +409,30 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             step_time_s=step_time, data_wait_s=data_wait, tokens_per_second=tokens_global / step_time,
             micro_batch_size=batch.micro_batch_size, grad_accum_steps=accum, checkpoint_save_s=save_s,
             peak_memory_bytes=torch.cuda.max_memory_allocated(device) if cuda else None, world_size=info.world_size,
+            skipped=skipped,
         )
-        result.losses[step] = loss_value
-        result.final_loss = loss_value
+        if not skipped:
+            result.losses[step] = loss_value
+            result.final_loss = loss_value
         result.step = step
         if info.is_main:
             log.info(stats.log_line())
+            if skipped:
+                log.warning("non-finite loss %s or gradient norm %s on some rank after step %d: update skipped "
+                            "(%d in a row, %d in this run; at most %d in a row)", loss_value, grad_norm_value, step,
+                            in_a_row, result.skipped_steps, cfg.optimizer.max_nonfinite_skips)
         for hook in hooks:
             hook(stats)
-        if validator is not None and not stopping:
+        if skipped and in_a_row > cfg.optimizer.max_nonfinite_skips:
+            committed = ckpt.wait()  # the save in flight holds a healthy state: commit it
+            if committed is not None:
+                result.checkpoint_step = committed
+            raise NonFiniteError(
+                f"{in_a_row} steps in a row after step {step} had a non-finite loss or gradient norm "
+                f"(last: loss {loss_value}, grad norm {grad_norm_value}; optimizer.max_nonfinite_skips is "
+                f"{cfg.optimizer.max_nonfinite_skips}); no update was applied; {_last_healthy(ckpt, saved_at)}; "
+                "lower optimizer.lr or raise optimizer.warmup_tokens, or check the data after that position")
+        if validator is not None and not stopping and not skipped:
             validator.maybe_run(lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")])
 
         if stopping:

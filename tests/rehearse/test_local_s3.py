@@ -16,3 +16,51 @@ def test_a_second_rehearsal_in_the_same_process_starts_from_an_empty_s3():
         client.put_object(Bucket="rehearsal-checkpoint-store", Key="r/checkpoints/step-29/COMMITTED", Body=b"{}")
     with LocalS3() as s3:
         assert s3.client().list_buckets().get("Buckets", []) == []
+
+
+def test_a_close_pair_of_saves_leaves_keep_last_plus_two_checkpoints_in_s3_until_every_host_has_synced(tmp_path):
+    """SageMaker's sync as the rehearsal mimics it: each host's directory on its own. With keep_last 1, a
+    periodic save (step 6) and the final one a step later (step 7): the first host's sync carries the
+    pruning of step 3 and the new step 7, the second host's has not run yet. The prefix then holds
+    keep_last + 2 checkpoints, and keep_last once both hosts have synced."""
+    import shutil
+
+    from tiered_training.rehearse.s3 import CheckpointSync, checkpoints_in, list_keys
+
+    hosts = {"algo-1": tmp_path / "algo-1", "algo-2": tmp_path / "algo-2"}
+    files = {"algo-1": [".metadata", "__0_0.distcp", "COMMITTED"], "algo-2": ["__1_0.distcp"]}  # rank 0 commits
+
+    def save(step):
+        for host, root in hosts.items():
+            (root / f"step-{step}").mkdir(parents=True)
+            for name in files[host]:
+                (root / f"step-{step}" / name).write_text(f"{host} {step}")
+
+    def prune(step):  # every host deletes its own copy, before the next save starts
+        for root in hosts.values():
+            shutil.rmtree(root / f"step-{step}")
+
+    with LocalS3() as s3:
+        client = s3.client()
+        s3.ensure_bucket(client, "checkpoints")
+        uri = "s3://checkpoints/run/checkpoints"
+        syncs = {host: CheckpointSync(client, root, uri, host) for host, root in hosts.items()}
+
+        def held():
+            return sorted(checkpoints_in(list_keys(client, uri)), key=lambda name: int(name[5:]))
+
+        save(3)
+        save(6)
+        for sync in syncs.values():
+            sync.sync_once()
+        assert held() == ["step-3", "step-6"]  # kept + in flight: keep_last + 1
+        prune(3)  # step 6 committed
+        save(7)  # the final save, a step later
+        syncs["algo-1"].sync_once()
+        assert held() == ["step-3", "step-6", "step-7"]  # algo-2 still holds step-3 in S3: keep_last + 2
+        syncs["algo-2"].sync_once()
+        assert held() == ["step-6", "step-7"]
+        prune(6)  # step 7 committed
+        for sync in syncs.values():
+            sync.sync_once()
+        assert held() == ["step-7"]

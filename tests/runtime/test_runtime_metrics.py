@@ -184,6 +184,18 @@ def test_non_finite_loss_is_counted_not_emitted_as_nan():
     assert event["LossNonFinite"] == "nan"
 
 
+def test_a_step_skipped_for_a_non_finite_gradient_norm_is_counted_and_its_loss_left_out():
+    out, clock = io.StringIO(), Clock()
+    hook = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, world_size=1, stream=out,
+                       gpu_sampler=None, clock=clock)
+    # the third step's loss is finite, its gradient norm is not: the trainer skipped its update
+    _train(hook, clock, 4, step_s=15.0, loss=lambda s: 9.0 if s == 3 else 3.0,
+           grad_norm=lambda s: float("inf") if s == 3 else 1.0, skipped=lambda s: s == 3)
+    (event,) = parse_emf_lines(out.getvalue())
+    values = _metrics(event)
+    assert values["Loss"] == (3.0, "None") and values["NonFiniteLossSteps"] == (1, "Count")
+
+
 def test_every_emitted_metric_comes_from_the_catalogue():
     """The container's names, units and dimensions are tiered_training.metrics' (which the alarms read)."""
     out, clock = io.StringIO(), Clock()

@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
 from training.checkpoint import plan_pruning  # noqa: E402
 from training.data import DataError, PackedTokenWindows  # noqa: E402
-from training.launcher import LaunchError, build_launch  # noqa: E402
 from training.world import WorldSizeError, accumulation, resume_accumulation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,15 +63,7 @@ def test_with_context_parallelism_the_global_batch_counts_data_parallel_ranks():
         resume_accumulation(cfg, 4, 3)
 
 
-def test_the_launcher_refuses_a_restart_that_would_change_the_global_batch(tmp_path):
-    cfg = tiny_config(batch={"grad_accum_steps": 4, "global_batch_tokens": 2 * 32 * 4 * 2}, hardware={"gpus_per_node": 1})
-    step = tmp_path / "step-10"
-    step.mkdir()
-    (step / "COMMITTED").write_text(json.dumps({"step": 10, "world_size": 2, "files": {}}))
-    hosts = {"hosts": ["algo-1", "algo-2", "algo-3"], "current_host": "algo-1", "current_instance_type": "cpu"}
-    with pytest.raises(LaunchError, match="cannot resume the checkpoint of a run on 2 GPUs on 3 GPUs"):
-        build_launch(hosts, cfg.to_hyperparameters(), {"SM_NUM_GPUS": "1"}, checkpoint_dir=tmp_path)
-    build_launch({**hosts, "hosts": ["algo-1"]}, cfg.to_hyperparameters(), {"SM_NUM_GPUS": "1"}, checkpoint_dir=tmp_path)
+# The launcher's refusal of a restart on another host count, with real checkpoints: test_checkpoint_lineage.py.
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -197,3 +188,43 @@ def test_sigterm_ends_in_a_committed_checkpoint_and_exit_status_0(tmp_path):
     assert "SignalException" not in text and "stopped by SIGTERM" in text
     assert any((p / "COMMITTED").is_file() for p in (root / "checkpoints").iterdir())
     assert not (root / "output/failure").exists()
+
+
+# -- a non-finite step: skipped on every rank, and the job stops after too many in a row ------------
+
+
+@pytest.mark.torch
+def test_a_nan_on_one_rank_is_skipped_everywhere_and_too_many_in_a_row_stop_the_job(tmp_path):
+    from training.optim import lr_factor
+
+    cfg = tiny_config(batch={"total_steps": 20}, optimizer={"max_nonfinite_skips": 2},
+                      checkpoint={"interval_minutes": 0, "interval_steps": 5, "keep_last": 1, "shutdown_deadline_seconds": 60})
+    root = _opt_ml(tmp_path, cfg, write_learnable_shards)
+    env = {**os.environ, "TIERED_TRAINING_OPT_ML": str(root), "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
+           "TIERED_TRAINING_MASTER_PORT": str(_port()), "SM_NUM_GPUS": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           # rank 1 alone sees a NaN loss: once at the 3rd step attempt, then from the 9th on
+           "TT_TEST_NAN_RANK": "1", "TT_TEST_NAN_AT": "3,9-"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/training/nonfinite_driver.py"), "launch"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-4000:]
+    # rank 0 logs every attempt; its own loss was finite, yet it skipped with rank 1
+    steps = re.findall(r"INFO: step +(\d+) \| loss (\S+) \| grad_norm \S+ \| lr (\S+) [^\n]*?(SKIPPED|$)", text, re.M)
+    assert [(int(s), bool(skip)) for s, _, _, skip in steps] == [
+        (1, False), (2, False), (2, True), (3, False), (4, False), (5, False), (6, False), (7, False),
+        (7, True), (7, True), (7, True)], text[-4000:]
+    # a skipped step leaves the LR schedule where it was: step N used the schedule's N-th rate
+    applied = [(int(s), lr) for s, _, lr, skip in steps if not skip]
+    assert applied == [(n, f"{cfg.optimizer.lr * lr_factor(n - 1, cfg.optimizer, 20):.3e}") for n in range(1, 8)]
+    failure = (root / "output/failure").read_text()
+    assert failure.startswith("algo-1 rank-") and "NonFiniteError: 3 steps in a row after step 7" in failure, failure
+    assert "optimizer.max_nonfinite_skips is 2" in failure
+    # the last healthy checkpoint (step 5) is the one left; nothing non-finite was saved
+    held = sorted(p.name for p in (root / "checkpoints").iterdir())
+    assert held == ["step-5"] and (root / "checkpoints/step-5/COMMITTED").is_file(), held
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(root / "checkpoints/step-5", tmp_path / "step-5.pt")
+    model = torch.load(tmp_path / "step-5.pt", weights_only=False)["model"]
+    assert all(torch.isfinite(value).all() for value in model.values())

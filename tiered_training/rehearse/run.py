@@ -298,7 +298,7 @@ def _print_summary(say, result: Rehearsal) -> None:
     for host, count in sorted(result.uploads_by_host.items()):
         say(f"  {host} uploaded {count} file(s)")
     say(f"  the prefix held at most {result.max_checkpoints} checkpoint(s) at once (keep_last {result.keep_last}: "
-        f"at most {result.keep_last + 1}); at the end: {', '.join(result.checkpoints_at_end) or 'none'}")
+        f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the end: {', '.join(result.checkpoints_at_end) or 'none'}")
     attempts = result.train_attempts()
     for number, attempt in enumerate(attempts, start=1):
         resumed = attempt.detail.get("resumed_from")
