@@ -18,11 +18,20 @@ Normalisation: only what is equal by the API's rules.
   (``RunConfig.from_hyperparameters``): the SDK writes a string as it is and anything else as
   JSON; ours writes every value as JSON.
 
+What the comparison proves is the rendering: member names and nesting, value types, pipeline
+expressions (``Get``, ``Std:Join``, step properties), conditions, retry policies and the step
+graph. The decisions (which members the probe gets, runtimes, channels) are restated here from
+the design, so a change of policy is made in both places, and
+:func:`test_the_oracle_builds_every_training_step_of_ours` names a Training step the oracle lacks.
+
 Judged differences, not compared:
 
 - ``Metadata``: free-form strings (the definition schema allows any ``{name: string}``); ours
   names the generator and the recipe, the SDK writes ``{}``.
 - Step ``Description``: free text for people; no expression or API field depends on it.
+- ``PipelineExperimentConfig``: the SDK's default creates a SageMaker Experiment per pipeline
+  and a trial per execution; ours creates none (runs are tracked in MLflow and CloudWatch), so
+  the oracle passes ``pipeline_experiment_config=None``.
 - Fail message text: the oracle renders the same parts (:func:`definition.throughput_failure`,
   :func:`definition.memory_failure`), so the text is equal by construction; what is checked is
   how the probe metrics are referenced inside ``Std:Join``.
@@ -34,18 +43,16 @@ own type. Ours stays; the comparison holds because no RunConfig string is JSON-l
 test checks.
 
 The SDK is a test-only dependency (``requirements-oracle.txt``); ``tests/test_imports.py``
-checks that nothing outside ``tests/`` imports it.
+checks that nothing in the synth or runtime paths imports it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -103,7 +110,13 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
         mp.setenv("AWS_ACCESS_KEY_ID", "testing")
         mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         mp.delenv("AWS_PROFILE", raising=False)
-        mp.setattr(socket.socket, "connect", _no_network)
+        attempts: list[Any] = []
+
+        def no_network(sock, address, *args, **kwargs):
+            attempts.append(address)  # recorded: the SDK may swallow the error
+            raise OSError(f"the SDK oracle must build the definition offline; it tried {address!r}")
+
+        mp.setattr(socket.socket, "connect", no_network)
 
         started = time.perf_counter()
         try:
@@ -120,7 +133,10 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             from sagemaker.mlops.workflow.steps import TrainingStep
             from sagemaker.train.model_trainer import ModelTrainer
         except ImportError as error:  # pragma: no cover - an install problem, not a skip
-            pytest.fail(f"the SageMaker SDK is missing ({error}); install it: make test, or pip install --no-deps -c constraints.txt -r requirements-oracle.txt")
+            pytest.fail(
+                f"the SageMaker SDK is missing ({error}): make test installs it, or"
+                " pip install --no-deps -c constraints.txt -r requirements-oracle.txt"
+            )
         import_seconds = time.perf_counter() - started
         print(f"sagemaker SDK import: {import_seconds:.1f} s")
 
@@ -134,10 +150,7 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             parameters=parameters, retry=retry, ConditionStep=ConditionStep, FailStep=FailStep, Pipeline=Pipeline,
             TrainingStep=TrainingStep, ModelTrainer=ModelTrainer, session=session,
         )
-
-
-def _no_network(self, address, *args, **kwargs):
-    raise AssertionError(f"the SDK oracle tried to reach {address!r}; it must build the definition offline")
+        assert not attempts, f"the SDK tried to reach the network: {attempts}"
 
 
 # -- the SDK's pipeline, from the same inputs ------------------------------------------------
@@ -253,7 +266,9 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
         trainer = trainer.with_retry_strategy(s.RetryStrategy(maximum_retry_attempts=d.JOB_RETRY_ATTEMPTS))
         if recipe.tracking.tensorboard:
             trainer = trainer.with_tensorboard_output_config(
-                sdk.TensorBoardOutputConfig(s3_output_path=_join(resources.output_s3_uri, "tensorboard"), local_path=TENSORBOARD_DIR)
+                sdk.TensorBoardOutputConfig(
+                    s3_output_path=_join(resources.output_s3_uri, "tensorboard"), local_path=TENSORBOARD_DIR
+                )
             )
     return sdk.TrainingStep(name=spec.name, step_args=trainer.train(), retry_policies=sdk_retry_policies(sdk))
 
@@ -263,7 +278,10 @@ def sdk_retry_policies(sdk) -> list:
     job = {e.value: e for e in r.SageMakerJobExceptionTypeEnum}
     step = {e.value: e for e in r.StepExceptionTypeEnum}
     policies = []
-    for policy, kind, enum in ((d.CAPACITY_RETRY, r.SageMakerJobStepRetryPolicy, job), (d.SERVICE_RETRY, r.StepRetryPolicy, step)):
+    for policy, kind, enum in (
+        (d.CAPACITY_RETRY, r.SageMakerJobStepRetryPolicy, job),
+        (d.SERVICE_RETRY, r.StepRetryPolicy, step),
+    ):
         policies.append(
             kind(
                 exception_types=[enum[name] for name in policy["ExceptionType"]],
@@ -298,7 +316,9 @@ def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
         if_steps=[fail(d.S_FAIL_THROUGHPUT, d.throughput_failure(plan))],
         else_steps=[fail(d.S_FAIL_MEMORY, d.memory_failure(plan))],
     )
-    gate = sdk.ConditionStep(name=d.S_GATE, conditions=[throughput_ok, memory_ok], if_steps=[steps[d.S_TRAIN]], else_steps=[reason])
+    gate = sdk.ConditionStep(
+        name=d.S_GATE, conditions=[throughput_ok, memory_ok], if_steps=[steps[d.S_TRAIN]], else_steps=[reason]
+    )
     root = sdk.ConditionStep(
         name=d.S_PROBE_OR_SKIP,
         conditions=[c.ConditionEquals(left=params[d.P_SKIP_PROBE], right=True)],
@@ -373,8 +393,8 @@ def differences(ours: Any, sdk: Any, path: str = "") -> list[str]:
             return [f"{path}: {len(ours)} items in ours, {len(sdk)} in the SDK's: {_short(ours)} vs {_short(sdk)}"]
         lines = []
         for number, (a, b) in enumerate(zip(ours, sdk)):
-            name = a.get("Name") if isinstance(a, dict) and a.get("Name") == (b.get("Name") if isinstance(b, dict) else None) else None
-            lines += differences(a, b, f"{path}[{name or number}]")
+            same_name = isinstance(a, dict) and isinstance(b, dict) and a.get("Name") == b.get("Name")
+            lines += differences(a, b, f"{path}[{a.get('Name') if same_name and a.get('Name') else number}]")
         return lines
     if ours != sdk or type(ours) is not type(sdk):
         return [f"{path}: ours {_short(ours)}, the SDK's {_short(sdk)}"]
@@ -405,10 +425,12 @@ def pairs(sdk, plans) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
 
 
 def test_every_template_matches_the_sdk(pairs):
-    assert {Path(p).stem for p in RECIPES} <= set(pairs), "every template is compared"
+    assert {path.stem for path in RECIPES} <= set(pairs), "every template is compared"
     report = []
     for name, (ours, theirs) in pairs.items():
-        lines = differences(normalise(ours), normalise(theirs))
+        # Our validator must accept what the SDK writes (no false alarms at synth).
+        lines = [f"validate_definition rejects the SDK's: {problem}" for problem in d.validate_definition(theirs)]
+        lines += differences(normalise(ours), normalise(theirs))
         if lines:
             report.append(f"{name}:\n  " + "\n  ".join(lines))
     if report:
@@ -451,7 +473,10 @@ def test_no_runconfig_string_reads_as_json(plans):
     [
         (lambda step: step["Arguments"]["ResourceConfig"].update(VolumeSizeInGb=200), "VolumeSizeInGb: only ours"),
         (lambda step: step["Arguments"]["StoppingCondition"].update(MaxRuntimeInSeconds=1), "MaxRuntimeInSeconds: ours 1"),
-        (lambda step: step["Arguments"]["HyperParameters"].update({"batch.total_steps": {"Get": "Parameters.MaxSteps"}}), "batch.total_steps"),
+        (
+            lambda step: step["Arguments"]["HyperParameters"].update({"batch.total_steps": {"Get": "Parameters.MaxSteps"}}),
+            "batch.total_steps",
+        ),
         (lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 1 items in ours, 2"),
     ],
 )

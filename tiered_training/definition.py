@@ -34,6 +34,9 @@ step and parameter names, references to unknown parameters or steps, each
 Training step's arguments against botocore's CreateTrainingJob input shape (with
 pipeline expressions replaced by typed placeholders), SageMaker's limits on
 hyperparameters, environment and metric definitions, and the body size.
+
+``tests/test_sdk_oracle.py`` builds the same pipeline with the SageMaker Python SDK v3 from the
+same inputs and compares the two; its docstring lists the differences and which side is right.
 """
 
 from __future__ import annotations
