@@ -64,6 +64,12 @@ from tiered_training import environment, metrics
 from tiered_training.planner import plan_file
 from tiered_training.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
 
+# The SDK's own notices (moved modules, "no job is started in a PipelineSession") are not ours.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:sagemaker"),
+    pytest.mark.filterwarnings("ignore:Running within a PipelineSession:UserWarning"),
+]
+
 REGION = "us-east-1"
 RESOURCES = d.PipelineResources(
     role_arn="arn:aws:iam::123456789012:role/exec",
