@@ -60,7 +60,7 @@ import pytest
 
 from support import RECIPES, recipe_dict, write_yaml
 from tiered_training import definition as d
-from tiered_training import environment, metrics
+from tiered_training import metrics
 from tiered_training.planner import plan_file
 from tiered_training.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
 
@@ -228,10 +228,7 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
         runtime = min(runtime, d.PROBE_MAX_RUNTIME_SECONDS)
     wait = max(runtime, int((compute.max_wait_hours or compute.max_runtime_hours) * 3600)) if compute.spot else None
 
-    environment_ = {
-        k: v for k, v in sorted(environment.family_environment(plan.instance.name).items()) if k not in environment.HOST_SPECIFIC
-    }
-    environment_[d.MODE_VARIABLE] = "probe" if probe else "train"
+    environment = {**d.family_environment(plan), d.MODE_VARIABLE: "probe" if probe else "train"}
 
     trainer = sdk.ModelTrainer(
         sagemaker_session=sdk.session,
@@ -260,7 +257,7 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
         checkpoint_config=(
             None if probe else sdk.CheckpointConfig(s3_uri=resources.checkpoint_s3_uri, local_path=d.CHECKPOINT_LOCAL_PATH)
         ),
-        environment=environment_,
+        environment=environment,
         hyperparameters=sdk_hyperparameters(plan, params),
         tags=[s.Tag(key=k, value=v) for k, v in d.tags_for(plan, resources.extra_tags).items()],
     )
