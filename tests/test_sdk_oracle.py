@@ -482,6 +482,7 @@ def test_no_runconfig_string_reads_as_json(plans):
         ),
         (lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 1 items in ours, 2"),
     ],
+    ids=["misspelt-member", "wrong-value", "integer-where-a-string-goes", "missing-retry-policy"],
 )
 def test_the_comparison_catches_a_wrong_definition(pairs, mutate: Callable, expected: str):
     ours, theirs = pairs["llama3-8b-fp8"]
