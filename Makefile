@@ -16,11 +16,15 @@ $(PY):
 
 # pyproject.toml declares version ranges; constraints.txt pins the versions CI verified.
 # torch is installed first so that no other package pulls a CUDA build.
+# The SageMaker SDK (the oracle of tests/test_sdk_oracle.py) goes in last, without its declared
+# requirements, which conflict with the pins above (requirements-oracle.txt says which and why).
 CONSTRAINTS := constraints.txt
-$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+ORACLE := requirements-oracle.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(ORACLE) | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch==2.13.0
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[cdk,train,dev,plot]"
+	$(PY) -m pip install --quiet --no-deps -c $(CONSTRAINTS) -r $(ORACLE)
 	touch $(STAMP)
 
 # The pinned CDK CLI, and Node 22 (jsii warns on older Node); node_modules/.bin is first on PATH.

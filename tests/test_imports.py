@@ -45,3 +45,15 @@ def test_only_constructs_import_aws_cdk_and_only_training_imports_torch():
         if modules & {"torch", "torchao", "torchdata", "transformers"} and rel.parts[0] != "training":
             offenders.append(f"{rel} imports torch")
     assert not offenders
+
+
+def test_the_sagemaker_sdk_stays_out_of_the_synth_and_runtime_paths():
+    """The SDK is the oracle of tests/test_sdk_oracle.py and a tool of scripts/, nothing else."""
+    offenders = []
+    for path in sorted(ROOT.glob("**/*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "node_modules", "cdk.out", "tests", "scripts", "build"):
+            continue
+        if "sagemaker" in set(_imports(path)):
+            offenders.append(f"{rel} imports the sagemaker SDK")
+    assert not offenders

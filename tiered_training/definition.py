@@ -34,6 +34,9 @@ step and parameter names, references to unknown parameters or steps, each
 Training step's arguments against botocore's CreateTrainingJob input shape (with
 pipeline expressions replaced by typed placeholders), SageMaker's limits on
 hyperparameters, environment and metric definitions, and the body size.
+
+``tests/test_sdk_oracle.py`` builds the same pipeline with the SageMaker Python SDK v3 from the
+same inputs and compares the two; its docstring lists the differences and which side is right.
 """
 
 from __future__ import annotations
@@ -298,49 +301,62 @@ def training_step(name: str, args: dict[str, Any], description: str) -> dict[str
     }
 
 
-def _fail(name: str, message: list[Any]) -> dict[str, Any]:
-    return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": message}}}}
+@dataclass(frozen=True)
+class ProbeMetric:
+    """A probe metric inside a Fail message: rendered as the Probe step's FinalMetricDataList value."""
+
+    name: str
 
 
-def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
+def throughput_failure(plan: "Plan") -> list[str | ProbeMetric]:
+    """The FailThroughput message: text, and the measured values where they go."""
     assert plan.estimates is not None
     threshold = probe_threshold(plan)
     limit = memory_limit(plan)
     planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
     fraction = plan.recipe.probe.min_throughput_fraction
+    return [
+        f"{plan.name}: probe throughput check failed: measured ",
+        ProbeMetric(PROBE_TOKENS),
+        f" tokens/s per GPU, needs at least {threshold} ({fraction:g} x the plan's {planned})",
+        "; peak memory fraction ",
+        ProbeMetric(PROBE_MEMORY),
+        f" (limit {limit}); best micro-batch ",
+        ProbeMetric(PROBE_MICRO_BATCH),
+        f" (plan {plan.micro_batch_size}).",
+        " Fix the recipe or rerun with SkipProbe=true.",
+    ]
+
+
+def memory_failure(plan: "Plan") -> list[str | ProbeMetric]:
+    """The FailMemory message (also when no micro-batch fits at all)."""
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
+    candidates = plan.run_config().probe.micro_batch_candidates
+    return [
+        f"{plan.name}: probe memory check failed: peak memory fraction ",
+        ProbeMetric(PROBE_MEMORY),
+        f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
+        "; best micro-batch ",
+        ProbeMetric(PROBE_MICRO_BATCH),
+        f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
+        ProbeMetric(PROBE_TOKENS),
+        f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
+    ]
+
+
+def _fail(name: str, message: list[str | ProbeMetric]) -> dict[str, Any]:
+    values = [probe_metric(part.name) if isinstance(part, ProbeMetric) else part for part in message]
+    return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": values}}}}
+
+
+def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
     throughput_ok = {"Type": "GreaterThanOrEqualTo", "LeftValue": probe_metric(PROBE_TOKENS), "RightValue": threshold}
     memory_ok = {"Type": "LessThanOrEqualTo", "LeftValue": probe_metric(PROBE_MEMORY), "RightValue": limit}
-    measured_memory = [
-        "; peak memory fraction ",
-        probe_metric(PROBE_MEMORY),
-        f" (limit {limit}); best micro-batch ",
-        probe_metric(PROBE_MICRO_BATCH),
-        f" (plan {plan.micro_batch_size}).",
-    ]
-    fail_throughput = _fail(
-        S_FAIL_THROUGHPUT,
-        [
-            f"{plan.name}: probe throughput check failed: measured ",
-            probe_metric(PROBE_TOKENS),
-            f" tokens/s per GPU, needs at least {threshold} ({fraction:g} x the plan's {planned})",
-            *measured_memory,
-            " Fix the recipe or rerun with SkipProbe=true.",
-        ],
-    )
-    candidates = plan.run_config().probe.micro_batch_candidates
-    fail_memory = _fail(
-        S_FAIL_MEMORY,
-        [
-            f"{plan.name}: probe memory check failed: peak memory fraction ",
-            probe_metric(PROBE_MEMORY),
-            f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
-            "; best micro-batch ",
-            probe_metric(PROBE_MICRO_BATCH),
-            f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
-            probe_metric(PROBE_TOKENS),
-            f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
-        ],
-    )
+    fail_throughput = _fail(S_FAIL_THROUGHPUT, throughput_failure(plan))
+    fail_memory = _fail(S_FAIL_MEMORY, memory_failure(plan))
     reason = {
         "Name": S_GATE_REASON,
         "Type": "Condition",
