@@ -34,9 +34,18 @@ class World:
     partition: str = "aws"
     templates: dict[str, dict] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._memo: dict[tuple, Any] = {}
+
     def add(self, stack_name: str, template: dict) -> None:
         self.templates[stack_name] = template
         self.__dict__.pop("_exports", None)
+        self._memo: dict[tuple, Any] = {}
+
+    def _cached(self, key: tuple, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # -- intrinsics --------------------------------------------------------------------------
 
@@ -116,6 +125,9 @@ class World:
         return attributes[attribute]
 
     def _physical(self, stack: str, logical: str) -> dict[str, Any]:
+        return self._cached(("physical", stack, logical), lambda: self._make_physical(stack, logical))
+
+    def _make_physical(self, stack: str, logical: str) -> dict[str, Any]:
         """A resource's Ref and attributes as CloudFormation would make them (names: the given
         name, else ``<stack>-<logical id>-<suffix>`` as CloudFormation generates)."""
         resource = self.templates[stack]["Resources"][logical]
@@ -175,6 +187,9 @@ class World:
         return value if value.startswith("arn:") else f"arn:{self.partition}:iam::{self.account}:role/{value}"
 
     def identity_policies(self, role_arn: str) -> list[dict]:
+        return self._cached(("identity", role_arn), lambda: self._identity_policies(role_arn))
+
+    def _identity_policies(self, role_arn: str) -> list[dict]:
         out = []
         for stack, logical, props in self._resources("AWS::IAM::Policy"):
             if role_arn in [self.role_arn(stack, r) for r in props.get("Roles", [])]:
@@ -194,6 +209,11 @@ class World:
     def resource_policy(self, action: str, resource: str) -> tuple[bool, dict | None]:
         """``(known, policy)``: whether the resource is one of these templates' (or an external
         key, whose policy is taken to be KMS's default), and its resource policy."""
+        if resource.startswith(f"arn:{self.partition}:s3:::"):
+            resource = resource.split("/", 1)[0]  # a bucket's policy covers its objects
+        return self._cached(("resource", action == "sts:AssumeRole", resource), lambda: self._resource_policy(action, resource))
+
+    def _resource_policy(self, action: str, resource: str) -> tuple[bool, dict | None]:
         if resource.startswith(f"arn:{self.partition}:s3:::"):
             bucket = resource.split(":::", 1)[1].split("/", 1)[0]
             for stack, logical, _props in self._resources("AWS::S3::Bucket"):
@@ -230,6 +250,9 @@ class World:
         return True, None
 
     def is_known_topic(self, arn: str) -> bool:
+        return self._cached(("topic", arn), lambda: self._is_known_topic(arn))
+
+    def _is_known_topic(self, arn: str) -> bool:
         return any(self.ref(s, logical) == arn for s, logical, _ in self._resources("AWS::SNS::Topic"))
 
 

@@ -226,3 +226,28 @@ def test_the_example_platform_repo_allows_and_denies_the_same(example_world):
     failures, unused = _evaluate(*example_world, "example")
     assert not unused, f"matrix entries that the example does not exercise: {unused}"
     assert not failures, f"{len(failures)} requests decided wrongly:\n" + "\n".join(failures)
+
+
+def test_a_stage_admits_its_own_alarms_and_rules_only(staged):
+    """The same matrix for an app in stage "dev"; an unstaged recipe's alarm may not publish to dev's topic."""
+    _app, platform, stacks, templates = staged
+    world = World(ACCOUNT, REGION)
+    for name, template in templates.items():
+        world.add(name, template)
+    recipes = [_recipe_bindings(world, "recipes", s.pipeline, s.monitoring) for s in stacks.values()]
+    for recipe, other in zip(recipes, reversed(recipes)):
+        recipe.values["other_recipe"] = other.name
+    failures, _unused = _evaluate(world, recipes, "recipes")
+    assert not failures, "\n".join(failures)
+    topic = _value(world, platform.platform.topic.topic_arn, platform)
+    assert topic.endswith(":dev-TieredTraining-platform_alarms")
+    foreign = [
+        f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:TieredTraining-llama3-8b-128k-Stalled",
+        f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:prod-TieredTraining-llama3-8b-128k-Stalled",
+    ]
+    requests = [
+        Request("another stage's alarm", "cloudwatch.amazonaws.com", "sns:Publish", topic,
+                {"aws:SourceArn": arn, "aws:SourceAccount": ACCOUNT, "aws:SecureTransport": "true"})
+        for arn in foreign
+    ]
+    assert [o["result"] for o in simulate(world, requests)] == ["ImplicitlyDenied", "ImplicitlyDenied"]
