@@ -136,7 +136,8 @@ class PlatformStack(Stack):
 class RecipeStack(Stack):
     """One recipe: its pipeline (with roles) and monitoring, on a shared platform.
 
-    Alarms go to the recipe's ``monitoring.alarm_topic_arn`` when it names one; else to
+    Alarms go to the recipe's ``monitoring.alarm_topic_arn`` when it names one (its policy is
+    the owner's to set: see :class:`TrainingMonitoring` and docs/monitoring.md); else to
     a topic of the recipe's own when it names an ``alarm_email`` (so that the address
     gets only this recipe's alarms); else to the platform's topic. The platform's stage
     prefixes the pipeline's name and the monitoring's names.
