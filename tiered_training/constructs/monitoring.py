@@ -78,13 +78,12 @@ def grant_alarm_notifications(
     The topic policy lets ``cloudwatch.amazonaws.com`` publish for ``alarm_arns`` and
     ``events.amazonaws.com`` for ``rule_arns`` (``aws:SourceArn``, wildcards allowed), both for
     this account only (``aws:SourceAccount``). With ``key`` (the topic's KMS key, when it is a
-    key of this stack), its key policy lets the same alarms, and EventBridge, encrypt for SNS
-    topics matching ``topic_arns`` (``kms:EncryptionContext:aws:sns:topicArn``; default this
-    account's topics in this region). EventBridge sends no ``aws:Source*`` keys with the KMS
-    requests of an SNS delivery (Amazon SNS Developer Guide, "Enable compatibility between event
-    sources from AWS services and encrypted topics":
-    https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html), so its key statement
-    is bound to the encryption context only.
+    key of this stack), its key policy lets both services use the key for SNS topics matching
+    ``topic_arns`` only (default this account's topics in this region): SNS encrypts a
+    topic's messages under the encryption context ``aws:sns:topicArn``
+    (https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html). The key statements do
+    not depend on the ``aws:Source*`` keys reaching KMS with the data-key requests of a
+    delivery; the topic policy already admits only these alarms and rules.
 
     Imported topics and keys take no statements: their owner must allow the same.
     """
@@ -100,25 +99,17 @@ def grant_alarm_notifications(
                     conditions={"StringEquals": this_account, "ArnLike": {"aws:SourceArn": list(sources)}},
                 )
             )
-    if key is None:
+    services = [service for service, sources in ((CLOUDWATCH, alarm_arns), (EVENTS, rule_arns)) if sources]
+    if key is None or not services:
         return
     context = {"kms:EncryptionContext:aws:sns:topicArn": list(topic_arns or [stack.format_arn(service="sns", resource="*")])}
     # In a key policy, Resource "*" means this key.
-    if alarm_arns:
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                principals=[iam.ServicePrincipal(CLOUDWATCH)],
-                actions=KEY_ACTIONS,
-                resources=["*"],
-                conditions={"StringEquals": this_account, "ArnLike": {"aws:SourceArn": list(alarm_arns)}, "StringLike": context},
-            )
+    key.add_to_resource_policy(
+        iam.PolicyStatement(
+            principals=[iam.ServicePrincipal(s) for s in services], actions=KEY_ACTIONS, resources=["*"],
+            conditions={"StringLike": context},
         )
-    if rule_arns:
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                principals=[iam.ServicePrincipal(EVENTS)], actions=KEY_ACTIONS, resources=["*"], conditions={"StringLike": context}
-            )
-        )
+    )
 
 
 def alarm_topic(
