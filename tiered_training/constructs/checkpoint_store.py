@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -29,10 +29,14 @@ KMS_READ_ACTIONS = ["kms:Decrypt"]
 KMS_WRITE_ACTIONS = ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"]
 
 
-def via_services(*services: str) -> dict:
-    """A ``kms:ViaService`` condition: the key may be used only through these services, in this
-    stack's region (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service)."""
-    return {"StringEquals": {"kms:ViaService": [f"{service}.{Aws.REGION}.{Aws.URL_SUFFIX}" for service in services]}}
+def via_services(*services: str, key_arn: str | None = None) -> dict:
+    """A ``kms:ViaService`` condition: the key may be used only through these services, in the
+    key's region (a literal ``key_arn``'s, else this stack's):
+    https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service"""
+    region = Aws.REGION
+    if key_arn and not Token.is_unresolved(key_arn) and key_arn.count(":") >= 5:
+        region = key_arn.split(":")[3]
+    return {"StringEquals": {"kms:ViaService": [f"{service}.{region}.{Aws.URL_SUFFIX}" for service in services]}}
 
 
 def checkpoint_prefix(recipe: str) -> str:
@@ -247,7 +251,7 @@ class CheckpointStore(Construct):
             grant = grant.combine(
                 iam.Grant.add_to_principal(
                     grantee=grantee, actions=key_actions, resource_arns=[self.encryption_key_arn],
-                    conditions=via_services(*services),
+                    conditions=via_services(*services, key_arn=self.encryption_key_arn),
                 )
             )
         return grant

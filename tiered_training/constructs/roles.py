@@ -223,7 +223,8 @@ class TrainingRoles(Construct):
             late.add(execution, prefix_arns(uri)[0][0], f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer")
         if data_key is not None:
             iam.Grant.add_to_principal(
-                grantee=execution, actions=["kms:Decrypt"], resource_arns=[data_key.key_arn], conditions=via_services("s3")
+                grantee=execution, actions=["kms:Decrypt"], resource_arns=[data_key.key_arn],
+                conditions=via_services("s3", key_arn=data_key.key_arn),
             )
         store.grant_recipe_read_write(execution, recipe_name)
         for arn in store.recipe_object_arns(recipe_name):
