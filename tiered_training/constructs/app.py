@@ -11,6 +11,9 @@ from aws_cdk import App, DefaultStackSynthesizer
 from .. import names
 from .platform import PlatformProps, PlatformStack, RecipeStack, stack_id
 
+if TYPE_CHECKING:
+    from ..plan import Plan
+
 PLATFORM_STACK = names.platform_stack_name()
 # CDK's recommended feature flags for the pinned aws-cdk-lib, as `cdk init` writes them into
 # cdk.json (aws-cdk-lib's recommended-feature-flags.json, copied), and the constructs' own
@@ -88,14 +91,13 @@ def build_app(
 ) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
     """An app with the platform stack and one RecipeStack per plan (environment-agnostic).
 
-    - ``stage``: prefixes the stack, pipeline, dashboard, alarm, rule and topic names
-      (``tiered_training.names``), so that stages can share an account; default none. It
-      overrides ``platform.stage``.
-
     - ``nag``: run cdk-nag AwsSolutions at synth, one pass over the app (findings fail synth).
     - ``platform``: the platform stack's :class:`PlatformProps`; default all defaults.
     - ``cfn_validation``: CDK's built-in CloudFormation validation plugin. It costs about
       1.4 s per stack, so it is off by default; the tests turn it on, and cfn-lint runs there too.
+    - ``stage``: prefixes the stack, pipeline, dashboard, alarm, rule and topic names
+      (``tiered_training.names``), so that stages can share an account; default
+      ``platform.stage`` (none).
     """
     if app is None:
         app_kwargs["context"] = {**FEATURE_FLAGS, **app_kwargs.get("context", {})}

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 from .. import names
-from ..names import STACK_PREFIX, stack_name
+from ..names import stack_name
 
 
 class TrainingPlatform(Construct):
