@@ -7,6 +7,7 @@
     cdk synth -c region=us-west-2  # base image of that region as the build arg
     cdk synth -c nag=false         # skip the cdk-nag AwsSolutions checks
     cdk synth -c alarm_email=a@b.c # subscribe an address to the platform's alarm topic
+    cdk synth -c stage=dev         # prefix stack, pipeline, dashboard, alarm and topic names: dev-TieredTraining-...
     cdk synth -c cfn_validation=true  # also CDK's built-in CloudFormation validation (about 1.4 s a stack)
     cdk synth -c quotas='{"training/ml.p6-b200.48xlarge": 8}'  # the account's applied quotas, for every recipe
 

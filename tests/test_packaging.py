@@ -122,7 +122,11 @@ def test_example_synthesises_from_the_wheel_with_cdk_nag_and_cfn_lint_clean(exam
     report = json.loads((example_assembly / "validation-report.json").read_text())
     assert [v for r in report.get("pluginReports", []) for v in r.get("violations", [])] == []
     cfn_lint = Path(sys.executable).parent / "cfn-lint"
-    result = subprocess.run([str(cfn_lint), "--format", "parseable", "--", *templates], capture_output=True, text=True)
+    # W3005 (a DependsOn that a GetAtt already implies) is in the custom resource that CDK's
+    # recommended @aws-cdk/aws-ec2:restrictDefaultSecurityGroup adds to the VPC: CDK's template, not ours.
+    result = subprocess.run(
+        [str(cfn_lint), "--format", "parseable", "--ignore-checks", "W3005", "--", *templates], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -112,3 +112,25 @@ def test_cli_start_against_the_endpoint(endpoint, aws_env, deployed):
     assert result.returncode == 0, result.stderr
     assert f":pipeline/{deployed.name}/execution/" in result.stdout.lower()
     assert "Traceback" not in result.stderr
+
+
+def test_start_in_a_stage_starts_the_stages_pipeline(client, deployed):
+    from tiered_training import names
+
+    staged = names.pipeline_name(deployed.name, "dev")
+    assert staged == f"dev-{deployed.name}"
+    resources = d.PipelineResources(
+        role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+        checkpoint_s3_uri="s3://b/c/", output_s3_uri="s3://b/o/",
+    )
+    client.create_pipeline(
+        PipelineName=staged, PipelineDefinition=d.to_json(d.build_definition(deployed, resources)),
+        RoleArn="arn:aws:iam::123456789012:role/pipeline",
+    )
+    result = start(deployed, client=client, follow=False, stage="dev", out=io.StringIO())
+    assert f":pipeline/{staged}/execution/" in result.arn.lower()
+
+
+def test_a_bad_stage_is_bad_input(capsys):
+    assert main([str(RECIPES[0]), "--stage", "Dev!", "--no-follow"]) == 2
+    assert "stage 'Dev!'" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import Optional
 import typer
 
 from .errors import Problem, RecipeError
+from .names import pipeline_name, stage_problem
 
 PROG = "tiered-training"
 
@@ -375,6 +376,14 @@ _REGION = typer.Option(None, help="AWS region (default: the recipe's compute.reg
 _ENDPOINT = typer.Option(None, help="AWS endpoint URL for every service (for testing)")
 _PROFILE = typer.Option(None, help="AWS profile")
 _EXECUTION = typer.Option(None, "--execution", help="an execution ARN (default: the pipeline's latest)")
+def _check_stage(value: Optional[str]) -> Optional[str]:
+    problem = stage_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
+    return value
+
+
+_STAGE = typer.Option(None, "--stage", callback=_check_stage, help="the stage the app was deployed with (cdk -c stage=...): its pipeline is <stage>-<recipe>")
 
 
 def _run_recipe(recipe: Path):
@@ -417,6 +426,7 @@ def start(
     profile: Optional[str] = _PROFILE,
     poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
+    stage: Optional[str] = _STAGE,
 ) -> None:
     """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
     from . import runs
@@ -437,6 +447,7 @@ def start(
             profile=profile,
             poll_seconds=poll_seconds,
             reporter=runs.QuietReporter() if format is TextFormat.json else None,
+            stage=stage,
         )
     except StartError as exc:
         raise _start_error(exc)
@@ -482,6 +493,7 @@ def rehearse(
 def status(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
     execution: Optional[str] = _EXECUTION,
+    stage: Optional[str] = _STAGE,
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
     profile: Optional[str] = _PROFILE,
@@ -495,7 +507,7 @@ def status(
     plan = _run_recipe(recipe)
     try:
         sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch")
-        arn = execution or runs.latest_execution(sm, plan.name)
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
     except StartError as exc:
         raise _start_error(exc)
@@ -519,6 +531,7 @@ def status(
 def logs(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
     execution: Optional[str] = _EXECUTION,
+    stage: Optional[str] = _STAGE,
     lines: int = typer.Option(50, "--lines", "-n", min=1, max=10_000, help="how many of the last log lines"),
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
@@ -533,7 +546,7 @@ def logs(
     plan = _run_recipe(recipe)
     try:
         sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs")
-        arn = execution or runs.latest_execution(sm, plan.name)
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
         jobs = runs.training_jobs(steps)
         events = runs.tail_logs(cwl, jobs, lines=lines)
@@ -555,6 +568,7 @@ def logs(
 def stop(
     recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
     execution: Optional[str] = _EXECUTION,
+    stage: Optional[str] = _STAGE,
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
     profile: Optional[str] = _PROFILE,
@@ -568,7 +582,7 @@ def stop(
     plan = _run_recipe(recipe)
     try:
         (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker")
-        arn = execution or runs.latest_execution(sm, plan.name)
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         state = runs.stop(sm, arn)
     except StartError as exc:
         raise _start_error(exc)

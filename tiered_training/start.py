@@ -209,8 +209,10 @@ def start(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     reporter: Any = None,
+    stage: str | None = None,
 ) -> ExecutionResult:
-    """Start the recipe's pipeline; print the execution ARN; follow it to the end when ``follow``.
+    """Start the recipe's pipeline (of ``stage``, when the app was deployed with one); print
+    the execution ARN; follow it to the end when ``follow``.
 
     Raises :class:`ParameterError` for a bad override (before any call),
     :class:`StartError` for errors a user can fix (one readable line), and
@@ -219,8 +221,10 @@ def start(
     from . import runs
 
     out = out or sys.stdout
+    from .names import pipeline_name
+
     recipe, plan = _recipe_and_plan(plan_or_recipe_path)
-    name = recipe.name
+    name = pipeline_name(recipe.name, stage)
     check_parameters(recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
     region = resolve_region(region, recipe.compute.region)
     sm = client if client is not None else aws_client("sagemaker", region=region, endpoint_url=endpoint_url, profile=profile)

@@ -86,12 +86,15 @@ class TrainingStack(Stack):
         role = iam.Role(
             self,
             "TrainingJobRole",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            # SageMaker of this account only (the confused-deputy guard).
+            assumed_by=iam.ServicePrincipal(
+                "sagemaker.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": self.account}}
+            ),
             description="SageMaker training jobs of the team's recipes",
         )
+        # TrainingMonitoring adds to this topic's policy, and to its key's, what its alarms and
+        # failed-execution rule need: publish and encrypt, for those alarms and that rule only.
         alarm_key = kms.Key(self, "AlarmKey", enable_key_rotation=True, description="training alarms")
-        for service in ("cloudwatch.amazonaws.com", "events.amazonaws.com"):
-            alarm_key.grant(iam.ServicePrincipal(service), "kms:Decrypt", "kms:GenerateDataKey*")
         topic = sns.Topic(self, "Alarms", master_key=alarm_key, enforce_ssl=True)
 
         # -- tiered-training --------------------------------------------------------------------

@@ -82,3 +82,15 @@ def templates(synthesized) -> dict[str, dict]:
 @pytest.fixture(scope="session")
 def assembly_dir(synthesized) -> Path:
     return Path(synthesized[3].directory)
+
+
+@pytest.fixture(scope="session")
+def staged(plans, tmp_path_factory):
+    """Two recipes (one on the platform topic, one with its own) in stage "dev"."""
+    from tiered_training.constructs.app import build_app
+
+    chosen = [plans["llama3-8b-128k"], plans["llama3-1b-bf16"]]
+    app, platform, stacks = build_app(chosen, nag=False, stage="dev", outdir=str(tmp_path_factory.mktemp("staged")))
+    assembly = app.synth()
+    templates = {s.stack_name: assembly.get_stack_by_name(s.stack_name).template for s in [platform, *stacks.values()]}
+    return app, platform, stacks, templates

@@ -34,7 +34,9 @@ def test_cdk_nag_report_has_no_findings(assembly_dir):
     if report.exists():
         data = json.loads(report.read_text())
         violations = [v for r in data.get("pluginReports", []) for v in r.get("violations", [])]
-        assert violations == []
+        # @aws-cdk/core:annotationsInValidationReport lists annotations too: the app's own
+        # warnings (tiered-training:*, e.g. alarms that notify no one) are expected there.
+        assert [v for v in violations if not v["ruleName"].startswith("Annotation::tiered-training:")] == []
 
 
 def normalise(template: dict) -> str:

@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk import App, DefaultStackSynthesizer
 
-from .platform import STACK_PREFIX, PlatformProps, PlatformStack, RecipeStack, stack_id
+from .. import names
+from .platform import PlatformProps, PlatformStack, RecipeStack, stack_id
 
 if TYPE_CHECKING:
     from ..plan import Plan
 
-PLATFORM_STACK = f"{STACK_PREFIX}Platform"
-# Feature flags the constructs are written for; set here so that `python app.py`, the
-# tests and `cdk synth` agree whatever cdk.json says.
-FEATURE_FLAGS = {
-    "@aws-cdk/aws-iam:minimizePolicies": True,
-    "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
-    "@aws-cdk/core:validateSnapshotRemovalPolicy": True,
+PLATFORM_STACK = names.platform_stack_name()
+# CDK's recommended feature flags for the pinned aws-cdk-lib, as `cdk init` writes them into
+# cdk.json (aws-cdk-lib's recommended-feature-flags.json, copied), and the constructs' own
+# choices over them. Set here so that `python app.py`, the tests and `cdk synth` agree;
+# cdk.json lists the same.
+RECOMMENDED_FLAGS: dict[str, Any] = json.loads((Path(__file__).parent / "feature_flags.json").read_text())
+FLAG_OVERRIDES: dict[str, Any] = {
     # Recipe stacks import the platform's bucket, key and topic: keep the producer protected.
     "@aws-cdk/core:defaultCrossStackReferences": "strong",
 }
+FEATURE_FLAGS = {**RECOMMENDED_FLAGS, **FLAG_OVERRIDES}
 
 
 class RecipeProblems(Exception):
@@ -83,6 +86,7 @@ def build_app(
     platform: PlatformProps | None = None,
     bootstrap_rule: bool = True,
     cfn_validation: bool = False,
+    stage: str | None = None,
     **app_kwargs: Any,
 ) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
     """An app with the platform stack and one RecipeStack per plan (environment-agnostic).
@@ -91,6 +95,9 @@ def build_app(
     - ``platform``: the platform stack's :class:`PlatformProps`; default all defaults.
     - ``cfn_validation``: CDK's built-in CloudFormation validation plugin. It costs about
       1.4 s per stack, so it is off by default; the tests turn it on, and cfn-lint runs there too.
+    - ``stage``: prefixes the stack, pipeline, dashboard, alarm, rule and topic names
+      (``tiered_training.names``), so that stages can share an account; default
+      ``platform.stage`` (none).
     """
     if app is None:
         app_kwargs["context"] = {**FEATURE_FLAGS, **app_kwargs.get("context", {})}
@@ -101,15 +108,25 @@ def build_app(
         # One synthesizer per stack; without the bootstrap rule, templates hold only Resources (tests, moto).
         return None if bootstrap_rule else DefaultStackSynthesizer(generate_bootstrap_version_rule=False)
 
+    problem = names.stage_problem(stage)
+    if problem:
+        raise ValueError(problem)
+    if stage is not None or platform is None:
+        from dataclasses import replace
+
+        platform = replace(platform or PlatformProps(), stage=stage)
+    stage = platform.stage
     platform_stack = PlatformStack(
         app,
-        PLATFORM_STACK,
+        names.platform_stack_name(stage),
         props=platform,
         description="tiered-training shared platform: checkpoint store, training image, alarm topic",
         synthesizer=synthesizer(),
     )
     stacks = {
-        plan.name: RecipeStack(app, stack_id(plan.name), plan=plan, platform=platform_stack.platform, synthesizer=synthesizer())
+        plan.name: RecipeStack(
+            app, stack_id(plan.name, stage), plan=plan, platform=platform_stack.platform, synthesizer=synthesizer()
+        )
         for plan in plans
     }
     if nag:
@@ -133,6 +150,11 @@ def main() -> int:
     # CDK's built-in CloudFormation validation is opt-in (-c cfn_validation=true), as build_app's.
     app = App(context=dict(FEATURE_FLAGS), builtin_cloud_formation_validation=False)
     context = app.node.try_get_context
+    stage = context("stage") or None
+    problem = names.stage_problem(stage)
+    if problem:
+        print(f"-c {problem}", file=sys.stderr)
+        return EXIT_INVALID
     try:
         plans = load_plans(context("recipes") or "recipes")
     except RecipeProblems as problems:
@@ -150,6 +172,7 @@ def main() -> int:
         image_uri=context("image_uri") or None,
         region=context("region") or None,
         alarm_email=context("alarm_email") or None,  # subscribed to the platform's alarm topic
+        stage=stage,
     )
     build_app(
         plans,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -17,14 +17,26 @@ from constructs import Construct
 
 from .nag import acknowledge
 
-# Object-level actions a training job needs on its own prefixes: read and resume,
-# write checkpoints, delete (SageMaker mirrors a local delete), multipart uploads.
+# Object-level actions a training job needs on its own prefixes: read and resume, write
+# checkpoints and output, multipart uploads. Delete only under checkpoints/ (SageMaker mirrors
+# the trainer's pruning there); nothing deletes model output.
 OBJECT_READ_ACTIONS = ["s3:GetObject"]
-OBJECT_WRITE_ACTIONS = ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+OBJECT_WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+CHECKPOINT_DELETE_ACTIONS = ["s3:DeleteObject"]
 # Writing through SSE-KMS needs GenerateDataKey; CreateTrainingJob with OutputDataConfig.KmsKeyId
 # also needs kms:Encrypt on the execution role (CreateTrainingJob API reference, KmsKeyId).
 KMS_READ_ACTIONS = ["kms:Decrypt"]
 KMS_WRITE_ACTIONS = ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"]
+
+
+def via_services(*services: str, key_arn: str | None = None) -> dict:
+    """A ``kms:ViaService`` condition: the key may be used only through these services, in the
+    key's region (a literal ``key_arn``'s, else this stack's):
+    https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html#conditions-kms-via-service"""
+    region = Aws.REGION
+    if key_arn and not Token.is_unresolved(key_arn) and key_arn.count(":") >= 5:
+        region = key_arn.split(":")[3]
+    return {"StringEquals": {"kms:ViaService": [f"{service}.{region}.{Aws.URL_SUFFIX}" for service in services]}}
 
 
 def checkpoint_prefix(recipe: str) -> str:
@@ -212,11 +224,19 @@ class CheckpointStore(Construct):
 
     # -- grants ----------------------------------------------------------------------------
 
-    def _grant(self, grantee: iam.IGrantable, recipe: str, object_actions: list[str], key_actions: list[str]) -> iam.Grant:
+    def _grant(
+        self, grantee: iam.IGrantable, recipe: str, object_actions: list[str], key_actions: list[str], *, delete: bool = False
+    ) -> iam.Grant:
         prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
         grant = iam.Grant.add_to_principal(
             grantee=grantee, actions=object_actions, resource_arns=self.recipe_object_arns(recipe)
         )
+        if delete:
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee, actions=CHECKPOINT_DELETE_ACTIONS, resource_arns=self.recipe_object_arns(recipe)[:1]
+                )
+            )
         grant = grant.combine(
             iam.Grant.add_to_principal(
                 grantee=grantee,
@@ -225,8 +245,15 @@ class CheckpointStore(Construct):
                 conditions={"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}},
             )
         )
-        if self.encryption_key is not None:
-            grant = grant.combine(self.encryption_key.grant(grantee, *key_actions))
+        if self.encryption_key_arn is not None:
+            # Through S3 (SSE-KMS objects), and through SageMaker for kms:Encrypt of the job's output.
+            services = ("s3", "sagemaker") if "kms:Encrypt" in key_actions else ("s3",)
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee, actions=key_actions, resource_arns=[self.encryption_key_arn],
+                    conditions=via_services(*services, key_arn=self.encryption_key_arn),
+                )
+            )
         return grant
 
     def grant_recipe_read(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
@@ -235,5 +262,9 @@ class CheckpointStore(Construct):
 
     def grant_recipe_read_write(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
         """Read and write this recipe's checkpoint and output prefixes, and nothing else in the
-        bucket; use the key to read, write and encrypt the job's output."""
-        return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS)
+        bucket; delete under its checkpoint prefix only; use the key, through S3 and SageMaker
+        only (``kms:ViaService``), to read, write and encrypt the job's output.
+
+        The key is granted in the grantee's policy: its key policy must let the account's IAM
+        policies allow its use (KMS's default key policy, and CDK's, do)."""
+        return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)

@@ -26,14 +26,13 @@ synth, cfn-lint and moto accept them): :class:`NoSearchInAlarms` fails synth if 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import jsii
-from aws_cdk import Duration, Stack
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_events as events
-from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -50,7 +49,9 @@ if TYPE_CHECKING:
     from .pipeline import TrainingPipeline
 
 EXECUTION_STATUS_EVENT = "SageMaker Model Building Pipeline Execution Status Change"
-KEY_SERVICES = ("cloudwatch.amazonaws.com", "events.amazonaws.com")
+CLOUDWATCH = "cloudwatch.amazonaws.com"
+EVENTS = "events.amazonaws.com"
+KEY_ACTIONS = ["kms:Decrypt", "kms:GenerateDataKey*"]
 COMPARISON = {
     "GreaterThanThreshold": cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
     "GreaterThanOrEqualToThreshold": cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
@@ -64,18 +65,81 @@ MISSING = {
 }
 
 
-def alarm_topic(scope: Construct, construct_id: str, *, display_name: str) -> sns.Topic:
-    """An SNS topic encrypted with its own key, which CloudWatch alarms and EventBridge may use."""
-    key = kms.Key(scope, f"{construct_id}Key", description=f"{display_name} alarms", enable_key_rotation=True)
+def grant_alarm_notifications(
+    topic: sns.ITopic,
+    *,
+    alarm_arns: Sequence[str] = (),
+    rule_arns: Sequence[str] = (),
+    key: kms.IKey | None = None,
+    topic_arns: Sequence[str] | None = None,
+) -> None:
+    """Let CloudWatch alarms and EventBridge rules of this account publish to ``topic``.
+
+    The topic policy lets ``cloudwatch.amazonaws.com`` publish for ``alarm_arns`` and
+    ``events.amazonaws.com`` for ``rule_arns`` (``aws:SourceArn``, wildcards allowed), both for
+    this account only (``aws:SourceAccount``). With ``key`` (the topic's KMS key, when it is a
+    key of this stack), its key policy lets both services use the key for SNS topics matching
+    ``topic_arns`` only (default this account's topics in this region): SNS encrypts a
+    topic's messages under the encryption context ``aws:sns:topicArn``
+    (https://docs.aws.amazon.com/sns/latest/dg/sns-key-management.html). The key statements do
+    not depend on the ``aws:Source*`` keys reaching KMS with the data-key requests of a
+    delivery; the topic policy already admits only these alarms and rules.
+
+    Imported topics and keys take no statements: their owner must allow the same.
+    """
+    stack = Stack.of(topic)
+    this_account = {"aws:SourceAccount": stack.account}
+    for service, sources in ((CLOUDWATCH, alarm_arns), (EVENTS, rule_arns)):
+        if sources:
+            topic.add_to_resource_policy(
+                iam.PolicyStatement(
+                    principals=[iam.ServicePrincipal(service)],
+                    actions=["sns:Publish"],
+                    resources=[topic.topic_arn],
+                    conditions={"StringEquals": this_account, "ArnLike": {"aws:SourceArn": list(sources)}},
+                )
+            )
+    services = [service for service, sources in ((CLOUDWATCH, alarm_arns), (EVENTS, rule_arns)) if sources]
+    if key is None or not services:
+        return
+    context = {"kms:EncryptionContext:aws:sns:topicArn": list(topic_arns or [stack.format_arn(service="sns", resource="*")])}
     # In a key policy, Resource "*" means this key.
     key.add_to_resource_policy(
         iam.PolicyStatement(
-            principals=[iam.ServicePrincipal(service) for service in KEY_SERVICES],
-            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-            resources=["*"],
+            principals=[iam.ServicePrincipal(s) for s in services], actions=KEY_ACTIONS, resources=["*"],
+            conditions={"StringLike": context},
         )
     )
-    return sns.Topic(scope, construct_id, display_name=display_name, master_key=key, enforce_ssl=True)
+
+
+def alarm_topic(
+    scope: Construct,
+    construct_id: str,
+    *,
+    display_name: str,
+    topic_name: str,
+    alarm_arns: Sequence[str],
+    rule_arns: Sequence[str],
+) -> sns.Topic:
+    """An SNS topic named ``topic_name``, encrypted with its own key, that the given alarms and
+    rules may publish to (:func:`grant_alarm_notifications`), over TLS only."""
+    key = kms.Key(scope, f"{construct_id}Key", description=f"{display_name} alarms", enable_key_rotation=True)
+    topic = sns.Topic(scope, construct_id, display_name=display_name, topic_name=topic_name, master_key=key, enforce_ssl=True)
+    arn = Stack.of(scope).format_arn(service="sns", resource=topic_name)
+    grant_alarm_notifications(topic, alarm_arns=alarm_arns, rule_arns=rule_arns, key=key, topic_arns=[arn])
+    return topic
+
+
+@jsii.implements(events.IRuleTarget)
+class _TopicTarget:
+    """An SNS topic as a rule target, without the unconditioned publish grant that
+    ``aws_events_targets.SnsTopic`` adds (:func:`grant_alarm_notifications` scopes it to the rule)."""
+
+    def __init__(self, topic: sns.ITopic, message: events.RuleTargetInput) -> None:
+        self.topic, self.message = topic, message
+
+    def bind(self, _rule: events.IRule, _id: str | None = None) -> events.RuleTargetConfig:
+        return events.RuleTargetConfig(arn=self.topic.topic_arn, input=self.message)
 
 
 def _has_search(text: str) -> bool:
@@ -106,7 +170,18 @@ class TrainingMonitoring(Construct):
     """Alarms, the failed-execution rule and a dashboard for one pipeline.
 
     :param pipeline: the TrainingPipeline; its Plan gives the plan numbers and thresholds.
-    :param topic: where alarms and the failed-execution rule send; default a new encrypted topic.
+    :param topic: where alarms and the failed-execution rule send; default a new encrypted topic
+        (named ``<prefix><recipe>-alarms``) that only these alarms and this rule may publish to.
+        A ``sns.Topic`` of this stack is given the same statements, and its key too when the
+        key is a ``kms.Key`` of this stack (:func:`grant_alarm_notifications`). A topic of
+        another stack or account (``sns.Topic.from_topic_arn``, ``monitoring.alarm_topic_arn``)
+        is left as it is: its policy must let ``cloudwatch.amazonaws.com`` publish with
+        ``aws:SourceArn`` one of ``alarm_arns`` and ``events.amazonaws.com`` with ``aws:SourceArn``
+        ``failed_rule_arn`` (both ``aws:SourceAccount`` this account), and an encrypting key
+        must let both services use ``kms:Decrypt`` and ``kms:GenerateDataKey*``
+        (docs/monitoring.md, "A topic of your own").
+    :param stage: prefixes the alarm, rule, dashboard and topic names (``tiered_training.names``);
+        default none.
     :param alarm_email: subscribe this address to the topic; default the recipe's
         ``monitoring.alarm_email``.
     :param dashboard: make a CloudWatch dashboard; default True.
@@ -116,7 +191,8 @@ class TrainingMonitoring(Construct):
     Attributes: ``alarms`` (alarm ID -> ``cloudwatch.Alarm``), ``fit`` (the
     :class:`tiered_training.alarms.AlarmPlan`), ``failed_rule`` (``events.Rule``),
     ``dashboard`` (``cloudwatch.Dashboard`` or None), ``topic`` (``sns.ITopic``),
-    ``metrics`` (the TrainingMetricFactory).
+    ``metrics`` (the TrainingMetricFactory), ``alarm_arns`` (of the alarms that notify),
+    ``failed_rule_arn``.
     """
 
     def __init__(
@@ -129,6 +205,7 @@ class TrainingMonitoring(Construct):
         alarm_email: str | None = None,
         dashboard: bool = True,
         cadence_seconds: float = catalogue.DEFAULT_INTERVAL_SECONDS,
+        stage: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         plan: "Plan" = pipeline.plan
@@ -137,7 +214,31 @@ class TrainingMonitoring(Construct):
         self.pipeline = pipeline
         self.fit = fitting.fit_alarms(plan, cadence_seconds)
         self.metrics = TrainingMetricFactory(plan.name, pipeline_name=pipeline.pipeline_name)
-        self.topic: sns.ITopic = topic or alarm_topic(self, "Topic", display_name=names.topic_display_name(plan.name))
+        self.stage = stage
+        stack = Stack.of(self)
+        recipe = plan.name
+        self.alarm_arns = [
+            stack.format_arn(
+                service="cloudwatch", resource="alarm", resource_name=names.alarm_name(recipe, name, stage),
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for name, alarm_fit in self.fit.alarms.items()
+            if alarm_fit.notifies
+        ]
+        rule_name = names.failed_rule_name(recipe, stage)
+        self.failed_rule_arn = stack.format_arn(service="events", resource="rule", resource_name=rule_name)
+        if topic is None:
+            topic = alarm_topic(
+                self, "Topic", display_name=names.topic_display_name(recipe), topic_name=names.topic_name(recipe, stage),
+                alarm_arns=self.alarm_arns, rule_arns=[self.failed_rule_arn],
+            )
+        elif isinstance(topic, sns.Topic) and Stack.of(topic) is stack:
+            key = topic.master_key
+            grant_alarm_notifications(
+                topic, alarm_arns=self.alarm_arns, rule_arns=[self.failed_rule_arn],
+                key=key if isinstance(key, kms.Key) and Stack.of(key) is stack else None,
+            )
+        self.topic: sns.ITopic = topic
         email = alarm_email or plan.recipe.monitoring.alarm_email
         if email:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
@@ -163,6 +264,7 @@ class TrainingMonitoring(Construct):
             alarm = cloudwatch.Alarm(
                 self,
                 name,
+                alarm_name=names.alarm_name(recipe, name, stage),
                 metric=watched[name],
                 threshold=alarm_fit.threshold,
                 comparison_operator=COMPARISON[alarm_fit.comparison],
@@ -182,6 +284,7 @@ class TrainingMonitoring(Construct):
         self.failed_rule = events.Rule(
             self,
             "FailedExecutions",
+            rule_name=rule_name,
             description=f"Failed executions of pipeline {pipeline.pipeline_name}",
             event_pattern=events.EventPattern(
                 source=["aws.sagemaker"],
@@ -191,9 +294,9 @@ class TrainingMonitoring(Construct):
             ),
         )
         self.failed_rule.add_target(
-            targets.SnsTopic(
+            _TopicTarget(
                 self.topic,
-                message=events.RuleTargetInput.from_text(
+                events.RuleTargetInput.from_text(
                     f"tiered-training {plan.name}: pipeline execution "
                     f"{events.EventField.from_path('$.detail.pipelineExecutionArn')} failed."
                 ),
@@ -226,7 +329,7 @@ class TrainingMonitoring(Construct):
                 title=title, left=left, right=right or [], left_annotations=annotations or [], width=12, height=6
             )
 
-        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=names.dashboard_name(plan.name))
+        dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=names.dashboard_name(plan.name, self.stage))
         dashboard.add_widgets(
             cloudwatch.TextWidget(markdown=text, width=24, height=2),
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24, height=3),

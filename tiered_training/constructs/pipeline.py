@@ -163,6 +163,7 @@ class TrainingPipeline(Resource):
             execution_role=execution_role,
             pipeline_role=pipeline_role,
             mlflow_tracking_server_arn=recipe.tracking.mlflow_tracking_server_arn,
+            training_plan_arn=recipe.compute.training_plan_arn,
         )
         self.execution_role: iam.IRole = self.roles.execution_role
         self.pipeline_role: iam.IRole = self.roles.pipeline_role

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aws_cdk import Annotations, Stack, Tags
+from aws_cdk import Annotations, ArnFormat, Stack, Tags
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -22,7 +22,8 @@ from .pipeline import TrainingPipeline
 if TYPE_CHECKING:
     from ..plan import Plan
 
-from ..names import STACK_PREFIX, stack_name
+from .. import names
+from ..names import stack_name
 
 
 class TrainingPlatform(Construct):
@@ -35,7 +36,11 @@ class TrainingPlatform(Construct):
       settings of a new bucket; default a new bucket and key).
     - ``image``: a TrainingImage; default the packaged container, or the image at
       ``image_uri`` when given. ``region`` picks the packaged build's base image.
-    - ``topic``: the shared alarm topic (an ``ITopic``); default a new encrypted topic.
+    - ``topic``: the shared alarm topic (an ``ITopic``); default a new encrypted topic, named
+      ``<prefix>platform_alarms``, that this account's alarms and EventBridge rules named
+      ``<prefix>*`` may publish to (``<prefix>``: ``tiered_training.names.name_prefix``).
+      A topic of your own must allow what :class:`TrainingMonitoring` describes.
+    - ``stage``: prefixes the topic's name and the names it admits; default none.
     - ``alarm_email``: subscribed to the shared topic; default none.
     - ``alarm_subscriptions``: more subscriptions to the shared topic (``sns.ITopicSubscription``);
       default none. Without any (and without a ``topic`` passed in), recipes that name no
@@ -55,11 +60,27 @@ class TrainingPlatform(Construct):
         topic: sns.ITopic | None = None,
         alarm_email: str | None = None,
         alarm_subscriptions: list[sns.ITopicSubscription] | None = None,
+        stage: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.stage = stage
         self.store = store or CheckpointStore.from_props(self, "Store", store_props)
         self.image = image or TrainingImage(self, "Image", image_uri=image_uri, region=region)
-        self.topic: sns.ITopic = topic or alarm_topic(self, "AlarmTopic", display_name="tiered-training platform")
+        given_topic = topic is not None
+        if topic is None:
+            stack, prefix = Stack.of(self), names.name_prefix(stage)
+            # The recipes' alarms and rules live in their own stacks: admit them by name prefix.
+            topic = alarm_topic(
+                self,
+                "AlarmTopic",
+                display_name="tiered-training platform",
+                topic_name=names.platform_topic_name(stage),
+                alarm_arns=[stack.format_arn(
+                    service="cloudwatch", resource="alarm", resource_name=f"{prefix}*", arn_format=ArnFormat.COLON_RESOURCE_NAME
+                )],
+                rule_arns=[stack.format_arn(service="events", resource="rule", resource_name=f"{prefix}*")],
+            )
+        self.topic: sns.ITopic = topic
         subscribers = list(alarm_subscriptions or [])
         if alarm_email:
             from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -68,7 +89,7 @@ class TrainingPlatform(Construct):
         for subscription in subscribers:
             self.topic.add_subscription(subscription)
         # A topic passed in is the caller's: assume someone listens to it.
-        self.alarms_reach_someone = topic is not None or bool(subscribers)
+        self.alarms_reach_someone = given_topic or bool(subscribers)
 
 
 @dataclass(frozen=True)
@@ -79,18 +100,25 @@ class PlatformProps:
     - ``region``: picks the packaged build's base image; default the Dockerfile's.
     - ``alarm_email``: subscribed to the shared topic; default none.
     - ``store``: the new checkpoint store's settings; default :class:`CheckpointStoreProps`'s.
+    - ``stage``: prefixes the platform's names (``cdk synth -c stage=dev``); default none.
     """
 
     image_uri: str | None = None
     region: str | None = None
     alarm_email: str | None = None
     store: CheckpointStoreProps = field(default_factory=CheckpointStoreProps)
+    stage: str | None = None
 
 
 class PlatformStack(Stack):
-    """A stack that holds one TrainingPlatform (construct ID ``Platform``), made from ``props``."""
+    """A stack that holds one TrainingPlatform (construct ID ``Platform``), made from ``props``.
+
+    Termination protection is on by default: the stack holds the checkpoint store that every
+    recipe writes to (pass ``termination_protection=False`` to turn it off).
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: PlatformProps | None = None, **kwargs: Any):
+        kwargs.setdefault("termination_protection", True)
         super().__init__(scope, construct_id, **kwargs)
         props = props or PlatformProps()
         self.platform = TrainingPlatform(
@@ -100,6 +128,7 @@ class PlatformStack(Stack):
             image_uri=props.image_uri,
             region=props.region,
             alarm_email=props.alarm_email,
+            stage=props.stage,
         )
         Tags.of(self).add("tiered-training:component", "platform")
 
@@ -107,9 +136,11 @@ class PlatformStack(Stack):
 class RecipeStack(Stack):
     """One recipe: its pipeline (with roles) and monitoring, on a shared platform.
 
-    Alarms go to the recipe's ``monitoring.alarm_topic_arn`` when it names one; else to
+    Alarms go to the recipe's ``monitoring.alarm_topic_arn`` when it names one (its policy is
+    the owner's to set: see :class:`TrainingMonitoring` and docs/monitoring.md); else to
     a topic of the recipe's own when it names an ``alarm_email`` (so that the address
-    gets only this recipe's alarms); else to the platform's topic.
+    gets only this recipe's alarms); else to the platform's topic. The platform's stage
+    prefixes the pipeline's name and the monitoring's names.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, plan: "Plan", platform: TrainingPlatform, **kwargs: Any):
@@ -117,7 +148,11 @@ class RecipeStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         plan.require_ok()
         self.plan = plan
-        self.pipeline = TrainingPipeline(self, "Pipeline", plan=plan, store=platform.store, image=platform.image)
+        stage = platform.stage
+        self.pipeline = TrainingPipeline(
+            self, "Pipeline", plan=plan, store=platform.store, image=platform.image,
+            pipeline_name=names.pipeline_name(plan.name, stage),
+        )
         mon = plan.recipe.monitoring
         topic: sns.ITopic | None
         if mon.alarm_topic_arn:
@@ -126,7 +161,7 @@ class RecipeStack(Stack):
             topic = None  # TrainingMonitoring makes one and subscribes the address
         else:
             topic = platform.topic
-        self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic)
+        self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic, stage=stage)
         from ..alarms import routing_findings
 
         for finding in routing_findings(plan, platform.alarms_reach_someone):
@@ -141,5 +176,5 @@ class RecipeStack(Stack):
         Tags.of(self).add("tiered-training:recipe", plan.name)
 
 
-def stack_id(recipe_name: str) -> str:
-    return stack_name(recipe_name)
+def stack_id(recipe_name: str, stage: str | None = None) -> str:
+    return stack_name(recipe_name, stage)

@@ -3,9 +3,10 @@
 Execution role (the training jobs assume it):
   - read the recipe's data prefixes (``data.allowed_uris``, default ``[data.uri]``: what
     the ``DataUri`` pipeline parameter may name) and its init checkpoint;
-  - decrypt with the data's KMS key, when there is one (``data.kms_key_arn``);
-  - read and write this recipe's checkpoint and output prefixes only, and use the store's
-    key to read, write and encrypt the job's output;
+  - decrypt with the data's KMS key, when there is one (``data.kms_key_arn``), through S3 only;
+  - read and write this recipe's checkpoint and output prefixes only (delete under
+    checkpoints only), and use the store's key through S3 and SageMaker to read, write and
+    encrypt the job's output;
   - pull the training image;
   - write to the training-job log group and SageMaker's training metric namespace;
   - log to the recipe's SageMaker MLflow tracking server, when it names one;
@@ -14,6 +15,10 @@ Execution role (the training jobs assume it):
 Pipeline role (the SageMaker pipeline assumes it):
   - create, describe and stop training jobs named ``pipelines-*`` (the names a
     pipeline generates), and tag them at creation;
+  - with a training plan (``compute.training_plan_arn``), create them on that plan and its
+    reserved capacity (``training-plan`` and ``reserved-capacity`` are resource types of
+    CreateTrainingJob in the Service Authorization Reference:
+    https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonsagemaker.html);
   - pass the execution role, to SageMaker only.
 
 Both are ``iam.Role`` with grants. Either may be given as an ``IRole`` of your own; the
@@ -26,13 +31,13 @@ import re
 from functools import cache
 from typing import Sequence
 
-from aws_cdk import ArnFormat, Aws, Stack
+from aws_cdk import ArnFormat, Aws, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import CheckpointStore, via_services
 from .image import TrainingImage
 from .nag import LateAcknowledgements
 
@@ -76,6 +81,14 @@ MLFLOW_TRACKING_ACTIONS = [
     "sagemaker-mlflow:SetTag",
     "sagemaker-mlflow:GetMetricHistory",
 ]
+
+
+def reserved_capacity_arns(training_plan_arn: str) -> str:
+    """The reserved capacities of a training plan's account and region (their IDs are SageMaker's)."""
+    if Token.is_unresolved(training_plan_arn) or ":training-plan/" not in training_plan_arn:
+        return f"arn:{Aws.PARTITION}:sagemaker:{Aws.REGION}:{Aws.ACCOUNT_ID}:reserved-capacity/*"
+    head = training_plan_arn.split(":training-plan/", 1)[0]
+    return f"{head}:reserved-capacity/*"
 
 
 def grant_mlflow_tracking(grantee: iam.IGrantable, server_arn: str) -> iam.Grant:
@@ -167,6 +180,7 @@ class TrainingRoles(Construct):
     - ``data_uris``: S3 prefixes the jobs may read (the recipe's data prefixes and init checkpoint).
     - ``data_key``: the KMS key that encrypts the data (decrypt access); default none.
     - ``mlflow_tracking_server_arn``: a SageMaker MLflow tracking server the jobs log to; default none.
+    - ``training_plan_arn``: a SageMaker training plan the jobs run on; default none.
     - ``vpc``, ``subnets``, ``security_groups``: the network the jobs run in; default none.
     - ``execution_role``: default a new role that SageMaker may assume from this account.
     - ``pipeline_role``: default a new role that SageMaker may assume from this account.
@@ -183,6 +197,7 @@ class TrainingRoles(Construct):
         data_uris: Sequence[str],
         data_key: kms.IKey | None = None,
         mlflow_tracking_server_arn: str | None = None,
+        training_plan_arn: str | None = None,
         vpc: ec2.IVpc | None = None,
         subnets: Sequence[ec2.ISubnet] = (),
         security_groups: Sequence[ec2.ISecurityGroup] = (),
@@ -207,7 +222,10 @@ class TrainingRoles(Construct):
             grant_read_prefix(execution, uri)
             late.add(execution, prefix_arns(uri)[0][0], f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer")
         if data_key is not None:
-            data_key.grant_decrypt(execution)
+            iam.Grant.add_to_principal(
+                grantee=execution, actions=["kms:Decrypt"], resource_arns=[data_key.key_arn],
+                conditions=via_services("s3", key_arn=data_key.key_arn),
+            )
         store.grant_recipe_read_write(execution, recipe_name)
         for arn in store.recipe_object_arns(recipe_name):
             late.add(execution, arn, "Objects under this recipe's own checkpoint or output prefix, named by the trainer")
@@ -250,8 +268,20 @@ class TrainingRoles(Construct):
         jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="pipelines-*")
         iam.Grant.add_to_principal(grantee=pipeline, actions=TRAINING_JOB_ACTIONS, resource_arns=[jobs])
         late.add(pipeline, jobs, "A pipeline names its training jobs pipelines-<execution>-<step>-<suffix> at run time")
+        if training_plan_arn:
+            self.grant_training_plan(pipeline, training_plan_arn)
+            late.add(pipeline, reserved_capacity_arns(training_plan_arn), "SageMaker names a training plan's reserved capacities")
         self.grant_pass_execution_role(pipeline)
         self.node.add_validation(late)
+
+    @staticmethod
+    def grant_training_plan(grantee: iam.IGrantable, training_plan_arn: str) -> iam.Grant:
+        """Create training jobs on one training plan and its reserved capacity."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["sagemaker:CreateTrainingJob"],
+            resource_arns=[training_plan_arn, reserved_capacity_arns(training_plan_arn)],
+        )
 
     def grant_pass_execution_role(self, grantee: iam.IGrantable) -> iam.Grant:
         """Pass the execution role, to SageMaker only (``iam:PassedToService``)."""
