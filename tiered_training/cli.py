@@ -442,7 +442,7 @@ def rehearse(
     param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
     interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP"),
     workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here"),
-    restart_with: list[str] = typer.Option([], "--restart-with", help="then start a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
+    restart_with: list[str] = typer.Option([], "--restart-with", help="then resume the same run in a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
     from .errors import PlanError

@@ -27,6 +27,7 @@ from .runconfig import (
     PrecisionConfig,
     ProbeConfig,
     RunConfig,
+    RunSection,
     TENSORBOARD_DIR,
     TrackingConfig,
     ValidationConfig,
@@ -305,6 +306,7 @@ class Plan(_Result):
                 tensorboard_dir=TENSORBOARD_DIR if recipe.tracking.tensorboard else None,
             ),
             validation=self.validation_config(),
+            run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
         )
 
     def validation_config(self) -> ValidationConfig:

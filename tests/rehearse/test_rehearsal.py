@@ -133,7 +133,7 @@ def test_s3_holds_at_most_keep_last_plus_one_checkpoints(rehearsal):
 def test_a_restart_on_a_host_count_that_breaks_the_shard_groups_is_refused_before_any_compute(rehearsal):
     result, log, _ = rehearsal
     assert result.then is not None and result.then.status == "Failed" and not result.ok
-    (attempt,) = result.then.jobs["TrainWithoutProbe"]
+    (attempt,) = result.then.jobs["Resume"]
     reason = attempt.detail["failure_files"]["algo-1"]
     assert reason.startswith("launcher: ") and "cannot resume the checkpoint of a run on 4 GPUs on 2 GPUs" in reason
     assert "hybrid sharding needs a multiple of the shard group of 4 GPUs" in reason

@@ -83,6 +83,7 @@ class TraceEvent:
 
 @dataclass
 class Execution:
+    execution_id: str = ""  # Execution.PipelineExecutionId
     status: str = "Executing"  # then "Succeeded" or "Failed"
     failure: str = ""
     failed_step: str | None = None
@@ -131,6 +132,7 @@ class Interpreter:
 
             execution_id = uuid.uuid4().hex[:12]
         self.execution_id = execution_id  # what SageMaker's PipelineExecutionId looks like: 12 lower-case alphanumerics
+        self.execution.execution_id = execution_id
         self.pipeline_name = str((definition.get("Metadata") or {}).get("Recipe", "pipeline"))
         self._succeeded: set[str] = set()
 
@@ -302,7 +304,7 @@ class Interpreter:
     def _training_job(self, step: str, args: dict[str, Any]) -> tuple[str | None, str]:
         """One training job, with its own restarts; (None, "") when it completed, else (exception type, reason)."""
         self._job_counter += 1
-        job_name = f"pipelines-{self._job_counter:04d}-{step}"[:63]
+        job_name = f"pipelines-{self.execution_id}-{self._job_counter:02d}-{step}"[:63]
         resources = args.get("ResourceConfig", {})
         warm_from = self._take_warm_pool(step, args)
         retries_left = int((args.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0))
