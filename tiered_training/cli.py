@@ -398,13 +398,15 @@ def start(
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
     instance_count: Optional[int] = typer.Option(None, help="override the number of instances"),
     data_uri: Optional[str] = typer.Option(None, help="override the data's S3 URI (one of the recipe's data.allowed_uris)"),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN",
+                                         help="resume this run (its id, from `status`) instead of starting a new one"),
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
     profile: Optional[str] = _PROFILE,
     poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
 ) -> None:
-    """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
+    """Start the recipe's SageMaker pipeline (a new run, or --resume RUN), print the execution ARN and follow it."""
     from . import runs
     from .render import print_json
     from .start import StartError, start as start_pipeline
@@ -417,6 +419,7 @@ def start(
             max_steps=max_steps,
             data_uri=data_uri,
             skip_probe=skip_probe,
+            resume=resume,
             follow=follow,
             region=region,
             endpoint_url=endpoint_url,
