@@ -476,21 +476,30 @@ def status(
     profile: Optional[str] = _PROFILE,
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
 ) -> None:
-    """The status of the recipe's latest execution (or --execution), its steps and its training progress."""
+    """The status of the recipe's latest execution (or --execution), its steps, its training progress, and the
+    recipe's runs with their last checkpoints."""
     from . import runs
     from .render import print_json, print_lines
     from .start import StartError
 
+    from .run_list import list_runs, runs_uri
+
     plan = _run_recipe(recipe)
     try:
-        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch")
+        sm, cw, s3 = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", "s3")
         arn = execution or runs.latest_execution(sm, plan.name)
         snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
     except StartError as exc:
         raise _start_error(exc)
     result = snap.result()
+    try:  # the recipe's runs: a store the caller may not read is a line, not a failure
+        uri = runs_uri(sm, plan.name)
+        listed, runs_problem = list_runs(s3, uri), None
+    except StartError as exc:
+        uri, listed, runs_problem = None, None, str(exc)
     if format is TextFormat.json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "runs_uri": uri, "runs": [r.to_dict() for r in listed] if listed is not None else None,
+                    "runs_error": runs_problem})
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
     for step in snap.steps or []:
@@ -501,6 +510,11 @@ def status(
         lines.append("  (the endpoint could not list the steps)")
     if snap.progress is not None:
         lines.append(f"training: {snap.progress.describe()}")
+    if listed is not None:
+        lines.append(f"runs ({uri}; resume one with `start --resume RUN`):" if listed else f"runs: none yet under {uri}")
+        lines += [f"  {run.describe()}" for run in listed]
+    else:
+        lines.append(f"runs: cannot list them: {runs_problem}")
     print_lines(_out(), lines)
 
 
