@@ -37,8 +37,12 @@ def planned_world(cfg: RunConfig) -> int:
 
 
 def _accumulations(cfg: RunConfig) -> set[int]:
+    """Every accumulation the run uses: the ramp's and the full one."""
     batch = cfg.batch
-    return {batch.accum_steps_at(step) for step in range(max(batch.ramp_steps, 0) + 1)}
+    start, full, ramp = batch.ramp_start_accum_steps, batch.grad_accum_steps, max(batch.ramp_steps, 0)
+    if start and ramp >= abs(full - start):  # the linear ramp moves by at most 1 a step: it takes every value between
+        return set(range(min(start, full), max(start, full) + 1))
+    return {batch.accum_steps_at(step) for step in range(ramp + 1)}
 
 
 def _fits(cfg: RunConfig, world: int, planned: int) -> str | None:
