@@ -1,13 +1,13 @@
 """A run's life across executions, in one rehearsal (one moto server, one store, five executions) of the
 llama3-1b-bf16 template, on 2 simulated hosts:
 
-1. a run trained to its end (6 steps);
+1. a run trained to its end (4 steps);
 2. the pipeline redeployed with the account's runtime limit lowered so that the plan needs 2 segments, then started
    again: a new run, from step 0, in 2 Training jobs, equal bit for bit to the first;
 3. a new DataUri: a new run, from step 0, on the other data;
 4. the first run resumed by name with that other DataUri: refused before any compute, naming the data;
 5. the first run resumed by name after a stale copy of its step 2 was put under a higher name (step-99): it resumes
-   from its newest checkpoint (step 6), not from the copy.
+   from its newest checkpoint (step 4), not from the copy.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tiered_training.rehearse.run import Options, Then, rehearse  # noqa: E402
 pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 6
+STEPS = 4
 INTERVAL = 2  # a checkpoint every 2 steps
 SEGMENT_QUOTA = 100_000  # seconds: the 1B plan's 32 h then takes 2 jobs
 OTHER_DATA = "s3://example-training-data/other-tokens/"
@@ -100,7 +100,7 @@ def test_every_new_execution_is_a_new_run_under_its_own_prefix(runs):
     assert len(set(ids)) == 5
     for execution in (first, segmented, other_data):
         attempts = result.train_attempts(execution)
-        assert attempts[0].detail["resumed_from"] is None  # from step 0, not "resumed at step 6"
+        assert attempts[0].detail["resumed_from"] is None  # from step 0, not "resumed at step 4"
         assert min(result.losses(execution=execution)) == 1
         assert {a.detail["checkpoint_uri"] for a in attempts} == {result.run_prefix(execution.execution_id)}
         assert any(a.detail["uploads"] for a in attempts)
@@ -110,15 +110,16 @@ def test_every_new_execution_is_a_new_run_under_its_own_prefix(runs):
 
 
 def test_a_segmented_run_equals_an_unsegmented_one_bit_for_bit(runs):
-    """The redeployed pipeline chains Train-WithoutProbe segments; segment 1 trains to step 3 and saves, segment 2
+    """The redeployed pipeline chains TrainWithoutProbe segments; segment 1 trains half the steps and saves, segment 2
     resumes from it on the warm pool, and the losses and exported weights equal the one-job run's exactly."""
     result, log = runs
     first, segmented = result.executions[:2]
     assert list(first.jobs) == ["TrainWithoutProbe"]
     assert list(segmented.jobs) == ["TrainWithoutProbe", "TrainWithoutProbe-2"]
     one, two = segmented.jobs["TrainWithoutProbe"][-1], segmented.jobs["TrainWithoutProbe-2"][-1]
-    assert sorted(one.detail["losses"]) == [1, 2, 3] and two.detail["resumed_from"] == 3
-    assert sorted(two.detail["losses"]) == [4, 5, 6]
+    half = STEPS // 2
+    assert sorted(one.detail["losses"]) == list(range(1, half + 1)) and two.detail["resumed_from"] == half
+    assert sorted(two.detail["losses"]) == list(range(half + 1, STEPS + 1))
     assert any("reuses the warm pool of TrainWithoutProbe" in e.text for e in segmented.trace if e.kind == "warm-pool")
     assert result.losses(execution=segmented) == result.losses(execution=first)
     assert any(len(repr(v)) > 8 for v in result.losses(execution=first).values())  # every digit, not the log line's 4
