@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -349,3 +350,23 @@ def test_status_lists_the_recipes_runs_and_their_last_checkpoints(endpoint, reci
     ]
     data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json").stdout)
     assert data["runs_uri"] == "s3://tt-store/c/runs/" and [r["run_id"] for r in data["runs"]] == ["bbb222", "aaa111", "ccc333"]
+
+
+def test_start_resume_checks_the_run_in_the_store_before_starting(endpoint, recipe):
+    """A run that is not in the store, or other data than the run's, is refused before StartPipelineExecution."""
+    s3 = client("s3", endpoint)
+    sm = client("sagemaker", endpoint)
+    try:
+        s3.create_bucket(Bucket="tt-store")
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    manifest = {"step": 5, "committed_at": 1.0, "files": {}, "run": {"run_id": "keep5", "data_uri": "s3://bucket-for-tests/tokens/"}}
+    s3.put_object(Bucket="tt-store", Key="c/runs/keep5/step-5/COMMITTED", Body=json.dumps(manifest).encode())
+    before = len(executions(endpoint, "follow-me"))
+    for run, data, words in (("gone9", None, "has no committed checkpoint in the store (runs that can be resumed: "),
+                             ("keep5", "s3://other-data/set/", "the run trains on s3://bucket-for-tests/tokens/")):
+        with pytest.raises(ParameterError, match=re.escape(words)):
+            start(recipe, client=sm, s3=s3, resume=run, data_uri=data, follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before
+    result = start(recipe, client=sm, s3=s3, resume="keep5", follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before + 1 and result.arn

@@ -224,6 +224,7 @@ def start(
     profile: str | None = None,
     client: Any = None,
     cloudwatch: Any = None,
+    s3: Any = None,
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     reporter: Any = None,
@@ -248,6 +249,9 @@ def start(
             instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe, resume=resume
         ),
     }
+    if resume is not None and (s3 is not None or client is None):
+        check_resumable(sm, s3 if s3 is not None else aws_client("s3", region=region, endpoint_url=endpoint_url,
+                                                                   profile=profile), name, resume, data_uri)
     if display_name:
         request["PipelineExecutionDisplayName"] = display_name
     with aws_errors(f"start pipeline {name}"):
@@ -263,6 +267,26 @@ def start(
         sm, arn, target=target, cloudwatch=cloudwatch, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
         reporter=reporter or runs.reporter_for(out), sleep=sleep,
     )
+
+
+def check_resumable(sm: Any, s3: Any, pipeline_name: str, run_id: str, data_uri: str | None) -> None:
+    """Refuse, before the execution starts (and instances are paid for), a resume of a run that has no committed
+    checkpoint in the store, or with other data than the run's. A store this caller cannot read is left to the
+    launcher, which checks the same before compute."""
+    from .run_list import list_runs, runs_uri
+
+    try:
+        listed = {run.run_id: run for run in list_runs(s3, runs_uri(sm, pipeline_name))}
+    except StartError:
+        return
+    run = listed.get(run_id)
+    if run is None or run.last_step is None:
+        known = ", ".join(sorted(r for r, v in listed.items() if v.last_step is not None)) or "none"
+        raise ParameterError(f"--resume {run_id}: the run has no committed checkpoint in the store "
+                             f"(runs that can be resumed: {known}; `tiered-training status` lists them)")
+    if data_uri is not None and run.data_uri and data_uri != run.data_uri:
+        raise ParameterError(f"--resume {run_id} --data-uri {data_uri}: the run trains on {run.data_uri}; resume it "
+                             "without --data-uri, or start a new run on the other data")
 
 
 def follow_execution(
