@@ -7,7 +7,11 @@ llama3-1b-bf16 template, on 2 simulated hosts:
 3. a new DataUri: a new run, from step 0, on the other data;
 4. the first run resumed by name with that other DataUri: refused before any compute, naming the data;
 5. the first run resumed by name after a stale copy of its step 2 was put under a higher name (step-99): it resumes
-   from its newest checkpoint (step 4), not from the copy.
+   from its newest checkpoint (step 4), not from the copy. That case needs manifest-identified checkpoints
+   (training/checkpoint.py on branch i18-lineage); until they are merged it is marked xfail(strict=True), so the
+   marker must go when they are.
+
+About 4 to 5 minutes on 2 busy CPUs (2 minutes of CPU): eight training jobs of 2 hosts each.
 """
 
 from __future__ import annotations
