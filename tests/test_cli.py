@@ -142,3 +142,13 @@ def test_plan_chart_writes_a_png(tmp_path):
     result = run("plan", "--chart", out, RECIPES[0])
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diff_shows_the_segments_when_the_accounts_runtime_limit_changes(tmp_path):
+    """The same recipe with the account's raised runtime quota: fewer, longer training jobs, and the diff says so."""
+    text = (ROOT / "recipes/qwen2.5-32b-hybrid.yaml").read_text()
+    raised = tmp_path / "raised.yaml"
+    raised.write_text(text.replace("  instance_count: 4\n", "  instance_count: 4\n  quotas:\n    training-job-max-runtime: 1209600\n"))
+    data = json.loads(run("diff", "--format", "json", "recipes/qwen2.5-32b-hybrid.yaml", raised).stdout)
+    changed = {c["field"]: (c["old"], c["new"]) for c in data["changed"]}
+    assert changed["compute.segments"] == (3, 1) and changed["compute.max_runtime_hours"] == (120.0, 336.0)

@@ -37,10 +37,11 @@ def test_every_template_recipe_is_valid_and_small(definitions):
 def test_step_and_parameter_names(definitions):
     _plan, definition = next(iter(definitions.values()))
     names = [s["Name"] for s in d.iter_steps(definition["Steps"])]
-    assert names == ["ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason", "FailThroughput", "FailMemory"]
+    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason",
+                     "FailThroughput", "FailMemory", "Resume"]
     for name in names:
         assert re.fullmatch(d.STEP_NAME_PATTERN, name)
-    assert [p["Name"] for p in definition["Parameters"]] == ["InstanceCount", "MaxSteps", "DataUri", "SkipProbe"]
+    assert [p["Name"] for p in definition["Parameters"]] == ["InstanceCount", "MaxSteps", "DataUri", "SkipProbe", "RunId"]
 
 
 def test_probe_uses_the_container_contract_and_metric_catalogue(definitions):
@@ -60,7 +61,8 @@ def test_probe_uses_the_container_contract_and_metric_catalogue(definitions):
     assert train["Environment"][MODE_VARIABLE] == "train"
     assert train["Environment"]["FI_PROVIDER"] == "efa"
     assert "NCCL_SOCKET_IFNAME" not in train["Environment"]  # the launcher derives it per host
-    assert train["CheckpointConfig"] == {"S3Uri": "s3://store/r/checkpoints/", "LocalPath": "/opt/ml/checkpoints"}
+    assert train["CheckpointConfig"] == {"LocalPath": "/opt/ml/checkpoints", "S3Uri": {"Std:Join": {"On": "", "Values": [
+        "s3://store/r/checkpoints/runs/", {"Get": "Execution.PipelineExecutionId"}, "/"]}}}
     assert train["RetryStrategy"]["MaximumRetryAttempts"] >= 1
     step = d.find_step(definition, d.S_TRAIN)
     assert any("SageMaker.CAPACITY_ERROR" in p["ExceptionType"] for p in step["RetryPolicies"])
@@ -77,9 +79,10 @@ def test_hyperparameters_are_the_run_config(definitions):
     hp = copy.deepcopy(d.find_step(definition, d.S_TRAIN)["Arguments"]["HyperParameters"])
     assert hp["batch.total_steps"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.MaxSteps"}]}}
     hp["batch.total_steps"] = "123"  # what SageMaker substitutes
+    hp["run.id"], hp["run.data_uri"] = '"abc123"', '"s3://data/x/"'
     config = RunConfig.from_hyperparameters(hp)
     assert config.batch.total_steps == 123
-    assert config.model_dump(exclude={"batch"}) == plan.run_config().model_dump(exclude={"batch"})
+    assert config.model_dump(exclude={"batch", "run"}) == plan.run_config().model_dump(exclude={"batch", "run"})
 
 
 def test_gate_thresholds_and_fail_messages(definitions):
@@ -105,6 +108,9 @@ def test_spot_and_training_plan(tmp_path):
     assert train["EnableManagedSpotTraining"] is True
     assert train["StoppingCondition"] == {"MaxRuntimeInSeconds": 36000, "MaxWaitTimeInSeconds": 72000}
     assert train["ResourceConfig"]["TrainingPlanArn"].endswith("training-plan/x")
+    # The probe waits for spot capacity one hour at most beyond its runtime, not the run's wait.
+    probe = d.find_step(definition, d.S_PROBE)["Arguments"]
+    assert probe["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 7200 + 3600}
     assert d.validate_definition(definition) == []
 
 
@@ -152,3 +158,62 @@ def test_import_is_light():
     code = "import sys, tiered_training.definition, tiered_training.start; print('aws_cdk' in sys.modules, 'boto3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
     assert out == "False False"
+
+
+def test_a_new_execution_is_a_new_run_and_runid_resumes_a_named_one(definitions):
+    """RunId 'new' (the default): the run is named after the execution, under runs/<execution id>/; any other
+    RunId resumes that run from its own prefix, with no probe, and the launcher knows it is a resume."""
+    _plan, definition = definitions["llama3-1b-bf16"]
+    (runid,) = [p for p in definition["Parameters"] if p["Name"] == d.P_RUN_ID]
+    assert runid == {"Name": "RunId", "Type": "String", "DefaultValue": "new"}
+    root = definition["Steps"][0]
+    assert root["Arguments"]["Conditions"] == [{"Type": "Equals", "LeftValue": {"Get": "Parameters.RunId"}, "RightValue": "new"}]
+    for name, run_id, resume in (("Train", d.EXECUTION_ID, "false"), ("TrainWithoutProbe", d.EXECUTION_ID, "false"),
+                                 ("Resume", {"Get": "Parameters.RunId"}, "true")):
+        args = d.find_step(definition, name)["Arguments"]
+        assert args["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"] == ["s3://store/r/checkpoints/runs/", run_id, "/"]
+        assert args["HyperParameters"]["run.id"] == {"Std:Join": {"On": "", "Values": ['"', run_id, '"']}}
+        assert args["HyperParameters"]["run.resume"] == resume
+    assert [s["Name"] for s in root["Arguments"]["ElseSteps"]] == ["Resume"]
+
+
+def test_a_run_longer_than_a_job_is_a_chain_of_segments(definitions):
+    """qwen2.5-32b-hybrid plans about 222 h under AWS's default 5-day job limit: 3 segments in each chain, each after
+    the one before, each its share of the run, each handing its instances to the next (a warm pool)."""
+    plan, definition = definitions["qwen2.5-32b-hybrid"]
+    assert plan.segments == 3
+    for chain in d.TRAIN_CHAINS:
+        names = d.chain_steps(definition, chain)
+        assert names == [chain, f"{chain}-2", f"{chain}-3"]
+        steps = [d.find_step(definition, name) for name in names]
+        assert [s.get("DependsOn") for s in steps] == [None, [chain], [f"{chain}-2"]]
+        assert [s["Arguments"]["HyperParameters"]["run.segment"] for s in steps] == ["1", "2", "3"]
+        assert {s["Arguments"]["HyperParameters"]["run.segments"] for s in steps} == {"3"}
+        assert [s["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for s in steps] == [600, 600, None]
+        uris = {json.dumps(s["Arguments"]["CheckpointConfig"]["S3Uri"]) for s in steps}
+        assert len(uris) == 1  # one run, one prefix
+
+
+def test_no_training_step_asks_for_more_than_the_accounts_runtime_quota(definitions):
+    """AWS's default quota for the longest training-job run time is 5 days; a template asks for more only where
+    its recipe states the account's raised value (compute.quotas)."""
+    from tiered_training.catalogs import quotas
+
+    default = quotas()["training-job-max-runtime"].default
+    for name, (plan, definition) in definitions.items():
+        limit = plan.recipe.compute.quota("training-job-max-runtime")
+        for step in d.iter_steps(definition["Steps"]):
+            if step["Type"] == "Training":
+                runtime = step["Arguments"]["StoppingCondition"]["MaxRuntimeInSeconds"]
+                assert runtime <= limit, (name, step["Name"])
+                if "training-job-max-runtime" not in plan.recipe.compute.quotas:
+                    assert runtime <= default, (name, step["Name"])
+
+
+def test_depends_on_and_execution_variables_are_validated(definitions):
+    _plan, definition = definitions["qwen2.5-32b-hybrid"]
+    broken = copy.deepcopy(definition)
+    d.find_step(broken, "Train-2")["DependsOn"] = ["Trian"]
+    d.find_step(broken, "Train-3")["Arguments"]["CheckpointConfig"]["S3Uri"] = {"Get": "Execution.RunId"}
+    problems = "\n".join(d.validate_definition(broken))
+    assert "DependsOn names no step 'Trian'" in problems and "unknown execution variable 'RunId'" in problems

@@ -3,6 +3,8 @@ parameter counts, and the memory arithmetic against hand-computed values."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tiered_training import catalogs, memory
@@ -209,8 +211,53 @@ def test_error_spot_max_wait_shorter_than_runtime():
 
 
 def test_spot_without_max_wait_gets_one():
+    """Each spot job waits at most a day beyond its runtime, and says so."""
     plan = plan_of(**{"compute.spot": True, "compute.max_runtime_hours": 48})
-    assert plan.ok and plan.decision("compute.max_wait_hours").value == 96
+    assert plan.ok and plan.decision("compute.max_wait_hours").value == 72
+    assert plan.spot_wait_seconds == 72 * 3600 and "24 h" in plan.decision("compute.max_wait_hours").reason
+
+
+def test_a_job_may_not_ask_for_more_than_the_accounts_runtime_quota():
+    """AWS's default longest training-job run time is 5 days; more is an error unless compute.quotas says the
+    account's limit is higher (and the API's 28 days cap even that)."""
+    too_long = plan_of(**{"compute.max_runtime_hours": 240})
+    (error,) = [f for f in too_long.errors if f.code == "runtime-above-quota"]
+    assert "120 h" in error.message and "compute.quotas.training-job-max-runtime" in error.fix
+    raised = plan_of(**{"compute.max_runtime_hours": 240, "compute.quotas": {"training-job-max-runtime": 864000}})
+    assert raised.ok and raised.job_runtime_seconds == 240 * 3600
+    default = plan_of()
+    assert default.job_runtime_seconds == 432000 and default.decision("compute.max_runtime_hours").value == 120
+
+
+def test_a_run_longer_than_one_job_is_planned_as_segments():
+    """The issue's case: a 32B recipe on 2 nodes with a 400B-token budget needs about 1,184 h. It now plans the
+    segments it needs under the 5-day default, and `explain` and the diff show the count (a decision)."""
+    from tiered_training.report import explain_lines
+
+    plan = plan_of(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 2, "budget.total_tokens": 400 * 10**9,
+                      "budget.global_batch_tokens": 4_194_304})
+    assert plan.ok, [f.message for f in plan.errors]
+    hours = plan.estimates.wall_time_hours
+    decision = plan.decision("compute.segments")
+    from tiered_training.segments import reserve_seconds
+
+    per_job = (plan.job_runtime_seconds - reserve_seconds(plan.recipe)) * plan.recipe.probe.min_throughput_fraction / 3600
+    assert plan.segments == decision.value == math.ceil(hours / per_job) and plan.segments >= 10
+    assert f"{hours:,.1f} h" in decision.reason and "retries" in decision.reason
+    assert any("compute.segments" in line and str(plan.segments) in line for line in explain_lines(plan))
+    # Beyond MAX_SEGMENTS the pipeline would be dozens of steps: an error with the fixes.
+    huge = plan_of(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 2, "budget.total_tokens": 4 * 10**12,
+                      "budget.global_batch_tokens": 4_194_304})
+    assert "too-many-segments" in codes(huge, "error")
+
+
+def test_the_plan_states_the_instance_counts_it_supports():
+    """Counts that keep the global batch whole; with full sharding none below the plan (bigger shards)."""
+    plan = plan_of(**{"compute.instance_count": 2})
+    counts = plan.decision("compute.instance_counts").value
+    assert counts == list(plan.instance_counts) and 2 in counts and 3 not in counts
+    if plan.sharding == "full":
+        assert 1 not in counts
 
 
 def test_error_sequence_longer_than_model_supports():

@@ -47,3 +47,32 @@ def test_unknown_hyperparameter_is_rejected():
     hyperparameters["batch.bogus"] = json.dumps(1)
     with pytest.raises(ValueError):
         RunConfig.from_hyperparameters(hyperparameters)
+
+
+def test_segments_split_the_steps_evenly_and_the_last_ends_the_run():
+    from tiered_training.runconfig import RunSection
+
+    ends = [RunSection(segment=k, segments=3).end_step(7) for k in (1, 2, 3)]
+    assert ends == [3, 5, 7]
+    assert RunSection().end_step(7) == 7
+    with pytest.raises(ValueError, match="beyond run.segments"):
+        RunSection(segment=4, segments=3)
+
+
+def test_the_identity_ignores_what_a_resume_may_change():
+    """The step count (MaxSteps), the micro-batch and accumulation (they follow the world) and the run's own fields
+    leave the plan hash alone; the model, the global batch and the data seed do not."""
+    cfg = plan_file(RECIPES[0]).run_config()
+    same = cfg.model_copy(update={
+        "batch": cfg.batch.model_copy(update={"total_steps": 5, "grad_accum_steps": cfg.batch.grad_accum_steps * 2}),
+        "run": cfg.run.model_copy(update={"id": "x", "segment": 1, "segments": 2}),
+    })
+    assert same.plan_hash() == cfg.plan_hash()
+    for part, changed in (
+        ("model", cfg.model_copy(update={"model": cfg.model.model_copy(update={"layers": 3})})),
+        ("batch", cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"global_batch_tokens": 1024})})),
+        ("data", cfg.model_copy(update={"data": cfg.data.model_copy(update={"seed": 99})})),
+    ):
+        parts = changed.identity_parts()
+        assert parts[part] != cfg.identity_parts()[part] and changed.plan_hash() != cfg.plan_hash()
+        assert {k: v for k, v in parts.items() if k != part} == {k: v for k, v in cfg.identity_parts().items() if k != part}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -80,7 +81,7 @@ def client(service: str, endpoint: str, region: str = REGION):
 def deploy(plan, endpoint: str, region: str = REGION) -> None:
     resources = d.PipelineResources(
         role_arn=f"arn:aws:iam::{ACCOUNT}:role/exec", image_uri=f"{ACCOUNT}.dkr.ecr.{region}.amazonaws.com/t:1",
-        checkpoint_s3_uri="s3://b/c/", output_s3_uri="s3://b/o/",
+        checkpoint_s3_uri="s3://tt-store/c/", output_s3_uri="s3://tt-store/o/",
     )
     client("sagemaker", endpoint, region).create_pipeline(
         PipelineName=plan.name, PipelineDefinition=d.to_json(d.build_definition(plan, resources)),
@@ -319,3 +320,53 @@ def test_cli_follow_json_reports_the_end_state(endpoint, recipe):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "Succeeded" and data["execution_arn"].startswith("arn:aws:sagemaker:")
+
+
+def test_status_lists_the_recipes_runs_and_their_last_checkpoints(endpoint, recipe):
+    """Two runs in the store (one with a stale copy under a higher name, which its manifest step unmasks) and one
+    without a committed checkpoint: listed with the last checkpoint by manifest step, newest commit first."""
+    s3 = client("s3", endpoint)
+    s3.create_bucket(Bucket="tt-store")
+
+    def commit(run: str, directory: str, step: int, at: float) -> None:
+        manifest = {"step": step, "committed_at": at, "world_size": 8, "files": {},
+                    "run": {"run_id": run, "data_uri": "s3://bucket-for-tests/tokens/", "tokens_seen": step * 1000}}
+        s3.put_object(Bucket="tt-store", Key=f"c/runs/{run}/{directory}/COMMITTED", Body=json.dumps(manifest).encode())
+
+    commit("aaa111", "step-4", 4, 100.0)
+    commit("aaa111", "step-6", 6, 200.0)
+    commit("aaa111", "step-99", 2, 50.0)  # a stale copy of step 2 under a higher name
+    commit("bbb222", "step-3", 3, 300.0)
+    s3.put_object(Bucket="tt-store", Key="c/runs/ccc333/step-2/__0_0.distcp", Body=b"x")  # a save that never committed
+    started(endpoint, recipe)
+    result = invoke("status", recipe, "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = lines.index("runs (s3://tt-store/c/runs/; resume one with `start --resume RUN`):")
+    assert lines[at + 1:at + 4] == [
+        "  bbb222: last checkpoint step 3, 3,000 tokens, data s3://bucket-for-tests/tokens/ (1 kept)",
+        "  aaa111: last checkpoint step 6, 6,000 tokens, data s3://bucket-for-tests/tokens/ (3 kept)",
+        "  ccc333: no committed checkpoint",
+    ]
+    data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json").stdout)
+    assert data["runs_uri"] == "s3://tt-store/c/runs/" and [r["run_id"] for r in data["runs"]] == ["bbb222", "aaa111", "ccc333"]
+
+
+def test_start_resume_checks_the_run_in_the_store_before_starting(endpoint, recipe):
+    """A run that is not in the store, or other data than the run's, is refused before StartPipelineExecution."""
+    s3 = client("s3", endpoint)
+    sm = client("sagemaker", endpoint)
+    try:
+        s3.create_bucket(Bucket="tt-store")
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    manifest = {"step": 5, "committed_at": 1.0, "files": {}, "run": {"run_id": "keep5", "data_uri": "s3://bucket-for-tests/tokens/"}}
+    s3.put_object(Bucket="tt-store", Key="c/runs/keep5/step-5/COMMITTED", Body=json.dumps(manifest).encode())
+    before = len(executions(endpoint, "follow-me"))
+    for run, data, words in (("gone9", None, "has no committed checkpoint in the store (runs that can be resumed: "),
+                             ("keep5", "s3://other-data/set/", "the run trains on s3://bucket-for-tests/tokens/")):
+        with pytest.raises(ParameterError, match=re.escape(words)):
+            start(recipe, client=sm, s3=s3, resume=run, data_uri=data, follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before
+    result = start(recipe, client=sm, s3=s3, resume="keep5", follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before + 1 and result.arn

@@ -134,3 +134,28 @@ def test_start_in_a_stage_starts_the_stages_pipeline(client, deployed):
 def test_a_bad_stage_is_bad_input(capsys):
     assert main([str(RECIPES[0]), "--stage", "Dev!", "--no-follow"]) == 2
     assert "stage 'Dev!'" in capsys.readouterr().err
+
+
+def test_resume_names_the_run_and_a_new_start_does_not(client, deployed):
+    """`start --resume RUN` sets RunId; a plain start leaves it at the pipeline's default, a new run."""
+    assert pipeline_parameters(resume="a1b2c3") == [{"Name": "RunId", "Value": "a1b2c3"}]
+    result = start(deployed, client=client, resume="a1b2c3", follow=False, out=io.StringIO())
+    sent = client.list_pipeline_parameters_for_execution(PipelineExecutionArn=result.arn)["PipelineParameters"]
+    assert {"Name": "RunId", "Value": "a1b2c3"} in sent
+    for bad in ("new", "../other-recipe", ""):
+        with pytest.raises(StartError, match="--resume") as raised:
+            start(deployed, client=client, resume=bad, follow=False, out=io.StringIO())
+        assert raised.value.exit_code == 2
+
+
+def test_an_instance_count_that_changes_the_global_batch_is_refused_before_any_call(tmp_path):
+    """The issue's case: --instance-count 3 on a plan for one 8-GPU node would train a batch 3 x the plan's.
+    It is refused before any AWS call (no client, no endpoint), naming the counts the plan supports."""
+    plan = plan_file(next(p for p in RECIPES if p.stem == "llama3-8b-fp8"))
+    assert 3 not in plan.instance_counts
+    with pytest.raises(StartError) as raised:
+        start(plan, instance_count=3, follow=False, out=io.StringIO(), endpoint_url="http://127.0.0.1:9")
+    assert raised.value.exit_code == 2
+    message = str(raised.value)
+    assert "--instance-count 3" in message and "4,194,304 tokens" in message
+    assert f"the plan supports {', '.join(map(str, plan.instance_counts))}" in message

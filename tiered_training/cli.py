@@ -421,6 +421,8 @@ def start(
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
     instance_count: Optional[int] = typer.Option(None, help="override the number of instances"),
     data_uri: Optional[str] = typer.Option(None, help="override the data's S3 URI (one of the recipe's data.allowed_uris)"),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN",
+                                         help="resume this run (its id, from `status`) instead of starting a new one"),
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
     profile: Optional[str] = _PROFILE,
@@ -428,7 +430,7 @@ def start(
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
     stage: Optional[str] = _STAGE,
 ) -> None:
-    """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
+    """Start the recipe's SageMaker pipeline (a new run, or --resume RUN), print the execution ARN and follow it."""
     from . import runs
     from .render import print_json
     from .start import StartError, start as start_pipeline
@@ -441,6 +443,7 @@ def start(
             max_steps=max_steps,
             data_uri=data_uri,
             skip_probe=skip_probe,
+            resume=resume,
             follow=follow,
             region=region,
             endpoint_url=endpoint_url,
@@ -467,7 +470,7 @@ def rehearse(
     param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
     interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP"),
     workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here"),
-    restart_with: list[str] = typer.Option([], "--restart-with", help="then start a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
+    restart_with: list[str] = typer.Option([], "--restart-with", help="then resume the same run in a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
     from .errors import PlanError
@@ -499,21 +502,30 @@ def status(
     profile: Optional[str] = _PROFILE,
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
 ) -> None:
-    """The status of the recipe's latest execution (or --execution), its steps and its training progress."""
+    """The status of the recipe's latest execution (or --execution), its steps, its training progress, and the
+    recipe's runs with their last checkpoints."""
     from . import runs
     from .render import print_json, print_lines
     from .start import StartError
 
+    from .run_list import list_runs, runs_uri
+
     plan = _run_recipe(recipe)
     try:
-        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch")
+        sm, cw, s3 = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", "s3")
         arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
     except StartError as exc:
         raise _start_error(exc)
     result = snap.result()
+    try:  # the recipe's runs: a store the caller may not read is a line, not a failure
+        uri = runs_uri(sm, pipeline_name(plan.name, stage))
+        listed, runs_problem = list_runs(s3, uri), None
+    except StartError as exc:
+        uri, listed, runs_problem = None, None, str(exc)
     if format is TextFormat.json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "runs_uri": uri, "runs": [r.to_dict() for r in listed] if listed is not None else None,
+                    "runs_error": runs_problem})
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
     for step in snap.steps or []:
@@ -524,6 +536,11 @@ def status(
         lines.append("  (the endpoint could not list the steps)")
     if snap.progress is not None:
         lines.append(f"training: {snap.progress.describe()}")
+    if listed is not None:
+        lines.append(f"runs ({uri}; resume one with `start --resume RUN`):" if listed else f"runs: none yet under {uri}")
+        lines += [f"  {run.describe()}" for run in listed]
+    else:
+        lines.append(f"runs: cannot list them: {runs_problem}")
     print_lines(_out(), lines)
 
 

@@ -7,15 +7,17 @@ embed it with ``Stack.to_json_string``; tests check it without CDK.
 
 Shape of every pipeline (schema version 2020-12-01)::
 
-    Parameters: InstanceCount, MaxSteps, DataUri, SkipProbe
-    ProbeOrSkip (Condition: SkipProbe == true)
-      if:   TrainWithoutProbe (Training)
-      else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
-            Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
-              if:   Train (Training)
-              else: GateReason (Condition: memory check alone)
-                      if:   FailThroughput (Fail)
-                      else: FailMemory (Fail; also when no micro-batch fits at all)
+    Parameters: InstanceCount, MaxSteps, DataUri, SkipProbe, RunId
+    NewRunOrResume (Condition: RunId == "new")
+      if:   ProbeOrSkip (Condition: SkipProbe == true); the run id is the execution id
+              if:   TrainWithoutProbe, TrainWithoutProbe-2 ... (one Training step per segment)
+              else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
+                    Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
+                      if:   Train, Train-2 ... (one Training step per segment)
+                      else: GateReason (Condition: memory check alone)
+                              if:   FailThroughput (Fail)
+                              else: FailMemory (Fail; also when no micro-batch fits at all)
+      else: Resume, Resume-2 ... (the run named by RunId, from its checkpoints; no probe)
 
 ``SkipProbe`` defaults to ``not recipe.probe.enabled``, so every pipeline has the
 same parameters and steps, and a probe can still be forced (or skipped) per
@@ -23,11 +25,22 @@ execution. Both Fail messages name the failed check and give the measured value
 next to the limit (``Std:Join``), so "by how much" is in the execution's failure
 reason.
 
-Warm pool: without managed spot (which warm pools do not support), the Probe job keeps its
-instances for :data:`WARM_POOL_SECONDS` after it ends (``ResourceConfig.KeepAlivePeriodInSeconds``).
-Train asks for the same role, instance type and count, volume and network settings (the
-matching criteria of SageMaker managed warm pools), so after a good probe the full run starts
-on the probe's instances instead of queueing again for capacity.
+Runs (docs/runs.md): every execution starts a new run unless ``RunId`` names one to resume.
+A run's checkpoints live under ``<checkpoint prefix>runs/<run id>/``; the run id, whether the
+execution resumes, and the data URI travel in the ``run.*`` hyperparameters, and the launcher
+refuses a resume whose checkpoint does not match the run before any compute.
+
+Segments (tiered_training/segments.py): a run longer than one training job may run is a chain of
+Training steps, each with ``DependsOn`` its predecessor, ``run.segment`` and ``run.segments`` in its
+hyperparameters, and the same checkpoint prefix; each trains its share of the steps and saves.
+
+Warm pools: without managed spot (which warm pools do not support), a job that another one
+follows keeps its instances for :data:`WARM_POOL_SECONDS` after it ends
+(``ResourceConfig.KeepAlivePeriodInSeconds``): the Probe, and every segment but the last. The
+next job asks for the same role, instance type and count, volume and network settings (the
+matching criteria of SageMaker managed warm pools), so it starts on those instances instead of
+queueing again for capacity. The account's warm-pool quota (per instance type, 0 by default)
+must allow it, and a pool idles, billed, for that long when nothing follows (a failed gate).
 
 :func:`validate_definition` checks what SageMaker would reject at execution time:
 step and parameter names, references to unknown parameters or steps, each
@@ -49,6 +62,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import environment, metrics
+from .segments import JOB_RETRY_ATTEMPTS, PROBE_RUNTIME_SECONDS, PROBE_SPOT_WAIT_SECONDS, probe_runtime_seconds
 from .runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL
 
 if TYPE_CHECKING:
@@ -72,9 +86,16 @@ P_INSTANCE_COUNT = "InstanceCount"
 P_MAX_STEPS = "MaxSteps"
 P_DATA_URI = "DataUri"
 P_SKIP_PROBE = "SkipProbe"
-PARAMETERS = (P_INSTANCE_COUNT, P_MAX_STEPS, P_DATA_URI, P_SKIP_PROBE)
+P_RUN_ID = "RunId"
+PARAMETERS = (P_INSTANCE_COUNT, P_MAX_STEPS, P_DATA_URI, P_SKIP_PROBE, P_RUN_ID)
+NEW_RUN = "new"  # RunId's default: start a new run, named after the execution
+EXECUTION_ID = {"Get": "Execution.PipelineExecutionId"}
+# The SageMaker SDK's ExecutionVariables (sagemaker.workflow.execution_variables).
+EXECUTION_VARIABLES = ("StartDateTime", "CurrentDateTime", "PipelineName", "PipelineArn", "PipelineExecutionId",
+                       "PipelineExecutionArn")  # the SageMaker SDK's ExecutionVariables.PIPELINE_EXECUTION_ID
 
 # Step names: stable, they appear in job names, metrics and EventBridge events.
+S_NEW_OR_RESUME = "NewRunOrResume"
 S_PROBE_OR_SKIP = "ProbeOrSkip"
 S_PROBE = "Probe"
 S_GATE = "Gate"
@@ -83,7 +104,9 @@ S_TRAIN = "Train"
 S_TRAIN_WITHOUT_PROBE = "TrainWithoutProbe"
 S_FAIL_THROUGHPUT = "FailThroughput"
 S_FAIL_MEMORY = "FailMemory"
-TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE)
+S_RESUME = "Resume"
+TRAIN_CHAINS = (S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)  # each a chain of segments
+TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)
 
 PROBE_TOKENS = "probe:tokens_per_second"
 PROBE_MEMORY = "probe:peak_memory_fraction"
@@ -103,11 +126,10 @@ SERVICE_RETRY = {
     "BackoffRate": 2.0,
     "MaxAttempts": 5,
 }
-# In-job restarts (instance failures) on top of the step's retry policies.
-JOB_RETRY_ATTEMPTS = 3
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
-PROBE_MAX_RUNTIME_SECONDS = 2 * 3600
-# The Gate takes seconds; a failed gate leaves the pool idle (and billed) for this long at most.
+PROBE_MAX_RUNTIME_SECONDS = PROBE_RUNTIME_SECONDS
+# The Gate and a segment's hand-over take seconds to minutes; a pool that nothing follows (a
+# failed gate) idles, billed, for this long at most.
 WARM_POOL_SECONDS = 600
 
 
@@ -180,15 +202,45 @@ def parameters(plan: "Plan") -> list[dict[str, Any]]:
         {"Name": P_MAX_STEPS, "Type": "Integer", "DefaultValue": plan.estimates.total_steps},
         {"Name": P_DATA_URI, "Type": "String", "DefaultValue": plan.recipe.data.uri},
         {"Name": P_SKIP_PROBE, "Type": "Boolean", "DefaultValue": not plan.recipe.probe.enabled},
+        {"Name": P_RUN_ID, "Type": "String", "DefaultValue": NEW_RUN},
     ]
 
 
-def hyperparameters(plan: "Plan") -> dict[str, Any]:
-    """The RunConfig as hyperparameters; ``batch.total_steps`` follows the MaxSteps parameter."""
+def json_string(expression: Any) -> dict[str, Any]:
+    """A pipeline expression as a JSON string literal (a hyperparameter value the RunConfig decodes)."""
+    return {"Std:Join": {"On": "", "Values": ['"', expression, '"']}}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One Training step of a run's chain: which run (an expression), whether it resumes, which segment."""
+
+    run_id: Any
+    resume: bool
+    number: int = 1
+    count: int = 1
+    seconds: float = 0.0
+
+
+def hyperparameters(plan: "Plan", segment: Segment | None = None) -> dict[str, Any]:
+    """The RunConfig as hyperparameters; ``batch.total_steps`` follows the MaxSteps parameter, and the
+    ``run.*`` keys name the run and the segment (the probe's are the defaults: no run)."""
     hp: dict[str, Any] = dict(plan.run_config().to_hyperparameters())
     # json.dumps(int) is the bare number, so the parameter's string form decodes the same way.
     hp["batch.total_steps"] = as_string(param(P_MAX_STEPS))
+    if segment is not None:
+        hp["run.id"] = json_string(segment.run_id)
+        hp["run.resume"] = json.dumps(segment.resume)
+        hp["run.data_uri"] = json_string(param(P_DATA_URI))
+        hp["run.segment"] = json.dumps(segment.number)
+        hp["run.segments"] = json.dumps(segment.count)
+        hp["run.segment_seconds"] = json.dumps(segment.seconds)
     return hp
+
+
+def run_checkpoint_uri(resources: PipelineResources, run_id: Any) -> dict[str, Any]:
+    """The run's own checkpoint prefix: ``<recipe's checkpoint prefix>runs/<run id>/``."""
+    return {"Std:Join": {"On": "", "Values": [resources.checkpoint_s3_uri.rstrip("/") + "/runs/", run_id, "/"]}}
 
 
 def probe_threshold(plan: "Plan") -> float:
@@ -202,9 +254,13 @@ def memory_limit(plan: "Plan") -> float:
     return plan.tier.memory_headroom
 
 
-def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: bool) -> dict[str, Any]:
-    """CreateTrainingJob arguments (less TrainingJobName, which the pipeline generates)."""
+def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: bool = False,
+                       segment: Segment | None = None) -> dict[str, Any]:
+    """CreateTrainingJob arguments (less TrainingJobName, which the pipeline generates): the probe's,
+    or one segment's of a run (a new run's first by default)."""
     assert plan.estimates is not None
+    if not probe and segment is None:
+        segment = Segment(EXECUTION_ID, False, 1, plan.segments, plan.segment_seconds)
     recipe = plan.recipe
     compute = recipe.compute
     env = family_environment(plan)
@@ -218,13 +274,12 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
         # Held-out shards for the validation loss (training/validation.py).
         channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
 
-    max_runtime = int(compute.max_runtime_hours * 3600)
-    if probe:
-        max_runtime = min(max_runtime, PROBE_MAX_RUNTIME_SECONDS)
+    # MaxRuntimeInSeconds bounds every attempt of the job together (RetryStrategy included).
+    max_runtime = probe_runtime_seconds(recipe) if probe else plan.job_runtime_seconds
     stopping: dict[str, Any] = {"MaxRuntimeInSeconds": max_runtime}
     if compute.spot:
-        wait_hours = compute.max_wait_hours or compute.max_runtime_hours
-        stopping["MaxWaitTimeInSeconds"] = max(max_runtime, int(wait_hours * 3600))
+        wait = max_runtime + PROBE_SPOT_WAIT_SECONDS if probe else (plan.spot_wait_seconds or max_runtime)
+        stopping["MaxWaitTimeInSeconds"] = max(max_runtime, wait)
 
     resource_config: dict[str, Any] = {
         "InstanceType": plan.instance.name,
@@ -233,7 +288,8 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
     }
     if compute.training_plan_arn:
         resource_config["TrainingPlanArn"] = compute.training_plan_arn
-    if probe and not compute.spot:  # warm pools cannot be used with spot instances
+    hands_over = probe or (segment is not None and segment.number < segment.count)
+    if hands_over and not compute.spot:  # warm pools cannot be used with spot instances
         resource_config["KeepAlivePeriodInSeconds"] = WARM_POOL_SECONDS
 
     output: dict[str, Any] = {"S3OutputPath": _join_uri(resources.output_s3_uri, "probe" if probe else "model")}
@@ -252,7 +308,8 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
     args: dict[str, Any] = {
         "AlgorithmSpecification": algorithm,
         "RoleArn": resources.role_arn,
-        "HyperParameters": hyperparameters(plan),
+        # The probe names the run it probes for: the launcher then checks its InstanceCount too.
+        "HyperParameters": hyperparameters(plan, Segment(EXECUTION_ID, False) if probe else segment),
         "InputDataConfig": channels,
         "OutputDataConfig": output,
         "ResourceConfig": resource_config,
@@ -264,7 +321,7 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
         args["EnableManagedSpotTraining"] = True
     if not probe:
         # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
-        args["CheckpointConfig"] = {"S3Uri": resources.checkpoint_s3_uri, "LocalPath": CHECKPOINT_LOCAL_PATH}
+        args["CheckpointConfig"] = {"S3Uri": run_checkpoint_uri(resources, segment.run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
         args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
         if recipe.tracking.tensorboard:
             # SageMaker uploads the event files the trainer writes there (training/tracking.py).
@@ -291,14 +348,44 @@ def _join_uri(prefix: str, leaf: str) -> str:
     return prefix.rstrip("/") + "/" + leaf
 
 
-def training_step(name: str, args: dict[str, Any], description: str) -> dict[str, Any]:
-    return {
+def training_step(name: str, args: dict[str, Any], description: str, depends_on: str | None = None) -> dict[str, Any]:
+    step = {
         "Name": name,
         "Type": "Training",
         "Description": description,
         "Arguments": args,
         "RetryPolicies": [dict(CAPACITY_RETRY), dict(SERVICE_RETRY)],
     }
+    if depends_on:
+        step["DependsOn"] = [depends_on]
+    return step
+
+
+def segment_name(chain: str, number: int) -> str:
+    return chain if number == 1 else f"{chain}-{number}"
+
+
+def segment_chain(plan: "Plan", resources: PipelineResources, chain: str, run_id: Any, resume: bool,
+                  description: str) -> list[dict[str, Any]]:
+    """The Training steps of one run, a segment each, each after the one before."""
+    count = plan.segments
+    steps = []
+    for number in range(1, count + 1):
+        segment = Segment(run_id, resume, number, count, plan.segment_seconds)
+        part = f" (segment {number} of {count})" if count > 1 else ""
+        steps.append(training_step(segment_name(chain, number), training_arguments(plan, resources, segment=segment),
+                                   description + part, depends_on=segment_name(chain, number - 1) if number > 1 else None))
+    return steps
+
+
+def chain_steps(definition: dict[str, Any], chain: str) -> list[str]:
+    """The names of a chain's segments in a definition, in order."""
+    names = {step["Name"] for step in iter_steps(definition["Steps"])}
+    found, number = [], 1
+    while segment_name(chain, number) in names:
+        found.append(segment_name(chain, number))
+        number += 1
+    return found
 
 
 @dataclass(frozen=True)
@@ -350,7 +437,7 @@ def _fail(name: str, message: list[str | ProbeMetric]) -> dict[str, Any]:
     return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": values}}}}
 
 
-def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
+def gate_steps(plan: "Plan", train: list[dict[str, Any]]) -> dict[str, Any]:
     threshold = probe_threshold(plan)
     limit = memory_limit(plan)
     throughput_ok = {"Type": "GreaterThanOrEqualTo", "LeftValue": probe_metric(PROBE_TOKENS), "RightValue": threshold}
@@ -367,29 +454,42 @@ def gate_steps(plan: "Plan", train: dict[str, Any]) -> dict[str, Any]:
         "Name": S_GATE,
         "Type": "Condition",
         "Description": f"Probe tokens/s per GPU >= {threshold} and peak memory fraction <= {limit}",
-        "Arguments": {"Conditions": [throughput_ok, memory_ok], "IfSteps": [train], "ElseSteps": [reason]},
+        "Arguments": {"Conditions": [throughput_ok, memory_ok], "IfSteps": train, "ElseSteps": [reason]},
     }
 
 
 def build_definition(plan: "Plan", resources: PipelineResources) -> dict[str, Any]:
     """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
     plan.require_ok()
-    train_args = training_arguments(plan, resources, probe=False)
+    steps = plan.estimates.total_steps if plan.estimates else "?"
     probe = training_step(
         S_PROBE,
         training_arguments(plan, resources, probe=True),
         f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
     )
-    train = training_step(S_TRAIN, train_args, f"Full run: {plan.estimates.total_steps if plan.estimates else '?'} steps")
-    unprobed = training_step(S_TRAIN_WITHOUT_PROBE, train_args, "Full run without a probe (SkipProbe=true)")
-    root = {
+    train = segment_chain(plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run")
+    unprobed = segment_chain(plan, resources, S_TRAIN_WITHOUT_PROBE, EXECUTION_ID, False,
+                             "Full run without a probe (SkipProbe=true), a new run")
+    resume = segment_chain(plan, resources, S_RESUME, param(P_RUN_ID), True,
+                           "Resumes the run named by RunId from its checkpoints")
+    probe_or_skip = {
         "Name": S_PROBE_OR_SKIP,
         "Type": "Condition",
         "Description": "Skip the probe when SkipProbe is true",
         "Arguments": {
             "Conditions": [{"Type": "Equals", "LeftValue": param(P_SKIP_PROBE), "RightValue": True}],
-            "IfSteps": [unprobed],
+            "IfSteps": unprobed,
             "ElseSteps": [probe, gate_steps(plan, train)],
+        },
+    }
+    root = {
+        "Name": S_NEW_OR_RESUME,
+        "Type": "Condition",
+        "Description": f"A new run (RunId={NEW_RUN}, named after the execution), or resume the run RunId names",
+        "Arguments": {
+            "Conditions": [{"Type": "Equals", "LeftValue": param(P_RUN_ID), "RightValue": NEW_RUN}],
+            "IfSteps": [probe_or_skip],
+            "ElseSteps": resume,
         },
     }
     return {
@@ -558,6 +658,11 @@ def validate_definition(definition: dict[str, Any], body: str | None = None) -> 
                 problems.append(f"step {name}: references unknown parameter {target!r}")
             elif head == "Steps" and target not in step_names:
                 problems.append(f"step {name}: references unknown step {target!r}")
+            elif head == "Execution" and rest not in EXECUTION_VARIABLES:
+                problems.append(f"step {name}: references unknown execution variable {rest!r}")
+        for dependency in step.get("DependsOn", []):
+            if dependency not in step_names:
+                problems.append(f"step {name}: DependsOn names no step {dependency!r}")
     if body is None:
         body = to_json(definition)
     if len(body) > MAX_BODY_CHARS:

@@ -27,6 +27,7 @@ from .runconfig import (
     PrecisionConfig,
     ProbeConfig,
     RunConfig,
+    RunSection,
     TENSORBOARD_DIR,
     TrackingConfig,
     ValidationConfig,
@@ -227,6 +228,11 @@ class Plan(_Result):
     findings: tuple[Finding, ...] = ()
     departures: tuple[Departure, ...] = ()
     alternatives: tuple[Alternative, ...] = ()  # the next fastest configurations that fit
+    segments: int = 1  # training jobs the run is split into under the runtime limit (tiered_training/segments.py)
+    job_runtime_seconds: int = 432_000  # MaxRuntimeInSeconds of each of them
+    segment_seconds: float = 0.0  # the wall-clock guard a segment stops at
+    spot_wait_seconds: int | None = None  # MaxWaitTimeInSeconds of each spot segment
+    instance_counts: tuple[int, ...] = ()  # InstanceCount values that keep the planned global batch
     locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
 
     @property
@@ -301,6 +307,7 @@ class Plan(_Result):
                 tensorboard_dir=TENSORBOARD_DIR if recipe.tracking.tensorboard else None,
             ),
             validation=self.validation_config(),
+            run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
         )
 
     def validation_config(self) -> ValidationConfig:
@@ -345,6 +352,12 @@ class Plan(_Result):
             "memory_fraction": round(self.memory.fraction, 4),
             "memory_headroom": self.tier.memory_headroom,
             "estimates": asdict(self.estimates),
+            "run": {
+                "segments": self.segments,
+                "job_runtime_seconds": self.job_runtime_seconds,
+                "spot_wait_seconds": self.spot_wait_seconds,
+                "instance_counts": list(self.instance_counts),
+            },
             "departures": [asdict(d) for d in self.departures],
             "alternatives": [asdict(a) for a in self.alternatives],
             "decisions": [asdict(d) for d in self.decisions],

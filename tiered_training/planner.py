@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 from . import catalogs, memory, perf
 from .architecture import Architecture
@@ -24,6 +25,18 @@ from .quotas import findings as quota_findings
 from .plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, Plan, PlanResult
 from .recipe import AUTO, BatchRampSpec, Recipe
 from .runconfig import steps_for_tokens
+from .segments import (
+    JOB_RETRY_ATTEMPTS,
+    MAX_SEGMENTS,
+    PROBE_SPOT_WAIT_SECONDS,
+    RUNTIME_QUOTA,
+    SPOT_WAIT_SECONDS,
+    Segments,
+    job_runtime_seconds,
+    plan_segments,
+    quota_seconds,
+    spot_wait_seconds,
+)
 
 LOSS_CHUNK_TOKENS = 4096
 # When the batch ramps, keep at least this many accumulation steps at the full batch.
@@ -41,8 +54,6 @@ MIN_FP8_GAIN = 0.10
 # closest to the tier's choice.
 NEAR_FASTEST = 0.02
 FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.48xlarge or ml.p6-b300.48xlarge"
-# SageMaker's MaxWaitTimeInSeconds upper bound (28 days).
-MAX_WAIT_LIMIT_HOURS = 28 * 24
 GIB = memory.GIB
 
 
@@ -385,6 +396,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
             f"set sequence_length to at most {run.arch.max_sequence_length}, or use a model with longer context",
             "sequence_length",
         )
+    _runtime(recipe, run)
     _spot(recipe, run)
     _keep_last(recipe, run)
     if run.nodes < tier.min_nodes:
@@ -412,16 +424,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     ramp_start, ramp_steps, total_steps = _ramp_and_steps(run, chosen)
     warmup_steps = _warmup(run, chosen, ramp_start, ramp_steps, total_steps)
     estimates = _estimates(run, chosen, total_steps)
-    if estimates.wall_time_hours > recipe.compute.max_runtime_hours:
-        run.warn(
-            "runtime-too-short",
-            f"the run needs about {estimates.wall_time_hours:,.1f} h but compute.max_runtime_hours is {recipe.compute.max_runtime_hours:g}; "
-            "the job stops there and resumes only when restarted",
-            f"raise compute.max_runtime_hours to {math.ceil(estimates.wall_time_hours * 1.1)}"
-            if estimates.wall_time_hours * 1.1 <= MAX_WAIT_LIMIT_HOURS
-            else f"SageMaker caps a job at {MAX_WAIT_LIMIT_HOURS} h: add nodes, lower budget.total_tokens, or plan several executions that resume from the checkpoint",
-            "compute.max_runtime_hours",
-        )
+    segments = _segments(run, estimates)
+    instance_counts = _instance_counts(run, chosen, total_steps, ramp_start, ramp_steps, warmup_steps)
     if run.failed:
         return run.failure(source, lines)
 
@@ -452,6 +456,11 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         findings=tuple(run.findings),
         departures=tuple(run.departures),
         alternatives=tuple(run.alternatives),
+        segments=segments.count,
+        job_runtime_seconds=segments.job_runtime_seconds,
+        segment_seconds=segments.segment_seconds(),
+        spot_wait_seconds=spot_wait_seconds(recipe, segments.job_runtime_seconds) if recipe.compute.spot else None,
+        instance_counts=tuple(instance_counts),
         locations=dict(lines or {}),
     )
 
@@ -810,27 +819,100 @@ def _keep_last(recipe: Recipe, run: _Run) -> None:
         )
 
 
+def _runtime(recipe: Recipe, run: _Run) -> None:
+    """Each training job's MaxRuntimeInSeconds, against the account's runtime quota."""
+    quota = quota_seconds(recipe)
+    source = "the account's value in compute.quotas" if RUNTIME_QUOTA in recipe.compute.quotas else "AWS's default quota"
+    hours = recipe.compute.max_runtime_hours
+    if hours is None:
+        run.decide("compute.max_runtime_hours", round(quota / 3600, 2),
+                   f"each training job runs at most the longest training-job run time, {quota / 3600:g} h ({source}, "
+                   f"{RUNTIME_QUOTA}); a longer run is split into segments", AUTO)
+    elif hours * 3600 > quota:
+        run.error(
+            "runtime-above-quota",
+            f"compute.max_runtime_hours {hours:g} is above the account's longest training-job run time of {quota / 3600:g} h "
+            f"({source}, {RUNTIME_QUOTA}); CreateTrainingJob would refuse the job",
+            f"remove compute.max_runtime_hours (a longer run is split into segments), or state the account's raised quota "
+            f"under compute.quotas.{RUNTIME_QUOTA} (in seconds)",
+            "compute.max_runtime_hours",
+        )
+
+
 def _spot(recipe: Recipe, run: _Run) -> None:
     compute = recipe.compute
     if not compute.spot:
         if compute.max_wait_hours is not None:
             run.warn("max-wait-without-spot", "compute.max_wait_hours applies only to spot training", "remove it, or set compute.spot: true", "compute.max_wait_hours")
         return
+    runtime = job_runtime_seconds(recipe)
+    wait = spot_wait_seconds(recipe, runtime)
     if compute.max_wait_hours is None:
-        wait = min(MAX_WAIT_LIMIT_HOURS, compute.max_runtime_hours * 2)
-        run.decide("compute.max_wait_hours", wait, "spot: twice the maximum runtime, to allow for waiting and interruptions", AUTO)
-        if wait < compute.max_runtime_hours:
-            run.error("spot-max-wait", "spot needs MaxWait at least the runtime, and SageMaker caps MaxWait at 672 h", f"lower compute.max_runtime_hours to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_runtime_hours")
-    elif compute.max_wait_hours < compute.max_runtime_hours:
+        run.decide("compute.max_wait_hours", round(wait / 3600, 2),
+                   f"spot: each job's runtime ({runtime / 3600:g} h) plus at most {SPOT_WAIT_SECONDS / 3600:g} h waiting "
+                   f"for capacity and sitting out interruptions; the probe waits at most {PROBE_SPOT_WAIT_SECONDS / 3600:g} h", AUTO)
+    elif wait < runtime:
         run.error(
             "spot-max-wait",
-            f"compute.max_wait_hours {compute.max_wait_hours:g} is shorter than compute.max_runtime_hours {compute.max_runtime_hours:g}; "
+            f"compute.max_wait_hours {compute.max_wait_hours:g} is shorter than a training job's runtime of {runtime / 3600:g} h; "
             "SageMaker rejects a spot job whose MaxWait is below its MaxRuntime",
-            f"set compute.max_wait_hours to at least {compute.max_runtime_hours:g}",
+            f"set compute.max_wait_hours to at least {runtime / 3600:g}",
             "compute.max_wait_hours",
         )
-    elif compute.max_wait_hours > MAX_WAIT_LIMIT_HOURS:
-        run.error("spot-max-wait", f"compute.max_wait_hours {compute.max_wait_hours:g} exceeds SageMaker's limit of {MAX_WAIT_LIMIT_HOURS} h", f"set it to at most {MAX_WAIT_LIMIT_HOURS}", "compute.max_wait_hours")
+
+
+def _segments(run: _Run, estimates: Estimates) -> Segments:
+    """The number of training jobs the run needs under the runtime limit (tiered_training/segments.py)."""
+    recipe = run.recipe
+    segments = plan_segments(recipe, estimates.wall_time_hours)
+    if segments.count < 1:
+        run.error(
+            "runtime-too-short",
+            f"a training job of {segments.job_runtime_seconds / 3600:g} h leaves no time to train after the room kept for "
+            f"{JOB_RETRY_ATTEMPTS} retries and the final save ({segments.reserve_seconds / 3600:.1f} h)",
+            "raise compute.max_runtime_hours, or lower checkpointing.interval_minutes",
+            "compute.max_runtime_hours",
+        )
+        return segments
+    reason = (f"the run needs about {estimates.wall_time_hours:,.1f} h; one job trains at most "
+              f"{segments.training_seconds / 3600:,.1f} h: its {segments.job_runtime_seconds / 3600:g} h runtime less "
+              f"{segments.reserve_seconds / 3600:.1f} h for {JOB_RETRY_ATTEMPTS} retries and the final save, at "
+              f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)")
+    run.decide("compute.segments", segments.count, reason, None)
+    if segments.count > MAX_SEGMENTS:
+        run.error(
+            "too-many-segments",
+            f"the run needs {segments.count} training jobs of {segments.job_runtime_seconds / 3600:g} h; the pipeline "
+            f"chains at most {MAX_SEGMENTS}",
+            f"state the account's raised quota under compute.quotas.{RUNTIME_QUOTA}, add nodes, or lower budget.total_tokens",
+            "compute.segments",
+        )
+    return segments
+
+
+def _instance_counts(run: _Run, chosen, total_steps: int, ramp_start, ramp_steps: int, warmup_steps: int) -> list[int]:
+    """The InstanceCount values that keep the planned global batch and memory (tiered_training/world.py)."""
+    from .runconfig import BatchConfig, ParallelConfig
+    from .world import supported_instance_counts
+
+    setting = chosen.setting
+    recipe = run.recipe
+
+    # The parts of a RunConfig that supported_instance_counts reads.
+    shape = SimpleNamespace(
+        batch=BatchConfig(sequence_length=recipe.sequence_length, micro_batch_size=setting.micro_batch,
+                          grad_accum_steps=chosen.accum, global_batch_tokens=recipe.budget.global_batch_tokens,
+                          total_steps=total_steps, ramp_start_accum_steps=ramp_start, ramp_steps=ramp_steps),
+        parallel=ParallelConfig(sharding=setting.sharding, shard_group_size=setting.shard_group,
+                                context_parallel=setting.context_parallel),
+        hardware=SimpleNamespace(gpus_per_node=run.instance.gpus),
+    )
+    counts = [n for n in supported_instance_counts(shape) if n >= run.tier.min_nodes]
+    run.decide("compute.instance_counts", counts,
+               "InstanceCount values that keep the planned global batch (the accumulation rescaled), the sharding, and "
+               "at most the planned memory per GPU; `start --instance-count` and the pipeline refuse others before compute",
+               None)
+    return counts
 
 
 def _check_precision(run: _Run) -> None:

@@ -137,8 +137,17 @@ class ComputeSection(_Strict):
     instance_type: str = Field(max_length=64)
     instance_count: int = Field(default=1, ge=1, le=512)
     spot: bool = False
-    max_runtime_hours: float = Field(default=120.0, ge=1 / 60, le=28 * 24, description="at least one minute; SageMaker caps a job at 28 days")
-    max_wait_hours: float | None = Field(default=None, gt=0, description="spot only; at least max_runtime_hours")
+    max_runtime_hours: float | None = Field(
+        default=None, ge=1 / 60, le=28 * 24,
+        description=(
+            "the longest one training job (a segment of the run) may run, at most the account's "
+            "training-job-max-runtime quota; default: that quota. A longer run is split into segments"
+        ),
+    )
+    max_wait_hours: float | None = Field(
+        default=None, gt=0, le=28 * 24,
+        description="spot only: each segment's MaxWait (capacity waits and interruptions included), at least its runtime; default: runtime + 24 h",
+    )
     training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
     price_per_hour: float | None = Field(default=None, gt=0, le=100_000, description="overrides the catalogue price per node")
     compile: bool = True

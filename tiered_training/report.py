@@ -234,6 +234,11 @@ def _flat(plan: Plan) -> dict[str, Any]:
     flat = {"compute." + k: v for k, v in data["compute"].items()}
     flat.update({"model." + k: v for k, v in data["model"].items()})
     flat.update({"tuning." + k: v for k, v in data["tuning"].items()})
+    run = data.get("run") or {}
+    if run:  # the run's shape: how many training jobs, each how long, on which instance counts
+        flat["compute.segments"] = run["segments"]
+        flat["compute.max_runtime_hours"] = round(run["job_runtime_seconds"] / 3600, 2)
+        flat["compute.instance_counts"] = run["instance_counts"]
     return flat
 
 

@@ -202,6 +202,38 @@ class ValidationConfig(_Frozen):
     batches: int = Field(default=8, ge=1, description="micro-batches per rank in one evaluation")
 
 
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class RunSection(_Frozen):
+    """Which run a training job belongs to, and which segment of it (docs/runs.md).
+
+    A run is one training from step 0 to the end of its token budget; its checkpoints live
+    under its own prefix, and their manifests record :meth:`RunConfig.identity`. The pipeline
+    fills ``id`` (the execution id for a new run, the ``RunId`` parameter for a resume),
+    ``resume`` and ``data_uri``; the planner fills the segments.
+    """
+
+    id: str = Field(default="", description="the run id (part of the checkpoint prefix); empty outside a pipeline")
+    resume: bool = Field(default=False, description="this execution resumes the named run: no checkpoint is an error")
+    data_uri: str = Field(default="", description="the training data's S3 URI, as the execution gave it")
+    segment: int = Field(default=1, ge=1, description="this training job's segment of the run, 1-based")
+    segments: int = Field(default=1, ge=1, description="training jobs the run is split into (the runtime limit)")
+    segment_seconds: float = Field(
+        default=0.0, ge=0, description="a segment saves and hands over after this long in one attempt; 0: no time limit"
+    )
+
+    @model_validator(mode="after")
+    def _segment_in_range(self) -> "RunSection":
+        if self.segment > self.segments:
+            raise ValueError(f"run.segment {self.segment} is beyond run.segments {self.segments}")
+        return self
+
+    def end_step(self, total_steps: int) -> int:
+        """The step this segment trains to: the run's steps split evenly, the last segment to the end."""
+        return -(-total_steps * self.segment // self.segments)
+
+
 class RunConfig(_Frozen):
     recipe_name: str
     model: ModelConfig
@@ -217,6 +249,7 @@ class RunConfig(_Frozen):
     tracking: TrackingConfig = TrackingConfig()
     validation: ValidationConfig = ValidationConfig()
     export: ExportConfig = ExportConfig()
+    run: RunSection = RunSection()
 
     @model_validator(mode="after")
     def _sequence_splits_over_context_parallel(self) -> "RunConfig":
@@ -234,6 +267,30 @@ class RunConfig(_Frozen):
         so FP8 runs report BF16-equivalent MFU."""
         flops = self.model.flops_per_token(self.batch.sequence_length)
         return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
+
+    def identity_parts(self) -> dict[str, str]:
+        """Short hashes of what a run's state depends on, by part; a resume needs every part equal.
+
+        ``model``: the architecture and starting checkpoint (the weights' shapes); ``batch``: the
+        sequence length and global batch (the data position counts windows of it); ``data``: the
+        token type and shuffle seed (the order of the windows). The step count is not part of it
+        (``MaxSteps`` may extend a run), nor the micro-batch and accumulation (they follow the world).
+        """
+        import hashlib
+
+        parts = {
+            "model": self.model.model_dump(mode="json", exclude={"name"}),
+            "batch": {"sequence_length": self.batch.sequence_length, "global_batch_tokens": self.batch.global_batch_tokens},
+            "data": self.data.model_dump(mode="json"),
+        }
+        return {name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+                for name, value in parts.items()}
+
+    def plan_hash(self) -> str:
+        """One hash of :meth:`identity_parts`."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.identity_parts(), sort_keys=True).encode()).hexdigest()[:12]
 
     # -- SageMaker hyperparameters -------------------------------------------------
 

@@ -6,9 +6,11 @@ recipe (``recipe.name``), print the execution ARN, then follow it with
 CloudWatch: step, loss, tokens/s against the plan, ETA).
 
 Parameters are the pipeline's (``tiered_training.definition.PARAMETERS``):
-``InstanceCount``, ``MaxSteps``, ``DataUri`` and ``SkipProbe``. They are checked
-here, before any call, against the same rules the recipe obeys: counts and steps
-positive, the data URI an S3 URI under the recipe's ``data.allowed_uris``.
+``InstanceCount``, ``MaxSteps``, ``DataUri``, ``SkipProbe`` and ``RunId`` (``--resume RUN``;
+without it the execution starts a new run). They are checked here, before any call,
+against the same rules the recipe obeys: counts and steps positive, an instance count the
+plan supports (it keeps the planned global batch), the data URI an S3 URI under the
+recipe's ``data.allowed_uris``, a run id that can name a prefix.
 
 The region is, in order: ``--region``, the recipe's ``compute.region``,
 ``AWS_REGION``, ``AWS_DEFAULT_REGION``, then the AWS configuration (profile).
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
-from .definition import P_DATA_URI, P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE
+from .definition import NEW_RUN, P_DATA_URI, P_INSTANCE_COUNT, P_MAX_STEPS, P_RUN_ID, P_SKIP_PROBE
 from .errors import clip
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ def pipeline_parameters(
     max_steps: int | None = None,
     data_uri: str | None = None,
     skip_probe: bool | None = None,
+    resume: str | None = None,
 ) -> list[dict[str, str]]:
     """``PipelineParameters`` for the overrides given (the pipeline's defaults otherwise)."""
     values: dict[str, Any] = {
@@ -87,6 +90,7 @@ def pipeline_parameters(
         P_MAX_STEPS: max_steps,
         P_DATA_URI: data_uri,
         P_SKIP_PROBE: skip_probe,
+        P_RUN_ID: resume,
     }
     out = []
     for name, value in values.items():
@@ -106,13 +110,26 @@ def check_parameters(
     instance_count: int | None = None,
     max_steps: int | None = None,
     data_uri: str | None = None,
+    resume: str | None = None,
+    plan: "Plan | None" = None,
 ) -> None:
     """Raise :class:`ParameterError` naming every override that the pipeline would run wrongly with."""
     from .recipe import S3_URI_MAX, S3_URI_PATTERN
+    from .runconfig import RUN_ID_PATTERN
 
     problems = []
     if instance_count is not None and not 1 <= instance_count <= MAX_INSTANCE_COUNT:
         problems.append(f"--instance-count {instance_count}: must be 1 to {MAX_INSTANCE_COUNT}")
+    elif instance_count is not None and plan is not None and plan.instance_counts and resume is None \
+            and instance_count not in plan.instance_counts:
+        problems.append(
+            f"--instance-count {instance_count}: the plan's global batch of {recipe.budget.global_batch_tokens:,} tokens "
+            f"cannot be kept on {instance_count} x {plan.instance.gpus} GPUs at the planned memory; the plan supports "
+            f"{', '.join(map(str, plan.instance_counts))} (`tiered-training explain` shows compute.instance_counts)"
+        )
+    if resume is not None and (resume == NEW_RUN or not re.fullmatch(RUN_ID_PATTERN, resume)):
+        problems.append(f"--resume {clip(repr(resume))}: not a run id (letters, digits, '.', '_', '-'); "
+                        "`tiered-training status RECIPE` lists the recipe's runs")
     if max_steps is not None and not 1 <= max_steps <= MAX_STEPS_LIMIT:
         problems.append(f"--max-steps {max_steps}: must be 1 to {MAX_STEPS_LIMIT:,}")
     if data_uri is not None:
@@ -197,6 +214,7 @@ def start(
     max_steps: int | None = None,
     data_uri: str | None = None,
     skip_probe: bool | None = None,
+    resume: str | None = None,
     display_name: str | None = None,
     follow: bool = True,
     poll_seconds: float = 30.0,
@@ -206,6 +224,7 @@ def start(
     profile: str | None = None,
     client: Any = None,
     cloudwatch: Any = None,
+    s3: Any = None,
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     reporter: Any = None,
@@ -225,15 +244,18 @@ def start(
 
     recipe, plan = _recipe_and_plan(plan_or_recipe_path)
     name = pipeline_name(recipe.name, stage)
-    check_parameters(recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+    check_parameters(recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, resume=resume, plan=plan)
     region = resolve_region(region, recipe.compute.region)
     sm = client if client is not None else aws_client("sagemaker", region=region, endpoint_url=endpoint_url, profile=profile)
     request: dict[str, Any] = {
         "PipelineName": name,
         "PipelineParameters": pipeline_parameters(
-            instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe
+            instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe, resume=resume
         ),
     }
+    if resume is not None and (s3 is not None or client is None):
+        check_resumable(sm, s3 if s3 is not None else aws_client("s3", region=region, endpoint_url=endpoint_url,
+                                                                   profile=profile), name, resume, data_uri)
     if display_name:
         request["PipelineExecutionDisplayName"] = display_name
     with aws_errors(f"start pipeline {name}"):
@@ -249,6 +271,26 @@ def start(
         sm, arn, target=target, cloudwatch=cloudwatch, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
         reporter=reporter or runs.reporter_for(out), sleep=sleep,
     )
+
+
+def check_resumable(sm: Any, s3: Any, pipeline_name: str, run_id: str, data_uri: str | None) -> None:
+    """Refuse, before the execution starts (and instances are paid for), a resume of a run that has no committed
+    checkpoint in the store, or with other data than the run's. A store this caller cannot read is left to the
+    launcher, which checks the same before compute."""
+    from .run_list import list_runs, runs_uri
+
+    try:
+        listed = {run.run_id: run for run in list_runs(s3, runs_uri(sm, pipeline_name))}
+    except StartError:
+        return
+    run = listed.get(run_id)
+    if run is None or run.last_step is None:
+        known = ", ".join(sorted(r for r, v in listed.items() if v.last_step is not None)) or "none"
+        raise ParameterError(f"--resume {run_id}: the run has no committed checkpoint in the store "
+                             f"(runs that can be resumed: {known}; `tiered-training status` lists them)")
+    if data_uri is not None and run.data_uri and data_uri != run.data_uri:
+        raise ParameterError(f"--resume {run_id} --data-uri {data_uri}: the run trains on {run.data_uri}; resume it "
+                             "without --data-uri, or start a new run on the other data")
 
 
 def follow_execution(

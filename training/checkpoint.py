@@ -234,6 +234,7 @@ class _InFlight:
     step: int
     future: Future  # resolves to {file: {"bytes", "sha256"}} of this rank's files, once written
     started: float
+    tokens_seen: int | None = None
 
 
 def _local_rank() -> int:
@@ -248,12 +249,13 @@ class CheckpointManager:
     """Saves, commits, prunes and finds checkpoints under ``root`` (all ranks call every method)."""
 
     def __init__(self, root: Path, *, keep_last: int, rank: int, save_group: dist.ProcessGroup, control_group: dist.ProcessGroup,
-                 accept: Acceptor | None = None):
+                 accept: Acceptor | None = None, identity: dict[str, Any] | None = None):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
-        checkpoint of another run) makes the checkpoint skipped and never kept. The run's identity
-        check plugs in here."""
+        checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
+        run's identity (training/identity.py), recorded in every manifest."""
         self.root = Path(root)
         self.accept = accept
+        self.identity = identity
         self.keep_last = max(1, keep_last)
         self.rank = rank
         self.save_group = save_group
@@ -265,7 +267,7 @@ class CheckpointManager:
 
     # -- saving ------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], *, blocking: bool = False) -> float:
+    def save(self, step: int, state: dict[str, Any], *, blocking: bool = False, tokens_seen: int | None = None) -> float:
         """Start saving ``state`` as ``step-N``; returns the seconds training was blocked.
 
         A save still in flight is finished (and committed) first.
@@ -286,7 +288,7 @@ class CheckpointManager:
             written.set_result(None)
         else:
             written = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
-        self.in_flight = _InFlight(step, _then_checksum(written, path, self.rank), started)
+        self.in_flight = _InFlight(step, _then_checksum(written, path, self.rank), started, tokens_seen)
         if blocking:
             self.wait()
         return time.monotonic() - started
@@ -337,6 +339,7 @@ class CheckpointManager:
             else:
                 manifest = {"step": flight.step, "committed_at": round(time.time(), 3),
                             "world_size": dist.get_world_size(), "files": dict(sorted(files.items()))}
+                manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
                 marker = path / COMMITTED
                 tmp = path / (COMMITTED + ".tmp")
                 tmp.write_text(json.dumps(manifest, indent=1))
@@ -432,6 +435,13 @@ class CheckpointManager:
         keys = [saved_keys(step_dir(self.root, step)) if self.rank == 0 else None]
         dist.broadcast_object_list(keys, src=0, group=self.control_group)
         return keys[0]
+
+
+def run_entry(identity: dict[str, Any] | None, step: int, tokens_seen: int | None) -> dict[str, Any]:
+    """The manifest's ``run`` entry: the run's identity at this step (nothing outside a run)."""
+    if not identity:
+        return {}
+    return {"run": {**identity, "step": step, "tokens_seen": tokens_seen}}
 
 
 def _check_against_metadata(path: Path, files: dict[str, dict]) -> list[str]:

@@ -207,6 +207,36 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
         raise LaunchError(str(error)) from None
 
 
+def _check_run(cfg, world: int, hosts: int, checkpoint_dir: Path | None, data_dir: Path | None) -> None:
+    """Refuse, before torchrun starts, a job that would not continue its run as planned: a resume whose
+    checkpoint is of another run, model or data (training/identity.py), or a new run on a host count
+    that cannot keep the plan's global batch (tiered_training/world.py)."""
+    if not cfg.run.id:  # not started by the pipeline: no run to check
+        return
+    from .identity import check_resume, committed_manifests
+
+    problem = check_resume(cfg, checkpoint_dir, data_dir, world)
+    if problem:
+        raise LaunchError(problem)
+    if checkpoint_dir is not None and committed_manifests(checkpoint_dir):
+        return  # a resume: _check_world decides on the host count
+    from tiered_training.world import WorldSizeError, accumulation, planned_world, supported_instance_counts
+
+    _, exact = accumulation(cfg, world)
+    counts = supported_instance_counts(cfg)
+    try:
+        planned = planned_world(cfg)
+    except WorldSizeError:
+        planned = world
+    if not exact or (cfg.parallel.sharding == "full" and world < planned):
+        raise LaunchError(
+            f"InstanceCount {hosts} ({world} GPUs) cannot run the plan as planned: the global batch of "
+            f"{cfg.batch.global_batch_tokens:,} tokens per step, planned on {planned} GPUs, "
+            + ("would not stay whole" if not exact else "would need more memory per GPU (full sharding over fewer GPUs)")
+            + f"; instance counts this plan supports: {', '.join(map(str, counts)) or 'only the planned one'}"
+        )
+
+
 # -- the pure function -------------------------------------------------------------------
 
 
@@ -217,6 +247,7 @@ def build_launch(
     *,
     extra_args: Sequence[str] = (),
     checkpoint_dir: Path | None = None,
+    data_dir: Path | None = None,
 ) -> Launch:
     """argv and environment of the ``torchrun`` that this host runs.
 
@@ -230,6 +261,7 @@ def build_launch(
     gpus = _gpus(environ, instance_type, cfg.hardware.gpus_per_node)
 
     nnodes, node_rank = len(hosts), hosts.index(current)
+    _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
     _check_world(cfg, nnodes * gpus, checkpoint_dir)
     master_addr = environ.get("TIERED_TRAINING_MASTER_ADDR") or hosts[0]
     master_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
@@ -274,12 +306,13 @@ def opt_ml_paths(root: Path) -> tuple[dict[str, str], list[str]]:
 
 def launch_from_files(
     config_dir: Path = CONFIG_DIR, environ: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
-    checkpoint_dir: Path | None = None,
+    checkpoint_dir: Path | None = None, data_dir: Path | None = None,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     resourceconfig = read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
     hyperparameters = read_json(config_dir / "hyperparameters.json", "hyperparameters.json")
-    return build_launch(resourceconfig, hyperparameters, environ, extra_args=extra_args, checkpoint_dir=checkpoint_dir)
+    return build_launch(resourceconfig, hyperparameters, environ, extra_args=extra_args, checkpoint_dir=checkpoint_dir,
+                        data_dir=data_dir)
 
 
 # -- running torchrun: signals and the failure file --------------------------------------
@@ -370,7 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR") or root / "input/config")
     try:
         launch = launch_from_files(config_dir, environ, extra,
-                                   checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"))
+                                   checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"),
+                                   data_dir=Path(environ.get("TT_DATA_DIR") or environ.get("SM_CHANNEL_TRAIN")
+                                                 or root / "input/data/train"))
     except LaunchError as error:
         print(f"launcher: error: {error}", file=sys.stderr)
         write_failure(root / "output", f"launcher: {error}")

@@ -50,6 +50,7 @@ from tiered_training.runconfig import RunConfig
 from . import float8
 from .ac import apply_ac
 from .checkpoint import CheckpointManager
+from .identity import identity as run_identity, same_run
 from .compile import apply_compile
 from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, split_batch
@@ -288,8 +289,10 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     save_group, control_group = new_gloo_group(), new_gloo_group()
+    identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
     ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
-                             save_group=save_group, control_group=control_group)
+                             save_group=save_group, control_group=control_group, identity=identity,
+                             accept=same_run(identity) if identity else None)
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
     # without its COMMITTED marker a restart skips it.
@@ -320,6 +323,13 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
                                  "its files were copied from another checkpoint; delete the directory")
             log.info("resumed at step %d", step)
     end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
+    segment_end = cfg.run.end_step(batch.total_steps)  # a segment of a longer run trains its share, then hands over
+    if segment_end < end:
+        end = segment_end
+        if info.is_main:
+            log.info("segment %d of %d: trains to step %d of %d, then saves for the next segment",
+                     cfg.run.segment, cfg.run.segments, segment_end, batch.total_steps)
+    loop_started = time.monotonic()
     result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
     interval_s = cfg.checkpoint.interval_minutes * 60.0
     last_save = time.monotonic()
@@ -381,21 +391,23 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         flags = torch.tensor([
             1 if stop.received_at is not None else 0,
             1 if interval_s > 0 and time.monotonic() - last_save >= interval_s else 0,
+            1 if cfg.run.segment_seconds > 0 and time.monotonic() - loop_started >= cfg.run.segment_seconds else 0,
         ])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ckpt.control_group)
         stopping = bool(flags[0])
+        out_of_time = bool(flags[2]) and step < batch.total_steps
         due = bool(flags[1]) or (cfg.checkpoint.interval_steps > 0 and step % cfg.checkpoint.interval_steps == 0)
         due = due and not skipped  # a skipped step changed no state: nothing new to save
-        final = step >= batch.total_steps and not skipped
+        final = (step >= batch.total_steps or step >= segment_end) and not skipped or out_of_time
         save_s = None
         committed = ckpt.poll()
-        if save_checkpoints and (due or final or (stopping and step != saved_at)):
+        if save_checkpoints and (due or final or stopping) and step != saved_at:
             state = _train_state(trainer, step, dataloader, info.rank)
             if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
                 ckpt.wait()
                 raise NonFiniteError(f"the weights after step {step} are not finite although its loss and gradient "
                                      f"norm were; they were not saved; {_last_healthy(ckpt, saved_at)}")
-            save_s = ckpt.save(step, state)
+            save_s = ckpt.save(step, state, tokens_seen=_tokens_seen(cfg, step))
             last_save = time.monotonic()
             saved_at = step
         if stopping or final:
@@ -435,6 +447,9 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         if validator is not None and not stopping and not skipped:
             validator.maybe_run(lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")])
 
+        if out_of_time and not stopping:
+            _segment_out_of_time(cfg, step, result.checkpoint_step)
+            return result
         if stopping:
             elapsed = time.monotonic() - stop.received_at if stop.received_at is not None else 0.0
             deadline = cfg.checkpoint.shutdown_deadline_seconds
@@ -453,6 +468,27 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
                                        max_shard_bytes=cfg.export.max_shard_bytes)
         log.info("exported Hugging Face weights to %s in %.1f s", paths.model_dir, time.perf_counter() - started)
     return result
+
+
+def _tokens_seen(cfg: RunConfig, step: int) -> int:
+    """Tokens trained on in ``step`` steps: the plan's global batch at each step, the ramp's smaller ones included."""
+    batch = cfg.batch
+    per_accum = batch.global_batch_tokens // batch.grad_accum_steps  # one micro-batch on every data-parallel rank
+    ramp = min(step, max(batch.ramp_steps, 0))
+    return (sum(batch.accum_steps_at(s) for s in range(ramp)) + (step - ramp) * batch.grad_accum_steps) * per_accum
+
+
+def _segment_out_of_time(cfg: RunConfig, step: int, committed: int | None) -> None:
+    """The segment's time ran out before its share of the steps: the next segment resumes from the checkpoint
+    just saved; in the last segment the run is unfinished, and the job fails saying how to resume it."""
+    run = cfg.run
+    message = (f"segment {run.segment} of {run.segments} of run {run.id!r} reached its time limit of "
+               f"{run.segment_seconds:.0f} s at step {step} of {cfg.batch.total_steps} (checkpoint step-{committed})")
+    if run.segment < run.segments:
+        log.warning("%s; the next segment resumes from it", message)
+        return
+    raise RuntimeError(f"{message}: the run is unfinished; resume it with RunId={run.id} "
+                       f"(`tiered-training start RECIPE --resume {run.id}`)")
 
 
 def _export_dtype(cfg: RunConfig) -> torch.dtype:

@@ -33,6 +33,9 @@ from tiered_training.constructs.app import RecipeProblems
 from tiered_training.definition import P_MAX_STEPS
 
 RECIPES = Path(__file__).parent / "recipes"
+# The weekly short run's parameters. No RunId: each execution is a new run with a prefix of its own
+# (runs/<execution id>/), so it never resumes, writes or prunes a production run's checkpoints.
+WEEKLY_PARAMETERS = {P_MAX_STEPS: "200"}
 
 
 class TrainingStack(Stack):
@@ -120,7 +123,8 @@ class TrainingStack(Stack):
                 schedule=scheduler.ScheduleExpression.cron(minute="0", hour="6", week_day="MON"),
                 target=targets.SageMakerStartPipelineExecution(
                     pipeline,
-                    pipeline_parameter_list=[targets.SageMakerPipelineParameter(name=P_MAX_STEPS, value="200")],
+                    pipeline_parameter_list=[targets.SageMakerPipelineParameter(name=name, value=value)
+                                             for name, value in WEEKLY_PARAMETERS.items()],
                 ),
             )
 

@@ -29,8 +29,9 @@ def test_embedded_definition_is_valid(plans, templates):
         train = d.find_step(body, d.S_TRAIN)["Arguments"]
         # The role and bucket are deploy-time references, not literals.
         assert train["RoleArn"].startswith("TOKEN-")
-        assert train["CheckpointConfig"]["S3Uri"].startswith("s3://TOKEN-")
-        assert train["CheckpointConfig"]["S3Uri"].endswith(f"/{name}/checkpoints/")
+        head, run_id, tail = train["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"]  # the run's own prefix
+        assert head.startswith("s3://TOKEN-") and head.endswith(f"/{name}/checkpoints/runs/")
+        assert run_id == {"Get": "Execution.PipelineExecutionId"} and tail == "/"
 
 
 def test_spot_training_plan_and_tags_reach_the_train_step(templates):

@@ -54,10 +54,43 @@ def test_a_good_probe_runs_train_on_the_probes_warm_pool(definition):
     jobs = Jobs(lines)
     execution = Interpreter(body, jobs).run({"InstanceCount": 2})
     assert execution.status == "Succeeded"
-    assert jobs.calls == [("Probe", 1, None), ("Train", 1, "Probe")]
+    # The plan's 3 segments, each on the warm pool of the job before it.
+    assert jobs.calls == [("Probe", 1, None), ("Train", 1, "Probe"), ("Train-2", 1, "Train"), ("Train-3", 1, "Train-2")]
     assert execution.metrics["Probe"]["probe:tokens_per_second"] == 50000.0
     assert find_step(body, "Probe")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
-    assert "KeepAlivePeriodInSeconds" not in find_step(body, "Train")["Arguments"]["ResourceConfig"]
+    assert find_step(body, "Train")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
+    assert "KeepAlivePeriodInSeconds" not in find_step(body, "Train-3")["Arguments"]["ResourceConfig"]
+
+
+def test_a_failed_segment_ends_the_chain_and_dependson_is_kept(definition):
+    """Segment 2 fails with an algorithm error: segment 3 never starts. A definition whose DependsOn names a step
+    that has not run before it is refused rather than run out of order."""
+    import copy
+
+    _, body = definition
+    jobs = Jobs([], {"TrainWithoutProbe-2": [JobAttempt("Failed", "loss is NaN")]})
+    execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
+    assert execution.status == "Failed" and execution.failed_step == "TrainWithoutProbe-2"
+    assert [c[0] for c in jobs.calls] == ["TrainWithoutProbe", "TrainWithoutProbe-2"]
+    broken = copy.deepcopy(body)
+    find_step(broken, "TrainWithoutProbe-2")["DependsOn"] = ["TrainWithoutProbe-3"]
+    with pytest.raises(PipelineError, match="DependsOn TrainWithoutProbe-3, which has not succeeded"):
+        Interpreter(broken, Jobs([])).run({"SkipProbe": "true"})
+
+
+def test_the_execution_id_names_a_new_run_and_runid_resumes_one(definition):
+    _, body = definition
+    seen = []
+
+    def jobs(step, job_name, args, attempt, *, warm_from):
+        seen.append((step, args["CheckpointConfig"]["S3Uri"], args["HyperParameters"]["run.id"]))
+        return JobAttempt("Completed")
+
+    Interpreter(body, jobs, execution_id="abc123def456").run({"SkipProbe": "true"})
+    Interpreter(body, jobs, execution_id="fff000fff000").run({"RunId": "abc123def456"})
+    assert {uri for _, uri, _ in seen} == {"s3://b/ck/runs/abc123def456/"}
+    assert {run for _, _, run in seen} == {'"abc123def456"'}
+    assert [step for step, _, _ in seen][3:] == ["Resume", "Resume-2", "Resume-3"]
 
 
 def test_retry_strategy_then_retry_policy(definition):

@@ -33,8 +33,11 @@ def _test_recipe(root: Path) -> Path:
     text = (REPO / "recipes/qwen2.5-32b-hybrid.yaml").read_text().replace("keep_last: 4", f"keep_last: {KEEP_LAST}")
     assert "\ntuning:\n  sharding: hybrid\n" in text
     text = text.replace("\ntuning:\n", "\ntuning:\n  shard_group_size: 16\n")
+    # One training job: the account's runtime limit raised to 28 days (segments are tests/rehearse/test_runs_rehearsal.py's).
+    text = text.replace("  instance_count: 4\n", "  instance_count: 4\n  quotas:\n    training-job-max-runtime: 2419200\n")
     recipe = root / "qwen2.5-32b-hybrid.yaml"
     recipe.write_text(text)
+    assert plan_file(recipe).segments == 1
     step_seconds = plan_file(recipe).estimates.step_time_seconds
     recipe.write_text(text.replace("interval_minutes: 20", f"interval_minutes: {INTERVAL * step_seconds / 60:.4f}"))
     return recipe
@@ -134,7 +137,7 @@ def test_s3_holds_at_most_keep_last_plus_two_checkpoints(rehearsal):
 def test_a_restart_on_a_host_count_that_breaks_the_shard_groups_is_refused_before_any_compute(rehearsal):
     result, log, _ = rehearsal
     assert result.then is not None and result.then.status == "Failed" and not result.ok
-    (attempt,) = result.then.jobs["TrainWithoutProbe"]
+    (attempt,) = result.then.jobs["Resume"]
     reason = attempt.detail["failure_files"]["algo-1"]
     assert reason.startswith("launcher: ") and "cannot resume the checkpoint of a run on 4 GPUs on 2 GPUs" in reason
     assert "hybrid sharding needs a multiple of the shard group of 4 GPUs" in reason

@@ -1,7 +1,7 @@
 """CheckpointStore: the S3 bucket for checkpoints and model output, one prefix per recipe.
 
-Layout: ``s3://<bucket>/<recipe>/checkpoints/`` (CheckpointConfig, shared by all hosts)
-and ``s3://<bucket>/<recipe>/output/`` (model artefacts and probe output).
+Layout: ``s3://<bucket>/<recipe>/checkpoints/runs/<run id>/`` (each run's CheckpointConfig, shared by
+all hosts) and ``s3://<bucket>/<recipe>/output/`` (model artefacts and probe output).
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ class TrainingPipeline(Resource):
 
     - ``plan``: a Plan without errors (``PlanError`` otherwise).
     - ``image``: the TrainingImage.
-    - ``store``: the CheckpointStore; checkpoints go under ``<recipe>/checkpoints/``. Or
+    - ``store``: the CheckpointStore; each run's checkpoints go under
+      ``<recipe>/checkpoints/runs/<run id>/`` (docs/runs.md). Or
       ``bucket`` (an ``IBucket``) and ``encryption_key`` (an ``IKey``; default the bucket's
       key). Default a new CheckpointStore.
     - ``execution_role``: the role the training jobs assume (an ``IRole``); default a new

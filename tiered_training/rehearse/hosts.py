@@ -285,6 +285,7 @@ class JobRunner:
             "model_dir": str(hosts[0].root / "model"), "hosts": [h.name for h in hosts],
             "uploads": {name: sorted(s.uploaded_keys) for name, s in stats.items()},
             "interrupt": interrupted_by,
+            "checkpoint_uri": checkpoint_uri,
         }
         killed = [h for h in hosts if h.killed and h.killed.startswith("SIGKILL")]
         if checkpoint_uri:

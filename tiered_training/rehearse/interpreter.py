@@ -4,12 +4,15 @@ It walks the very dict that :func:`tiered_training.definition.build_definition` 
 
 - **Parameters**: their ``DefaultValue``, overridden by the execution's parameters (typed
   as declared: ``Integer``, ``Float``, ``Boolean``, ``String``).
-- **Expressions**: ``{"Get": "Parameters.X"}``, ``{"Get": "Steps.S.FinalMetricDataList['m'].Value"}``
-  and ``{"Std:Join": {"On": ..., "Values": [...]}}``. Anything else shaped like an
+- **Expressions**: ``{"Get": "Parameters.X"}``, ``{"Get": "Steps.S.FinalMetricDataList['m'].Value"}``,
+  ``{"Get": "Execution.PipelineExecutionId"}`` (and ``PipelineName``, ``PipelineExecutionArn``) and ``{"Std:Join": {"On": ..., "Values": [...]}}``. Anything else shaped like an
   expression, or a reference that does not resolve, is a :class:`PipelineError` naming it.
 - **Condition steps**: ``Equals``, ``GreaterThan``, ``GreaterThanOrEqualTo``, ``LessThan``,
   ``LessThanOrEqualTo``, ``In``, ``Not``, ``Or``; all conditions must hold for ``IfSteps``.
 - **Fail steps**: the execution fails with the rendered ``ErrorMessage``.
+- **DependsOn**: a step runs after the steps it names; here steps run in the order listed, so
+  a step whose dependency has not succeeded is a :class:`PipelineError` (a definition whose
+  order SageMaker would not keep).
 - **Training steps**: arguments rendered, then run by a :class:`JobRunner`. The job's
   ``FinalMetricDataList`` comes from its log through its own ``MetricDefinitions``: for
   each metric, the last value the regex matched (SageMaker lists "the metric values that it
@@ -80,6 +83,7 @@ class TraceEvent:
 
 @dataclass
 class Execution:
+    execution_id: str = ""  # Execution.PipelineExecutionId
     status: str = "Executing"  # then "Succeeded" or "Failed"
     failure: str = ""
     failed_step: str | None = None
@@ -112,7 +116,7 @@ class Interpreter:
     """Executes one pipeline definition with ``runner`` for its Training steps."""
 
     def __init__(self, definition: dict[str, Any], runner: JobRunner, *, report: Callable[[TraceEvent], None] | None = None,
-                 limits: dict[str, tuple[float, str]] | None = None):
+                 limits: dict[str, tuple[float, str]] | None = None, execution_id: str | None = None):
         """``limits``: per probe metric, a (value, why) that replaces the literal it is compared with
         in a Condition (a plan figure that does not carry over to the rehearsal's hardware)."""
         self.definition = definition
@@ -123,6 +127,14 @@ class Interpreter:
         self.execution = Execution()
         self._warm: dict[str, Any] | None = None
         self._job_counter = 0
+        if execution_id is None:
+            import uuid
+
+            execution_id = uuid.uuid4().hex[:12]
+        self.execution_id = execution_id  # what SageMaker's PipelineExecutionId looks like: 12 lower-case alphanumerics
+        self.execution.execution_id = execution_id
+        self.pipeline_name = str((definition.get("Metadata") or {}).get("Recipe", "pipeline"))
+        self._succeeded: set[str] = set()
 
     # -- events ------------------------------------------------------------------------
 
@@ -174,6 +186,14 @@ class Interpreter:
             if name not in self.parameters:
                 raise PipelineError(f"{where}: {path} names no parameter of this pipeline")
             return self.parameters[name]
+        if path.startswith("Execution."):
+            variables = {"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
+                         "PipelineExecutionArn": f"arn:aws:sagemaker:local:000000000000:pipeline/{self.pipeline_name}/"
+                                                 f"execution/{self.execution_id}"}
+            name = path.split(".", 1)[1]
+            if name not in variables:
+                raise PipelineError(f"{where}: {path}: the rehearsal knows the execution variables {', '.join(variables)}")
+            return variables[name]
         match = STEP_REF.match(path)
         if match:
             step, metric = match.group("step"), match.group("metric")
@@ -209,7 +229,12 @@ class Interpreter:
             handler = {"Condition": self._condition_step, "Fail": self._fail_step, "Training": self._training_step}.get(kind)
             if handler is None:
                 raise PipelineError(f"step {step.get('Name')}: steps of type {kind!r} are not supported")
+            missing = [name for name in step.get("DependsOn", []) if name not in self._succeeded]
+            if missing:
+                raise PipelineError(f"step {step.get('Name')}: DependsOn {', '.join(missing)}, which has not succeeded "
+                                    "before it in this branch")
             handler(step)
+            self._succeeded.add(step["Name"])
 
     def _condition_step(self, step: dict[str, Any]) -> None:
         name, args = step["Name"], step.get("Arguments", {})
@@ -279,7 +304,7 @@ class Interpreter:
     def _training_job(self, step: str, args: dict[str, Any]) -> tuple[str | None, str]:
         """One training job, with its own restarts; (None, "") when it completed, else (exception type, reason)."""
         self._job_counter += 1
-        job_name = f"pipelines-{self._job_counter:04d}-{step}"[:63]
+        job_name = f"pipelines-{self.execution_id}-{self._job_counter:02d}-{step}"[:63]
         resources = args.get("ResourceConfig", {})
         warm_from = self._take_warm_pool(step, args)
         retries_left = int((args.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0))

@@ -11,9 +11,9 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
-from ..definition import PipelineResources, build_definition, find_step, validate_definition
+from ..definition import TRAIN_CHAINS, PipelineResources, build_definition, validate_definition
 from ..runconfig import RunConfig
 from .hosts import Interrupt, JobRunner
 from .interpreter import Execution, Interpreter, PipelineError, TraceEvent
@@ -38,7 +38,23 @@ class Options:
     params: dict[str, str] = field(default_factory=dict)
     interrupt: str | None = None
     workdir: Path | None = None  # kept when given; a temporary directory otherwise
-    then: dict[str, str] | None = None  # a second execution with these parameters, on the same S3 (a restart)
+    # Later executions on the same S3: parameters (a restart), or Then entries.
+    then: "dict[str, str] | list[Then] | None" = None
+
+
+@dataclass
+class Then:
+    """A later execution of the pipeline on the same local S3 and store.
+
+    ``params``: its parameters, over the first execution's; ``recipe``: the pipeline redeployed from
+    another recipe file (the same name: the same store prefix); ``before``: called with the S3 client
+    and the rehearsal so far before it starts (to damage a prefix, say); ``resume``: the execution
+    resumes the first execution's run by name."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    recipe: Path | None = None
+    before: Callable[[Any, "Rehearsal"], None] | None = None
+    resume: bool = False  # resume the first execution's run (RunId = its execution id)
 
 
 @dataclass
@@ -52,31 +68,42 @@ class Rehearsal:
     uploads_by_host: dict[str, int]
     exported: dict[str, Any]
     workdir: Path
-    then: Execution | None = None
+    then: Execution | None = None  # the first later execution
     interrupt: str | None = None  # what was asked for
     interrupted: str | None = None  # what happened
+    later: list[Execution] = field(default_factory=list)  # every later execution, in order
+    store: str = STORE  # the checkpoint store; a run's checkpoints are under run_prefix(run id)
+    recipe_name: str = ""
 
     @property
     def executions(self) -> list[Execution]:
-        return [self.execution] + ([self.then] if self.then is not None else [])
+        return [self.execution] + self.later
+
+    def run_prefix(self, run_id: str) -> str:
+        return f"{self.store}/{self.recipe_name}/checkpoints/runs/{run_id}/"
 
     @property
     def ok(self) -> bool:
         """Every execution succeeded, and the interrupt asked for happened."""
         return all(e.status == "Succeeded" for e in self.executions) and (self.interrupt is None or bool(self.interrupted))
 
-    def train_attempts(self) -> list:
-        for name in ("Train", "TrainWithoutProbe"):
-            if name in self.execution.jobs:
-                return self.execution.jobs[name]
-        return []
+    def train_attempts(self, execution: Execution | None = None) -> list:
+        """Every attempt of the execution's training jobs (all segments), in the order they ran."""
+        return train_attempts(execution or self.execution)
 
-    def losses(self, key: str = "losses") -> dict[int, float]:
+    def losses(self, key: str = "losses", execution: Execution | None = None) -> dict[int, float]:
         """The full run's loss per step: a restarted attempt's steps replace the ones it redid."""
         merged: dict[int, float] = {}
-        for attempt in self.train_attempts():
+        for attempt in self.train_attempts(execution):
             merged.update(attempt.detail.get(key, {}))
         return dict(sorted(merged.items()))
+
+    def exported_of(self, execution: Execution) -> dict[str, Any]:
+        """The model the execution's last training job exported (empty when none completed)."""
+        attempts = self.train_attempts(execution)
+        if attempts and attempts[-1].status == "Completed" and Path(attempts[-1].detail["model_dir"]).is_dir():
+            return describe_export(Path(attempts[-1].detail["model_dir"]))
+        return {}
 
     def validation_losses(self) -> dict[int, float]:
         """The validation loss after the steps that had a validation pass (the last attempt's where redone)."""
@@ -84,6 +111,13 @@ class Rehearsal:
 
 
 MIN_STEPS = 12
+
+
+def train_attempts(execution: Execution) -> list:
+    """The attempts of an execution's Train, TrainWithoutProbe or Resume segments, in the order they ran."""
+    chains = tuple(TRAIN_CHAINS)
+    return [attempt for step, attempts in execution.jobs.items()
+            if step.split("-")[0] in chains for attempt in attempts]
 
 
 def steps_for(interrupt: Interrupt | None, interval: int) -> int:
@@ -168,7 +202,9 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     problems = validate_definition(json.loads(json.dumps(definition)))
     if problems:
         raise RehearsalError("the pipeline definition is invalid: " + "; ".join(problems))
-    checkpoint_uri = find_step(definition, "Train")["Arguments"]["CheckpointConfig"]["S3Uri"]
+    runs_uri = f"{STORE}/{plan.name}/checkpoints/runs/"
+    # A dict of parameters is a restart: the first run resumed by name.
+    later = [Then(dict(options.then), resume=True)] if isinstance(options.then, dict) else list(options.then or [])
 
     preview_hp = dict(plan.run_config().to_hyperparameters(), **{"batch.total_steps": params["MaxSteps"]})
     scaled = scaled_for(preview_hp)
@@ -192,39 +228,66 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
             manifest = put_shards(client, data_uri, token_dtype=scaled.config.data.token_dtype)
             say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
+            data_uris = [data_uri]
             runner = JobRunner(s3, workdir, workers=options.workers, repo=repo,
                                hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                                interrupt=interrupt, say=say)
             limits = {"probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")}
             interpreter = Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits)
             say("pipeline trace:")
+            result = Rehearsal(interpreter.execution, scaled, "", scaled.config.checkpoint.keep_last, 0, [], {}, {}, workdir,
+                               None, options.interrupt, None, [], STORE, plan.name)
             try:
                 execution = interpreter.run(params)
-                then = None
-                if options.then is not None:
-                    runner.interrupt = None
-                    later = {**params, **options.then}
+                result.checkpoint_uri = result.run_prefix(execution.execution_id)
+                runner.interrupt = None
+                for number, step in enumerate(later, start=2):
+                    if step.before is not None:
+                        step.before(client, result)
+                    later_plan, later_definition = plan, definition
+                    if step.recipe is not None:
+                        later_plan = plan_file(step.recipe)
+                        if not later_plan.ok or later_plan.name != plan.name:
+                            raise RehearsalError(f"{step.recipe}: a later execution needs a valid recipe named {plan.name}")
+                        later_definition = build_definition(later_plan, resources)
+                    values = {**params, **({"RunId": execution.execution_id} if step.resume else {}), **step.params}
+                    uri = values.get("DataUri", plan.recipe.data.uri)
+                    if uri not in data_uris:
+                        if not plan.recipe.data.allows(uri):
+                            raise RehearsalError(f"DataUri={uri}: not under the recipe's data.allowed_uris")
+                        s3.ensure_bucket(client, split_uri(uri)[0])
+                        put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=len(data_uris))
+                        say(f"data: other tokens at {uri} (local S3)")
+                        data_uris.append(uri)
                     say("")
-                    say("a second execution on the same checkpoint prefix: " + ", ".join(f"{k}={v}" for k, v in options.then.items()))
-                    then = Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits).run(later)
+                    say(f"execution {number}, on the same store: " + (", ".join(f"{k}={v}" for k, v in step.params.items()) or "defaults")
+                        + (f"; the pipeline redeployed from {step.recipe}" if step.recipe else ""))
+                    result.later.append(_run_later(later_definition, runner, say, limits, values))
+                result.then = result.later[0] if result.later else None
             except PipelineError as error:
                 raise RehearsalError(f"the pipeline cannot run: {error}") from None
+            result.execution = execution
+            checkpoint_uri = result.checkpoint_uri
             end_keys = list_keys(client, checkpoint_uri) if _exists(client, checkpoint_uri) else {}
             uploads: dict[str, int] = {}
             for attempt in [a for attempts in execution.jobs.values() for a in attempts]:
                 for host, keys in attempt.detail.get("uploads", {}).items():
                     uploads[host] = uploads.get(host, 0) + len(keys)
-            result = Rehearsal(execution, scaled, checkpoint_uri, scaled.config.checkpoint.keep_last, runner.max_checkpoints,
-                               sorted(checkpoints_in(end_keys), key=lambda s: int(s.split("-")[1])), uploads, {}, workdir,
-                               then, options.interrupt, runner.interrupted)
-            attempts = result.train_attempts()
-            if attempts and attempts[-1].status == "Completed":
-                result.exported = describe_export(Path(attempts[-1].detail["model_dir"]))
+            result.max_checkpoints = runner.max_checkpoints
+            result.checkpoints_at_end = sorted(checkpoints_in(end_keys), key=lambda s: int(s.split("-")[1]))
+            result.uploads_by_host = uploads
+            result.interrupted = runner.interrupted
+            result.exported = result.exported_of(execution)
+            say(f"runs under {runs_uri}: " + ", ".join(e.execution_id for e in result.executions))
             _print_summary(say, result)
             return result
     finally:
         if options.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_later(definition: dict[str, Any], runner: JobRunner, say, limits, values: dict[str, str]) -> Execution:
+    return Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits).run(values)
 
 
 def _exists(client, uri: str) -> bool:

@@ -182,7 +182,15 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
         "max_shard_bytes": change("export.max_shard_bytes", cfg.export.max_shard_bytes, max(1, model_bytes // 3),
                                   "the tiny model is split into several files, as a large one is"),
     })
+    run = cfg.run
+    if run.segments > 1:
+        # The limit scaled down: each segment trains the same share of the rehearsal's steps as of the plan's.
+        run = run.model_copy(update={
+            "segment_seconds": change("run.segment_seconds", run.segment_seconds, 0.0,
+                                      "a CPU step is not the plan's: each segment's share of the steps divides the run"),
+        })
     scaled = cfg.model_copy(update={
+        "run": run,
         "model": model, "parallel": parallel, "batch": batch, "precision": precision, "optimizer": optimizer,
         "checkpoint": checkpoint, "hardware": hardware, "probe": probe, "metrics": metrics, "export": export,
         "validation": validation,
@@ -198,6 +206,7 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
         ("batch.micro_batch_size", b.micro_batch_size),
         ("batch.total_steps", b.total_steps),
         ("checkpoint.keep_last", ck.keep_last),
+        *((("run.segments", f"{run.segment} of {run.segments}"),) if run.segments > 1 else ()),
         ("probe.micro_batch_candidates", cfg.probe.micro_batch_candidates),
         ("optimizer", f"{cfg.optimizer.schedule}, lr {cfg.optimizer.lr:g}"),
         ("data", f"{cfg.data.token_dtype}, seed {cfg.data.seed}"),

@@ -1,0 +1,99 @@
+"""The launcher's run checks, before torchrun starts: a resume of another run, model or data is refused with what
+changed and what to do; a new run on an InstanceCount that would change the global batch is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.identity import data_fingerprint, identity
+from training.launcher import LaunchError, build_launch
+
+from support import RECIPES
+from tiered_training.planner import plan_file
+
+DATA = "s3://example-training-data/fineweb-edu/llama3-tokens/"
+
+
+def _cfg(run_id="run-a", resume=True, data_uri=DATA, **model):
+    cfg = plan_file(next(p for p in RECIPES if p.stem == "llama3-8b-fp8")).run_config()
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"id": run_id, "resume": resume, "data_uri": data_uri})})
+    if model:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update=model)})
+    return cfg
+
+
+def _data(root: Path, sizes=(400, 800)) -> Path:
+    data = root / "data"
+    data.mkdir(exist_ok=True)
+    for number, size in enumerate(sizes):
+        (data / f"shard-{number:05d}.bin").write_bytes(b"\0" * size)
+    return data
+
+
+def _checkpoint(root: Path, cfg, data: Path, step=6, world=8) -> Path:
+    checkpoints = root / "checkpoints"
+    path = checkpoints / f"step-{step}"
+    path.mkdir(parents=True)
+    run = {**identity(cfg, data, world), "step": step, "tokens_seen": step * 4_194_304}
+    (path / "COMMITTED").write_text(json.dumps({"step": step, "world_size": world, "files": {}, "run": run}))
+    return checkpoints
+
+
+def _launch(cfg, checkpoints, data, hosts=1):
+    names = [f"algo-{i + 1}" for i in range(hosts)]
+    rc = {"current_host": "algo-1", "hosts": names, "current_instance_type": "ml.p6-b200.48xlarge"}
+    return build_launch(rc, cfg.to_hyperparameters(), {"SM_NUM_GPUS": "8"}, checkpoint_dir=checkpoints, data_dir=data)
+
+
+def test_a_matching_resume_starts(tmp_path):
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    assert _launch(_cfg(), checkpoints, data).nnodes == 1
+
+
+def test_a_resume_with_another_data_uri_is_refused_naming_both(tmp_path):
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    with pytest.raises(LaunchError) as raised:
+        _launch(_cfg(data_uri="s3://example-training-data/other/"), checkpoints, data)
+    message = str(raised.value)
+    assert message.startswith("cannot resume run 'run-a': the data changed")
+    assert f"resume with DataUri={DATA}" in message and "start a new run" in message
+
+
+def test_changed_data_at_the_same_uri_is_refused_even_with_the_same_window_count(tmp_path):
+    """Shards renamed or resized under the same URI: the fingerprint differs (the trainer's window count may not)."""
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    before = data_fingerprint(data)
+    (data / "shard-00001.bin").rename(data / "shard-00002.bin")
+    assert data_fingerprint(data) != before
+    with pytest.raises(LaunchError, match="changed since run 'run-a' saved step 6"):
+        _launch(_cfg(), checkpoints, data)
+
+
+def test_another_model_is_refused(tmp_path):
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    with pytest.raises(LaunchError, match=r"the model \(architecture or starting checkpoint\) changed"):
+        _launch(_cfg(layers=2), checkpoints, data)
+
+
+def test_a_resume_of_a_run_without_checkpoints_is_refused(tmp_path):
+    data = _data(tmp_path)
+    with pytest.raises(LaunchError, match="run 'run-a' has no committed checkpoint to resume"):
+        _launch(_cfg(), tmp_path / "empty", data)
+    assert _launch(_cfg(resume=False), tmp_path / "empty", data).nnodes == 1  # a new run starts empty
+
+
+def test_a_new_run_on_an_instance_count_that_breaks_the_global_batch_is_refused(tmp_path):
+    """A plan for one 8-GPU node on InstanceCount 3: 24 GPUs cannot keep the batch whole; refused, with the counts."""
+    data = _data(tmp_path)
+    cfg = _cfg(resume=False)
+    with pytest.raises(LaunchError) as raised:
+        _launch(cfg, tmp_path / "empty", data, hosts=3)
+    assert "InstanceCount 3 (24 GPUs) cannot run the plan as planned" in str(raised.value)
+    assert "instance counts this plan supports: 1" in str(raised.value)
