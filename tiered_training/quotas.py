@@ -45,13 +45,14 @@ def applied_values(recipe: "Recipe", account: Mapping[str, float] | None = None)
 
 
 def runtime_need(recipe: "Recipe") -> float:
-    """Seconds one training job asks for: the full run's ``StoppingCondition.MaxRuntimeInSeconds``.
+    """Seconds one training job asks for: each segment's ``StoppingCondition.MaxRuntimeInSeconds``.
 
-    The one place the runtime quota's need is computed. It is what a single job needs when a
-    long run is not split into segments that each stay under the applied quota; where runs are
-    segmented, this returns the segment's length instead.
+    The one place the runtime quota's need is computed. A run longer than that is split into
+    segments (``segments.py``), so the need is one job's, never the whole run's.
     """
-    return recipe.compute.max_runtime_hours * 3600
+    from .segments import job_runtime_seconds
+
+    return job_runtime_seconds(recipe)
 
 
 def uses_warm_pool(recipe: "Recipe") -> bool:
