@@ -68,6 +68,22 @@ CASES = [
     ("two documents", "name: a\n---\nname: b\n", ["YAML syntax"]),
     ("tags over the limit", recipe_dict(tags={f"k{i}": "v" for i in range(60)}), ["tags", "at most 49"]),
     ("a value of 300 tag characters", recipe_dict(tags={"team": "t" * 300}), ["tags", "256"]),
+    # YAML 1.1 readings: YAML 1.2 reads these as text, and the message says what 1.1 would have read.
+    ("sexagesimal runtime", with_text(recipe_dict(**{"compute.max_runtime_hours": 2}), "max_runtime_hours: 2", "max_runtime_hours: 1:30"),
+     ["compute.max_runtime_hours", "'1:30'", "90, base 60", "decimal number"]),
+    ("sexagesimal integer", with_text(recipe_dict(**{"probe.steps": 20}), "steps: 20", "steps: 1:00"), ["probe.steps", "60, base 60"]),
+    ("yes as a boolean", with_text(recipe_dict(**{"compute.spot": False}), "spot: false", "spot: yes"), ["compute.spot", "'yes'", "true or false"]),
+    ("off as a boolean", with_text(recipe_dict(**{"tracking.tensorboard": True}), "tensorboard: true", "tensorboard: off"), ["tracking.tensorboard", "'off'", "as false"]),
+    ("boolean instance count", recipe_dict(**{"compute.instance_count": True}), ["compute.instance_count", "valid integer", "not a boolean"]),
+    ("boolean runtime", recipe_dict(**{"compute.max_runtime_hours": False}), ["compute.max_runtime_hours", "valid number", "not a boolean"]),
+    ("quoted number", recipe_dict(**{"compute.instance_count": "2"}), ["compute.instance_count", "valid integer", "'2'"]),
+    # A key spelt with a lookalike letter is one problem that names the letter.
+    ("Cyrillic a in a key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("name:", "n\u0430me:", 1),
+     ["unknown key 'n\u0430me'", "non-ASCII '\u0430' U+0430", "did you mean 'name'?"]),
+    ("Greek o in a nested key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("instance_count:", "instance_c\u03bfunt:"),
+     ["compute.instance_c\u03bfunt", "U+03BF", "did you mean 'instance_count'?"]),
+    ("full-width key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("sequence_length:", "sequence\uff3flength:"),
+     ["U+FF3F", "did you mean 'sequence_length'?"]),
 ]
 
 
@@ -84,6 +100,26 @@ def test_hostile_recipe_is_exit_2_with_one_clear_line_within_a_second(tmp_path, 
         assert word in lines[0], (word, lines[0])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert seconds < 1.0, f"{label}: {seconds:.2f} s"
+
+
+def test_yaml_12_reads_grouped_digits_octal_hex_and_leaves_dates_as_text():
+    from tiered_training.yaml12 import Loader
+
+    text = "a: 50_000\nb: 0o17\nc: 0x1f\nd: 010\ne: 2024-01-01\nf: 1e3\ng: .inf\nh: on\ni: ~\nj: True\n"
+    assert yaml.load(text, Loader=Loader) == {
+        "a": 50_000, "b": 15, "c": 31, "d": 10, "e": "2024-01-01", "f": 1000.0, "g": float("inf"), "h": "on", "i": None, "j": True,
+    }
+
+
+def test_a_file_name_with_a_newline_is_one_line(tmp_path):
+    path = write_yaml(tmp_path / "new\nline.yaml", recipe_dict(**{"compute.instance_count": 0}))
+    result, _ = invoke("validate", path)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "new\\nline.yaml:" in lines[0] and "compute.instance_count" in lines[0], lines
+    good = write_yaml(tmp_path / "ok\nfine.yaml", recipe_dict(**{"monitoring.alarm_email": "ops@example.com"}))
+    result, _ = invoke("validate", good)
+    assert result.exit_code == 0 and result.stdout.strip().splitlines() == [f"{tmp_path}/ok\\nfine.yaml: ok"], result.output
 
 
 def test_the_longest_name_fits_every_derived_name():

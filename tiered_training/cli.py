@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from .errors import Problem, RecipeError
+from .errors import Problem, RecipeError, escape
 
 PROG = "tiered-training"
 
@@ -198,7 +198,7 @@ def validate(
     else:
         _report_failures(failures)
         _report_findings(plans, strict=strict)
-        print_lines(_out(), [f"{p.source}: ok" for p in plans if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]])
+        print_lines(_out(), [f"{escape(p.source)}: ok" for p in plans if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]])
         bad = sum(not r["ok"] for r in data["recipes"])
         if bad and len(data["recipes"]) > 1:
             print_lines(_err(), [f"{bad} of {len(data['recipes'])} recipes invalid"])

@@ -19,7 +19,7 @@ import sys
 import textwrap
 from typing import Any, Iterable, Sequence
 
-from .errors import clip
+from .errors import clip, escape
 
 CELL_LIMIT = 120
 LINE_LIMIT = 4000
@@ -54,6 +54,7 @@ def print_lines(con, lines: Iterable[str]) -> None:
     out = con.file
     for line in lines:
         line = clip(line, LINE_LIMIT) if len(line) > LINE_LIMIT else line
+        line = line if line.isprintable() else escape(line)  # one line, whatever a name holds
         if width is None or len(line) <= width:
             out.write(line + "\n")
             continue
