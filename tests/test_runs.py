@@ -148,7 +148,7 @@ def test_start_honours_aws_region_then_aws_default_region(endpoint, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(executions(endpoint, "in-eu", "eu-west-1")) == 2
     result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": None})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # local configuration, no call made
     assert result.stderr.strip() == "error: no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION"
 
 
@@ -261,7 +261,7 @@ def test_stop_stops_the_latest_execution(endpoint, recipe):
     assert result.stdout.strip() == f"Stopping: {arn}"
     moto_execution(arn).pipeline_execution_status = "Stopped"
     again = invoke("stop", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json")
-    assert json.loads(again.stdout) == {"execution_arn": arn, "status": "Stopped"}
+    assert json.loads(again.stdout) == {"ok": True, "execution_arn": arn, "status": "Stopped"}
 
 
 # -- start --follow ------------------------------------------------------------------------

@@ -10,18 +10,122 @@ whose plan has errors (``diff`` included), a bad option, or no recipes at all.
 
 from __future__ import annotations
 
+import functools
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
 from .errors import Problem, RecipeError, escape
 
 PROG = "tiered-training"
 
-app = typer.Typer(
+
+class Failure(Exception):
+    """What a command reports instead of its result: one or more one-line errors and an exit code.
+
+    A command raises it; :func:`_reports_failures` prints it as ``error: ...`` lines on
+    stderr, or under ``--format json`` as ``{"ok": false, "exit_code": N, "errors": [...]}`` on
+    stdout, so that every error a command can meet reaches a machine reader too.
+    """
+
+    def __init__(self, errors: list, code: int):
+        self.errors = [e if isinstance(e, dict) else {"message": str(e)} for e in errors]
+        self.code = code
+        super().__init__("; ".join(e.get("text", e["message"]) for e in self.errors))
+
+    @classmethod
+    def of(cls, exc: Exception, code: int) -> "Failure":
+        """From a RecipeError (one entry per problem), a PlanError (per finding) or any one-line error."""
+        from .errors import PlanError
+
+        if isinstance(exc, RecipeError):
+            return cls([p.to_dict() | {"text": str(p)} for p in exc.problems], code)
+        if isinstance(exc, PlanError):
+            from .report import format_finding
+
+            plan = exc.plan
+            return cls([{"file": plan.source, "code": f.code, "field": f.field, "message": f.message, "fix": f.fix,
+                         "text": format_finding(plan, f)} for f in plan.errors], code)
+        return cls([{"message": " ".join(str(exc).split())}], code)
+
+    def data(self) -> dict:
+        return {"ok": False, "exit_code": self.code, "errors": [{k: v for k, v in e.items() if k != "text"} for e in self.errors]}
+
+    def lines(self) -> list[str]:
+        return [f"error: {e.get('text', e['message'])}" for e in self.errors]
+
+
+def _json_requested(args) -> bool:
+    """Whether a command line asks for ``--format json`` (read before click parses it)."""
+    args = list(args or [])
+    for index, arg in enumerate(args):
+        if arg in ("--format", "-f") and index + 1 < len(args) and args[index + 1] == "json":
+            return True
+        if arg in ("--format=json", "-fjson"):
+            return True
+    return False
+
+
+def _emit_failure(failure: Failure, as_json: bool) -> None:
+    """The errors on stderr, one line each; under ``--format json`` also as JSON on stdout."""
+    from .render import console, print_json, print_lines
+
+    if as_json:
+        print_json(failure.data())
+    print_lines(console(stderr=True), failure.lines())
+
+
+# click's UsageError (typer vendors click from 0.22 on): the base of typer.BadParameter.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose usage errors (bad option value, missing argument) are one line, or JSON."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        as_json = _json_requested(args)
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except _UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            hint = f" (see {PROG} {info_name} --help)"
+            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json)
+            raise typer.Exit(EXIT_INVALID) from None
+
+
+def _reports_failures(fn):
+    """Run a command; a :class:`Failure` is reported in the command's ``--format`` and ends it with its code."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Failure as failure:
+            fmt = kwargs.get("format")
+            _emit_failure(failure, getattr(fmt, "value", fmt) == "json")
+            raise typer.Exit(failure.code) from None
+
+    return run
+
+
+class _App(typer.Typer):
+    """Every command gets one-line (or JSON) usage errors and :class:`Failure` reporting."""
+
+    def command(self, *args, cls=None, **kwargs):
+        register = super().command(*args, cls=cls or _Command, **kwargs)
+
+        def decorator(fn):
+            register(_reports_failures(fn))
+            return fn
+
+        return decorator
+
+
+app = _App(
     name=PROG,
     add_completion=True,
     no_args_is_help=True,
@@ -333,7 +437,7 @@ def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")
 
 @app.command("run-config")
 def run_config(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
     hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of the RunConfig"),
     format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
 ) -> None:
@@ -341,18 +445,30 @@ def run_config(
     from .errors import PlanError
     from .render import dumps
 
-    plans, failures = _load_plans([recipe])
-    _report_failures(failures)
-    if failures:
-        raise typer.Exit(EXIT_INVALID)
+    plan = _run_recipe(recipe)
     try:
-        config = plans[0].run_config()
+        config = plan.run_config()
     except PlanError as exc:
-        from .render import print_lines
-
-        print_lines(_err(), str(exc).splitlines())
-        raise typer.Exit(EXIT_INVALID)
+        raise Failure.of(exc, EXIT_INVALID)
     _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+
+
+# -- recipes by name ---------------------------------------------------------------------
+
+RECIPES_DIR = Path("recipes")
+
+
+def _recipe_path(recipe: Path) -> Path:
+    """``recipe`` itself, or the recipe in ./recipes that ``recipe`` names (its pipeline name or file stem)."""
+    from .loader import recipe_by_name
+
+    if recipe.exists() or recipe.is_symlink() or recipe.suffix in (".yaml", ".yml") or len(recipe.parts) != 1:
+        return recipe
+    found, names = recipe_by_name(str(recipe), RECIPES_DIR)
+    if found is not None:
+        return found
+    known = f"the recipes in {RECIPES_DIR}/ are named {', '.join(names)}" if names else f"no recipes in {RECIPES_DIR}/"
+    raise Failure([{"file": str(recipe), "message": f"{escape(str(recipe))}: no such recipe file, nor a recipe of that name ({known})"}], EXIT_INVALID)
 
 
 # -- runs ----------------------------------------------------------------------------
@@ -361,6 +477,7 @@ _REGION = typer.Option(None, help="AWS region (default: the recipe's compute.reg
 _ENDPOINT = typer.Option(None, help="AWS endpoint URL for every service (for testing)")
 _PROFILE = typer.Option(None, help="AWS profile")
 _EXECUTION = typer.Option(None, "--execution", help="an execution ARN (default: the pipeline's latest)")
+_RUN_RECIPE = typer.Argument(..., help="a recipe file whose stack is deployed, or its name (the pipeline's) in ./recipes")
 
 
 def _run_recipe(recipe: Path):
@@ -368,31 +485,43 @@ def _run_recipe(recipe: Path):
     from .planner import plan_file
 
     try:
-        return plan_file(recipe)
+        return plan_file(_recipe_path(recipe))
     except RecipeError as exc:
-        _report_failures([exc])
-        raise typer.Exit(EXIT_INVALID)
+        raise Failure.of(exc, EXIT_INVALID)
 
 
-def _start_error(exc: Exception) -> typer.Exit:
-    from .render import print_lines
+def _aws_failure(exc: Exception) -> Failure:
     from .start import StartError
 
-    code = exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED
-    print_lines(_err(), [f"error: {exc}"])
-    return typer.Exit(code)
+    return Failure.of(exc, exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED)
 
 
-def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str) -> list:
-    from .start import aws_client, resolve_region
+def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str,
+             execution: Optional[str] = None, services_for: str = "this command") -> list:
+    """Clients for ``services``, after the options are checked locally (exit 2, no call, for a bad one)."""
+    from .start import StartError, aws_client, check_aws_options, check_region, resolve_region, require_boto3
 
-    region = resolve_region(region, plan.recipe.compute.region)
-    return [aws_client(s, region=region, endpoint_url=endpoint_url, profile=profile) for s in services]
+    try:
+        require_boto3(f"{PROG} {services_for}")
+        check_aws_options(region=region, endpoint_url=endpoint_url, profile=profile, execution=execution, pipeline=plan.name)
+        resolved = resolve_region(region, plan.recipe.compute.region)
+        if region is None and resolved is not None:
+            source = "compute.region" if plan.recipe.compute.region else "AWS_REGION" if resolved == _env("AWS_REGION") else "AWS_DEFAULT_REGION"
+            check_region(resolved, source)
+        return [aws_client(s, region=resolved, endpoint_url=endpoint_url, profile=profile) for s in services]
+    except StartError as exc:  # ParameterError (exit 2) included
+        raise _aws_failure(exc) from None
+
+
+def _env(name: str) -> Optional[str]:
+    import os
+
+    return os.environ.get(name) or None
 
 
 @app.command()
 def start(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     follow: bool = typer.Option(True, help="follow the execution until it ends: steps, loss, tokens/s against the plan, ETA"),
     skip_probe: Optional[bool] = typer.Option(None, "--skip-probe/--probe", help="start the full run without the probe"),
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
@@ -404,13 +533,15 @@ def start(
     poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
 ) -> None:
-    """Start the recipe's SageMaker pipeline, print the execution ARN and follow it."""
+    """Start the recipe's SageMaker pipeline (named by the recipe's name: field), print the execution ARN and follow it."""
     from . import runs
     from .render import print_json
-    from .start import StartError, start as start_pipeline
+    from .start import StartError, check_parameters, start as start_pipeline
 
     plan = _run_recipe(recipe)
     try:
+        check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+        sm, *rest = _clients(plan, region, endpoint_url, profile, "sagemaker", *(["cloudwatch"] if follow else []), services_for="start")
         result = start_pipeline(
             plan,
             instance_count=instance_count,
@@ -418,55 +549,54 @@ def start(
             data_uri=data_uri,
             skip_probe=skip_probe,
             follow=follow,
-            region=region,
-            endpoint_url=endpoint_url,
-            profile=profile,
             poll_seconds=poll_seconds,
+            client=sm,
+            cloudwatch=rest[0] if rest else None,
             reporter=runs.QuietReporter() if format is TextFormat.json else None,
         )
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json(result.to_dict())
+        print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
     if follow and not result.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 def rehearse(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
-    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this)"),
-    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs')"),
-    steps: Optional[int] = typer.Option(None, help="optimiser steps of the full run (the MaxSteps parameter); "
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
+    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this); 1 to 8"),
+    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs'); 1 to 8"),
+    steps: Optional[int] = typer.Option(None, help="optimiser steps of the full run (the MaxSteps parameter), 2 to 1000; "
                                         "default: enough for two checkpoints and the interrupt, at least 12"),
     param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
-    interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP"),
-    workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here"),
+    interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP (STEP within the run)"),
+    workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here (a directory)"),
     restart_with: list[str] = typer.Option([], "--restart-with", help="then start a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"),
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
     from .errors import PlanError
     from .rehearse.run import Options, RehearsalError, parse_params, rehearse as run_rehearsal
+    from .render import print_json
 
+    as_json = format is TextFormat.json
     try:
-        result = run_rehearsal(Options(recipe, hosts=hosts, workers=workers, steps=steps, params=parse_params(param),
-                                       interrupt=interrupt, workdir=workdir,
-                                       then=parse_params(restart_with) if restart_with else None))
-    except RecipeError as exc:
-        _report_failures([exc])
-        raise typer.Exit(EXIT_INVALID)
-    except (RehearsalError, PlanError, ValueError) as exc:
-        from .render import print_lines
-
-        print_lines(_err(), [f"error: {exc}"])
-        raise typer.Exit(EXIT_INVALID)
+        options = Options(_recipe_path(recipe), hosts=hosts, workers=workers, steps=steps, params=parse_params(param),
+                          interrupt=interrupt, workdir=workdir,
+                          then=parse_params(restart_with, "--restart-with") if restart_with else None)
+        result = run_rehearsal(options, out=sys.stderr if as_json else None)
+    except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
+        raise Failure.of(exc, EXIT_INVALID)
+    if as_json:
+        print_json(result.to_dict())
     if not result.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 def status(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
@@ -479,15 +609,15 @@ def status(
     from .start import StartError
 
     plan = _run_recipe(recipe)
+    sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", execution=execution, services_for="status")
     try:
-        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch")
         arn = execution or runs.latest_execution(sm, plan.name)
         snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     result = snap.result()
     if format is TextFormat.json:
-        print_json(result.to_dict())
+        print_json(result.to_dict() | {"ok": True, "pipeline": plan.name})
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
     for step in snap.steps or []:
@@ -503,7 +633,7 @@ def status(
 
 @app.command()
 def logs(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     lines: int = typer.Option(50, "--lines", "-n", min=1, max=10_000, help="how many of the last log lines"),
     region: Optional[str] = _REGION,
@@ -517,16 +647,16 @@ def logs(
     from .start import StartError
 
     plan = _run_recipe(recipe)
+    sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs", execution=execution, services_for="logs")
     try:
-        sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs")
         arn = execution or runs.latest_execution(sm, plan.name)
         steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
         jobs = runs.training_jobs(steps)
         events = runs.tail_logs(cwl, jobs, lines=lines)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json({"execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events})
+        print_json({"ok": True, "execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events})
         return
     if not jobs:
         print_lines(_err(), [f"{arn}: no training job has started yet"])
@@ -539,7 +669,7 @@ def logs(
 
 @app.command()
 def stop(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
@@ -552,14 +682,14 @@ def stop(
     from .start import StartError
 
     plan = _run_recipe(recipe)
+    (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker", execution=execution, services_for="stop")
     try:
-        (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker")
         arn = execution or runs.latest_execution(sm, plan.name)
         state = runs.stop(sm, arn)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json({"execution_arn": arn, "status": state})
+        print_json({"ok": True, "execution_arn": arn, "status": state})
     else:
         print_lines(_out(), [f"{state}: {arn}"])
 

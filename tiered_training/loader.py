@@ -72,6 +72,27 @@ def find_recipes(paths: Iterable[str | Path]) -> tuple[list[Path], list[RecipeEr
     return files, errors
 
 
+def recipe_by_name(name: str, folder: Path) -> tuple[Path | None, list[str]]:
+    """The recipe in ``folder`` whose pipeline name (its ``name:``) or file stem is ``name``, and every name there.
+
+    ``qwen25-14b-fp8`` finds ``recipes/qwen2.5-14b-fp8.yaml``, whose ``name:`` it is; so does
+    ``qwen2.5-14b-fp8``. A file that does not load is skipped.
+    """
+    files, _ = find_recipes([folder]) if folder.is_dir() else ([], [])
+    names: list[str] = []
+    for path in files:
+        try:
+            data = yaml.load(read_recipe_text(path), Loader=_Loader)
+        except (RecipeError, yaml.YAMLError, ValueError, TypeError, RecursionError):
+            continue
+        pipeline = data.get("name") if isinstance(data, dict) else None
+        if isinstance(pipeline, str):
+            names.append(pipeline)
+        if name in (pipeline, path.stem):
+            return path, names
+    return None, sorted(names)
+
+
 def _file_error(path: Path, message: str) -> RecipeError:
     return RecipeError([Problem(str(path), None, "", message)])
 
