@@ -142,3 +142,19 @@ def test_plan_chart_writes_a_png(tmp_path):
     result = run("plan", "--chart", out, RECIPES[0])
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_template_passes_validate_strict():
+    result = run("validate", "--strict", "recipes/")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{path.relative_to(ROOT)}: ok" for path in RECIPES]
+
+
+def test_a_recipe_is_found_by_its_pipeline_name():
+    qwen = ROOT / "recipes" / "qwen2.5-14b-fp8.yaml"
+    by_name = run("run-config", "qwen25-14b-fp8")
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout == run("run-config", qwen).stdout
+    unknown = run("explain", "qwen-14b")
+    assert unknown.returncode == 2
+    assert "qwen25-14b-fp8" in unknown.stderr and unknown.stderr.count("\n") == 1

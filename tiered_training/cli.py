@@ -1,11 +1,15 @@
 """The ``tiered-training`` command line.
 
 Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
-``instances``, ``run-config``. Runs: ``start``, ``status``, ``logs``, ``stop``.
+``instances``, ``run-config``, ``schema``. Runs: ``rehearse``, ``start``, ``status``,
+``logs``, ``stop``. A command that takes one recipe takes its file or its name (the
+pipeline name, its ``name:``) in ./recipes.
 
-Every command takes ``--format json``. Exit codes: 0 when everything is fine; 1 when
-AWS refuses or a run fails; 2 for invalid input: a recipe that does not load or
-whose plan has errors (``diff`` included), a bad option, or no recipes at all.
+Every command takes ``--format json``, and its errors appear in the JSON too
+(``{"ok": false, "exit_code": N, "errors": [...]}``) as well as one line each on stderr.
+Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
+input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
+option or value (checked here: no AWS call is made), or no recipes at all.
 """
 
 from __future__ import annotations
@@ -197,7 +201,14 @@ def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
     from .loader import find_recipes
     from .planner import plan_file
 
-    files, failures = find_recipes(paths)
+    named, failures = [], []
+    for path in paths:
+        try:
+            named.append(_recipe_path(path))
+        except RecipeError as exc:
+            failures.append(exc)
+    files, unreadable = find_recipes(named)
+    failures += unreadable
     plans = []
     for path in files:
         try:
@@ -453,6 +464,16 @@ def run_config(
     _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
 
 
+@app.command()
+def schema(
+    format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
+) -> None:
+    """Print the recipe's JSON Schema (docs/recipe.schema.json; the templates name it for editor completion)."""
+    from .schema import schema_text
+
+    _print(schema_text())
+
+
 # -- recipes by name ---------------------------------------------------------------------
 
 RECIPES_DIR = Path("recipes")
@@ -468,7 +489,7 @@ def _recipe_path(recipe: Path) -> Path:
     if found is not None:
         return found
     known = f"the recipes in {RECIPES_DIR}/ are named {', '.join(names)}" if names else f"no recipes in {RECIPES_DIR}/"
-    raise Failure([{"file": str(recipe), "message": f"{escape(str(recipe))}: no such recipe file, nor a recipe of that name ({known})"}], EXIT_INVALID)
+    raise RecipeError([Problem(str(recipe), None, "", f"no such recipe file, nor a recipe of that name ({known})")])
 
 
 # -- runs ----------------------------------------------------------------------------
