@@ -319,3 +319,68 @@ def test_cli_follow_json_reports_the_end_state(endpoint, recipe):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "Succeeded" and data["execution_arn"].startswith("arn:aws:sagemaker:")
+
+
+# -- transient errors: a follow outlives them -------------------------------------------------
+
+
+def stubbed_sagemaker():
+    import boto3
+    from botocore.config import Config
+    from botocore.stub import Stubber
+
+    sm = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x",
+                      config=Config(retries={"mode": "standard", "max_attempts": 1}))
+    return sm, Stubber(sm)
+
+
+ARN = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/follow-me/execution/abc123"
+
+
+def described(stubber, status: str) -> None:
+    stubber.add_response("describe_pipeline_execution", {"PipelineExecutionArn": ARN, "PipelineExecutionStatus": status},
+                         {"PipelineExecutionArn": ARN})
+    stubber.add_response("list_pipeline_execution_steps", {"PipelineExecutionSteps": []},
+                         {"PipelineExecutionArn": ARN, "SortOrder": "Ascending"})
+
+
+@pytest.mark.parametrize("code,words", [("ThrottlingException", "Rate exceeded"), ("ExpiredTokenException", "credentials have expired")])
+def test_follow_survives_a_throttle_or_expired_credentials_and_keeps_following(code, words):
+    from tiered_training import runs
+
+    sm, stubber = stubbed_sagemaker()
+    described(stubber, "Executing")
+    stubber.add_client_error("describe_pipeline_execution", service_error_code=code, service_message="Rate exceeded" if "Thrott" in code else "expired", http_status_code=400)
+    described(stubber, "Succeeded")
+    out, pauses = io.StringIO(), []
+    with stubber:
+        result = runs.follow(sm, ARN, poll_seconds=5, reporter=runs.LineReporter(out), sleep=pauses.append)
+        stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded"
+    lines = out.getvalue().splitlines()
+    warning = next(line for line in lines if line.startswith("warning: "))
+    assert code in warning and words in warning and "still following" in warning
+    assert lines.index(warning) < lines.index("execution Succeeded")
+    assert pauses == [5, 5]  # the poll, then the pause after the error (at least the poll interval)
+
+
+def test_follow_stops_on_an_error_that_will_not_pass():
+    from tiered_training import runs
+    from tiered_training.start import StartError
+
+    sm, stubber = stubbed_sagemaker()
+    stubber.add_client_error("describe_pipeline_execution", service_error_code="AccessDeniedException", http_status_code=400)
+    with stubber, pytest.raises(StartError, match="AccessDenied"):
+        runs.follow(sm, ARN, poll_seconds=0, reporter=runs.LineReporter(io.StringIO()), sleep=lambda s: None)
+
+
+def test_every_client_uses_the_standard_retry_mode(monkeypatch):
+    from tiered_training.start import aws_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    for service in ("sagemaker", "cloudwatch", "logs"):
+        client = aws_client(service, region=REGION)
+        assert client.meta.config.retries["mode"] == "standard"
