@@ -438,3 +438,15 @@ def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monk
             "pip install 'tiered-training[aws]'"
         )
     start._session.cache_clear()
+
+
+def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "moto", None)
+    result, seconds = invoke("rehearse", recipe)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (
+        "error: rehearse runs the trainer on a local S3 and needs moto, which the 'rehearse' extra installs: "
+        "pip install 'tiered-training[rehearse]'"
+    )
+    assert seconds < 2.0

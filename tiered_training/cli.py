@@ -598,7 +598,7 @@ def rehearse(
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
     from .errors import PlanError
-    from .rehearse.run import Options, RehearsalError, parse_params, rehearse as run_rehearsal
+    from .rehearse.run import MissingExtra, Options, RehearsalError, parse_params, rehearse as run_rehearsal
     from .render import print_json
 
     as_json = format is TextFormat.json
@@ -607,6 +607,8 @@ def rehearse(
                           interrupt=interrupt, workdir=workdir,
                           then=parse_params(restart_with, "--restart-with") if restart_with else None)
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
+    except MissingExtra as exc:
+        raise Failure.of(exc, EXIT_FAILED)
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
         raise Failure.of(exc, EXIT_INVALID)
     if as_json:

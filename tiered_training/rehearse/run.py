@@ -30,6 +30,25 @@ class RehearsalError(Exception):
     """Bad input to a rehearsal (parameters, interrupt, a machine without the trainer); one line for the user."""
 
 
+class MissingExtra(RehearsalError):
+    """A package the rehearsal needs is not installed (exit 1: the machine, not the input)."""
+
+
+# What a rehearsal imports beyond the base install, and the extra that provides it.
+NEEDS = {"torch": "train", "transformers": "train", "moto": "rehearse", "boto3": "rehearse"}
+
+
+def check_installed() -> None:
+    import importlib.util
+
+    missing = sorted({extra for module, extra in NEEDS.items() if importlib.util.find_spec(module) is None})
+    if missing:
+        modules = ", ".join(m for m, e in NEEDS.items() if e in missing and importlib.util.find_spec(m) is None)
+        raise MissingExtra(f"rehearse runs the trainer on a local S3 and needs {modules}, which the "
+                           f"{' and '.join(repr(e) for e in missing)} extra{'s install' if len(missing) > 1 else ' installs'}: "
+                           f"pip install 'tiered-training[{','.join(missing)}]'")
+
+
 @dataclass
 class Options:
     recipe: Path
@@ -223,6 +242,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     from ..planner import plan_file
 
     interrupt = check_options(options)
+    check_installed()
     parse_params([f"{k}={v}" for k, v in options.params.items()])
     if options.then is not None:
         parse_params([f"{k}={v}" for k, v in options.then.items()], "--restart-with")
