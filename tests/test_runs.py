@@ -190,6 +190,7 @@ def test_endpoint_errors_are_one_line(endpoint, recipe, tmp_path):
     result = invoke("start", unknown, "--no-follow", "--endpoint-url", endpoint)
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and "never-deployed" in result.stderr and "cdk deploy" in result.stderr
+    assert f"start pipeline never-deployed (the name: of {unknown})" in result.stderr  # which name start looked for
     for command in ("status", "logs", "stop"):
         result = invoke(command, unknown, "--endpoint-url", endpoint)
         assert result.exit_code == 1 and result.stderr.count("\n") == 1, (command, result.output)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TextIO
 
 from .definition import P_DATA_URI, P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE
-from .errors import clip
+from .errors import clip, escape
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -358,7 +358,9 @@ def start(
     }
     if display_name:
         request["PipelineExecutionDisplayName"] = display_name
-    with aws_errors(f"start pipeline {name}"):
+    source = plan_or_recipe_path if isinstance(plan_or_recipe_path, (str, Path)) else plan_or_recipe_path.source
+    named = f" (the name: of {escape(str(source))})" if source else ""
+    with aws_errors(f"start pipeline {name}{named}"):
         arn = sm.start_pipeline_execution(**request)["PipelineExecutionArn"]
     if reporter is None:
         print(arn, file=out, flush=True)
