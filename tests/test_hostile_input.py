@@ -366,6 +366,8 @@ def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
         ("interrupt beyond the run", ["rehearse", recipe, "--interrupt", "sigterm@99999999999999999999"], ["not within", "1000 steps"]),
         ("interrupt after --steps", ["rehearse", recipe, "--steps", "20", "--interrupt", "sigterm@20"], ["not within the run's 20 steps"]),
         ("interrupt garbage", ["rehearse", recipe, "--interrupt", "sigkill@now"], ["expected sigterm@STEP"]),
+        ("interrupt of 5,000 digits", ["rehearse", recipe, "--interrupt", "sigterm@" + "9" * 5000], ["is not a step number"]),
+        ("parameter of 5,000 digits", ["rehearse", recipe, "--param", "MaxSteps=" + "9" * 5000], ["MaxSteps", "1 to 1000"]),
         ("unknown parameter", ["rehearse", recipe, "--param", "NoSuch=1"], ["no parameter 'NoSuch'", "InstanceCount"]),
         ("parameter out of range", ["rehearse", recipe, "--param", "InstanceCount=100000"], ["InstanceCount", "1 to 8"]),
         ("restart with an unknown parameter", ["rehearse", recipe, "--restart-with", "Foo=1"], ["--restart-with", "'Foo'"]),

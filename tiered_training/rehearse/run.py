@@ -181,7 +181,7 @@ def parse_params(pairs: list[str], option: str = "--param") -> dict[str, str]:
             raise RehearsalError(f"{option} {clip(repr(pair))}: the pipeline has no parameter {clip(repr(name))}; "
                                  f"its parameters: {', '.join(PARAMETERS)}")
         bounds = {P_INSTANCE_COUNT: MAX_HOSTS, P_MAX_STEPS: MAX_REHEARSAL_STEPS}
-        if name in bounds and not (value.isdigit() and 1 <= int(value) <= bounds[name]):
+        if name in bounds and not (value.isdigit() and len(value) <= 9 and 1 <= int(value) <= bounds[name]):
             raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is a whole number from 1 to {bounds[name]} in a rehearsal")
         if name == P_SKIP_PROBE and value not in ("true", "false"):
             raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is true or false")
