@@ -385,3 +385,18 @@ def test_every_client_uses_the_standard_retry_mode(monkeypatch):
     for service in ("sagemaker", "cloudwatch", "logs"):
         client = aws_client(service, region=REGION)
         assert client.meta.config.retries["mode"] == "standard"
+
+
+def test_no_client_in_the_package_leaves_the_retry_mode_to_chance():
+    import re as regex
+    from pathlib import Path
+
+    import tiered_training
+
+    root = Path(tiered_training.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for match in regex.finditer(r"\bConfig\((.*)", text):
+            assert "RETRIES" in match.group(1) or '"mode": "standard"' in match.group(1), f"{path.name}: {match.group(0)}"
+        if "boto3.client(" in text or ".client(" in text and "_session(" in text:
+            assert "Config(" in text, path.name
