@@ -452,3 +452,20 @@ def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
         "pip install 'tiered-training[rehearse]'"
     )
     assert seconds < 2.0
+
+
+def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkeypatch):
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write_yaml(folder / "bomb.yaml", alias_bomb())
+    write_yaml(folder / "deep.yaml", "name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    os.mkfifo(folder / "pipe.yaml")
+    write_yaml(folder / "my-file.yaml", recipe_dict(name="my-pipeline"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("my-pipeline", "my-file"):
+        result, seconds = invoke("run-config", name)
+        assert result.exit_code == 0 and '"recipe_name": "my-pipeline"' in result.stdout, result.output
+        assert seconds < 2.0
+    result, _ = invoke("explain", "no-such")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (the recipes in recipes/ are named my-pipeline)"

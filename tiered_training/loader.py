@@ -82,8 +82,8 @@ def recipe_by_name(name: str, folder: Path) -> tuple[Path | None, list[str]]:
     names: list[str] = []
     for path in files:
         try:
-            data = yaml.load(read_recipe_text(path), Loader=_Loader)
-        except (RecipeError, yaml.YAMLError, ValueError, TypeError, RecursionError):
+            _, data, _, _ = _compose(read_recipe_text(path), str(path))  # bounded, as every recipe is read
+        except RecipeError:
             continue
         pipeline = data.get("name") if isinstance(data, dict) else None
         if isinstance(pipeline, str):
