@@ -400,3 +400,25 @@ def test_no_client_in_the_package_leaves_the_retry_mode_to_chance():
             assert "RETRIES" in match.group(1) or '"mode": "standard"' in match.group(1), f"{path.name}: {match.group(0)}"
         if "boto3.client(" in text or ".client(" in text and "_session(" in text:
             assert "Config(" in text, path.name
+
+
+def test_after_expired_credentials_the_follow_renews_its_clients():
+    from tiered_training import runs
+
+    old, old_stubber = stubbed_sagemaker()
+    old_stubber.add_client_error("describe_pipeline_execution", service_error_code="ExpiredTokenException", http_status_code=400)
+    new, new_stubber = stubbed_sagemaker()
+    described(new_stubber, "Succeeded")
+    renewed = []
+
+    def renew():
+        renewed.append(True)
+        return new, None
+
+    out = io.StringIO()
+    with old_stubber, new_stubber:
+        result = runs.follow(old, ARN, poll_seconds=1, reporter=runs.LineReporter(out), sleep=lambda s: None, renew=renew)
+        old_stubber.assert_no_pending_responses()
+        new_stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded" and renewed == [True]
+    assert "credentials have expired" in out.getvalue()

@@ -534,6 +534,18 @@ def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: 
         raise _aws_failure(exc) from None
 
 
+def _renewed(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str]) -> tuple:
+    """New sagemaker and cloudwatch clients, from a new session: they read the credentials again."""
+    from .start import StartError, _session
+
+    _session.cache_clear()
+    try:
+        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", services_for="start")
+    except Failure as failure:
+        raise StartError(str(failure)) from None
+    return sm, cw
+
+
 def _env(name: str) -> Optional[str]:
     import os
 
@@ -574,6 +586,7 @@ def start(
             client=sm,
             cloudwatch=rest[0] if rest else None,
             reporter=runs.QuietReporter() if format is TextFormat.json else None,
+            renew=lambda: _renewed(plan, region, endpoint_url, profile),
         )
     except StartError as exc:
         raise _aws_failure(exc)

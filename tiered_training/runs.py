@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from . import metrics as catalogue
 from .definition import S_PROBE, TRAINING_STEPS
 from .errors import clip
-from .start import TERMINAL, ExecutionResult, StartError, aws_errors
+from .start import EXPIRED, TERMINAL, ExecutionResult, StartError, aws_errors
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -415,13 +415,16 @@ def follow(
     timeout_seconds: float | None = None,
     reporter: Any = None,
     sleep: Callable[[float], None] = time.sleep,
+    renew: Callable[[], tuple[Any, Any]] | None = None,
 ) -> ExecutionResult:
     """Poll an execution until it ends (or ``timeout_seconds``), reporting status, steps and progress.
 
     A multi-day run outlives throttling, lost connections and credentials that expire and
     are renewed: such an error (after the clients' own retries) is reported and the next
     poll, after a growing pause of at most :data:`MAX_BACKOFF` seconds, tries again. Other
-    errors end the follow.
+    errors end the follow. After expired credentials, ``renew`` (if given) makes new
+    clients, which read the credentials again (a static key renewed in ~/.aws/credentials;
+    SSO and assumed roles renew themselves).
     """
     reporter = reporter or reporter_for()
     started = time.monotonic()
@@ -436,6 +439,11 @@ def follow(
                 if not error.transient:
                     raise
                 failures += 1
+                if renew is not None and error.code in EXPIRED:
+                    try:
+                        sm, cloudwatch = renew()
+                    except StartError as again:
+                        _warn(reporter, f"cannot renew the AWS clients: {again}")
                 pause = min(MAX_BACKOFF, max(poll_seconds, 1.0) * 2 ** min(failures - 1, 6))
                 _warn(reporter, f"{error}; still following, next try in {format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}")
                 if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:

@@ -335,6 +335,7 @@ def start(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     reporter: Any = None,
+    renew: Callable[[], tuple[Any, Any]] | None = None,
 ) -> ExecutionResult:
     """Start the recipe's pipeline; print the execution ARN; follow it to the end when ``follow``.
 
@@ -368,10 +369,17 @@ def start(
         return ExecutionResult(arn=arn, status="Executing")
     if cloudwatch is None and client is None:
         cloudwatch = aws_client("cloudwatch", region=region, endpoint_url=endpoint_url, profile=profile)
+    if renew is None and client is None:
+
+        def renew() -> tuple[Any, Any]:
+            _session.cache_clear()
+            return (aws_client("sagemaker", region=region, endpoint_url=endpoint_url, profile=profile),
+                    aws_client("cloudwatch", region=region, endpoint_url=endpoint_url, profile=profile))
+
     target = runs.Target.of(recipe, plan, instance_count=instance_count, max_steps=max_steps)
     return runs.follow(
         sm, arn, target=target, cloudwatch=cloudwatch, poll_seconds=poll_seconds, timeout_seconds=timeout_seconds,
-        reporter=reporter or runs.reporter_for(out), sleep=sleep,
+        reporter=reporter or runs.reporter_for(out), sleep=sleep, renew=renew,
     )
 
 
