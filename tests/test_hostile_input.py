@@ -353,6 +353,8 @@ def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
         ("unknown profile", ["status", recipe, "--profile", "no-such"], ["--profile 'no-such'", "no such profile", "dev"]),
         ("execution not an ARN", ["stop", recipe, "--execution", "not-an-arn"], ["--execution 'not-an-arn'", "pipeline execution ARN"]),
         ("execution of another pipeline", ["status", recipe, "--execution", other], ["pipeline 'someone-else'", "unit-test"]),
+        ("execution in another region", ["logs", recipe, "--execution", other.replace("us-east-1", "eu-west-1").replace("someone-else", "unit-test")],
+         ["an execution in eu-west-1", "pass --region eu-west-1"]),
         ("endpoint not a URL", ["logs", recipe, "--endpoint-url", "not a url"], ["not an http(s) URL"]),
         ("negative steps", ["start", recipe, "--max-steps", "-5"], ["--max-steps -5"]),
         ("zero lines", ["logs", recipe, "-n", "0"], ["--lines", "greater than or equal to 1", "--help"]),

@@ -520,7 +520,7 @@ def _aws_failure(exc: Exception) -> Failure:
 def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str,
              execution: Optional[str] = None, services_for: str = "this command") -> list:
     """Clients for ``services``, after the options are checked locally (exit 2, no call, for a bad one)."""
-    from .start import StartError, aws_client, check_aws_options, check_region, resolve_region, require_boto3
+    from .start import ParameterError, StartError, aws_client, check_aws_options, check_region, resolve_region, require_boto3
 
     try:
         require_boto3(f"{PROG} {services_for}")
@@ -529,6 +529,9 @@ def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: 
         if region is None and resolved is not None:
             source = "compute.region" if plan.recipe.compute.region else "AWS_REGION" if resolved == _env("AWS_REGION") else "AWS_DEFAULT_REGION"
             check_region(resolved, source)
+        arn_region = execution.split(":")[3] if execution else ""
+        if arn_region and resolved and arn_region != resolved:
+            raise ParameterError(f"--execution: an execution in {arn_region}, but the region is {resolved}; pass --region {arn_region}")
         return [aws_client(s, region=resolved, endpoint_url=endpoint_url, profile=profile) for s in services]
     except StartError as exc:  # ParameterError (exit 2) included
         raise _aws_failure(exc) from None
