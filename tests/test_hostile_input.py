@@ -361,6 +361,8 @@ def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
         ("not a number", ["start", recipe, "--instance-count", "two"], ["--instance-count", "valid integer"]),
         ("unknown option", ["status", recipe, "--regoin", "us-east-1"], ["--regoin"]),
         ("no recipe", ["status"], ["Missing argument"]),
+        ("unknown command", ["plna", recipe], ["No such command 'plna'", "Did you mean 'plan'?"]),
+        ("unknown global option", ["--bogus"], ["No such option: --bogus"]),
         ("no such recipe name", ["status", "no-such-recipe"], ["no-such-recipe: no such recipe file", "nor a recipe of that name"]),
         ("hosts 100000", ["rehearse", recipe, "--hosts", "100000"], ["--hosts 100000", "1 to 8"]),
         ("workers 0", ["rehearse", recipe, "--workers", "0"], ["--workers 0"]),

@@ -32,8 +32,8 @@ class Failure(Exception):
     """What a command reports instead of its result: one or more one-line errors and an exit code.
 
     A command raises it; :func:`_reports_failures` prints it as ``error: ...`` lines on
-    stderr, or under ``--format json`` as ``{"ok": false, "exit_code": N, "errors": [...]}`` on
-    stdout, so that every error a command can meet reaches a machine reader too.
+    stderr and, under ``--format json``, as ``{"ok": false, "exit_code": N, "errors": [...]}``
+    on stdout too, so that every error a command can meet reaches a machine reader.
     """
 
     def __init__(self, errors: list, code: int):
@@ -101,6 +101,28 @@ class _Command(typer.core.TyperCommand):
             raise typer.Exit(EXIT_INVALID) from None
 
 
+class _Group(typer.core.TyperGroup):
+    """The app: an unknown command or option is one line too."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except _UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as click shows it
+                raise
+            message = " ".join(exc.format_message().split())
+            _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
+            raise typer.Exit(EXIT_INVALID) from None
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except _UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
+            raise typer.Exit(EXIT_INVALID) from None
+
+
 def _reports_failures(fn):
     """Run a command; a :class:`Failure` is reported in the command's ``--format`` and ends it with its code."""
 
@@ -130,6 +152,7 @@ class _App(typer.Typer):
 
 
 app = _App(
+    cls=_Group,
     name=PROG,
     add_completion=True,
     no_args_is_help=True,
