@@ -378,6 +378,8 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = f"{message}: {trap}"
         elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
             message = f"{message}, not a boolean"
+        elif has_value and isinstance(value, float) and "int_type" in entry["kinds"] and value.is_integer() and abs(value) < 1e30:
+            message = f"{message}: write {int(value):_} (digits may be grouped with _)"
         problems.append(
             Problem(
                 file=name,
