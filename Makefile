@@ -1,11 +1,12 @@
 # Two commands on a fresh machine:
-#   make synth   install everything, then synthesise every recipe offline (no AWS account)
-#   make test    install everything, then run the test suite
+#   make synth   install what planning and synthesis need (.[cdk]), then synthesise every recipe offline
+#   make test    install everything (torch, transformers, moto...), then run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+SYNTH_STAMP := $(VENV)/.installed-synth
+TEST_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -19,31 +20,38 @@ $(PY):
 # The SageMaker SDK (the oracle of tests/test_sdk_oracle.py) goes in last, without its declared
 # requirements, which conflict with the pins above (requirements-oracle.txt says which and why).
 CONSTRAINTS := constraints.txt
+# Planning and synthesis: the package and its cdk extra (boto3 included), no torch.
+$(SYNTH_STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[cdk]"
+	touch $(SYNTH_STAMP)
+
+# The test suite: every extra (the trainer's torch and transformers, moto, cfn-lint...).
 ORACLE := requirements-oracle.txt
-$(STAMP): pyproject.toml $(CONSTRAINTS) $(ORACLE) | $(PY)
+$(TEST_STAMP): pyproject.toml $(CONSTRAINTS) $(ORACLE) | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch==2.13.0
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[cdk,train,dev,plot]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[cdk,train,dev,plot,rehearse]"
 	$(PY) -m pip install --quiet --no-deps -c $(CONSTRAINTS) -r $(ORACLE)
-	touch $(STAMP)
+	touch $(TEST_STAMP) $(SYNTH_STAMP)
 
 # The pinned CDK CLI, and Node 22 (jsii warns on older Node); node_modules/.bin is first on PATH.
 $(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(NODE_STAMP)
 
-plan: $(STAMP)
+plan: $(SYNTH_STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
 
-synth: $(STAMP) $(NODE_STAMP)
+synth: $(SYNTH_STAMP) $(NODE_STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
 	cdk synth --no-notices -q -o cdk.out
 	@echo "templates: $(CURDIR)/cdk.out/TieredTraining-*.template.json"
 
-test: $(STAMP) $(NODE_STAMP)
+test: $(TEST_STAMP) $(NODE_STAMP)
 	$(PY) -m pytest
 
-bench: $(STAMP) $(NODE_STAMP)
+bench: $(TEST_STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
 	$(PY) bench/synth_bench.py
 	$(PY) bench/rehearse_bench.py
@@ -51,11 +59,11 @@ bench: $(STAMP) $(NODE_STAMP)
 # Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
 # and the GPU-check results (bench/gpu/*.json); print predicted against published and the
 # held-out error; store the fitted parameters in tiered_training/catalog/performance.yaml.
-calibrate: $(STAMP)
+calibrate: $(SYNTH_STAMP)
 	$(PY) -m tiered_training.calibration --write
 
 # The planner's memory model against the peak of a real 2-rank trainer step, per checkpointing mode.
-memory-bench: $(STAMP)
+memory-bench: $(TEST_STAMP)
 	$(PY) bench/memory_peak.py
 
 # Wheels the GPU machine's image lacks (Python 3.12, x86_64), carried in .whl/ (ignored by git);
@@ -65,7 +73,7 @@ GPU_WHEELS := pydantic==2.14.3 annotated-types==0.8.0 typing-inspection==0.4.5 t
 PIP_DOWNLOAD := $(PY) -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform any -d .whl
-gpu-wheels: $(STAMP)
+gpu-wheels: $(SYNTH_STAMP)
 	mkdir -p .whl
 	$(PIP_DOWNLOAD) --python-version 3.12 $(GPU_WHEELS) pydantic-core==2.50.4
 	$(PIP_DOWNLOAD) --python-version 3.11 pydantic-core==2.50.4

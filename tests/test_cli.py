@@ -152,3 +152,19 @@ def test_diff_shows_the_segments_when_the_accounts_runtime_limit_changes(tmp_pat
     data = json.loads(run("diff", "--format", "json", "recipes/qwen2.5-32b-hybrid.yaml", raised).stdout)
     changed = {c["field"]: (c["old"], c["new"]) for c in data["changed"]}
     assert changed["compute.segments"] == (3, 1) and changed["compute.max_runtime_hours"] == (120.0, 336.0)
+
+
+def test_every_template_passes_validate_strict():
+    result = run("validate", "--strict", "recipes/")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{path.relative_to(ROOT)}: ok" for path in RECIPES]
+
+
+def test_a_recipe_is_found_by_its_pipeline_name():
+    qwen = ROOT / "recipes" / "qwen2.5-14b-fp8.yaml"
+    by_name = run("run-config", "qwen25-14b-fp8")
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout == run("run-config", qwen).stdout
+    unknown = run("explain", "qwen-14b")
+    assert unknown.returncode == 2
+    assert "qwen25-14b-fp8" in unknown.stderr and unknown.stderr.count("\n") == 1

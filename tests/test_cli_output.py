@@ -55,7 +55,7 @@ def test_markup_in_a_table_cell_prints_as_written(tmp_path):
     for columns in (None, "80"):
         result = invoke("plan", path, env={"COLUMNS": columns})
         assert result.exit_code == 0, result.output
-        assert "[red]x[/red] [/]" in result.stdout
+        assert "[red]x[/red]" in result.stdout and "[/]" in result.stdout  # as written (a piped table may wrap at the space)
 
 
 # -- JSON on every command ------------------------------------------------------------------
@@ -163,6 +163,20 @@ def test_explain_wraps_at_spaces_on_a_narrow_terminal():
     words = lambda text: text.split()  # noqa: E731
     assert words(narrow) == words(piped)  # the same words: no word, no number, split
     assert max(map(len, narrow.splitlines())) <= 60 < max(map(len, piped.splitlines()))
+
+
+def test_piped_tables_wrap_their_prose_and_keep_every_word():
+    from tiered_training.render import PIPED_TABLE_WIDTH
+
+    for command, rows in (("tiers", report.tier_rows()), ("instances", None)):
+        result = invoke(command, env=PIPED)
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert max(map(len, lines)) <= PIPED_TABLE_WIDTH, command
+        words = set(result.stdout.split())
+        cells = [str(v) for row in rows for v in row.values()] if rows else [i["price_source"] for i in report.instances_data()["instances"]]
+        for cell in cells:
+            assert set(cell.split()) <= words, (command, cell)  # wrapped at spaces, never cut or folded
 
 
 def test_piped_output_is_not_wrapped(tmp_path):

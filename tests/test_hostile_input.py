@@ -7,6 +7,7 @@ blocking read would take the test process down with it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,6 +69,24 @@ CASES = [
     ("two documents", "name: a\n---\nname: b\n", ["YAML syntax"]),
     ("tags over the limit", recipe_dict(tags={f"k{i}": "v" for i in range(60)}), ["tags", "at most 49"]),
     ("a value of 300 tag characters", recipe_dict(tags={"team": "t" * 300}), ["tags", "256"]),
+    # YAML 1.1 readings: YAML 1.2 reads these as text, and the message says what 1.1 would have read.
+    ("sexagesimal runtime", with_text(recipe_dict(**{"compute.max_runtime_hours": 2}), "max_runtime_hours: 2", "max_runtime_hours: 1:30"),
+     ["compute.max_runtime_hours", "'1:30'", "90, base 60", "decimal number"]),
+    ("sexagesimal integer", with_text(recipe_dict(**{"probe.steps": 20}), "steps: 20", "steps: 1:00"), ["probe.steps", "60, base 60"]),
+    ("yes as a boolean", with_text(recipe_dict(**{"compute.spot": False}), "spot: false", "spot: yes"), ["compute.spot", "'yes'", "true or false"]),
+    ("off as a boolean", with_text(recipe_dict(**{"tracking.tensorboard": True}), "tensorboard: true", "tensorboard: off"), ["tracking.tensorboard", "'off'", "as false"]),
+    ("boolean instance count", recipe_dict(**{"compute.instance_count": True}), ["compute.instance_count", "valid integer", "not a boolean"]),
+    ("boolean runtime", recipe_dict(**{"compute.max_runtime_hours": False}), ["compute.max_runtime_hours", "valid number", "not a boolean"]),
+    ("quoted number", recipe_dict(**{"compute.instance_count": "2"}), ["compute.instance_count", "valid integer", "'2'"]),
+    ("an integer in exponent notation", with_text(recipe_dict(), "total_tokens: 10000000000", "total_tokens: 1.0e10"),
+     ["budget.total_tokens", "write 10_000_000_000"]),
+    # A key spelt with a lookalike letter is one problem that names the letter.
+    ("Cyrillic a in a key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("name:", "n\u0430me:", 1),
+     ["unknown key 'n\u0430me'", "non-ASCII '\u0430' U+0430", "did you mean 'name'?"]),
+    ("Greek o in a nested key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("instance_count:", "instance_c\u03bfunt:"),
+     ["compute.instance_c\u03bfunt", "U+03BF", "did you mean 'instance_count'?"]),
+    ("full-width key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("sequence_length:", "sequence\uff3flength:"),
+     ["U+FF3F", "did you mean 'sequence_length'?"]),
 ]
 
 
@@ -84,6 +103,26 @@ def test_hostile_recipe_is_exit_2_with_one_clear_line_within_a_second(tmp_path, 
         assert word in lines[0], (word, lines[0])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert seconds < 1.0, f"{label}: {seconds:.2f} s"
+
+
+def test_yaml_12_reads_grouped_digits_octal_hex_and_leaves_dates_as_text():
+    from tiered_training.yaml12 import Loader
+
+    text = "a: 50_000\nb: 0o17\nc: 0x1f\nd: 010\ne: 2024-01-01\nf: 1e3\ng: .inf\nh: on\ni: ~\nj: True\n"
+    assert yaml.load(text, Loader=Loader) == {
+        "a": 50_000, "b": 15, "c": 31, "d": 10, "e": "2024-01-01", "f": 1000.0, "g": float("inf"), "h": "on", "i": None, "j": True,
+    }
+
+
+def test_a_file_name_with_a_newline_is_one_line(tmp_path):
+    path = write_yaml(tmp_path / "new\nline.yaml", recipe_dict(**{"compute.instance_count": 0}))
+    result, _ = invoke("validate", path)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "new\\nline.yaml:" in lines[0] and "compute.instance_count" in lines[0], lines
+    good = write_yaml(tmp_path / "ok\nfine.yaml", recipe_dict(**{"monitoring.alarm_email": "ops@example.com"}))
+    result, _ = invoke("validate", good)
+    assert result.exit_code == 0 and result.stdout.strip().splitlines() == [f"{tmp_path}/ok\\nfine.yaml: ok"], result.output
 
 
 def test_the_longest_name_fits_every_derived_name():
@@ -278,3 +317,161 @@ def test_subprocess_deep_nesting_bomb_and_fifo_never_crash_or_hang(tmp_path):
     assert len(errors) == 3, result.stderr
     # Python's start-up and imports are most of this; the in-process checks above bound the work itself.
     assert seconds < 10, seconds
+
+
+# -- command-line options: checked locally, exit 2, one line, in the command's format ---------
+
+@pytest.fixture(scope="module")
+def aws_sandbox(tmp_path_factory):
+    """Fake credentials, no profiles, and an endpoint where nothing listens: a command that
+    reached AWS would fail there with exit 1, so exit 2 shows that no call was made."""
+    from support import free_port
+
+    home = tmp_path_factory.mktemp("home")
+    (home / "config").write_text("[profile dev]\nregion = eu-west-1\n")
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": None, "AWS_PROFILE": None, "AWS_CONFIG_FILE": str(home / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), "AWS_MAX_ATTEMPTS": "1",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            if value is None:
+                mp.delenv(key, raising=False)
+            else:
+                mp.setenv(key, value)
+        yield f"http://127.0.0.1:{free_port()}"
+
+
+def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
+    a_file = tmp / "not-a-dir.yaml"
+    if tmp.is_dir():
+        write_yaml(a_file, "x")
+    other = "arn:aws:sagemaker:us-east-1:123456789012:pipeline/someone-else/execution/abc123"
+    cases = [
+        ("region path", ["status", recipe, "--region", "../../etc"], ["--region '../../etc'", "not an AWS region name"]),
+        ("region typo", ["logs", recipe, "--region", "eu-wset-1"], ["--region 'eu-wset-1'", "did you mean 'eu-west-1'?"]),
+        ("region env", ["stop", recipe], ["AWS_REGION 'mars-1'", "not an AWS region name"]),
+        ("unknown profile", ["status", recipe, "--profile", "no-such"], ["--profile 'no-such'", "no such profile", "dev"]),
+        ("execution not an ARN", ["stop", recipe, "--execution", "not-an-arn"], ["--execution 'not-an-arn'", "pipeline execution ARN"]),
+        ("execution of another pipeline", ["status", recipe, "--execution", other], ["pipeline 'someone-else'", "unit-test"]),
+        ("execution in another region", ["logs", recipe, "--execution", other.replace("us-east-1", "eu-west-1").replace("someone-else", "unit-test")],
+         ["an execution in eu-west-1", "pass --region eu-west-1"]),
+        ("endpoint not a URL", ["logs", recipe, "--endpoint-url", "not a url"], ["not an http(s) URL"]),
+        ("negative steps", ["start", recipe, "--max-steps", "-5"], ["--max-steps -5"]),
+        ("zero lines", ["logs", recipe, "-n", "0"], ["--lines", "greater than or equal to 1", "--help"]),
+        ("not a number", ["start", recipe, "--instance-count", "two"], ["--instance-count", "valid integer"]),
+        ("unknown option", ["status", recipe, "--regoin", "us-east-1"], ["--regoin"]),
+        ("no recipe", ["status"], ["Missing argument"]),
+        ("unknown command", ["plna", recipe], ["No such command 'plna'", "Did you mean 'plan'?"]),
+        ("unknown global option", ["--bogus"], ["No such option: --bogus"]),
+        ("no such recipe name", ["status", "no-such-recipe"], ["no-such-recipe: no such recipe file", "nor a recipe of that name"]),
+        ("hosts 100000", ["rehearse", recipe, "--hosts", "100000"], ["--hosts 100000", "1 to 8"]),
+        ("workers 0", ["rehearse", recipe, "--workers", "0"], ["--workers 0"]),
+        ("steps 10**9", ["rehearse", recipe, "--steps", "1000000000"], ["--steps 1000000000", "2 to 1000"]),
+        ("interrupt beyond the run", ["rehearse", recipe, "--interrupt", "sigterm@99999999999999999999"], ["not within", "1000 steps"]),
+        ("interrupt after --steps", ["rehearse", recipe, "--steps", "20", "--interrupt", "sigterm@20"], ["not within the run's 20 steps"]),
+        ("interrupt garbage", ["rehearse", recipe, "--interrupt", "sigkill@now"], ["expected sigterm@STEP"]),
+        ("interrupt of 5,000 digits", ["rehearse", recipe, "--interrupt", "sigterm@" + "9" * 5000], ["is not a step number"]),
+        ("parameter of 5,000 digits", ["rehearse", recipe, "--param", "MaxSteps=" + "9" * 5000], ["MaxSteps", "1 to 1000"]),
+        ("unknown parameter", ["rehearse", recipe, "--param", "NoSuch=1"], ["no parameter 'NoSuch'", "InstanceCount"]),
+        ("parameter out of range", ["rehearse", recipe, "--param", "InstanceCount=100000"], ["InstanceCount", "1 to 8"]),
+        ("restart with an unknown parameter", ["rehearse", recipe, "--restart-with", "Foo=1"], ["--restart-with", "'Foo'"]),
+        ("workdir is a file", ["rehearse", recipe, "--workdir", a_file], ["--workdir", "not a directory"]),
+    ]
+    if Path("/proc/version").is_file():
+        cases.append(("workdir /proc/version", ["rehearse", recipe, "--workdir", "/proc/version"], ["--workdir /proc/version", "not a directory"]))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def option_table(tmp_path_factory, aws_sandbox):
+    tmp = tmp_path_factory.mktemp("options")
+    recipe = write_yaml(tmp / "recipe.yaml", recipe_dict())
+    invoke("plan", recipe)  # warm the catalogues: the time below is the command's own
+    return {label: (args, words) for label, args, words in option_cases(recipe, tmp)}
+
+
+OPTION_LABELS = [label for label, _, _ in option_cases(Path("recipe.yaml"), Path("/nonexistent"))]
+
+
+@pytest.mark.parametrize("label", OPTION_LABELS)
+def test_a_bad_option_is_exit_2_one_line_no_call_within_2_seconds(option_table, aws_sandbox, label):
+    args, words = option_table[label]
+    env = {"AWS_REGION": "mars-1"} if label == "region env" else None
+    endpoint = ["--endpoint-url", aws_sandbox] if args[0] in ("start", "status", "logs", "stop") and "--endpoint-url" not in args and len(args) > 1 else []
+    result, seconds = invoke(*args, *endpoint, env=env)
+    assert result.exit_code == 2, (label, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert seconds < 2.0, f"{label}: {seconds:.2f} s"
+
+    as_json, _ = invoke(*args, *endpoint, "--format", "json", env=env)
+    assert as_json.exit_code == 2
+    data = json.loads(as_json.stdout)
+    assert data["ok"] is False and data["exit_code"] == 2
+    assert any(words[-1] in error["message"] for error in data["errors"]), data
+
+
+def test_every_command_has_json_and_reports_usage_errors_in_it():
+    import typer
+
+    group = typer.main.get_command(app)
+    names = sorted(group.commands)
+    assert {"plan", "validate", "explain", "diff", "run-config", "start", "status", "logs", "stop", "rehearse", "schema"} <= set(names)
+    for name in names:
+        choices, _ = invoke(name, "--format", "xml")  # the refusal lists the formats the command has
+        assert choices.exit_code == 2 and "'json'" in choices.stderr and "--format" in choices.stderr, (name, choices.stderr)
+        result, _ = invoke(name, "--format", "json", "--no-such-option")
+        assert result.exit_code == 2, (name, result.output)
+        data = json.loads(result.stdout)
+        assert data == {"ok": False, "exit_code": 2, "errors": [{"message": data["errors"][0]["message"]}]}, data
+        assert "--no-such-option" in data["errors"][0]["message"]
+
+
+def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monkeypatch):
+    from tiered_training import start
+
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
+    start._session.cache_clear()
+    for command in ("start", "status", "logs", "stop"):
+        result, _ = invoke(command, recipe, "--endpoint-url", aws_sandbox)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.strip() == (
+            f"error: tiered-training {command} calls AWS and needs boto3, which the 'aws' extra installs: "
+            "pip install 'tiered-training[aws]'"
+        )
+    start._session.cache_clear()
+
+
+def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "moto", None)
+    result, seconds = invoke("rehearse", recipe)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (
+        "error: rehearse runs the trainer on a local S3 and needs moto, which the 'rehearse' extra installs: "
+        "pip install 'tiered-training[rehearse]'"
+    )
+    assert seconds < 2.0
+
+
+def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkeypatch):
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write_yaml(folder / "bomb.yaml", alias_bomb())
+    write_yaml(folder / "deep.yaml", "name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    os.mkfifo(folder / "pipe.yaml")
+    write_yaml(folder / "my-file.yaml", recipe_dict(name="my-pipeline"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("my-pipeline", "my-file"):
+        result, seconds = invoke("run-config", name)
+        assert result.exit_code == 0 and '"recipe_name": "my-pipeline"' in result.stdout, result.output
+        assert seconds < 2.0
+    result, _ = invoke("explain", "no-such")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (the recipes in recipes/ are named my-pipeline)"

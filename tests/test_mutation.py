@@ -19,6 +19,7 @@ against the same verdict.
 from __future__ import annotations
 
 import copy
+import re
 import json
 import math
 import time
@@ -196,3 +197,56 @@ def test_every_template_is_mutated_at_every_field(template):
     labels = {label for label, _ in mutations(template.read_text())}
     for path in paths(data):
         assert f"delete {'.'.join(map(str, path))}" in labels
+
+
+# -- YAML 1.1 readings and lookalike keys, written as a user would type them --------------------
+
+CYRILLIC = str.maketrans({"a": "а", "e": "е", "o": "о", "p": "р", "c": "с"})
+
+
+def typed_mutations(text: str) -> Iterator[tuple[str, str, str]]:
+    """Edits of one line of the template's text: (label, text, words the one problem must hold).
+
+    Every number becomes ``1:30`` (YAML 1.1: 90) or ``true``; every boolean ``yes`` or ``off``;
+    every key gets a Cyrillic lookalike letter.
+    """
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        stripped = line.split("#", 1)[0].rstrip()
+        key, sep, value = stripped.partition(":")
+        if not sep or key.strip().startswith("-") or "yaml-language-server" in line:
+            continue
+        value = value.strip()
+        indent = key[: len(key) - len(key.lstrip())]
+        parents = [x.strip().rstrip(":") for x in lines[:index] if x.strip() and not x.lstrip().startswith("#")
+                   and len(x) - len(x.lstrip()) < len(indent)]
+        if indent and parents and parents[-1] == "tags":
+            continue  # free-form keys and text values
+
+        def edit(new_key: str, new_value: str) -> str:
+            return "\n".join(lines[:index] + [f"{indent}{new_key}: {new_value}".rstrip()] + lines[index + 1 :]) + "\n"
+
+        where = f"line {index + 1} ({key.strip()})"
+        if re.fullmatch(r"-?[0-9][0-9_]*(\.[0-9]+)?(e-?[0-9]+)?", value):
+            yield f"{where} = 1:30", edit(key.strip(), "1:30"), ["'1:30'", "YAML 1.1"]
+            yield f"{where} = true", edit(key.strip(), "true"), ["not a boolean"]
+        elif value in ("true", "false"):
+            yield f"{where} = yes", edit(key.strip(), "yes"), ["'yes'", "true or false"]
+            yield f"{where} = off", edit(key.strip(), "off"), ["'off'", "true or false"]
+        looks = key.strip().translate(CYRILLIC)
+        if looks != key.strip():
+            yield f"{where} lookalike", edit(looks, value), ["non-ASCII", f"did you mean '{key.strip()}'?"]
+
+
+@pytest.mark.parametrize("template", RECIPES, ids=lambda p: p.name)
+def test_yaml_11_readings_and_lookalike_keys_are_one_clear_problem(template):
+    cases = list(typed_mutations(template.read_text()))
+    assert any("1:30" in label for label, _, _ in cases) and any("lookalike" in label for label, _, _ in cases)
+    for label, text, words in cases:
+        started = time.perf_counter()
+        with pytest.raises(RecipeError) as info:
+            parse_recipe(text, template.name)
+        assert time.perf_counter() - started < LIMIT_SECONDS, label
+        (problem,) = info.value.problems
+        line = str(problem)
+        assert "\n" not in line and all(word in line for word in words), (label, line)

@@ -149,7 +149,7 @@ def test_start_honours_aws_region_then_aws_default_region(endpoint, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(executions(endpoint, "in-eu", "eu-west-1")) == 2
     result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": None})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # local configuration, no call made
     assert result.stderr.strip() == "error: no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION"
 
 
@@ -191,6 +191,7 @@ def test_endpoint_errors_are_one_line(endpoint, recipe, tmp_path):
     result = invoke("start", unknown, "--no-follow", "--endpoint-url", endpoint)
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and "never-deployed" in result.stderr and "cdk deploy" in result.stderr
+    assert f"start pipeline never-deployed (the name: of {unknown})" in result.stderr  # which name start looked for
     for command in ("status", "logs", "stop"):
         result = invoke(command, unknown, "--endpoint-url", endpoint)
         assert result.exit_code == 1 and result.stderr.count("\n") == 1, (command, result.output)
@@ -262,7 +263,7 @@ def test_stop_stops_the_latest_execution(endpoint, recipe):
     assert result.stdout.strip() == f"Stopping: {arn}"
     moto_execution(arn).pipeline_execution_status = "Stopped"
     again = invoke("stop", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json")
-    assert json.loads(again.stdout) == {"execution_arn": arn, "status": "Stopped"}
+    assert json.loads(again.stdout) == {"ok": True, "execution_arn": arn, "status": "Stopped"}
 
 
 # -- start --follow ------------------------------------------------------------------------
@@ -370,3 +371,105 @@ def test_start_resume_checks_the_run_in_the_store_before_starting(endpoint, reci
     assert len(executions(endpoint, "follow-me")) == before
     result = start(recipe, client=sm, s3=s3, resume="keep5", follow=False, out=io.StringIO())
     assert len(executions(endpoint, "follow-me")) == before + 1 and result.arn
+
+
+# -- transient errors: a follow outlives them -------------------------------------------------
+
+
+def stubbed_sagemaker():
+    import boto3
+    from botocore.config import Config
+    from botocore.stub import Stubber
+
+    sm = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x",
+                      config=Config(retries={"mode": "standard", "max_attempts": 1}))
+    return sm, Stubber(sm)
+
+
+ARN = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/follow-me/execution/abc123"
+
+
+def described(stubber, status: str) -> None:
+    stubber.add_response("describe_pipeline_execution", {"PipelineExecutionArn": ARN, "PipelineExecutionStatus": status},
+                         {"PipelineExecutionArn": ARN})
+    stubber.add_response("list_pipeline_execution_steps", {"PipelineExecutionSteps": []},
+                         {"PipelineExecutionArn": ARN, "SortOrder": "Ascending"})
+
+
+@pytest.mark.parametrize("code,words", [("ThrottlingException", "Rate exceeded"), ("ExpiredTokenException", "credentials have expired")])
+def test_follow_survives_a_throttle_or_expired_credentials_and_keeps_following(code, words):
+    from tiered_training import runs
+
+    sm, stubber = stubbed_sagemaker()
+    described(stubber, "Executing")
+    stubber.add_client_error("describe_pipeline_execution", service_error_code=code, service_message="Rate exceeded" if "Thrott" in code else "expired", http_status_code=400)
+    described(stubber, "Succeeded")
+    out, pauses = io.StringIO(), []
+    with stubber:
+        result = runs.follow(sm, ARN, poll_seconds=5, reporter=runs.LineReporter(out), sleep=pauses.append)
+        stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded"
+    lines = out.getvalue().splitlines()
+    warning = next(line for line in lines if line.startswith("warning: "))
+    assert code in warning and words in warning and "still following" in warning
+    assert lines.index(warning) < lines.index("execution Succeeded")
+    assert pauses == [5, 5]  # the poll, then the pause after the error (at least the poll interval)
+
+
+def test_follow_stops_on_an_error_that_will_not_pass():
+    from tiered_training import runs
+    from tiered_training.start import StartError
+
+    sm, stubber = stubbed_sagemaker()
+    stubber.add_client_error("describe_pipeline_execution", service_error_code="AccessDeniedException", http_status_code=400)
+    with stubber, pytest.raises(StartError, match="AccessDenied"):
+        runs.follow(sm, ARN, poll_seconds=0, reporter=runs.LineReporter(io.StringIO()), sleep=lambda s: None)
+
+
+def test_every_client_uses_the_standard_retry_mode(monkeypatch):
+    from tiered_training.start import aws_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    for service in ("sagemaker", "cloudwatch", "logs"):
+        client = aws_client(service, region=REGION)
+        assert client.meta.config.retries["mode"] == "standard"
+
+
+def test_no_client_in_the_package_leaves_the_retry_mode_to_chance():
+    import re as regex
+    from pathlib import Path
+
+    import tiered_training
+
+    root = Path(tiered_training.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for match in regex.finditer(r"\bConfig\((.*)", text):
+            assert "RETRIES" in match.group(1) or '"mode": "standard"' in match.group(1), f"{path.name}: {match.group(0)}"
+        if "boto3.client(" in text or ".client(" in text and "_session(" in text:
+            assert "Config(" in text, path.name
+
+
+def test_after_expired_credentials_the_follow_renews_its_clients():
+    from tiered_training import runs
+
+    old, old_stubber = stubbed_sagemaker()
+    old_stubber.add_client_error("describe_pipeline_execution", service_error_code="ExpiredTokenException", http_status_code=400)
+    new, new_stubber = stubbed_sagemaker()
+    described(new_stubber, "Succeeded")
+    renewed = []
+
+    def renew():
+        renewed.append(True)
+        return new, None
+
+    out = io.StringIO()
+    with old_stubber, new_stubber:
+        result = runs.follow(old, ARN, poll_seconds=1, reporter=runs.LineReporter(out), sleep=lambda s: None, renew=renew)
+        old_stubber.assert_no_pending_responses()
+        new_stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded" and renewed == [True]
+    assert "credentials have expired" in out.getvalue()

@@ -1,28 +1,159 @@
 """The ``tiered-training`` command line.
 
 Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
-``instances``, ``run-config``. The account: ``preflight``. Runs: ``start``, ``status``, ``logs``, ``stop``.
+``instances``, ``run-config``, ``schema``. The account: ``preflight``. Runs: ``rehearse``,
+``start``, ``status``, ``logs``, ``stop``. A command that takes one recipe takes its file or its
+name (the pipeline name, its ``name:``) in ./recipes.
 
-Every command takes ``--format json``. Exit codes: 0 when everything is fine; 1 when
-AWS refuses or a run fails; 2 for invalid input: a recipe that does not load or
-whose plan has errors (``diff`` included), a bad option, or no recipes at all.
+Every command takes ``--format json``, and its errors appear in the JSON too
+(``{"ok": false, "exit_code": N, "errors": [...]}``) as well as one line each on stderr.
+Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
+input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
+option or value (checked here: no AWS call is made), or no recipes at all.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
-from .errors import Problem, RecipeError
+from .errors import Problem, RecipeError, escape
 from .names import pipeline_name, stage_problem
 
 PROG = "tiered-training"
 
-app = typer.Typer(
+
+class Failure(Exception):
+    """What a command reports instead of its result: one or more one-line errors and an exit code.
+
+    A command raises it; :func:`_reports_failures` prints it as ``error: ...`` lines on
+    stderr and, under ``--format json``, as ``{"ok": false, "exit_code": N, "errors": [...]}``
+    on stdout too, so that every error a command can meet reaches a machine reader.
+    """
+
+    def __init__(self, errors: list, code: int):
+        self.errors = [e if isinstance(e, dict) else {"message": str(e)} for e in errors]
+        self.code = code
+        super().__init__("; ".join(e.get("text", e["message"]) for e in self.errors))
+
+    @classmethod
+    def of(cls, exc: Exception, code: int) -> "Failure":
+        """From a RecipeError (one entry per problem), a PlanError (per finding) or any one-line error."""
+        from .errors import PlanError
+
+        if isinstance(exc, RecipeError):
+            return cls([p.to_dict() | {"text": str(p)} for p in exc.problems], code)
+        if isinstance(exc, PlanError):
+            from .report import format_finding
+
+            plan = exc.plan
+            return cls([{"file": plan.source, "code": f.code, "field": f.field, "message": f.message, "fix": f.fix,
+                         "text": format_finding(plan, f)} for f in plan.errors], code)
+        return cls([{"message": " ".join(str(exc).split())}], code)
+
+    def data(self) -> dict:
+        return {"ok": False, "exit_code": self.code, "errors": [{k: v for k, v in e.items() if k != "text"} for e in self.errors]}
+
+    def lines(self) -> list[str]:
+        return [f"error: {e.get('text', e['message'])}" for e in self.errors]
+
+
+def _json_requested(args) -> bool:
+    """Whether a command line asks for ``--format json`` (read before click parses it)."""
+    args = list(args or [])
+    for index, arg in enumerate(args):
+        if arg in ("--format", "-f") and index + 1 < len(args) and args[index + 1] == "json":
+            return True
+        if arg in ("--format=json", "-fjson"):
+            return True
+    return False
+
+
+def _emit_failure(failure: Failure, as_json: bool) -> None:
+    """The errors on stderr, one line each; under ``--format json`` also as JSON on stdout."""
+    from .render import console, print_json, print_lines
+
+    if as_json:
+        print_json(failure.data())
+    print_lines(console(stderr=True), failure.lines())
+
+
+# click's UsageError (typer vendors click from 0.22 on): the base of typer.BadParameter.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose usage errors (bad option value, missing argument) are one line, or JSON."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        as_json = _json_requested(args)
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except _UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            hint = f" (see {PROG} {info_name} --help)"
+            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json)
+            raise typer.Exit(EXIT_INVALID) from None
+
+
+class _Group(typer.core.TyperGroup):
+    """The app: an unknown command or option is one line too."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except _UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as click shows it
+                raise
+            message = " ".join(exc.format_message().split())
+            _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
+            raise typer.Exit(EXIT_INVALID) from None
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except _UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
+            raise typer.Exit(EXIT_INVALID) from None
+
+
+def _reports_failures(fn):
+    """Run a command; a :class:`Failure` is reported in the command's ``--format`` and ends it with its code."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Failure as failure:
+            fmt = kwargs.get("format")
+            _emit_failure(failure, getattr(fmt, "value", fmt) == "json")
+            raise typer.Exit(failure.code) from None
+
+    return run
+
+
+class _App(typer.Typer):
+    """Every command gets one-line (or JSON) usage errors and :class:`Failure` reporting."""
+
+    def command(self, *args, cls=None, **kwargs):
+        register = super().command(*args, cls=cls or _Command, **kwargs)
+
+        def decorator(fn):
+            register(_reports_failures(fn))
+            return fn
+
+        return decorator
+
+
+app = _App(
+    cls=_Group,
     name=PROG,
     add_completion=True,
     no_args_is_help=True,
@@ -95,7 +226,14 @@ def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
     from .planner import plan_file
     from .quotas import with_account
 
-    files, failures = find_recipes(paths)
+    named, failures = [], []
+    for path in paths:
+        try:
+            named.append(_recipe_path(path))
+        except RecipeError as exc:
+            failures.append(exc)
+    files, unreadable = find_recipes(named)
+    failures += unreadable
     account = _account_quotas(failures)
     plans = []
     for path in files:
@@ -213,7 +351,7 @@ def validate(
     else:
         _report_failures(failures)
         _report_findings(plans, strict=strict)
-        print_lines(_out(), [f"{p.source}: ok" for p in plans if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]])
+        print_lines(_out(), [f"{escape(p.source)}: ok" for p in plans if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]])
         bad = sum(not r["ok"] for r in data["recipes"])
         if bad and len(data["recipes"]) > 1:
             print_lines(_err(), [f"{bad} of {len(data['recipes'])} recipes invalid"])
@@ -348,7 +486,7 @@ def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")
 
 @app.command("run-config")
 def run_config(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
     hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of the RunConfig"),
     format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
 ) -> None:
@@ -356,18 +494,40 @@ def run_config(
     from .errors import PlanError
     from .render import dumps
 
-    plans, failures = _load_plans([recipe])
-    _report_failures(failures)
-    if failures:
-        raise typer.Exit(EXIT_INVALID)
+    plan = _run_recipe(recipe)
     try:
-        config = plans[0].run_config()
+        config = plan.run_config()
     except PlanError as exc:
-        from .render import print_lines
-
-        print_lines(_err(), str(exc).splitlines())
-        raise typer.Exit(EXIT_INVALID)
+        raise Failure.of(exc, EXIT_INVALID)
     _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+
+
+@app.command()
+def schema(
+    format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
+) -> None:
+    """Print the recipe's JSON Schema (docs/recipe.schema.json; the templates name it for editor completion)."""
+    from .schema import schema_text
+
+    _print(schema_text())
+
+
+# -- recipes by name ---------------------------------------------------------------------
+
+RECIPES_DIR = Path("recipes")
+
+
+def _recipe_path(recipe: Path) -> Path:
+    """``recipe`` itself, or the recipe in ./recipes that ``recipe`` names (its pipeline name or file stem)."""
+    from .loader import recipe_by_name
+
+    if recipe.exists() or recipe.is_symlink() or recipe.suffix in (".yaml", ".yml") or len(recipe.parts) != 1:
+        return recipe
+    found, names = recipe_by_name(str(recipe), RECIPES_DIR)
+    if found is not None:
+        return found
+    known = f"the recipes in {RECIPES_DIR}/ are named {', '.join(names)}" if names else f"no recipes in {RECIPES_DIR}/"
+    raise RecipeError([Problem(str(recipe), None, "", f"no such recipe file, nor a recipe of that name ({known})")])
 
 
 # -- runs ----------------------------------------------------------------------------
@@ -386,36 +546,66 @@ def _check_stage(value: Optional[str]) -> Optional[str]:
 _STAGE = typer.Option(None, "--stage", callback=_check_stage, help="the stage the app was deployed with (cdk -c stage=...): its pipeline is <stage>-<recipe>")
 
 
+_RUN_RECIPE = typer.Argument(..., help="a recipe file whose stack is deployed, or its name (the pipeline's) in ./recipes")
+
+
 def _run_recipe(recipe: Path):
     """The recipe's plan (or RecipeError, reported as invalid input)."""
     from .planner import plan_file
 
     try:
-        return plan_file(recipe)
+        return plan_file(_recipe_path(recipe))
     except RecipeError as exc:
-        _report_failures([exc])
-        raise typer.Exit(EXIT_INVALID)
+        raise Failure.of(exc, EXIT_INVALID)
 
 
-def _start_error(exc: Exception) -> typer.Exit:
-    from .render import print_lines
+def _aws_failure(exc: Exception) -> Failure:
     from .start import StartError
 
-    code = exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED
-    print_lines(_err(), [f"error: {exc}"])
-    return typer.Exit(code)
+    return Failure.of(exc, exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED)
 
 
-def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str) -> list:
-    from .start import aws_client, resolve_region
+def _clients(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str], *services: str,
+             execution: Optional[str] = None, services_for: str = "this command", stage: Optional[str] = None) -> list:
+    """Clients for ``services``, after the options are checked locally (exit 2, no call, for a bad one)."""
+    from .start import ParameterError, StartError, aws_client, check_aws_options, check_region, resolve_region, require_boto3
 
-    region = resolve_region(region, plan.recipe.compute.region)
-    return [aws_client(s, region=region, endpoint_url=endpoint_url, profile=profile) for s in services]
+    try:
+        require_boto3(f"{PROG} {services_for}")
+        check_aws_options(region=region, endpoint_url=endpoint_url, profile=profile, execution=execution, pipeline=pipeline_name(plan.name, stage))
+        resolved = resolve_region(region, plan.recipe.compute.region)
+        if region is None and resolved is not None:
+            source = "compute.region" if plan.recipe.compute.region else "AWS_REGION" if resolved == _env("AWS_REGION") else "AWS_DEFAULT_REGION"
+            check_region(resolved, source)
+        arn_region = execution.split(":")[3] if execution else ""
+        if arn_region and resolved and arn_region != resolved:
+            raise ParameterError(f"--execution: an execution in {arn_region}, but the region is {resolved}; pass --region {arn_region}")
+        return [aws_client(s, region=resolved, endpoint_url=endpoint_url, profile=profile) for s in services]
+    except StartError as exc:  # ParameterError (exit 2) included
+        raise _aws_failure(exc) from None
+
+
+def _renewed(plan, region: Optional[str], endpoint_url: Optional[str], profile: Optional[str]) -> tuple:
+    """New sagemaker and cloudwatch clients, from a new session: they read the credentials again."""
+    from .start import StartError, _session
+
+    _session.cache_clear()
+    try:
+        sm, cw = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", services_for="start")
+    except Failure as failure:
+        raise StartError(str(failure)) from None
+    return sm, cw
+
+
+def _env(name: str) -> Optional[str]:
+    import os
+
+    return os.environ.get(name) or None
 
 
 @app.command()
 def start(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     follow: bool = typer.Option(True, help="follow the execution until it ends: steps, loss, tokens/s against the plan, ETA"),
     skip_probe: Optional[bool] = typer.Option(None, "--skip-probe/--probe", help="start the full run without the probe"),
     max_steps: Optional[int] = typer.Option(None, help="override the number of optimiser steps"),
@@ -430,13 +620,15 @@ def start(
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
     stage: Optional[str] = _STAGE,
 ) -> None:
-    """Start the recipe's SageMaker pipeline (a new run, or --resume RUN), print the execution ARN and follow it."""
+    """Start the recipe's SageMaker pipeline (a new run, or --resume RUN; the pipeline is named by the recipe's name: field), print the execution ARN and follow it."""
     from . import runs
     from .render import print_json
-    from .start import StartError, start as start_pipeline
+    from .start import StartError, check_parameters, start as start_pipeline
 
     plan = _run_recipe(recipe)
     try:
+        check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+        sm, *rest = _clients(plan, region, endpoint_url, profile, "sagemaker", *(["cloudwatch"] if follow else []), services_for="start")
         result = start_pipeline(
             plan,
             instance_count=instance_count,
@@ -445,56 +637,58 @@ def start(
             skip_probe=skip_probe,
             resume=resume,
             follow=follow,
-            region=region,
-            endpoint_url=endpoint_url,
-            profile=profile,
             poll_seconds=poll_seconds,
+            client=sm,
+            cloudwatch=rest[0] if rest else None,
             reporter=runs.QuietReporter() if format is TextFormat.json else None,
             stage=stage,
+            renew=lambda: _renewed(plan, region, endpoint_url, profile),
         )
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json(result.to_dict())
+        print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
     if follow and not result.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 def rehearse(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
-    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this)"),
-    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs')"),
-    steps: Optional[int] = typer.Option(None, help="optimiser steps of the full run (the MaxSteps parameter); "
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
+    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this); 1 to 8"),
+    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs'); 1 to 8"),
+    steps: Optional[int] = typer.Option(None, help="optimiser steps of the full run (the MaxSteps parameter), 2 to 1000; "
                                         "default: enough for two checkpoints and the interrupt, at least 12"),
     param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
-    interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP"),
-    workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here"),
+    interrupt: Optional[str] = typer.Option(None, help="sigterm@STEP, kill-host@save or kill-host@STEP (STEP within the run)"),
+    workdir: Optional[Path] = typer.Option(None, help="keep each host's /opt/ml tree and logs here (a directory)"),
     restart_with: list[str] = typer.Option([], "--restart-with", help="then resume the same run in a second execution with this parameter, Name=Value (e.g. InstanceCount=1)"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"),
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on success)."""
     from .errors import PlanError
-    from .rehearse.run import Options, RehearsalError, parse_params, rehearse as run_rehearsal
+    from .rehearse.run import MissingExtra, Options, RehearsalError, parse_params, rehearse as run_rehearsal
+    from .render import print_json
 
+    as_json = format is TextFormat.json
     try:
-        result = run_rehearsal(Options(recipe, hosts=hosts, workers=workers, steps=steps, params=parse_params(param),
-                                       interrupt=interrupt, workdir=workdir,
-                                       then=parse_params(restart_with) if restart_with else None))
-    except RecipeError as exc:
-        _report_failures([exc])
-        raise typer.Exit(EXIT_INVALID)
-    except (RehearsalError, PlanError, ValueError) as exc:
-        from .render import print_lines
-
-        print_lines(_err(), [f"error: {exc}"])
-        raise typer.Exit(EXIT_INVALID)
+        options = Options(_recipe_path(recipe), hosts=hosts, workers=workers, steps=steps, params=parse_params(param),
+                          interrupt=interrupt, workdir=workdir,
+                          then=parse_params(restart_with, "--restart-with") if restart_with else None)
+        result = run_rehearsal(options, out=sys.stderr if as_json else None)
+    except MissingExtra as exc:
+        raise Failure.of(exc, EXIT_FAILED)
+    except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
+        raise Failure.of(exc, EXIT_INVALID)
+    if as_json:
+        print_json(result.to_dict())
     if not result.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 def status(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     stage: Optional[str] = _STAGE,
     region: Optional[str] = _REGION,
@@ -511,12 +705,13 @@ def status(
     from .run_list import list_runs, runs_uri
 
     plan = _run_recipe(recipe)
+    sm, cw, s3 = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", "s3", execution=execution,
+                          services_for="status", stage=stage)
     try:
-        sm, cw, s3 = _clients(plan, region, endpoint_url, profile, "sagemaker", "cloudwatch", "s3")
         arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     result = snap.result()
     try:  # the recipe's runs: a store the caller may not read is a line, not a failure
         uri = runs_uri(sm, pipeline_name(plan.name, stage))
@@ -524,8 +719,8 @@ def status(
     except StartError as exc:
         uri, listed, runs_problem = None, None, str(exc)
     if format is TextFormat.json:
-        print_json({**result.to_dict(), "runs_uri": uri, "runs": [r.to_dict() for r in listed] if listed is not None else None,
-                    "runs_error": runs_problem})
+        print_json({**result.to_dict(), "ok": True, "pipeline": pipeline_name(plan.name, stage), "runs_uri": uri,
+                    "runs": [r.to_dict() for r in listed] if listed is not None else None, "runs_error": runs_problem})
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
     for step in snap.steps or []:
@@ -546,7 +741,7 @@ def status(
 
 @app.command()
 def logs(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     stage: Optional[str] = _STAGE,
     lines: int = typer.Option(50, "--lines", "-n", min=1, max=10_000, help="how many of the last log lines"),
@@ -561,16 +756,17 @@ def logs(
     from .start import StartError
 
     plan = _run_recipe(recipe)
+    sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs", execution=execution, services_for="logs",
+                       stage=stage)
     try:
-        sm, cwl = _clients(plan, region, endpoint_url, profile, "sagemaker", "logs")
         arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
         jobs = runs.training_jobs(steps)
         events = runs.tail_logs(cwl, jobs, lines=lines)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json({"execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events})
+        print_json({"ok": True, "execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events})
         return
     if not jobs:
         print_lines(_err(), [f"{arn}: no training job has started yet"])
@@ -583,7 +779,7 @@ def logs(
 
 @app.command()
 def stop(
-    recipe: Path = typer.Argument(..., help="a recipe file whose stack is deployed"),
+    recipe: Path = _RUN_RECIPE,
     execution: Optional[str] = _EXECUTION,
     stage: Optional[str] = _STAGE,
     region: Optional[str] = _REGION,
@@ -597,14 +793,14 @@ def stop(
     from .start import StartError
 
     plan = _run_recipe(recipe)
+    (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker", execution=execution, services_for="stop", stage=stage)
     try:
-        (sm,) = _clients(plan, region, endpoint_url, profile, "sagemaker")
         arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
         state = runs.stop(sm, arn)
     except StartError as exc:
-        raise _start_error(exc)
+        raise _aws_failure(exc)
     if format is TextFormat.json:
-        print_json({"execution_arn": arn, "status": state})
+        print_json({"ok": True, "execution_arn": arn, "status": state})
     else:
         print_lines(_out(), [f"{state}: {arn}"])
 

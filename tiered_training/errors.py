@@ -20,6 +20,18 @@ def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:limit]}... ({len(text):,} characters)"
 
 
+def escape(text: str) -> str:
+    """``text`` with every unprintable character (newline, tab, escape...) written as Python escapes it.
+
+    For names the user chose (a file name may hold a newline): the message stays on one line,
+    and the name stays recognisable.
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` cut to ``limit`` characters (a 50 MB string is never quoted whole)."""
     if isinstance(value, str) and len(value) > limit:
@@ -41,7 +53,7 @@ class Problem:
     has_value: bool = False
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
+        where = f"{escape(self.file)}:{self.line}" if self.line else escape(self.file)
         got = f" (got {quote(self.value)})" if self.has_value else ""
         field = f"{clip(self.field, 120)}: " if self.field else ""
         return f"{where}: {field}{clip(self.message, 400)}{got}"

@@ -1,4 +1,9 @@
-"""Load a recipe file: YAML with line numbers, then strict validation.
+"""Load a recipe file: YAML 1.2 with line numbers, then strict validation.
+
+Scalars resolve as in YAML 1.2 (:mod:`tiered_training.yaml12`): ``1:30`` and ``yes``
+are text, and validation is strict, so a number field refuses text and booleans and
+a boolean field refuses anything but ``true`` and ``false``; the message says what
+YAML 1.1 would have read.
 
 Every problem is reported at once, each with file, line, field path, the bad value
 and what would be valid. Nothing here raises anything but :class:`RecipeError`.
@@ -13,7 +18,6 @@ crash in the recursive composer.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import stat
@@ -24,9 +28,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import Problem, RecipeError, clip
+from .keys import lookalike_hint
 from .recipe import AT, Recipe
+from .yaml12 import Loader, yaml11_reading
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Loader = Loader
 Lines = dict[str, int]
 # Errors pydantic reports for the branches of a union that the value did not take.
 UNION_ALTERNATIVES = frozenset({"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"})
@@ -64,6 +70,27 @@ def find_recipes(paths: Iterable[str | Path]) -> tuple[list[Path], list[RecipeEr
             continue
         files += entries
     return files, errors
+
+
+def recipe_by_name(name: str, folder: Path) -> tuple[Path | None, list[str]]:
+    """The recipe in ``folder`` whose pipeline name (its ``name:``) or file stem is ``name``, and every name there.
+
+    ``qwen25-14b-fp8`` finds ``recipes/qwen2.5-14b-fp8.yaml``, whose ``name:`` it is; so does
+    ``qwen2.5-14b-fp8``. A file that does not load is skipped.
+    """
+    files, _ = find_recipes([folder]) if folder.is_dir() else ([], [])
+    names: list[str] = []
+    for path in files:
+        try:
+            _, data, _, _ = _compose(read_recipe_text(path), str(path))  # bounded, as every recipe is read
+        except RecipeError:
+            continue
+        pipeline = data.get("name") if isinstance(data, dict) else None
+        if isinstance(pipeline, str):
+            names.append(pipeline)
+        if name in (pipeline, path.stem):
+            return path, names
+    return None, sorted(names)
 
 
 def _file_error(path: Path, message: str) -> RecipeError:
@@ -129,7 +156,7 @@ def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
 
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, strict=True)
     except ValidationError as exc:
         problems += _problems(exc, data, lines, name)
         recipe = None
@@ -323,12 +350,17 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = match.group(2)
             reached = True
         dotted = ".".join(map(str, path))
-        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True})
+        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True, "kinds": set()})
         entry["alternatives"] &= error["type"] in UNION_ALTERNATIVES
+        entry["kinds"].add(error["type"])
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(path[:-1])
+            entry["meant"] = lookalike_hint(str(path[-1]), parent.model_fields if parent else [])[1]
         if error["type"] == "literal_error" and not match:
             entry["choices"].append(str((error.get("ctx") or {}).get("expected", "")))
         elif message not in entry["messages"]:
             entry["messages"].append(message)
+    _merge_misspelt_keys(grouped)
     problems = []
     for dotted, entry in grouped.items():
         path = entry["path"]
@@ -340,17 +372,37 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
         value, has_value = _value_at(data, path) if entry["reached"] else (None, False)
         if isinstance(value, (dict, list)):
             has_value = False
+        message = "; or ".join(entry["messages"])
+        trap = yaml11_reading(value) if has_value and entry["kinds"] - {"extra_forbidden", "literal_error"} else None
+        if trap:
+            message = f"{message}: {trap}"
+        elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
+            message = f"{message}, not a boolean"
+        elif has_value and isinstance(value, float) and "int_type" in entry["kinds"] and value.is_integer() and abs(value) < 1e30:
+            message = f"{message}: write {int(value):_} (digits may be grouped with _)"
         problems.append(
             Problem(
                 file=name,
                 line=_line_for(path, lines),
                 field=dotted,
-                message="; or ".join(entry["messages"]),
-                value=value,
-                has_value=has_value,
+                message=message,
+                value=None if trap else value,
+                has_value=has_value and not trap,
             )
         )
     return problems
+
+
+def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
+    """An unknown key meant as a required field that is missing is one problem, not two."""
+    for dotted, entry in list(grouped.items()):
+        meant = entry.pop("meant", None)
+        if meant is None or "extra_forbidden" not in entry["kinds"]:
+            continue
+        sibling = ".".join(map(str, entry["path"][:-1] + (meant,)))
+        other = grouped.get(sibling)
+        if other is not None and other["kinds"] == {"missing"}:
+            del grouped[sibling]
 
 
 def _line_for(path: tuple, lines: Lines) -> int | None:
@@ -366,10 +418,8 @@ def _message(error: dict, path: tuple) -> str:
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
         parent = _model_at(path[:-1])
-        valid = sorted(parent.model_fields) if parent else []
-        hint = difflib.get_close_matches(str(path[-1]), valid, n=1)
-        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        return f"unknown field; {suggestion}valid fields here: {', '.join(valid)}"
+        message, _ = lookalike_hint(str(path[-1]), parent.model_fields if parent else [])
+        return message
     if kind == "missing":
         return "required field is missing"
     if kind == "literal_error":

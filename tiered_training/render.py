@@ -6,7 +6,9 @@
 - On a terminal, output fits its width: a table too wide for it becomes one block
   of ``key  value`` lines per row, and long lines wrap at spaces with a hanging
   indent, so a number is never split across lines.
-- Piped (not a terminal, no ``COLUMNS``), nothing wraps: a line is as long as it is.
+- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is.
+  A table wider than :data:`PIPED_TABLE_WIDTH` wraps its prose cells at spaces to that
+  width (numbers and single words are never split), so ``tiers | less`` stays readable.
 - Every cell and line is capped (:data:`CELL_LIMIT`, :data:`LINE_LIMIT`), so a huge
   value costs nothing to lay out.
 """
@@ -19,12 +21,14 @@ import sys
 import textwrap
 from typing import Any, Iterable, Sequence
 
-from .errors import clip
+from .errors import clip, escape
 
 CELL_LIMIT = 120
 LINE_LIMIT = 4000
 # Width for output that is not a terminal: wide enough that nothing wraps.
 UNBOUNDED = 100_000
+# Piped, a table wider than this wraps its prose cells (at spaces) to this width.
+PIPED_TABLE_WIDTH = 120
 
 
 def console(stderr: bool = False):
@@ -54,6 +58,7 @@ def print_lines(con, lines: Iterable[str]) -> None:
     out = con.file
     for line in lines:
         line = clip(line, LINE_LIMIT) if len(line) > LINE_LIMIT else line
+        line = line if line.isprintable() else escape(line)  # one line, whatever a name holds
         if width is None or len(line) <= width:
             out.write(line + "\n")
             continue
@@ -86,14 +91,44 @@ def print_table(con, rows: Sequence[dict[str, Any]], columns: Sequence[str], *, 
     numeric = set(numeric)
     table = Table(header_style="bold", show_lines=show_lines)
     for column in columns:
-        table.add_column(column, no_wrap=True, justify="right" if column in numeric else "left")
+        prose = column not in numeric and any(" " in str(row.get(column) or "") for row in rows)
+        table.add_column(column, no_wrap=not prose, justify="right" if column in numeric else "left")
     for row in rows:
         table.add_row(*(_cell(row.get(c, "")) for c in columns))
     width = width_of(con)
-    if width is None or con.measure(table, options=con.options.update_width(UNBOUNDED)).maximum <= width:
+    measured = con.measure(table, options=con.options.update_width(UNBOUNDED))
+    if width is None:
+        if measured.maximum > PIPED_TABLE_WIDTH:
+            _wrap_prose(table, columns, rows, PIPED_TABLE_WIDTH)
+        con.print(table)
+        return
+    if measured.maximum <= width:
         con.print(table)
         return
     _print_blocks(con, rows, columns, title_column or columns[0], numeric)
+
+
+def _wrap_prose(table, columns: Sequence[str], rows: Sequence[dict[str, Any]], target: int) -> None:
+    """Fix the widths of the prose columns so that the table is at most ``target`` wide where it can be.
+
+    The widest prose column gives way first, never below its longest word or its header's
+    longest word; the other columns keep their full width, so no number or name is cut.
+    """
+    texts = {c: [str(c)] + [clip("" if r.get(c) is None else str(r.get(c)), CELL_LIMIT) for r in rows] for c in columns}
+    natural = {c: max(len(t) for t in texts[c]) for c in columns}
+    floor = {c: max(len(w) for t in texts[c] for w in (t.split() or [""])) for c in columns}
+    prose = [i for i, column in enumerate(table.columns) if not column.no_wrap]
+    widths = {i: natural[columns[i]] for i in prose}
+    fixed = sum(natural[c] for i, c in enumerate(columns) if i not in widths)
+    budget = target - fixed - 3 * len(columns) - 1  # padding of 1 on each side and a border per column
+    while sum(widths.values()) > budget:
+        shrinkable = [i for i in widths if widths[i] > floor[columns[i]]]
+        if not shrinkable:
+            break
+        widest = max(shrinkable, key=lambda i: widths[i])
+        widths[widest] -= 1
+    for i, w in widths.items():
+        table.columns[i].width = w
 
 
 def _print_blocks(con, rows, columns, title_column, numeric) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from . import catalogs
-from .errors import Problem, RecipeError
+from .errors import Problem, RecipeError, escape
 from .plan import Finding, Plan
 
 GIB = 1024**3
@@ -26,7 +26,7 @@ def finding_line(plan: Plan, finding: Finding) -> int | None:
 
 def format_finding(plan: Plan, finding: Finding) -> str:
     line = finding_line(plan, finding)
-    where = plan.source or plan.name
+    where = escape(plan.source or plan.name)
     if line:
         where += f":{line}"
     field = f" {finding.field}:" if finding.field else ""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from . import metrics as catalogue
 from .definition import S_PROBE, TRAINING_STEPS
 from .errors import clip
-from .start import TERMINAL, ExecutionResult, StartError, aws_errors
+from .start import EXPIRED, TERMINAL, ExecutionResult, StartError, aws_errors
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -171,7 +171,9 @@ def snapshot(sm: Any, arn: str, *, target: Target | None = None, cloudwatch: Any
     if can_list:
         try:
             steps = [step_summary(s) for s in execution_steps(sm, arn)]
-        except StartError:
+        except StartError as error:
+            if error.transient:
+                raise  # throttled: the next poll lists them again
             steps = None  # no ListPipelineExecutionSteps (permissions, endpoint): the status alone
     progress = None
     if cloudwatch is not None and target is not None:
@@ -313,6 +315,11 @@ class LineReporter:
         if snap.progress is not None and snap.progress.step is not None:
             self._emit("progress", f"  training: {snap.progress.describe()}")
 
+    def warn(self, text: str) -> None:
+        self.seen.pop("execution", None)  # repeat the status once the error has passed
+        self.out.write(f"warning: {clip(text, 400)}\n")
+        self.out.flush()
+
     def finish(self, snap: Snapshot) -> None:
         self.out.write(f"{snap.status}: {snap.arn}" + (f" ({clip(snap.failure_reason, 300)})" if snap.failure_reason else "") + "\n")
         self.out.flush()
@@ -358,6 +365,9 @@ class LiveReporter:
         if p is not None and p.step is not None:
             self._task("progress", "  training", p.describe(), total=p.total_steps, completed=min(p.step, p.total_steps or p.step))
 
+    def warn(self, text: str) -> None:
+        self.console.print(f"warning: {clip(text, 400)}")
+
     def finish(self, snap: Snapshot) -> None:
         for task in self.bar.tasks:
             if task.total is None:
@@ -375,8 +385,15 @@ class QuietReporter:
     def __exit__(self, *exc: Any) -> None:
         return None
 
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
     def update(self, snap: Snapshot) -> None:
         return None
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        print(f"warning: {clip(text, 400)}", file=sys.stderr, flush=True)
 
     def finish(self, snap: Snapshot) -> None:
         return None
@@ -398,14 +415,42 @@ def follow(
     timeout_seconds: float | None = None,
     reporter: Any = None,
     sleep: Callable[[float], None] = time.sleep,
+    renew: Callable[[], tuple[Any, Any]] | None = None,
 ) -> ExecutionResult:
-    """Poll an execution until it ends (or ``timeout_seconds``), reporting status, steps and progress."""
+    """Poll an execution until it ends (or ``timeout_seconds``), reporting status, steps and progress.
+
+    A multi-day run outlives throttling, lost connections and credentials that expire and
+    are renewed: such an error (after the clients' own retries) is reported and the next
+    poll, after a growing pause of at most :data:`MAX_BACKOFF` seconds, tries again. Other
+    errors end the follow. After expired credentials, ``renew`` (if given) makes new
+    clients, which read the credentials again (a static key renewed in ~/.aws/credentials;
+    SSO and assumed roles renew themselves).
+    """
     reporter = reporter or reporter_for()
     started = time.monotonic()
     can_list = True
+    snap: Snapshot | None = None
+    failures = 0
     with reporter:
         while True:
-            snap = snapshot(sm, arn, target=target, cloudwatch=cloudwatch, can_list=can_list)
+            try:
+                snap = snapshot(sm, arn, target=target, cloudwatch=cloudwatch, can_list=can_list)
+            except StartError as error:
+                if not error.transient:
+                    raise
+                failures += 1
+                if renew is not None and error.code in EXPIRED:
+                    try:
+                        sm, cloudwatch = renew()
+                    except StartError as again:
+                        _warn(reporter, f"cannot renew the AWS clients: {again}")
+                pause = min(MAX_BACKOFF, max(poll_seconds, 1.0) * 2 ** min(failures - 1, 6))
+                _warn(reporter, f"{error}; still following, next try in {format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}")
+                if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
+                    break
+                sleep(pause)
+                continue
+            failures = 0
             can_list = snap.steps is not None
             reporter.update(snap)
             if snap.status in TERMINAL:
@@ -413,5 +458,18 @@ def follow(
             if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
                 break
             sleep(poll_seconds)
+        if snap is None:
+            raise StartError(f"{arn}: no status could be read before the follow timed out")
         reporter.finish(snap)
     return snap.result()
+
+
+MAX_BACKOFF = 600.0
+
+
+def _warn(reporter: Any, text: str) -> None:
+    warn = getattr(reporter, "warn", None)
+    if warn is not None:
+        warn(text)
+    else:
+        print(f"warning: {text}", file=sys.stderr, flush=True)

@@ -120,7 +120,7 @@ def test_platform_topic_takes_a_subscription_and_unrouted_recipes_warn(plans, tm
     from tiered_training.constructs.app import build_app
     from tiered_training.constructs.platform import PlatformProps
 
-    quiet = plans["llama3-8b-128k"]  # names no alarm address
+    quiet = plans["data-variant"]  # names no alarm address
     assert not quiet.recipe.monitoring.alarm_email and not quiet.recipe.monitoring.alarm_topic_arn
     app, platform, stacks = build_app([quiet], nag=False, outdir=str(tmp_path / "a"))
     Annotations.from_stack(stacks[quiet.name]).has_warning("*", Match.string_like_regexp("notifies no one"))
@@ -136,7 +136,7 @@ def test_platform_topic_takes_a_subscription_and_unrouted_recipes_warn(plans, tm
 
 
 def test_routing_findings_for_validate(plans):
-    quiet = plans["llama3-8b-128k"]
+    quiet = plans["data-variant"]
     (finding,) = fitting.routing_findings(quiet, platform_has_subscriber=False)
     assert finding.severity == "warning" and finding.code == "alarms-unrouted" and finding.field == "monitoring"
     assert fitting.routing_findings(quiet, platform_has_subscriber=True) == []

@@ -161,3 +161,14 @@ def test_export_on_two_hosts_equals_a_single_host_export(rehearsal, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=180, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LOGITS EQUAL" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_summary_for_format_json_is_strict_json(rehearsal):
+    from tiered_training.render import dumps
+
+    result, _, _ = rehearsal
+    data = json.loads(dumps(result.to_dict()))
+    assert data["ok"] is result.ok and data["interrupt"] == "kill-host@save" and data["interrupted"]
+    assert [e["status"] for e in data["executions"]] == [e.status for e in result.executions]
+    assert data["losses"] and all(isinstance(v, float) for v in data["losses"].values())
+    assert data["checkpoints_at_end"] == result.checkpoints_at_end

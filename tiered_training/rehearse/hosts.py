@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import quote
 from .interpreter import JobAttempt
 from .s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
 
@@ -55,11 +56,11 @@ class Interrupt:
     def parse(cls, text: str) -> "Interrupt":
         what, _, when = text.partition("@")
         if what not in ("sigterm", "kill-host") or not when:
-            raise ValueError(f"--interrupt {text!r}: expected sigterm@STEP, kill-host@save or kill-host@STEP")
+            raise ValueError(f"--interrupt {quote(text, 60)}: expected sigterm@STEP, kill-host@save or kill-host@STEP")
         if when == "save" and what == "kill-host":
             return cls(what, None)
-        if not when.isdigit() or int(when) < 1:
-            raise ValueError(f"--interrupt {text!r}: {when!r} is not a step number" + (" (or 'save')" if what == "kill-host" else ""))
+        if not when.isdigit() or len(when) > 4000 or int(when) < 1:  # int() refuses 4,300 digits and more
+            raise ValueError(f"--interrupt {quote(text, 60)}: {quote(when, 30)} is not a step number" + (" (or 'save')" if what == "kill-host" else ""))
         return cls(what, int(when))
 
     def unreachable(self, steps: int, interval: int) -> str | None:

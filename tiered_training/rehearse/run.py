@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..definition import TRAIN_CHAINS, PipelineResources, build_definition, validate_definition
+from ..definition import TRAIN_CHAINS, PipelineResources, build_definition, find_step, validate_definition
+from ..errors import clip, escape
 from ..runconfig import RunConfig
 from .hosts import Interrupt, JobRunner
 from .interpreter import Execution, Interpreter, PipelineError, TraceEvent
@@ -27,6 +28,25 @@ IMAGE = "tiered-training:rehearsal (training/launcher.py of this checkout)"
 
 class RehearsalError(Exception):
     """Bad input to a rehearsal (parameters, interrupt, a machine without the trainer); one line for the user."""
+
+
+class MissingExtra(RehearsalError):
+    """A package the rehearsal needs is not installed (exit 1: the machine, not the input)."""
+
+
+# What a rehearsal imports beyond the base install, and the extra that provides it.
+NEEDS = {"torch": "train", "transformers": "train", "moto": "rehearse", "boto3": "rehearse"}
+
+
+def check_installed() -> None:
+    import importlib.util
+
+    missing = sorted({extra for module, extra in NEEDS.items() if importlib.util.find_spec(module) is None})
+    if missing:
+        modules = ", ".join(m for m, e in NEEDS.items() if e in missing and importlib.util.find_spec(m) is None)
+        raise MissingExtra(f"rehearse runs the trainer on a local S3 and needs {modules}, which the "
+                           f"{' and '.join(repr(e) for e in missing)} extra{'s install' if len(missing) > 1 else ' installs'}: "
+                           f"pip install 'tiered-training[{','.join(missing)}]'")
 
 
 @dataclass
@@ -109,6 +129,35 @@ class Rehearsal:
         """The validation loss after the steps that had a validation pass (the last attempt's where redone)."""
         return self.losses("validation_losses")
 
+    def to_dict(self) -> dict[str, Any]:
+        """For ``--format json``: each execution's status and steps, the losses, checkpoints and export."""
+
+        def execution(e: Execution) -> dict[str, Any]:
+            return {
+                "status": e.status,
+                "failure": e.failure or None,
+                "failed_step": e.failed_step,
+                "metrics": e.metrics,
+                "jobs": {step: [{"status": a.status, "failure_reason": a.failure_reason or None} for a in attempts]
+                         for step, attempts in e.jobs.items()},
+            }
+
+        return {
+            "ok": self.ok,
+            "executions": [execution(e) for e in self.executions],
+            "interrupt": self.interrupt,
+            "interrupted": self.interrupted,
+            "losses": {str(k): v for k, v in self.losses().items()},
+            "validation_losses": {str(k): v for k, v in self.validation_losses().items()},
+            "checkpoint_uri": self.checkpoint_uri,
+            "checkpoints_at_end": self.checkpoints_at_end,
+            "keep_last": self.keep_last,
+            "uploads_by_host": self.uploads_by_host,
+            "exported": self.exported,
+            "workdir": str(self.workdir),
+            "scaled": [{"field": c.field, "plan": c.plan, "rehearsal": c.rehearsal, "why": c.why} for c in self.scaled.changes],
+        }
+
 
 MIN_STEPS = 12
 
@@ -147,14 +196,74 @@ def repo_root(library: Path | None = None) -> Path:
                          f"nor {packaged} holds it; reinstall tiered-training")
 
 
-def parse_params(pairs: list[str]) -> dict[str, str]:
+# Stated bounds: each simulated host is a torchrun of `workers` CPU processes on this machine.
+MAX_HOSTS = 8
+MAX_WORKERS = 8
+MAX_REHEARSAL_STEPS = 1000
+
+
+def parse_params(pairs: list[str], option: str = "--param") -> dict[str, str]:
+    """``Name=Value`` pairs; every name a parameter of the pipeline, every value one it accepts."""
+    from ..definition import P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE, PARAMETERS
+
     params = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise RehearsalError(f"--param {pair!r}: expected Name=Value")
+            raise RehearsalError(f"{option} {clip(repr(pair))}: expected Name=Value")
+        if name not in PARAMETERS:
+            raise RehearsalError(f"{option} {clip(repr(pair))}: the pipeline has no parameter {clip(repr(name))}; "
+                                 f"its parameters: {', '.join(PARAMETERS)}")
+        bounds = {P_INSTANCE_COUNT: MAX_HOSTS, P_MAX_STEPS: MAX_REHEARSAL_STEPS}
+        if name in bounds and not (value.isdigit() and len(value) <= 9 and 1 <= int(value) <= bounds[name]):
+            raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is a whole number from 1 to {bounds[name]} in a rehearsal")
+        if name == P_SKIP_PROBE and value not in ("true", "false"):
+            raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is true or false")
         params[name] = value
     return params
+
+
+def check_options(options: Options) -> Interrupt | None:
+    """Refuse, before anything starts, options that cannot make a rehearsal on this machine."""
+    problems = []
+    if not 1 <= options.hosts <= MAX_HOSTS:
+        problems.append(f"--hosts {options.hosts}: 1 to {MAX_HOSTS} simulated hosts")
+    if not 1 <= options.workers <= MAX_WORKERS:
+        problems.append(f"--workers {options.workers}: 1 to {MAX_WORKERS} CPU workers per host")
+    if options.steps is not None and not 2 <= options.steps <= MAX_REHEARSAL_STEPS:
+        problems.append(f"--steps {options.steps}: 2 to {MAX_REHEARSAL_STEPS}")
+    interrupt = None
+    if options.interrupt is not None:
+        try:
+            interrupt = Interrupt.parse(options.interrupt)
+        except ValueError as error:
+            problems.append(clip(str(error), 200))
+        else:
+            last = options.steps if options.steps is not None else MAX_REHEARSAL_STEPS
+            if interrupt.step is not None and interrupt.step >= last:
+                within = f"the run's {options.steps} steps" if options.steps is not None else f"a rehearsal's {MAX_REHEARSAL_STEPS} steps"
+                problems.append(f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within {within}")
+    if options.workdir is not None:
+        problem = _workdir_problem(Path(options.workdir))
+        if problem:
+            problems.append(f"--workdir {escape(clip(str(options.workdir), 200))}: {problem}")
+    if problems:
+        raise RehearsalError("; ".join(problems))
+    return interrupt
+
+
+def _workdir_problem(workdir: Path) -> str | None:
+    try:
+        if workdir.exists() or workdir.is_symlink():
+            if not workdir.is_dir():
+                return "exists and is not a directory"
+        else:
+            workdir.mkdir(parents=True)
+        if not os.access(workdir, os.W_OK | os.X_OK):
+            return "not writable"
+    except OSError as error:
+        return f"cannot be made a directory: {error.strerror or error}"
+    return None
 
 
 def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
@@ -166,14 +275,16 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
     from ..planner import plan_file
 
+    interrupt = check_options(options)
+    check_installed()
+    parse_params([f"{k}={v}" for k, v in options.params.items()])
+    if options.then is not None:
+        parse_params([f"{k}={v}" for k, v in options.then.items()], "--restart-with")
     plan = plan_file(options.recipe)
     if not plan.ok:
         from ..errors import PlanError
 
         raise PlanError(plan)
-    interrupt = Interrupt.parse(options.interrupt) if options.interrupt else None
-    if options.hosts < 1 or options.workers < 1 or (options.steps is not None and options.steps < 2):
-        raise RehearsalError("--hosts and --workers must be at least 1, --steps at least 2")
     assert plan.estimates is not None
     memory = _memory_bytes() // max(1, options.hosts * options.workers)
     repo = repo_root()

@@ -75,7 +75,7 @@ class LocalS3:
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal",
-                            config=Config(retries={"max_attempts": 2}, max_pool_connections=16))
+                            config=Config(retries={"mode": "standard", "max_attempts": 2}, max_pool_connections=16))
 
     def ensure_bucket(self, client, bucket: str, *, versioned: bool = False) -> None:
         existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
