@@ -157,7 +157,8 @@ def test_diff_shows_the_segments_when_the_accounts_runtime_limit_changes(tmp_pat
 def test_every_template_passes_validate_strict():
     result = run("validate", "--strict", "recipes/")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [f"{path.relative_to(ROOT)}: ok" for path in RECIPES]
+    verdicts = [line for line in result.stdout.splitlines() if ": account[quota-needed]:" not in line]
+    assert verdicts == [f"{path.relative_to(ROOT)}: ok" for path in RECIPES]
 
 
 def test_a_recipe_is_found_by_its_pipeline_name():

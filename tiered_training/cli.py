@@ -807,7 +807,7 @@ def stop(
 
 @app.command()
 def preflight(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
+    recipe: Path = _RUN_RECIPE,
     image_uri: Optional[str] = typer.Option(None, help="the training image to look for in ECR (default: the deployed pipeline's; before a deploy, the region's base image)"),
     role_arn: Optional[str] = typer.Option(None, help="the execution role whose read of data.uri to check (default: the deployed pipeline's)"),
     region: Optional[str] = _REGION,
@@ -818,13 +818,15 @@ def preflight(
     """Check the AWS account for the recipe: quotas, image, data, MLflow, training plan, pipeline (exit 0 when all pass)."""
     from .preflight import preflight as run_preflight
     from .render import print_json, print_lines
-    from .start import StartError
+    from .start import StartError, check_aws_options, require_boto3
 
     plan = _run_recipe(recipe)
     try:
+        require_boto3(f"{PROG} preflight")
+        check_aws_options(region=region, endpoint_url=endpoint_url, profile=profile)
         report = run_preflight(plan, region=region, endpoint_url=endpoint_url, profile=profile, image_uri=image_uri, role_arn=role_arn)
-    except StartError as exc:
-        raise _start_error(exc)
+    except StartError as exc:  # ParameterError (exit 2) included
+        raise _aws_failure(exc) from None
     if format is TextFormat.json:
         print_json(report.to_dict())
     else:

@@ -33,7 +33,9 @@ from .runconfig import (
     ValidationConfig,
 )
 
-Severity = Literal["error", "warning", "info"]
+# "account": what the AWS account must allow (a quota to raise); shown like a warning, but never
+# blocks `validate --strict`, which judges the recipe (`preflight` judges the account).
+Severity = Literal["error", "warning", "account", "info"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,11 @@ class _Result:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def account_findings(self) -> list[Finding]:
+        """What the account must allow for this plan (quotas to raise): never blocking."""
+        return [f for f in self.findings if f.severity == "account"]
 
     @property
     def ok(self) -> bool:

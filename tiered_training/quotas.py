@@ -97,7 +97,7 @@ def findings(recipe: "Recipe", account: Mapping[str, float] | None = None) -> li
     from .plan import Finding
 
     return [
-        Finding("warning", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field)
+        Finding("account", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field)
         for need in shortfalls(recipe, account)
     ]
 

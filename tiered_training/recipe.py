@@ -165,7 +165,12 @@ class ComputeSection(_Strict):
         known = quotas()
         for name, value in values.items():
             if name not in known:
-                raise ValueError(f"unknown quota {name!r}; known: {', '.join(sorted(known))}")
+                from .keys import closest, non_ascii
+
+                meant = closest(name, known)
+                inside = f" (contains non-ASCII {', '.join(non_ascii(name))})" if non_ascii(name) else ""
+                hint = f"did you mean {meant!r}?" if meant else f"known: {', '.join(sorted(known))}"
+                raise ValueError(f"unknown quota {name!r}{inside}; {hint} (tiered_training/catalog/quotas.yaml)")
             hard_max = known[name].hard_max
             if hard_max is not None and value > hard_max:
                 raise ValueError(f"quota {name!r}: {value:,.0f} is above AWS's hard limit of {hard_max:,.0f} {known[name].unit}")

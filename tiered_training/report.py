@@ -64,7 +64,8 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "MFU": f"{est.mfu:.1%}",
         "time": _hours(est.wall_time_hours),
         "cost": f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
-        "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else ""),
+        "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
+        + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
 
 
@@ -141,7 +142,9 @@ def validate_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = (), s
     for plan in plans:
         errors = [finding_dict(plan, f) for f in plan.errors]
         warnings = [finding_dict(plan, f) for f in plan.warnings]
-        recipes.append({"source": plan.source, "name": plan.name, "ok": not errors and not (strict and warnings), "errors": errors, "warnings": warnings})
+        account = [finding_dict(plan, f) for f in plan.account_findings]
+        recipes.append({"source": plan.source, "name": plan.name, "ok": not errors and not (strict and warnings), "errors": errors,
+                        "warnings": warnings, "account": account})
     recipes.sort(key=lambda r: str(r["source"]))
     return {"schema_version": SCHEMA_VERSION, "strict": strict, "ok": all(r["ok"] for r in recipes), "recipes": recipes}
 
