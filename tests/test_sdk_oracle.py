@@ -1,13 +1,18 @@
 """The pipeline definition against an oracle: the SageMaker Python SDK v3.
 
 For every template in ``recipes/`` (and a few variants that reach the branches no template
-takes: a training plan, a validation channel, no TensorBoard, no probe, a VPC), the SDK builds
+takes: a training plan, a validation channel, no TensorBoard, no probe, a VPC, a run in
+segments on spot with a stated wait, and one in segments under a small stated runtime quota, with
+warm pools between them), the SDK builds
 the same pipeline from the same inputs that :func:`tiered_training.definition.build_definition`
 reads: the Plan, its RunConfig, the PipelineResources and the module's named constants. It never
 reads our definition dict. Training steps go through ``sagemaker.train.ModelTrainer.train()``
 under a ``PipelineSession`` (so the CreateTrainingJob request is serialised by the SDK's
 ``sagemaker.core.shapes``), wrapped in ``sagemaker.mlops.workflow`` TrainingStep, ConditionStep
-and FailStep, with ``Pipeline.definition()`` writing the JSON. Both definitions are then
+and FailStep, with ``Pipeline.definition()`` writing the JSON: the ``RunId`` parameter and the root
+``NewRunOrResume`` condition on it, and each chain (``Train``, ``TrainWithoutProbe``, ``Resume``)
+as one TrainingStep per segment with ``depends_on`` the one before. A new run is named by
+``ExecutionVariables.PIPELINE_EXECUTION_ID``, a resume by the ``RunId`` parameter. Both definitions are then
 normalised (below) and compared; a difference fails with one line per differing path.
 
 Normalisation: only what is equal by the API's rules.
@@ -20,8 +25,11 @@ Normalisation: only what is equal by the API's rules.
 
 What the comparison proves is the rendering: member names and nesting, value types, pipeline
 expressions (``Get``, ``Std:Join``, step properties), conditions, retry policies and the step
-graph. The decisions (which members the probe gets, runtimes, channels) are restated here from
-the design, so a change of policy is made in both places, and
+graph. The decisions (which members the probe gets, channels, the run's checkpoint prefix, the
+warm pools) are restated here from the design (docs/runs.md), and the numbers come from
+``tiered_training.segments`` applied to the recipe and the plan's wall time (the segment count,
+each job's runtime, spot wait and segment time limit), not from the Plan's copies of them. A
+change of policy is made in both places, and
 :func:`test_the_oracle_builds_every_training_step_of_ours` names a Training step the oracle lacks.
 
 Judged differences, not compared:
@@ -42,6 +50,15 @@ comes back as a number or a boolean; ours JSON-encodes every value, so each deco
 own type. Ours stays; the comparison holds because no RunConfig string is JSON-like, which the
 test checks.
 
+The same holds for the values only known at run time, ``run.id`` and ``run.data_uri``. Passed
+as they are (``ExecutionVariables.PIPELINE_EXECUTION_ID``, the ``RunId`` parameter), the SDK
+writes the bare expression, and the container reads the id it resolves to as JSON: a ``RunId``
+such as ``2024`` (or an execution id such as ``3e1234567890``) becomes a number, and the
+RunConfig refuses it (``run.id`` is a string), so the job fails before training. Ours wraps both
+between double quotes (``Std:Join``), so each is a JSON string whatever it reads as. Ours is
+right; the oracle builds the same with the SDK's ``Join``, and
+:func:`test_the_comparison_catches_a_wrong_definition` shows the reader refusing the bare form.
+
 The SDK is a test-only dependency (``requirements-oracle.txt``); ``tests/test_imports.py``
 checks that nothing in the synth or runtime paths imports it.
 """
@@ -57,10 +74,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from support import RECIPES, recipe_dict, write_yaml
 from tiered_training import definition as d
-from tiered_training import metrics
+from tiered_training import metrics, segments
 from tiered_training.planner import plan_file
 from tiered_training.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
 
@@ -94,7 +112,10 @@ VARIANTS = {
         "probe.enabled": False,
         "tags": {"cost-centre": "42"},
     },
-    "variant-spot-wait": {"compute.spot": True, "compute.max_wait_hours": 30, "compute.max_runtime_hours": 20},
+    # A stated job runtime under the wall time: a spot run in segments, each with the stated wait.
+    "variant-spot-wait": {"compute.spot": True, "compute.max_wait_hours": 30, "compute.max_runtime_hours": 4},
+    # A small stated runtime quota (no max_runtime_hours): segments with warm pools between them.
+    "variant-segments": {"compute.quotas": {segments.RUNTIME_QUOTA: 4 * 3600}},
 }
 
 
@@ -131,6 +152,7 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             from sagemaker.core.telemetry import telemetry_logging
             from sagemaker.core.training.configs import CheckpointConfig, Compute, Networking, TensorBoardOutputConfig
             from sagemaker.core.workflow import conditions, functions, parameters
+            from sagemaker.core.workflow.execution_variables import ExecutionVariables
             from sagemaker.core.workflow.pipeline_context import PipelineSession
             from sagemaker.mlops.workflow import retry
             from sagemaker.mlops.workflow.condition_step import ConditionStep
@@ -154,7 +176,8 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             shapes=shapes, Compute=Compute, Networking=Networking, CheckpointConfig=CheckpointConfig,
             TensorBoardOutputConfig=TensorBoardOutputConfig, conditions=conditions, functions=functions,
             parameters=parameters, retry=retry, ConditionStep=ConditionStep, FailStep=FailStep, Pipeline=Pipeline,
-            TrainingStep=TrainingStep, ModelTrainer=ModelTrainer, session=session,
+            TrainingStep=TrainingStep, ModelTrainer=ModelTrainer, ExecutionVariables=ExecutionVariables,
+            session=session,
         )
         assert not attempts, f"the SDK tried to reach the network: {attempts}"
 
@@ -164,15 +187,40 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    """One Training step the plan runs: its name and whether it is the probe."""
+    """One Training step the plan runs: the probe, or segment ``number`` of ``count`` of a run's chain.
+
+    ``resume``: the run is the one the RunId parameter names (else the execution's own, a new run).
+    """
 
     name: str
-    probe: bool
+    probe: bool = False
+    resume: bool = False
+    number: int = 1
+    count: int = 1
+
+
+def segment_plan(plan) -> segments.Segments:
+    """How many jobs the run takes and how long each may run, from the recipe and the plan's wall time."""
+    return segments.plan_segments(plan.recipe, plan.estimates.wall_time_hours)
+
+
+def chain_specs(plan) -> dict[str, list[TrainingSpec]]:
+    """Each chain's segments (``Train``, ``Train-2``...), in order: a new run's with and without the
+    probe, and the resume of the run RunId names."""
+    count = segment_plan(plan).count
+    return {
+        chain: [
+            TrainingSpec(chain if number == 1 else f"{chain}-{number}", resume=chain == d.S_RESUME, number=number,
+                         count=count)
+            for number in range(1, count + 1)
+        ]
+        for chain in (d.S_TRAIN, d.S_TRAIN_WITHOUT_PROBE, d.S_RESUME)
+    }
 
 
 def training_specs(plan) -> list[TrainingSpec]:
-    """The Training steps a plan declares, in definition order (one spec per step)."""
-    return [TrainingSpec(d.S_PROBE, True), TrainingSpec(d.S_TRAIN, False), TrainingSpec(d.S_TRAIN_WITHOUT_PROBE, False)]
+    """The Training steps a plan declares (one spec per step)."""
+    return [TrainingSpec(d.S_PROBE, probe=True), *(spec for chain in chain_specs(plan).values() for spec in chain)]
 
 
 def sdk_parameters(sdk, plan) -> dict[str, Any]:
@@ -182,6 +230,7 @@ def sdk_parameters(sdk, plan) -> dict[str, Any]:
         d.P_MAX_STEPS: p.ParameterInteger(name=d.P_MAX_STEPS, default_value=plan.estimates.total_steps),
         d.P_DATA_URI: p.ParameterString(name=d.P_DATA_URI, default_value=plan.recipe.data.uri),
         d.P_SKIP_PROBE: p.ParameterBoolean(name=d.P_SKIP_PROBE, default_value=not plan.recipe.probe.enabled),
+        d.P_RUN_ID: p.ParameterString(name=d.P_RUN_ID, default_value=d.NEW_RUN),
     }
 
 
@@ -196,9 +245,31 @@ def runconfig_values(plan) -> dict[str, Any]:
     return values
 
 
-def sdk_hyperparameters(plan, params) -> dict[str, Any]:
-    """The RunConfig as hyperparameters; the step count follows MaxSteps (a string, as the API wants)."""
-    return {**runconfig_values(plan), "batch.total_steps": params[d.P_MAX_STEPS].to_string()}
+def run_id(sdk, params, spec: TrainingSpec):
+    """A new run is named after the execution; a resume names its run in RunId."""
+    return params[d.P_RUN_ID] if spec.resume else sdk.ExecutionVariables.PIPELINE_EXECUTION_ID
+
+
+def quoted(sdk, expression):
+    """A string expression as a JSON string literal, so that the container decodes it as a string
+    whatever it reads as (see the module docstring)."""
+    return sdk.functions.Join(on="", values=['"', expression, '"'])
+
+
+def sdk_hyperparameters(sdk, plan, params, spec: TrainingSpec) -> dict[str, Any]:
+    """The RunConfig as hyperparameters; the step count follows MaxSteps (a string, as the API wants),
+    and the ``run.*`` keys name the run and the segment (the probe names the run it probes for, and
+    is no segment: no time limit)."""
+    return {
+        **runconfig_values(plan),
+        "batch.total_steps": params[d.P_MAX_STEPS].to_string(),
+        "run.id": quoted(sdk, run_id(sdk, params, spec)),
+        "run.resume": spec.resume,
+        "run.data_uri": quoted(sdk, params[d.P_DATA_URI]),
+        "run.segment": spec.number,
+        "run.segments": spec.count,
+        "run.segment_seconds": 0.0 if spec.probe else segment_plan(plan).segment_seconds(),
+    }
 
 
 def _channel(sdk, name: str, uri: Any, mode: str):
@@ -211,7 +282,22 @@ def _join(prefix: str, leaf: str) -> str:
     return prefix.rstrip("/") + "/" + leaf
 
 
-def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: TrainingSpec):
+def stopping(plan, spec: TrainingSpec) -> tuple[int, int | None, int | None]:
+    """MaxRuntimeInSeconds, MaxWaitTimeInSeconds (spot only) and the warm pool's keep-alive of a job."""
+    recipe = plan.recipe
+    if spec.probe:
+        runtime = segments.probe_runtime_seconds(recipe)
+        wait = runtime + segments.PROBE_SPOT_WAIT_SECONDS
+    else:
+        runtime = segments.job_runtime_seconds(recipe)
+        wait = segments.spot_wait_seconds(recipe, runtime)
+    spot = recipe.compute.spot
+    # A job that another follows keeps its instances; warm pools do not work with spot.
+    followed = spec.probe or spec.number < spec.count
+    return runtime, max(runtime, wait) if spot else None, d.WARM_POOL_SECONDS if followed and not spot else None
+
+
+def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: TrainingSpec, depends_on=None):
     """One TrainingStep, through ModelTrainer.train() as the SDK's documentation builds one."""
     s = sdk.shapes
     recipe, compute = plan.recipe, plan.recipe.compute
@@ -223,12 +309,10 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
     if recipe.data.validation_uri and not probe:
         channels.append(_channel(sdk, VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
 
-    runtime = int(compute.max_runtime_hours * 3600)
-    if probe:
-        runtime = min(runtime, d.PROBE_MAX_RUNTIME_SECONDS)
-    wait = max(runtime, int((compute.max_wait_hours or compute.max_runtime_hours) * 3600)) if compute.spot else None
-
+    runtime, wait, keep_alive = stopping(plan, spec)
     environment = {**d.family_environment(plan), d.MODE_VARIABLE: "probe" if probe else "train"}
+    # Each run keeps its checkpoints under a prefix of its own: <checkpoint prefix>runs/<run id>/.
+    checkpoints = sdk.functions.Join(on="", values=[_join(resources.checkpoint_s3_uri, "runs/"), run_id(sdk, params, spec), "/"])
 
     trainer = sdk.ModelTrainer(
         sagemaker_session=sdk.session,
@@ -241,7 +325,7 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
             instance_count=params[d.P_INSTANCE_COUNT],
             volume_size_in_gb=d.VOLUME_SIZE_GB,
             training_plan_arn=compute.training_plan_arn,
-            keep_alive_period_in_seconds=d.WARM_POOL_SECONDS if probe and not compute.spot else None,
+            keep_alive_period_in_seconds=keep_alive,
             enable_managed_spot_training=True if compute.spot else None,
         ),
         networking=(
@@ -254,11 +338,9 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
             s3_output_path=_join(resources.output_s3_uri, "probe" if probe else "model"), kms_key_id=resources.kms_key_id
         ),
         input_data_config=channels,
-        checkpoint_config=(
-            None if probe else sdk.CheckpointConfig(s3_uri=resources.checkpoint_s3_uri, local_path=d.CHECKPOINT_LOCAL_PATH)
-        ),
+        checkpoint_config=None if probe else sdk.CheckpointConfig(s3_uri=checkpoints, local_path=d.CHECKPOINT_LOCAL_PATH),
         environment=environment,
-        hyperparameters=sdk_hyperparameters(plan, params),
+        hyperparameters=sdk_hyperparameters(sdk, plan, params, spec),
         tags=[s.Tag(key=k, value=v) for k, v in d.tags_for(plan, resources.extra_tags).items()],
     )
     if probe:
@@ -273,7 +355,17 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
                     s3_output_path=_join(resources.output_s3_uri, "tensorboard"), local_path=TENSORBOARD_DIR
                 )
             )
-    return sdk.TrainingStep(name=spec.name, step_args=trainer.train(), retry_policies=sdk_retry_policies(sdk))
+    return sdk.TrainingStep(
+        name=spec.name, step_args=trainer.train(), retry_policies=sdk_retry_policies(sdk), depends_on=depends_on
+    )
+
+
+def sdk_chain(sdk, plan, resources: d.PipelineResources, params, specs: list[TrainingSpec]) -> list:
+    """A run's segments, each after the one before (``depends_on`` the previous TrainingStep)."""
+    steps: list = []
+    for spec in specs:
+        steps.append(sdk_training_step(sdk, plan, resources, params, spec, depends_on=steps[-1:] or None))
+    return steps
 
 
 def sdk_retry_policies(sdk) -> list:
@@ -297,11 +389,11 @@ def sdk_retry_policies(sdk) -> list:
 
 
 def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
-    """The whole pipeline, built by the SDK: parameters, training steps, gate and fail steps."""
+    """The whole pipeline, built by the SDK: parameters, the run condition, training chains, gate and fail steps."""
     plan.require_ok()
     params = sdk_parameters(sdk, plan)
-    steps = {spec.name: sdk_training_step(sdk, plan, resources, params, spec) for spec in training_specs(plan)}
-    probe = steps[d.S_PROBE]
+    probe = sdk_training_step(sdk, plan, resources, params, TrainingSpec(d.S_PROBE, probe=True))
+    chains = {name: sdk_chain(sdk, plan, resources, params, specs) for name, specs in chain_specs(plan).items()}
 
     def metric(name: str):
         return probe.properties.FinalMetricDataList[name].Value
@@ -320,13 +412,19 @@ def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
         else_steps=[fail(d.S_FAIL_MEMORY, d.memory_failure(plan))],
     )
     gate = sdk.ConditionStep(
-        name=d.S_GATE, conditions=[throughput_ok, memory_ok], if_steps=[steps[d.S_TRAIN]], else_steps=[reason]
+        name=d.S_GATE, conditions=[throughput_ok, memory_ok], if_steps=chains[d.S_TRAIN], else_steps=[reason]
     )
-    root = sdk.ConditionStep(
+    probe_or_skip = sdk.ConditionStep(
         name=d.S_PROBE_OR_SKIP,
         conditions=[c.ConditionEquals(left=params[d.P_SKIP_PROBE], right=True)],
-        if_steps=[steps[d.S_TRAIN_WITHOUT_PROBE]],
+        if_steps=chains[d.S_TRAIN_WITHOUT_PROBE],
         else_steps=[probe, gate],
+    )
+    root = sdk.ConditionStep(
+        name=d.S_NEW_OR_RESUME,
+        conditions=[c.ConditionEquals(left=params[d.P_RUN_ID], right=d.NEW_RUN)],
+        if_steps=[probe_or_skip],
+        else_steps=chains[d.S_RESUME],
     )
     pipeline = sdk.Pipeline(
         name=plan.name,
@@ -357,9 +455,22 @@ def normalise(definition: dict[str, Any]) -> dict[str, Any]:
 def decoded_hyperparameters(hp: dict[str, Any]) -> dict[str, Any]:
     """Each value as the container decodes it; pipeline expressions stay as they are."""
     plain = {k: v for k, v in hp.items() if isinstance(v, str)}
-    # RunConfig.from_hyperparameters is the container's reader; it must accept the lot.
-    RunConfig.from_hyperparameters({**plain, **{k: "1" for k in hp if k not in plain}})
-    return {k: (json.loads(v) if _is_json(v) else v) if isinstance(v, str) else v for k, v in hp.items()}
+    # RunConfig.from_hyperparameters is the container's reader; it must accept the lot, with each
+    # expression standing for what it renders: a JSON string literal when it is quoted, else a number.
+    rendered = {k: '"x"' if _quoted(v) else "1" for k, v in hp.items() if k not in plain}
+    unreadable: dict[str, str] = {}
+    try:
+        RunConfig.from_hyperparameters({**plain, **rendered})
+    except ValidationError as error:  # reported as a difference at the key
+        unreadable = {".".join(map(str, e["loc"])): f"the container cannot read it: {e['msg']}" for e in error.errors()}
+    decoded = {k: (json.loads(v) if _is_json(v) else v) if isinstance(v, str) else v for k, v in hp.items()}
+    return {**decoded, **unreadable}
+
+
+def _quoted(expression: Any) -> bool:
+    """A ``Std:Join`` that renders its values between double quotes."""
+    values = expression.get("Std:Join", {}).get("Values", []) if isinstance(expression, dict) else []
+    return len(values) >= 2 and values[0] == '"' and values[-1] == '"'
 
 
 def _is_json(text: str) -> bool:
@@ -448,18 +559,45 @@ def test_the_oracle_builds_every_training_step_of_ours(pairs, plans):
         assert sorted(training) == sorted(spec.name for spec in training_specs(plans[name])), name
 
 
-def test_the_variants_reach_the_branches_no_template_takes(pairs):
+def test_the_variants_reach_the_branches_no_template_takes(pairs, plans):
     _ours, theirs = pairs["variant-plan-validation"]
     train = d.find_step(theirs, d.S_TRAIN)["Arguments"]
     assert train["ResourceConfig"]["TrainingPlanArn"] == TRAINING_PLAN
     assert [c["ChannelName"] for c in train["InputDataConfig"]] == [d.TRAIN_CHANNEL, VALIDATION_CHANNEL]
     assert "TensorBoardOutputConfig" not in train
     assert train["VpcConfig"]["Subnets"] == list(RESOURCES.subnets)
+
+    # Spot in segments: every segment has the stated runtime and wait, and none a warm pool.
     _ours, theirs = pairs["variant-spot-wait"]
-    train = d.find_step(theirs, d.S_TRAIN)["Arguments"]
-    assert train["EnableManagedSpotTraining"] is True
-    assert train["StoppingCondition"] == {"MaxRuntimeInSeconds": 20 * 3600, "MaxWaitTimeInSeconds": 30 * 3600}
-    assert "KeepAlivePeriodInSeconds" not in d.find_step(theirs, d.S_PROBE)["Arguments"]["ResourceConfig"]
+    count = plans["variant-spot-wait"].segments
+    assert count >= 2
+    for name in [d.S_TRAIN] + [f"{d.S_TRAIN}-{n}" for n in range(2, count + 1)]:
+        args = d.find_step(theirs, name)["Arguments"]
+        assert args["EnableManagedSpotTraining"] is True
+        assert args["StoppingCondition"] == {"MaxRuntimeInSeconds": 4 * 3600, "MaxWaitTimeInSeconds": 30 * 3600}
+        assert "KeepAlivePeriodInSeconds" not in args["ResourceConfig"]
+    probe = d.find_step(theirs, d.S_PROBE)["Arguments"]
+    assert probe["StoppingCondition"] == {"MaxRuntimeInSeconds": 2 * 3600, "MaxWaitTimeInSeconds": 3 * 3600}
+    assert "KeepAlivePeriodInSeconds" not in probe["ResourceConfig"]
+
+    # Segments under a stated runtime quota: chains with DependsOn, warm pools on all but the last.
+    _ours, theirs = pairs["variant-segments"]
+    count = plans["variant-segments"].segments
+    assert count >= 2
+    for chain in (d.S_TRAIN, d.S_TRAIN_WITHOUT_PROBE, d.S_RESUME):
+        names = [chain] + [f"{chain}-{n}" for n in range(2, count + 1)]
+        steps = [d.find_step(theirs, name) for name in names]
+        assert [step.get("DependsOn") for step in steps] == [None] + [[name] for name in names[:-1]]
+        keep = [step["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for step in steps]
+        assert keep == [d.WARM_POOL_SECONDS] * (count - 1) + [None]
+        assert {step["Arguments"]["StoppingCondition"]["MaxRuntimeInSeconds"] for step in steps} == {4 * 3600}
+        run = {"Get": f"Parameters.{d.P_RUN_ID}"} if chain == d.S_RESUME else {"Get": "Execution.PipelineExecutionId"}
+        assert steps[-1]["Arguments"]["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"][1] == run
+    root = theirs["Steps"][0]
+    assert root["Name"] == d.S_NEW_OR_RESUME
+    assert root["Arguments"]["Conditions"] == [
+        {"Type": "Equals", "LeftValue": {"Get": f"Parameters.{d.P_RUN_ID}"}, "RightValue": d.NEW_RUN}
+    ]
 
 
 def test_no_runconfig_string_reads_as_json(plans):
@@ -472,21 +610,42 @@ def test_no_runconfig_string_reads_as_json(plans):
 
 
 @pytest.mark.parametrize(
-    "mutate, expected",
+    "recipe, step, mutate, expected",
     [
-        (lambda step: step["Arguments"]["ResourceConfig"].update(VolumeSizeInGb=200), "VolumeSizeInGb: only ours"),
-        (lambda step: step["Arguments"]["StoppingCondition"].update(MaxRuntimeInSeconds=1), "MaxRuntimeInSeconds: ours 1"),
+        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["Arguments"]["ResourceConfig"].update(VolumeSizeInGb=200),
+         "VolumeSizeInGb: only ours"),
+        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["Arguments"]["StoppingCondition"].update(MaxRuntimeInSeconds=1),
+         "MaxRuntimeInSeconds: ours 1"),
         (
+            "llama3-8b-fp8", d.S_TRAIN,
             lambda step: step["Arguments"]["HyperParameters"].update({"batch.total_steps": {"Get": "Parameters.MaxSteps"}}),
             "batch.total_steps",
         ),
-        (lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 1 items in ours, 2"),
+        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 1 items in ours, 2"),
+        ("variant-segments", "Train-2", lambda step: step.pop("DependsOn"), "[Train-2].DependsOn: only the SDK"),
+        ("variant-segments", "Resume-2", lambda step: step.update(DependsOn=["Train"]), "[Resume-2].DependsOn[0]: ours \"Train\""),
+        ("variant-segments", "Train", lambda step: step["Arguments"]["ResourceConfig"].pop("KeepAlivePeriodInSeconds"),
+         "KeepAlivePeriodInSeconds: only the SDK"),
+        (
+            "variant-segments", "Resume",
+            lambda step: step["Arguments"]["HyperParameters"].update({"run.id": d.json_string(d.EXECUTION_ID)}),
+            "run.id.Std:Join.Values[1].Get: ours \"Execution.PipelineExecutionId\"",
+        ),
+        (
+            "variant-segments", "Resume",
+            lambda step: step["Arguments"]["HyperParameters"].update({"run.id": d.param(d.P_RUN_ID)}),
+            "run.id: ours \"the container cannot read it",
+        ),
+        ("variant-segments", "TrainWithoutProbe-2",
+         lambda step: step["Arguments"]["HyperParameters"].update({"run.segment": "1"}), "run.segment: ours 1"),
     ],
-    ids=["misspelt-member", "wrong-value", "integer-where-a-string-goes", "missing-retry-policy"],
+    ids=["misspelt-member", "wrong-value", "integer-where-a-string-goes", "missing-retry-policy", "missing-depends-on",
+         "wrong-depends-on", "missing-warm-pool", "resume-of-a-new-run",
+         "unquoted-run-id", "wrong-segment-number"],
 )
-def test_the_comparison_catches_a_wrong_definition(pairs, mutate: Callable, expected: str):
-    ours, theirs = pairs["llama3-8b-fp8"]
+def test_the_comparison_catches_a_wrong_definition(pairs, recipe: str, step: str, mutate: Callable, expected: str):
+    ours, theirs = pairs[recipe]
     broken = json.loads(json.dumps(ours))
-    mutate(d.find_step(broken, d.S_TRAIN))
+    mutate(d.find_step(broken, step))
     lines = differences(normalise(broken), normalise(theirs))
-    assert any(expected in line and "Train" in line for line in lines), lines
+    assert any(expected in line and step in line for line in lines), lines
