@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tiered_training import calibration, catalogs
+from tiered_training import calibration, catalogs, perf
 from tiered_training.perf import Hardware, LinearCost, Setting, step_time
 
 ARCH_8B = catalogs.models()["llama-3.1-8b"].architecture
@@ -154,11 +154,24 @@ def test_attention_dominates_long_context_and_context_parallelism_splits_it():
     split = speed(Setting("bf16", "full", 1, 8, context_parallel=4), sequence_length=131072, accum=1)
     assert whole.attention > 0.5 * whole.seconds
     # Per token, a context-parallel rank does the same attention work (its share of every
-    # sequence), in smaller block calls that run at the fitted ring efficiency.
+    # sequence), in block calls that cost the fitted ring overhead per step past the first.
     per_token = lambda t: t.attention / t.tokens_per_gpu  # noqa: E731
-    ring = catalogs.performance_parameters().ring_attention_efficiency
+    params = catalogs.performance_parameters()
+    ring = 1 / perf.ring_cost(4, params)
     assert 0.2 < ring < 1.0
     assert per_token(split) == pytest.approx(per_token(whole) / ring, rel=0.05)
+
+
+def test_context_parallel_attention_costs_more_per_token_as_the_degree_grows():
+    """torchtitan's ring runs at CP 2, 4 and 8 with the same 32K chunk per rank: per token,
+    attention costs more with each ring step, so CP 2 with full checkpointing can beat CP 8
+    with selective (one constant efficiency made every degree cost the same)."""
+    per_token = {}
+    for cp in (1, 2, 4, 8):
+        t = speed(Setting("fp8", "full", 1, 8, fp8_recipe="tensorwise", context_parallel=cp), hw=P5, sequence_length=32768 * cp, accum=1)
+        per_token[cp] = t.attention / t.tokens_per_gpu / (32768 * cp)  # per token and unit of context
+    assert per_token[1] < per_token[2] < per_token[4] < per_token[8]
+    assert per_token[8] / per_token[2] == pytest.approx(perf.ring_cost(8, catalogs.performance_parameters()) / perf.ring_cost(2, catalogs.performance_parameters()), rel=0.02)
 
 
 def test_b200_is_faster_than_h100_but_not_by_more_than_its_peak():

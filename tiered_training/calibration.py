@@ -245,7 +245,7 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
 
 # -- fitting ------------------------------------------------------------------------------
 
-FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_attention_efficiency",
+FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_step_overhead",
           "eager_memory_factor", "fp8_cast_factor", "fp8_eager_cast_factor")
 RECIPES = ("rowwise", "mxfp8")
 # Parameter -> (to the fit's unbounded space, back)
@@ -257,7 +257,7 @@ _ABOVE_ONE = (lambda v: math.log(v - 1 + 1e-12), lambda x: 1 + math.exp(x))
 def _transforms(names: list[str]) -> list[tuple]:
     out = []
     for name in names:
-        if name in ("megatron_te", "fp8_cast_factor"):
+        if name in ("megatron_te", "fp8_cast_factor", "ring_step_overhead"):
             out.append(_POSITIVE)
         elif name in ("eager_memory_factor", "fp8_eager_cast_factor"):
             out.append(_ABOVE_ONE)
@@ -275,11 +275,12 @@ def _unpack(values: dict[str, float], fixed: dict[str, float]) -> tuple[Paramete
 
 # Where every fit starts, whatever was fitted before: a refit without a source must not
 # inherit what that source taught an earlier fit.
-START = {"gemm_efficiency": 0.5, "fp8_gemm_efficiency": 0.5, "attention_efficiency": 0.4, "ring_attention_efficiency": 0.7,
+START = {"gemm_efficiency": 0.5, "fp8_gemm_efficiency": 0.5, "attention_efficiency": 0.4, "ring_step_overhead": 0.1,
          "eager_memory_factor": 2.0, "fp8_cast_factor": 1.5, "fp8_eager_cast_factor": 5.0,
          **{f"recipe_{r}": 0.9 for r in RECIPES}}
-# A parameter that no row of a fit informs takes the value that adds no effect.
-NEUTRAL = {"ring_attention_efficiency": 1.0, "eager_memory_factor": 1.0, "fp8_cast_factor": 1.0,
+# A parameter that no row of a fit informs takes the value that adds no effect (a ring
+# step then costs nothing more than its share of one attention call).
+NEUTRAL = {"ring_step_overhead": 0.0, "eager_memory_factor": 1.0, "fp8_cast_factor": 1.0,
            "fp8_eager_cast_factor": 1.0, **{f"recipe_{r}": 1.0 for r in RECIPES}}
 
 
@@ -289,7 +290,7 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     for r in rows:
         names |= _factor_names(r, cal)
         if r.context_parallel > 1:
-            names.add("ring_attention_efficiency")
+            names.add("ring_step_overhead")
         if not r.compile:
             names.add("eager_memory_factor")
         if r.precision == "fp8":

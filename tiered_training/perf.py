@@ -95,7 +95,7 @@ class Parameters:
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
     fp8_eager_cast_factor: float  # torchao's casts without torch.compile (unfused kernels), relative to compiled
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
-    ring_attention_efficiency: float  # context parallelism's per-block attention calls, relative to one call
+    ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
     memory_efficiency: float  # fraction of HBM bandwidth that streaming kernels reach
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
@@ -196,6 +196,12 @@ class LinearCost:
         return gemm, 2 * gemm, casts
 
 
+def ring_cost(cp: int, params: Parameters) -> float:
+    """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
+    the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
+    return 1.0 + params.ring_step_overhead * (cp - 1)
+
+
 def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
     """Ring all-gather or reduce-scatter: each rank moves (n-1)/n of the full buffer."""
     if ranks <= 1:
@@ -231,9 +237,12 @@ def step_time(
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
     # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
-    # on half-length head and tail chunks: smaller calls that reach less of the peak.
+    # on half-length head and tail chunks. Each step past the first adds a share of the
+    # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
+    # the cost grows with the degree. Each call also pays the fixed kernel time, which
+    # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
-    attn_rate = peak_bf16 * params.attention_efficiency * (params.ring_attention_efficiency if cp > 1 else 1.0)
+    attn_rate = peak_bf16 * params.attention_efficiency / ring_cost(cp, params)
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)
