@@ -534,17 +534,27 @@ def _choose(run: _Run) -> Option | None:
 
 def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
     """The next fastest configurations that differ from the chosen one in precision,
-    checkpointing or shard group (the fastest context-parallel degree of each)."""
+    checkpointing or shard group (the fastest context-parallel degree of each); and, where
+    the chosen one splits sequences, the fastest at every other context-parallel degree
+    that fits, so that the degrees can be compared side by side."""
     def key(o: Option):
         s = o.setting
         return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
 
-    seen, out = {key(chosen)}, []
+    seen, picked = {key(chosen)}, []
     for option in fitting:
         if key(option) not in seen:
             seen.add(key(option))
-            out.append(option.alternative())
-    return out[:count]
+            picked.append(option)
+    picked = picked[:count]
+    if chosen.setting.context_parallel > 1:
+        degrees = {chosen.setting.context_parallel} | {o.setting.context_parallel for o in picked}
+        for option in fitting:  # fastest first
+            if option.setting.context_parallel not in degrees:
+                degrees.add(option.setting.context_parallel)
+                picked.append(option)
+        picked.sort(key=lambda o: -o.speed)
+    return [o.alternative() for o in picked]
 
 
 def _departures_from(option: Option, by_tier: Option) -> int:
