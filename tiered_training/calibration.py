@@ -3,7 +3,7 @@
 Reads ``catalog/calibration.yaml`` (published tokens/s per GPU and peak memory, each
 with its source) and this container's GPU-check results (``bench/gpu/*.json``: a JSON
 object ``{"rows": [...]}`` with the same fields). Fits the model's free parameters on
-every row (least squares on log throughput, Nelder-Mead) and prints predicted against
+every row (least squares on log throughput, each source weighted as one, Nelder-Mead) and prints predicted against
 published for every row.
 
 Validation holds out whole sources: for each source (a published document, or this
@@ -191,7 +191,7 @@ def _machine(row: "Row | LinearRow", cal: Calibration) -> tuple[Hardware, float]
     if system is None:
         raise ValueError(f"row {row.id}: hardware {row.hardware!r} is neither an instance type nor a system of calibration.yaml")
     base = instances[system["like"]]
-    overrides = {k: system[k] for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib") if k in system}
+    overrides = {k: system[k] for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib", "efa_gbps") if k in system}
     instance = base.model_copy(update=overrides)
     hw = Hardware.of(instance)
     hw = replace(hw, gpus_per_node=system.get("gpus_per_node", hw.gpus_per_node))
@@ -205,7 +205,8 @@ def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, f
     # The optimiser step is charged once per optimiser step: a run's gradient accumulation
     # spreads it over that many micro-batches (unpublished: one, torchtitan's default).
     accum = row.grad_accum_steps or 1
-    result = step_time(row.architecture, hw, row.setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params)
+    setting = replace(row.setting, attention_kernel=framework.get("attention_kernel", "sdpa"))
+    result = step_time(row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params)
     return result.tokens_per_second_per_gpu * _value(framework.get("factor", 1.0), factors)
 
 
@@ -245,7 +246,7 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
 
 # -- fitting ------------------------------------------------------------------------------
 
-FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_step_overhead",
+FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_step_overhead", "attention_kernel_share",
           "eager_memory_factor", "fp8_cast_factor", "fp8_eager_cast_factor")
 RECIPES = ("rowwise", "mxfp8")
 # Parameter -> (to the fit's unbounded space, back)
@@ -275,12 +276,12 @@ def _unpack(values: dict[str, float], fixed: dict[str, float]) -> tuple[Paramete
 
 # Where every fit starts, whatever was fitted before: a refit without a source must not
 # inherit what that source taught an earlier fit.
-START = {"gemm_efficiency": 0.5, "fp8_gemm_efficiency": 0.5, "attention_efficiency": 0.4, "ring_step_overhead": 0.1,
+START = {"gemm_efficiency": 0.5, "fp8_gemm_efficiency": 0.5, "attention_efficiency": 0.4, "ring_step_overhead": 0.1, "attention_kernel_share": 0.7,
          "eager_memory_factor": 2.0, "fp8_cast_factor": 1.5, "fp8_eager_cast_factor": 5.0,
          **{f"recipe_{r}": 0.9 for r in RECIPES}}
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
 # step then costs nothing more than its share of one attention call).
-NEUTRAL = {"ring_step_overhead": 0.0, "eager_memory_factor": 1.0, "fp8_cast_factor": 1.0,
+NEUTRAL = {"ring_step_overhead": 0.0, "attention_kernel_share": 1.0, "eager_memory_factor": 1.0, "fp8_cast_factor": 1.0,
            "fp8_eager_cast_factor": 1.0, **{f"recipe_{r}": 1.0 for r in RECIPES}}
 
 
@@ -289,6 +290,8 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     names = {"gemm_efficiency", "attention_efficiency"}
     for r in rows:
         names |= _factor_names(r, cal)
+        if cal.frameworks.get(r.framework, {}).get("attention_kernel", "sdpa") != "sdpa":
+            names.add("attention_kernel_share")
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
         if not r.compile:
@@ -360,10 +363,16 @@ def fit(
     names = list(start)
     transforms = _transforms(names)
 
+    # Each source weighs as much as any other, however many rows it publishes.
+    per_source: dict[str, int] = {}
+    for r in rows:
+        per_source[source_key(r)] = per_source.get(source_key(r), 0) + 1
+    weights = [len(rows) / len(per_source) / per_source[source_key(r)] for r in rows]
+
     def loss(x: list[float]) -> float:
         values = {name: back(v) for name, (_, back), v in zip(names, transforms, x)}
         params, factors = _unpack({**values, **unused}, model.fixed)
-        runs = sum(math.log(predict(r, cal, params, factors) / r.tokens_per_second_per_gpu) ** 2 for r in rows)
+        runs = sum(w * math.log(predict(r, cal, params, factors) / r.tokens_per_second_per_gpu) ** 2 for r, w in zip(rows, weights))
         return runs + sum(math.log(predict_speedup(r, cal, params, factors) / r.speedup) ** 2 for r in linear)
 
     x = [to(start[name]) for name, (to, _) in zip(names, transforms)]
