@@ -28,7 +28,14 @@ def cal():
 
 def test_calibration_set_is_published_and_complete(cal):
     published = [r for r in cal.rows if r.framework != "tiered-training"]
-    assert len(published) >= 20
+    assert len(published) >= 45
+    # The space the planner serves: model sizes from 1B to 70B, several GPU kinds, long context with CP.
+    sizes = {round(r.architecture.parameters / 1e9) for r in published}
+    assert min(sizes) <= 2 and max(sizes) >= 64 and len(sizes) >= 6, sorted(sizes)
+    kinds = {calibration.hardware(r, cal, catalogs.performance_model().calibration_only)[0].gpu.split("-")[0] for r in published}
+    assert {"A100", "H100", "H200", "B200"} <= kinds, kinds
+    assert any(r.context_parallel > 1 and r.sequence_length >= 131072 for r in published)
+    assert min(r.sequence_length for r in published) <= 2048
     for row in published:
         assert row.source.url.startswith("https://") and row.source.title, row.id
     for row in cal.rows:
