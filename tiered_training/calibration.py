@@ -429,6 +429,8 @@ def summary(cal: Calibration, loso: list[Result]) -> dict[str, Any]:
     """What the planner quotes: the rows, and the leave-one-source-out errors."""
     throughput = _median_worst([r.error for r in loso])
     memory_ = _median_worst([r.memory_error for r in loso if r.memory_error is not None])
+    published = _median_worst([r.error for r in loso if r.row.published])
+    own = _median_worst([r.error for r in loso if not r.row.published])
     return {
         "rows": len(cal.rows),
         "published_rows": sum(r.published for r in cal.rows),
@@ -438,6 +440,10 @@ def summary(cal: Calibration, loso: list[Result]) -> dict[str, Any]:
         "loso_worst_error": throughput[1],
         "loso_memory_median_error": memory_[0],
         "loso_memory_worst_error": memory_[1],
+        "loso_published_median_error": published[0],
+        "loso_published_worst_error": published[1],
+        "loso_own_median_error": own[0],
+        "loso_own_worst_error": own[1],
     }
 
 

@@ -136,6 +136,10 @@ class PerformanceSummary(_Entry):
     loso_worst_error: float | None
     loso_memory_median_error: float | None = None
     loso_memory_worst_error: float | None = None
+    loso_published_median_error: float | None = None  # throughput, the published sources' rows
+    loso_published_worst_error: float | None = None
+    loso_own_median_error: float | None = None  # throughput, this container's own runs
+    loso_own_worst_error: float | None = None
 
 
 class PerformanceModel(_Entry):

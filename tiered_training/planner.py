@@ -965,8 +965,12 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
     price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
-    error = (f"; leave-one-source-out error median {summary.loso_median_error:.0%}, worst {summary.loso_worst_error:.0%}"
-             if summary.loso_median_error is not None else "")
+    error = ""
+    if summary.loso_published_median_error is not None:
+        error = (f"; each source predicted by the model fitted without it: published runs within {summary.loso_published_median_error:.0%} "
+                 f"(median, worst {summary.loso_published_worst_error:.0%})")
+        if summary.loso_own_median_error is not None:
+            error += f", own runs within {summary.loso_own_median_error:.0%} (median, worst {summary.loso_own_worst_error:.0%})"
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
