@@ -58,7 +58,8 @@ bench: $(TEST_STAMP) $(NODE_STAMP)
 
 # Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
 # and the GPU-check results (bench/gpu/*.json); print predicted against published and the
-# held-out error; store the fitted parameters in tiered_training/catalog/performance.yaml.
+# leave-one-source-out error (each source refitted without it: about 5 minutes on one CPU);
+# store the fitted parameters and those errors in tiered_training/catalog/performance.yaml.
 calibrate: $(SYNTH_STAMP)
 	$(PY) -m tiered_training.calibration --write
 

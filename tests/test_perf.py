@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tiered_training import calibration, catalogs
+from tiered_training import calibration, catalogs, perf
 from tiered_training.perf import Hardware, LinearCost, Setting, step_time
 
 ARCH_8B = catalogs.models()["llama-3.1-8b"].architecture
@@ -28,7 +28,14 @@ def cal():
 
 def test_calibration_set_is_published_and_complete(cal):
     published = [r for r in cal.rows if r.framework != "tiered-training"]
-    assert len(published) >= 20
+    assert len(published) >= 45
+    # The space the planner serves: model sizes from 1B to 70B, several GPU kinds, long context with CP.
+    sizes = {round(r.architecture.parameters / 1e9) for r in published}
+    assert min(sizes) <= 2 and max(sizes) >= 64 and len(sizes) >= 6, sorted(sizes)
+    kinds = {calibration.hardware(r, cal, catalogs.performance_model().calibration_only)[0].gpu.split("-")[0] for r in published}
+    assert {"A100", "H100", "H200", "B200"} <= kinds, kinds
+    assert any(r.context_parallel > 1 and r.sequence_length >= 131072 for r in published)
+    assert min(r.sequence_length for r in published) <= 2048
     for row in published:
         assert row.source.url.startswith("https://") and row.source.title, row.id
     for row in cal.rows:
@@ -37,16 +44,37 @@ def test_calibration_set_is_published_and_complete(cal):
     # A framework with what the container lacks carries its own factor; the container's and torchtitan's do not.
     assert cal.frameworks["megatron-te"]["factor"].startswith("fit:")
     assert cal.frameworks["torchtitan"]["factor"] == 1.0
-    assert {r.split for r in cal.rows} == {"fit", "holdout"}
+    # Every fitted compute factor stands for a stated power limit: no free factor for an unstated one.
+    for name, system in cal.systems.items():
+        if str(system.get("compute_factor", "")).startswith("fit:"):
+            assert "W power limit" in system["source"], name
+    assert len({calibration.source_key(r) for r in published}) >= 5
 
 
-def test_held_out_error_meets_target_and_matches_the_stored_summary(cal):
-    model = catalogs.performance_model()
-    results = calibration.evaluate(cal, model.parameters(), dict(model.calibration_only))
-    stats = calibration.summary(results)
-    assert stats["heldout_median_error"] <= 0.25
-    # performance.yaml's summary is what `make calibrate --write` measured with these parameters.
-    assert stats == model.summary.model_dump()
+def test_stored_summary_counts_the_calibration_set_and_its_held_out_sources(cal):
+    """performance.yaml's summary (what the planner quotes) is of this calibration set, and
+    separates published rows from this container's own runs."""
+    stored = catalogs.performance_model().summary
+    assert stored.rows == len(cal.rows)
+    assert stored.published_rows == sum(r.framework != "tiered-training" for r in cal.rows)
+    assert stored.own_rows == sum(r.framework == "tiered-training" for r in cal.rows) >= 12
+    assert stored.sources == len(calibration.sources(cal))
+    assert stored.loso_median_error is not None and stored.loso_median_error <= stored.loso_worst_error
+
+
+def test_a_refit_without_a_source_never_reads_that_source(cal):
+    """Leave one source out: the parameters fitted without a source do not move when that
+    source's published figures do, and a factor only that source informs stays neutral."""
+    from dataclasses import replace
+
+    key = next(k for k in calibration.sources(cal) if "Megatron-Bridge" in k)
+    doubled = replace(cal, rows=[r.model_copy(update={"tokens_per_second_per_gpu": 2 * r.tokens_per_second_per_gpu})
+                                 if calibration.source_key(r) == key else r for r in cal.rows], machines={})
+    quick = {"iterations": 40}
+    without, factors = calibration.fit(cal, without=key, **quick)
+    assert calibration.fit(doubled, without=key, **quick) == (without, factors)
+    assert factors["megatron_te"] == 1.0  # only Megatron's rows inform it
+    assert calibration.fit(doubled, **quick) != calibration.fit(cal, **quick)
 
 
 def test_fit_reproduces_the_stored_parameters(cal):
@@ -58,7 +86,7 @@ def test_fit_reproduces_the_stored_parameters(cal):
         assert factors[name] == pytest.approx(value, rel=0.03), name
 
 
-def test_gpu_check_rows_are_read_as_held_out_rows(tmp_path, capsys):
+def test_gpu_check_rows_are_read_as_this_containers_own_runs(tmp_path, capsys):
     row = {
         "id": "gpu-check-h200-1b-bf16", "source": "training/gpu_check.sh on the device machine", "date": "2026-12-01",
         "hardware": "ml.p5en.48xlarge", "gpus": 1, "framework": "tiered-training", "model": "llama-3.2-1b",
@@ -70,10 +98,10 @@ def test_gpu_check_rows_are_read_as_held_out_rows(tmp_path, capsys):
     (tmp_path / "h200.json").write_text(json.dumps({"rows": [row]}))
     loaded = calibration.load(gpu_dir=tmp_path)
     extra = [r for r in loaded.rows if r.id == row["id"]]
-    assert len(extra) == 1 and extra[0].split == "holdout"
-    assert calibration.main(["--no-fit", "--gpu-dir", str(tmp_path)]) == 0
+    assert len(extra) == 1 and extra[0].source_key == calibration.OWN_RUNS and not extra[0].published
+    assert calibration.main(["--no-fit", "--no-loso", "--gpu-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert row["id"] in out and "held-out rows" in out
+    assert row["id"] in out and "1 of this container's own GPU runs" in out
 
 
 def test_single_linear_speedups_match_torchao(cal):
@@ -133,11 +161,24 @@ def test_attention_dominates_long_context_and_context_parallelism_splits_it():
     split = speed(Setting("bf16", "full", 1, 8, context_parallel=4), sequence_length=131072, accum=1)
     assert whole.attention > 0.5 * whole.seconds
     # Per token, a context-parallel rank does the same attention work (its share of every
-    # sequence), in smaller block calls that run at the fitted ring efficiency.
+    # sequence), in block calls that cost the fitted ring overhead per step past the first.
     per_token = lambda t: t.attention / t.tokens_per_gpu  # noqa: E731
-    ring = catalogs.performance_parameters().ring_attention_efficiency
+    params = catalogs.performance_parameters()
+    ring = 1 / perf.ring_cost(4, params)
     assert 0.2 < ring < 1.0
     assert per_token(split) == pytest.approx(per_token(whole) / ring, rel=0.05)
+
+
+def test_context_parallel_attention_costs_more_per_token_as_the_degree_grows():
+    """torchtitan's ring runs at CP 2, 4 and 8 with the same 32K chunk per rank: per token,
+    attention costs more with each ring step, so CP 2 with full checkpointing can beat CP 8
+    with selective (one constant efficiency made every degree cost the same)."""
+    per_token = {}
+    for cp in (1, 2, 4, 8):
+        t = speed(Setting("fp8", "full", 1, 8, fp8_recipe="tensorwise", context_parallel=cp), hw=P5, sequence_length=32768 * cp, accum=1)
+        per_token[cp] = t.attention / t.tokens_per_gpu / (32768 * cp)  # per token and unit of context
+    assert per_token[1] < per_token[2] < per_token[4] < per_token[8]
+    assert per_token[8] / per_token[2] == pytest.approx(perf.ring_cost(8, catalogs.performance_parameters()) / perf.ring_cost(2, catalogs.performance_parameters()), rel=0.02)
 
 
 def test_b200_is_faster_than_h100_but_not_by_more_than_its_peak():
@@ -158,3 +199,32 @@ def test_planner_memory_holds_against_the_h200_gpu_check(cal):
         predicted = calibration.predict_memory(row, cal, catalogs.performance_model().calibration_only)
         for got, measured in ((predicted.allocated, row.peak_memory_gib_allocated), (predicted.reserved, row.peak_memory_gib_reserved)):
             assert -0.01 <= got / memory.GIB / measured - 1 <= 0.15, (row.id, got / memory.GIB, measured)
+
+
+def test_predict_charges_the_optimiser_step_once_per_optimiser_step(cal):
+    """A published run with gradient accumulation spreads one optimiser step over its
+    micro-batches; ``predict`` follows the row's ``grad_accum_steps``."""
+    model = catalogs.performance_model()
+    row = next(r for r in cal.rows if r.id == "megatron-dgx-b200-8b-fp8cs")
+    assert row.grad_accum_steps == 8  # GBS 128 over 8 data-parallel ranks of micro-batch 2
+    params, factors = model.parameters(), dict(model.calibration_only)
+    once = calibration.predict(row.model_copy(update={"grad_accum_steps": 1}), cal, params, factors)
+    eight = calibration.predict(row, cal, params, factors)
+    hw, _ = calibration.hardware(row, cal, factors)
+    step = step_time(row.architecture, hw, row.setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=8, params=params)
+    assert eight > once * 1.05  # DDP's unsharded AdamW step is a large share of one micro-batch
+    assert eight == pytest.approx(step.tokens_per_second_per_gpu * factors["megatron_te"])
+    assert step.optimizer == step_time(row.architecture, hw, row.setting, sequence_length=row.sequence_length, gpus=row.gpus,
+                                       accum=1, params=params).optimizer
+
+
+def test_no_configuration_that_ran_is_predicted_to_exceed_its_gpu(cal):
+    """Every calibration row ran: the planner's memory for it, fixed reserve included, fits
+    in the GPU's memory (rows of a framework whose memory layout the model describes)."""
+    factors = catalogs.performance_model().calibration_only
+    modelled = [r for r in cal.rows if cal.frameworks[r.framework].get("memory_model", True)]
+    assert {r.framework for r in modelled} == {"torchtitan", "tiered-training"}
+    for row in modelled:
+        predicted = calibration.predict_memory(row, cal, factors)
+        _, usable = calibration.hardware(row, cal, factors)
+        assert predicted.total / calibration.GIB <= usable, (row.id, predicted.total / calibration.GIB, usable)

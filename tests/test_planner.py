@@ -554,6 +554,20 @@ def test_long_context_templates_choose_context_parallelism():
         assert plan.context_parallel > 1 and plan.decision("tuning.context_parallel").source == "auto"
 
 
+def test_explain_compares_every_context_parallel_degree_that_fits():
+    """At 128K on one p5, each ring step costs more attention: CP 2 with full checkpointing
+    beats CP 8 with selective, and explain lists the fastest of CP 4 and 8 beside it."""
+    from tiered_training.report import explain_lines
+
+    plan = plan_file(RECIPES[0].parent / "llama3-8b-128k-p5.yaml")
+    assert plan.context_parallel == 2 and plan.activation_checkpointing == "full"
+    degrees = {a.context_parallel: a for a in plan.alternatives}
+    assert {4, 8} <= set(degrees)
+    assert all(degrees[cp].tokens_per_second_per_gpu < plan.estimates.tokens_per_second_per_gpu for cp in (4, 8))
+    text = "\n".join(explain_lines(plan))
+    assert ", CP 4 " in text and ", CP 8 " in text
+
+
 def test_keep_last_1_warns_that_s3_may_hold_no_complete_checkpoint():
     plan = plan_of(**{"checkpointing.keep_last": 1})
     (finding,) = [f for f in plan.findings if f.code == "keep-last-1"]

@@ -126,12 +126,20 @@ class Quota(_Entry):
 
 
 class PerformanceSummary(_Entry):
+    """How well the model predicts: each source's rows predicted by the model refitted without it."""
+
     rows: int
-    fit_rows: int
-    heldout_rows: int
-    heldout_median_error: float | None
-    heldout_worst_error: float | None
-    heldout_memory_median_error: float | None = None
+    published_rows: int
+    own_rows: int  # this container's GPU-check runs
+    sources: int
+    loso_median_error: float | None
+    loso_worst_error: float | None
+    loso_memory_median_error: float | None = None
+    loso_memory_worst_error: float | None = None
+    loso_published_median_error: float | None = None  # throughput, the published sources' rows
+    loso_published_worst_error: float | None = None
+    loso_own_median_error: float | None = None  # throughput, this container's own runs
+    loso_own_worst_error: float | None = None
 
 
 class PerformanceModel(_Entry):

@@ -83,6 +83,7 @@ class Setting:
     context_parallel: int = 1
     compile: bool = True
     fp8_all_gather: bool = True  # FSDP all-gathers float8 weights (tensorwise scaling only)
+    attention_kernel: str = "sdpa"  # sdpa: this container's (PyTorch SDPA); flash2: the flash-attn 2 library
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,10 @@ class Parameters:
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
     fp8_eager_cast_factor: float  # torchao's casts without torch.compile (unfused kernels), relative to compiled
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
-    ring_attention_efficiency: float  # context parallelism's per-block attention calls, relative to one call
+    ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
+    attention_kernel_share: float  # flash-attn 2 in training, as a share of its published peak utilisation
+    flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
+    flash2_utilization_h100: float  # the same on H100 (and H200)
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
     memory_efficiency: float  # fraction of HBM bandwidth that streaming kernels reach
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
@@ -196,6 +200,25 @@ class LinearCost:
         return gemm, 2 * gemm, casts
 
 
+def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
+    """Fraction of the BF16 peak that attention reaches. This container's PyTorch SDPA: the
+    fitted ``attention_efficiency``. The flash-attn 2 library (published runs only): a fitted
+    share of its published peak utilisation on that GPU, which is far lower on Hopper than
+    on Ampere (the library predates Hopper's asynchronous tensor cores)."""
+    if setting.attention_kernel == "sdpa":
+        return params.attention_efficiency
+    if setting.attention_kernel == "flash2":
+        ceiling = params.flash2_utilization_a100 if hw.gpu.startswith("A100") else params.flash2_utilization_h100
+        return params.attention_kernel_share * ceiling
+    raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
+
+
+def ring_cost(cp: int, params: Parameters) -> float:
+    """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
+    the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
+    return 1.0 + params.ring_step_overhead * (cp - 1)
+
+
 def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
     """Ring all-gather or reduce-scatter: each rank moves (n-1)/n of the full buffer."""
     if ranks <= 1:
@@ -231,9 +254,12 @@ def step_time(
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
     # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
-    # on half-length head and tail chunks: smaller calls that reach less of the peak.
+    # on half-length head and tail chunks. Each step past the first adds a share of the
+    # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
+    # the cost grows with the degree. Each call also pays the fixed kernel time, which
+    # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
-    attn_rate = peak_bf16 * params.attention_efficiency * (params.ring_attention_efficiency if cp > 1 else 1.0)
+    attn_rate = peak_bf16 * attention_efficiency(hw, setting, params) / ring_cost(cp, params)
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)

@@ -543,17 +543,27 @@ def _choose(run: _Run) -> Option | None:
 
 def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
     """The next fastest configurations that differ from the chosen one in precision,
-    checkpointing or shard group (the fastest context-parallel degree of each)."""
+    checkpointing or shard group (the fastest context-parallel degree of each); and, where
+    the chosen one splits sequences, the fastest at every other context-parallel degree
+    that fits, so that the degrees can be compared side by side."""
     def key(o: Option):
         s = o.setting
         return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
 
-    seen, out = {key(chosen)}, []
+    seen, picked = {key(chosen)}, []
     for option in fitting:
         if key(option) not in seen:
             seen.add(key(option))
-            out.append(option.alternative())
-    return out[:count]
+            picked.append(option)
+    picked = picked[:count]
+    if chosen.setting.context_parallel > 1:
+        degrees = {chosen.setting.context_parallel} | {o.setting.context_parallel for o in picked}
+        for option in fitting:  # fastest first
+            if option.setting.context_parallel not in degrees:
+                degrees.add(option.setting.context_parallel)
+                picked.append(option)
+        picked.sort(key=lambda o: -o.speed)
+    return [o.alternative() for o in picked]
 
 
 def _departures_from(option: Option, by_tier: Option) -> int:
@@ -1037,13 +1047,19 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
     price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
-    error = f"; held-out median error {summary.heldout_median_error:.0%}" if summary.heldout_median_error is not None else ""
+    error = ""
+    if summary.loso_published_median_error is not None:
+        error = (f"; each source predicted by the model fitted without it: published runs within {summary.loso_published_median_error:.0%} "
+                 f"(median, worst {summary.loso_published_worst_error:.0%})")
+        if summary.loso_own_median_error is not None:
+            error += f", own runs within {summary.loso_own_median_error:.0%} (median, worst {summary.loso_own_worst_error:.0%})"
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
         mfu=flops * per_gpu / instance.peak_bf16_flops,
-        throughput_source=f"performance model calibrated on {summary.rows} published runs{error} (make calibrate)",
+        throughput_source=(f"performance model calibrated on {summary.published_rows} published runs from {summary.sources - (summary.own_rows > 0)} "
+                           f"sources and {summary.own_rows} of this container's own GPU runs{error} (make calibrate)"),
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.time.terms()),
         total_steps=total_steps,

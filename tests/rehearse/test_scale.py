@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def long_context():
-    plan = plan_file(REPO / "recipes/llama3-8b-128k-p5.yaml")  # 128K on 80 GB GPUs: CP 8
+    plan = plan_file(REPO / "recipes/llama3-8b-128k-p5.yaml")  # 128K on 80 GB GPUs: CP 2 or more
     assert plan.ok and plan.run_config().parallel.context_parallel > 1
     return plan
 
@@ -39,7 +39,7 @@ def test_context_parallelism_is_rehearsed_as_1_and_said_so_when_the_trainer_lack
 
 def test_context_parallelism_is_kept_within_a_host_when_the_trainer_has_it(long_context):
     cfg = _scaled(long_context, context_parallel=True).config
-    assert cfg.parallel.context_parallel == 2  # the plan's 8 does not fit a host of 2 workers
+    assert cfg.parallel.context_parallel == 2  # at most the 2 workers of a host
     assert cfg.parallel.shard_group_size % 2 == 0
     b = cfg.batch
     assert b.global_batch_tokens == b.micro_batch_size * b.sequence_length * b.grad_accum_steps * 2  # 2 CP groups
