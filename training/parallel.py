@@ -9,6 +9,11 @@
   ``full``); consecutive ranks form a context-parallel group. FSDP shards over the
   flattened ``("shard", "cp")`` dimension ``shard_cp`` (torchtitan's ``dp_shard_cp``), so
   ``shard_group_size`` counts the context-parallel ranks.
+
+Gradient accumulation: with replicas (hybrid sharding, or ``none``), each micro-batch's
+gradients are reduce-scattered inside the shard group, and summed there; the all-reduce
+across replicas runs once per optimiser step, in the last micro-batch's backward
+(:func:`sync_replicas`, FSDP2's ``set_requires_all_reduce``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tiered_training.runconfig import ParallelConfig, PrecisionConfig
 
@@ -99,3 +104,17 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precis
         fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def replicas(mesh: DeviceMesh) -> int:
+    """Copies of the sharded state (the ``replicate`` dimension; 1 without one)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh["replicate"].size() if "replicate" in names else 1
+
+
+def sync_replicas(model: nn.Module, mesh: DeviceMesh, *, last: bool) -> None:
+    """Before a micro-batch's backward: all-reduce gradients across replicas only when it is the
+    step's ``last``; the earlier ones keep their reduce-scattered sums for it (FSDP2
+    ``set_requires_all_reduce``). Nothing to do without replicas."""
+    if replicas(mesh) > 1 and isinstance(model, FSDPModule):
+        model.set_requires_all_reduce(last)

@@ -57,7 +57,7 @@ from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
 from .model import CausalLMLoss, build_model, materialize
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
-from .parallel import apply_fsdp, build_mesh, enable_tf32
+from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from .paths import Paths
 from .step_stats import StepStats
 from .world import accumulation, resume_accumulation
@@ -183,6 +183,21 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     except (FileNotFoundError, ValueError) as error:
         log.warning("no validation loss in this run: %s", error)
         return None
+
+
+def forward_backward(trainer: Trainer, micro_batches: list[tuple]) -> torch.Tensor:
+    """Forward and backward of one optimiser step's micro-batches, ``(inputs, labels, positions)``
+    each (this rank's part). The gradients are reduce-scattered after each micro-batch and
+    all-reduced across replicas after the last one only. Returns this rank's step loss."""
+    model, device = trainer.model, trainer.info.device
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    accum = len(micro_batches)
+    for index, (inputs, labels, positions) in enumerate(micro_batches):
+        sync_replicas(model, trainer.mesh, last=index == accum - 1)
+        loss = model(inputs, labels, positions) / accum
+        loss.backward()
+        loss_sum += loss.detach()
+    return loss_sum
 
 
 def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
@@ -344,15 +359,13 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         started = time.perf_counter()
         accum = (accum_at or batch.accum_steps_at)(step)
         data_wait = 0.0
-        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        micro_batches = []
         for _ in range(accum):
             waited = time.perf_counter()
             tokens = next(data_iter)
             data_wait += time.perf_counter() - waited
-            inputs, labels, positions = trainer.cp.shard(*split_batch(tokens, device))
-            loss = model(inputs, labels, positions) / accum
-            loss.backward()
-            loss_sum += loss.detach()
+            micro_batches.append(trainer.cp.shard(*split_batch(tokens, device)))
+        loss_sum = forward_backward(trainer, micro_batches)
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
         lr = scheduler.get_last_lr()[0]
         # One flag, all-reduced: a NaN on one rank skips the step on every rank.
