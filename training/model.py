@@ -129,10 +129,13 @@ class CausalLMLoss(nn.Module):
         self.loss_chunk_tokens = loss_chunk_tokens
         self.loss_group = loss_group  # context parallelism: the ranks sharing each sequence
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
+                divisor: torch.Tensor | None = None) -> torch.Tensor:
         """position_ids: RoPE positions of ``input_ids`` when they are a part of each sequence
-        (context parallelism); default ``0 .. len - 1``."""
+        (context parallelism); default ``0 .. len - 1``. divisor: the step's global count of
+        valid labels (training); without it, the mean over these labels (validation)."""
         from .loss import chunked_cross_entropy
 
         hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        return chunked_cross_entropy(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens, group=self.loss_group)
+        return chunked_cross_entropy(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens, group=self.loss_group,
+                                     divisor=divisor)

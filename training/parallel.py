@@ -103,7 +103,17 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precis
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
     fully_shard(model, **kwargs)
+    sum_gradients(model)
     return model
+
+
+def sum_gradients(model: nn.Module) -> None:
+    """FSDP sums gradients over ranks instead of averaging them: the loss is already divided by
+    the step's global count of valid labels (``loss.valid_tokens``), as in torchtitan."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives, no pre- or post-scaling
 
 
 def replicas(mesh: DeviceMesh) -> int:

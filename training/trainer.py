@@ -55,6 +55,7 @@ from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
+from .loss import valid_tokens
 from .model import CausalLMLoss, build_model, materialize
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
 from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
@@ -187,14 +188,18 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 
 def forward_backward(trainer: Trainer, micro_batches: list[tuple]) -> torch.Tensor:
     """Forward and backward of one optimiser step's micro-batches, ``(inputs, labels, positions)``
-    each (this rank's part). The gradients are reduce-scattered after each micro-batch and
-    all-reduced across replicas after the last one only. Returns this rank's step loss."""
+    each (this rank's part). Each micro-batch's loss sum is divided by the step's global count
+    of valid labels and FSDP sums the gradients (``parallel.apply_fsdp``): the gradient is the
+    token mean over the whole step, however the labels are masked. The gradients are
+    reduce-scattered after each micro-batch and all-reduced across replicas after the last one
+    only. Returns this rank's part of the step loss (the loss is its sum over ranks)."""
     model, device = trainer.model, trainer.info.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
     accum = len(micro_batches)
+    count = valid_tokens(micro_batches, device)
     for index, (inputs, labels, positions) in enumerate(micro_batches):
         sync_replicas(model, trainer.mesh, last=index == accum - 1)
-        loss = model(inputs, labels, positions) / accum
+        loss = model(inputs, labels, positions, divisor=count)
         loss.backward()
         loss_sum += loss.detach()
     return loss_sum
@@ -386,7 +391,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             in_a_row = 0
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        loss_value = loss_sum.item() / info.world_size
+        loss_value = loss_sum.item()
         grad_norm_value = float(grad_norm)
         step_time = time.perf_counter() - started
 

@@ -137,7 +137,65 @@ def cmd_hybrid(args, info) -> None:
         ratios.append(float((delta / bound.clamp(min=1e-300)).max()))
     out["one_step"] = {"calls_once": once["calls"], "calls_every": every["calls"], "max_delta_over_bound": max(ratios),
                        "elements_differing": differs}
+    out["masked"] = _masked_step(cfg, info)
     Path(f"{args.out}.rank{info.rank}.json").write_text(json.dumps(out, indent=1))
+
+
+# Masked labels per (rank, micro-batch), of 2 x 32: unequal counts on ranks and micro-batches.
+MASKED = [[0, 48, 10], [60, 0, 33], [5, 64, 0], [20, 40, 63]]
+
+
+def _masked_step(cfg, info) -> dict:
+    """One step with unequal label masks: the trainer's gradient against the full batch's
+    (every rank's micro-batches in one forward, mean over the valid labels), on rank 0."""
+    import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import LlamaForCausalLM
+
+    from training.model import llama_config
+
+    torch.manual_seed(cfg.data.seed)
+    built = trainer_module.build(cfg, info=info)
+    generator = torch.Generator().manual_seed(7)
+    every = []  # (inputs, labels) of every rank's micro-batches
+    for rank in range(info.world_size):
+        for masked in MASKED[rank]:
+            inputs, labels = split_batch(torch.randint(0, 256, (2, 33), generator=generator), torch.device("cpu"))
+            labels = labels.clone()
+            labels.view(-1)[:masked] = -100
+            every.append((inputs, labels))
+    mine = [(x.to(info.device), y.to(info.device), None) for x, y in every[info.rank * ACCUM:(info.rank + 1) * ACCUM]]
+    built.optimizer.zero_grad(set_to_none=True)
+    step_loss = trainer_module.forward_backward(built, mine)
+    dist.all_reduce(step_loss)
+    grads = {name: p.grad.full_tensor() for name, p in built.lm.named_parameters()}
+    weights = get_model_state_dict(built.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if info.rank != 0:
+        return {}
+    config = llama_config(cfg.model)
+    config._attn_implementation = "sdpa"
+    reference = LlamaForCausalLM(config)
+    reference.load_state_dict(weights)
+    inputs = torch.cat([x for x, _ in every])
+    labels = torch.cat([y for _, y in every])
+    logits = reference(input_ids=inputs).logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    loss.backward()
+    full = {name: p.grad.detach().clone() for name, p in reference.named_parameters()}
+    # What averaging per-micro-batch, per-rank means would give (the normalisation this replaces)
+    reference.zero_grad()
+    means = torch.stack([F.cross_entropy(reference(input_ids=x).logits.float().reshape(-1, logits.shape[-1]),
+                                         y.reshape(-1), ignore_index=-100) for x, y in every]).mean()
+    means.backward()
+    averaged = {name: p.grad.detach().clone() for name, p in reference.named_parameters()}
+
+    def relative(a: dict) -> float:
+        num = sum(float((a[n].double() - full[n].double()).pow(2).sum()) for n in full)
+        den = sum(float(full[n].double().pow(2).sum()) for n in full)
+        return (num / den) ** 0.5
+
+    return {"loss": step_loss.item(), "full_batch_loss": float(loss), "relative_error": relative(grads),
+            "mean_of_means_relative_error": relative(averaged), "names_match": sorted(grads) == sorted(full)}
 
 
 def main() -> None:

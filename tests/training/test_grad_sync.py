@@ -1,4 +1,5 @@
-"""Gradient reduction on two simulated hosts (2 x 2 ranks on gloo, a directory per host):
+"""Gradient reduction on two simulated hosts (2 x 2 ranks on gloo, a directory per host): the
+loss of a step is its token mean, whatever the label masks;
 hybrid sharding all-reduces across replicas once per optimiser step, with the losses of
 an all-reduce per micro-batch. See ``grad_driver.py``."""
 
@@ -78,3 +79,18 @@ def test_losses_equal_an_all_reduce_per_micro_batch(hybrid):
         assert (step["calls_once"], step["calls_every"]) == (UNITS, UNITS * ACCUM)
         assert step["max_delta_over_bound"] <= 1.0
     assert hybrid[0]["once_per_step"]["losses"] == hybrid[3]["once_per_step"]["losses"]  # one loss, every rank
+
+
+def test_masked_labels_give_the_full_batch_gradient(hybrid):
+    """Ranks and micro-batches with 0 to 64 of 64 labels masked: the trainer's gradient equals that
+    of the whole step's batch in one forward (mean over its valid labels).
+
+    Tolerance: both are fp32 sums of the same n <= 384 per-token terms in another order, so an
+    element differs by at most 2 (n - 1) u sum|t| (u = 2^-24), 4.6e-5 sum|t|; gradients of
+    different tokens mostly add rather than cancel (sum|t| within 2 |g|), hence 1e-4 of the norm.
+    Averaging per-micro-batch, per-rank means (the normalisation this replaces) is off by order 1."""
+    masked = hybrid[0]["masked"]
+    assert masked["names_match"]
+    assert masked["relative_error"] < 1e-4, masked
+    assert masked["mean_of_means_relative_error"] > 0.1, masked  # the masks are unequal enough to tell
+    assert masked["loss"] == pytest.approx(masked["full_batch_loss"], rel=1e-5)
