@@ -152,7 +152,7 @@ def _masked_step(cfg, info) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import LlamaForCausalLM
 
-    from training.model import llama_config
+    from training.model import hf_config
 
     torch.manual_seed(cfg.data.seed)
     built = trainer_module.build(cfg, info=info)
@@ -172,7 +172,7 @@ def _masked_step(cfg, info) -> dict:
     weights = get_model_state_dict(built.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank != 0:
         return {}
-    config = llama_config(cfg.model)
+    config = hf_config(cfg.model)
     config._attn_implementation = "sdpa"
     reference = LlamaForCausalLM(config)
     reference.load_state_dict(weights)
