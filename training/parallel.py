@@ -1,4 +1,5 @@
-"""Sharding: the device mesh and FSDP2 ``fully_shard`` on every decoder layer and the root.
+"""Sharding: the device mesh and FSDP2 ``fully_shard`` on the embedding, every decoder layer,
+the final norm with the head, and the root.
 
 - ``full``: a 1-D mesh ``("shard",)`` over all ranks.
 - ``hybrid``: a 2-D mesh ``("replicate", "shard")``; each group of
@@ -92,16 +93,24 @@ def enable_tf32() -> None:
 
 
 def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precision: PrecisionConfig) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embedding, final norm, head).
+    """``fully_shard`` as torchtitan does: the embedding alone, each decoder layer, the final norm
+    and the output head together, then the root (which then holds no parameters).
 
-    The last layer is not resharded after forward: backward needs it at once.
+    The last layer, and the norm with the head, are not resharded after forward: backward
+    needs them at once. A tied head shares the embedding's weight: the three stay in the root.
     """
     kwargs = {"mesh": fsdp_mesh(mesh)}
     policy = mixed_precision_policy(precision)
     if policy is not None:
         kwargs["mp_policy"] = policy
+    lm = getattr(model, "lm", None)
+    tied = lm is None or bool(getattr(lm.config, "tie_word_embeddings", False))
+    if not tied:
+        fully_shard(lm.model.embed_tokens, **kwargs)
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
+    if not tied:
+        fully_shard([lm.model.norm, lm.lm_head], reshard_after_forward=False, **kwargs)
     fully_shard(model, **kwargs)
     sum_gradients(model)
     return model

@@ -32,6 +32,7 @@ from training.dist import init_distributed  # noqa: E402
 from training.paths import Paths  # noqa: E402
 
 ACCUM = 3
+ORIGINAL_SYNC = trainer_module.sync_replicas
 STEPS = 4
 
 
@@ -94,7 +95,7 @@ def _one_step(trainer, counter: ReplicaCounter, micro_batches) -> dict:
     trainer_module.forward_backward(trainer, micro_batches)
     counter.record = False
     calls = len(counter.outputs)
-    units = 3  # two decoder layers and the root
+    units = calls // (ACCUM if trainer_module.sync_replicas is not ORIGINAL_SYNC else 1)  # one call per FSDP unit
     sums, magnitudes = [], []
     for unit in range(units):
         sums.append(sum(counter.outputs[i] for i in range(unit, calls, units)))
