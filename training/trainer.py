@@ -25,6 +25,7 @@ pruned by a checkpoint of a broken state.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -64,6 +65,12 @@ from .step_stats import StepStats
 from .world import accumulation, resume_accumulation
 
 log = logging.getLogger("training")
+
+# Python's automatic garbage collection is off while training and a generation-1 collection runs
+# every GC_EVERY_STEPS steps on every rank at once, as torchtitan does (its gc_freq default, 50):
+# an automatic collection pauses one rank at a random point, and the others wait for it in the
+# next collective (https://github.com/pytorch/torchtitan/blob/main/torchtitan/tools/utils.py).
+GC_EVERY_STEPS = 50
 
 Hook = Callable[[StepStats], None]
 
@@ -286,10 +293,15 @@ def run(
     hooks = list(hooks)
     stop = _StopSignal(cfg.checkpoint.shutdown_deadline_seconds)
     stop.install()  # before the (possibly long) build, so an early SIGTERM also ends cleanly
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    gc.collect(1)
     try:
         return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export)
     finally:
         stop.uninstall()
+        if gc_was_enabled:
+            gc.enable()
 
 
 def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
@@ -359,6 +371,8 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         return result
 
     while step < end:
+        if step > 0 and step % GC_EVERY_STEPS == 0:
+            gc.collect(1)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()

@@ -71,18 +71,29 @@ def _config():
 
 
 def _run(cfg, data: Path, root: Path, counter: ReplicaCounter) -> dict:
-    per_step = []
+    import gc
+
+    per_step, gc_enabled, collections = [], [], []
     before = [counter.calls]
 
     def hook(stats):
         per_step.append(counter.calls - before[0])
         before[0] = counter.calls
+        gc_enabled.append(gc.isenabled())
 
+    def collected(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(collected)
+    trainer_module.GC_EVERY_STEPS = 2  # the trainer's own collections, every 2 steps here
     result = trainer_module.run(cfg, Paths(data, root / "ckpt", root / "model"), hooks=[hook], resume=False,
                                 save_checkpoints=False, export=False)
+    gc.callbacks.remove(collected)
     replicate = tuple(dist.get_process_group_ranks(result.trainer.mesh["replicate"].get_group()))
     return {"losses": [result.losses[s] for s in sorted(result.losses)], "replica_all_reduces": per_step,
-            "replicate_ranks": list(replicate)}
+            "replicate_ranks": list(replicate),
+            "gc": {"enabled_in_steps": gc_enabled, "enabled_after": gc.isenabled(), "collections": collections}}
 
 
 def _one_step(trainer, counter: ReplicaCounter, micro_batches) -> dict:

@@ -94,3 +94,13 @@ def test_masked_labels_give_the_full_batch_gradient(hybrid):
     assert masked["relative_error"] < 1e-4, masked
     assert masked["mean_of_means_relative_error"] > 0.1, masked  # the masks are unequal enough to tell
     assert masked["loss"] == pytest.approx(masked["full_batch_loss"], rel=1e-5)
+
+
+def test_python_garbage_collection_runs_only_when_the_trainer_says(hybrid):
+    """Automatic collection is off while training; the trainer collects generation 1 before the
+    first step and every GC_EVERY_STEPS steps (2 in the driver: before step 3 of 4), on every rank."""
+    for result in hybrid:
+        gc = result["once_per_step"]["gc"]
+        assert gc["enabled_in_steps"] == [False] * 4
+        assert gc["enabled_after"] is True
+        assert gc["collections"] == [1, 1], gc
