@@ -136,9 +136,20 @@ def test_fsdp_across_nodes_exposes_communication_that_nvlink_hides():
     across = speed(Setting("bf16", "selective", 1, 32), hw=p4de, gpus=32)
     assert across.communication_total > 3 * node.communication_total
     assert node.communication < across.communication
-    # Hybrid sharding gathers inside the node but all-reduces every micro-batch's gradients across nodes.
+    # Hybrid sharding gathers inside the node but all-reduces the gradients across nodes.
     hybrid = speed(Setting("bf16", "selective", 1, 8, sharding="hybrid"), hw=p4de, gpus=32)
     assert hybrid.communication_total > node.communication_total
+
+
+def test_hybrid_sharding_all_reduces_across_replicas_once_per_step():
+    p4de = Hardware.of(catalogs.instances()["ml.p4de.24xlarge"])
+    hybrid = Setting("bf16", "selective", 1, 8, sharding="hybrid")
+    one, four = speed(hybrid, hw=p4de, gpus=32, accum=1), speed(hybrid, hw=p4de, gpus=32, accum=4)
+    full_one, full_four = (speed(Setting("bf16", "selective", 1, 8), hw=p4de, gpus=8, accum=a) for a in (1, 4))
+    assert full_four.communication_total == pytest.approx(4 * full_one.communication_total)  # all per micro-batch
+    # one, four = per-micro-batch FSDP work c and the replicas' all-reduce r: c + r and 4c + r
+    all_reduce = (4 * one.communication_total - four.communication_total) / 3
+    assert all_reduce > 0.1 * one.communication_total  # counted per micro-batch, it would be 0
 
 
 def test_fp8_gain_grows_with_gemm_size():
@@ -228,3 +239,11 @@ def test_no_configuration_that_ran_is_predicted_to_exceed_its_gpu(cal):
         predicted = calibration.predict_memory(row, cal, factors)
         _, usable = calibration.hardware(row, cal, factors)
         assert predicted.total / calibration.GIB <= usable, (row.id, predicted.total / calibration.GIB, usable)
+
+
+def test_causal_flops_count_half_the_attention():
+    s = 65536
+    full, causal = ARCH_8B.flops_per_token(s), ARCH_8B.flops_per_token(s, causal=True)
+    attention = 12 * ARCH_8B.layers * ARCH_8B.hidden_size * s
+    assert full - causal == pytest.approx(attention / 2)
+    assert causal / full < 0.7  # at 64K, 64% MFU counted with full attention is 42% causal for Llama 3.1 8B

@@ -92,14 +92,17 @@ class Architecture(BaseModel):
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    def flops_per_token(self, sequence_length: int) -> float:
-        """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B).
+    def flops_per_token(self, sequence_length: int, *, causal: bool = False) -> float:
+        """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B, torchtitan's convention),
+        which counts full attention; ``causal``: 6*N + 6*L*h*s, the attention a causal mask
+        leaves (half the scores and their products with V).
 
         N counts every matmul weight, the output head included (also when it is
         tied to the embedding), and leaves out the embedding lookup.
         """
         matmul_params = self.layers * self.layer_parameters + self.embedding_parameters
-        return 6.0 * matmul_params + 12.0 * self.layers * self.hidden_size * sequence_length
+        attention = (6.0 if causal else 12.0) * self.layers * self.hidden_size * sequence_length
+        return 6.0 * matmul_params + attention
 
 
 def sharded_elements(shapes: list[tuple[str, tuple[int, ...]]], group: int) -> int:

@@ -33,7 +33,7 @@ class MetricSpec:
 
 TOKENS_PER_SECOND = MetricSpec("TokensPerSecond", "Count/Second", "training tokens per second, all GPUs")
 TOKENS_PER_SECOND_PER_GPU = MetricSpec("TokensPerSecondPerGpu", "Count/Second", "training tokens per second per GPU")
-MFU = MetricSpec("MFU", "Percent", "model FLOPs utilisation, BF16-equivalent for FP8 runs")
+MFU = MetricSpec("MFU", "Percent", "model FLOPs utilisation with full-attention FLOPs (6N + 12*L*h*s), BF16-equivalent for FP8 runs")
 STEP_TIME = MetricSpec("StepTime", "Seconds", "wall time of one optimiser step")
 LOSS = MetricSpec("Loss", "None", "training loss")
 GRAD_NORM = MetricSpec("GradNorm", "None", "gradient norm before clipping")

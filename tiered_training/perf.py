@@ -15,8 +15,11 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
 - **recomputation**: what activation checkpointing runs a second time in backward.
 - **exposed communication**: FSDP2's all-gathers (forward, and again in backward)
   and reduce-scatters per unit, over NVLink inside a node and EFA across nodes;
-  hybrid sharding's all-reduce across replicas; context parallelism's ring of K/V
-  blocks. FSDP prefetching hides communication behind compute; what is left shows.
+  context parallelism's ring of K/V blocks. FSDP prefetching hides communication
+  behind compute; what is left shows.
+
+Per step, **hybrid sharding's all-reduce across replicas**, in the last micro-batch's
+backward (the earlier micro-batches only reduce-scatter inside the shard group).
 
 And per step, **the optimiser**: AdamW and gradient clipping over the sharded fp32
 state, bytes over HBM bandwidth.
@@ -297,6 +300,9 @@ def step_time(
     # -- communication -------------------------------------------------------------------
     comm, first_unit, cp_exposed = _communication(arch, hw, setting, gpus=gpus, params=params, attn_fwd=attn_fwd, tokens=tokens, e=e)
     exposed = max(0.0, comm - params.overlap * compute) + first_unit + cp_exposed
+    # Replicas all-reduce once per step, in the last micro-batch's backward (parallel.sync_replicas).
+    replicate = _replicate_all_reduce(arch, hw, setting, gpus=gpus, params=params)
+    last = max(0.0, comm + replicate - params.overlap * compute) + first_unit + cp_exposed
 
     # -- optimiser step, once per step -------------------------------------------------------
     group = 1 if setting.sharding == "none" else setting.shard_group
@@ -307,18 +313,17 @@ def step_time(
         attention=accum * attention,
         memory_bound=accum * memory_bound,
         recompute=accum * recompute,
-        communication=accum * exposed,
+        communication=(accum - 1) * exposed + last,
         optimizer=optimizer,
-        communication_total=accum * (comm + first_unit + cp_exposed),
+        communication_total=accum * (comm + first_unit + cp_exposed) + replicate,
         tokens_per_gpu=accum * tokens,
         micro_batches=accum,
     )
 
 
 def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters, attn_fwd: float, tokens: float, e: int) -> tuple[float, float, float]:
-    """FSDP (and hybrid, context-parallel) communication per micro-batch and GPU:
+    """FSDP (and context-parallel) communication per micro-batch and GPU:
     (overlappable seconds, the first unit's all-gather that nothing hides, exposed ring seconds)."""
-    nodes = max(1, -(-gpus // hw.gpus_per_node))
     nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
     network = hw.network_bytes_per_s * params.network_efficiency
 
@@ -345,14 +350,6 @@ def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: 
     # were resharded) and reduce-scatters every gradient.
     fsdp = (2 * arch.layers - 1) * layer_ag + arch.layers * layer_rs + root_ag + root_rs
 
-    replicas = gpus // group
-    replicate = 0.0
-    if replicas > 1:
-        # Hybrid (or no) sharding: all-reduce each shard's fp32 gradient across replicas.
-        # Every GPU of a node runs its own all-reduce at once: they share the node's EFA.
-        shard_bytes = counts.total * 4 / group
-        across = network / hw.gpus_per_node if nodes > 1 and group >= hw.gpus_per_node else bandwidth(gpus)
-        replicate = 2 * _collective_seconds(shard_bytes, replicas, across)
 
     ring = 0.0
     cp = setting.context_parallel
@@ -362,4 +359,23 @@ def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: 
         kv_block = tokens * 2 * arch.kv_size * e
         step = kv_block * (cp - 1) / bandwidth(cp)
         ring = arch.layers * (max(0.0, step - attn_fwd) + max(0.0, 2 * step - 2.5 * attn_fwd))
-    return fsdp + replicate, layer_ag + root_ag, ring
+    return fsdp, layer_ag + root_ag, ring
+
+
+def _replicate_all_reduce(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters) -> float:
+    """Hybrid (or no) sharding: the all-reduce of each shard's fp32 gradient across replicas,
+    once per optimiser step. Every GPU of a node runs its own all-reduce at once: they share
+    the node's EFA."""
+    group = 1 if setting.sharding == "none" else setting.shard_group
+    replicas = gpus // group
+    if replicas <= 1:
+        return 0.0
+    nodes = max(1, -(-gpus // hw.gpus_per_node))
+    nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
+    network = hw.network_bytes_per_s * params.network_efficiency
+    shard_bytes = _counts(arch).total * 4 / group
+    if nodes > 1 and group >= hw.gpus_per_node:
+        across = network / hw.gpus_per_node
+    else:
+        across = nvlink if gpus <= hw.gpus_per_node else min(nvlink, network)  # _communication's bandwidth(gpus)
+    return 2 * _collective_seconds(shard_bytes, replicas, across)

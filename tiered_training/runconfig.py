@@ -262,10 +262,11 @@ class RunConfig(_Frozen):
             )
         return self
 
-    def mfu(self, tokens_per_second_per_gpu: float) -> float:
+    def mfu(self, tokens_per_second_per_gpu: float, *, causal: bool = False) -> float:
         """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,
-        so FP8 runs report BF16-equivalent MFU."""
-        flops = self.model.flops_per_token(self.batch.sequence_length)
+        so FP8 runs report BF16-equivalent MFU. Full-attention FLOPs (6N + 12*L*h*s), or with
+        ``causal`` the causal ones (6N + 6*L*h*s): at long context they differ by a large factor."""
+        flops = self.model.flops_per_token(self.batch.sequence_length, causal=causal)
         return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
 
     def identity_parts(self) -> dict[str, str]:

@@ -12,8 +12,10 @@ uses it) does the work:
   SDPA; PyTorch's CP dispatcher turns that into ring attention: K/V blocks travel the
   ring (all-gather by default) and partial results are merged with their log-sum-exp.
   Every other layer (norms, MLP, projections, RoPE) is per token and runs on the local part.
-- The loss is summed over local tokens and divided by the group's token count
-  (``loss.chunked_cross_entropy(group=...)``), so it equals the loss of the whole sequence.
+- The loss is summed over local tokens and divided by a count of tokens over the ranks:
+  in training the step's global count (``loss.valid_tokens``; FSDP sums gradients), in
+  validation the group's count (``loss.chunked_cross_entropy(group=...)``), so it equals
+  the loss of the whole sequences.
 
 PyTorch registers ring attention for the CUDA SDPA kernels (flash, memory-efficient,
 cuDNN). On the CPU, SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``, which has

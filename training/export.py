@@ -108,8 +108,18 @@ def _name_files(model_dir: Path, total: int) -> None:
 
 
 def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
-    """Load a Hugging Face safetensors checkpoint into the already sharded ``lm``; collective."""
+    """Load a Hugging Face safetensors checkpoint into the already sharded ``lm``; collective.
+    Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
+    from safetensors import safe_open
+
+    from .model import check_keys
+
     state = hf_state_dict(lm)
+    found = set()
+    for path in sorted(Path(init_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            found.update(f.keys())
+    check_keys(set(state), found, init_dir, tied=bool(getattr(lm.config, "tie_word_embeddings", False)))
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(init_dir)))
     tied = getattr(lm.config, "tie_word_embeddings", False)
     set_model_state_dict(lm, state, options=StateDictOptions(strict=not tied))

@@ -23,11 +23,15 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
 
 def chunked_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int,
-    *, group: dist.ProcessGroup | None = None,
+    *, group: dist.ProcessGroup | None = None, divisor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean token cross-entropy of ``hidden @ weight.T`` against ``labels``.
 
     hidden: [..., h] in the compute dtype; weight: [vocab, h]; labels: [...] (ignore -100).
+
+    divisor: the training step's global count of valid labels (every micro-batch and rank,
+    :func:`valid_tokens`): the loss sum here is divided by it, and nothing else; the sum of
+    these over micro-batches and ranks (FSDP sums gradients) is the step's token mean.
 
     group: the ranks that hold parts of the same sequences (context parallelism). The
     tokens are then counted over the group and each rank returns ``group size x`` its
@@ -38,6 +42,8 @@ def chunked_cross_entropy(
     labels = labels.reshape(-1)
     count = (labels != IGNORE_INDEX).sum()
     scale = 1
+    if divisor is not None:
+        count, group = divisor, None
     if group is not None:
         dist.all_reduce(count, group=group)
         scale = dist.get_world_size(group)
@@ -51,3 +57,16 @@ def chunked_cross_entropy(
         else:
             total = total + _chunk_loss_sum(h, weight, y)
     return total * scale / count
+
+
+def valid_tokens(micro_batches, device: torch.device) -> torch.Tensor:
+    """The step's count of valid labels over this rank's ``(inputs, labels, positions)``
+    micro-batches and every rank (one all-reduce; the data-parallel and context-parallel ranks
+    together), at least 1. Known before the first forward, as in torchtitan's train loop
+    (https://github.com/pytorch/torchtitan/blob/main/torchtitan/train.py)."""
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    for _, labels, _ in micro_batches:
+        count += (labels != IGNORE_INDEX).sum()
+    if dist.is_initialized():
+        dist.all_reduce(count)
+    return count.clamp(min=1)

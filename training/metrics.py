@@ -37,7 +37,9 @@ catalogue that the alarms also read. The namespace is ``cfg.metrics.namespace``
 (which defaults to ``tiered_training.metrics.NAMESPACE``).
 
 MFU is ``RunConfig.mfu``: the planner's own FLOPs formula, ``Architecture.flops_per_token``, and the
-BF16 peak (``cfg.hardware.peak_bf16_flops``), so FP8 runs report BF16-equivalent MFU.
+BF16 peak (``cfg.hardware.peak_bf16_flops``), so FP8 runs report BF16-equivalent MFU. The metric
+counts full attention (6N + 12*L*h*s, torchtitan's convention); the printed line also gives the
+causal MFU (6N + 6*L*h*s), labelled, since at long context the two differ widely.
 
 The same job values go to the ``sinks`` (MLflow, TensorBoard: :mod:`training.tracking`).
 Emission never stops training: an error is reported once on stderr and the hook
@@ -504,6 +506,12 @@ class MetricsHook:
         self._node = _NodeWindow()
         self._last_node_emit = now
 
+    @property
+    def _causal_share(self) -> float:
+        """Causal over full-attention FLOPs per token."""
+        s = self.cfg.batch.sequence_length
+        return self.cfg.model.flops_per_token(s, causal=True) / self.cfg.model.flops_per_token(s)
+
     def _print_readable(self, job: dict) -> None:
         c = catalogue
         parts = [f"step {self._last_step}/{self.cfg.batch.total_steps}"]
@@ -518,7 +526,7 @@ class MetricsHook:
         if c.TOKENS_PER_SECOND in job:
             parts += [
                 f"tokens/s {job[c.TOKENS_PER_SECOND]:,.0f} ({job[c.TOKENS_PER_SECOND_PER_GPU]:,.0f}/GPU)",
-                f"MFU {job[c.MFU]:.1f}%",
+                f"MFU {job[c.MFU]:.1f}% full attention ({job[c.MFU] * self._causal_share:.1f}% causal)",
                 f"step {job[c.STEP_TIME]:.3f}s",
                 f"data wait {job[c.DATA_WAIT_FRACTION]:.1f}%",
             ]

@@ -1,4 +1,5 @@
-"""Sharding: the device mesh and FSDP2 ``fully_shard`` on every decoder layer and the root.
+"""Sharding: the device mesh and FSDP2 ``fully_shard`` on the embedding, every decoder layer,
+the final norm with the head, and the root.
 
 - ``full``: a 1-D mesh ``("shard",)`` over all ranks.
 - ``hybrid``: a 2-D mesh ``("replicate", "shard")``; each group of
@@ -9,6 +10,11 @@
   ``full``); consecutive ranks form a context-parallel group. FSDP shards over the
   flattened ``("shard", "cp")`` dimension ``shard_cp`` (torchtitan's ``dp_shard_cp``), so
   ``shard_group_size`` counts the context-parallel ranks.
+
+Gradient accumulation: with replicas (hybrid sharding, or ``none``), each micro-batch's
+gradients are reduce-scattered inside the shard group, and summed there; the all-reduce
+across replicas runs once per optimiser step, in the last micro-batch's backward
+(:func:`sync_replicas`, FSDP2's ``set_requires_all_reduce``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tiered_training.runconfig import ParallelConfig, PrecisionConfig
 
@@ -87,15 +93,47 @@ def enable_tf32() -> None:
 
 
 def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precision: PrecisionConfig) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (embedding, final norm, head).
+    """``fully_shard`` as torchtitan does: the embedding alone, each decoder layer, the final norm
+    and the output head together, then the root (which then holds no parameters).
 
-    The last layer is not resharded after forward: backward needs it at once.
+    The last layer, and the norm with the head, are not resharded after forward: backward
+    needs them at once. A tied head shares the embedding's weight: the three stay in the root.
     """
     kwargs = {"mesh": fsdp_mesh(mesh)}
     policy = mixed_precision_policy(precision)
     if policy is not None:
         kwargs["mp_policy"] = policy
+    lm = getattr(model, "lm", None)
+    tied = lm is None or bool(getattr(lm.config, "tie_word_embeddings", False))
+    if not tied:
+        fully_shard(lm.model.embed_tokens, **kwargs)
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
+    if not tied:
+        fully_shard([lm.model.norm, lm.lm_head], reshard_after_forward=False, **kwargs)
     fully_shard(model, **kwargs)
+    sum_gradients(model)
     return model
+
+
+def sum_gradients(model: nn.Module) -> None:
+    """FSDP sums gradients over ranks instead of averaging them: the loss is already divided by
+    the step's global count of valid labels (``loss.valid_tokens``), as in torchtitan."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM collectives, no pre- or post-scaling
+
+
+def replicas(mesh: DeviceMesh) -> int:
+    """Copies of the sharded state (the ``replicate`` dimension; 1 without one)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh["replicate"].size() if "replicate" in names else 1
+
+
+def sync_replicas(model: nn.Module, mesh: DeviceMesh, *, last: bool) -> None:
+    """Before a micro-batch's backward: all-reduce gradients across replicas only when it is the
+    step's ``last``; the earlier ones keep their reduce-scattered sums for it (FSDP2
+    ``set_requires_all_reduce``). Nothing to do without replicas."""
+    if replicas(mesh) > 1 and isinstance(model, FSDPModule):
+        model.set_requires_all_reduce(last)

@@ -25,6 +25,7 @@ pruned by a checkpoint of a broken state.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -56,14 +57,21 @@ from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
+from .loss import valid_tokens
 from .model import CausalLMLoss, build_model, materialize
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
-from .parallel import apply_fsdp, build_mesh, enable_tf32
+from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from .paths import Paths
 from .step_stats import StepStats
 from .world import accumulation, resume_accumulation
 
 log = logging.getLogger("training")
+
+# Python's automatic garbage collection is off while training and a generation-1 collection runs
+# every GC_EVERY_STEPS steps on every rank at once, as torchtitan does (its gc_freq default, 50):
+# an automatic collection pauses one rank at a random point, and the others wait for it in the
+# next collective (https://github.com/pytorch/torchtitan/blob/main/torchtitan/tools/utils.py).
+GC_EVERY_STEPS = 50
 
 Hook = Callable[[StepStats], None]
 
@@ -186,6 +194,25 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
         return None
 
 
+def forward_backward(trainer: Trainer, micro_batches: list[tuple]) -> torch.Tensor:
+    """Forward and backward of one optimiser step's micro-batches, ``(inputs, labels, positions)``
+    each (this rank's part). Each micro-batch's loss sum is divided by the step's global count
+    of valid labels and FSDP sums the gradients (``parallel.apply_fsdp``): the gradient is the
+    token mean over the whole step, however the labels are masked. The gradients are
+    reduce-scattered after each micro-batch and all-reduced across replicas after the last one
+    only. Returns this rank's part of the step loss (the loss is its sum over ranks)."""
+    model, device = trainer.model, trainer.info.device
+    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+    accum = len(micro_batches)
+    count = valid_tokens(micro_batches, device)
+    for index, (inputs, labels, positions) in enumerate(micro_batches):
+        sync_replicas(model, trainer.mesh, last=index == accum - 1)
+        loss = model(inputs, labels, positions, divisor=count)
+        loss.backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
 def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
     """What a checkpoint holds. The data position is global (the same on every rank), so a
     checkpoint resumes on any number of ranks; only the RNG state is per rank."""
@@ -267,10 +294,15 @@ def run(
     hooks = list(hooks)
     stop = _StopSignal(cfg.checkpoint.shutdown_deadline_seconds)
     stop.install()  # before the (possibly long) build, so an early SIGTERM also ends cleanly
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    gc.collect(1)
     try:
         return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export)
     finally:
         stop.uninstall()
+        if gc_was_enabled:
+            gc.enable()
 
 
 def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
@@ -349,20 +381,20 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         return result
 
     while step < end:
+        if step > 0 and step % GC_EVERY_STEPS == 0:
+            gc.collect(1)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
         accum = (accum_at or batch.accum_steps_at)(step)
         data_wait = 0.0
-        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        micro_batches = []
         for _ in range(accum):
             waited = time.perf_counter()
             tokens = next(data_iter)
             data_wait += time.perf_counter() - waited
-            inputs, labels, positions = trainer.cp.shard(*split_batch(tokens, device))
-            loss = model(inputs, labels, positions) / accum
-            loss.backward()
-            loss_sum += loss.detach()
+            micro_batches.append(trainer.cp.shard(*split_batch(tokens, device)))
+        loss_sum = forward_backward(trainer, micro_batches)
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
         lr = scheduler.get_last_lr()[0]
         # One flag, all-reduced: a NaN on one rank skips the step on every rank.
@@ -383,7 +415,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             in_a_row = 0
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        loss_value = loss_sum.item() / info.world_size
+        loss_value = loss_sum.item()
         grad_norm_value = float(grad_norm)
         step_time = time.perf_counter() - started
 

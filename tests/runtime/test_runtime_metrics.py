@@ -102,6 +102,9 @@ def test_job_metrics_aggregate_the_steps_of_each_minute():
     assert "CheckpointSaveTime" not in first and second["CheckpointSaveTime"] == (1.5, "Seconds")
     readable = [line for line in out.getvalue().splitlines() if line.startswith("metrics: ")]
     assert len(readable) == 2 and "step 6/100" in readable[1] and "ckpt save 1.50s" in readable[1]
+    # MFU is labelled: full attention (the metric) and causal, 6N + 6*L*h*s over 6N + 12*L*h*s
+    full, causal = (cfg.model.flops_per_token(32, causal=c) * 102.4 / 2.25e15 * 100 for c in (False, True))
+    assert f"MFU {full:.1f}% full attention ({causal:.1f}% causal)" in readable[0]
 
 
 def test_a_step_longer_than_the_interval_reports_at_its_end_with_a_heartbeat_meanwhile():

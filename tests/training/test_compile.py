@@ -14,9 +14,9 @@ def test_compiled_blocks_match_eager_under_selective_checkpointing():
 
     from training.ac import apply_ac
     from training.compile import apply_compile
-    from training.model import llama_config
+    from training.model import hf_config
 
-    config = llama_config(tiny_config().model)
+    config = hf_config(tiny_config().model)
     torch.manual_seed(0)
     eager = LlamaForCausalLM(config)
     compiled = LlamaForCausalLM(config)

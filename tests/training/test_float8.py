@@ -33,11 +33,11 @@ def _tiny_lm():
     from tiny import tiny_config
     from transformers import LlamaForCausalLM
 
-    from training.model import llama_config
+    from training.model import hf_config
 
     cfg = tiny_config()
     torch.manual_seed(0)
-    return LlamaForCausalLM(llama_config(cfg.model))
+    return LlamaForCausalLM(hf_config(cfg.model))
 
 
 def test_filter_keeps_head_and_unaligned_layers():

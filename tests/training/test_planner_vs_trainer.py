@@ -72,10 +72,10 @@ def _model(layers: int, dtype: torch.dtype, mode: str):
 
     from tiered_training.runconfig import ModelConfig
     from training.ac import apply_ac
-    from training.model import llama_config
+    from training.model import hf_config
 
     model_cfg = ModelConfig(name="t", layers=layers, **ARCH)
-    config = llama_config(model_cfg)
+    config = hf_config(model_cfg)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     lm = LlamaForCausalLM(config).to(dtype)
