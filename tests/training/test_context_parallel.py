@@ -115,7 +115,7 @@ def cp_runs(tmp_path_factory):
     if proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     out = json.loads((root / "out.json").read_text())
-    return {"checks": out["checks"], **{name: out[spec] for name, spec in RUNS.items()}}
+    return {"checks": out["checks"], "init": out["init"], **{name: out[spec] for name, spec in RUNS.items()}}
 
 
 def _close(a: list[float], b: list[float], tolerance: float) -> None:
