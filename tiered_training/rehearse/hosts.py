@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..failures import causes_first
 from .interpreter import JobAttempt
 from .s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
 
@@ -297,11 +298,12 @@ class JobRunner:
             return JobAttempt(status, interrupted_by or "", log=log, detail=detail)
         if killed:
             reason = f"{killed[0].name} was lost ({killed[0].killed})"
-            others = [f"{name}: {text}" for name, text in reasons.items() if name != killed[0].name]
+            others = causes_first([text for name, text in reasons.items() if name != killed[0].name])
             if others:
                 reason += "; " + "; ".join(others)
             return JobAttempt("Failed", reason, internal=True, log=log, detail=detail)
-        reason = "; ".join(reasons.values()) or "; ".join(f"{n} exited with status {c}" for n, c in codes.items() if c)
+        # SageMaker reports one reason; the host whose error is not a consequence of another's exit comes first
+        reason = "; ".join(causes_first(list(reasons.values()))) or "; ".join(f"{n} exited with status {c}" for n, c in codes.items() if c)
         return JobAttempt("Failed", reason, log=log, detail=detail)
 
     def _upload_model(self, args: dict, job_name: str, host: Host) -> None:
