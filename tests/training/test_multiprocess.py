@@ -82,11 +82,13 @@ def test_loss_falls_hybrid_sharding(hybrid_runs, combo):
 
 @pytest.mark.parametrize("runs", ["full_runs", "hybrid_runs"])
 def test_checkpointing_does_not_change_the_math(runs, request):
-    """Recompute gives the same numbers: fp32 losses agree across none/selective/full."""
+    """Recompute gives the same numbers: fp32 losses are equal, bit for bit, across none/selective/full.
+    The recomputed forward runs the same kernels on the same inputs in the same process layout, so
+    every saved tensor equals the recomputed one and the backward is the same computation."""
     results = request.getfixturevalue(runs)
     reference = results["fp32:none"]["losses"]
     for mode in ("selective", "full"):
-        assert results[f"fp32:{mode}"]["losses"] == pytest.approx(reference, rel=1e-5)
+        assert results[f"fp32:{mode}"]["losses"] == reference, mode
 
 
 @pytest.mark.parametrize("runs", ["full_runs", "hybrid_runs"])
@@ -189,7 +191,14 @@ def test_damaged_newest_checkpoint_falls_back(uninterrupted, resume_root):
 def test_resume_on_another_world_keeps_the_global_batch_and_the_data(uninterrupted, resume_root):
     """A 2-rank checkpoint resumed by 1 rank: DCP reshards the model and the optimiser, the accumulation
     doubles so the global batch stays 2 x 32 x 2 tokens, and the data continues from its global position.
-    The losses follow the uninterrupted run's; not to the bit, since the sums run in another order."""
+
+    The first resumed step starts from the same weights and reads the same windows, so its loss
+    differs from the uninterrupted run's only by the order of sums (windows batched in other pairs,
+    the mean over ranks instead of over micro-steps): each loss term passes through at most 10
+    rounded sums of at most 128 terms (2 layers of GEMMs, the head, the softmax), each within
+    128 u = 7.6e-6 relative (u = 2**-24), so the loss is within 10 x 128 u < 1e-4 relative. Another
+    window would change it by far more. The later steps are not compared: AdamW turns a rounding
+    difference on a parameter with a near-zero gradient into a difference of up to lr a step."""
     root = resume_root
     ckpt = root / "ck-world"
     ckpt.mkdir()
@@ -203,7 +212,8 @@ def test_resume_on_another_world_keeps_the_global_batch_and_the_data(uninterrupt
     assert {(s["world_size"], s["grad_accum_steps"], s["tokens"]) for s in stats} == {(1, 2, 2 * 32 * 2)}
     expected = {k: v for k, v in uninterrupted["losses"].items() if int(k) > 10}
     assert resumed["losses"].keys() == expected.keys()
-    assert [resumed["losses"][k] for k in expected] == pytest.approx(list(expected.values()), rel=1e-4)
+    assert resumed["losses"]["11"] == pytest.approx(expected["11"], rel=10 * 128 * 2.0**-24)
+    assert all(loss == loss for loss in resumed["losses"].values())  # no NaN after the resharded optimiser
 
 
 def test_missing_metadata_falls_back(uninterrupted, resume_root, caplog):
