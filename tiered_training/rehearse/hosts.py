@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..failures import causes_first
+from ..ports import loopback_port
 from .interpreter import JobAttempt
 from .s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
 
@@ -120,12 +120,6 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class JobRunner:
     """Runs the Training steps of a rehearsal (the interpreter's ``runner``)."""
 
@@ -154,7 +148,7 @@ class JobRunner:
         checkpoint_uri = (args.get("CheckpointConfig") or {}).get("S3Uri")
         interrupt = self.interrupt if (checkpoint_uri and attempt == 1 and not self.interrupted) else None
         hyperparameters = self.hyperparameters(args.get("HyperParameters") or {})
-        port = _free_port()
+        port = loopback_port()  # torchrun's rendezvous
         hosts = [Host(name, job_dir / name / "opt/ml") for name in names]
         self.say(f"  {step} attempt {attempt}: {count} host(s) x {self.workers} CPU worker(s); /opt/ml trees under {job_dir}")
         for host in hosts:
