@@ -43,6 +43,8 @@ from tiered_training.runconfig import ParallelConfig
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# Threads per worker process; `make determinism` runs these tests with 1 and 2 (and on one CPU).
+WORKER_THREADS = os.environ.get("TT_TEST_THREADS", "1")
 DRIVER = HERE / "cp_driver.py"
 STEPS = 6
 U32 = 2.0**-24  # fp32 unit roundoff
@@ -108,7 +110,7 @@ def test_context_parallel_travels_as_a_hyperparameter():
 def cp_runs(tmp_path_factory):
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("cp")
-    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "OMP_NUM_THREADS": WORKER_THREADS, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", str(DRIVER),
            "--root", str(root), "--out", str(root / "out.json"), "--steps", str(STEPS), "--runs", ",".join(RUNS.values())]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -23,6 +23,8 @@ torch = pytest.importorskip("torch")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# Threads per worker process; `make determinism` runs these tests with 1 and 2 (and on one CPU).
+WORKER_THREADS = os.environ.get("TT_TEST_THREADS", "1")
 TOLERANCE = 10 * 128 * 2.0**-24
 
 SCRIPT = """
@@ -54,7 +56,7 @@ def test_first_loss_is_the_init_checkpoints_loss(tmp_path):
     cfg = tiny_config(parallel={"sharding": "full", "shard_group_size": 1}, batch={"total_steps": 1, "global_batch_tokens": 64})
     write_learnable_shards(tmp_path / "data", tokens=5000)
     write_random_checkpoint(cfg.model, tmp_path / "init", seed=7)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": WORKER_THREADS, "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(root=str(ROOT), here=str(HERE), tmp=str(tmp_path))],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

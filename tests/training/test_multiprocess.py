@@ -20,6 +20,8 @@ pytestmark = pytest.mark.torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+# Threads per worker process; `make determinism` runs these tests with 1 and 2 (and on one CPU).
+WORKER_THREADS = os.environ.get("TT_TEST_THREADS", "1")
 DRIVER = HERE / "driver.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 COMBOS = "fp32:none,fp32:selective,fp32:full,bf16:none,bf16:selective,bf16:full"
@@ -27,7 +29,7 @@ STEPS = 16
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5", "OMP_NUM_THREADS": WORKER_THREADS, "PYTHONPATH": str(ROOT)}
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", str(nproc), str(DRIVER), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
