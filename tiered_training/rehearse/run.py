@@ -232,6 +232,9 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+_init_checkpoints: dict[tuple[str, int], Path] = {}
+
+
 def model_channel_uri(definition: dict[str, Any]) -> str | None:
     """The S3 URI of the training steps' ``model`` channel (the recipe's model.init_checkpoint), if any."""
     from ..definition import MODEL_CHANNEL, iter_steps
@@ -252,15 +255,20 @@ def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: 
 
     from .s3 import upload_dir
 
-    local = Path(workdir) / "init-checkpoint"
-    model_json = Path(workdir) / "init-checkpoint-model.json"
-    model_json.write_text(cfg.model.model_dump_json())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.run([sys.executable, "-m", "training.random_checkpoint", str(model_json), str(local),
-                           "--seed", str(cfg.data.seed + 1)], cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
+    model = cfg.model.model_copy(update={"name": "rehearsal", "init_checkpoint": None}).model_dump_json()
+    key = (model, cfg.data.seed)
+    local = _init_checkpoints.get(key)
+    if local is None or not local.is_dir():  # made once per shape in a process (rehearsals of several recipes)
+        local = Path(workdir) / "init-checkpoint"
+        model_json = Path(workdir) / "init-checkpoint-model.json"
+        model_json.write_text(model)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.run([sys.executable, "-m", "training.random_checkpoint", str(model_json), str(local),
+                               "--seed", str(cfg.data.seed + 1)], cwd=repo, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
+        _init_checkpoints[key] = local  # while its workdir lasts
     bucket, _ = split_uri(uri)
     s3.ensure_bucket(client, bucket)
     return upload_dir(client, local, uri)
