@@ -23,8 +23,10 @@ global batch by changing the accumulation (``training/world.py``).
 
 Token ids must be smaller than the model's vocabulary. ``shards.json`` (written by
 ``tokenize_to_shards``) lists each shard's largest id: a shard over the vocabulary is
-refused when the data is opened, naming it. Every window is also checked as it is read,
-so shards without a manifest are caught too (before an embedding lookup could fail).
+refused when the data is opened, naming it. Shards without a manifest entry are scanned
+when the data is opened (a vectorised max over the memory map, split over the ranks), so a
+bad token fails the job before step 1 with its shard and offset, not when its window comes
+up (each restart would then fail again there). Every window is also checked as it is read.
 """
 
 from __future__ import annotations
@@ -91,6 +93,28 @@ def check_vocabulary(shards: list[Shard], vocab_size: int) -> None:
             raise DataError(_oov_message(shard.path, shard.max_token_id, vocab_size, "its manifest says"))
 
 
+SCAN_CHUNK = 1 << 24  # tokens per vectorised max (64 MiB of uint32)
+_scanned: set[tuple] = set()  # shards found clean in this process (the validation data opens them again)
+
+
+def scan_vocabulary(shards: list[Shard], token_dtype: str, vocab_size: int, *, rank: int = 0, world_size: int = 1) -> None:
+    """Refuse the first token id outside the vocabulary in the shards without a manifest entry,
+    naming the shard and the token's offset. Rank ``r`` scans every ``world_size``-th such shard."""
+    unlisted = [shard for shard in shards if shard.max_token_id is None]
+    for shard in unlisted[rank::world_size]:
+        stat = shard.path.stat()
+        key = (str(shard.path.resolve()), stat.st_size, stat.st_mtime_ns, vocab_size)
+        if key in _scanned or not shard.tokens:
+            continue
+        tokens = np.memmap(shard.path, dtype=DTYPES[token_dtype], mode="r")
+        for start in range(0, len(tokens), SCAN_CHUNK):
+            chunk = tokens[start : start + SCAN_CHUNK]
+            if int(chunk.max()) >= vocab_size:
+                offset = start + int(np.argmax(chunk >= vocab_size))
+                raise DataError(_oov_message(shard.path, int(tokens[offset]), vocab_size, f"at token {offset}:"))
+        _scanned.add(key)
+
+
 def _oov_message(path: Path, token: int, vocab_size: int, where: str) -> str:
     return (f"{path}: {where} token id {token}, outside the model's vocabulary of {vocab_size} ids "
             f"(0-{vocab_size - 1}); tokenise the data with the model's tokenizer, or fix model.vocab_size")
@@ -104,6 +128,7 @@ class PackedTokenWindows(IterableDataset):
         self.shards = find_shards(data_dir, token_dtype)
         if vocab_size is not None:
             check_vocabulary(self.shards, vocab_size)
+            scan_vocabulary(self.shards, token_dtype, vocab_size, rank=rank, world_size=world_size)
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
         self.rank, self.world_size, self.seed = rank, world_size, seed

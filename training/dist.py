@@ -47,11 +47,9 @@ def init_distributed(timeout_s: float = 1800) -> DistInfo:
 
 
 def _free_port() -> int:
-    import socket
+    from tiered_training.ports import loopback_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return loopback_port()
 
 
 def new_gloo_group() -> dist.ProcessGroup:

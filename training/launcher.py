@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tiered_training.environment import family_environment
+from tiered_training.failures import causes_first
 
 OPT_ML = Path("/opt/ml")
 CONFIG_DIR = OPT_ML / "input/config"
@@ -336,12 +337,17 @@ def children(pid: int) -> list[int]:
 
 
 def failure_reason(failure_dir: Path, status: int, host: str) -> str:
-    """One line: the first error a worker recorded, else torchrun's status."""
+    """One line: the first error a worker recorded that is not a consequence of another
+    worker's exit (a peer's closed connection, an aborted communicator), else the first
+    recorded, else torchrun's status."""
     recorded = sorted((p for p in failure_dir.glob("rank-*") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name))
+    lines = {}
     for path in recorded:
         text = path.read_text(errors="replace").strip()
         if text:
-            return f"{host} {path.name}: {text.splitlines()[0]}"[:1000]
+            lines[f"{host} {path.name}: {text.splitlines()[0]}"] = None
+    if lines:
+        return causes_first(list(lines))[0][:1000]
     if status < 0:
         return f"{host}: torchrun was killed by signal {signal.Signals(-status).name}"
     return (f"{host}: training exited with status {status} and no worker recorded an error "

@@ -11,6 +11,7 @@ from scratch the one the planned architecture describes: Qwen2 when it has q/k/v
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import torch
@@ -144,24 +145,56 @@ def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
     Linear and embedding weights: N(0, 0.02), the output projections of each block
     scaled by 1/sqrt(2 * layers) (GPT-2 style); norms: ones; biases: zeros. Then the
     RoPE ``inv_freq`` buffers, which ``to_empty`` leaves as garbage, are recomputed.
+
+    On CUDA, DTensor's random-number tracker gives every shard its own part of one
+    stream. Off CUDA there is no tracker (PyTorch's is CUDA-only), and every shard would
+    draw the same values; there each parameter is drawn whole from its own generator
+    (seeded by ``seed`` and its name) and each rank keeps its slice, so every sharding
+    layout, one rank included, starts from the same model.
     """
     lm.to_empty(device=device)
-    generator_state = torch.get_rng_state()
-    torch.manual_seed(seed)
     layers = lm.config.num_hidden_layers
-    with torch.no_grad():
-        for name, param in lm.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(param)
-            elif name.endswith(".bias"):
-                nn.init.zeros_(param)
-            else:
-                std = INITIALIZER_RANGE
-                if name.endswith(("o_proj.weight", "down_proj.weight")):
-                    std /= math.sqrt(2 * layers)
-                nn.init.normal_(param, mean=0.0, std=std)
-    torch.set_rng_state(generator_state)
+    if device.type == "cuda":
+        generator_state = torch.get_rng_state()
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, param in lm.named_parameters():
+                _init_parameter(name, param, layers)
+        torch.set_rng_state(generator_state)
+    else:
+        with torch.no_grad():
+            for name, param in lm.named_parameters():
+                _init_whole_then_slice(name, param, layers, seed)
     reset_rope(lm, device)
+
+
+def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torch.Generator | None = None) -> None:
+    if name.endswith("norm.weight"):
+        nn.init.ones_(param)
+    elif name.endswith(".bias"):
+        nn.init.zeros_(param)
+    else:
+        std = INITIALIZER_RANGE
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            std /= math.sqrt(2 * layers)
+        nn.init.normal_(param, mean=0.0, std=std, generator=generator)
+
+
+def _init_whole_then_slice(name: str, param: torch.Tensor, layers: int, seed: int) -> None:
+    """Draw the whole parameter on the CPU from a generator of its own; keep this rank's slice."""
+    plain = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")  # the same with or without AC
+    generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(plain.encode()))
+    whole = torch.empty(param.shape, dtype=torch.float32)
+    _init_parameter(name, whole, layers, generator)
+    if hasattr(param, "device_mesh"):  # a DTensor (FSDP2 shard)
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        local = param.to_local()
+        if local.numel():
+            local.copy_(whole[tuple(slice(o, o + n) for o, n in zip(offset, shape))])
+    else:
+        param.copy_(whole)
 
 
 def reset_rope(lm: nn.Module, device: torch.device) -> None:

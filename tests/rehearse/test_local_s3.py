@@ -64,3 +64,26 @@ def test_a_close_pair_of_saves_leaves_keep_last_plus_two_checkpoints_in_s3_until
         for sync in syncs.values():
             sync.sync_once()
         assert held() == ["step-7"]
+
+
+def test_two_local_s3_at_once_keep_each_others_buckets():
+    with LocalS3() as first:
+        client = first.client()
+        first.ensure_bucket(client, "first-store", versioned=True)
+        client.put_object(Bucket="first-store", Key="r/checkpoints/step-2/COMMITTED", Body=b"{}")
+        client.put_object(Bucket="first-store", Key="r/checkpoints/step-2/COMMITTED", Body=b"{}")  # two versions
+        with LocalS3() as second:
+            assert second.endpoint == first.endpoint  # one moto server per process
+            second.ensure_bucket(second.client(), "second-store")
+            assert client.get_object(Bucket="first-store", Key="r/checkpoints/step-2/COMMITTED")["Body"].read() == b"{}"
+        names = {b["Name"] for b in client.list_buckets()["Buckets"]}
+        assert names == {"first-store"}  # the second removed its own bucket only
+        assert client.get_object(Bucket="first-store", Key="r/checkpoints/step-2/COMMITTED")["Body"].read() == b"{}"
+
+
+def test_loopback_ports_are_drawn_below_the_ephemeral_range():
+    from tiered_training.ports import ephemeral_start, loopback_port
+
+    ports = {loopback_port() for _ in range(20)}
+    assert all(10_000 <= port < ephemeral_start() for port in ports)
+    assert len(ports) > 1  # drawn at random, not the same each time

@@ -7,6 +7,12 @@ First the pieces around attention are checked on every rank (ring attention agai
 plain SDPA, the sequence split and its positions, the loss over the parts); then each run
 ``cp:precision:checkpointing:sharding:micro_batch[:resume][:compile]`` trains and writes its
 losses (hybrid: shard groups of 2 ranks). fp32 runs also export the final weights.
+
+The runs train with SGD with momentum (``--optimizer sgd``, the default here) instead of the
+trainer's AdamW: the tests compare the parallel split, and SGD's update is continuous in the
+gradient, so a rounding difference in the gradient stays a rounding difference in the weights.
+AdamW's m/sqrt(v) turns a rounding difference on a parameter with a near-zero gradient into a
+difference of up to lr per step.
 ``resume`` runs save checkpoints, then the newest is deleted and the run restarts from
 the one before it.
 """
@@ -35,9 +41,41 @@ from training.loss import IGNORE_INDEX, chunked_cross_entropy  # noqa: E402
 from training.parallel import build_mesh  # noqa: E402
 from training.parallel import shard_group_size  # noqa: E402
 from training.paths import Paths  # noqa: E402
+import training.trainer  # noqa: E402
 from training.trainer import run  # noqa: E402
 
 CHECKPOINT_EVERY = 3
+SGD_LR = 0.5  # with gradients clipped to norm 1, each step moves the weights by at most 0.5 (L2)
+SGD_MOMENTUM = 0.9
+
+
+def _sgd(model, opt, device):
+    """SGD with momentum (a state that checkpoints carry, like AdamW's moments)."""
+    return torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=SGD_MOMENTUM)
+
+
+def init_check(info) -> dict:
+    """The model a 4-rank (shard 2 x cp 2) run starts from equals the one a single rank builds."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from training.model import build_model, materialize
+    from training.trainer import build
+
+    cfg = tiny_config(parallel={"sharding": "full", "shard_group_size": info.world_size, "context_parallel": 2})
+    trainer = build(cfg, None, info=info)
+    local = trainer.lm.model.embed_tokens.weight.to_local()
+    gathered = [None] * info.world_size
+    dist.all_gather_object(gathered, local.clone())
+    sharded = get_model_state_dict(trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if info.rank != 0:  # the gathered state dict is on rank 0 only
+        return {}
+    one = build_model(cfg.model)
+    materialize(one, torch.device("cpu"), seed=cfg.data.seed)
+    single = one.state_dict()
+    return {
+        "differs": {k: (sharded[k] - single[k]).abs().max().item() for k in single},
+        "embedding_shards_differ": all(not torch.equal(gathered[0], other) for other in gathered[1:]),
+    }
 
 
 def _config(precision: str, ac: str, sharding: str, micro_batch: int, cp: int, world: int, steps: int,
@@ -101,6 +139,7 @@ def checks(info) -> dict:
     expected = _context_parallel_shard(cp.mesh, [ref.detach(), *(t.grad for t in full)], [1, 2, 2, 2], load_balancer=balancer)
     got = [ring.detach(), *(t.grad for t in local)]
     out["attention_max_error"] = {name: (a - b).abs().max().item() for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected)}
+    out["attention_max_abs"] = {name: b.abs().max().item() for name, b in zip(("out", "dq", "dk", "dv"), expected)}
 
     # The loss over parts: the mean over the group's ranks equals the whole sequences' mean,
     # also when the ignored labels fall unevenly on the ranks.
@@ -125,6 +164,9 @@ def cmd_runs(args, info) -> None:
     dist.barrier()
     results = {"checks": [None] * info.world_size}
     dist.all_gather_object(results["checks"], checks(info))
+    results["init"] = init_check(info)
+    if args.optimizer == "sgd":
+        training.trainer.build_optimizer = _sgd
     for spec in args.runs.split(","):
         cp, precision, ac, sharding, micro_batch, *flags = spec.split(":")
         cfg = _config(precision, ac, sharding, int(micro_batch), int(cp), info.world_size, args.steps, "compile" in flags)
@@ -163,6 +205,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--runs", required=True)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     args = parser.parse_args()
     info = init_distributed()
     cmd_runs(args, info)

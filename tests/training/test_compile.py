@@ -30,8 +30,13 @@ def test_compiled_blocks_match_eager_under_selective_checkpointing():
         loss = lm(input_ids=ids, labels=ids).loss
         loss.backward()
         losses.append(loss.item())
+    # The same weights and tokens; inductor fuses and reorders the sums (norms, softmax, GEMM
+    # epilogues). Each loss term passes through at most 10 rounded sums of at most 128 terms, each
+    # within 128 u relative (u = 2**-24): the losses agree within 10 x 128 u = 7.6e-5 < 1e-4.
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
     g_eager = eager.model.layers[0].mlp.up_proj.weight.grad
     g_comp = compiled.model.layers[0].mlp.up_proj.weight.grad
-    assert torch.allclose(g_comp, g_eager, rtol=1e-3, atol=1e-6)
+    # The gradient runs back through twice as many sums (20 x 128 u = 1.5e-4 of the magnitudes it
+    # sums); compared as a whole tensor (L2), so that an element near zero cannot fail it alone.
+    assert (g_comp - g_eager).norm() <= 1e-3 * g_eager.norm()
     assert set(compiled.state_dict()) == set(eager.state_dict())  # names unchanged for checkpoints and export

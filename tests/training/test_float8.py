@@ -72,7 +72,9 @@ def test_emulated_float8_forward_and_backward_on_cpu(recipe):
     loss.backward()
     ref_loss = reference(input_ids=ids, labels=ids).loss
     assert torch.isfinite(loss)
-    assert abs(loss.item() - ref_loss.item()) < 0.05  # float8 rounding, same weights
+    # Same weights and tokens: the difference is the float8 rounding itself (measured: 3e-4 tensorwise,
+    # 1e-3 rowwise); another thread count changes it by fp32 rounding only (1e-5 at most).
+    assert abs(loss.item() - ref_loss.item()) < 0.05
     grad = lm.model.layers[0].mlp.up_proj.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
 

@@ -102,6 +102,21 @@ def test_out_of_vocabulary_ids_are_caught_naming_the_shard(tmp_path):
         PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=1, seed=0, vocab_size=256)
 
 
+def test_out_of_vocabulary_id_without_a_manifest_fails_when_the_data_opens(tmp_path):
+    """Found at start-up (before step 1), with its shard and offset, wherever its window falls
+    in the order; the ranks split the scan, so the rank that holds the shard reports it."""
+    np.full(40_000, 5, dtype=np.uint16).tofile(tmp_path / "shard-00000.bin")
+    bad = np.full(40_000, 5, dtype=np.uint16)
+    bad[31_337] = 256
+    bad.tofile(tmp_path / "shard-00001.bin")
+    with pytest.raises(DataError, match=r"shard-00001.bin: at token 31337: token id 256, outside the model's vocabulary of 256"):
+        PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=1, seed=0, vocab_size=256)
+    PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=2, seed=0, vocab_size=256)  # rank 1 scans shard 1
+    with pytest.raises(DataError, match="shard-00001.bin: at token 31337"):
+        PackedTokenWindows(tmp_path, "uint16", 32, rank=1, world_size=2, seed=0, vocab_size=256)
+    PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=1, seed=0, vocab_size=257)  # in a larger vocabulary
+
+
 # -- checksums: flipped bytes are found at load ------------------------------------------------
 
 SCRIPT = """

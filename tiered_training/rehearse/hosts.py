@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import quote
+from ..failures import causes_first
+from ..ports import loopback_port
 from .interpreter import JobAttempt
 from .s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
 
@@ -120,12 +121,6 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class JobRunner:
     """Runs the Training steps of a rehearsal (the interpreter's ``runner``)."""
 
@@ -154,7 +149,7 @@ class JobRunner:
         checkpoint_uri = (args.get("CheckpointConfig") or {}).get("S3Uri")
         interrupt = self.interrupt if (checkpoint_uri and attempt == 1 and not self.interrupted) else None
         hyperparameters = self.hyperparameters(args.get("HyperParameters") or {})
-        port = _free_port()
+        port = loopback_port()  # torchrun's rendezvous
         hosts = [Host(name, job_dir / name / "opt/ml") for name in names]
         self.say(f"  {step} attempt {attempt}: {count} host(s) x {self.workers} CPU worker(s); /opt/ml trees under {job_dir}")
         for host in hosts:
@@ -299,11 +294,12 @@ class JobRunner:
             return JobAttempt(status, interrupted_by or "", log=log, detail=detail)
         if killed:
             reason = f"{killed[0].name} was lost ({killed[0].killed})"
-            others = [f"{name}: {text}" for name, text in reasons.items() if name != killed[0].name]
+            others = causes_first([text for name, text in reasons.items() if name != killed[0].name])
             if others:
                 reason += "; " + "; ".join(others)
             return JobAttempt("Failed", reason, internal=True, log=log, detail=detail)
-        reason = "; ".join(reasons.values()) or "; ".join(f"{n} exited with status {c}" for n, c in codes.items() if c)
+        # SageMaker reports one reason; the host whose error is not a consequence of another's exit comes first
+        reason = "; ".join(causes_first(list(reasons.values()))) or "; ".join(f"{n} exited with status {c}" for n, c in codes.items() if c)
         return JobAttempt("Failed", reason, log=log, detail=detail)
 
     def _upload_model(self, args: dict, job_name: str, host: Host) -> None:

@@ -340,6 +340,11 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             manifest = put_shards(client, data_uri, token_dtype=scaled.config.data.token_dtype)
             say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
             data_uris = [data_uri]
+            init_uri = model_channel_uri(definition)
+            if init_uri:
+                files = put_init_checkpoint(s3, client, init_uri, scaled.config, workdir, repo)
+                say(f"init checkpoint: a random Hugging Face checkpoint of the rehearsal's shape ({files} files) at "
+                    f"{init_uri} (local S3), in the model channel")
             runner = JobRunner(s3, workdir, workers=options.workers, repo=repo,
                                hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                                interrupt=interrupt, say=say)
@@ -399,6 +404,48 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
 def _run_later(definition: dict[str, Any], runner: JobRunner, say, limits, values: dict[str, str]) -> Execution:
     return Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits).run(values)
+
+
+_init_checkpoints: dict[tuple[str, int], Path] = {}
+
+
+def model_channel_uri(definition: dict[str, Any]) -> str | None:
+    """The S3 URI of the training steps' ``model`` channel (the recipe's model.init_checkpoint), if any."""
+    from ..definition import MODEL_CHANNEL, iter_steps
+
+    for step in iter_steps(definition["Steps"]):
+        for channel in (step.get("Arguments") or {}).get("InputDataConfig", []):
+            if channel.get("ChannelName") == MODEL_CHANNEL:
+                uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+                if isinstance(uri, str):
+                    return uri
+    return None
+
+
+def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: Path, repo: Path) -> int:
+    """A random Hugging Face checkpoint of the rehearsal's model shape under ``uri`` (made by the
+    trainer's ``training.random_checkpoint``, so that this process imports no torch); its file count."""
+    import subprocess
+
+    from .s3 import upload_dir
+
+    model = cfg.model.model_copy(update={"name": "rehearsal", "init_checkpoint": None}).model_dump_json()
+    key = (model, cfg.data.seed)
+    local = _init_checkpoints.get(key)
+    if local is None or not local.is_dir():  # made once per shape in a process (rehearsals of several recipes)
+        local = Path(workdir) / "init-checkpoint"
+        model_json = Path(workdir) / "init-checkpoint-model.json"
+        model_json.write_text(model)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        proc = subprocess.run([sys.executable, "-m", "training.random_checkpoint", str(model_json), str(local),
+                               "--seed", str(cfg.data.seed + 1)], cwd=repo, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
+        _init_checkpoints[key] = local  # while its workdir lasts
+    bucket, _ = split_uri(uri)
+    s3.ensure_bucket(client, bucket)
+    return upload_dir(client, local, uri)
 
 
 def _exists(client, uri: str) -> bool:

@@ -1,6 +1,6 @@
 """S3 for a rehearsal: a moto server on 127.0.0.1, the channels' downloads and SageMaker's checkpoint sync.
 
-- :class:`LocalS3` starts moto's threaded server on a free loopback port (and stops it).
+- :class:`LocalS3` starts moto's threaded server on a free loopback port (and stops it), one per process.
 - :func:`download_prefix` copies every object under an S3 prefix into a directory: a
   ``FullyReplicated`` data channel, and the checkpoint prefix at job start (every host gets
   the whole prefix).
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..ports import loopback_port
 
 STEP = re.compile(r"(?:^|/)(step-\d+)/")
 
@@ -31,37 +32,73 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalS3:
-    """moto's S3 on 127.0.0.1; ``client()`` gives boto3 clients bound to it."""
+    """moto's S3 on 127.0.0.1; ``client()`` gives boto3 clients bound to it.
+
+    moto keeps its state per process, so the instances of one process share one server: the
+    first to enter starts it from an empty S3, the last to leave stops it and empties it, and
+    each instance deletes the buckets it created when it leaves. Two rehearsals in one
+    process (one after the other, or at once) never wipe each other's buckets.
+    """
+
+    _lock = threading.Lock()
+    _server = None
+    _port: int | None = None
+    _users = 0
 
     def __init__(self) -> None:
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._server = None
+        self.port: int | None = None
+        self.endpoint: str | None = None
+        self.created: set[str] = set()
 
     def __enter__(self) -> "LocalS3":
         import logging
 
         from moto.server import ThreadedMotoServer
 
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "rehearsal")
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "rehearsal")
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        self.reset()  # moto keeps its state per process: a second rehearsal must not see the first one's S3
+        with LocalS3._lock:
+            if LocalS3._server is None:
+                logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+                os.environ.setdefault("AWS_ACCESS_KEY_ID", "rehearsal")
+                os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "rehearsal")
+                port = loopback_port()
+                server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+                server.start()
+                LocalS3._server, LocalS3._port = server, port
+                self._bind(port)
+                self.reset()  # a rehearsal must not see an earlier one's S3 (moto's state is per process)
+            else:
+                self._bind(LocalS3._port)
+            LocalS3._users += 1
         return self
 
+    def _bind(self, port: int) -> None:
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+
     def __exit__(self, *exc: Any) -> None:
-        if self._server is not None:
-            self.reset()
-            self._server.stop()
+        with LocalS3._lock:
+            LocalS3._users -= 1
+            last = LocalS3._users == 0
+            if last:
+                self.reset()
+                LocalS3._server.stop()
+                LocalS3._server = LocalS3._port = None
+        if not last:
+            self._delete_created()
+
+    def _delete_created(self) -> None:
+        client = self.client()
+        for bucket in sorted(self.created):
+            try:
+                for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket):
+                    objects = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                               for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+                    if objects:
+                        client.delete_objects(Bucket=bucket, Delete={"Objects": objects})
+                client.delete_bucket(Bucket=bucket)
+            except client.exceptions.NoSuchBucket:
+                pass
 
     def reset(self) -> None:
         """Empty every bucket of this process's moto backends (moto's own reset endpoint)."""
@@ -81,6 +118,7 @@ class LocalS3:
         existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
         if bucket not in existing:
             client.create_bucket(Bucket=bucket)
+            self.created.add(bucket)
             if versioned:
                 client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
 

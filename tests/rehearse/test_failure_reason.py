@@ -1,0 +1,51 @@
+"""FailureReason names the cause: the error that is not a consequence of another rank's or host's exit comes first."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from tiered_training.failures import causes_first, is_consequence
+from tiered_training.rehearse.hosts import Host, JobRunner
+from training.launcher import failure_reason
+
+# What the surviving ranks record when a peer dies (gloo over TCP, NCCL, c10d), as PyTorch words it.
+GLOO = ("DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+        "[127.0.0.1]:29733")
+NCCL = "DistBackendError: NCCL communicator was aborted on rank 3. Original reason for failure was: ..."
+RESET = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer"
+CAUSE = "DataError: /opt/ml/input/data/train/shard-00007.bin: at token 912: token id 131072, outside the vocabulary"
+OOM = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def test_peer_errors_read_as_consequences_and_causes_do_not():
+    assert all(is_consequence(text) for text in (GLOO, NCCL, RESET))
+    assert not any(is_consequence(text) for text in (CAUSE, OOM))
+    assert causes_first([GLOO, NCCL, CAUSE, OOM]) == [CAUSE, OOM, GLOO, NCCL]
+
+
+def test_launcher_reports_the_rank_whose_error_is_the_cause(tmp_path):
+    """rank-0 recorded the peer's closed connection before rank-1 finished writing its own error."""
+    (tmp_path / "rank-1").write_text(CAUSE + "\n")
+    (tmp_path / "rank-0").write_text(GLOO + "\n")
+    os.utime(tmp_path / "rank-0", (1_000, 1_000))  # older: first by time
+    os.utime(tmp_path / "rank-1", (2_000, 2_000))
+    assert failure_reason(tmp_path, 1, "algo-2") == f"algo-2 rank-1: {CAUSE}"
+    (tmp_path / "rank-1").unlink()
+    assert failure_reason(tmp_path, 1, "algo-2") == f"algo-2 rank-0: {GLOO}"  # nothing better recorded
+
+
+def _host(tmp_path: Path, name: str, reason: str) -> Host:
+    root = tmp_path / name
+    (root / "output").mkdir(parents=True)
+    (root / "output" / "failure").write_text(reason + "\n")
+    return Host(name, root, proc=SimpleNamespace(returncode=1))
+
+
+def test_rehearsal_failure_reason_puts_the_failing_host_first(tmp_path):
+    runner = JobRunner.__new__(JobRunner)  # _result reads only the hosts
+    hosts = [_host(tmp_path, "algo-1", f"algo-1 rank-0: {GLOO}"), _host(tmp_path, "algo-2", f"algo-2 rank-1: {CAUSE}")]
+    attempt = runner._result("Train", "job", {}, hosts, {}, None, 1.0, None)
+    assert attempt.status == "Failed"
+    assert attempt.failure_reason == f"algo-2 rank-1: {CAUSE}; algo-1 rank-0: {GLOO}"
