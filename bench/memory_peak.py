@@ -145,8 +145,10 @@ def worker(args) -> None:
     import numpy as np
     import torch.distributed as dist
 
+    import training.parallel
     from training.dist import init_distributed
 
+    training.parallel.SEPARATE_END_UNITS = False  # the tracker needs one module per unit; see training/parallel.py
     info = init_distributed()
     root = Path(args.root)
     if info.rank == 0:

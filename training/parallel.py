@@ -92,6 +92,12 @@ def enable_tf32() -> None:
     torch.set_float32_matmul_precision("high")
 
 
+# The embedding, and the final norm with the head, as units of their own (torchtitan's layout).
+# bench/memory_peak.py turns this off: torch's FSDPMemTracker cannot follow a unit of several
+# modules, and the planner's memory model counts the three in the root unit.
+SEPARATE_END_UNITS = True
+
+
 def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precision: PrecisionConfig) -> nn.Module:
     """``fully_shard`` as torchtitan does: the embedding alone, each decoder layer, the final norm
     and the output head together, then the root (which then holds no parameters).
@@ -104,7 +110,7 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precis
     if policy is not None:
         kwargs["mp_policy"] = policy
     lm = getattr(model, "lm", None)
-    tied = lm is None or bool(getattr(lm.config, "tie_word_embeddings", False))
+    tied = lm is None or bool(getattr(lm.config, "tie_word_embeddings", False)) or not SEPARATE_END_UNITS
     if not tied:
         fully_shard(lm.model.embed_tokens, **kwargs)
     for index, layer in enumerate(layers):

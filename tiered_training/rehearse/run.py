@@ -279,7 +279,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     check_installed()
     parse_params([f"{k}={v}" for k, v in options.params.items()])
     if options.then is not None:
-        parse_params([f"{k}={v}" for k, v in options.then.items()], "--restart-with")
+        for later in ([Then(dict(options.then))] if isinstance(options.then, dict) else options.then):
+            parse_params([f"{k}={v}" for k, v in later.params.items()], "--restart-with")
     plan = plan_file(options.recipe)
     if not plan.ok:
         from ..errors import PlanError
