@@ -14,16 +14,16 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
 
 from tiered_training.runconfig import ModelConfig
 
-from .model import llama_config
+from .model import causal_lm_class, hf_config
 
 
 def write_random_checkpoint(model: ModelConfig, out_dir: Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
-    lm = LlamaForCausalLM(llama_config(model)).to(torch.bfloat16)
+    config = hf_config(model)  # Qwen2 for Qwen shapes (q/k/v biases), Llama otherwise
+    lm = causal_lm_class(config)(config).to(torch.bfloat16)
     lm.save_pretrained(out_dir, safe_serialization=True)
     return Path(out_dir)
 
