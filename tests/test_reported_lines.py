@@ -106,3 +106,13 @@ def test_out_of_range_values_are_one_line_errors(tmp_path, section, field, value
     assert result.exit_code == 2, result.output
     assert f"{path}:{line}: {section}.{field}" in result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, IndexError)
+
+
+def test_the_planner_refuses_zero_nodes_from_a_recipe_built_in_code():
+    from tiered_training.planner import resolve
+
+    recipe, _ = parse_recipe(HEAD + BUDGET + COMPUTE, "r.yaml")
+    zero = recipe.model_copy(update={"compute": recipe.compute.model_copy(update={"instance_count": 0})})
+    plan = resolve(zero)
+    assert not plan.ok
+    assert [(f.code, f.field) for f in plan.findings if f.severity == "error"] == [("no-nodes", "compute.instance_count")]
