@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test plan bench calibrate memory-bench gpu-wheels gpu-smoke clean
+.PHONY: synth test snapshots mutation plan bench calibrate memory-bench gpu-wheels gpu-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ synth: $(STAMP) $(NODE_STAMP)
 
 test: $(STAMP) $(NODE_STAMP)
 	$(PY) -m pytest
+
+# The construct snapshots (tests/constructs/snapshots/): the test run only compares, this writes them.
+snapshots: $(STAMP) $(NODE_STAMP)
+	UPDATE_SNAPSHOTS=1 $(PY) -m pytest -q tests/constructs/test_templates.py -k test_snapshots
+
+# Mutation testing of the pure-Python core (mutmut), one module at a time with its fast tests;
+# prints the score per module and each surviving mutant. Not part of make test (it takes long).
+# MODULES="perf memory" limits it; docs/mutation.md records the scores and the equivalent survivors.
+mutation: $(STAMP)
+	$(PY) scripts/mutation.py $(MODULES)
 
 bench: $(STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
