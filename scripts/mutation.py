@@ -18,12 +18,15 @@ Equivalent survivors and the reasons are listed in docs/mutation.md.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +45,9 @@ MODULES: dict[str, list[str]] = {
     "plan": ["tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
     "runconfig": ["tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
     "definition": ["tests/test_definition.py", "tests/test_gate.py", "tests/test_fidelity.py"],
-    "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py", "tests/test_cloudwatch_alarms.py"],
+    "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
     "calibration": ["tests/test_perf.py"],
-    "report": ["tests/test_cli.py", "tests/test_cli_output.py", "tests/test_report.py"],
+    "report": ["tests/test_cli.py", "tests/test_cli_output.py"],
 }
 
 # What the tests read besides the package and the tests themselves.
@@ -85,24 +88,53 @@ def layout(module: str) -> Path:
     return here
 
 
-def run(module: str, children: int) -> None:
-    here = layout(module)
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the mutated copy must be what imports
     env["HYPOTHESIS_PROFILE"] = "mutation"
+    return env
+
+
+def _mutmut(here: Path, args: list[str], deadline: float | None) -> bool:
+    """Run mutmut in its own process group; stop the group at the deadline. False when stopped."""
     mutmut = Path(sys.executable).with_name("mutmut")
-    print(f"== {module}: mutmut run over {', '.join(MODULES[module])}", flush=True)
-    subprocess.run([str(mutmut), "run", "--max-children", str(children)], cwd=here, env=env, check=False,
-                   stdout=subprocess.DEVNULL if not os.environ.get("MUTATION_VERBOSE") else None)
+    quiet = not os.environ.get("MUTATION_VERBOSE")
+    process = subprocess.Popen([str(mutmut), *args], cwd=here, env=_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL if quiet else None)
+    try:
+        process.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return False
+
+
+def run(module: str, children: int, deadline: float | None) -> bool:
+    """Test the module's mutants that have no result yet, then again those that survived a
+    previous run (tests may have been added since). False when the deadline stopped it."""
+    before = results(module) or {}
+    again = before.get("survived", []) + before.get("no tests", [])
+    here = layout(module)
+    print(f"== {module}: mutmut over {', '.join(t for t in MODULES[module] if (here / t).exists())}", flush=True)
+    if not _mutmut(here, ["run", "--max-children", str(children)], deadline):
+        return False
+    if again:
+        print(f"== {module}: again the {len(again)} mutants that survived the previous run", flush=True)
+        return _mutmut(here, ["run", "--max-children", str(children), *again], deadline)
+    return True
 
 
 def results(module: str) -> dict[str, list[str]] | None:
-    """Mutant names by status (killed, survived, timeout, no tests, ...) from the last run."""
+    """Mutant names by status (killed, survived, timeout, no tests, not checked, ...) from the last run."""
     here = WORK / module
     if not (here / "mutants").exists():
         return None
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     mutmut = Path(sys.executable).with_name("mutmut")
-    out = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=here, env=env, capture_output=True,
+    out = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=here, env=_env(), capture_output=True,
                          text=True, check=False).stdout
     by_status: dict[str, list[str]] = {}
     for line in out.splitlines():
@@ -113,9 +145,8 @@ def results(module: str) -> dict[str, list[str]] | None:
 
 
 def show(module: str, mutant: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     mutmut = Path(sys.executable).with_name("mutmut")
-    return subprocess.run([str(mutmut), "show", mutant], cwd=WORK / module, env=env, capture_output=True,
+    return subprocess.run([str(mutmut), "show", mutant], cwd=WORK / module, env=_env(), capture_output=True,
                           text=True, check=False).stdout
 
 
@@ -154,14 +185,22 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true", help="print the last results, run nothing")
     parser.add_argument("--no-diffs", action="store_true", help="only the table, not each survivor's diff")
     parser.add_argument("--children", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--deadline", metavar="HH:MM", help="stop testing at this UTC time (today); results so far are kept")
     args = parser.parse_args()
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
     modules = args.modules or list(MODULES)
+    deadline = None
+    if args.deadline:
+        hours, minutes = map(int, args.deadline.split(":"))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        deadline = now.replace(hour=hours, minute=minutes, second=0, microsecond=0).timestamp()
     if not args.report_only:
         for module in modules:
-            run(module, args.children)
+            if not run(module, args.children, deadline):
+                print(f"== {module}: stopped at the deadline; its untested mutants show as 'not checked'", flush=True)
+                break
     return summarise(modules, diffs=not args.no_diffs)
 
 
