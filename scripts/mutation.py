@@ -36,7 +36,7 @@ WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
 # module -> the fast test files that exercise it (mutmut runs, per mutant, only those
 # tests among these that reach the mutated function).
 MODULES: dict[str, list[str]] = {
-    "errors": ["tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_cli_output.py"],
+    "errors": ["tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
     "recipe": ["tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
     "loader": ["tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
     "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
