@@ -79,15 +79,15 @@ def train_hyperparameters(plan, parameters=None) -> dict:
     return seen[d.S_TRAIN_WITHOUT_PROBE]["HyperParameters"]
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory):
-    return plan_file(write_yaml(tmp_path_factory.mktemp("fidelity") / "asked.yaml", recipe_dict(**ASKED)))
+# Per test (not per module): mutation testing sees which tests reach the planner.
+@pytest.fixture
+def plan(tmp_path):
+    return plan_file(write_yaml(tmp_path / "asked.yaml", recipe_dict(**ASKED)))
 
 
-@pytest.fixture(scope="module")
-def default_plan(tmp_path_factory):
-    data = recipe_dict(**{"tuning.batch_ramp": False})
-    return plan_file(write_yaml(tmp_path_factory.mktemp("fidelity") / "defaults.yaml", data))
+@pytest.fixture
+def default_plan(tmp_path):
+    return plan_file(write_yaml(tmp_path / "defaults.yaml", recipe_dict(**{"tuning.batch_ramp": False})))
 
 
 def test_run_config_carries_every_value_unchanged(plan):

@@ -41,8 +41,8 @@ def plan(tmp_path_factory):
     return plan_file(path)
 
 
-@pytest.fixture(scope="module")
-def body(plan):
+@pytest.fixture
+def body(plan):  # per test: mutation testing sees which tests reach build_definition
     return d.build_definition(plan, RESOURCES)
 
 
