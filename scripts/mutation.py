@@ -43,7 +43,7 @@ MODULES: dict[str, list[str]] = {
     "perf": ["tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
     "memory": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
     "plan": ["tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
-    "runconfig": ["tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
+    "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
     "definition": ["tests/test_definition.py", "tests/test_gate.py", "tests/test_fidelity.py"],
     "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
     "calibration": ["tests/test_perf.py"],
@@ -51,7 +51,7 @@ MODULES: dict[str, list[str]] = {
 }
 
 # What the tests read besides the package and the tests themselves.
-ALSO_COPY = ["recipes", "examples", "training", "docs", "README.md", "app.py", "cdk.json"]
+ALSO_COPY = ["recipes", "examples", "training", "docs", "bench", "README.md", "app.py", "cdk.json"]
 
 
 def layout(module: str) -> Path:
