@@ -44,7 +44,7 @@ MODULES: dict[str, list[str]] = {
     "memory": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
     "plan": ["tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
     "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
-    "definition": ["tests/test_definition.py", "tests/test_gate.py", "tests/test_fidelity.py"],
+    "definition": ["tests/test_training_arguments.py", "tests/test_gate.py", "tests/test_definition.py", "tests/test_fidelity.py"],
     "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
     "calibration": ["tests/test_perf.py"],
     "report": ["tests/test_cli.py", "tests/test_cli_output.py"],
