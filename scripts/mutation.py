@@ -58,6 +58,9 @@ def layout(module: str) -> Path:
     """A scratch project for ``module``: the sources, and a pyproject.toml with its mutmut config."""
     here = WORK / module
     keep_results = here / "mutants"
+    # Which tests reach which function is recorded afresh each run: mutmut keeps the old record of
+    # a test it has seen before, and a changed test may reach more (or other) functions now.
+    (keep_results / "mutmut-stats.json").unlink(missing_ok=True)
     if here.exists():
         for entry in here.iterdir():
             if entry != keep_results:
