@@ -78,3 +78,12 @@ def test_the_json_file_is_indented_for_people():
     text = config.to_json()
     assert text.splitlines()[1] == '  "recipe_name": "unit-test",'
     assert RunConfig.from_json(text) == config
+
+
+def test_mfu_is_the_planners_flops_over_the_bf16_peak():
+    config = _config()
+    flops = config.model.flops_per_token(config.batch.sequence_length)
+    assert flops > 6 * config.model.parameters  # dense FLOPs plus attention
+    assert config.mfu(1000.0) == pytest.approx(flops * 1000.0 / config.hardware.peak_bf16_flops, rel=1e-12)
+    assert config.mfu(2000.0) == pytest.approx(2 * config.mfu(1000.0), rel=1e-12)
+    assert 0 < config.mfu(config.metrics.plan_tokens_per_second_per_gpu) < 1
