@@ -133,6 +133,15 @@ def test_pipeline_expressions_and_tokens_become_typed_placeholders():
 def test_walking_steps(body):
     names = [step["Name"] for step in d.iter_steps(body["Steps"])]
     assert names == ["ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason", "FailThroughput", "FailMemory"]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="Nope"):
         d.find_step(body, "Nope")
     assert d.find_step(body, "FailMemory")["Type"] == "Fail"
+
+
+def test_the_body_is_compact_json_in_the_definitions_order(body):
+    import json
+
+    text = d.to_json(body)
+    assert json.loads(text) == body
+    assert text.startswith('{"Version":"2020-12-01","Metadata":{"GeneratedBy":"tiered-training","Recipe":"unit-test"},"Parameters":')
+    assert d._join_uri("s3://b/X/", "model") == "s3://b/X/model"

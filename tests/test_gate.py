@@ -54,7 +54,7 @@ def run(body, tokens, memory, micro_batch=4):
 
 def test_the_limits_come_from_the_recipe_and_the_tier(plan):
     planned = plan.estimates.tokens_per_second_per_gpu
-    assert d.probe_threshold(plan) == pytest.approx(0.75 * planned, abs=0.01)
+    assert d.probe_threshold(plan) == round(0.75 * planned, 2)
     assert d.memory_limit(plan) == plan.tier.memory_headroom
     assert 0.5 < plan.tier.memory_headroom < 1
 
@@ -81,12 +81,19 @@ def test_gate_decision_table(plan, body, case, tokens_factor, memory_delta, outc
     assert execution.status == "Failed" and execution.failed_step == outcome, (case, execution.failed_step)
     assert steps == [d.S_PROBE], case  # no training job after a failed gate
     # The failure reason gives the measured value next to the limit.
+    planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
+    candidates = plan.run_config().probe.micro_batch_candidates
     if outcome == d.S_FAIL_THROUGHPUT:
-        assert f"measured {tokens} tokens/s per GPU, needs at least {threshold}" in execution.failure
-        assert f"peak memory fraction {memory} (limit {limit})" in execution.failure
+        assert execution.failure == (
+            f"unit-test: probe throughput check failed: measured {tokens} tokens/s per GPU, needs at least {threshold} "
+            f"(0.75 x the plan's {planned}); peak memory fraction {memory} (limit {limit}); best micro-batch 4.0 "
+            f"(plan {plan.micro_batch_size}). Fix the recipe or rerun with SkipProbe=true.")
     else:
-        assert f"peak memory fraction {memory} is above the tier's headroom {limit}" in execution.failure
-        assert f"throughput {tokens} tokens/s per GPU (needs {threshold})" in execution.failure
+        assert execution.failure == (
+            f"unit-test: probe memory check failed: peak memory fraction {memory} is above the tier's headroom {limit} "
+            f"(plan {plan.memory.fraction:.3f}); best micro-batch 4.0 of the candidates {candidates} (0: no micro-batch "
+            f"fits, every candidate ran out of memory); throughput {tokens} tokens/s per GPU (needs {threshold}). "
+            "Lower tuning.micro_batch_size or raise activation checkpointing.")
 
 
 def test_throughput_just_below_the_threshold_fails(plan, body):
@@ -112,3 +119,11 @@ def test_skip_probe_runs_train_without_probe_and_no_gate(body):
     execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
     assert execution.status == "Succeeded"
     assert [step for step, _ in jobs.calls] == [d.S_TRAIN_WITHOUT_PROBE]
+
+
+def test_step_descriptions(plan, body):
+    threshold, limit = d.probe_threshold(plan), d.memory_limit(plan)
+    assert d.find_step(body, d.S_GATE)["Description"] == f"Probe tokens/s per GPU >= {threshold} and peak memory fraction <= {limit}"
+    assert d.find_step(body, d.S_GATE_REASON)["Description"] == (
+        "Which gate check failed (memory first: nothing else matters when the model does not fit)")
+    assert d.find_step(body, d.S_PROBE_OR_SKIP)["Description"] == "Skip the probe when SkipProbe is true"
