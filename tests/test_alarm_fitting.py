@@ -192,3 +192,16 @@ def test_the_apps_context_decides_the_platform_subscriber(tmp_path):
     assert alarms.with_routing_findings(plan, {"alarm_email": "oncall@example.com"}) is plan
     warned = alarms.with_routing_findings(plan, {})
     assert warned.findings == plan.findings + tuple(alarms.routing_findings(plan, False))
+
+
+def test_memory_threshold_is_a_percentage_to_the_hundredth(tmp_path):
+    plan = plan_of(tmp_path, **{"monitoring.max_memory_fraction": 0.93456})
+    assert alarms.fit_alarms(plan)[alarms.MEMORY].threshold == 93.46
+
+
+def test_the_docs_table_shows_a_dash_without_a_validation_alarm(tmp_path):
+    plan = plan_of(tmp_path, **{"data.validation_fraction": 0})
+    fit = alarms.fit_alarms(plan)
+    row = alarms.markdown_table([plan]).splitlines()[2]
+    assert row == (f"| unit-test | {fit.step_seconds:.0f} s | {fit.window_seconds // 60} | {fit.stall_seconds // 60} | "
+                   f"{fit[alarms.THROUGHPUT].fires_within_seconds / 60:.0f} | {fit[alarms.STALLED].fires_within_seconds / 60:.0f} | - |")
