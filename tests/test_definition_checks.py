@@ -145,3 +145,47 @@ def test_the_body_is_compact_json_in_the_definitions_order(body):
     assert json.loads(text) == body
     assert text.startswith('{"Version":"2020-12-01","Metadata":{"GeneratedBy":"tiered-training","Recipe":"unit-test"},"Parameters":')
     assert d._join_uri("s3://b/X/", "model") == "s3://b/X/model"
+
+
+def test_a_malformed_definition_is_reported_not_crashed_on():
+    assert d.validate_definition({}) == ["Version: None, expected '2020-12-01'"]
+    broken = {"Version": "2020-12-01", "Parameters": [{"Type": "String"}],
+              "Steps": [{"Type": "Training"}, {"Type": "Condition"}, {"Name": "C", "Type": "Condition", "Arguments": {}}]}
+    assert d.validate_definition(broken) == [
+        f"parameter '': does not match {d.PARAMETER_NAME_PATTERN}",
+        "steps: duplicate names in ['', '', 'C']",
+        f"step '': does not match {d.STEP_NAME_PATTERN}",
+        'CreateTrainingJob Missing required parameter in input: "RoleArn"',
+        'CreateTrainingJob Missing required parameter in input: "OutputDataConfig"',
+        f"step '': does not match {d.STEP_NAME_PATTERN}",
+    ]
+
+
+def test_argument_checks_that_pass(body):
+    args = copy.deepcopy(train_args(body))
+    args["Environment"]["lower_case_name"] = "1"
+    assert d.validate_training_arguments(args) == []
+    args["AlgorithmSpecification"]["MetricDefinitions"] = [{"Name": "m"}]  # botocore's problem; nothing to compile
+    assert d.validate_training_arguments(args) == [
+        'CreateTrainingJob Missing required parameter in AlgorithmSpecification.MetricDefinitions[0]: "Regex"']
+    args["ResourceConfig"] = ["not", "a", "structure"]
+    args["RoleArn"] = {"not": "a string"}
+    problems = d.validate_training_arguments(args, "Train")
+    assert any("ResourceConfig" in p for p in problems) and any("RoleArn" in p for p in problems)
+
+
+def test_placeholders_follow_each_members_type():
+    expression = d.param("X")
+    concrete = d.placeholder_arguments({
+        "EnableManagedSpotTraining": expression,
+        "VpcConfig": {"Subnets": expression, "SecurityGroupIds": ["sg-1"]},
+        "InputDataConfig": [{"ChannelName": "train", "ShuffleConfig": {"Seed": expression}}],
+        "CheckpointConfig": expression,
+        "Environment": {"A": expression},
+    })
+    assert concrete["EnableManagedSpotTraining"] is True
+    assert concrete["VpcConfig"] == {"Subnets": [], "SecurityGroupIds": ["sg-1"]}
+    assert concrete["InputDataConfig"][0]["ShuffleConfig"]["Seed"] == 1  # a long
+    assert concrete["CheckpointConfig"] == {}
+    assert concrete["Environment"] == {"A": "x"}
+    assert d._placeholder(None) == "x"
