@@ -63,6 +63,9 @@ def test_references_must_resolve(body):
 
 
 def test_body_size(body):
+    big = {**body, "Metadata": {"Pad": "x" * d.MAX_BODY_CHARS}}
+    size = len(d.to_json(big))
+    assert d.validate_definition(big) == [f"definition body: {size} characters; the limit is {d.MAX_BODY_CHARS}"]
     assert d.validate_definition(body, body="x" * d.MAX_BODY_CHARS) == []
     assert d.validate_definition(body, body="x" * (d.MAX_BODY_CHARS + 1)) == [
         f"definition body: {d.MAX_BODY_CHARS + 1} characters; the limit is {d.MAX_BODY_CHARS}"]
