@@ -163,9 +163,9 @@ def test_duplicate_key_is_an_error():
 
 def test_yaml_syntax_error_names_the_line():
     with pytest.raises(RecipeError) as info:
-        parse_recipe("name: a\nmodel: [unclosed\n", "broken.yaml")
-    assert info.value.problems[0].line is not None
-    assert "YAML syntax" in str(info.value)
+        parse_recipe("name: a\nmodel:\n  catalog: x\n  name: a: b\nsequence_length: 4096\n", "broken.yaml")
+    assert [p.line for p in info.value.problems] == [4]
+    assert str(info.value).startswith("broken.yaml:4: YAML syntax: ")
 
 
 def test_not_a_mapping():
