@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test determinism plan bench calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
+.PHONY: synth test determinism snapshots mutation plan bench calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,16 @@ FRAGILE := tests/training/test_context_parallel.py tests/training/test_init_chec
 determinism: $(TEST_STAMP)
 	for threads in 1 2; do TT_TEST_THREADS=$$threads OMP_NUM_THREADS=$$threads $(PY) -m pytest -q $(FRAGILE) || exit 1; done
 	TT_TEST_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0 $(PY) -m pytest -q $(FRAGILE)
+
+# The construct snapshots (tests/constructs/snapshots/): the test run only compares, this writes them.
+snapshots: $(TEST_STAMP) $(NODE_STAMP)
+	UPDATE_SNAPSHOTS=1 $(PY) -m pytest -q tests/constructs/test_templates.py -k test_snapshots
+
+# Mutation testing of the pure-Python core (mutmut), one module at a time with its fast tests;
+# prints the score per module and each surviving mutant. Not part of make test (it takes long).
+# MODULES="perf memory" limits it; docs/mutation.md records the scores and the equivalent survivors.
+mutation: $(TEST_STAMP)
+	$(PY) scripts/mutation.py $(MODULES)
 
 bench: $(TEST_STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py

@@ -157,9 +157,11 @@ def test_tiers_and_instances_fit_80_columns():
         assert max(len(line) for line in result.stdout.splitlines()) <= 80, command
 
 
-def test_explain_wraps_at_spaces_on_a_narrow_terminal():
-    narrow = invoke("explain", RECIPES[0], env={"COLUMNS": "60"}).stdout
-    piped = invoke("explain", RECIPES[0]).stdout
+def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
+    # A relative path: the recipe's path is one word, and a long checkout path cannot wrap.
+    monkeypatch.chdir(RECIPES[0].parent)
+    narrow = invoke("explain", RECIPES[0].name, env={"COLUMNS": "60"}).stdout
+    piped = invoke("explain", RECIPES[0].name).stdout
     words = lambda text: text.split()  # noqa: E731
     assert words(narrow) == words(piped)  # the same words: no word, no number, split
     assert max(map(len, narrow.splitlines())) <= 60 < max(map(len, piped.splitlines()))
@@ -199,7 +201,12 @@ def test_version():
     assert result.exit_code == 0 and result.stdout.strip() == f"tiered-training {version('tiered-training')}"
 
 
-def test_shell_completion_without_a_terminal(tmp_path):
+def test_shell_completion_without_a_terminal(tmp_path, monkeypatch):
+    # Typer finds the user's shell among the parent processes (shellingham); a test run may
+    # have none (nohup, CI), so the parent shell is stood in: a user typing in bash.
+    import shellingham
+
+    monkeypatch.setattr(shellingham, "detect_shell", lambda *a, **k: ("bash", "/bin/bash"))
     script = invoke("--show-completion", "bash")
     assert script.exit_code == 0 and "_TIERED_TRAINING_COMPLETE=complete_bash" in script.stdout
     completed = invoke(env={"_TIERED_TRAINING_COMPLETE": "complete_bash", "COMP_WORDS": "tiered-training st", "COMP_CWORD": "1"})

@@ -23,8 +23,13 @@ RESOURCES = d.PipelineResources(
 
 
 @pytest.fixture(scope="module")
-def definitions():
-    return {path.stem: (plan_file(path), d.build_definition(plan_file(path), RESOURCES)) for path in RECIPES}
+def plans():
+    return {path.stem: plan_file(path) for path in RECIPES}
+
+
+@pytest.fixture
+def definitions(plans):  # built per test, so mutation testing sees which tests reach build_definition
+    return {name: (plan, d.build_definition(plan, RESOURCES)) for name, plan in plans.items()}
 
 
 def test_every_template_recipe_is_valid_and_small(definitions):

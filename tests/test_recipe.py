@@ -75,7 +75,7 @@ def test_allowed_uris_bound_data_uri_by_whole_segments(write_recipe):
 def test_data_uri_outside_allowed_uris_is_an_error(write_recipe):
     recipe = recipe_dict(**{"data.uri": "s3://bucket-a/tokens/", "data.allowed_uris": ["s3://bucket-b/"]})
     p = only(problems_of(write_recipe, recipe), "data.uri")
-    assert "allowed_uris" in p.message and p.line
+    assert "allowed_uris" in p.message and p.line == 5  # the data.uri line (name, model, catalog, data, uri)
 
 
 def test_data_kms_key_arn_names_a_key(write_recipe):
@@ -163,9 +163,9 @@ def test_duplicate_key_is_an_error():
 
 def test_yaml_syntax_error_names_the_line():
     with pytest.raises(RecipeError) as info:
-        parse_recipe("name: a\nmodel: [unclosed\n", "broken.yaml")
-    assert info.value.problems[0].line is not None
-    assert "YAML syntax" in str(info.value)
+        parse_recipe("name: a\nmodel:\n  catalog: x\n  name: a: b\nsequence_length: 4096\n", "broken.yaml")
+    assert [p.line for p in info.value.problems] == [4]
+    assert str(info.value).startswith("broken.yaml:4: YAML syntax: ")
 
 
 def test_not_a_mapping():

@@ -55,6 +55,12 @@ def deployed(client):
     return plan
 
 
+def arrived(client, arn: str) -> dict[str, str]:
+    """The parameters the execution was started with, as SageMaker records them."""
+    listed = client.list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    return {p["Name"]: p["Value"] for p in listed}
+
+
 def test_start_prints_the_arn_and_follows_to_the_end(client, deployed):
     out = io.StringIO()
     result = start(deployed, client=client, max_steps=10, skip_probe=True, poll_seconds=0, out=out)
@@ -65,12 +71,14 @@ def test_start_prints_the_arn_and_follows_to_the_end(client, deployed):
     assert "Succeeded" in out.getvalue()
     executions = client.list_pipeline_executions(PipelineName=deployed.name)["PipelineExecutionSummaries"]
     assert result.arn in [e["PipelineExecutionArn"] for e in executions]
+    assert arrived(client, result.arn) == {"MaxSteps": "10", "SkipProbe": "true"}
 
 
 def test_start_from_a_recipe_path_without_following(client, deployed):
     out = io.StringIO()
     result = start(RECIPES[0], client=client, follow=False, out=out)
     assert out.getvalue().strip() == result.arn
+    assert arrived(client, result.arn) == {}  # no overrides: the pipeline's defaults
 
 
 def test_unknown_pipeline_is_one_readable_error(client, tmp_path):
@@ -81,11 +89,13 @@ def test_unknown_pipeline_is_one_readable_error(client, tmp_path):
         start(path, client=client, follow=False, out=io.StringIO())
 
 
-def test_main_against_the_endpoint(endpoint, aws_env, deployed, capsys):
+def test_main_against_the_endpoint(endpoint, aws_env, deployed, client, capsys):
     code = main([str(RECIPES[0]), "--endpoint-url", endpoint, "--region", REGION, "--poll-seconds", "0", "--instance-count", "2"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "/execution/" in captured.out.splitlines()[0]
+    arn = captured.out.splitlines()[0]
+    assert "/execution/" in arn
+    assert arrived(client, arn) == {"InstanceCount": "2"}
 
 
 def test_parameters():
@@ -97,7 +107,7 @@ def test_parameters():
     assert pipeline_parameters() == []
 
 
-def test_cli_start_against_the_endpoint(endpoint, aws_env, deployed):
+def test_cli_start_against_the_endpoint(endpoint, aws_env, deployed, client):
     import os
     import subprocess
     import sys
@@ -112,6 +122,8 @@ def test_cli_start_against_the_endpoint(endpoint, aws_env, deployed):
     assert result.returncode == 0, result.stderr
     assert f":pipeline/{deployed.name}/execution/" in result.stdout.lower()
     assert "Traceback" not in result.stderr
+    arn = result.stdout.splitlines()[0].strip()
+    assert arrived(client, arn) == {"MaxSteps": "5", "SkipProbe": "true"}
 
 
 def test_start_in_a_stage_starts_the_stages_pipeline(client, deployed):

@@ -139,7 +139,8 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
         AlarmFit(
             THROUGHPUT,
             f"tokens/s per GPU below {mon.min_throughput_fraction:g} x the plan's {plan_rate:,.0f} over {minutes} min",
-            window, round(mon.min_throughput_fraction * plan_rate, 2), "LessThanThreshold", window_fires,
+            # Rounded down: a run at exactly the fraction of the plan does not breach.
+            window, math.floor(mon.min_throughput_fraction * plan_rate * 100) / 100, "LessThanThreshold", window_fires,
         ),
         AlarmFit(
             GPU_UTILIZATION,

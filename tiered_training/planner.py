@@ -376,6 +376,10 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     run.instance = _instance(recipe, run)
     if run.arch is None or run.instance is None:
         return run.failure(source, lines)
+    if run.nodes < 1:  # a Recipe built without validation (model_construct, model_copy)
+        run.error("no-nodes", f"compute.instance_count {run.nodes}: a run needs at least one node",
+                  "set compute.instance_count to 1 or more", "compute.instance_count")
+        return run.failure(source, lines)
 
     params = run.arch.parameters
     run.tier, inside = catalogs.tier_for(params)

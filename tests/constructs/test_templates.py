@@ -46,23 +46,20 @@ def normalise(template: dict) -> str:
 
 
 def test_snapshots(templates, template_names):
+    """The test run only compares; ``make snapshots`` (UPDATE_SNAPSHOTS=1) writes them."""
     names = [PLATFORM_STACK] + [stack_id(n) for n in template_names]
-    SNAPSHOTS.mkdir(exist_ok=True)
-    stale = []
-    for name in names:
-        path = SNAPSHOTS / f"{name}.json"
-        text = normalise(templates[name])
-        if UPDATE or not path.exists():
-            if not UPDATE and os.environ.get("CI"):
-                stale.append(f"{name}: no snapshot (run UPDATE_SNAPSHOTS=1 make test)")
-                continue
-            path.write_text(text)
-            continue
-        if path.read_text() != text:
-            stale.append(name)
-    assert not stale, (
-        f"templates differ from tests/constructs/snapshots/: {stale}. "
-        "If the change is intended, run UPDATE_SNAPSHOTS=1 python -m pytest tests/constructs and commit the snapshots."
+    if UPDATE:
+        SNAPSHOTS.mkdir(exist_ok=True)
+        for name in names:
+            (SNAPSHOTS / f"{name}.json").write_text(normalise(templates[name]))
+        for orphan in set(SNAPSHOTS.glob("*.json")) - {SNAPSHOTS / f"{name}.json" for name in names}:
+            orphan.unlink()
+        return
+    missing = [name for name in names if not (SNAPSHOTS / f"{name}.json").exists()]
+    stale = [name for name in names if name not in missing and (SNAPSHOTS / f"{name}.json").read_text() != normalise(templates[name])]
+    assert not missing and not stale, (
+        f"templates without a snapshot in tests/constructs/snapshots/: {missing}; templates that differ from theirs: {stale}. "
+        "If the change is intended, run `make snapshots` and commit the snapshots."
     )
 
 

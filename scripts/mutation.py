@@ -1,0 +1,214 @@
+"""Mutation testing of the pure-Python core with mutmut, one module at a time.
+
+For each module this lays out a scratch copy of the project under ``/tmp/tt-mutation/<module>/`` (``MUTATION_DIR``)
+whose ``pyproject.toml`` tells mutmut to mutate only that module and to run only the fast
+test files listed for it below; then runs ``mutmut run`` there and prints the score and
+every surviving mutant (its diff), then a table of scores.
+
+    python scripts/mutation.py                  # every module
+    python scripts/mutation.py perf memory      # some modules
+    python scripts/mutation.py --report-only    # print the last results again, run nothing
+
+A mutant "survives" when every test that reaches the mutated function still passes.
+mutmut runs only the tests that reach the function (it records that on a clean run),
+so a module's run costs roughly (mutants x the tests that reach each one).
+Equivalent survivors and the reasons are listed in docs/mutation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Outside the work tree and short: some tests print recipe paths into 60-column output.
+WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
+
+# module -> the fast test files that exercise it (mutmut runs, per mutant, only those
+# tests among these that reach the mutated function).
+MODULES: dict[str, list[str]] = {
+    "errors": ["tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
+    "recipe": ["tests/test_recipe_values.py", "tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
+    "loader": ["tests/test_reported_lines.py", "tests/test_loader_messages.py", "tests/test_recipe_files.py", "tests/test_recipe.py",
+               "tests/test_hostile_input.py",
+               "tests/test_fidelity.py"],
+    "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
+    "perf": ["tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
+    "memory": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
+    "plan": ["tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
+    "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
+    "definition": ["tests/test_training_arguments.py", "tests/test_definition_checks.py", "tests/test_gate.py", "tests/test_definition.py",
+                   "tests/test_fidelity.py"],
+    "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
+    "calibration": ["tests/test_perf.py"],
+    "report": ["tests/test_cli.py", "tests/test_cli_output.py"],
+}
+
+# What the tests read besides the package and the tests themselves.
+ALSO_COPY = ["recipes", "examples", "training", "docs", "bench", "README.md", "app.py", "cdk.json"]
+
+
+def layout(module: str) -> Path:
+    """A scratch project for ``module``: the sources, and a pyproject.toml with its mutmut config."""
+    here = WORK / module
+    keep_results = here / "mutants"
+    # Which tests reach which function is recorded afresh each run: mutmut keeps the old record of
+    # a test it has seen before, and a changed test may reach more (or other) functions now.
+    (keep_results / "mutmut-stats.json").unlink(missing_ok=True)
+    if here.exists():
+        for entry in here.iterdir():
+            if entry != keep_results:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    here.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "snapshots", "cdk.out")
+    shutil.copytree(ROOT / "tiered_training", here / "tiered_training", ignore=ignore)
+    shutil.copytree(ROOT / "tests", here / "tests", ignore=ignore)
+    for name in ALSO_COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, here / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, here / name)
+    tests = [t for t in MODULES[module] if (ROOT / t).exists()]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = re.sub(r"\n\[tool\.mutmut\][^\[]*", "\n", pyproject)
+    pyproject += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["tiered_training"]\n'
+        f'only_mutate = ["tiered_training/{module}.py"]\n'
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+        f"also_copy = {json.dumps(ALSO_COPY)}\n"
+        "use_git_change_detection = false\n"
+    )
+    (here / "pyproject.toml").write_text(pyproject)
+    return here
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the mutated copy must be what imports
+    env["HYPOTHESIS_PROFILE"] = "mutation"
+    return env
+
+
+def _mutmut(here: Path, args: list[str], deadline: float | None) -> bool:
+    """Run mutmut in its own process group; stop the group at the deadline. False when stopped."""
+    mutmut = Path(sys.executable).with_name("mutmut")
+    quiet = not os.environ.get("MUTATION_VERBOSE")
+    process = subprocess.Popen([str(mutmut), *args], cwd=here, env=_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL if quiet else None)
+    try:
+        process.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return False
+
+
+def run(module: str, children: int, deadline: float | None) -> bool:
+    """Test the module's mutants that have no result yet, then again those that survived a
+    previous run (tests may have been added since). False when the deadline stopped it."""
+    before = results(module) or {}
+    again = before.get("survived", []) + before.get("no tests", [])
+    here = layout(module)
+    print(f"== {module}: mutmut over {', '.join(t for t in MODULES[module] if (here / t).exists())}", flush=True)
+    if not _mutmut(here, ["run", "--max-children", str(children)], deadline):
+        return False
+    if again:
+        print(f"== {module}: again the {len(again)} mutants that survived the previous run", flush=True)
+        return _mutmut(here, ["run", "--max-children", str(children), *again], deadline)
+    return True
+
+
+def results(module: str) -> dict[str, list[str]] | None:
+    """Mutant names by status (killed, survived, timeout, no tests, not checked, ...) from the last run."""
+    here = WORK / module
+    if not (here / "mutants").exists():
+        return None
+    mutmut = Path(sys.executable).with_name("mutmut")
+    out = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=here, env=_env(), capture_output=True,
+                         text=True, check=False).stdout
+    by_status: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and name.startswith("tiered_training."):
+            by_status.setdefault(status.strip(), []).append(name)
+    return by_status
+
+
+def show(module: str, mutant: str) -> str:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    return subprocess.run([str(mutmut), "show", mutant], cwd=WORK / module, env=_env(), capture_output=True,
+                          text=True, check=False).stdout
+
+
+def summarise(modules: list[str], diffs: bool) -> int:
+    rows = []
+    for module in modules:
+        by_status = results(module)
+        if by_status is None:
+            rows.append((module, None))
+            continue
+        killed = len(by_status.get("killed", [])) + len(by_status.get("timeout", []))
+        survived = by_status.get("survived", [])
+        untested = by_status.get("no tests", [])
+        other = {k: v for k, v in by_status.items() if k not in ("killed", "timeout", "survived", "no tests")}
+        total = killed + len(survived) + len(untested)
+        rows.append((module, (killed, total, survived, untested, other)))
+        if diffs and (survived or untested):
+            print(f"\n== {module}: {len(survived)} survived, {len(untested)} reached by no test")
+            for name in survived + untested:
+                print(show(module, name).rstrip() or name)
+    print("\nmodule        killed / mutants   score   survived  no-tests")
+    for module, row in rows:
+        if row is None:
+            print(f"{module:<13} not run")
+            continue
+        killed, total, survived, untested, other = row
+        score = 100.0 * killed / total if total else 100.0
+        extra = "  " + ", ".join(f"{k}: {len(v)}" for k, v in other.items()) if other else ""
+        print(f"{module:<13} {killed:>6} / {total:<7}  {score:5.1f}%  {len(survived):>8}  {len(untested):>8}{extra}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help=f"modules to run (default: all of {', '.join(MODULES)})")
+    parser.add_argument("--report-only", action="store_true", help="print the last results, run nothing")
+    parser.add_argument("--no-diffs", action="store_true", help="only the table, not each survivor's diff")
+    parser.add_argument("--children", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--deadline", metavar="HH:MM", help="stop testing at this UTC time (today); results so far are kept")
+    args = parser.parse_args()
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
+    modules = args.modules or list(MODULES)
+    deadline = None
+    if args.deadline:
+        hours, minutes = map(int, args.deadline.split(":"))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        deadline = now.replace(hour=hours, minute=minutes, second=0, microsecond=0).timestamp()
+    if not args.report_only:
+        for module in modules:
+            if not run(module, args.children, deadline):
+                print(f"== {module}: stopped at the deadline; its untested mutants show as 'not checked'", flush=True)
+                break
+    return summarise(modules, diffs=not args.no_diffs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
