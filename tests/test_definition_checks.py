@@ -38,7 +38,7 @@ def test_version_parameters_and_step_names(body):
     assert "Version: '2019-01-01', expected '2020-12-01'" in problems
     assert f"parameter 'Bad Name': does not match {d.PARAMETER_NAME_PATTERN}" in problems
     assert "parameter Bad Name: unknown type 'Text'" in problems
-    assert "parameters: duplicate names in ['InstanceCount', 'MaxSteps', 'DataUri', 'SkipProbe', 'DataUri', 'Bad Name']" in problems
+    assert "parameters: duplicate names in ['InstanceCount', 'MaxSteps', 'DataUri', 'SkipProbe', 'RunId', 'DataUri', 'Bad Name']" in problems
     duplicate = [p for p in problems if p.startswith("steps: duplicate names in [")]
     assert len(duplicate) == 1 and duplicate[0].count("'FailThroughput'") == 2
     assert f"step '{'x' * 65}': does not match {d.STEP_NAME_PATTERN}" in problems
@@ -54,12 +54,14 @@ def test_references_must_resolve(body):
     args["ResourceConfig"]["InstanceCount"] = d.param("Nodes")
     args["Environment"]["X"] = d.as_string(d.get("Steps.Missing.FinalMetricDataList['m'].Value"))
     problems = d.validate_definition(broken)
-    # Train's arguments are shared with TrainWithoutProbe, and a Condition's arguments hold its branches.
-    assert "step Train: references unknown parameter 'Nodes'" in problems
-    assert "step Train: references unknown step 'Missing'" in problems
-    assert "step TrainWithoutProbe: references unknown parameter 'Nodes'" in problems
-    assert all(p.endswith(("unknown parameter 'Nodes'", "unknown step 'Missing'")) for p in problems)
-    assert not any("Probe'" in p or "'MaxSteps'" in p for p in problems)  # Steps.Probe and the real parameters resolve
+    # Each Training step has arguments of its own (TrainWithoutProbe and Resume are untouched), and
+    # a Condition's arguments hold its branches: Train is inside Gate, ProbeOrSkip and NewRunOrResume.
+    # Steps.Probe, the real parameters and Execution.PipelineExecutionId resolve.
+    assert problems == [
+        f"step {step}: references unknown {kind}"
+        for step in ("NewRunOrResume", "ProbeOrSkip", "Gate", "Train")
+        for kind in ("parameter 'Nodes'", "step 'Missing'")
+    ]
 
 
 def test_body_size(body):
@@ -135,7 +137,8 @@ def test_pipeline_expressions_and_tokens_become_typed_placeholders():
 
 def test_walking_steps(body):
     names = [step["Name"] for step in d.iter_steps(body["Steps"])]
-    assert names == ["ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason", "FailThroughput", "FailMemory"]
+    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train",
+                     "GateReason", "FailThroughput", "FailMemory", "Resume"]
     with pytest.raises(KeyError, match="Nope"):
         d.find_step(body, "Nope")
     assert d.find_step(body, "FailMemory")["Type"] == "Fail"

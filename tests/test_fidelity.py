@@ -17,6 +17,8 @@ from tiered_training.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
 from tiered_training.runconfig import RunConfig
 
+EXECUTION_ID = "fidelity0001"  # the interpreter's PipelineExecutionId: a new run's id
+
 RESOURCES = d.PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
 
 # Every value differs from its default (recipe.py), so a default or a swapped field shows.
@@ -74,7 +76,7 @@ def train_hyperparameters(plan, parameters=None) -> dict:
         seen[step] = args
         return JobAttempt("Completed")
 
-    execution = Interpreter(d.build_definition(plan, RESOURCES), jobs).run({"SkipProbe": "true", **(parameters or {})})
+    execution = Interpreter(d.build_definition(plan, RESOURCES), jobs, execution_id=EXECUTION_ID).run({"SkipProbe": "true", **(parameters or {})})
     assert execution.status == "Succeeded", execution.failure
     return seen[d.S_TRAIN_WITHOUT_PROBE]["HyperParameters"]
 
@@ -105,7 +107,11 @@ def test_the_train_step_hands_the_container_the_same_values(plan):
     arrived = RunConfig.from_hyperparameters(hyperparameters)
     for asked, carried in CARRIED.items():
         assert leaf(arrived, carried) == ASKED[asked], asked
-    assert arrived == plan.run_config()
+    # The step adds the run's identity (a new run named after the execution, on the DataUri given);
+    # everything else is the plan's RunConfig unchanged.
+    planned = plan.run_config()
+    assert arrived.run == planned.run.model_copy(update={"id": EXECUTION_ID, "data_uri": "s3://bucket-for-tests/tokens/"})
+    assert arrived == planned.model_copy(update={"run": arrived.run})
 
 
 def test_max_steps_parameter_reaches_the_container(plan):

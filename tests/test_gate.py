@@ -103,15 +103,20 @@ def test_throughput_just_below_the_threshold_fails(plan, body):
 
 
 def test_probe_runtime_is_capped_and_train_keeps_the_recipes(tmp_path):
-    for hours in (120.0, 1.5):
-        path = write_yaml(tmp_path / f"r{hours}.yaml", recipe_dict(**{"compute.max_runtime_hours": hours}))
+    # 1.5 h jobs leave time to train only with short checkpoint intervals (segments.reserve_seconds);
+    # the run then takes a chain of segments, each with the recipe's runtime.
+    for hours, interval in ((120.0, 30.0), (1.5, 5.0)):
+        path = write_yaml(tmp_path / f"r{hours}.yaml", recipe_dict(**{
+            "compute.max_runtime_hours": hours, "checkpointing.interval_minutes": interval}))
         plan = plan_file(path)
         body = d.build_definition(plan, RESOURCES)
         jobs = Jobs(probe_lines(d.probe_threshold(plan) * 2, 0.1, 4))
         assert Interpreter(body, jobs).run({}).status == "Succeeded"
         runtime = {step: args["StoppingCondition"]["MaxRuntimeInSeconds"] for step, args in jobs.calls}
         assert runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS) <= 2 * 3600
-        assert runtime[d.S_TRAIN] == hours * 3600
+        train = d.chain_steps(body, d.S_TRAIN)
+        assert len(train) == plan.segments == (1 if hours == 120.0 else 8)
+        assert runtime == {d.S_PROBE: runtime[d.S_PROBE], **{step: hours * 3600 for step in train}}
 
 
 def test_skip_probe_runs_train_without_probe_and_no_gate(body):

@@ -52,7 +52,11 @@ def test_probe_and_train_differ_where_they_must(tmp_path):
     assert train["OutputDataConfig"] == {"S3OutputPath": "s3://store/r/output/model"}
     # Only the full run keeps checkpoints, retries in-job and uploads TensorBoard files.
     assert "CheckpointConfig" not in probe and "RetryStrategy" not in probe and "TensorBoardOutputConfig" not in probe
-    assert train["CheckpointConfig"] == {"S3Uri": "s3://store/r/checkpoints/", "LocalPath": "/opt/ml/checkpoints"}
+    # A new run's checkpoints live under a prefix named after the execution (docs/runs.md).
+    assert train["CheckpointConfig"] == {
+        "S3Uri": {"Std:Join": {"On": "", "Values": [
+            "s3://store/r/checkpoints/runs/", {"Get": "Execution.PipelineExecutionId"}, "/"]}},
+        "LocalPath": "/opt/ml/checkpoints"}
     assert train["RetryStrategy"] == {"MaximumRetryAttempts": d.JOB_RETRY_ATTEMPTS}
     assert train["TensorBoardOutputConfig"] == {"S3OutputPath": "s3://store/r/output/tensorboard",
                                                 "LocalPath": "/opt/ml/output/tensorboard"}
@@ -119,8 +123,9 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
     body = d.build_definition(plan, RESOURCES)
     probe, train = d.find_step(body, d.S_PROBE), d.find_step(body, d.S_TRAIN)
     assert probe["Description"] == "Short run (9 steps per micro-batch candidate): measures tokens/s and peak memory"
-    assert train["Description"] == f"Full run: {plan.estimates.total_steps} steps"
-    assert d.find_step(body, d.S_TRAIN_WITHOUT_PROBE)["Description"] == "Full run without a probe (SkipProbe=true)"
+    assert train["Description"] == f"Full run: {plan.estimates.total_steps} steps, a new run"
+    assert d.find_step(body, d.S_TRAIN_WITHOUT_PROBE)["Description"] == "Full run without a probe (SkipProbe=true), a new run"
+    assert d.find_step(body, d.S_RESUME)["Description"] == "Resumes the run named by RunId from its checkpoints"
     for step in (probe, train):
         assert step["Type"] == "Training"
         assert step["RetryPolicies"] == [d.CAPACITY_RETRY, d.SERVICE_RETRY]
@@ -131,6 +136,7 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
         {"Name": "MaxSteps", "Type": "Integer", "DefaultValue": plan.estimates.total_steps},
         {"Name": "DataUri", "Type": "String", "DefaultValue": "s3://bucket-for-tests/tokens/"},
         {"Name": "SkipProbe", "Type": "Boolean", "DefaultValue": False},
+        {"Name": "RunId", "Type": "String", "DefaultValue": "new"},
     ]
     assert d.to_json(body) == d.to_json(d.build_definition(plan, RESOURCES)) and ", " not in d.to_json(body)[:200]
 
