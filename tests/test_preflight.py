@@ -288,6 +288,15 @@ def test_text_output_and_exit_codes(endpoint, tmp_path):
     assert RUNNER.invoke(app, ["preflight", str(path), "--endpoint-url", "not a url"]).exit_code == 2
 
 
+def test_a_staged_deploy_is_looked_up_by_its_stages_pipeline(endpoint, tmp_path):
+    path = write_recipe(tmp_path, "texty")
+    result = RUNNER.invoke(app, ["preflight", str(path), "--stage", "dev", "--endpoint-url", endpoint])
+    assert result.exit_code == 1
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("FAIL  pipeline:")]
+    assert line.startswith("FAIL  pipeline: dev-texty: not deployed") and "-c stage=dev" in line
+    assert RUNNER.invoke(app, ["preflight", str(path), "--stage", "Dev!", "--endpoint-url", endpoint]).exit_code == 2
+
+
 class _Quotas:
     """A Service Quotas client that answers every GetServiceQuota with one reply (or error)."""
 

@@ -810,6 +810,7 @@ def preflight(
     recipe: Path = _RUN_RECIPE,
     image_uri: Optional[str] = typer.Option(None, help="the training image to look for in ECR (default: the deployed pipeline's; before a deploy, the region's base image)"),
     role_arn: Optional[str] = typer.Option(None, help="the execution role whose read of data.uri to check (default: the deployed pipeline's)"),
+    stage: Optional[str] = _STAGE,
     region: Optional[str] = _REGION,
     endpoint_url: Optional[str] = _ENDPOINT,
     profile: Optional[str] = _PROFILE,
@@ -824,7 +825,8 @@ def preflight(
     try:
         require_boto3(f"{PROG} preflight")
         check_aws_options(region=region, endpoint_url=endpoint_url, profile=profile)
-        report = run_preflight(plan, region=region, endpoint_url=endpoint_url, profile=profile, image_uri=image_uri, role_arn=role_arn)
+        report = run_preflight(plan, region=region, endpoint_url=endpoint_url, profile=profile, image_uri=image_uri, role_arn=role_arn,
+                               stage=stage)
     except StartError as exc:  # ParameterError (exit 2) included
         raise _aws_failure(exc) from None
     if format is TextFormat.json:

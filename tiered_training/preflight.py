@@ -83,13 +83,14 @@ class Deployed:
 
 
 def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri: str | None = None,
-        role_arn: str | None = None, client_for: Callable[[str, str], Any] | None = None) -> Report:
+        role_arn: str | None = None, client_for: Callable[[str, str], Any] | None = None, stage: str | None = None) -> Report:
     """Every check, in order. ``clients`` maps each of :data:`SERVICES` to a boto3 client;
-    ``client_for(service, region)`` makes one for another region (an image in another region's ECR)."""
+    ``client_for(service, region)`` makes one for another region (an image in another region's ECR);
+    ``stage``: the stage the app was deployed with (its pipeline is ``<stage>-<recipe>``)."""
     recipe = plan.recipe
     checks: list[Check] = []
     deployed = Deployed()
-    checks.append(_guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed, region)))
+    checks.append(_guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed, region, stage)))
     checks.extend(check_quotas(clients["service-quotas"], plan))
     image = image_uri or deployed.image_uri
     checks.append(_guard("image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)))
@@ -99,21 +100,22 @@ def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri:
     return Report(recipe=recipe.name, region=region, checks=checks)
 
 
-def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed, region: str | None = None) -> Check:
-    from .names import stack_name
+def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed, region: str | None = None, stage: str | None = None) -> Check:
+    from .names import pipeline_name, stack_name
 
-    name = plan.recipe.name
+    name = pipeline_name(plan.recipe.name, stage)
     try:
         described = sm.describe_pipeline(PipelineName=name)
     except _client_error() as error:
         if _code(error) in ("ResourceNotFound", "ValidationException") or "does not exist" in _message(error):
             return Check("pipeline", name, FAIL, "not deployed in this account and region",
-                         f"deploy it: cdk deploy {stack_name(name)} -c region={region or '<region>'} (README, Deploy)")
+                         f"deploy it: cdk deploy {stack_name(plan.recipe.name, stage)} -c region={region or '<region>'}"
+                         + (f" -c stage={stage}" if stage else "") + " (README, Deploy)")
         raise
     status = described.get("PipelineStatus", "unknown")
     _read_definition(described.get("PipelineDefinition") or "{}", deployed)
     if status != "Active":
-        return Check("pipeline", name, FAIL, f"status {status}", f"redeploy: cdk deploy {stack_name(name)}")
+        return Check("pipeline", name, FAIL, f"status {status}", f"redeploy: cdk deploy {stack_name(plan.recipe.name, stage)}")
     return Check("pipeline", name, PASS, "deployed (Active)")
 
 
@@ -370,7 +372,7 @@ def _guard(check: str, subject: str, body: Callable[[], Check]) -> Check:
 
 
 def preflight(plan: "Plan", *, region: str | None = None, endpoint_url: str | None = None, profile: str | None = None,
-              image_uri: str | None = None, role_arn: str | None = None) -> Report:
+              image_uri: str | None = None, role_arn: str | None = None, stage: str | None = None) -> Report:
     """Create the clients (errors become :class:`start.StartError`) and run every check."""
     from .start import StartError, aws_client, aws_errors, resolve_region
 
@@ -380,5 +382,5 @@ def preflight(plan: "Plan", *, region: str | None = None, endpoint_url: str | No
     if not region:
         raise StartError("no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION")
     with aws_errors("run the preflight"):
-        return run(plan, clients, region=region, image_uri=image_uri, role_arn=role_arn,
+        return run(plan, clients, region=region, image_uri=image_uri, role_arn=role_arn, stage=stage,
                    client_for=lambda service, where: aws_client(service, region=where, endpoint_url=endpoint_url, profile=profile))
