@@ -66,3 +66,14 @@ def moto_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+def offline_aws_env(mp, home: Path, region: str) -> None:
+    """Test credentials, one region, no retries and no user AWS configuration (``mp``: a MonkeyPatch)."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": region,
+        "AWS_REGION": region, "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
+        "AWS_CONFIG_FILE": str(home / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+    }.items():
+        mp.setenv(key, value)
+    mp.delenv("AWS_PROFILE", raising=False)

@@ -23,7 +23,7 @@ import zlib
 import pytest
 from typer.testing import CliRunner
 
-from support import moto_server, recipe_dict, write_yaml
+from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from tiered_training import catalogs
 from tiered_training import definition as d
 from tiered_training.cli import app
@@ -121,13 +121,7 @@ def add_missing_actions(mp) -> None:
 def endpoint(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION, "AWS_MAX_ATTEMPTS": "1", "HOME": str(home),
-            "AWS_CONFIG_FILE": str(home / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-        }.items():
-            mp.setenv(key, value)
-        mp.delenv("AWS_PROFILE", raising=False)
+        offline_aws_env(mp, home, REGION)
         add_missing_actions(mp)
         with moto_server() as url:
             yield url
