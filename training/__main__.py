@@ -73,8 +73,12 @@ def _main(argv: list[str] | None = None) -> int:
     if args.probe:
         from .probe import run_probe
 
+        from .dist import shut_down
+
         run_probe(cfg, paths)
+        shut_down()
         return 0
+    from .dist import shut_down
     from .metrics import MetricsHook
     from .tracking import build_sinks
     from .trainer import run
@@ -84,21 +88,11 @@ def _main(argv: list[str] | None = None) -> int:
         run(cfg, paths, hooks=[metrics], max_steps=args.max_steps)
     finally:
         metrics.close()  # the heartbeat stops with the run: a finished or shortened run goes quiet
-    _shut_down()
+    shut_down()
     return 0
 
 
-def _shut_down() -> None:
-    """Tear the process group down on every rank together. Every rank ends the run at the same step
-    (the stop and the end are agreed by all-reduce), so the barrier cannot wait on a rank that left;
-    left to interpreter exit, a rank whose peer has already closed its sockets can abort in gloo's
-    destructor ("terminate called without an active exception") after a clean save."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from .dist import exit_process
+
+    exit_process(main())

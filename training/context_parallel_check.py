@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 import traceback
@@ -33,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from .dist import exit_process, shut_down
 
 
 def init() -> "DistInfo":  # noqa: F821
@@ -189,10 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in attention + trainer:
             print("context_parallel_check:", json.dumps(row), flush=True)
         print(f"context_parallel_check: {'passed' if result['passed'] else 'FAILED'}; wrote {args.out}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    shut_down()
     return 0 if result["passed"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

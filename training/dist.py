@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -55,3 +59,33 @@ def _free_port() -> int:
 def new_gloo_group() -> dist.ProcessGroup:
     """A CPU group: async checkpoint saves and control flags run on it, apart from NCCL."""
     return dist.new_group(backend="gloo")
+
+
+def shut_down() -> None:
+    """Tear the process group down on every rank together, at the end of a clean run.
+
+    Every rank ends at the same step (stops and ends are agreed by all-reduce), so the barrier
+    cannot wait on a rank that left. Collecting afterwards drops gloo work objects while the
+    interpreter is still whole.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """Flush and leave without interpreter finalisation.
+
+    A gloo worker thread that still holds work (and its tensors) takes the GIL while the
+    interpreter finalises and aborts the process ("terminate called without an active
+    exception", SIGABRT) after a clean run; torchrun then fails the job. Everything the run
+    owes (checkpoints, the model, metrics) is written before this is called.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -36,7 +36,7 @@ from torch.distributed.tensor.experimental._attention import _context_parallel_s
 
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
 from training.context_parallel import ContextParallel, enable_ring_attention, ring_attention_forward  # noqa: E402
-from training.dist import init_distributed  # noqa: E402
+from training.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.loss import IGNORE_INDEX, chunked_cross_entropy  # noqa: E402
 from training.parallel import build_mesh  # noqa: E402
 from training.parallel import shard_group_size  # noqa: E402
@@ -209,9 +209,9 @@ def main() -> None:
     args = parser.parse_args()
     info = init_distributed()
     cmd_runs(args, info)
-    dist.barrier()
-    dist.destroy_process_group()
+    shut_down()
 
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

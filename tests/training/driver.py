@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 
 from tiered_training.memory import sharded_state_bytes  # noqa: E402
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
-from training.dist import init_distributed  # noqa: E402
+from training.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
 from training.trainer import run  # noqa: E402
 
@@ -159,9 +159,9 @@ def main() -> None:
     args = parser.parse_args()
     info = init_distributed()
     {"losses": cmd_losses, "train": cmd_train, "init": cmd_init}[args.cmd](args, info)
-    dist.barrier()
-    dist.destroy_process_group()
+    shut_down()
 
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
 from training import trainer as trainer_module  # noqa: E402
 from training.data import split_batch  # noqa: E402
-from training.dist import init_distributed  # noqa: E402
+from training.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
 
 ACCUM = 3
@@ -219,9 +219,9 @@ def main() -> None:
     args = parser.parse_args()
     info = init_distributed()
     {"hybrid": cmd_hybrid}[args.cmd](args, info)
-    dist.barrier()
-    dist.destroy_process_group()
+    shut_down()
 
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
 from tiny import tiny_config  # noqa: E402
-from training.dist import init_distributed  # noqa: E402
+from training.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
 from training.trainer import build  # noqa: E402
 
@@ -48,9 +48,9 @@ def main() -> None:
     full = get_model_state_dict(trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank == 0:
         torch.save({"logits": logits.cpu(), "state": full, "class": type(trainer.lm).__name__}, args.out)
-    dist.barrier()
-    dist.destroy_process_group()
+    shut_down()
 
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -69,4 +69,9 @@ def launch() -> int:
 
 if __name__ == "__main__":
     role = sys.argv.pop(1)
-    sys.exit({"launch": launch, "worker": worker}[role]())
+    code = {"launch": launch, "worker": worker}[role]()
+    if role == "worker":
+        from training.dist import exit_process
+
+        exit_process(code)  # as ``python -m training`` leaves after a clean run
+    sys.exit(code)
