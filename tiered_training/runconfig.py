@@ -169,6 +169,43 @@ class ExportConfig(_Frozen):
 
     dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="dtype of the exported weights")
     max_shard_bytes: int = Field(default=5 * 10**9, ge=1, description="split the safetensors into files of at most this size")
+    format: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="merged: full weights (LoRA merged in); adapter: the LoRA adapter in peft's format",
+    )
+
+
+# peft's names for the Llama and Qwen2 projections: LoRA on every linear layer of the blocks
+# (QLoRA, Dettmers et al. 2023, https://arxiv.org/abs/2305.14314, found all-linear adapters
+# needed to match full fine-tuning).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Frozen):
+    """LoRA adapters through peft (``peft.LoraConfig``): the base stays frozen."""
+
+    rank: int = Field(default=16, ge=1, le=1024, description="the adapters' rank r")
+    alpha: float = Field(default=32.0, gt=0, description="scaling: the update is multiplied by alpha / rank")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES), min_length=1)
+
+
+class SftConfig(_Frozen):
+    """Supervised fine-tuning on packed example shards (``training/sft_data.py``).
+
+    The shards carry a loss mask and per-example positions; attention does not cross examples.
+    """
+
+    adapter: Literal["none", "lora"] = Field(default="none", description="none: every parameter trains")
+    lora: LoraConfig | None = Field(default=None, description="with adapter=lora")
+
+    @model_validator(mode="after")
+    def _lora_with_adapter(self) -> "SftConfig":
+        if self.adapter == "lora" and self.lora is None:
+            raise ValueError("sft.adapter is lora but sft.lora is not set")
+        if self.adapter == "none" and self.lora is not None:
+            raise ValueError("sft.lora is set but sft.adapter is none")
+        return self
 
 
 class MetricsConfig(_Frozen):
@@ -250,6 +287,15 @@ class RunConfig(_Frozen):
     validation: ValidationConfig = ValidationConfig()
     export: ExportConfig = ExportConfig()
     run: RunSection = RunSection()
+    sft: SftConfig | None = Field(default=None, description="None: pretraining on flat token shards")
+
+    @model_validator(mode="after")
+    def _export_format_fits_the_task(self) -> "RunConfig":
+        if self.export.format == "adapter" and (self.sft is None or self.sft.adapter != "lora"):
+            raise ValueError("export.format is adapter, but the run trains no LoRA adapter (sft.adapter: lora)")
+        if self.sft is not None and self.model.init_checkpoint is None:
+            raise ValueError("sft needs model.init_checkpoint: fine-tuning starts from trained weights")
+        return self
 
     @model_validator(mode="after")
     def _sequence_splits_over_context_parallel(self) -> "RunConfig":
