@@ -300,6 +300,12 @@ class RunConfig(_Frozen):
     @model_validator(mode="after")
     def _sequence_splits_over_context_parallel(self) -> "RunConfig":
         cp = self.parallel.context_parallel
+        if cp > 1 and self.sft is not None:
+            raise ValueError(
+                f"parallel.context_parallel {cp} with sft: ring attention is causal over the whole sequence and has "
+                "no document mask, so the packed examples of a sequence would attend to each other; set "
+                "parallel.context_parallel to 1 (or a batch.sequence_length that fits one GPU)"
+            )
         if cp > 1 and self.batch.sequence_length % (2 * cp):
             raise ValueError(
                 f"batch.sequence_length {self.batch.sequence_length} is not a multiple of 2 x context_parallel "
@@ -320,8 +326,9 @@ class RunConfig(_Frozen):
 
         ``model``: the architecture and starting checkpoint (the weights' shapes); ``batch``: the
         sequence length and global batch (the data position counts windows of it); ``data``: the
-        token type and shuffle seed (the order of the windows). The step count is not part of it
-        (``MaxSteps`` may extend a run), nor the micro-batch and accumulation (they follow the world).
+        token type and shuffle seed (the order of the windows); ``sft``, for fine-tuning only: the
+        adapter and its settings (what the checkpoint's trained state is). The step count is not part
+        of it (``MaxSteps`` may extend a run), nor the micro-batch and accumulation (they follow the world).
         """
         import hashlib
 
@@ -330,6 +337,8 @@ class RunConfig(_Frozen):
             "batch": {"sequence_length": self.batch.sequence_length, "global_batch_tokens": self.batch.global_batch_tokens},
             "data": self.data.model_dump(mode="json"),
         }
+        if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
+            parts["sft"] = self.sft.model_dump(mode="json")
         return {name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
                 for name, value in parts.items()}
 

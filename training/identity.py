@@ -3,7 +3,8 @@
 Every checkpoint's manifest (the ``COMMITTED`` marker, training/checkpoint.py) carries a ``run``
 entry: the run id, the recipe, the plan hash and its parts (``RunConfig.identity_parts``: the
 model, the sequence length and global batch, the token type and shuffle seed), the data URI
-and a fingerprint of the data (the shards' names and sizes), the world size, the step and the
+and a fingerprint of the data (the shards' names and sizes; for fine-tuning also the packed
+shards' own fingerprint of examples, tokenizer and packing), the world size, the step and the
 tokens seen. Before torchrun starts, the launcher compares the newest committed checkpoint's
 identity with this job's (:func:`mismatches`) and refuses a resume that would not continue the
 same run, naming what changed and what to do. Torch is not imported here.
@@ -24,7 +25,9 @@ PART_NAMES = {
     "model": "the model (architecture or starting checkpoint)",
     "batch": "the sequence length or global batch",
     "data": "the token type or data seed",
+    "sft": "the fine-tuning settings (adapter, LoRA rank, alpha, dropout or target modules)",
 }
+SFT_KIND = "sft-packed"
 
 
 def data_fingerprint(data_dir: Path | None) -> str:
@@ -40,9 +43,24 @@ def data_fingerprint(data_dir: Path | None) -> str:
     return digest.hexdigest()[:16]
 
 
+def sft_fingerprint(data_dir: Path | None) -> str:
+    """The packed SFT shards' own fingerprint (``shards.json`` of kind ``sft-packed``: a hash of the
+    examples, the tokenizer and the packing settings), or "" for other data."""
+    manifest = Path(data_dir) / "shards.json" if data_dir is not None else None
+    if manifest is None or not manifest.is_file():
+        return ""
+    try:
+        found = json.loads(manifest.read_text())
+    except (ValueError, OSError):
+        return ""
+    if not isinstance(found, dict) or found.get("kind") != SFT_KIND:
+        return ""
+    return str(found.get("fingerprint") or "")
+
+
 def identity(cfg: RunConfig, data_dir: Path | None, world_size: int) -> dict[str, Any]:
     """This job's run identity, without the step (which the checkpoint adds)."""
-    return {
+    found = {
         "run_id": cfg.run.id,
         "recipe": cfg.recipe_name,
         "plan_hash": cfg.plan_hash(),
@@ -51,6 +69,9 @@ def identity(cfg: RunConfig, data_dir: Path | None, world_size: int) -> dict[str
         "data_fingerprint": data_fingerprint(data_dir),
         "world_size": world_size,
     }
+    if cfg.sft is not None:
+        found["sft_data_fingerprint"] = sft_fingerprint(data_dir)
+    return found
 
 
 def committed_manifests(checkpoint_dir: Path) -> list[tuple[int, Path, dict[str, Any]]]:
@@ -90,13 +111,20 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     if saved.get("recipe") and current.get("recipe") and saved["recipe"] != current["recipe"]:
         found.append(f"the checkpoint is of recipe {saved['recipe']!r}, not {current['recipe']!r}; {new_run}")
     saved_parts, parts = saved.get("plan_parts") or {}, current.get("plan_parts") or {}
-    changed = [name for name in PART_NAMES if name in saved_parts and saved_parts.get(name) != parts.get(name)]
+    changed = [name for name in PART_NAMES if (name in saved_parts or name == "sft" and name in parts)
+               and saved_parts.get(name) != parts.get(name)]
     for name in changed:
         found.append(f"{PART_NAMES[name]} changed since run {run!r} started (plan {saved.get('plan_hash')} -> "
                      f"{current.get('plan_hash')}): its checkpoint cannot carry over; {new_run}, or restore the recipe")
     if saved.get("data_uri") and current.get("data_uri") and saved["data_uri"] != current["data_uri"]:
         found.append(f"the data changed: run {run!r} trains on {saved['data_uri']}, this execution gives "
                      f"{current['data_uri']}; resume with DataUri={saved['data_uri']}, or {new_run}")
+    elif (saved.get("sft_data_fingerprint") and current.get("sft_data_fingerprint")
+          and saved["sft_data_fingerprint"] != current["sft_data_fingerprint"]):
+        found.append(f"the fine-tuning data at {current.get('data_uri') or 'the train channel'} is not the data run "
+                     f"{run!r} was trained on (packed-shard fingerprint {saved['sft_data_fingerprint'][:12]} -> "
+                     f"{current['sft_data_fingerprint'][:12]}: other examples, tokenizer or packing settings), so the "
+                     f"run's data position does not carry over; restore that data, or {new_run}")
     elif (saved.get("data_fingerprint") and current.get("data_fingerprint")
           and saved["data_fingerprint"] != current["data_fingerprint"]):
         found.append(f"the data at {current.get('data_uri') or 'the train channel'} changed since run {run!r} saved "

@@ -232,7 +232,8 @@ class CausalLMLoss(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
                 divisor: torch.Tensor | None = None) -> torch.Tensor:
         """position_ids: RoPE positions of ``input_ids`` when they are a part of each sequence
-        (context parallelism); default ``0 .. len - 1``. divisor: the step's global count of
+        (context parallelism), or positions restarting at 0 per example in packed SFT sequences
+        (transformers then masks attention per example, ``training/packing.py``); default ``0 .. len - 1``. divisor: the step's global count of
         valid labels (training); without it, the mean over these labels (validation)."""
         from .loss import chunked_cross_entropy
 

@@ -59,6 +59,7 @@ from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
 from .loss import valid_tokens
 from .model import CausalLMLoss, build_model, materialize
+from .packing import check_attention, split_sft_batch
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
 from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from .paths import Paths
@@ -170,6 +171,8 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     apply_ac(layers, precision.activation_checkpointing)
     if precision.compile:
         apply_compile(layers)
+    if cfg.sft is not None:
+        check_attention(lm, cp.size)  # packed examples must not see each other
     model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
     apply_fsdp(model, layers, mesh, precision)
     materialize(lm, info.device, seed=cfg.data.seed)
@@ -192,6 +195,33 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     except (FileNotFoundError, ValueError) as error:
         log.warning("no validation loss in this run: %s", error)
         return None
+
+
+def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
+    """The training batches: token windows for pretraining; for SFT (``cfg.sft``) packed
+    sequences as dicts of ``input_ids``, ``labels`` (-100 where masked) and ``position_ids``."""
+    batch, info = cfg.batch, trainer.info
+    common = dict(
+        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
+        seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
+        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")), vocab_size=cfg.model.vocab_size,
+        holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
+    )
+    if cfg.sft is not None:
+        from .sft_data import build_sft_dataloader
+
+        return build_sft_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length,
+                                    batch.micro_batch_size, **common)
+    return build_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
+                            **common)
+
+
+def micro_batch(trainer: Trainer, batch, device: torch.device) -> tuple:
+    """``(inputs, labels, positions)`` of one micro-batch, this rank's part: an SFT batch dict as
+    it comes (labels masked, positions per example); a pretraining window split and sharded for CP."""
+    if isinstance(batch, dict):
+        return split_sft_batch(batch, device)
+    return trainer.cp.shard(*split_batch(batch, device))
 
 
 def forward_backward(trainer: Trainer, micro_batches: list[tuple]) -> torch.Tensor:
@@ -312,14 +342,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
                     info.world_size, cfg.batch.global_batch_tokens)
     torch.manual_seed(cfg.data.seed + info.rank)
     trainer = build(cfg, paths, info=info)
-    batch = cfg.batch
-    dataloader = build_dataloader(
-        paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
-        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
-        seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
-        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")), vocab_size=cfg.model.vocab_size,
-        holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
-    )
+    dataloader = build_train_dataloader(cfg, paths, trainer)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
     ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
@@ -393,7 +416,7 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             waited = time.perf_counter()
             tokens = next(data_iter)
             data_wait += time.perf_counter() - waited
-            micro_batches.append(trainer.cp.shard(*split_batch(tokens, device)))
+            micro_batches.append(micro_batch(trainer, tokens, device))
         loss_sum = forward_backward(trainer, micro_batches)
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
         lr = scheduler.get_last_lr()[0]

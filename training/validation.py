@@ -10,7 +10,10 @@ Where the held-out windows come from (``cfg.validation.source``, set by the plan
 
 Each pass reads the same ``cfg.validation.batches`` micro-batches per rank (rank ``r`` of
 ``n`` takes every ``n``-th held-out window, in order), under ``torch.no_grad`` and
-``model.eval()``, and averages the loss over every rank. Ranks agree on when to run
+``model.eval()``, and averages the loss over every rank. For fine-tuning (``cfg.sft``) the
+windows are packed SFT sequences (``training.packing.PackedSequences``) with the training
+loss's masks and per-example positions, and the loss is the mean over their valid labels
+(each label weighs the same, however many a batch holds). Ranks agree on when to run
 through one small all-reduce after each step, so a pass starts on all of them together.
 The result goes to :meth:`training.metrics.MetricsHook.record_validation` (CloudWatch,
 MLflow, TensorBoard) and to the log.
@@ -31,6 +34,8 @@ import torch.distributed as dist
 from tiered_training.runconfig import VALIDATION_CHANNEL, RunConfig
 
 from .data import DTYPES, find_shards, held_out_windows, split_batch
+from .loss import IGNORE_INDEX
+from .packing import PackedSequences, split_sft_batch
 
 log = logging.getLogger("training.validation")
 
@@ -84,10 +89,17 @@ class Validator:
         self.interval = v.interval_minutes * 60.0
         directory = validation_dir() if v.source == "channel" else data_dir
         batch = cfg.batch
-        self.data = HeldOutWindows(
-            directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
-            count=v.batches * batch.micro_batch_size, holdout_every=v.holdout_every if v.source == "holdout" else 0,
-        )
+        holdout_every = v.holdout_every if v.source == "holdout" else 0
+        self.sft = cfg.sft is not None
+        if self.sft:
+            self.data = PackedSequences(directory, rank=rank, world_size=world_size,
+                                        count=v.batches * batch.micro_batch_size, holdout_every=holdout_every)
+        else:
+            self.data = HeldOutWindows(
+                directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
+                count=v.batches * batch.micro_batch_size, holdout_every=holdout_every,
+            )
+        self._one = torch.ones((), device=device, dtype=torch.int64)
         self.last = clock()
 
     @classmethod
@@ -114,10 +126,15 @@ class Validator:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         count = 0
         try:
-            for tokens in self.data.batches(self.cfg.batch.micro_batch_size):
-                inputs, labels, positions = self.shard(*split_batch(tokens, self.device))
-                total += self.model(inputs, labels, positions).detach().float()
-                count += 1
+            for batch in self.data.batches(self.cfg.batch.micro_batch_size):
+                if self.sft:  # the loss sum (divisor 1) and the count of valid labels
+                    inputs, labels, positions = split_sft_batch(batch, self.device)
+                    total += self.model(inputs, labels, positions, divisor=self._one).detach().float()
+                    count += int((labels != IGNORE_INDEX).sum())
+                else:  # the mean of each batch's mean (every label valid, every batch the same size)
+                    inputs, labels, positions = self.shard(*split_batch(batch, self.device))
+                    total += self.model(inputs, labels, positions).detach().float()
+                    count += 1
         finally:
             self.model.train(was_training)
         stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
@@ -125,7 +142,8 @@ class Validator:
             dist.all_reduce(stats, op=dist.ReduceOp.SUM)
         self.last = self.clock()
         loss = (stats[0] / stats[1].clamp(min=1)).item()
-        log.info("validation loss %.4f over %d batches per rank (%.1f s)", loss, count, time.perf_counter() - started)
+        log.info("validation loss %.4f over %d %s per rank (%.1f s)", loss, count, "labels" if self.sft else "batches",
+                 time.perf_counter() - started)
         return loss
 
     def maybe_run(self, on_result: Callable[[float], None] | None = None) -> float | None:
