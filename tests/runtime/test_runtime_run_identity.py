@@ -13,6 +13,7 @@ from training.launcher import LaunchError, build_launch
 
 from support import RECIPES
 from tiered_training.planner import plan_file
+from tiered_training.runconfig import LoraConfig, SftConfig
 
 DATA = "s3://example-training-data/fineweb-edu/llama3-tokens/"
 
@@ -97,3 +98,57 @@ def test_a_new_run_on_an_instance_count_that_breaks_the_global_batch_is_refused(
         _launch(cfg, tmp_path / "empty", data, hosts=3)
     assert "InstanceCount 3 (24 GPUs) cannot run the plan as planned" in str(raised.value)
     assert "instance counts this plan supports: 1" in str(raised.value)
+
+
+# -- fine-tuning: the packed shards' fingerprint and the SFT settings ---------------------------------
+
+
+def _sft(cfg, **lora):
+    """``cfg`` as a fine-tuning run from a Hugging Face checkpoint; LoRA with these settings if any are given."""
+    sft = SftConfig(adapter="lora", lora=LoraConfig(**lora)) if lora else SftConfig()
+    model = cfg.model.model_copy(update={"init_checkpoint": "s3://example-models/llama-3.1-8b/"})
+    return cfg.model_copy(update={"sft": sft, "model": model})
+
+
+def _packed(root: Path, fingerprint: str) -> Path:
+    """Packed SFT shards whose manifest records ``fingerprint`` (the same file sizes for any fingerprint)."""
+    data = _data(root)
+    (data / "shards.json").write_text(json.dumps({
+        "kind": "sft-packed", "sequence_length": 8192, "token_dtype": "uint32", "fingerprint": fingerprint,
+        "loss_on": "assistant", "overlong": "drop", "examples": 10, "dropped": 0, "truncated": 0,
+        "tokenizer": "meta-llama/Llama-3.1-8B-Instruct", "shards": [{"file": "shard-00000.bin", "sequences": 1}]}))
+    return data
+
+
+def test_a_fine_tuning_resume_on_other_examples_is_refused_naming_the_fingerprints(tmp_path):
+    """The same URI and the same shard sizes, other examples (or tokenizer, or packing): the manifest's
+    fingerprint is in the checkpoint, and the resume is refused naming both."""
+    data = _packed(tmp_path, "a" * 64)
+    checkpoints = _checkpoint(tmp_path, _sft(_cfg()), data)
+    assert identity(_sft(_cfg()), data, 8)["sft_data_fingerprint"] == "a" * 64
+    assert _launch(_sft(_cfg()), checkpoints, data).nnodes == 1
+    _packed(tmp_path, "b" * 64)
+    with pytest.raises(LaunchError) as raised:
+        _launch(_sft(_cfg()), checkpoints, data)
+    message = str(raised.value)
+    assert "the fine-tuning data at s3://example-training-data/fineweb-edu/llama3-tokens/ is not the data run 'run-a' " \
+           "was trained on (packed-shard fingerprint aaaaaaaaaaaa -> bbbbbbbbbbbb" in message
+    assert "restore that data, or start a new run" in message
+
+
+def test_a_fine_tuning_resume_with_other_adapter_settings_is_refused(tmp_path):
+    data = _packed(tmp_path, "a" * 64)
+    checkpoints = _checkpoint(tmp_path, _sft(_cfg(), rank=16), data)
+    assert _launch(_sft(_cfg(), rank=16), checkpoints, data).nnodes == 1
+    for other in (_sft(_cfg(), rank=8), _sft(_cfg())):  # another LoRA rank; full fine-tuning
+        with pytest.raises(LaunchError, match=r"the fine-tuning settings \(adapter, LoRA rank"):
+            _launch(other, checkpoints, data)
+
+
+def test_a_pretraining_checkpoint_is_not_resumed_as_fine_tuning(tmp_path):
+    """A checkpoint saved before the sft part existed (pretraining) has no such part: fine-tuning differs from it."""
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    assert "sft" not in _cfg().identity_parts()  # pretraining plan hashes are as before
+    with pytest.raises(LaunchError, match=r"the fine-tuning settings \(adapter"):
+        _launch(_sft(_cfg()), checkpoints, data)

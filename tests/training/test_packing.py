@@ -103,6 +103,11 @@ def test_labels_follow_the_contract():
     assert valid.sum() == (9 - 4) + (6 - 2)  # the answers' tokens
     assert s["labels"][8] == IGNORE_INDEX  # the second example's first token is not the first one's target
     assert s["labels"][valid].tolist() == tokens[1:][valid].tolist()
+    # loss on every token (the mask all 1): still no target across the boundary, nor into the padding
+    everything = [(t, np.ones_like(m)) for t, m in EXAMPLES[:2]]
+    s = sample(*pack(everything))
+    assert int((s["labels"] != IGNORE_INDEX).sum()) == (9 - 1) + (6 - 1)
+    assert s["labels"][8] == IGNORE_INDEX and s["labels"][14] == IGNORE_INDEX
 
 
 def test_packing_changes_neither_the_loss_nor_the_gradients_of_an_example(model):
