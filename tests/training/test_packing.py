@@ -144,19 +144,27 @@ def test_attention_does_not_cross_examples(model):
     assert float(leaked.abs().max()) > 1e-3
 
 
-def test_validation_reads_packed_shards_in_order(tmp_path):
-    """The validation reader takes the contract's files: tokens, mask and positions per shard."""
+def write_packed(directory, shards: list[list[tuple]]) -> None:
+    """Packed SFT shards as the contract has them: tokens, loss mask and positions, and shards.json."""
     import json
 
-    rows = [pack(EXAMPLES[:2]), pack(EXAMPLES[2:]), pack(EXAMPLES[1:])]
-    for name, part in (("shard-00000", rows[:2]), ("shard-00001", rows[2:])):
-        np.stack([r[0] for r in part]).astype(np.uint16).tofile(tmp_path / f"{name}.bin")
-        np.stack([r[1] for r in part]).astype(np.uint8).tofile(tmp_path / f"{name}.mask.bin")
-        np.stack([r[2] for r in part]).astype(np.uint16).tofile(tmp_path / f"{name}.pos.bin")
-    (tmp_path / "shards.json").write_text(json.dumps({
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for number, rows in enumerate(shards):
+        name = f"shard-{number:05d}"
+        np.stack([r[0] for r in rows]).astype(np.uint16).tofile(directory / f"{name}.bin")
+        np.stack([r[1] for r in rows]).astype(np.uint8).tofile(directory / f"{name}.mask.bin")
+        np.stack([r[2] for r in rows]).astype(np.uint16).tofile(directory / f"{name}.pos.bin")
+        entries.append({"file": f"{name}.bin", "sequences": len(rows), "max_token": VOCAB - 1})
+    (directory / "shards.json").write_text(json.dumps({
         "kind": "sft-packed", "sequence_length": N, "token_dtype": "uint16", "fingerprint": "0" * 64,
-        "shards": [{"file": "shard-00000.bin", "sequences": 2, "max_token": VOCAB - 1},
-                   {"file": "shard-00001.bin", "sequences": 1, "max_token": VOCAB - 1}]}))
+        "loss_on": "assistant", "overlong": "drop", "shards": entries}))
+
+
+def test_validation_reads_packed_shards_in_order(tmp_path):
+    """The validation reader takes the contract's files: tokens, mask and positions per shard."""
+    rows = [pack(EXAMPLES[:2]), pack(EXAMPLES[2:]), pack(EXAMPLES[1:])]
+    write_packed(tmp_path, [rows[:2], rows[2:]])
     second_rank = PackedSequences(tmp_path, rank=1, world_size=2)
     assert len(second_rank) == 1
     assert {k: v.tolist() for k, v in second_rank[0].items()} == {k: v.tolist() for k, v in sample(*rows[1]).items()}
@@ -213,3 +221,31 @@ def test_context_parallel_with_sft_is_refused():
     with pytest.raises(ValueError, match="context_parallel 2 with sft: ring attention .* no document mask"):
         tiny_config(model={"init_checkpoint": "s3://example-bucket/tiny/"}, sft={"adapter": "none"},
                     parallel={"sharding": "full", "shard_group_size": 2, "context_parallel": 2})
+
+
+def test_sft_validation_is_the_mean_over_valid_labels(trainer, tmp_path, monkeypatch):
+    """The validation loss of packed sequences is the loss of their examples run alone, summed and
+    divided by the count of valid labels: masks as in training, each label weighing the same."""
+    from tiered_training.runconfig import ValidationConfig
+    from training.validation import Validator
+
+    # 2 micro-batches of 2 sequences, with 10 and 16 valid labels
+    batches = [[EXAMPLES[:1], EXAMPLES[:1]], [EXAMPLES[2:], EXAMPLES[1:]]]
+    write_packed(tmp_path, [[pack(examples) for batch in batches for examples in batch]])
+    monkeypatch.setenv("TT_VALIDATION_DIR", str(tmp_path))
+    cfg = trainer.cfg.model_copy(update={"validation": ValidationConfig(source="channel", batches=2)})
+    assert cfg.batch.micro_batch_size == 2
+    validator = Validator(cfg, tmp_path, trainer.model, torch.device("cpu"), rank=0, world_size=1)
+    one = torch.ones((), dtype=torch.int64)
+    sums, counts = np.zeros(len(batches)), np.zeros(len(batches))  # per micro-batch
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            for example in (e for examples in batch for e in examples):
+                s = collate([alone(example)])
+                sums[index] += float(trainer.model(s["input_ids"], s["labels"], None, divisor=one))
+                counts[index] += int((s["labels"] != IGNORE_INDEX).sum())
+    assert counts.tolist() == [10, 16]
+    expected = sums.sum() / counts.sum()
+    loss = validator.evaluate()
+    assert abs(loss - expected) <= TOL32 * expected
+    assert abs(np.mean(sums / counts) - expected) > 5 * TOL32 * expected  # the mean of batch means is not it
