@@ -249,3 +249,50 @@ def test_sft_validation_is_the_mean_over_valid_labels(trainer, tmp_path, monkeyp
     loss = validator.evaluate()
     assert abs(loss - expected) <= TOL32 * expected
     assert abs(np.mean(sums / counts) - expected) > 5 * TOL32 * expected  # the mean of batch means is not it
+
+
+def _stand_in_loader(data_dir, token_dtype, sequence_length, micro_batch_size, *, rank, world_size, seed,
+                     pin_memory=False, num_workers=0, vocab_size=None, holdout_every=0):
+    """The packed sequences in order, as batch dicts (``training.sft_data.build_sft_dataloader``'s shape)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return StatefulDataLoader(PackedSequences(data_dir, rank=rank, world_size=world_size), batch_size=micro_batch_size,
+                              collate_fn=collate, drop_last=True)
+
+
+def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_the_data(trainer, tmp_path, monkeypatch):
+    """``run`` with ``cfg.sft``: the first step's loss is the init checkpoint's loss on the first packed
+    batch, masks and per-example positions included (as transformers computes it); the checkpoints
+    record the packed shards' fingerprint. Tolerance: the test_init_checkpoint_loss bound, 10 x 128 u."""
+    import json
+    import sys
+    import types
+
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+
+    from training.paths import Paths
+    from training.random_checkpoint import write_random_checkpoint
+    from training.trainer import run
+
+    fake = types.ModuleType("training.sft_data")
+    fake.build_sft_dataloader = _stand_in_loader
+    monkeypatch.setitem(sys.modules, "training.sft_data", fake)
+    rows = [pack(EXAMPLES), pack(EXAMPLES[1:]), pack(EXAMPLES[:1]), pack(EXAMPLES[::2])]
+    write_packed(tmp_path / "data", [rows])
+    cfg = trainer.cfg.model_copy(update={
+        "batch": trainer.cfg.batch.model_copy(update={"total_steps": 2, "global_batch_tokens": 64}),
+        "run": trainer.cfg.run.model_copy(update={"id": "sft-run"})})
+    write_random_checkpoint(cfg.model, tmp_path / "init", seed=7)
+    paths = Paths(tmp_path / "data", tmp_path / "checkpoints", tmp_path / "model", tmp_path / "init")
+    result = run(cfg, paths, resume=False, export=False)
+    assert result.step == 2 and result.checkpoint_step == 2
+
+    lm = LlamaForCausalLM.from_pretrained(tmp_path / "init", dtype=torch.float32).eval()
+    first = collate([sample(*rows[0]), sample(*rows[1])])
+    with torch.no_grad():
+        logits = lm(input_ids=first["input_ids"], position_ids=first["position_ids"]).logits
+    expected = F.cross_entropy(logits.reshape(-1, VOCAB), first["labels"].reshape(-1), ignore_index=IGNORE_INDEX).item()
+    assert result.losses[1] == pytest.approx(expected, rel=10 * 128 * 2.0**-24)
+    manifest = json.loads((tmp_path / "checkpoints" / "step-2" / "COMMITTED").read_text())
+    assert manifest["run"]["sft_data_fingerprint"] == "0" * 64
