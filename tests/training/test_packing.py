@@ -275,6 +275,11 @@ def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_th
     from training.random_checkpoint import write_random_checkpoint
     from training.trainer import run
 
+    import logging
+
+    logger = logging.getLogger("training")  # run() sets up its own logging: give it back to pytest after
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
     fake = types.ModuleType("training.sft_data")
     fake.build_sft_dataloader = _stand_in_loader
     monkeypatch.setitem(sys.modules, "training.sft_data", fake)
@@ -285,7 +290,11 @@ def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_th
         "run": trainer.cfg.run.model_copy(update={"id": "sft-run"})})
     write_random_checkpoint(cfg.model, tmp_path / "init", seed=7)
     paths = Paths(tmp_path / "data", tmp_path / "checkpoints", tmp_path / "model", tmp_path / "init")
-    result = run(cfg, paths, resume=False, export=False)
+    level = logger.level
+    try:
+        result = run(cfg, paths, resume=False, export=False)
+    finally:
+        logger.setLevel(level)
     assert result.step == 2 and result.checkpoint_step == 2
 
     lm = LlamaForCausalLM.from_pretrained(tmp_path / "init", dtype=torch.float32).eval()
