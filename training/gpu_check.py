@@ -17,7 +17,9 @@ It writes one JSON document: ``rows`` are calibration rows that ``make calibrate
     python -m training.gpu_check                        # on the GPU: bench/gpu/gpu-check-<gpu>-<date>.json
     python -m training.gpu_check --cpu-smoke --out x.json   # the same code path on the CPU, a tiny model
 
-First, a context-parallel case (``context_parallel_case``: ring attention on the CUDA SDPA
+First, a packed-sequence case (``packing_case``: SFT examples packed in one sequence against
+each alone on the device's SDPA kernels, which kernels ran, and the document mask's cost; see
+``training/packing_check.py``; seconds). Then a context-parallel case (``context_parallel_case``: ring attention on the CUDA SDPA
 kernels and the trainer with context parallelism 2 against 1, two ranks under torchrun;
 see ``training/context_parallel_check.py``; at most ``--cp-timeout-s``, counted in the
 budget). Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
@@ -235,6 +237,27 @@ def context_parallel_case(out_dir: Path, timeout_s: float) -> dict:
     return row
 
 
+def packing_case(cpu_smoke: bool) -> dict:
+    """Packed SFT sequences on this device's SDPA kernels (``training.packing_check``): each
+    example's logits in the pack against alone, the kernels that ran, and the document mask's cost."""
+    import torch
+
+    from training.packing_check import CPU_LENGTHS, CPU_MODEL, GPU_LENGTHS, GPU_MODEL, check
+
+    started = time.monotonic()
+    try:
+        if cpu_smoke:
+            result = check(torch.device("cpu"), torch.float32, CPU_MODEL, CPU_LENGTHS, 32)
+        else:
+            result = check(torch.device("cuda", 0), torch.bfloat16, GPU_MODEL, GPU_LENGTHS, 4096)
+        status = "ok" if result["passed"] else "failed"
+    except Exception as error:  # noqa: BLE001 - record and carry on
+        result, status = {"error": f"{type(error).__name__}: {error}"[:500]}, "error"
+        traceback.print_exc()
+    _release()
+    return {"status": status, "seconds": round(time.monotonic() - started, 1), **result}
+
+
 def _release() -> None:
     import gc
 
@@ -359,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     document: dict = {"rows": [], "environment": env, "runs": []}
+    document["packing"] = packing_case(args.cpu_smoke)
+    print("gpu_check: packing: " + json.dumps({k: document["packing"].get(k) for k in (
+        "status", "kernels", "relative_error", "tolerance", "leak", "packed_ms", "causal_ms", "error")}), flush=True)
     if args.cp_timeout_s > 0 and not args.cpu_smoke:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         document["context_parallel"] = context_parallel_case(out_path.parent, args.cp_timeout_s)
