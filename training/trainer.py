@@ -59,8 +59,8 @@ from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
 from .loss import valid_tokens
 from .model import CausalLMLoss, build_model, materialize
-from .packing import check_attention, split_sft_batch
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
+from .packing import check_attention, split_sft_batch
 from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from .paths import Paths
 from .step_stats import StepStats
@@ -199,7 +199,9 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 
 def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     """The training batches: token windows for pretraining; for SFT (``cfg.sft``) packed
-    sequences as dicts of ``input_ids``, ``labels`` (-100 where masked) and ``position_ids``."""
+    sequences as dicts of ``input_ids``, ``labels`` (-100 where masked) and ``position_ids``, from
+    ``training.sft_data.build_sft_dataloader``, which takes ``data.build_dataloader``'s arguments
+    (with ``holdout_every``, the sequences validation reads are skipped, as for windows)."""
     batch, info = cfg.batch, trainer.info
     common = dict(
         rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
