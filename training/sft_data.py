@@ -15,11 +15,12 @@ Each non-empty line of an input file is one example, in one of two forms:
 
 Loss masks (``--loss-on assistant``, the default): the targets are the assistant turns' tokens
 (with the template's end-of-turn token) or the completion's tokens and EOS. Where the chat template
-marks assistant text with ``{% generation %}``, its ``return_assistant_tokens_mask`` gives them;
-otherwise the conversation is rendered prefix by prefix: assistant turn ``i`` is the text between
-the rendering of messages ``[:i]`` with the generation prompt and that of messages ``[:i+1]``,
-mapped to tokens through the tokenizer's character offsets (a template that does not render a
-conversation prefix by prefix is refused). ``--loss-on all``: every token is a target.
+marks assistant text with ``{% generation %}``, those spans are the targets (the spans of
+``return_assistant_tokens_mask``); otherwise the conversation is rendered prefix by prefix, and
+assistant turn ``i`` is the text between the rendering of messages ``[:i]`` with the generation
+prompt and that of messages ``[:i+1]`` (a template that does not render a conversation prefix by
+prefix is refused). A token that starts inside a span, by the tokenizer's character offsets, is a
+target. ``--loss-on all``: every token is a target.
 
 Packing: examples go, in input order, into the first of the last 64 open sequences of
 ``sequence_length + 1`` tokens with room for them (first fit); a sequence is written once full or
@@ -209,8 +210,22 @@ class SftTokenizer:
             raise BadData(f"{example.where}: messages: the chat template refused the conversation: {first}") from None
 
     def _chat_with_generation(self, example: Example) -> tuple[list[int], list[int]]:
-        out = self._render(example, example.messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
+        """The ``{% generation %}`` spans, as transformers' ``render_jinja_template`` reports them for
+        ``return_assistant_tokens_mask``, mapped to tokens by character offsets. (transformers' own
+        ``assistant_masks`` marks every token to the end when a span ends in text that no token covers,
+        such as a newline a pre-tokenizer drops.)"""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        text = self._render(example, example.messages, tokenize=False)
+        try:
+            rendered, spans = render_jinja_template(conversations=[example.messages], chat_template=self.template,
+                                                    return_assistant_tokens_mask=True, **self.tok.special_tokens_map)
+        except Exception as error:
+            raise BadData(f"{example.where}: messages: the chat template refused the conversation: {error}") from None
+        if rendered[0] != text:
+            raise BadData(f"{example.where}: messages: the chat template renders differently with its {{% generation %}} "
+                          "markers; use --loss-on all")
+        return self._tokens_with_mask(text, spans[0])
 
     def _chat_by_prefix(self, example: Example) -> tuple[list[int], list[int]]:
         messages = example.messages
@@ -226,6 +241,10 @@ class SftTokenizer:
                               "conversation prefix by prefix, so its assistant tokens cannot be found; use a template "
                               "with {% generation %} markers or --loss-on all")
             spans.append((len(start), len(end)))
+        return self._tokens_with_mask(text, spans)
+
+    def _tokens_with_mask(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """``text`` tokenised as ``apply_chat_template`` does; a token is a target when it starts inside a span."""
         encoded = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [int(any(a <= begin < b for a, b in spans)) for begin, _ in encoded["offset_mapping"]]
         return list(encoded["input_ids"]), mask
