@@ -79,9 +79,13 @@ def _manifest_entries(data_dir: Path) -> dict[Path, dict]:
     entries: dict[Path, dict] = {}
     for manifest in sorted(data_dir.rglob(MANIFEST)):
         try:
-            shards = json.loads(manifest.read_text()).get("shards") or []
+            content = json.loads(manifest.read_text())
+            shards = content.get("shards") or []
         except (ValueError, OSError, AttributeError):
             continue  # informational; every window is checked anyway
+        if content.get("kind") == SFT_KIND:
+            raise DataError(f"{manifest}: packed SFT shards (with loss masks), not flat token shards: fine-tune on "
+                            "them (sft), or tokenise text for pretraining with training.tokenize_to_shards")
         for entry in shards:
             if isinstance(entry, dict) and "file" in entry:
                 entries[(manifest.parent / entry["file"]).resolve()] = entry

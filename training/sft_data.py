@@ -47,7 +47,7 @@ import re
 import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -267,32 +267,34 @@ class Counts:
     padding: int = 0
 
 
-@dataclass
 class ShardWriter:
-    """Packed sequences to ``shard-XXXXX.bin`` / ``.mask.bin`` / ``.pos.bin`` files in ``out``."""
+    """Packed sequences to ``shard-XXXXX.bin`` / ``.mask.bin`` / ``.pos.bin`` files in ``out``, each
+    sequence appended as it comes (memory stays one sequence)."""
 
-    out: Path
-    width: int
-    dtype: str
-    sequences_per_shard: int
-    shards: list[dict] = field(default_factory=list)
-    _pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    def __init__(self, out: Path, width: int, dtype: str, sequences_per_shard: int):
+        self.out, self.width, self.sequences_per_shard = out, width, sequences_per_shard
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.shards: list[dict] = []
+        self._files = None
+        self._count = self._max = 0
 
-    def add(self, tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> None:
-        self._pending.append((tokens, mask, pos))
-        if len(self._pending) >= self.sequences_per_shard:
+    def add(self, tokens: list[int], mask: list[int], pos: list[int]) -> None:
+        if self._files is None:
+            self._files = [open(path, "wb") for path in sft_files(self.out / f"shard-{len(self.shards):05d}.bin")]
+        for handle, values, dtype in zip(self._files, (tokens, mask, pos), (self.dtype, np.uint8, self.dtype)):
+            handle.write(np.asarray(values, dtype=dtype).tobytes())
+        self._count += 1
+        self._max = max(self._max, max(tokens))
+        if self._count == self.sequences_per_shard:
             self.flush()
 
     def flush(self) -> None:
-        if not self._pending:
+        if self._files is None:
             return
-        name = f"shard-{len(self.shards):05d}.bin"
-        tokens, mask, pos = (np.stack(parts) for parts in zip(*self._pending))
-        little = np.dtype(self.dtype).newbyteorder("<")
-        for path, array, dtype in zip(sft_files(self.out / name), (tokens, mask, pos), (little, np.uint8, little)):
-            array.astype(dtype).tofile(path)
-        self.shards.append({"file": name, "sequences": len(self._pending), "max_token": int(tokens.max())})
-        self._pending = []
+        for handle in self._files:
+            handle.close()
+        self.shards.append({"file": f"shard-{len(self.shards):05d}.bin", "sequences": self._count, "max_token": self._max})
+        self._files, self._count, self._max = None, 0, 0
 
 
 class Packer:
@@ -326,7 +328,7 @@ class Packer:
         mask = [m for _, mask in examples for m in mask] + [0] * pad
         pos = [p for ids, _ in examples for p in range(len(ids))] + list(range(pad))
         self.counts.padding += pad
-        self.writer.add(np.asarray(tokens), np.asarray(mask), np.asarray(pos))
+        self.writer.add(tokens, mask, pos)
 
     def close(self) -> None:
         while self.open:
@@ -376,9 +378,10 @@ class Split:
     def close(self, settings: Settings, tokenizer: SftTokenizer, dtype: str, fingerprint: str) -> dict:
         self.packer.close()
         if not self.writer.shards:
-            raise BadData(f"{self.name}: no example left to pack ({self.counts.dropped} dropped as longer than "
-                          f"sequence length {settings.sequence_length})" if self.counts.dropped else
-                          f"{self.name}: no examples")
+            why = (f"all {self.counts.dropped} dropped as longer than sequence length {settings.sequence_length}"
+                   if self.counts.dropped else "the input has none" if self.name == "train" else
+                   f"--validation-fraction {settings.validation_fraction} of the examples is less than one")
+            raise BadData(f"{self.name}: no examples to pack ({why})")
         c = self.counts
         manifest = {
             "kind": SFT_KIND, "split": self.name, "sequence_length": settings.sequence_length, "token_dtype": dtype,
@@ -440,6 +443,8 @@ def prepare(inputs: list[Path], tokenizer: SftTokenizer, out: Path, settings: Se
         fingerprint = digest.hexdigest()
         manifests = {name: split.close(settings, tokenizer, dtype, fingerprint) for name, split in splits.items()}
     except BaseException:
+        for split in splits.values():
+            split.writer.flush()  # closes its files
         shutil.rmtree(partial, ignore_errors=True)
         raise
     for name in ("train", "validation"):

@@ -223,8 +223,10 @@ def test_fingerprint_changes_with_the_data_the_settings_and_the_tokenizer(tmp_pa
 @pytest.fixture()
 def packed(tmp_path_factory, tokenizers):
     root = tmp_path_factory.mktemp("packed")
-    code, _, err = prepare(root, tokenizers["prefix"], tiny_chat_jsonl(root / "chat.jsonl", 60), sequence_length=SHORT)
+    code, _, err = prepare(root, tokenizers["prefix"], tiny_chat_jsonl(root / "chat.jsonl", 60), sequence_length=SHORT,
+                         sequences_per_shard=7)
     assert code == 0, err
+    assert len(json.loads((root / "out" / "train" / "shards.json").read_text())["shards"]) > 2
     return root / "out" / "train"
 
 
@@ -295,3 +297,23 @@ def test_validation_batches_are_fixed_per_rank(packed):
     data = SftSequences(packed, "uint16", SHORT, rank=0, world_size=1, seed=0)
     assert torch.equal(a[1]["input_ids"][0], data._read(4)["input_ids"])  # rank 0: sequences 0, 2, 4, 6
     assert torch.equal(b[0]["input_ids"][1], data._read(3)["input_ids"])  # rank 1: sequences 1, 3, 5, 7
+
+
+def test_pretraining_refuses_packed_sft_shards(packed):
+    from training.data import build_dataloader
+
+    with pytest.raises(DataError, match=r"packed SFT shards \(with loss masks\), not flat token shards"):
+        build_dataloader(packed, "uint16", SHORT, 1, rank=0, world_size=1, seed=0)
+
+
+def test_progress_lines_and_too_few_examples(tmp_path, tokenizers, monkeypatch):
+    monkeypatch.setattr(sft_data, "PROGRESS_EVERY", 4)
+    data = tiny_chat_jsonl(tmp_path / "chat.jsonl", 9)
+    code, _, err = prepare(tmp_path, tokenizers["prefix"], data)
+    assert code == 0 and err.splitlines() == [f"4 examples read ({data}:4)", f"8 examples read ({data}:8)"]
+    code, _, err = prepare(tmp_path, tokenizers["prefix"], data, validation_fraction=0.1)
+    assert code == 2 and err.splitlines()[-1] == ("error: validation: no examples to pack (--validation-fraction 0.1 of the "
+                                                  "examples is less than one)")
+    data.write_text("\n")
+    code, _, err = prepare(tmp_path, tokenizers["prefix"], data)
+    assert code == 2 and err == "error: train: no examples to pack (the input has none)\n"
