@@ -156,7 +156,11 @@ class SftTokenizer:
     """A Hugging Face tokenizer from a local directory, with its chat template."""
 
     def __init__(self, path: str | Path):
-        from transformers import AutoTokenizer
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise BadData("preparing SFT data needs transformers: install the train extra "
+                          "(pip install 'tiered-training[train]')") from None
 
         try:
             self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
