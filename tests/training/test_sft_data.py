@@ -93,6 +93,32 @@ def test_masks_cover_exactly_the_assistant_tokens(tokenizers, hf, template):
         assert every == [1] * len(ids)
 
 
+def test_masks_of_a_byte_level_tokenizer_cover_the_turns_and_their_end(tmp_path):
+    """Byte-level BPE (as Llama 3 and Qwen2 use) makes tokens of the newlines too: the assistant's
+    turn is its text, the end-of-turn token and the newline the template puts after it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tiny import CHAT_TEMPLATE, CHAT_WORDS
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    raw.train_from_iterator([" ".join(CHAT_WORDS) + " please reverse you words again system user assistant"] * 10, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(tmp_path / "tok")
+    tok = sft_data.SftTokenizer(tmp_path / "tok")
+    for example in tiny_chat_examples(8):
+        ids, mask = tok.encode(sft_data.Example("x:1", messages=example["messages"]), "assistant")
+        assert ids == hf.apply_chat_template(example["messages"], tokenize=True, return_dict=True)["input_ids"]
+        turns = [m["content"] + "<|im_end|>\n" for m in example["messages"] if m["role"] == "assistant"]
+        assert hf.decode([t for t, m in zip(ids, mask) if m]) == "".join(turns)
+        assert sum(mask) == sum(len(hf.encode(turn, add_special_tokens=False)) for turn in turns)
+
+
 def test_prompt_completion_is_prompt_then_completion_then_eos(tokenizers, hf):
     tok = sft_data.SftTokenizer(tokenizers["none"])  # no chat template needed
     ids, mask = tok.encode(sft_data.Example("x:1", prompt="please reverse cat dog", completion="dog cat"), "assistant")
@@ -317,3 +343,20 @@ def test_progress_lines_and_too_few_examples(tmp_path, tokenizers, monkeypatch):
     data.write_text("\n")
     code, _, err = prepare(tmp_path, tokenizers["prefix"], data)
     assert code == 2 and err == "error: train: no examples to pack (the input has none)\n"
+
+
+def test_no_target_crosses_into_the_next_example(tmp_path, tokenizers):
+    """With --loss-on all every token is a target, except the first of each example: it is not
+    the continuation of the example before it."""
+    code, _, err = prepare(tmp_path, tokenizers["prefix"], tiny_chat_jsonl(tmp_path / "chat.jsonl", 20), loss_on="all")
+    assert code == 0, err
+    (tokens, mask, pos), _ = read_sequences(tmp_path / "out" / "train")
+    data = SftSequences(tmp_path / "out" / "train", None, SEQ, rank=0, world_size=1, seed=0)
+    starts = 0
+    for index in range(len(tokens)):
+        labels = data._read(index)["labels"].numpy()
+        inside = (pos[index][1:] != 0) & (mask[index][1:] == 1)
+        assert (labels[inside] == tokens[index][1:][inside]).all()
+        assert (labels[~inside] == -100).all()
+        starts += int(((pos[index][1:] == 0) & (mask[index][1:] == 1)).sum())
+    assert starts == 20 - len(tokens) > 0  # every example but the first of each sequence starts after another
