@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
 import sys
 
 import pytest
@@ -182,15 +181,21 @@ def test_chat_data_without_a_chat_template_is_refused(tmp_path, tokenizers):
                           "chat template; use a checkpoint whose tokenizer ships one")
 
 
-def test_the_command_exits_2_without_a_traceback(tmp_path, tokenizers):
+def test_the_command_exits_2_without_a_traceback(tmp_path, tokenizers, monkeypatch, capsys):
+    """``python -m training.sft_data`` as a module run (in this process: a new interpreter would
+    spend seconds importing torch through transformers)."""
+    import runpy
+
     data = tmp_path / "bad.jsonl"
     data.write_text('{"messages": [{"role": "robot", "content": "cat"}]}\n')
-    result = subprocess.run([sys.executable, "-m", "training.sft_data", str(data), "--tokenizer", str(tokenizers["prefix"]),
-                             "--sequence-length", "16", "--out", str(tmp_path / "out")], capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (f"error: {data}:1: messages[0].role: 'robot' is not a role; "
-                                                      "valid roles: system, user, assistant, tool")
-    assert "Traceback" not in result.stderr
+    monkeypatch.setattr(sys, "argv", ["sft_data", str(data), "--tokenizer", str(tokenizers["prefix"]),
+                                      "--sequence-length", "16", "--out", str(tmp_path / "out")])
+    monkeypatch.delitem(sys.modules, "training.sft_data")  # runpy runs a fresh copy as __main__
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("training.sft_data", run_name="__main__", alter_sys=True)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"error: {data}:1: messages[0].role: 'robot' is not a role; "
+                                       "valid roles: system, user, assistant, tool\n")
 
 
 def test_overlong_examples_are_dropped_or_truncated_and_counted(tmp_path, tokenizers, hf):
