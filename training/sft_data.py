@@ -162,6 +162,8 @@ class SftTokenizer:
             raise BadData("preparing SFT data needs transformers: install the train extra "
                           "(pip install 'tiered-training[train]')") from None
 
+        if not Path(path).is_dir():
+            raise BadData(f"{path}: no such directory; --tokenizer is a local directory holding the model's tokenizer")
         try:
             self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as error:

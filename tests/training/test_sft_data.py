@@ -145,6 +145,7 @@ def test_packing_keeps_every_example_whole_with_restarting_positions(tmp_path, t
     assert manifest["kind"] == "sft-packed" and manifest["sequence_length"] == SEQ and manifest["loss_on"] == "assistant"
     assert manifest["shards"][0]["max_token"] == int(tokens.max())
     assert "40 examples" in out
+    assert hf.unk_token_id not in tokens  # the helper's tokenizer knows every word of the helper's data
 
 
 BAD = [
@@ -179,6 +180,12 @@ def test_chat_data_without_a_chat_template_is_refused(tmp_path, tokenizers):
     assert code == 2
     assert err.startswith(f"error: {tmp_path / 'chat.jsonl'}:1: messages: the tokenizer in {tokenizers['none']} has no "
                           "chat template; use a checkpoint whose tokenizer ships one")
+
+
+def test_a_missing_tokenizer_is_named(tmp_path):
+    code, _, err = prepare(tmp_path, tmp_path / "nowhere", tiny_chat_jsonl(tmp_path / "chat.jsonl", 2))
+    assert code == 2 and err == (f"error: {tmp_path / 'nowhere'}: no such directory; --tokenizer is a local directory "
+                                 "holding the model's tokenizer\n")
 
 
 def test_the_command_exits_2_without_a_traceback(tmp_path, tokenizers, monkeypatch, capsys):
