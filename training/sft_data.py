@@ -193,10 +193,11 @@ class SftTokenizer:
             raise BadData(f"{example.where}: messages: the tokenizer in {self.path} has no chat template; use a "
                           "checkpoint whose tokenizer ships one (tokenizer_config.json or chat_template.jinja), "
                           "or give the examples as prompt/completion")
-        ids, mask = self._chat_with_generation(example) if self.marks_generation else self._chat_by_prefix(example)
         if loss_on == "all":
-            mask = [1] * len(ids)
-        elif not any(mask):
+            ids, _ = self._tokens_with_mask(self._render(example, example.messages, tokenize=False), [])
+            return ids, [1] * len(ids)
+        ids, mask = self._chat_with_generation(example) if self.marks_generation else self._chat_by_prefix(example)
+        if not any(mask):
             raise BadData(f"{example.where}: messages: the chat template of {self.path} rendered no assistant tokens")
         return ids, mask
 
@@ -240,7 +241,12 @@ class SftTokenizer:
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            start = self._render(example, messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            try:
+                start = self._render(example, messages[:i], tokenize=False, add_generation_prompt=True)
+            except BadData:
+                if i:
+                    raise
+                start = ""  # a conversation that opens with the assistant, and a template that needs a message
             end = self._render(example, messages[: i + 1], tokenize=False)
             if not (text.startswith(start) and text.startswith(end) and len(start) < len(end)):
                 raise BadData(f"{example.where}: messages[{i}]: the chat template of {self.path} does not render the "

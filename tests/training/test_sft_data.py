@@ -372,3 +372,18 @@ def test_no_target_crosses_into_the_next_example(tmp_path, tokenizers):
         assert (labels[~inside] == -100).all()
         starts += int(((pos[index][1:] == 0) & (mask[index][1:] == 1)).sum())
     assert starts == 20 - len(tokens) > 0  # every example but the first of each sequence starts after another
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_unless_the_loss_is_on_all(tmp_path):
+    """A template that renders a turn differently once later turns follow (as templates that drop
+    earlier reasoning do) has no prefix-by-prefix spans: named, with the way out, which works."""
+    rewriting = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
+                 "again{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps(tiny_chat_examples(2)[1]) + "\n")  # two exchanges
+    code, _, err = prepare(tmp_path, tiny_chat_tokenizer(tmp_path / "tok", template=rewriting), data)
+    assert code == 2 and err.startswith(f"error: {data}:1: messages[1]: the chat template of {tmp_path / 'tok'} does "
+                                        "not render the conversation prefix by prefix")
+    code, _, err = prepare(tmp_path, tmp_path / "tok", data, loss_on="all")
+    assert code == 0, err
