@@ -387,3 +387,19 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_unless_the_loss_is_on
                                         "not render the conversation prefix by prefix")
     code, _, err = prepare(tmp_path, tmp_path / "tok", data, loss_on="all")
     assert code == 0, err
+
+
+def test_one_background_worker_resumes_exactly(packed):
+    def loader(workers):
+        return build_sft_dataloader(packed, "uint16", SHORT, 2, rank=1, world_size=2, seed=3, num_workers=workers)
+
+    reference = [b for _, b in zip(range(6), loader(0))]
+    first = loader(1)
+    it = iter(first)
+    got = [next(it) for _ in range(2)]
+    state = first.state_dict()
+    second = loader(1)
+    second.load_state_dict(state)
+    it2 = iter(second)
+    got += [next(it2) for _ in range(4)]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(got, reference) for k in a)
