@@ -27,6 +27,11 @@ refused when the data is opened, naming it. Shards without a manifest entry are 
 when the data is opened (a vectorised max over the memory map, split over the ranks), so a
 bad token fails the job before step 1 with its shard and offset, not when its window comes
 up (each restart would then fail again there). Every window is also checked as it is read.
+
+Packed SFT sequences (``training/sft_data.py`` writes them; :func:`build_sft_dataloader`) are
+read in the same global order, one item per sequence, as dicts of ``input_ids``, ``labels``
+(-100 where no loss is taken) and ``position_ids``. Pretraining refuses them, and they are
+refused for a run of another sequence length or token type.
 """
 
 from __future__ import annotations
