@@ -94,9 +94,10 @@ class HashedLines:
             for number, raw in enumerate(handle, start=1):
                 self.digest.update(raw)
                 try:
-                    yield number, raw.decode("utf-8")
+                    text = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte order mark is allowed
                 except UnicodeDecodeError as error:
-                    raise BadData(f"{self.path}:{number}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+                    raise BadData(f"{self.path}:{number}: not UTF-8 text ({error.reason} at byte offset {error.start})") from None
+                yield number, text
 
 
 def read_examples(lines: HashedLines, *, loss_on: str) -> Iterator[Example]:

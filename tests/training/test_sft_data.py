@@ -150,6 +150,7 @@ def test_packing_keeps_every_example_whole_with_restarting_positions(tmp_path, t
 
 BAD = [
     ('{"messages": [{"role": "user", "content": "cat"}', "not JSON: "),
+    ('{"prompt": "caf\xe9", "completion": "cat"}', "not UTF-8 text (invalid continuation byte at byte offset 15)"),
     ('{"text": "cat dog"}', "neither form (keys: text); expected either"),
     ('[1, 2]', "a JSON list, expected an object"),
     ('{"messages": [{"role": "bot", "content": "cat"}]}',
@@ -168,7 +169,7 @@ BAD = [
 @pytest.mark.parametrize("line,message", BAD, ids=[m.split(":")[0].split(" ")[0] for _, m in BAD])
 def test_bad_data_names_file_line_and_field(tmp_path, tokenizers, line, message):
     data = tiny_chat_jsonl(tmp_path / "chat.jsonl", 3)
-    data.write_text(data.read_text() + "\n" + line + "\n")  # line 5, after a blank line
+    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes() + b"\n" + line.encode("latin-1") + b"\n")  # line 5; a BOM
     code, out, err = prepare(tmp_path, tokenizers["prefix"], data)
     assert code == 2
     assert err.startswith(f"error: {data}:5: {message}") and err.count("\n") == 1, err
