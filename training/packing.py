@@ -2,9 +2,10 @@
 
 A packed sequence (``training/sft_data.py`` writes them) holds several examples one after the
 other, ``N + 1`` tokens with a loss mask and each token's position within its example
-(restarting at 0 where an example starts). A sample is the dict
-``{"input_ids", "labels", "position_ids"}`` (:func:`sample`): a label is valid (not -100) where
-the target token's mask is 1 and it does not start an example.
+(restarting at 0 where an example starts). ``training.data`` reads them (``build_sft_dataloader``
+for training, ``sft_validation_batches`` for validation) as dicts ``{"input_ids", "labels",
+"position_ids"}`` (``data.sft_sample``): a label is valid (not -100) where the target token's
+mask is 1 and it does not start an example.
 
 Document masking: the trainer passes ``position_ids`` to the Hugging Face model, and
 transformers' mask creation (``masking_utils.create_causal_mask``) finds the packed examples
@@ -24,31 +25,10 @@ Ring attention (context parallelism) has no document mask: ``RunConfig`` refuses
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import numpy as np
 import torch
 
-from .data import DTYPES, held_out_windows
-from .loss import IGNORE_INDEX
-
-MANIFEST = "shards.json"
-KIND = "sft-packed"
 # Attention implementations whose transformers mask honours packed position_ids
 DOCUMENT_MASKED = ("sdpa", "eager", "flex_attention")
-
-
-def sample(tokens, mask, positions) -> dict[str, torch.Tensor]:
-    """One training sample from a packed sequence's ``N + 1`` tokens, loss mask and positions."""
-    tokens, mask, positions = (torch.as_tensor(np.asarray(a, dtype=np.int64)) for a in (tokens, mask, positions))
-    labels = tokens[1:].clone()
-    labels[(mask[1:] == 0) | (positions[1:] == 0)] = IGNORE_INDEX
-    return {"input_ids": tokens[:-1], "labels": labels, "position_ids": positions[:-1]}
-
-
-def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
 
 
 def split_sft_batch(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -65,50 +45,3 @@ def check_attention(lm: torch.nn.Module, context_parallel: int) -> None:
     if implementation not in DOCUMENT_MASKED:
         raise ValueError(f"attention {implementation!r} does not mask packed examples from each other "
                          f"(one of {', '.join(DOCUMENT_MASKED)} does)")
-
-
-class PackedSequences:
-    """The packed sequences of one directory, in order (validation reads a fixed set of them).
-
-    rank ``r`` of ``world_size`` takes every ``world_size``-th sequence from ``r``, at most
-    ``count``; with ``holdout_every``, only every ``holdout_every``-th sequence is read (the ones
-    the training stream holds out).
-    """
-
-    def __init__(self, data_dir: Path, *, rank: int = 0, world_size: int = 1, count: int | None = None,
-                 holdout_every: int = 0):
-        data_dir = Path(data_dir)
-        path = data_dir / MANIFEST
-        if not path.is_file():
-            raise FileNotFoundError(f"no {MANIFEST} of packed SFT sequences in {data_dir}")
-        manifest = json.loads(path.read_text())
-        if manifest.get("kind") != KIND:
-            raise ValueError(f"{path}: kind {manifest.get('kind')!r} is not {KIND!r} (packed SFT sequences)")
-        self.length = int(manifest["sequence_length"]) + 1
-        dtype = DTYPES[manifest["token_dtype"]]
-        self.shards = []
-        for entry in manifest["shards"]:
-            stem = data_dir / Path(entry["file"]).stem
-            arrays = [np.memmap(p, dtype=d, mode="r").reshape(-1, self.length) for p, d in (
-                (stem.with_suffix(".bin"), dtype), (Path(f"{stem}.mask.bin"), np.uint8), (Path(f"{stem}.pos.bin"), dtype))]
-            self.shards.append(arrays)
-        counts = [len(arrays[0]) for arrays in self.shards]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        total = int(self.starts[-1])
-        index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
-        self.index = index[rank::world_size][:count]
-        if len(self.index) == 0:
-            raise ValueError(f"no packed sequences for rank {rank} of {world_size} in {data_dir}")
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        global_index = int(self.index[i])
-        shard = int(np.searchsorted(self.starts, global_index, side="right") - 1)
-        row = global_index - int(self.starts[shard])
-        return sample(*(array[row] for array in self.shards[shard]))
-
-    def batches(self, micro_batch_size: int):
-        for i in range(0, len(self) - micro_batch_size + 1, micro_batch_size):
-            yield collate([self[j] for j in range(i, i + micro_batch_size)])

@@ -54,7 +54,7 @@ from .checkpoint import CheckpointManager
 from .identity import identity as run_identity, same_run
 from .compile import apply_compile
 from .context_parallel import ContextParallel, apply_context_parallel
-from .data import build_dataloader, split_batch
+from .data import build_dataloader, build_sft_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
 from .loss import valid_tokens
@@ -200,8 +200,9 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     """The training batches: token windows for pretraining; for SFT (``cfg.sft``) packed
     sequences as dicts of ``input_ids``, ``labels`` (-100 where masked) and ``position_ids``, from
-    ``training.sft_data.build_sft_dataloader``, which takes ``data.build_dataloader``'s arguments
-    (with ``holdout_every``, the sequences validation reads are skipped, as for windows)."""
+    ``data.build_sft_dataloader``, which takes ``data.build_dataloader``'s arguments (with
+    ``holdout_every``, the sequences validation reads are skipped, as for windows). The packed
+    shards' manifest must name the RunConfig's ``data.token_dtype``: a mismatch is refused (DataError)."""
     batch, info = cfg.batch, trainer.info
     common = dict(
         rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
@@ -210,8 +211,6 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     if cfg.sft is not None:
-        from .sft_data import build_sft_dataloader
-
         return build_sft_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length,
                                     batch.micro_batch_size, **common)
     return build_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,

@@ -11,7 +11,7 @@ Where the held-out windows come from (``cfg.validation.source``, set by the plan
 Each pass reads the same ``cfg.validation.batches`` micro-batches per rank (rank ``r`` of
 ``n`` takes every ``n``-th held-out window, in order), under ``torch.no_grad`` and
 ``model.eval()``, and averages the loss over every rank. For fine-tuning (``cfg.sft``) the
-windows are packed SFT sequences (``training.packing.PackedSequences``) with the training
+windows are packed SFT sequences (``training.data.sft_validation_batches``) with the training
 loss's masks and per-example positions, and the loss is the mean over their valid labels
 (each label weighs the same, however many a batch holds). Ranks agree on when to run
 through one small all-reduce after each step, so a pass starts on all of them together.
@@ -33,9 +33,9 @@ import torch.distributed as dist
 
 from tiered_training.runconfig import VALIDATION_CHANNEL, RunConfig
 
-from .data import DTYPES, find_shards, held_out_windows, split_batch
+from .data import DTYPES, find_shards, held_out_windows, sft_validation_batches, split_batch
 from .loss import IGNORE_INDEX
-from .packing import PackedSequences, split_sft_batch
+from .packing import split_sft_batch
 
 log = logging.getLogger("training.validation")
 
@@ -91,14 +91,17 @@ class Validator:
         batch = cfg.batch
         holdout_every = v.holdout_every if v.source == "holdout" else 0
         self.sft = cfg.sft is not None
+        count = v.batches * batch.micro_batch_size
         if self.sft:
-            self.data = PackedSequences(directory, rank=rank, world_size=world_size,
-                                        count=v.batches * batch.micro_batch_size, holdout_every=holdout_every)
-        else:
-            self.data = HeldOutWindows(
-                directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
-                count=v.batches * batch.micro_batch_size, holdout_every=holdout_every,
+            self.batches = sft_validation_batches(
+                directory, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, rank=rank,
+                world_size=world_size, count=count, holdout_every=holdout_every, vocab_size=cfg.model.vocab_size,
             )
+        else:
+            self.batches = list(HeldOutWindows(
+                directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
+                count=count, holdout_every=holdout_every,
+            ).batches(batch.micro_batch_size))
         self._one = torch.ones((), device=device, dtype=torch.int64)
         self.last = clock()
 
@@ -126,7 +129,7 @@ class Validator:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         count = 0
         try:
-            for batch in self.data.batches(self.cfg.batch.micro_batch_size):
+            for batch in self.batches:
                 if self.sft:  # the loss sum (divisor 1) and the count of valid labels
                     inputs, labels, positions = split_sft_batch(batch, self.device)
                     total += self.model(inputs, labels, positions, divisor=self._one).detach().float()

@@ -23,11 +23,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
+from torch.utils.data import default_collate as collate  # noqa: E402
 
 from tiny import VOCAB, tiny_config  # noqa: E402
+from training.data import sft_sample as sample  # noqa: E402
 from training.loss import IGNORE_INDEX  # noqa: E402
 from training.model import CausalLMLoss, build_model, materialize  # noqa: E402
-from training.packing import PackedSequences, collate, sample  # noqa: E402
 
 N = 32  # tokens per packed sequence (inputs); the sequence holds N + 1
 DEPTH, WIDTH = 12, 256
@@ -162,14 +163,17 @@ def write_packed(directory, shards: list[list[tuple]]) -> None:
 
 
 def test_validation_reads_packed_shards_in_order(tmp_path):
-    """The validation reader takes the contract's files: tokens, mask and positions per shard."""
+    """The validation reader takes the contract's files: tokens, mask and positions per shard, and
+    with ``holdout_every`` the sequences the training stream skips."""
+    from training.data import sft_validation_batches
+
     rows = [pack(EXAMPLES[:2]), pack(EXAMPLES[2:]), pack(EXAMPLES[1:])]
     write_packed(tmp_path, [rows[:2], rows[2:]])
-    second_rank = PackedSequences(tmp_path, rank=1, world_size=2)
+    second_rank = sft_validation_batches(tmp_path, "uint16", N, 1, rank=1, world_size=2, count=2)
     assert len(second_rank) == 1
-    assert {k: v.tolist() for k, v in second_rank[0].items()} == {k: v.tolist() for k, v in sample(*rows[1]).items()}
-    held_out = PackedSequences(tmp_path, holdout_every=3)
-    assert [held_out[0]["input_ids"].tolist()] == [sample(*rows[2])["input_ids"].tolist()]
+    assert {k: v[0].tolist() for k, v in second_rank[0].items()} == {k: v.tolist() for k, v in sample(*rows[1]).items()}
+    held_out = sft_validation_batches(tmp_path, "uint16", N, 1, rank=0, world_size=1, count=4, holdout_every=3)
+    assert [b["input_ids"][0].tolist() for b in held_out] == [sample(*rows[2])["input_ids"].tolist()]
 
 
 # -- through the trainer: one gloo rank, FSDP, float32 -------------------------------------
@@ -251,45 +255,35 @@ def test_sft_validation_is_the_mean_over_valid_labels(trainer, tmp_path, monkeyp
     assert abs(np.mean(sums / counts) - expected) > 5 * TOL32 * expected  # the mean of batch means is not it
 
 
-def _stand_in_loader(data_dir, token_dtype, sequence_length, micro_batch_size, *, rank, world_size, seed,
-                     pin_memory=False, num_workers=0, vocab_size=None, holdout_every=0):
-    """The packed sequences in order, as batch dicts (``training.sft_data.build_sft_dataloader``'s shape)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    return StatefulDataLoader(PackedSequences(data_dir, rank=rank, world_size=world_size), batch_size=micro_batch_size,
-                              collate_fn=collate, drop_last=True)
-
-
 def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_the_data(trainer, tmp_path, monkeypatch):
-    """``run`` with ``cfg.sft``: the first step's loss is the init checkpoint's loss on the first packed
-    batch, masks and per-example positions included (as transformers computes it); the checkpoints
-    record the packed shards' fingerprint. Tolerance: the test_init_checkpoint_loss bound, 10 x 128 u."""
+    """``run`` with ``cfg.sft`` on data prepared by ``training.sft_data``: the first step's loss is the
+    init checkpoint's loss on the first packed batch the reader gives, masks and per-example positions
+    included (as transformers computes it); the checkpoints record the packed shards' fingerprint.
+    Tolerance: the test_init_checkpoint_loss bound, 10 x 128 u."""
     import json
-    import sys
-    import types
+    import logging
 
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
 
+    from tiny import tiny_chat_jsonl, tiny_chat_tokenizer
+    from training import sft_data
+    from training.data import build_sft_dataloader
     from training.paths import Paths
     from training.random_checkpoint import write_random_checkpoint
     from training.trainer import run
 
-    import logging
-
     logger = logging.getLogger("training")  # run() sets up its own logging: give it back to pytest after
     monkeypatch.setattr(logger, "handlers", list(logger.handlers))
     monkeypatch.setattr(logger, "propagate", logger.propagate)
-    fake = types.ModuleType("training.sft_data")
-    fake.build_sft_dataloader = _stand_in_loader
-    monkeypatch.setitem(sys.modules, "training.sft_data", fake)
-    rows = [pack(EXAMPLES), pack(EXAMPLES[1:]), pack(EXAMPLES[:1]), pack(EXAMPLES[::2])]
-    write_packed(tmp_path / "data", [rows])
+    assert sft_data.main([str(tiny_chat_jsonl(tmp_path / "chat.jsonl", 24)), "--tokenizer", str(tiny_chat_tokenizer(
+        tmp_path / "tok")), "--out", str(tmp_path / "prepared"), "--sequence-length", str(N), "--overlong", "drop"]) == 0
+    data = tmp_path / "prepared" / "train"
     cfg = trainer.cfg.model_copy(update={
         "batch": trainer.cfg.batch.model_copy(update={"total_steps": 2, "global_batch_tokens": 64}),
         "run": trainer.cfg.run.model_copy(update={"id": "sft-run"})})
     write_random_checkpoint(cfg.model, tmp_path / "init", seed=7)
-    paths = Paths(tmp_path / "data", tmp_path / "checkpoints", tmp_path / "model", tmp_path / "init")
+    paths = Paths(data, tmp_path / "checkpoints", tmp_path / "model", tmp_path / "init")
     level = logger.level
     try:
         result = run(cfg, paths, resume=False, export=False)
@@ -298,10 +292,25 @@ def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_th
     assert result.step == 2 and result.checkpoint_step == 2
 
     lm = LlamaForCausalLM.from_pretrained(tmp_path / "init", dtype=torch.float32).eval()
-    first = collate([sample(*rows[0]), sample(*rows[1])])
+    first = next(iter(build_sft_dataloader(data, "uint16", N, 2, rank=0, world_size=1, seed=cfg.data.seed,
+                                           vocab_size=VOCAB)))
+    assert (first["labels"] != IGNORE_INDEX).any() and (first["labels"] == IGNORE_INDEX).any()
     with torch.no_grad():
         logits = lm(input_ids=first["input_ids"], position_ids=first["position_ids"]).logits
     expected = F.cross_entropy(logits.reshape(-1, VOCAB), first["labels"].reshape(-1), ignore_index=IGNORE_INDEX).item()
     assert result.losses[1] == pytest.approx(expected, rel=10 * 128 * 2.0**-24)
     manifest = json.loads((tmp_path / "checkpoints" / "step-2" / "COMMITTED").read_text())
-    assert manifest["run"]["sft_data_fingerprint"] == "0" * 64
+    assert manifest["run"]["sft_data_fingerprint"] == json.loads((data / "shards.json").read_text())["fingerprint"]
+
+
+def test_an_sft_run_refuses_packed_shards_of_another_token_type(trainer, tmp_path):
+    """The RunConfig's ``data.token_dtype`` and the manifest's must agree: the reader says how to fix it."""
+    from training.data import DataError
+    from training.paths import Paths
+    from training.trainer import build_train_dataloader
+
+    write_packed(tmp_path, [[pack(EXAMPLES)] * 2])
+    cfg = trainer.cfg.model_copy(update={"data": trainer.cfg.data.model_copy(update={"token_dtype": "uint32"})})
+    with pytest.raises(DataError, match=r"token_dtype is uint16, but the run reads uint32 \(data.token_dtype\): set "
+                                        r"data.token_dtype: uint16 in the recipe"):
+        build_train_dataloader(cfg, Paths(tmp_path, tmp_path / "ck", tmp_path / "model"), trainer)
