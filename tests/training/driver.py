@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node N tests/training/driver.py losses --root DIR --sharding full --combos fp32:none,...
     torchrun --nproc_per_node N tests/training/driver.py train --root DIR --out result.json [--sigterm-after 10] ...
+    torchrun --nproc_per_node N tests/training/driver.py train --sft-data DIR --init DIR ...   # fine-tuning
 """
 
 from __future__ import annotations
@@ -82,8 +83,14 @@ def cmd_losses(args, info) -> None:
 
 def cmd_train(args, info) -> None:
     root = Path(args.root)
-    data = _prepare_data(root, info.rank)
-    cfg = tiny_config(batch={"total_steps": args.steps})
+    if args.sft_data:  # full-parameter SFT on prepared packed shards, from an init checkpoint
+        data = Path(args.sft_data)
+        cfg = tiny_config(batch={"total_steps": args.steps}, model={"init_checkpoint": "s3://example-bucket/tiny/"},
+                          sft={"adapter": "none"}, export={"dtype": "fp32"},
+                          validation={"source": "holdout", "holdout_every": 4, "batches": 1, "interval_minutes": 1e-6})
+    else:
+        data = _prepare_data(root, info.rank)
+        cfg = tiny_config(batch={"total_steps": args.steps})
     seen = []
     hooks = [lambda stats: seen.append(stats.as_dict())]
     if args.sigterm_after:
@@ -99,7 +106,8 @@ def cmd_train(args, info) -> None:
                 if committed or stats.step >= args.sigkill_after + 3:
                     os.kill(os.getpid(), signal.SIGKILL)
         hooks.append(sigkill)
-    paths = Paths(data, Path(args.ckpt or root / "ckpt"), Path(args.model or root / "model"))
+    paths = Paths(data, Path(args.ckpt or root / "ckpt"), Path(args.model or root / "model"),
+                  Path(args.init) if args.init else None)
     result = run(cfg, paths, hooks=hooks)
     out = {"step": result.step, "resumed_from": result.resumed_from, "stopped": result.stopped,
            "losses": {str(k): v for k, v in result.losses.items()}, "checkpoint_step": result.checkpoint_step}
@@ -109,6 +117,16 @@ def cmd_train(args, info) -> None:
         full = get_model_state_dict(result.trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if info.rank == 0:
             torch.save(full, args.dump_full)
+    if args.loss_sums:  # the trained model's loss sum and valid labels on each validation batch, every rank
+        from training.data import sft_validation_batches
+
+        one = torch.ones((), dtype=torch.int64)
+        batches = sft_validation_batches(data, "uint16", cfg.batch.sequence_length, cfg.batch.micro_batch_size,
+                                         rank=info.rank, world_size=info.world_size, count=4, holdout_every=4)
+        with torch.no_grad():
+            sums = [float(result.trainer.model(b["input_ids"], b["labels"], b["position_ids"], divisor=one))
+                    for b in batches]
+        torch.save({"batches": batches, "sums": sums}, f"{args.loss_sums}.rank{info.rank}")
     if info.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     Path(f"{args.out}.rank{info.rank}.stats.json").write_text(json.dumps(seen))
@@ -151,6 +169,9 @@ def main() -> None:
     train.add_argument("--sigkill-after", type=int, default=0)
     train.add_argument("--sigkill-rank", type=int, default=1)
     train.add_argument("--dump-full")
+    train.add_argument("--sft-data", help="packed SFT shards (training.sft_data's OUT/train): fine-tune")
+    train.add_argument("--init", help="the init checkpoint (Hugging Face directory) for --sft-data")
+    train.add_argument("--loss-sums", help="with --sft-data: save the trained model's loss sums on validation batches")
     init = sub.add_parser("init")
     init.add_argument("--root", required=True)
     init.add_argument("--out", required=True)
