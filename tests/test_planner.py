@@ -56,7 +56,11 @@ def test_instance_catalogue_covers_every_family():
 
 def test_instance_price_overrides(monkeypatch):
     instance = catalogs.instances()["ml.p6-b200.48xlarge"]
-    assert instance.price()[0] == pytest.approx(113.93)
+    monkeypatch.setattr(catalogs, "prices", lambda: catalogs.Prices(
+        source="https://aws.amazon.com/sagemaker-ai/pricing/", checked="2026-12-01", default_region="us-east-1",
+        regions={"us-east-1": {"ml.p6-b200.48xlarge": 100.0}}))
+    assert instance.price()[0] == 100.0
+    assert instance.price(region="eu-west-1")[0] is None
     monkeypatch.setenv("TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE", "90.5")
     assert instance.price() == (90.5, "environment TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE")
     assert instance.price(70.0)[0] == 70.0

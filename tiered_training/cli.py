@@ -472,9 +472,9 @@ def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")
             "HBM/GPU": f"{i['usable_hbm_gib']:g} GiB",
             "FP8": "FP8+MXFP8" if i["mxfp8"] else ("FP8" if i["peak_fp8_tflops"] else "-"),
             "EFA": f"{i['efa_gbps']:,} Gbps",
-            "on-demand": f"${i['price_per_hour']:,.2f}/h",
-            "spot (est.)": f"${i['spot_price_per_hour']:,.2f}/h",
-            "price source": i["price_source"],
+            "on-demand": "-" if i["price_per_hour"] is None else f"${i['price_per_hour']:,.2f}/h",
+            "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
+            "price source": i["price_source"] if i["price_per_hour"] is not None else f"no SageMaker training price for {data['region']} in the catalogue",
         }
         for i in data["instances"]
     ]

@@ -66,9 +66,9 @@ class Estimates:
     step_terms: tuple[Term, ...]  # the performance model's terms of one step, in seconds
     total_steps: int
     wall_time_hours: float
-    price_per_hour: float  # per node
+    price_per_hour: float | None  # per node; None where the catalogue has no price for the region
     price_source: str
-    cost_usd: float
+    cost_usd: float | None
 
 
 @dataclass(frozen=True)

@@ -1050,7 +1050,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     per_gpu = chosen.speed
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
-    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
+    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
     error = ""
     if summary.loso_published_median_error is not None:
         error = (f"; each source predicted by the model fitted without it: published runs within {summary.loso_published_median_error:.0%} "
@@ -1070,5 +1070,5 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         wall_time_hours=wall_hours,
         price_per_hour=price,
         price_source=price_source,
-        cost_usd=wall_hours * run.nodes * price,
+        cost_usd=None if price is None else wall_hours * run.nodes * price,
     )

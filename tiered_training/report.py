@@ -63,7 +63,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU": f"{est.mfu:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "cost": "no price" if est.cost_usd is None else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
         "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
         + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
@@ -161,7 +161,8 @@ def models_data() -> dict[str, Any]:
 
 
 def instance_rows() -> list[dict[str, Any]]:
-    """The instance catalogue with the prices in effect (environment overrides, spot estimate)."""
+    """The instance catalogue with the prices in effect in the price catalogue's documented region
+    (environment overrides, spot estimate)."""
     rows = []
     for inst in catalogs.instances().values():
         price, source = inst.price()
@@ -179,7 +180,7 @@ def instance_rows() -> list[dict[str, Any]]:
 
 
 def instances_data() -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "instances": instance_rows()}
+    return {"schema_version": SCHEMA_VERSION, "region": catalogs.prices().default_region, "instances": instance_rows()}
 
 
 def explain_lines(plan: Plan) -> list[str]:
@@ -206,7 +207,8 @@ def explain_lines(plan: Plan) -> list[str]:
             f"  MFU (BF16-equivalent)  {e.mfu:.1%}",
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
-            f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})",
+            (f"  cost                   none: {e.price_source}" if e.cost_usd is None or e.price_per_hour is None
+             else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"),
             "",
             f"Step time, term by term ({e.throughput_source})",
         ]
