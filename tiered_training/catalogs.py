@@ -157,6 +157,22 @@ class PerformanceSummary(_Entry):
     loso_own_median_error: float | None = None  # throughput, this container's own runs
     loso_own_worst_error: float | None = None
 
+    @property
+    def published_sources(self) -> int:
+        return self.sources - (self.own_rows > 0)
+
+    def wording(self) -> str:
+        """What the model is calibrated on, published runs apart from this container's own."""
+        text = f"calibrated on {self.published_rows} published runs from {self.published_sources} sources"
+        if self.own_rows:
+            text += f", plus {self.own_rows} run{'s' * (self.own_rows != 1)} of this container (its GPU checks)"
+        if self.loso_published_median_error is not None:
+            text += (f"; each source predicted by the model fitted without it: published runs within "
+                     f"{self.loso_published_median_error:.0%} (median, worst {self.loso_published_worst_error:.0%})")
+            if self.loso_own_median_error is not None:
+                text += f", this container's runs within {self.loso_own_median_error:.0%} (median, worst {self.loso_own_worst_error:.0%})"
+        return text
+
 
 class PerformanceModel(_Entry):
     """``catalog/performance.yaml``: the performance model's parameters and how well they predict."""
