@@ -60,7 +60,8 @@ class Estimates:
     flops_per_token: float
     tokens_per_second_per_gpu: float
     tokens_per_second: float
-    mfu: float  # BF16-equivalent
+    mfu: float  # BF16-equivalent, full attention (6N + 12*L*h*s, torchtitan's convention; what the container reports)
+    mfu_causal: float  # BF16-equivalent, the attention a causal mask leaves (6N + 6*L*h*s)
     throughput_source: str
     step_time_seconds: float
     step_terms: tuple[Term, ...]  # the performance model's terms of one step, in seconds
