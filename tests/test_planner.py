@@ -386,7 +386,7 @@ def test_128k_context_on_h100_needs_context_parallelism():
 
 
 def test_estimates_are_consistent():
-    plan = plan_of(**{"model.catalog": "llama-3.1-8b"})
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "compute.price_per_hour": 100.0})
     e = plan.estimates
     assert e.tokens_per_second == pytest.approx(e.tokens_per_second_per_gpu * plan.gpus)
     assert e.mfu == pytest.approx(e.flops_per_token * e.tokens_per_second_per_gpu / plan.instance.peak_bf16_flops)

@@ -231,6 +231,7 @@ def predict_memory(row: Row, cal: Calibration, factors: dict[str, float]) -> mem
         hbm_bytes=int(usable * GIB),
         loss_chunk_tokens=row.loss_chunk_tokens,
         grad_accum_steps=row.grad_accum_steps,
+        compiled=row.compile,
     )
 
 

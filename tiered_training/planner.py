@@ -193,6 +193,7 @@ def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
         shard_group=setting.shard_group if setting.sharding != "none" else 1,
         hbm_bytes=run.instance.hbm_bytes,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
+        compiled=setting.compile,
     )
 
 
