@@ -47,3 +47,12 @@ def test_plan_and_explain_report_mfu_with_full_and_causal_attention_labelled():
     assert "MFU full/causal" in table and f"{e.mfu:.1%}/{e.mfu_causal:.1%}" in table
     data = json.loads(runner.invoke(app, ["plan", "-f", "json", str(path)], prog_name="tiered-training", env={"COLUMNS": None}).stdout)
     assert data["plans"][0]["estimates"]["mfu_causal"] == e.mfu_causal
+
+
+def test_readme_quotes_the_stored_leave_one_source_out_figures():
+    s = catalogs.performance_model().summary
+    readme = (ROOT / "README.md").read_text()
+    row = (f"| **published sources** | {s.published_rows} | **{s.loso_published_median_error:.1%}** | "
+           f"**{s.loso_published_worst_error:.1%}** |")
+    assert row in readme, "make calibrate changed the figures: update the README's table"
+    assert f"| all sources | {s.rows} | {s.loso_median_error:.1%} | {s.loso_worst_error:.1%} | " in readme
