@@ -101,3 +101,11 @@ def test_instances_lists_the_regional_price_or_a_dash(priced):
     assert rows[B200]["price_per_hour"] == 100.0 and "us-east-1" in rows[B200]["price_source"]
     assert rows["ml.p5.48xlarge"]["price_per_hour"] is None and rows["ml.p5.48xlarge"]["spot_price_per_hour"] is None
     assert invoke("instances").exit_code == 0
+
+
+def test_instances_shows_the_prices_of_a_chosen_region(priced):
+    data = json.loads(invoke("instances", "--region", "eu-west-1", "-f", "json").stdout)
+    assert data["region"] == "eu-west-1"
+    assert {i["name"]: i["price_per_hour"] for i in data["instances"]}[B200] == 120.0
+    bad = invoke("instances", "--region", "eu_west_1")
+    assert bad.exit_code == 2 and "not an AWS region name" in bad.output

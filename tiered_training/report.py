@@ -160,13 +160,13 @@ def models_data() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "models": models}
 
 
-def instance_rows() -> list[dict[str, Any]]:
-    """The instance catalogue with the prices in effect in the price catalogue's documented region
-    (environment overrides, spot estimate)."""
+def instance_rows(region: str | None = None) -> list[dict[str, Any]]:
+    """The instance catalogue with the prices in effect in ``region`` (default: the price
+    catalogue's documented region), environment overrides and the spot estimate included."""
     rows = []
     for inst in catalogs.instances().values():
-        price, source = inst.price()
-        spot_price, spot_source = inst.price(spot=True)
+        price, source = inst.price(region=region)
+        spot_price, spot_source = inst.price(spot=True, region=region)
         rows.append(
             {
                 **inst.model_dump(),
@@ -179,8 +179,9 @@ def instance_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def instances_data() -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "region": catalogs.prices().default_region, "instances": instance_rows()}
+def instances_data(region: str | None = None) -> dict[str, Any]:
+    region = region or catalogs.prices().default_region
+    return {"schema_version": SCHEMA_VERSION, "region": region, "instances": instance_rows(region)}
 
 
 def explain_lines(plan: Plan) -> list[str]:
