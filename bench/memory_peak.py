@@ -67,7 +67,7 @@ def planned(cfg, world: int) -> dict:
     est = estimate(cfg.model, precision=cfg.precision.precision, checkpointing=cfg.precision.activation_checkpointing,
                    sequence_length=cfg.batch.sequence_length, micro_batch=cfg.batch.micro_batch_size, shard_group=world,
                    hbm_bytes=cfg.hardware.hbm_bytes, loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
-                   grad_accum_steps=cfg.batch.grad_accum_steps)
+                   grad_accum_steps=cfg.batch.grad_accum_steps, compiled=cfg.precision.compile)
     terms = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "logits_and_loss")
     return {"allocated": est.allocated, "peak_at": est.peak_at, **{k: getattr(est, k) for k in terms}}
 

@@ -57,13 +57,21 @@ def element_size(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing: str) -> int:
+def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing: str, *, compiled: bool = False) -> int:
     """Bytes one decoder layer keeps for backward, per token of the micro-batch.
 
     - ``none``: every tensor autograd saves. Per RMSNorm, an fp32 copy of its input
       (4h), the rsqrt (4) and two h-wide tensors in the compute dtype; Q, K, V after
       RoPE, the attention output and its fp32 log-sum-exp (4 per head); SwiGLU's gate,
-      up, SiLU and product (4f).
+      up, SiLU and product (4f). About 49 h for Llama 3 8B.
+    - ``none``, ``compiled``: what Inductor's partitioner keeps of a compiled block, counted
+      per saved tensor on ``torch.compile`` of transformers' LlamaDecoderLayer: the block
+      input and both RMSNorm outputs (3h), their fp32 rsqrt (4 each), Q, K and V after RoPE
+      (h + 2kv), the attention output and its contiguous copy for o_proj (2h), the log-sum-exp,
+      and SwiGLU's gate, up and SiLU(gate) (3f). The fp32 upcasts are recomputed in
+      backward. About 34 h for Llama 3 8B. Measured for BF16 and fp32 blocks
+      (``bench/activations_compiled.py``); an FP8 block (torchao's float8 linears, which keep
+      their own inputs) is not measured, so FP8 keeps the eager count, the larger.
     - ``selective``: the block input, the attention output and its log-sum-exp, and the
       outputs of every other matmul (q, v, gate, down: h + kv + f + h); the rest is
       recomputed.
@@ -71,6 +79,8 @@ def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing
     """
     e = element_size(precision)
     h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    if checkpointing == "none" and compiled and precision != "fp8":
+        return e * (6 * h + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
     if checkpointing == "none":
         norms = 2 * (4 * h + 4 + 2 * e * h)
         attention = e * (2 * h + 2 * kv) + 4 * heads
@@ -180,14 +190,14 @@ def sharded_state_bytes(arch: Architecture, shard_group: int) -> dict[str, int]:
 
 
 def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
-            chunk: int) -> dict[str, tuple[int, int, int, float]]:
+            chunk: int, compiled: bool = False) -> dict[str, tuple[int, int, int, float]]:
     """(unsharded in flight, activations, logits and loss, share of the sharded gradients
     already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
     h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
     layer, root = arch.layer_parameters, arch.root_parameters
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
-    kept = activation_bytes_per_token(arch, precision, checkpointing) * tokens
+    kept = activation_bytes_per_token(arch, precision, checkpointing, compiled=compiled) * tokens
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
     final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
 
@@ -222,12 +232,15 @@ def estimate(
     hbm_bytes: int,
     loss_chunk_tokens: int | None = 4096,
     grad_accum_steps: int | None = None,
+    compiled: bool = False,
 ) -> MemoryBreakdown:
     """Peak memory of one GPU for a training step.
 
     ``loss_chunk_tokens=None`` models an unchunked loss (full fp32 logits).
     ``grad_accum_steps``: micro-batches per optimiser step; ``None`` (not known) is
     taken as more than one, so the sharded gradients are held throughout.
+    ``compiled``: the decoder layers run under ``torch.compile`` (what they keep without
+    checkpointing differs; see :func:`activation_bytes_per_token`).
     """
     states = sharded_state_bytes(arch, shard_group)
     tokens = sequence_length * micro_batch
@@ -237,7 +250,7 @@ def estimate(
     layer_grads = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) * STATE_BYTES["grad"]
     best = None
     for phase, (in_flight, activations, logits, reduced) in _phases(
-        arch, precision, checkpointing, tokens, sequence_length, chunk
+        arch, precision, checkpointing, tokens, sequence_length, chunk, compiled
     ).items():
         if accumulates or reduced == 1.0:
             grads = states["grad"]

@@ -9,7 +9,9 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
   the peak, and a GPU with a higher peak needs bigger GEMMs to reach it.
   FP8 (torchao) adds its casts: bytes over HBM bandwidth.
 - **attention**: causal FLOPs of flash attention (forward ``2 s^2 h`` per sequence and
-  layer, backward 2.5 times that), at their own efficiency of the BF16 peak.
+  layer, backward 2.5 times that), at their own efficiency of the BF16 peak, which falls
+  for short calls (the per-rank chunk under context parallelism) as published kernel
+  benchmarks show.
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
   as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
 - **recomputation**: what activation checkpointing runs a second time in backward.
@@ -108,6 +110,7 @@ class Parameters:
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
     network_efficiency: float  # NCCL bus bandwidth over EFA, fraction of the link
     overlap: float  # fraction of compute time that FSDP prefetching can hide communication behind
+    attention_half_length: float = 0.0  # query tokens per attention call at which it reaches half its long-sequence efficiency
     fp8_recipe_efficiency: dict[str, float] = field(default_factory=dict)  # relative to tensorwise
 
 
@@ -216,6 +219,15 @@ def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> 
     raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
 
 
+def attention_length_factor(query_tokens: float, params: Parameters) -> float:
+    """Share of its long-sequence efficiency that one attention call on ``query_tokens``
+    query tokens reaches: ``L / (L + attention_half_length)``. Flash-attention kernels fill
+    the GPU with blocks of queries per head and sequence; short calls leave more of each
+    block, wave and pipeline idle (published kernel benchmarks rise with the length and
+    level off past 8K: see ``catalog/performance.yaml``)."""
+    return query_tokens / (query_tokens + params.attention_half_length)
+
+
 def ring_cost(cp: int, params: Parameters) -> float:
     """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
     the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
@@ -261,8 +273,12 @@ def step_time(
     # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
     # the cost grows with the degree. Each call also pays the fixed kernel time, which
     # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
+    # A call's queries are the rank's chunk (half of it per call under context parallelism,
+    # the head and tail halves), which sets how close the kernel comes to its efficiency.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
-    attn_rate = peak_bf16 * attention_efficiency(hw, setting, params) / ring_cost(cp, params)
+    query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
+    attn_rate = (peak_bf16 * attention_efficiency(hw, setting, params) * attention_length_factor(query_tokens, params)
+                 / ring_cost(cp, params))
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)

@@ -60,15 +60,16 @@ class Estimates:
     flops_per_token: float
     tokens_per_second_per_gpu: float
     tokens_per_second: float
-    mfu: float  # BF16-equivalent
+    mfu: float  # BF16-equivalent, full attention (6N + 12*L*h*s, torchtitan's convention; what the container reports)
+    mfu_causal: float  # BF16-equivalent, the attention a causal mask leaves (6N + 6*L*h*s)
     throughput_source: str
     step_time_seconds: float
     step_terms: tuple[Term, ...]  # the performance model's terms of one step, in seconds
     total_steps: int
     wall_time_hours: float
-    price_per_hour: float  # per node
+    price_per_hour: float | None  # per node; None where the catalogue has no price for the region
     price_source: str
-    cost_usd: float
+    cost_usd: float | None
 
 
 @dataclass(frozen=True)

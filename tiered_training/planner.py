@@ -193,6 +193,7 @@ def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
         shard_group=setting.shard_group if setting.sharding != "none" else 1,
         hbm_bytes=run.instance.hbm_bytes,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
+        compiled=setting.compile,
     )
 
 
@@ -1050,25 +1051,19 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     per_gpu = chosen.speed
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
-    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
-    error = ""
-    if summary.loso_published_median_error is not None:
-        error = (f"; each source predicted by the model fitted without it: published runs within {summary.loso_published_median_error:.0%} "
-                 f"(median, worst {summary.loso_published_worst_error:.0%})")
-        if summary.loso_own_median_error is not None:
-            error += f", own runs within {summary.loso_own_median_error:.0%} (median, worst {summary.loso_own_worst_error:.0%})"
+    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
         mfu=flops * per_gpu / instance.peak_bf16_flops,
-        throughput_source=(f"performance model calibrated on {summary.published_rows} published runs from {summary.sources - (summary.own_rows > 0)} "
-                           f"sources and {summary.own_rows} of this container's own GPU runs{error} (make calibrate)"),
+        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True) * per_gpu / instance.peak_bf16_flops,
+        throughput_source=f"performance model {summary.wording()} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.time.terms()),
         total_steps=total_steps,
         wall_time_hours=wall_hours,
         price_per_hour=price,
         price_source=price_source,
-        cost_usd=wall_hours * run.nodes * price,
+        cost_usd=None if price is None else wall_hours * run.nodes * price,
     )
