@@ -53,7 +53,7 @@ def _inspect(trainer, info) -> dict:
     """Which parameters require and get gradients, and which carry optimiser state, after one more backward."""
     model = trainer.model
     batch = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(7))
-    forward_backward(trainer, [split_batch(batch, info.device)])
+    forward_backward(trainer, [trainer.cp.shard(*split_batch(batch, info.device))])
     names = {id(p): n for n, p in model.named_parameters()}
     found = {
         "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
