@@ -214,3 +214,28 @@ def test_adapter_export_loads_with_peft_and_gives_the_trainers_logits(lora_root)
     # the trainer's computation (base output plus scaled adapter output, unmerged) on the same fp32
     # weights; only the matmuls' blocking differs: torch.testing's fp32 defaults
     torch.testing.assert_close(got, trained["logits"])
+
+
+def test_float8_converts_the_frozen_base_and_leaves_the_adapters_in_high_precision():
+    """FP8 after LoRA: the base projections inside peft's layers become Float8Linear; the adapters
+    (rank 16: aligned, so only the filter keeps them) stay plain Linear and alone get gradients."""
+    pytest.importorskip("torchao")
+    from torch import nn
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers import LlamaForCausalLM
+
+    from tiered_training.runconfig import PrecisionConfig
+    from training import float8
+
+    torch.manual_seed(0)
+    lm = apply_lora(LlamaForCausalLM(hf_config(tiny_config().model)), _lora(rank=16)).to(torch.bfloat16)
+    precision = PrecisionConfig(precision="fp8", fp8_recipe="tensorwise", activation_checkpointing="none")
+    converted = float8.apply_float8(lm, precision, emulate=True)
+    assert len(converted) == 2 * 7 and all(name.endswith(".base_layer") for name in converted)
+    assert all(isinstance(lm.get_submodule(name), Float8Linear) for name in converted)
+    adapters = [m for name, m in lm.named_modules() if name.endswith((".lora_A.default", ".lora_B.default"))]
+    assert len(adapters) == 2 * 7 * 2 and all(type(m) is nn.Linear for m in adapters)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    lm(input_ids=ids, labels=ids).loss.backward()
+    with_grad = {name for name, p in lm.named_parameters() if p.grad is not None}
+    assert with_grad == {name for name, _ in lm.named_parameters() if is_adapter(name)}
