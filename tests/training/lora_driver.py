@@ -2,7 +2,7 @@
 checkpoint, with a SIGTERM, and (with ``--exports``) what the test checks afterwards.
 
     torchrun --nproc_per_node 2 tests/training/lora_driver.py --root DIR --init INIT --ckpt CKPT --out result.json \
-        [--sigterm-after 4] [--exports DIR]
+        [--sigterm-after 4] [--exports DIR] [--ac full]
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ STEPS = 8
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.05}
 
 
-def lora_config(init: Path, **export):
+def lora_config(init: Path, ac: str = "none", **export):
     return tiny_config(
         model={"init_checkpoint": str(init)},
+        precision={"activation_checkpointing": ac},
         batch={"total_steps": STEPS},
         checkpoint={"interval_steps": 4},
         optimizer={"lr": 1e-2, "warmup_steps": 1},
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--sigterm-after", type=int, default=0)
     parser.add_argument("--exports")
+    parser.add_argument("--ac", default="none")
     args = parser.parse_args()
     info = init_distributed()
     root = Path(args.root)
@@ -90,7 +92,7 @@ def main() -> None:
     if info.rank == 0 and not data.exists():
         write_learnable_shards(data, tokens=8_000)
     dist.barrier()
-    cfg = lora_config(Path(args.init))
+    cfg = lora_config(Path(args.init), args.ac)
     hooks = []
     if args.sigterm_after:
         def sigterm(stats):
