@@ -101,6 +101,10 @@ def _plain(name: str) -> str:
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
+def _rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def _full(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
@@ -110,7 +114,7 @@ def merged_weights(lm: nn.Module, state: dict[str, torch.Tensor]) -> Iterator[tu
     ``W + alpha / rank * B @ A``, computed in fp32. Each tensor is gathered whole (a collective over
     all ranks, in the same order everywhere); only rank 0 gets values, the others ``None``."""
     layers = _lora_layers(lm)
-    rank0 = dist.get_rank() == 0
+    rank0 = _rank0()
     for name, value in state.items():
         if is_adapter(name):
             continue
@@ -139,7 +143,7 @@ def adapter_weights(lm: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, 
         if not is_adapter(name):
             continue
         full = _full(value)
-        if dist.get_rank() == 0:
+        if _rank0():
             key = PEFT_PREFIX + _plain(name).replace(f".{ADAPTER}.", ".")
             out[key] = full.detach().to("cpu", torch.float32).contiguous()
     return out
@@ -152,9 +156,10 @@ def export_adapter(lm: nn.Module, state: dict[str, torch.Tensor], lora: LoraConf
 
     adapter_dir = Path(adapter_dir)
     weights = adapter_weights(lm, state)
-    if dist.get_rank() == 0:
+    if _rank0():
         adapter_dir.mkdir(parents=True, exist_ok=True)
         peft_config(lora, base_model).save_pretrained(str(adapter_dir))
         save_file(weights, str(adapter_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    dist.barrier()
+    if dist.is_initialized():
+        dist.barrier()
     return adapter_dir

@@ -202,8 +202,7 @@ def test_adapter_export_loads_with_peft_and_gives_the_trainers_logits(lora_root)
 
     trained = _trained(lora_root)
     adapter = lora_root / "exports" / "adapter"
-    assert sorted(p.name for p in adapter.iterdir()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"] \
-        or sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
     base = LlamaForCausalLM.from_pretrained(lora_root / "init", torch_dtype=torch.float32)
@@ -241,3 +240,39 @@ def test_float8_converts_the_frozen_base_and_leaves_the_adapters_in_high_precisi
     lm(input_ids=ids, labels=ids).loss.backward()
     with_grad = {name for name, p in lm.named_parameters() if p.grad is not None}
     assert with_grad == {name for name, _ in lm.named_parameters() if is_adapter(name)}
+
+
+def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits(tmp_path):
+    """Qwen2 (q/k/v biases): the merged weights load strictly into a plain Qwen2ForCausalLM, whose logits
+    are the adapted model's; and the peft export loads back onto the base with the same logits."""
+    from peft import PeftModel
+    from transformers import Qwen2ForCausalLM
+
+    from training.lora import export_adapter, merged_weights
+
+    config = hf_config(tiny_config(model={"name": "tiny-qwen", "qkv_bias": True}).model)
+    torch.manual_seed(0)
+    base = Qwen2ForCausalLM(config)
+    base.save_pretrained(tmp_path / "base")
+    lm = apply_lora(Qwen2ForCausalLM.from_pretrained(tmp_path / "base"), _lora())
+    with torch.no_grad():
+        for name, param in lm.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.5)  # biases that matter
+            elif ".lora_B." in name:
+                param.normal_(0.0, 0.05)  # a trained adapter: B is no longer zero
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = lm.eval()(input_ids=ids).logits
+    merged = Qwen2ForCausalLM(config)
+    merged.load_state_dict(dict(merged_weights(lm, lm.state_dict())), strict=True)  # every name, biases included
+    with torch.no_grad():
+        # the same function, fp32 rounding and summation order apart: torch.testing's fp32 defaults
+        torch.testing.assert_close(merged.eval()(input_ids=ids).logits, expected)
+    export_adapter(lm, lm.state_dict(), _lora(), tmp_path / "adapter")
+    trained_base = Qwen2ForCausalLM(config)  # the base with the changed biases, without the adapters
+    trained_base.load_state_dict({name.replace(".base_layer.", "."): value for name, value in lm.state_dict().items()
+                                  if ".lora_" not in name}, strict=True)
+    peft_model = PeftModel.from_pretrained(trained_base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(input_ids=ids).logits, expected)
