@@ -34,10 +34,10 @@ STEPS = 8
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.05}
 
 
-def lora_config(init: Path, ac: str = "none", **export):
+def lora_config(init: Path, ac: str = "none", precision: str = "fp32", **export):
     return tiny_config(
         model={"init_checkpoint": str(init)},
-        precision={"activation_checkpointing": ac},
+        precision={"activation_checkpointing": ac, "precision": precision},
         batch={"total_steps": STEPS},
         checkpoint={"interval_steps": 4},
         optimizer={"lr": 1e-2, "warmup_steps": 1},
@@ -50,11 +50,15 @@ def tokens() -> torch.Tensor:
     return torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(5))
 
 
-def _inspect(trainer, info) -> dict:
-    """Which parameters require and get gradients, and which carry optimiser state, after one more backward."""
+def grad_batch() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(7))
+
+
+def _inspect(trainer, info) -> tuple[dict, dict]:
+    """Which parameters require and get gradients, and which carry optimiser state, after one more
+    backward (both ranks on ``grad_batch()``); and the adapters' whole gradients, by Hugging Face name."""
     model = trainer.model
-    batch = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(7))
-    forward_backward(trainer, [trainer.cp.shard(*split_batch(batch, info.device))])
+    forward_backward(trainer, [trainer.cp.shard(*split_batch(grad_batch(), info.device))])
     names = {id(p): n for n, p in model.named_parameters()}
     found = {
         "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
@@ -62,8 +66,9 @@ def _inspect(trainer, info) -> dict:
         "with_state": sorted(names[id(p)] for p in trainer.optimizer.state),
         "all": sorted(n for n, _ in model.named_parameters()),
     }
+    grads = {n.removeprefix("lm."): p.grad.full_tensor().cpu() for n, p in model.named_parameters() if p.grad is not None}
     trainer.optimizer.zero_grad(set_to_none=True)
-    return found
+    return found, grads
 
 
 def _logits(trainer, info) -> torch.Tensor:
@@ -85,6 +90,7 @@ def main() -> None:
     parser.add_argument("--sigterm-after", type=int, default=0)
     parser.add_argument("--exports")
     parser.add_argument("--ac", default="none")
+    parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     info = init_distributed()
     root = Path(args.root)
@@ -92,7 +98,7 @@ def main() -> None:
     if info.rank == 0 and not data.exists():
         write_learnable_shards(data, tokens=8_000)
     dist.barrier()
-    cfg = lora_config(Path(args.init), args.ac)
+    cfg = lora_config(Path(args.init), args.ac, args.precision)
     hooks = []
     if args.sigterm_after:
         def sigterm(stats):
@@ -107,12 +113,13 @@ def main() -> None:
         trainer = result.trainer
         exports = Path(args.exports)
         for name, export in (("merged-bf16", {}), ("merged-fp32", {"dtype": "fp32"}), ("adapter", {"format": "adapter"})):
-            export_model(replace(trainer, cfg=lora_config(Path(args.init), **export)), exports / name)
+            export_model(replace(trainer, cfg=lora_config(Path(args.init), args.ac, args.precision, **export)), exports / name)
         full = get_model_state_dict(trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        logits = _logits(trainer, info)
-        out["inspect"] = _inspect(trainer, info)
+        logits = _logits(trainer, info)  # leaves the model in eval mode: no dropout in the gradient below
+        out["inspect"], grads = _inspect(trainer, info)
         if info.rank == 0:
-            torch.save({"state": full, "logits": logits, "tokens": tokens()}, exports / "trained.pt")
+            torch.save({"state": full, "logits": logits, "tokens": tokens(), "grads": grads, "grad_batch": grad_batch()},
+                       exports / "trained.pt")
     if info.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
     shut_down()

@@ -108,6 +108,30 @@ def test_only_the_adapters_get_gradients_and_optimiser_state(lora_root):
 
 
 @pytest.mark.torch
+def test_sharded_adapter_gradients_are_the_unsharded_models(lora_root):
+    """FSDP2 with frozen and trainable parameters in one unit: the adapters' gradients, reduce-scattered
+    over 2 ranks, are those of the same model unsharded in one process (peft on transformers)."""
+    from transformers import LlamaForCausalLM
+
+    trained = _trained(lora_root)
+    lm = apply_lora(LlamaForCausalLM(hf_config(tiny_config().model)), _lora())
+    lm.load_state_dict(trained["state"], strict=True)
+    batch = trained["grad_batch"]
+    logits = lm.eval()(input_ids=batch[:, :-1]).logits
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+    expected = {name: p.grad for name, p in lm.named_parameters() if p.grad is not None}
+    assert set(trained["grads"]) == set(expected) and len(expected) == 2 * 7 * 2
+    for name, grad in trained["grads"].items():
+        # The same fp32 sums in another order (chunked loss, sharded reduction). Each element sums fewer
+        # than 2 x 32 x 256 = 2^14 products, so its rounding error is below 2^14 x 2^-24 = 2^-10 of their
+        # magnitudes, bounded here by the tensor's largest element. A gradient left unreduced on one rank
+        # (half of it) or scaled twice is off by far more.
+        scale = float(expected[name].abs().max())
+        assert scale > 0, name
+        torch.testing.assert_close(grad, expected[name], rtol=0, atol=2**-10 * scale, msg=name)
+
+
+@pytest.mark.torch
 def test_checkpoints_hold_the_adapters_and_their_optimiser_state_not_the_base(lora_root):
     from torch.distributed.checkpoint import FileSystemReader
 
