@@ -122,9 +122,8 @@ def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
     Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
     from safetensors import safe_open
 
-    from .model import check_keys
-
     from .lora import base_name, is_adapter
+    from .model import check_keys
 
     state = hf_state_dict(lm)
     # With LoRA the checkpoint holds the base: its names are the base layers' (q_proj.base_layer.weight

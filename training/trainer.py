@@ -166,12 +166,12 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     cp = ContextParallel.from_mesh(mesh, info.rank, info.world_size)
     init_dir = paths.init_checkpoint() if paths is not None else None
     lm = build_model(cfg.model, init_dir)
-    if lora_config(cfg) is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
-        apply_lora(lm, lora_config(cfg))
+    lora = lora_config(cfg)
+    if lora is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
+        apply_lora(lm, lora)
     converted = float8.apply_float8(lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
     layers = lm.model.layers
     apply_context_parallel(lm, cp)
-    lora = lora_config(cfg)
     apply_ac(layers, precision.activation_checkpointing, preserve_rng_state=lora is not None and lora.dropout > 0)
     if precision.compile:
         apply_compile(layers)
