@@ -217,7 +217,7 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     """The training batches: token windows for pretraining; for SFT (``cfg.sft``) packed
     sequences as dicts of ``input_ids``, ``labels`` (-100 where masked) and ``position_ids``, from
-    ``training.sft_data.build_sft_dataloader``, which takes ``data.build_dataloader``'s arguments
+    ``data.build_sft_dataloader``, which takes ``data.build_dataloader``'s arguments
     (with ``holdout_every``, the sequences validation reads are skipped, as for windows)."""
     batch, info = cfg.batch, trainer.info
     common = dict(
@@ -227,7 +227,7 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     if cfg.sft is not None:
-        from .sft_data import build_sft_dataloader
+        from .data import build_sft_dataloader
 
         return build_sft_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length,
                                     batch.micro_batch_size, **common)
