@@ -26,6 +26,11 @@ workspaces; outside PyTorch's allocator) and the caching allocator's fragmentati
 (reserved minus allocated). ``allocated`` compares with ``torch.cuda.max_memory_allocated``
 and ``reserved`` with ``torch.cuda.max_memory_reserved``.
 
+Under LoRA (``lora``), the base is frozen: its weights are kept in the compute dtype only
+(sharded as planned), with no gradient and no optimiser state; the adapters carry fp32
+parameters, gradients and AdamW moments, sharded with their layer. Activations are the
+base's, plus what the adapters save (``lora_activation_bytes_per_token``).
+
 The activation formulas were measured to the byte on transformers' LlamaForCausalLM;
 ``tests/training/test_planner_vs_trainer.py`` checks them per layer and checks the whole
 step's peak against a real 2-rank FSDP step of the trainer (``bench/memory_peak.py``).
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .architecture import Architecture, sharded_elements
+from .architecture import Architecture, Lora, sharded_elements
 
 GIB = 1024**3
 # CUDA context, NCCL buffers and cuBLAS workspaces: a fixed reserve per GPU, outside the allocator.
@@ -47,6 +52,23 @@ FRAGMENTATION = 0.10
 STATE_BYTES = {"param": 4, "grad": 4, "optimizer": 8}
 # FSDP2 reduces gradients in fp32 (MixedPrecisionPolicy reduce_dtype).
 REDUCE_BYTES = 4
+
+
+
+def lora_activation_bytes_per_token(arch: Architecture, precision: str, lora: Lora) -> int:
+    """Bytes one layer's adapters keep for backward, per token: each ``lora_B`` keeps its
+    rank-wide input; with dropout, each adapter's dropout makes its own copy of the
+    projection's input (kept by ``lora_A``) and a one-byte mask (peft applies
+    ``lora_B(lora_A(dropout(x)))``). Without dropout ``lora_A`` keeps ``x`` itself, which the
+    base keeps anyway."""
+    e = element_size(precision)
+    sizes = arch.projection_sizes()
+    total = 0
+    for name in lora.targets:
+        fan_in = sizes[name][0]
+        total += e * lora.rank + ((e + 1) * fan_in if lora.dropout else 0)
+    return total
+
 
 PHASES = ("loss backward", "top layer backward", "bottom layer backward", "root reduce", "optimizer step")
 
@@ -171,16 +193,23 @@ class MemoryBreakdown:
         return {key: round(value / GIB, 3) for key, value in items.items()}
 
 
-def sharded_state_bytes(arch: Architecture, shard_group: int) -> dict[str, int]:
-    """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds."""
+def sharded_state_bytes(arch: Architecture, shard_group: int, lora: Lora | None = None,
+                        precision: str = "bf16") -> dict[str, int]:
+    """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
+    frozen base adds its weights in the compute dtype, and only the adapters have state."""
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
         arch.root_shapes(), shard_group
     )
-    return {kind: elements * size for kind, size in STATE_BYTES.items()}
+    if lora is None:
+        return {kind: elements * size for kind, size in STATE_BYTES.items()}
+    adapters = arch.layers * sharded_elements(arch.lora_shapes(lora.rank, lora.targets), shard_group)
+    states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
+    states["param"] += elements * element_size(precision)
+    return states
 
 
 def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
-            chunk: int) -> dict[str, tuple[int, int, int, float]]:
+            chunk: int, lora: Lora | None = None) -> dict[str, tuple[int, int, int, float]]:
     """(unsharded in flight, activations, logits and loss, share of the sharded gradients
     already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
@@ -188,12 +217,24 @@ def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int,
     layer, root = arch.layer_parameters, arch.root_parameters
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
     kept = activation_bytes_per_token(arch, precision, checkpointing) * tokens
+    adapters = 0
+    if lora is not None:
+        # Frozen base: no head, embedding or layer gradients; the adapters are gathered with
+        # their layer, and theirs are the only gradients reduced.
+        adapters = lora.layer_elements(arch)
+        head_grad = 0
+        extra = lora_activation_bytes_per_token(arch, precision, lora) * tokens
+        if checkpointing == "none":
+            kept += extra
+        lora_recompute = extra if checkpointing != "none" else 0  # brought back by the layer's recompute
+    else:
+        lora_recompute = 0
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
     final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
 
     # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
     loss = (
-        e * (root + layer) + head_grad,
+        e * (root + layer + adapters) + head_grad,
         layers * kept + rope,
         final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
         0.0,
@@ -201,12 +242,13 @@ def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int,
     # The last layer's backward: it and the prefetched layer below are gathered; its gradients
     # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
     # gradient of its output flows in.
-    in_layer = e * (root + 2 * layer) + head_grad + (e + REDUCE_BYTES) * layer
-    backward = (backward_bytes_per_token(arch, precision, checkpointing) + e * h) * tokens
+    trained = layer if lora is None else adapters
+    in_layer = e * (root + 2 * (layer + adapters)) + head_grad + (e + REDUCE_BYTES) * trained
+    backward = (backward_bytes_per_token(arch, precision, checkpointing) + e * h) * tokens + lora_recompute
     top = (in_layer, layers * kept + rope + backward, 0, 0.0)
     bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
     # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
-    root_reduce = (e * root + (e + REDUCE_BYTES) * root, rope, 0, 1.0)
+    root_reduce = (e * root + (e + REDUCE_BYTES) * root if lora is None else e * root, rope, 0, 1.0)
     return {"loss backward": loss, "top layer backward": top, "bottom layer backward": bottom,
             "root reduce": root_reduce, "optimizer step": (0, 0, 0, 1.0)}
 
@@ -222,22 +264,25 @@ def estimate(
     hbm_bytes: int,
     loss_chunk_tokens: int | None = 4096,
     grad_accum_steps: int | None = None,
+    lora: Lora | None = None,
 ) -> MemoryBreakdown:
     """Peak memory of one GPU for a training step.
 
     ``loss_chunk_tokens=None`` models an unchunked loss (full fp32 logits).
     ``grad_accum_steps``: micro-batches per optimiser step; ``None`` (not known) is
     taken as more than one, so the sharded gradients are held throughout.
+    ``lora``: LoRA adapters on a frozen base.
     """
-    states = sharded_state_bytes(arch, shard_group)
+    states = sharded_state_bytes(arch, shard_group, lora, precision)
     tokens = sequence_length * micro_batch
     chunk = tokens if loss_chunk_tokens is None else min(loss_chunk_tokens, tokens)
     accumulates = grad_accum_steps is None or grad_accum_steps > 1
 
-    layer_grads = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) * STATE_BYTES["grad"]
+    trained = arch.layer_shapes() if lora is None else arch.lora_shapes(lora.rank, lora.targets)
+    layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
     best = None
     for phase, (in_flight, activations, logits, reduced) in _phases(
-        arch, precision, checkpointing, tokens, sequence_length, chunk
+        arch, precision, checkpointing, tokens, sequence_length, chunk, lora
     ).items():
         if accumulates or reduced == 1.0:
             grads = states["grad"]
