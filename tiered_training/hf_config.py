@@ -111,6 +111,7 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         loc = error["loc"][0] if error["loc"] else ""
         key = keys.get(str(loc), str(loc))
         message = error["msg"].removeprefix("Value error, ")
+        message = message[:1].lower() + message[1:]
         where = f"{key}: " if key else ""
         got = f" (got {clip(repr(error.get('input')))})" if key else ""
         raise ConfigError(f"{file}: {where}{message}{got}") from None
@@ -126,7 +127,7 @@ def catalog_entry(path: str | Path) -> str:
     entry = {
         ident: {
             "display_name": name,
-            "source": f"{file} (config.json)",
+            "source": f"{file} (parameters counted from its shapes)",
             "published_parameters": float(f"{arch.parameters:.4g}"),
             "architecture": arch.model_dump(),
         }
