@@ -162,7 +162,7 @@ def test_lora_memory_keeps_no_gradient_or_optimiser_state_for_the_frozen_base():
     h, kv, group = ARCH.hidden_size, ARCH.kv_size, 8
     adapters = ARCH.layers * (2 * (16 // group) * h + (h // group) * 16 + (kv // group) * 16)
     base = full.parameters // 4  # the fp32 master copy's elements
-    assert tuned.parameters == 2 * base + 4 * adapters  # bf16 frozen base + fp32 adapters
+    assert tuned.parameters == memory.FROZEN_BASE_BYTES * base + 4 * adapters  # frozen base + fp32 adapters
     assert tuned.gradients == 4 * adapters and tuned.optimizer_states == 8 * adapters
     assert tuned.total < full.total - 12 * base  # the base's gradients and AdamW moments are gone
     # Activations: the same block inputs are kept under full checkpointing.
