@@ -29,6 +29,7 @@ sharding. The planner's side is ``estimate(..., lora=...)``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -175,6 +176,19 @@ def measure(cfg, root: Path) -> dict:
             "by_kind": {str(getattr(k, "value", k)): v for k, v in peak.items() if v and k != "Total"}}
 
 
+def write_packed_manifest(data: Path, sequences: int, seq: int) -> None:
+    """Make the token shard a packed SFT shard too (one example per sequence: no document mask),
+    for a trainer that reads SFT runs' data as packed sequences (training/packing.py)."""
+    import numpy as np
+
+    np.ones(sequences * (seq + 1), dtype=np.uint8).tofile(data / "shard-00000.mask.bin")
+    np.tile(np.arange(seq + 1, dtype=np.uint16), sequences).tofile(data / "shard-00000.pos.bin")
+    manifest = {"kind": "sft-packed", "sequence_length": seq, "token_dtype": "uint16", "fingerprint": "0" * 64,
+                "loss_on": "all", "overlong": "drop", "examples": sequences, "dropped": 0, "truncated": 0,
+                "tokenizer": "none", "shards": [{"file": "shard-00000.bin", "sequences": sequences, "max_token": 255}]}
+    (data / "shards.json").write_text(json.dumps(manifest))
+
+
 def worker(args) -> None:
     import numpy as np
     import torch.distributed as dist
@@ -188,7 +202,10 @@ def worker(args) -> None:
     if info.rank == 0:
         (root / "data").mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(0)
-        rng.integers(0, 256, 200_000, dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+        sequences = 200_000 // (args.seq + 1)
+        rng.integers(0, 256, sequences * (args.seq + 1), dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+        if args.lora and importlib.util.find_spec("training.packing") is not None:
+            write_packed_manifest(root / "data", sequences, args.seq)
     dist.barrier()
     rows = []
     for mode in args.modes.split(","):

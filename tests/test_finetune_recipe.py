@@ -88,6 +88,25 @@ def test_fine_tuning_fields_are_refused_in_a_pretraining_recipe(overrides, field
     assert where == field and ("task sft" in message or "task: sft" in message)
 
 
+def test_packed_examples_never_split_over_context_parallel_ranks():
+    plan = plan_of(sft(**{"model.catalog": "llama-3.1-8b", "sequence_length": 32768, "budget.global_batch_tokens": 32768 * 16}))
+    assert plan.ok and plan.context_parallel == 1 and "document mask" in plan.decision("tuning.context_parallel").reason
+    pinned = plan_of(sft(**{"model.catalog": "llama-3.1-8b", "tuning.context_parallel": 2}))
+    error, = pinned.errors
+    assert error.field == "tuning.context_parallel" and "no document mask" in error.message
+
+
+def test_packed_attention_under_a_mask_computes_the_whole_square():
+    hw = perf.Hardware.of(catalogs.instances()["ml.p6-b200.48xlarge"])
+    arch, kw = catalogs.models()["llama-3.1-8b"].architecture, dict(sequence_length=8192, gpus=8, accum=1, params=catalogs.performance_parameters())
+    causal = perf.step_time(arch, hw, perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=8), **kw)
+    masked = perf.step_time(arch, hw, perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=8,
+                                                   document_mask=True), **kw)
+    overhead = 2 * arch.layers * kw["params"].gemm_overhead_seconds  # per call, not per FLOP
+    assert masked.attention - overhead == pytest.approx(2 * (causal.attention - overhead))
+    assert masked.gemm == causal.gemm
+
+
 def test_hf_config_is_a_third_model_source():
     data = recipe_dict(**{"model.hf_config": "ckpt/"})
     (_, field, message), = problems(data)
@@ -174,8 +193,10 @@ def test_lora_dropout_copies_are_counted_without_checkpointing():
     targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     without = memory.estimate(ARCH, lora=Lora(16, targets, dropout=False), **kw)
     with_dropout = memory.estimate(ARCH, lora=Lora(16, targets, dropout=True), **kw)
-    h, f = ARCH.hidden_size, ARCH.ffn_size
-    per_token = 3 * (6 * h + f)  # a bf16 copy and a one-byte mask of each adapter's input
+    h, f, e = ARCH.hidden_size, ARCH.ffn_size, 2
+    # With dropout each adapter keeps its own copy of its input (bf16) and a one-byte mask; the base's
+    # norm outputs (2 x h) and SwiGLU product (f), kept without dropout by the adapters, are released.
+    per_token = (e + 1) * (6 * h + f) - 2 * e * h - e * f
     assert with_dropout.activations - without.activations == ARCH.layers * per_token * 2048
 
 

@@ -237,7 +237,8 @@ def sharded_state_bytes(arch: Architecture, shard_group: int, lora: Lora | None 
 
 
 def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
-            chunk: int, lora: Lora | None = None, mask_bytes: int = DROPOUT_MASK_BYTES) -> dict[str, tuple[int, int, int, float]]:
+            chunk: int, lora: Lora | None = None, mask_bytes: int = DROPOUT_MASK_BYTES,
+            document_mask: bool = False) -> dict[str, tuple[int, int, int, float]]:
     """(unsharded in flight, activations, logits and loss, share of the sharded gradients
     already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
@@ -252,6 +253,8 @@ def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int,
         adapters = lora.layer_elements(arch)
         head_grad = 0
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
+    if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
+        rope += tokens * sequence_length
     final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
 
     # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
@@ -288,6 +291,7 @@ def estimate(
     grad_accum_steps: int | None = None,
     lora: Lora | None = None,
     dropout_mask_bytes: int = DROPOUT_MASK_BYTES,
+    document_mask: bool = False,
 ) -> MemoryBreakdown:
     """Peak memory of one GPU for a training step.
 
@@ -295,7 +299,8 @@ def estimate(
     ``grad_accum_steps``: micro-batches per optimiser step; ``None`` (not known) is
     taken as more than one, so the sharded gradients are held throughout.
     ``lora``: LoRA adapters on a frozen base; ``dropout_mask_bytes``: per element of their
-    dropout's mask (``DROPOUT_MASK_BYTES``).
+    dropout's mask (``DROPOUT_MASK_BYTES``); ``document_mask``: packed SFT examples, whose
+    attention mask (one byte per pair of tokens of a row) lives through the step.
     """
     states = sharded_state_bytes(arch, shard_group, lora, precision)
     tokens = sequence_length * micro_batch
@@ -306,7 +311,7 @@ def estimate(
     layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
     best = None
     for phase, (in_flight, activations, logits, reduced) in _phases(
-        arch, precision, checkpointing, tokens, sequence_length, chunk, lora, dropout_mask_bytes
+        arch, precision, checkpointing, tokens, sequence_length, chunk, lora, dropout_mask_bytes, document_mask
     ).items():
         if accumulates or reduced == 1.0:
             grads = states["grad"]

@@ -24,9 +24,11 @@ backward (the earlier micro-batches only reduce-scatter inside the shard group).
 And per step, **the optimiser**: AdamW and gradient clipping over the sharded fp32
 state, bytes over HBM bandwidth.
 
-**Fine-tuning.** SFT on packed examples runs as pretraining: document masking keeps
-attention inside each example, so its attention FLOPs are at most those of whole
-sequences (the model counts whole sequences, an upper bound). Under **LoRA** the frozen
+**Fine-tuning.** SFT on packed examples runs as pretraining, except attention: a
+document mask keeps it inside each example, and PyTorch's SDPA takes that mask as a
+tensor, which the flash kernel does not accept; the memory-efficient kernel computes
+every block of the square, masked or not (``document_mask``: twice the causal FLOPs, an
+upper bound of what packed examples need). Under **LoRA** the frozen
 base still runs forward and backward through its activations: per Linear the forward
 GEMM and the input-gradient GEMM, but no weight-gradient GEMM, about 2/3 of the 6N
 FLOPs per token of full training (forward 2N, backward 4N, half of it for the weights:
@@ -99,6 +101,7 @@ class Setting:
     fp8_all_gather: bool = True  # FSDP all-gathers float8 weights (tensorwise scaling only)
     attention_kernel: str = "sdpa"  # sdpa: this container's (PyTorch SDPA); flash2: the flash-attn 2 library
     lora: Lora | None = None  # LoRA adapters on a frozen base
+    document_mask: bool = False  # packed SFT examples: attention under a mask tensor, the whole square
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,8 @@ def step_time(
     # the cost grows with the degree. Each call also pays the fixed kernel time, which
     # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
+    if setting.document_mask:
+        attn_fwd_flops *= 2  # no causal block skipping under a mask tensor
     attn_rate = peak_bf16 * attention_efficiency(hw, setting, params) / ring_cost(cp, params)
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds

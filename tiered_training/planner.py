@@ -195,6 +195,7 @@ def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
         precision=setting.precision,
         checkpointing=setting.checkpointing,
         lora=setting.lora,
+        document_mask=setting.document_mask,
         # Context parallelism splits each sequence: a rank holds seq/cp tokens' activations.
         sequence_length=run.recipe.sequence_length // setting.context_parallel,
         micro_batch=setting.micro_batch,
@@ -253,7 +254,7 @@ def search(run: _Run, space: Space) -> list[Option]:
                         return perf.Setting(
                             precision=precision, checkpointing=checkpointing, micro_batch=m, shard_group=group,
                             sharding=sharding, fp8_recipe=recipe_name, context_parallel=cp, compile=run.recipe.compute.compile,
-                            lora=run.lora,
+                            lora=run.lora, document_mask=run.recipe.task == "sft",
                         )
 
                     # Memory grows with the micro-batch: bisect for the largest that fits, then
@@ -305,6 +306,13 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
     """Context-parallel degrees to try; None after an error."""
     tuning, seq = run.recipe.tuning, run.recipe.sequence_length
     node = run.instance.gpus
+    if run.recipe.task == "sft":
+        if tuning.context_parallel not in (AUTO, 1):
+            run.error("context-parallel", f"tuning.context_parallel {tuning.context_parallel}: ring attention has no document "
+                      "mask, so packed fine-tuning examples would attend to each other", "set tuning.context_parallel: 1 or auto",
+                      "tuning.context_parallel")
+            return None
+        return (1,)
     if tuning.context_parallel != AUTO:
         cp = tuning.context_parallel
         if node % cp or seq % (2 * cp):
@@ -680,7 +688,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     if tuning.context_parallel != AUTO:
         cp_reason = "set in the recipe"
     elif cp == 1:
-        cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
+        if run.recipe.task == "sft":
+            cp_reason = "each GPU holds whole sequences: ring attention has no document mask for packed examples"
+        else:
+            cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
     else:
         whole = [o for o in fitting if o.setting.context_parallel == 1]
         if whole:
