@@ -51,7 +51,7 @@ def test_a_pretraining_recipe_is_unchanged_and_plans_no_fine_tuning():
     # sft without a starting checkpoint: at the model section (the field it lacks is not in the file)
     ({"model.init_checkpoint": None}, (3, "model.init_checkpoint", "task sft fine-tunes trained weights")),
     ({"data.loss_on": "prompt"}, (8, "data.loss_on", "must be one of 'assistant', 'all'")),
-    ({"data.overlong": "wrap"}, (8, "data.overlong", "must be one of 'drop', 'truncate'")),
+    ({"data.overlong": "wrap"}, (8, "data.overlong", "must be one of 'error', 'drop', 'truncate'")),
     ({"tuning.adapter": "qlora"}, (16, "tuning.adapter", "must be one of 'none', 'lora', 'auto'")),
     ({"tuning.lora": {"rank": 0}}, (17, "tuning.lora.rank", "greater than or equal to 1")),
     ({"tuning.lora": {"alpha": -1}}, (17, "tuning.lora.alpha", "greater than 0")),

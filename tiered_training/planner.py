@@ -819,9 +819,12 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     if recipe.task != "sft":
         return
     tier, tuning = run.tier, recipe.tuning
-    loss_on, overlong = recipe.data_options
+    data = recipe.data
+    stated = [f"loss on {data.loss_on} tokens"] if data.loss_on else []
+    stated += [f"overlong examples: {data.overlong}"] if data.overlong else []
+    checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
     run.decide("task", "sft", f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
-               f"(python -m training.sft_data): loss on {loss_on} tokens, overlong examples {overlong}", "set")
+               f"(python -m training.sft_data){checked}", "set")
     requested = tuning.adapter
     if requested != AUTO:
         adapter, reason = requested, "set in the recipe"

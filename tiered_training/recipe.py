@@ -95,12 +95,14 @@ class DataSection(_Strict):
     seed: int = Field(default=1234, ge=0, le=MAX_SEED)
     loss_on: Literal["assistant", "all"] | None = Field(
         default=None,
-        description=("task sft: which tokens the loss counts, as the shards were packed (python -m training.sft_data --loss-on): "
-                     "assistant (the assistant turns or completions) or all; default assistant"),
+        description=("task sft: the tokens the loss counts, as the shards must have been packed (python -m training.sft_data "
+                     "--loss-on): assistant (the assistant turns or completions) or all; preflight checks the shards' manifest; "
+                     "default: not checked"),
     )
-    overlong: Literal["drop", "truncate"] | None = Field(
+    overlong: Literal["error", "drop", "truncate"] | None = Field(
         default=None,
-        description="task sft: an example longer than sequence_length is dropped or truncated when the shards are packed; default drop",
+        description=("task sft: what packing did with an example longer than sequence_length (python -m training.sft_data "
+                     "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"),
     )
 
     @property
@@ -388,7 +390,4 @@ class Recipe(_Strict):
             raise ValueError(f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)")
         return self
 
-    @property
-    def data_options(self) -> tuple[str, str]:
-        """(loss_on, overlong) with their defaults."""
-        return self.data.loss_on or "assistant", self.data.overlong or "drop"
+
