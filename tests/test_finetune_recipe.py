@@ -130,6 +130,10 @@ def test_a_30_64b_model_fine_tunes_with_lora_on_one_node_and_shows_the_full_para
     config = plan.run_config()
     assert config.sft.adapter == "lora" and config.sft.lora.alpha == 32.0
     assert config.model.init_checkpoint == CHECKPOINT
+    # The container's MFU counts the FLOPs the planner counts: no weight gradients for the frozen base.
+    speed = plan.estimates.tokens_per_second_per_gpu
+    assert config.mfu(speed) == pytest.approx(plan.estimates.mfu, rel=1e-9)
+    assert config.model_copy(update={"sft": None}).mfu(speed) > 1.4 * config.mfu(speed)
 
 
 def test_full_parameter_fine_tuning_of_a_30_64b_model_on_one_node_names_lora_as_the_fix():
