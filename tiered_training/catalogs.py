@@ -122,6 +122,12 @@ class Tier(_Entry):
     memory_headroom: float = Field(gt=0, le=1)
     min_nodes: int
     distribution: str
+    fine_tuning: Literal["full", "lora"] = Field(default="full", description="task sft: the default of tuning.adapter")
+    fine_tuning_why: str = ""
+    lora_min_nodes: int | None = Field(default=None, description="nodes a LoRA run needs; default min_nodes")
+
+    def min_nodes_for(self, lora: bool) -> int:
+        return (self.lora_min_nodes or self.min_nodes) if lora else self.min_nodes
 
 
 class Quota(_Entry):

@@ -429,11 +429,31 @@ INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "s
 
 
 @app.command()
-def models(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
-    """List the model catalogue."""
+@_reports_failures
+def models(
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+    from_config: Path | None = typer.Option(
+        None, "--from-config", help="a Hugging Face checkpoint directory or its config.json: print the catalogue entry it gives (YAML)"
+    ),
+) -> None:
+    """List the model catalogue, or (--from-config) print the catalogue entry a Hugging Face config gives."""
     from . import report
     from .render import print_json, print_table
 
+    if from_config is not None:
+        from . import hf_config
+
+        try:
+            text = hf_config.catalog_entry(from_config)
+        except hf_config.ConfigError as exc:
+            raise Failure([str(exc)], EXIT_INVALID) from None
+        if format is Format.json:
+            import yaml
+
+            print_json({"schema_version": report.SCHEMA_VERSION, "models": yaml.safe_load(text)})
+        else:
+            _print(text.rstrip("\n"))
+        return
     data = report.models_data()
     if format is Format.json:
         print_json(data)

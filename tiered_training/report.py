@@ -50,9 +50,10 @@ def summary_row(plan: Plan) -> dict[str, str]:
         }
     est = plan.estimates
     precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
+    task = {"none": ", SFT", "lora": ", LoRA"}.get(plan.adapter, "")
     return {
         "recipe": plan.name,
-        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B)",
+        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B{task})",
         "tier": plan.tier.name,
         "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
         "precision": precision,
@@ -223,6 +224,12 @@ def explain_lines(plan: Plan) -> list[str]:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
         for d in departures:
             out.append(f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom")
+    full = getattr(plan, "full_parameter", None)
+    if full is not None:
+        out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
+        out.append(f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
+                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, ${full.cost_usd:,.0f} "
+                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, ${plan.estimates.cost_usd:,.0f})")
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
         out += ["", "Next alternatives that fit"]
@@ -238,7 +245,8 @@ def explain_lines(plan: Plan) -> list[str]:
 
 def _flat(plan: Plan) -> dict[str, Any]:
     data = plan.to_dict()
-    flat = {"compute." + k: v for k, v in data["compute"].items()}
+    flat = {"task": data.get("task", "pretrain")}
+    flat.update({"compute." + k: v for k, v in data["compute"].items()})
     flat.update({"model." + k: v for k, v in data["model"].items()})
     flat.update({"tuning." + k: v for k, v in data["tuning"].items()})
     run = data.get("run") or {}
