@@ -18,11 +18,18 @@ fragmentation reserve; see ``tiered_training/memory.py``).
     .venv/bin/python bench/memory_peak.py                      # table + bench/results/memory_peak.json
     .venv/bin/python bench/memory_peak.py --modes full --accum 1 --out /tmp/peak.json
     .venv/bin/python bench/memory_peak.py --model '{"vocab_size": 8192, "ffn_size": 512}' --seq 256
+    .venv/bin/python bench/memory_peak.py --lora 16 --lora-dropout 0.05   # LoRA adapters on a frozen base (peft)
+
+With ``--lora``, the RunConfig trains LoRA adapters (``sft.adapter: lora``) on every
+projection; a trainer that does not apply them itself (no ``training/lora.py``) gets them
+here, the way peft injects them (``peft.inject_adapter_in_model``, the base frozen), before
+sharding. The planner's side is ``estimate(..., lora=...)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -40,12 +47,21 @@ MODEL = {"name": "peak-llama", "layers": 4, "hidden_size": 256, "attention_heads
          "ffn_size": 688, "vocab_size": 2048, "max_sequence_length": 1024, "rope_theta": 10000.0}
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: int, accum: int, chunk: int,
-               model: dict | None = None):
+               model: dict | None = None, lora: int = 0, lora_dropout: float = 0.0):
     from tiered_training.runconfig import RunConfig
 
     model = {**MODEL, **(model or {})}
-    return RunConfig.model_validate({
+    tuning = {}
+    if lora:
+        # No checkpoint at this URI reaches the bench: the model starts from a random initialisation.
+        model["init_checkpoint"] = "s3://memory-peak/none/"
+        tuning["sft"] = {"adapter": "lora", "lora": {"rank": lora, "alpha": 2.0 * lora, "dropout": lora_dropout,
+                                                     "target_modules": LORA_TARGETS}}
+    return RunConfig.model_validate({**tuning,
         "recipe_name": f"memory-peak-{mode}",
         "model": model,
         "parallel": {"sharding": "full", "shard_group_size": world},
@@ -62,12 +78,18 @@ def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: 
 
 
 def planned(cfg, world: int) -> dict:
-    from tiered_training.memory import estimate
+    from tiered_training.architecture import Architecture, Lora
+    from tiered_training.memory import element_size, estimate
 
-    est = estimate(cfg.model, precision=cfg.precision.precision, checkpointing=cfg.precision.activation_checkpointing,
+    lora = None
+    if cfg.sft is not None and cfg.sft.lora is not None:
+        lora = Lora(cfg.sft.lora.rank, tuple(cfg.sft.lora.target_modules), cfg.sft.lora.dropout > 0)
+    arch = Architecture.model_validate(cfg.model.model_dump(include=set(Architecture.model_fields)))
+    est = estimate(arch, precision=cfg.precision.precision, checkpointing=cfg.precision.activation_checkpointing,
                    sequence_length=cfg.batch.sequence_length, micro_batch=cfg.batch.micro_batch_size, shard_group=world,
                    hbm_bytes=cfg.hardware.hbm_bytes, loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
-                   grad_accum_steps=cfg.batch.grad_accum_steps)
+                   grad_accum_steps=cfg.batch.grad_accum_steps, lora=lora, compiled=cfg.precision.compile,
+                   dropout_mask_bytes=element_size(cfg.precision.precision))  # the CPU's dropout keeps its noise
     terms = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "logits_and_loss")
     return {"allocated": est.allocated, "peak_at": est.peak_at, **{k: getattr(est, k) for k in terms}}
 
@@ -113,7 +135,20 @@ def measure(cfg, root: Path) -> dict:
     from training.paths import Paths
 
     built = []
-    build = trainer_module.build
+    build, build_model = trainer_module.build, trainer_module.build_model
+    lora = cfg.sft.lora if cfg.sft is not None and cfg.sft.adapter == "lora" else None
+    if lora is not None and not hasattr(trainer_module, "apply_lora"):  # a trainer without LoRA: add it here
+        def build_model_with_lora(*args, **kwargs):
+            import peft
+
+            lm = build_model(*args, **kwargs)
+            peft.inject_adapter_in_model(peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                         target_modules=list(lora.target_modules), bias="none"), lm)
+            for name, param in lm.named_parameters():
+                param.requires_grad_(".lora_A." in name or ".lora_B." in name)
+            return lm
+
+        trainer_module.build_model = build_model_with_lora
 
     def capture(*args, **kwargs):
         built.append(build(*args, **kwargs))
@@ -135,10 +170,23 @@ def measure(cfg, root: Path) -> dict:
         trainer_module.run(cfg, Paths(root / "data", root / "ckpt", root / "model"), hooks=[hook], max_steps=2,
                            resume=False, save_checkpoints=False, export=False)
     finally:
-        trainer_module.build = build
+        trainer_module.build, trainer_module.build_model = build, build_model
     peak = next(iter(tracker["mode"].get_tracker_snapshot("peak").values()))
     return {"total": peak["Total"],
             "by_kind": {str(getattr(k, "value", k)): v for k, v in peak.items() if v and k != "Total"}}
+
+
+def write_packed_manifest(data: Path, sequences: int, seq: int) -> None:
+    """Make the token shard a packed SFT shard too (one example per sequence: no document mask),
+    for a trainer that reads SFT runs' data as packed sequences (training/packing.py)."""
+    import numpy as np
+
+    np.ones(sequences * (seq + 1), dtype=np.uint8).tofile(data / "shard-00000.mask.bin")
+    np.tile(np.arange(seq + 1, dtype=np.uint16), sequences).tofile(data / "shard-00000.pos.bin")
+    manifest = {"kind": "sft-packed", "sequence_length": seq, "token_dtype": "uint16", "fingerprint": "0" * 64,
+                "loss_on": "all", "overlong": "drop", "examples": sequences, "dropped": 0, "truncated": 0,
+                "tokenizer": "none", "shards": [{"file": "shard-00000.bin", "sequences": sequences, "max_token": 255}]}
+    (data / "shards.json").write_text(json.dumps(manifest))
 
 
 def worker(args) -> None:
@@ -154,12 +202,16 @@ def worker(args) -> None:
     if info.rank == 0:
         (root / "data").mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(0)
-        rng.integers(0, 256, 200_000, dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+        sequences = 200_000 // (args.seq + 1)
+        rng.integers(0, 256, sequences * (args.seq + 1), dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
+        if args.lora and importlib.util.find_spec("training.packing") is not None:
+            write_packed_manifest(root / "data", sequences, args.seq)
     dist.barrier()
     rows = []
     for mode in args.modes.split(","):
         cfg = run_config(mode, precision=args.precision, world=info.world_size, seq=args.seq,
-                         micro_batch=args.micro_batch, accum=args.accum, chunk=args.chunk, model=json.loads(args.model))
+                         micro_batch=args.micro_batch, accum=args.accum, chunk=args.chunk, model=json.loads(args.model),
+                         lora=args.lora, lora_dropout=args.lora_dropout)
         measured = measure(cfg, root)
         plan = planned(cfg, info.world_size)
         rows.append({"mode": mode, "precision": args.precision, "sequence_length": args.seq,
@@ -184,7 +236,7 @@ def table(result: dict) -> str:
 
 def launch(out: Path, *, modes: str = "none,selective,full", precision: str = "bf16", seq: int = 512,
            micro_batch: int = 2, accum: int = 2, chunk: int = 256, nproc: int = 2, model: dict | None = None,
-           timeout: float = 300) -> dict:
+           timeout: float = 300, lora: int = 0, lora_dropout: float = 0.0) -> dict:
     """Run the measurement under torchrun (gloo, ``nproc`` ranks) and return its JSON."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -192,7 +244,8 @@ def launch(out: Path, *, modes: str = "none,selective,full", precision: str = "b
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                str(Path(__file__).resolve()), "--worker", "--root", tmp, "--out", str(out), "--modes", modes,
                "--precision", precision, "--seq", str(seq), "--micro-batch", str(micro_batch), "--accum", str(accum),
-               "--chunk", str(chunk), "--model", json.dumps(model or {})]
+               "--chunk", str(chunk), "--model", json.dumps(model or {}), "--lora", str(lora),
+               "--lora-dropout", str(lora_dropout)]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"memory_peak failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
@@ -212,6 +265,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--model", default="{}", help="JSON overrides of the model's dimensions, e.g. '{\"vocab_size\": 8192}'")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank on every projection; 0: no adapters")
+    parser.add_argument("--lora-dropout", type=float, default=0.0)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -219,7 +274,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = launch(out, modes=args.modes, precision=args.precision, seq=args.seq, micro_batch=args.micro_batch,
-                    accum=args.accum, chunk=args.chunk, nproc=args.nproc, model=json.loads(args.model))
+                    accum=args.accum, chunk=args.chunk, nproc=args.nproc, model=json.loads(args.model),
+                    lora=args.lora, lora_dropout=args.lora_dropout)
     print(table(result))
     print(f"wrote {out}")
 

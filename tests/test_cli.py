@@ -100,7 +100,8 @@ def test_diff_between_b200_and_p5_templates():
     data = json.loads(result.stdout)
     fields = {c["field"] for c in data["changed"]}
     assert "compute.instance_type" in fields
-    assert data["metrics"]["cost_usd"]["delta"] is not None
+    cost = data["metrics"]["cost_usd"]
+    assert (cost["delta"] is None) == (cost["old"] is None or cost["new"] is None)
     markdown = run("diff", "--format", "markdown", "recipes/llama3-8b-fp8.yaml", "recipes/llama3-8b-fp8-p5.yaml")
     assert "| decision | old | new | why |" in markdown.stdout
     text = run("diff", "recipes/llama3-8b-fp8.yaml", "recipes/llama3-8b-fp8-p5.yaml")

@@ -56,7 +56,11 @@ def test_instance_catalogue_covers_every_family():
 
 def test_instance_price_overrides(monkeypatch):
     instance = catalogs.instances()["ml.p6-b200.48xlarge"]
-    assert instance.price()[0] == pytest.approx(113.93)
+    monkeypatch.setattr(catalogs, "prices", lambda: catalogs.Prices(
+        source="https://aws.amazon.com/sagemaker-ai/pricing/", checked="2026-12-01", default_region="us-east-1",
+        regions={"us-east-1": {"ml.p6-b200.48xlarge": 100.0}}))
+    assert instance.price()[0] == 100.0
+    assert instance.price(region="eu-west-1")[0] is None
     monkeypatch.setenv("TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE", "90.5")
     assert instance.price() == (90.5, "environment TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE")
     assert instance.price(70.0)[0] == 70.0
@@ -382,7 +386,7 @@ def test_128k_context_on_h100_needs_context_parallelism():
 
 
 def test_estimates_are_consistent():
-    plan = plan_of(**{"model.catalog": "llama-3.1-8b"})
+    plan = plan_of(**{"model.catalog": "llama-3.1-8b", "compute.price_per_hour": 100.0})
     e = plan.estimates
     assert e.tokens_per_second == pytest.approx(e.tokens_per_second_per_gpu * plan.gpus)
     assert e.mfu == pytest.approx(e.flops_per_token * e.tokens_per_second_per_gpu / plan.instance.peak_bf16_flops)

@@ -319,3 +319,28 @@ def test_a_code_that_names_another_quota_and_a_refusal_fail_only_the_quota_check
     refused = check_quotas(_Quotas(denied), plan)
     assert all(c.status == "fail" for c in refused)
     assert "AWS refused: AccessDeniedException" in refused[0].detail and "servicequotas:GetServiceQuota" in refused[0].fix
+
+
+def test_an_sft_recipe_checks_the_packed_shards_manifest(endpoint, tmp_path):
+    """Task sft reads packed example shards: preflight reads their manifest and compares it with the recipe."""
+    path = write_recipe(tmp_path, "sft-check", **{"task": "sft", "model.init_checkpoint": "s3://sft-check-models/base/",
+                                                  "data.loss_on": "assistant", "data.overlong": "truncate"})
+    manifest = {"kind": "sft-packed", "sequence_length": 4096, "token_dtype": "uint32", "fingerprint": "0" * 64,
+                "loss_on": "assistant", "overlong": "drop", "examples": 1200, "dropped": 3, "truncated": 0,
+                "tokenizer": "base", "shards": [{"file": "shard-00000.bin", "sequences": 310, "max_token": 128000}]}
+    s3 = client("s3", endpoint)
+    upload_data(endpoint, "sft-check-data")  # a bucket with a shard, but no manifest yet
+    code, report = preflight(endpoint, path)
+    sft = [c for c in by_check(report)["data"] if "shards.json" in c["detail"] or "packed" in c["detail"]]
+    assert code == 1 and sft[0]["status"] == "fail" and "no s3://sft-check-data/tokens/shards.json" in sft[0]["detail"]
+    assert "python -m training.sft_data" in sft[0]["fix"] and "--sequence-length 4096" in sft[0]["fix"]
+
+    s3.put_object(Bucket="sft-check-data", Key="tokens/shards.json", Body=json.dumps(manifest).encode())
+    _, report = preflight(endpoint, path)
+    sft = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert sft[0]["status"] == "fail" and "overlong 'drop', the recipe 'truncate'" in sft[0]["detail"]
+
+    s3.put_object(Bucket="sft-check-data", Key="tokens/shards.json", Body=json.dumps({**manifest, "overlong": "truncate"}).encode())
+    _, report = preflight(endpoint, path)
+    sft = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert sft[0]["status"] == "pass" and "1,200 examples in 310 sequences" in sft[0]["detail"]

@@ -22,7 +22,7 @@ from support import recipe_dict
 from tiered_training import catalogs, memory
 from tiered_training.planner import resolve
 from tiered_training.recipe import Recipe
-from tiered_training.runconfig import RunConfig
+from tiered_training.runconfig import LoraConfig, RunConfig, SftConfig
 
 MODELS = sorted(catalogs.models())
 GIB = 1024**3
@@ -132,6 +132,14 @@ def _leaf(annotation) -> st.SearchStrategy:
     raise AssertionError(f"no strategy for {annotation!r}")
 
 
+lora_configs = st.builds(
+    LoraConfig, rank=st.integers(1, 1024), alpha=st.floats(1e-3, 4096), dropout=st.floats(0, 0.99),
+    target_modules=st.lists(st.sampled_from(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+                            min_size=1, max_size=7),
+)
+sft_configs = st.one_of(st.none(), st.just(SftConfig(adapter="none")), lora_configs.map(lambda lora: SftConfig(adapter="lora", lora=lora)))
+
+
 @st.composite
 def run_configs(draw) -> RunConfig:
     """A valid RunConfig whose leaves are drawn over their whole type: a drawn value that its
@@ -139,6 +147,12 @@ def run_configs(draw) -> RunConfig:
     base = RUN_CONFIG.model_dump()
     for name, info in RunConfig.model_fields.items():
         section = info.annotation
+        if name == "sft":  # None (pretraining), full-parameter or LoRA fine-tuning, which needs a checkpoint
+            base[name] = draw(sft_configs)
+            if base[name] is not None:
+                base["model"]["init_checkpoint"] = base["model"]["init_checkpoint"] or "s3://bucket/base/"
+                base[name] = base[name].model_dump()
+            continue
         if not (isinstance(section, type) and issubclass(section, BaseModel)):  # recipe_name
             if draw(st.booleans()):
                 base[name] = draw(_leaf(section))

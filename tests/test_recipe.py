@@ -30,8 +30,11 @@ def test_every_template_loads(path):
 
 def test_base_recipe_defaults_every_tuning_field_to_auto(write_recipe):
     recipe = load_recipe(write_recipe(recipe_dict()))
-    assert all(v == "auto" for v in recipe.tuning.model_dump().values())
+    tuning = recipe.tuning.model_dump()
+    assert tuning.pop("lora") is None  # the LoRA settings' own defaults, when tuning.adapter resolves to lora
+    assert all(v == "auto" for v in tuning.values())
     assert recipe.data.input_mode == "FastFile"
+    assert recipe.task == "pretrain"
 
 
 def test_unknown_key_is_an_error_with_suggestion_and_line(write_recipe):

@@ -8,6 +8,7 @@ differ only in bias and sizes), in module order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,6 +77,21 @@ class Architecture(BaseModel):
             shapes.append(("lm_head.weight", (self.vocab_size, self.hidden_size)))
         return shapes
 
+    def projection_sizes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each projection of one layer, by peft's module name."""
+        h, kv, f = self.hidden_size, self.kv_size, self.ffn_size
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+
+    def lora_shapes(self, rank: int, targets: tuple[str, ...] | list[str]) -> list[tuple[str, tuple[int, ...]]]:
+        """The LoRA adapters of one layer (peft: ``lora_A`` is rank x in, ``lora_B`` out x rank)."""
+        sizes = self.projection_sizes()
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        for name in targets:
+            fan_in, fan_out = sizes[name]
+            shapes += [(f"{name}.lora_A.weight", (rank, fan_in)), (f"{name}.lora_B.weight", (fan_out, rank))]
+        return shapes
+
     @property
     def layer_parameters(self) -> int:
         return sum(prod(shape) for _, shape in self.layer_shapes())
@@ -92,16 +108,20 @@ class Architecture(BaseModel):
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    def flops_per_token(self, sequence_length: int, *, causal: bool = False) -> float:
+    def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: "Lora | None" = None) -> float:
         """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B, torchtitan's convention),
         which counts full attention; ``causal``: 6*N + 6*L*h*s, the attention a causal mask
         leaves (half the scores and their products with V).
 
         N counts every matmul weight, the output head included (also when it is
         tied to the embedding), and leaves out the embedding lookup.
+        ``lora``: the frozen base runs forward (2N) and the input gradients (2N) but no weight
+        gradients, 4N, and the adapters train fully (6 per adapter parameter); attention is as before.
         """
         matmul_params = self.layers * self.layer_parameters + self.embedding_parameters
         attention = (6.0 if causal else 12.0) * self.layers * self.hidden_size * sequence_length
+        if lora is not None:
+            return 4.0 * matmul_params + 6.0 * lora.parameters(self) + attention
         return 6.0 * matmul_params + attention
 
 
@@ -116,3 +136,19 @@ def sharded_elements(shapes: list[tuple[str, tuple[int, ...]]], group: int) -> i
         rows = -(-shape[0] // group)
         total += min(rows, shape[0]) * prod(shape[1:])
     return total
+
+
+@dataclass(frozen=True)
+class Lora:
+    """The adapters the planner accounts for: rank, target projections, whether dropout is on."""
+
+    rank: int
+    targets: tuple[str, ...]
+    dropout: bool = True
+
+    def layer_elements(self, arch: Architecture) -> int:
+        return sum(prod(shape) for _, shape in arch.lora_shapes(self.rank, self.targets))
+
+    def parameters(self, arch: Architecture) -> int:
+        """Trainable parameters of the whole model."""
+        return arch.layers * self.layer_elements(arch)

@@ -231,6 +231,7 @@ def predict_memory(row: Row, cal: Calibration, factors: dict[str, float]) -> mem
         hbm_bytes=int(usable * GIB),
         loss_chunk_tokens=row.loss_chunk_tokens,
         grad_accum_steps=row.grad_accum_steps,
+        compiled=row.compile,
     )
 
 
@@ -543,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
           + ", fp8 recipes " + ", ".join(f"{k}={_round(v)}" for k, v in params.fp8_recipe_efficiency.items()))
     print("calibration only: " + ", ".join(f"{k}={_round(v)}" for k, v in factors.items()))
     published = sum(r.published for r in cal.rows)
-    print(f"rows: {published} published, {len(cal.rows) - published} of this container's own GPU runs; "
-          f"{len(sources(cal))} sources, all in the fit")
+    own = len(cal.rows) - published
+    print(f"rows: {published} published runs from {len(sources(cal)) - (own > 0)} sources, plus {own} run{'s' * (own != 1)} of this container "
+          f"(its GPU checks); all in the fit")
     if loso is not None:
         print()
         print("Leave one source out: each source's rows predicted by the model refitted without them")

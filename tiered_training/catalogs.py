@@ -11,7 +11,7 @@ import os
 import re
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,8 +39,6 @@ class Instance(_Entry):
     efa_gbps: int = Field(description="EFA bandwidth per instance, Gbit/s")
     rdma: bool
     family: str
-    price_per_hour: float
-    price_source: str
     spot_discount: float = Field(default=0.0, ge=0, lt=1, description="expected saving of managed spot over on-demand (an estimate)")
     spot_source: str = ""
 
@@ -56,17 +54,26 @@ class Instance(_Entry):
     def peak_bf16_flops(self) -> float:
         return self.peak_bf16_tflops * 1e12
 
-    def price(self, override: float | None = None, *, spot: bool = False) -> tuple[float, str]:
-        """Price per node-hour and where it came from: recipe, environment or catalogue.
+    def price(self, override: float | None = None, *, spot: bool = False, region: str | None = None) -> tuple[float | None, str]:
+        """Price per node-hour and where it came from: recipe, environment or the price catalogue.
 
-        With ``spot``, an on-demand price (environment or catalogue) is cut by the
-        catalogue's expected spot discount, and the source says it is an estimate. A
-        recipe's own ``compute.price_per_hour`` is taken as the price paid.
+        The catalogue's price is SageMaker's training price in ``region`` (default: the
+        catalogue's documented region). Where it has none, the price is None and the source
+        says so. With ``spot``, an on-demand price (environment or catalogue) is cut by the
+        catalogue's expected spot discount, and the source says it is an estimate. A recipe's
+        own ``compute.price_per_hour`` is taken as the price paid.
         """
         if override is not None:
             return override, "recipe compute.price_per_hour"
-        price, source = self.price_per_hour, self.price_source
+        table = prices()
+        region = region or table.default_region
         var = price_variable(self.name)
+        price = table.regions.get(region, {}).get(self.name)
+        if price is not None:
+            source = f"SageMaker training, {region}, checked {table.checked}, {table.source}"
+        else:
+            source = (f"no published SageMaker training price for {self.name} in {region} in the catalogue "
+                      f"(checked {table.checked}); set compute.price_per_hour or {var}")
         if var in os.environ:
             try:
                 value = float(os.environ[var])
@@ -74,7 +81,7 @@ class Instance(_Entry):
                 value = float("nan")
             if math.isfinite(value) and value > 0:
                 price, source = value, f"environment {var}"
-        if spot:
+        if spot and price is not None:
             price *= 1 - self.spot_discount
             source += f"; spot: expected {self.spot_discount:.0%} below on-demand (estimate)"
         return price, source
@@ -82,6 +89,15 @@ class Instance(_Entry):
 
 def price_variable(instance_type: str) -> str:
     return "TIERED_TRAINING_PRICE_" + re.sub(r"[^A-Z0-9]", "_", instance_type.upper())
+
+
+class Prices(_Entry):
+    """SageMaker training prices by region (``catalog/prices.yaml``), with their source and the date read."""
+
+    source: str
+    checked: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    default_region: str
+    regions: dict[str, dict[str, Annotated[float, Field(gt=0)]]]
 
 
 class CatalogModel(_Entry):
@@ -106,6 +122,12 @@ class Tier(_Entry):
     memory_headroom: float = Field(gt=0, le=1)
     min_nodes: int
     distribution: str
+    fine_tuning: Literal["full", "lora"] = Field(default="full", description="task sft: the default of tuning.adapter")
+    fine_tuning_why: str = ""
+    lora_min_nodes: int | None = Field(default=None, description="nodes a LoRA run needs; default min_nodes")
+
+    def min_nodes_for(self, lora: bool) -> int:
+        return (self.lora_min_nodes or self.min_nodes) if lora else self.min_nodes
 
 
 class Quota(_Entry):
@@ -141,6 +163,22 @@ class PerformanceSummary(_Entry):
     loso_own_median_error: float | None = None  # throughput, this container's own runs
     loso_own_worst_error: float | None = None
 
+    @property
+    def published_sources(self) -> int:
+        return self.sources - (self.own_rows > 0)
+
+    def wording(self) -> str:
+        """What the model is calibrated on, published runs apart from this container's own."""
+        text = f"calibrated on {self.published_rows} published runs from {self.published_sources} sources"
+        if self.own_rows:
+            text += f", plus {self.own_rows} run{'s' * (self.own_rows != 1)} of this container (its GPU checks)"
+        if self.loso_published_median_error is not None:
+            text += (f"; each source predicted by the model fitted without it: published runs within "
+                     f"{self.loso_published_median_error:.0%} (median, worst {self.loso_published_worst_error:.0%})")
+            if self.loso_own_median_error is not None:
+                text += f", this container's runs within {self.loso_own_median_error:.0%} (median, worst {self.loso_own_worst_error:.0%})"
+        return text
+
 
 class PerformanceModel(_Entry):
     """``catalog/performance.yaml``: the performance model's parameters and how well they predict."""
@@ -164,6 +202,11 @@ def _load(name: str) -> dict:
 @cache
 def instances() -> dict[str, Instance]:
     return {name: Instance(name=name, **entry) for name, entry in _load("instances.yaml").items()}
+
+
+@cache
+def prices() -> Prices:
+    return Prices(**_load("prices.yaml"))
 
 
 @cache

@@ -429,11 +429,31 @@ INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "s
 
 
 @app.command()
-def models(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
-    """List the model catalogue."""
+@_reports_failures
+def models(
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+    from_config: Path | None = typer.Option(
+        None, "--from-config", help="a Hugging Face checkpoint directory or its config.json: print the catalogue entry it gives (YAML)"
+    ),
+) -> None:
+    """List the model catalogue, or (--from-config) print the catalogue entry a Hugging Face config gives."""
     from . import report
     from .render import print_json, print_table
 
+    if from_config is not None:
+        from . import hf_config
+
+        try:
+            text = hf_config.catalog_entry(from_config)
+        except hf_config.ConfigError as exc:
+            raise Failure([str(exc)], EXIT_INVALID) from None
+        if format is Format.json:
+            import yaml
+
+            print_json({"schema_version": report.SCHEMA_VERSION, "models": yaml.safe_load(text)})
+        else:
+            _print(text.rstrip("\n"))
+        return
     data = report.models_data()
     if format is Format.json:
         print_json(data)
@@ -455,13 +475,27 @@ def models(format: Format = typer.Option(Format.table, "--format", "-f")) -> Non
         print_table(_out(), rows, MODEL_COLUMNS, numeric=("parameters", "layers", "hidden", "context"))
 
 
+def _price_region(value: Optional[str]) -> Optional[str]:
+    import re
+
+    from .start import REGION_PATTERN
+
+    if value is not None and (len(value) > 32 or not re.match(REGION_PATTERN, value)):
+        raise typer.BadParameter(f"{value[:40]!r}: not an AWS region name (like us-east-1)")
+    return value
+
+
 @app.command("instances")
-def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
-    """List the instance catalogue with prices (spot: the catalogue's expected discount, an estimate)."""
+def list_instances(
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+    region: Optional[str] = typer.Option(None, callback=_price_region,
+                                         help="the region whose SageMaker training prices to show (default: the price catalogue's, us-east-1)"),
+) -> None:
+    """List the instance catalogue with SageMaker training prices (spot: the catalogue's expected discount, an estimate)."""
     from . import report
     from .render import print_json, print_table
 
-    data = report.instances_data()
+    data = report.instances_data(region)
     if format is Format.json:
         print_json(data)
         return
@@ -472,9 +506,9 @@ def list_instances(format: Format = typer.Option(Format.table, "--format", "-f")
             "HBM/GPU": f"{i['usable_hbm_gib']:g} GiB",
             "FP8": "FP8+MXFP8" if i["mxfp8"] else ("FP8" if i["peak_fp8_tflops"] else "-"),
             "EFA": f"{i['efa_gbps']:,} Gbps",
-            "on-demand": f"${i['price_per_hour']:,.2f}/h",
-            "spot (est.)": f"${i['spot_price_per_hour']:,.2f}/h",
-            "price source": i["price_source"],
+            "on-demand": "-" if i["price_per_hour"] is None else f"${i['price_per_hour']:,.2f}/h",
+            "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
+            "price source": i["price_source"] if i["price_per_hour"] is not None else f"no SageMaker training price for {data['region']} in the catalogue",
         }
         for i in data["instances"]
     ]

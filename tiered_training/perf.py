@@ -9,7 +9,9 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
   the peak, and a GPU with a higher peak needs bigger GEMMs to reach it.
   FP8 (torchao) adds its casts: bytes over HBM bandwidth.
 - **attention**: causal FLOPs of flash attention (forward ``2 s^2 h`` per sequence and
-  layer, backward 2.5 times that), at their own efficiency of the BF16 peak.
+  layer, backward 2.5 times that), at their own efficiency of the BF16 peak, which falls
+  for short calls (the per-rank chunk under context parallelism) as published kernel
+  benchmarks show.
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
   as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
 - **recomputation**: what activation checkpointing runs a second time in backward.
@@ -24,6 +26,19 @@ backward (the earlier micro-batches only reduce-scatter inside the shard group).
 And per step, **the optimiser**: AdamW and gradient clipping over the sharded fp32
 state, bytes over HBM bandwidth.
 
+**Fine-tuning.** SFT on packed examples runs as pretraining, except attention: a
+document mask keeps it inside each example, and PyTorch's SDPA takes that mask as a
+tensor, which the flash kernel does not accept; the memory-efficient kernel computes
+every block of the square, masked or not (``document_mask``: twice the causal FLOPs, an
+upper bound of what packed examples need). Under **LoRA** the frozen
+base still runs forward and backward through its activations: per Linear the forward
+GEMM and the input-gradient GEMM, but no weight-gradient GEMM, about 2/3 of the 6N
+FLOPs per token of full training (forward 2N, backward 4N, half of it for the weights:
+Kaplan et al. 2020, https://arxiv.org/abs/2001.08361, section 2.1; the LoRA paper
+reports the saving, https://arxiv.org/abs/2106.09685, section 4.2). The adapters add
+their own small GEMMs, each paying the fixed per-GEMM cost; only the adapters'
+gradients are reduced and only their optimiser state is stepped.
+
 Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitted by
 ``make calibrate`` on published runs (``catalog/calibration.yaml``).
 """
@@ -33,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .architecture import Architecture
+from .architecture import Architecture, Lora
 
 # The selective checkpointing policy saves attention and every other matmul output:
 # backward recomputes about half of the forward matmul FLOPs, and every elementwise op.
@@ -87,6 +102,8 @@ class Setting:
     compile: bool = True
     fp8_all_gather: bool = True  # FSDP all-gathers float8 weights (tensorwise scaling only)
     attention_kernel: str = "sdpa"  # sdpa: this container's (PyTorch SDPA); flash2: the flash-attn 2 library
+    lora: Lora | None = None  # LoRA adapters on a frozen base
+    document_mask: bool = False  # packed SFT examples: attention under a mask tensor, the whole square
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ class Parameters:
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
     network_efficiency: float  # NCCL bus bandwidth over EFA, fraction of the link
     overlap: float  # fraction of compute time that FSDP prefetching can hide communication behind
+    attention_half_length: float = 0.0  # query tokens per attention call at which it reaches half its long-sequence efficiency
     fp8_recipe_efficiency: dict[str, float] = field(default_factory=dict)  # relative to tensorwise
 
 
@@ -183,8 +201,9 @@ class LinearCost:
     compile: bool
     params: Parameters
 
-    def seconds(self, m: float, k: int, n: int) -> tuple[float, float, float]:
-        """(forward GEMM, the two backward GEMMs, FP8 casts forward and backward)."""
+    def seconds(self, m: float, k: int, n: int, *, frozen: bool = False) -> tuple[float, float, float]:
+        """(forward GEMM, the backward GEMMs, FP8 casts forward and backward). A ``frozen``
+        weight has no weight-gradient GEMM: backward is the input gradient only."""
         p, hw = self.params, self.hw
         if self.precision == "fp8" and hw.peak_fp8_flops:
             peak = hw.peak_fp8_flops * hw.compute_factor
@@ -200,7 +219,7 @@ class LinearCost:
             moved = 8 * m * k + 5 * m * n + 7 * k * n
             eager = 1.0 if self.compile else p.fp8_eager_cast_factor
             casts = p.fp8_cast_factor * moved * eager / (hw.hbm_bytes_per_s * p.memory_efficiency)
-        return gemm, 2 * gemm, casts
+        return gemm, (1 if frozen else 2) * gemm, casts
 
 
 def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
@@ -214,6 +233,15 @@ def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> 
         ceiling = params.flash2_utilization_a100 if hw.gpu.startswith("A100") else params.flash2_utilization_h100
         return params.attention_kernel_share * ceiling
     raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
+
+
+def attention_length_factor(query_tokens: float, params: Parameters) -> float:
+    """Share of its long-sequence efficiency that one attention call on ``query_tokens``
+    query tokens reaches: ``L / (L + attention_half_length)``. Flash-attention kernels fill
+    the GPU with blocks of queries per head and sequence; short calls leave more of each
+    block, wave and pipeline idle (published kernel benchmarks rise with the length and
+    level off past 8K: see ``catalog/performance.yaml``)."""
+    return query_tokens / (query_tokens + params.attention_half_length)
 
 
 def ring_cost(cp: int, params: Parameters) -> float:
@@ -248,11 +276,21 @@ def step_time(
     eager = 1.0 if setting.compile else params.eager_memory_factor
 
     # -- GEMMs --------------------------------------------------------------------------
+    lora = setting.lora
+    frozen = lora is not None
     linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params)
-    layer = [linear.seconds(tokens, k, n) for k, n in _linears(arch)]
+    layer = [linear.seconds(tokens, k, n, frozen=frozen) for k, n in _linears(arch)]
+    high = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)
+    adapter_bytes = 0.0
+    if lora is not None:
+        # Each adapter: lora_A (in -> rank) and lora_B (rank -> out), in the high precision,
+        # with their weight gradients; the dropout, scaling and add stream the input and output.
+        for name in lora.targets:
+            fan_in, fan_out = arch.projection_sizes()[name]
+            layer += [high.seconds(tokens, fan_in, lora.rank), high.seconds(tokens, lora.rank, fan_out)]
+            adapter_bytes += e * ((2 if lora.dropout else 0) * fan_in + 3 * fan_out)
     layer_gemm_fwd = sum(fwd for fwd, _, _ in layer)
-    head = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)  # lm_head stays high precision
-    head_fwd, head_bwd, _ = head.seconds(tokens, arch.hidden_size, arch.vocab_size)
+    head_fwd, head_bwd, _ = high.seconds(tokens, arch.hidden_size, arch.vocab_size, frozen=frozen)  # lm_head stays high precision
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
@@ -261,8 +299,14 @@ def step_time(
     # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
     # the cost grows with the degree. Each call also pays the fixed kernel time, which
     # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
+    # A call's queries are the rank's chunk (half of it per call under context parallelism,
+    # the head and tail halves), which sets how close the kernel comes to its efficiency.
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
-    attn_rate = peak_bf16 * attention_efficiency(hw, setting, params) / ring_cost(cp, params)
+    query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
+    if setting.document_mask:
+        attn_fwd_flops *= 2  # no causal block skipping under a mask tensor
+    attn_rate = (peak_bf16 * attention_efficiency(hw, setting, params) * attention_length_factor(query_tokens, params)
+                 / ring_cost(cp, params))
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)
@@ -272,7 +316,7 @@ def step_time(
     # Per token and layer, forward: two RMSNorms (read and write h), RoPE on Q and K,
     # SiLU(gate) * up (read 2f, write f), two residual adds (read 2h, write h), the
     # attention output's layout copy. Backward moves about twice as much.
-    layer_fwd_bytes = e * (4 * h + 2 * (h + kv) + 3 * f + 6 * h + 2 * h) * eager
+    layer_fwd_bytes = (e * (4 * h + 2 * (h + kv) + 3 * f + 6 * h + 2 * h) + adapter_bytes) * eager
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
     layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
@@ -306,7 +350,8 @@ def step_time(
 
     # -- optimiser step, once per step -------------------------------------------------------
     group = 1 if setting.sharding == "none" else setting.shard_group
-    optimizer = OPTIMIZER_BYTES_PER_ELEMENT * _counts(arch).total / group / mem_bw
+    trained = _counts(arch).total if lora is None else lora.parameters(arch)
+    optimizer = OPTIMIZER_BYTES_PER_ELEMENT * trained / group / mem_bw
 
     return StepTime(
         gemm=accum * gemm,
@@ -342,10 +387,13 @@ def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: 
     else:
         gathered = layer_params * param_bytes
     bw = bandwidth(group)
-    layer_ag = _collective_seconds(gathered, group, bw)
-    layer_rs = _collective_seconds(layer_params * 4, group, bw)  # fp32 gradient reduction
+    lora = setting.lora
+    adapters = lora.layer_elements(arch) if lora is not None else 0
+    layer_ag = _collective_seconds(gathered + adapters * param_bytes, group, bw)
+    # fp32 gradient reduction: every parameter's, or under LoRA the adapters' only
+    layer_rs = _collective_seconds((layer_params if lora is None else adapters) * 4, group, bw)
     root_ag = _collective_seconds(counts.root * param_bytes, group, bw)
-    root_rs = _collective_seconds(counts.root * 4, group, bw)
+    root_rs = _collective_seconds(counts.root * 4, group, bw) if lora is None else 0.0
     # Forward gathers every layer; backward gathers them again (all but the last layer
     # were resharded) and reduce-scatters every gradient.
     fsdp = (2 * arch.layers - 1) * layer_ag + arch.layers * layer_rs + root_ag + root_rs
@@ -373,7 +421,8 @@ def _replicate_all_reduce(arch: Architecture, hw: Hardware, setting: Setting, *,
     nodes = max(1, -(-gpus // hw.gpus_per_node))
     nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
     network = hw.network_bytes_per_s * params.network_efficiency
-    shard_bytes = _counts(arch).total * 4 / group
+    trained = _counts(arch).total if setting.lora is None else setting.lora.parameters(arch)
+    shard_bytes = trained * 4 / group
     if nodes > 1 and group >= hw.gpus_per_node:
         across = network / hw.gpus_per_node
     else:

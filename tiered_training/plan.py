@@ -14,12 +14,14 @@ from .architecture import Architecture
 from .catalogs import Instance, Tier
 from .memory import MemoryBreakdown
 from .perf import Term
-from .recipe import Recipe
+from .recipe import LoraSection, Recipe
 from .runconfig import (
     BatchConfig,
     CheckpointConfig,
     DataConfig,
+    ExportConfig,
     HardwareConfig,
+    LoraConfig,
     MetricsConfig,
     ModelConfig,
     OptimizerConfig,
@@ -28,6 +30,7 @@ from .runconfig import (
     ProbeConfig,
     RunConfig,
     RunSection,
+    SftConfig,
     TENSORBOARD_DIR,
     TrackingConfig,
     ValidationConfig,
@@ -60,15 +63,16 @@ class Estimates:
     flops_per_token: float
     tokens_per_second_per_gpu: float
     tokens_per_second: float
-    mfu: float  # BF16-equivalent
+    mfu: float  # BF16-equivalent, full attention (6N + 12*L*h*s, torchtitan's convention; what the container reports)
+    mfu_causal: float  # BF16-equivalent, the attention a causal mask leaves (6N + 6*L*h*s)
     throughput_source: str
     step_time_seconds: float
     step_terms: tuple[Term, ...]  # the performance model's terms of one step, in seconds
     total_steps: int
     wall_time_hours: float
-    price_per_hour: float  # per node
+    price_per_hour: float | None  # per node; None where the catalogue has no price for the region
     price_source: str
-    cost_usd: float
+    cost_usd: float | None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,18 @@ class Alternative:
         precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")
         cp = f", CP {self.context_parallel}" if self.context_parallel > 1 else ""
         return f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, shard group {self.shard_group_size}{cp}"
+
+
+@dataclass(frozen=True)
+class FullParameter:
+    """Under LoRA: the same fine-tuning with every parameter trained, on the fewest nodes where it fits."""
+
+    nodes: int
+    setting: str
+    tokens_per_second_per_gpu: float
+    memory_fraction: float
+    wall_time_hours: float
+    cost_usd: float
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,7 @@ class FailedPlan(_Result):
             "name": self.name,
             "source": self.source,
             "ok": False,
+            "task": recipe.task,
             "model": {"name": self.model_name, "parameters": self.parameters, "tier": self.tier.name if self.tier else None},
             "compute": {
                 "instance_type": recipe.compute.instance_type,
@@ -202,7 +219,7 @@ class FailedPlan(_Result):
 
 TUNING_KEYS = (
     "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size", "context_parallel",
-    "micro_batch_size", "grad_accum_steps", "ramp_start_accum_steps", "ramp_steps",
+    "micro_batch_size", "grad_accum_steps", "ramp_start_accum_steps", "ramp_steps", "adapter", "lora",
 )
 
 
@@ -241,6 +258,19 @@ class Plan(_Result):
     spot_wait_seconds: int | None = None  # MaxWaitTimeInSeconds of each spot segment
     instance_counts: tuple[int, ...] = ()  # InstanceCount values that keep the planned global batch
     locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
+    lora: LoraSection | None = None  # task sft with LoRA: the adapters' settings
+    full_parameter: FullParameter | None = None  # under LoRA: the full-parameter alternative
+
+    @property
+    def task(self) -> str:
+        return self.recipe.task
+
+    @property
+    def adapter(self) -> str | None:
+        """none or lora for task sft; None for pretraining."""
+        if self.recipe.task != "sft":
+            return None
+        return "lora" if self.lora is not None else "none"
 
     @property
     def gpus(self) -> int:
@@ -314,8 +344,20 @@ class Plan(_Result):
                 tensorboard_dir=TENSORBOARD_DIR if recipe.tracking.tensorboard else None,
             ),
             validation=self.validation_config(),
+            export=ExportConfig(format=self.recipe.export.format),
             run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
+            sft=self.sft_config(),
         )
+
+    def sft_config(self) -> SftConfig | None:
+        """The fine-tuning section of the RunConfig: None for pretraining."""
+        if self.recipe.task != "sft":
+            return None
+        if self.lora is None:
+            return SftConfig(adapter="none")
+        lora = self.lora
+        return SftConfig(adapter="lora", lora=LoraConfig(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                                                         target_modules=list(lora.target_modules)))
 
     def validation_config(self) -> ValidationConfig:
         """Where the validation loss comes from: the recipe's validation_uri, a held-out fraction, or nowhere."""
@@ -333,6 +375,7 @@ class Plan(_Result):
             "name": self.name,
             "source": self.source,
             "ok": self.ok,
+            "task": self.task,
             "model": {"name": self.model_name, "parameters": self.parameters, "tier": self.tier.name},
             "compute": {
                 "instance_type": self.instance.name,
@@ -352,6 +395,8 @@ class Plan(_Result):
                 "grad_accum_steps": self.grad_accum_steps,
                 "ramp_start_accum_steps": self.ramp_start_accum_steps,
                 "ramp_steps": self.ramp_steps,
+                "adapter": self.adapter,
+                "lora": self.lora.model_dump() if self.lora else None,
                 "sequence_length": self.recipe.sequence_length,
                 "global_batch_tokens": self.recipe.budget.global_batch_tokens,
             },
@@ -365,6 +410,7 @@ class Plan(_Result):
                 "spot_wait_seconds": self.spot_wait_seconds,
                 "instance_counts": list(self.instance_counts),
             },
+            "full_parameter": asdict(self.full_parameter) if self.full_parameter else None,
             "departures": [asdict(d) for d in self.departures],
             "alternatives": [asdict(a) for a in self.alternatives],
             "decisions": [asdict(d) for d in self.decisions],

@@ -19,11 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import catalogs, memory, perf
-from .architecture import Architecture
+from .architecture import Architecture, Lora
 from .catalogs import Instance, Tier
 from .quotas import findings as quota_findings
-from .plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, Plan, PlanResult
-from .recipe import AUTO, BatchRampSpec, Recipe
+from .plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, FullParameter, Plan, PlanResult
+from .recipe import AUTO, BatchRampSpec, LoraSection, Recipe
 from .runconfig import steps_for_tokens
 from .segments import (
     JOB_RETRY_ATTEMPTS,
@@ -81,6 +81,9 @@ class _Run:
     tier: Tier | None = None
     departures: list[Departure] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
+    lora: Lora | None = None  # task sft with LoRA adapters
+    lora_section: LoraSection | None = None
+    source: str | None = None
 
     def decide(self, field_path: str, value, reason: str, requested) -> None:
         source = "auto" if requested == AUTO else ("derived" if requested is None else "recipe")
@@ -124,6 +127,10 @@ class _Run:
     @property
     def strict(self) -> bool:
         return self.recipe.tuning.follow_tiers == "strict"
+
+    @property
+    def min_nodes(self) -> int:
+        return self.tier.min_nodes_for(self.lora is not None)
 
     def failure(self, source, lines) -> FailedPlan:
         return FailedPlan(
@@ -187,12 +194,15 @@ def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
         run.arch,
         precision=setting.precision,
         checkpointing=setting.checkpointing,
+        lora=setting.lora,
+        document_mask=setting.document_mask,
         # Context parallelism splits each sequence: a rank holds seq/cp tokens' activations.
         sequence_length=run.recipe.sequence_length // setting.context_parallel,
         micro_batch=setting.micro_batch,
         shard_group=setting.shard_group if setting.sharding != "none" else 1,
         hbm_bytes=run.instance.hbm_bytes,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
+        compiled=setting.compile,
     )
 
 
@@ -245,6 +255,7 @@ def search(run: _Run, space: Space) -> list[Option]:
                         return perf.Setting(
                             precision=precision, checkpointing=checkpointing, micro_batch=m, shard_group=group,
                             sharding=sharding, fp8_recipe=recipe_name, context_parallel=cp, compile=run.recipe.compute.compile,
+                            lora=run.lora, document_mask=run.recipe.task == "sft",
                         )
 
                     # Memory grows with the micro-batch: bisect for the largest that fits, then
@@ -296,6 +307,13 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
     """Context-parallel degrees to try; None after an error."""
     tuning, seq = run.recipe.tuning, run.recipe.sequence_length
     node = run.instance.gpus
+    if run.recipe.task == "sft":
+        if tuning.context_parallel not in (AUTO, 1):
+            run.error("context-parallel", f"tuning.context_parallel {tuning.context_parallel}: ring attention has no document "
+                      "mask, so packed fine-tuning examples would attend to each other", "set tuning.context_parallel: 1 or auto",
+                      "tuning.context_parallel")
+            return None
+        return (1,)
     if tuning.context_parallel != AUTO:
         cp = tuning.context_parallel
         if node % cp or seq % (2 * cp):
@@ -371,7 +389,7 @@ def tier_choice(run: _Run, options: list[Option]) -> Option | None:
 
 
 def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> PlanResult:
-    run = _Run(recipe)
+    run = _Run(recipe, source=source)
     run.model_name, run.arch = _model(recipe, run)
     run.instance = _instance(recipe, run)
     if run.arch is None or run.instance is None:
@@ -385,6 +403,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     run.tier, inside = catalogs.tier_for(params)
     tier = run.tier
     run.decide("tier", tier.name, _tier_reason(params, tier), None)
+    _adapter(recipe, run)
     if not inside:
         lo, hi = catalogs.tiers()[0].min_parameters, catalogs.tiers()[-1].max_parameters
         text = f"{params / 1e9:.2f}B parameters lies outside the {lo / 1e9:g}B-{hi / 1e9:g}B the tiers cover; planned as '{tier.name}'"
@@ -403,11 +422,14 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     _runtime(recipe, run)
     _spot(recipe, run)
     _keep_last(recipe, run)
-    if run.nodes < tier.min_nodes:
+    if run.nodes < run.min_nodes:
+        lora_fix = (", or fine-tune with LoRA on one node (tuning.adapter: lora)"
+                    if recipe.task == "sft" and tier.min_nodes_for(True) <= run.nodes else "")
+        full = " for full-parameter training" if tier.min_nodes_for(True) != tier.min_nodes else ""
         run.error(
             "needs-multiple-nodes",
-            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {tier.min_nodes} nodes; the recipe has {run.nodes}",
-            f"set compute.instance_count to {tier.min_nodes} or more",
+            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {run.min_nodes} nodes{full}; the recipe has {run.nodes}",
+            f"set compute.instance_count to {run.min_nodes} or more{lora_fix}",
             "compute.instance_count",
         )
     _check_precision(run)
@@ -428,6 +450,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     ramp_start, ramp_steps, total_steps = _ramp_and_steps(run, chosen)
     warmup_steps = _warmup(run, chosen, ramp_start, ramp_steps, total_steps)
     estimates = _estimates(run, chosen, total_steps)
+    full_parameter = _full_parameter(run, estimates) if run.lora is not None else None
     segments = _segments(run, estimates)
     instance_counts = _instance_counts(run, chosen, total_steps, ramp_start, ramp_steps, warmup_steps)
     if run.failed:
@@ -466,6 +489,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         spot_wait_seconds=spot_wait_seconds(recipe, segments.job_runtime_seconds) if recipe.compute.spot else None,
         instance_counts=tuple(instance_counts),
         locations=dict(lines or {}),
+        lora=run.lora_section,
+        full_parameter=full_parameter,
     )
 
 
@@ -664,7 +689,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     if tuning.context_parallel != AUTO:
         cp_reason = "set in the recipe"
     elif cp == 1:
-        cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
+        if run.recipe.task == "sft":
+            cp_reason = "each GPU holds whole sequences: ring attention has no document mask for packed examples"
+        else:
+            cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
     else:
         whole = [o for o in fitting if o.setting.context_parallel == 1]
         if whole:
@@ -735,7 +763,8 @@ def _does_not_fit(run: _Run, options: list[Option]) -> None:
 def _relaxed(run: _Run, free: tuple[str, ...], nodes: int | None = None) -> Option | None:
     """The fastest option that fits with the recipe's pins in ``free`` set to auto (and on ``nodes``)."""
     tuning = run.recipe.tuning.model_copy(update={name: AUTO for name in free} | ({"sharding": AUTO} if "shard_group_size" in free else {}))
-    probe = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch, instance=run.instance, tier=run.tier)
+    probe = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch, instance=run.instance,
+                 tier=run.tier, lora=run.lora, lora_section=run.lora_section)
     space = _space(probe, nodes)
     if space is None:
         return None
@@ -780,12 +809,102 @@ def _fit_fix(run: _Run) -> str:
 # -- the parts before the search ---------------------------------------------------------
 
 
+LORA_DEFAULTS_WHY = (
+    "defaults: rank 16 and alpha 32 with dropout 0.05 (torchtune's and QLoRA's Llama recipes), on all seven projections "
+    "(QLoRA, https://arxiv.org/abs/2305.14314: adapters on every linear layer match full fine-tuning)"
+)
+
+
+def _adapter(recipe: Recipe, run: _Run) -> None:
+    """Task sft: full-parameter or LoRA, from the recipe, the export format or the tier."""
+    if recipe.task != "sft":
+        return
+    tier, tuning = run.tier, recipe.tuning
+    data = recipe.data
+    stated = [f"loss on {data.loss_on} tokens"] if data.loss_on else []
+    stated += [f"overlong examples: {data.overlong}"] if data.overlong else []
+    checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
+    run.decide("task", "sft", f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
+               f"(python -m training.sft_data){checked}", "set")
+    requested = tuning.adapter
+    if requested != AUTO:
+        adapter, reason = requested, "set in the recipe"
+        if requested == "none" and tier.fine_tuning == "lora":
+            run.warn("against-tier", f"tuning.adapter none goes against the {tier.name} tier's LoRA ({tier.fine_tuning_why})",
+                     "set tuning.adapter: auto unless this is deliberate", "tuning.adapter")
+    elif recipe.export.format == "adapter":
+        adapter, reason = "lora", "export.format adapter: the run trains a LoRA adapter to export"
+    else:
+        adapter = "lora" if tier.fine_tuning == "lora" else "none"
+        reason = f"{tier.name} tier: {tier.fine_tuning_why}"
+    run.decide("tuning.adapter", adapter, reason, requested)
+    if adapter != "lora":
+        return
+    section = tuning.lora or LoraSection()
+    run.lora_section = section
+    run.lora = Lora(section.rank, tuple(section.target_modules), section.dropout > 0)
+    trainable = run.lora.parameters(run.arch)
+    targets = "all seven projections" if len(section.target_modules) == 7 else ", ".join(section.target_modules)
+    why = "set in the recipe" if tuning.lora is not None else LORA_DEFAULTS_WHY
+    run.decide(
+        "tuning.lora",
+        {"rank": section.rank, "alpha": section.alpha, "dropout": section.dropout, "target_modules": targets},
+        f"{trainable / 1e6:,.1f}M trainable parameters, {trainable / run.arch.parameters:.2%} of the model; {why}",
+        AUTO if tuning.lora is None else "set",
+    )
+
+
+FULL_PARAMETER_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
+    """The same fine-tuning with every parameter trained: the fewest nodes (of the tier's
+    minimum or more) on which it fits, its speed, time and cost; for ``explain``."""
+    tuning = run.recipe.tuning.model_copy(update={"adapter": "none", "lora": None})
+    full = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch,
+                instance=run.instance, tier=run.tier)
+    for nodes in (n for n in FULL_PARAMETER_NODES if n >= run.tier.min_nodes):
+        found = _relaxed(full, (), nodes)
+        if found is None:
+            continue
+        gpus = nodes * run.instance.gpus
+        hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
+        price, _ = run.instance.price(run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot)
+        alternative = FullParameter(
+            nodes=nodes, setting=found.alternative().describe(), tokens_per_second_per_gpu=round(found.speed, 1),
+            memory_fraction=round(found.memory.fraction, 4), wall_time_hours=hours, cost_usd=hours * nodes * price,
+        )
+        run.info(
+            "full-parameter-alternative",
+            f"full-parameter fine-tuning instead of LoRA needs {nodes} x {run.instance.name} ({alternative.setting}, "
+            f"{found.memory.fraction:.0%} of HBM): {found.speed:,.0f} tokens/s per GPU, {hours:,.1f} h, "
+            f"${alternative.cost_usd:,.0f}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, ${lora.cost_usd:,.0f}",
+            "tuning.adapter",
+        )
+        return alternative
+    run.info("full-parameter-alternative",
+             f"full-parameter fine-tuning fits on none of {', '.join(map(str, FULL_PARAMETER_NODES))} x {run.instance.name}",
+             "tuning.adapter")
+    return None
+
+
 def _tier_reason(params: int, tier: Tier) -> str:
     return f"{params / 1e9:.2f}B parameters; the '{tier.name}' tier reaches {tier.max_parameters / 1e9:g}B"
 
 
 def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
     section = recipe.model
+    if section.hf_config is not None:
+        from . import hf_config
+
+        base = Path(run.source).parent if run.source else None
+        try:
+            name, arch = hf_config.read(section.hf_config, base)
+        except hf_config.ConfigError as exc:
+            run.error("hf-config", str(exc), "give a local Llama or Qwen2 checkpoint directory or its config.json", "model.hf_config")
+            return section.hf_config, None
+        run.decide("model", name, f"from {hf_config.config_path(section.hf_config, base)}: {arch.parameters / 1e9:.2f}B parameters", "set")
+        return name, arch
     if section.dimensions is not None:
         name = section.name or "custom"
         run.decide("model", name, f"explicit dimensions: {section.dimensions.parameters / 1e9:.2f}B parameters", "set")
@@ -921,7 +1040,7 @@ def _instance_counts(run: _Run, chosen, total_steps: int, ramp_start, ramp_steps
                                 context_parallel=setting.context_parallel),
         hardware=SimpleNamespace(gpus_per_node=run.instance.gpus),
     )
-    counts = [n for n in supported_instance_counts(shape) if n >= run.tier.min_nodes]
+    counts = [n for n in supported_instance_counts(shape) if n >= run.min_nodes]
     run.decide("compute.instance_counts", counts,
                "InstanceCount values that keep the planned global batch (the accumulation rescaled), the sharding, and "
                "at most the planned memory per GPU; `start --instance-count` and the pipeline refuse others before compute",
@@ -1046,29 +1165,23 @@ def _warmup(run: _Run, chosen: Option, start: int | None, ramp_steps: int, total
 def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     recipe, instance = run.recipe, run.instance
     summary = catalogs.performance_model().summary
-    flops = run.arch.flops_per_token(recipe.sequence_length)
+    flops = run.arch.flops_per_token(recipe.sequence_length, lora=run.lora)
     per_gpu = chosen.speed
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
-    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot)
-    error = ""
-    if summary.loso_published_median_error is not None:
-        error = (f"; each source predicted by the model fitted without it: published runs within {summary.loso_published_median_error:.0%} "
-                 f"(median, worst {summary.loso_published_worst_error:.0%})")
-        if summary.loso_own_median_error is not None:
-            error += f", own runs within {summary.loso_own_median_error:.0%} (median, worst {summary.loso_own_worst_error:.0%})"
+    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
         mfu=flops * per_gpu / instance.peak_bf16_flops,
-        throughput_source=(f"performance model calibrated on {summary.published_rows} published runs from {summary.sources - (summary.own_rows > 0)} "
-                           f"sources and {summary.own_rows} of this container's own GPU runs{error} (make calibrate)"),
+        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True) * per_gpu / instance.peak_bf16_flops,
+        throughput_source=f"performance model {summary.wording()} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.time.terms()),
         total_steps=total_steps,
         wall_time_hours=wall_hours,
         price_per_hour=price,
         price_source=price_source,
-        cost_usd=wall_hours * run.nodes * price,
+        cost_usd=None if price is None else wall_hours * run.nodes * price,
     )

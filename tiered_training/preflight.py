@@ -22,6 +22,7 @@ imported only here, when the command runs.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -95,6 +96,8 @@ def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri:
     image = image_uri or deployed.image_uri
     checks.append(_guard("image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)))
     checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn))
+    if recipe.task == "sft":
+        checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
     checks.append(_guard("mlflow", recipe.tracking.mlflow_tracking_server_arn or "-", lambda: check_mlflow(clients["sagemaker"], plan)))
     checks.append(_guard("training-plan", recipe.compute.training_plan_arn or "-", lambda: check_training_plan(clients["sagemaker"], plan)))
     return Report(recipe=recipe.name, region=region, checks=checks)
@@ -284,6 +287,46 @@ def check_data(s3: Any, iam: Any, plan: "Plan", role_arn: str | None) -> list[Ch
     else:
         out.append(Check("data", f"{uri} by {role_arn}", PASS, "its policies allow s3:ListBucket and s3:GetObject (IAM policy simulator; a bucket policy may still deny)"))
     return out
+
+
+PACKED_MANIFEST = "shards.json"  # training/sft_data.py writes it beside the packed shards
+MAX_MANIFEST_BYTES = 1 << 22
+
+
+def check_packed_data(s3: Any, plan: "Plan") -> Check:
+    """Task sft: the data prefix holds packed example shards made for this recipe (their manifest)."""
+    recipe = plan.recipe
+    uri = recipe.data.uri
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    key = (prefix.rstrip("/") + "/" if prefix.strip("/") else "") + PACKED_MANIFEST
+    where = f"s3://{bucket}/{key}"
+    prepare = ("pack the JSONL examples with `python -m training.sft_data --tokenizer DIR --sequence-length "
+               f"{recipe.sequence_length} --out OUT FILE.jsonl` and upload OUT/train to data.uri")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_MANIFEST_BYTES)
+    except _client_error() as error:
+        if _code(error) in ("NoSuchKey", "NoSuchBucket", "404"):
+            return Check("data", uri, FAIL, f"no {where}: task sft trains on packed example shards", prepare)
+        raise
+    try:
+        manifest = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return Check("data", uri, FAIL, f"{where} is not JSON", prepare)
+    if not isinstance(manifest, dict) or manifest.get("kind") != "sft-packed":
+        return Check("data", uri, FAIL, f"{where} does not describe packed SFT shards (kind {manifest.get('kind') if isinstance(manifest, dict) else None!r})", prepare)
+    expected = {"sequence_length": recipe.sequence_length, "token_dtype": recipe.data.token_dtype,
+                "loss_on": recipe.data.loss_on, "overlong": recipe.data.overlong}
+    wrong = [f"{key} {manifest.get(key)!r}, the recipe {value!r}" for key, value in expected.items()
+             if value is not None and manifest.get(key) != value]
+    if wrong:
+        return Check("data", uri, FAIL, f"{where} was packed otherwise: {'; '.join(wrong)}",
+                     "pack the data again with the recipe's settings, or set the recipe to the data's")
+    shards = manifest.get("shards") or []
+    sequences = sum(s.get("sequences", 0) for s in shards if isinstance(s, dict))
+    return Check("data", uri, PASS, (
+        f"packed SFT shards: {manifest.get('examples', 0):,} examples in {sequences:,} sequences of {recipe.sequence_length:,} tokens, "
+        f"loss on {manifest.get('loss_on')}, overlong {manifest.get('overlong')} ({manifest.get('dropped', 0):,} dropped, "
+        f"{manifest.get('truncated', 0):,} truncated)"))
 
 
 def check_mlflow(sm: Any, plan: "Plan") -> Check:

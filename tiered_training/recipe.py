@@ -46,10 +46,15 @@ class _Strict(BaseModel):
 
 
 class ModelSection(_Strict):
-    """Either ``catalog`` (an id from ``tiered-training models``) or ``dimensions``."""
+    """One of ``catalog`` (an id from ``tiered-training models``), ``dimensions`` or ``hf_config``."""
 
     catalog: str | None = Field(default=None, max_length=128)
     dimensions: Architecture | None = None
+    hf_config: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description=("a local Hugging Face checkpoint directory, or its config.json, whose dimensions the planner reads "
+                     "(relative paths from the recipe's directory); Llama and Qwen2 model types"),
+    )
     name: str | None = Field(default=None, max_length=256, description="display name for explicit dimensions")
     init_checkpoint: str | None = Field(
         default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 URI of a Hugging Face checkpoint to start from"
@@ -60,8 +65,8 @@ class ModelSection(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSection":
-        if (self.catalog is None) == (self.dimensions is None):
-            raise ValueError("give exactly one of 'catalog' (a catalogue id) or 'dimensions'")
+        if sum(source is not None for source in (self.catalog, self.dimensions, self.hf_config)) != 1:
+            raise ValueError("give exactly one of 'catalog' (a catalogue id), 'dimensions' or 'hf_config' (a local config.json)")
         return self
 
 
@@ -88,6 +93,17 @@ class DataSection(_Strict):
         description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
     )
     seed: int = Field(default=1234, ge=0, le=MAX_SEED)
+    loss_on: Literal["assistant", "all"] | None = Field(
+        default=None,
+        description=("task sft: the tokens the loss counts, as the shards must have been packed (python -m training.sft_data "
+                     "--loss-on): assistant (the assistant turns or completions) or all; preflight checks the shards' manifest; "
+                     "default: not checked"),
+    )
+    overlong: Literal["error", "drop", "truncate"] | None = Field(
+        default=None,
+        description=("task sft: what packing did with an example longer than sequence_length (python -m training.sft_data "
+                     "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"),
+    )
 
     @property
     def data_prefixes(self) -> list[str]:
@@ -235,6 +251,45 @@ class BatchRampSpec(_Strict):
     ramp_fraction: float = Field(default=0.02, gt=0, le=0.5, description="share of the token budget the ramp spans")
 
 
+# peft's module names of the Llama and Qwen2 projections. LoRA on every linear layer of the
+# blocks: QLoRA (Dettmers et al. 2023, https://arxiv.org/abs/2305.14314, section 4) found that
+# adapters on all linear layers are needed to match full fine-tuning.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(_Strict):
+    """LoRA (Hu et al. 2021, https://arxiv.org/abs/2106.09685) through peft's ``LoraConfig``
+    (https://huggingface.co/docs/peft/package_reference/lora). Defaults: rank 16, alpha 32
+    (alpha = 2 x rank) and dropout 0.05, as in QLoRA's and torchtune's Llama recipes
+    (https://github.com/pytorch/torchtune/tree/main/recipes/configs/llama3_1), on all seven projections."""
+
+    rank: int = Field(default=16, ge=1, le=1024, description="the adapters' rank r")
+    alpha: float = Field(default=32.0, gt=0, le=4096, description="the update is scaled by alpha / rank")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(LORA_TARGETS), min_length=1, max_length=len(LORA_TARGETS),
+        description="the projections that get adapters (peft's module names)",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _distinct(cls, modules: list[str]) -> list[str]:
+        repeated = sorted({m for m in modules if modules.count(m) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        return modules
+
+
+class ExportSection(_Strict):
+    """The model written at the end of the run."""
+
+    format: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description=("merged: full bf16 weights in Hugging Face format (LoRA merged in); adapter: the LoRA adapter alone "
+                     "in peft's format (PeftModel.from_pretrained), only with tuning.adapter lora"),
+    )
+
+
 class TuningSection(_Strict):
     precision: Union[Precision, Auto] = AUTO
     fp8_recipe: Union[Fp8Recipe, Auto] = AUTO
@@ -250,6 +305,12 @@ class TuningSection(_Strict):
         default=AUTO,
         description="auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices",
     )
+    adapter: Union[Literal["none", "lora"], Auto] = Field(
+        default=AUTO,
+        description=("task sft: none trains every parameter; lora trains low-rank adapters on a frozen base (peft); "
+                     "auto: the tier's choice (LoRA for 30B-64B models, where it fits on one node)"),
+    )
+    lora: LoraSection | None = Field(default=None, description="the LoRA adapters' settings; default: the values of LoraSection")
 
 
 class Recipe(_Strict):
@@ -257,6 +318,11 @@ class Recipe(_Strict):
 
     name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name; names.py derives the others")
     description: str | None = Field(default=None, max_length=3072)
+    task: Literal["pretrain", "sft"] = Field(
+        default="pretrain",
+        description=("pretrain: next-token loss on flat token shards; sft: supervised fine-tuning of model.init_checkpoint "
+                     "on packed example shards (python -m training.sft_data)"),
+    )
     model: ModelSection
     data: DataSection
     sequence_length: int = Field(ge=128, le=131072)
@@ -269,6 +335,7 @@ class Recipe(_Strict):
     tracking: TrackingSection = TrackingSection()
     probe: ProbeSection = ProbeSection()
     tuning: TuningSection = TuningSection()
+    export: ExportSection = ExportSection()
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -301,3 +368,26 @@ class Recipe(_Strict):
         if self.budget.total_tokens < self.budget.global_batch_tokens:
             raise ValueError(f"{AT}budget.total_tokens: smaller than one global batch")
         return self
+
+    @model_validator(mode="after")
+    def _task(self) -> "Recipe":
+        """SFT needs a starting checkpoint; the fine-tuning fields mean nothing to pretraining."""
+        tuning, data = self.tuning, self.data
+        if self.task == "sft":
+            if self.model.init_checkpoint is None:
+                raise ValueError(f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging Face checkpoint")
+        else:
+            for path, value in (("data.loss_on", data.loss_on), ("data.overlong", data.overlong)):
+                if value is not None:
+                    raise ValueError(f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft")
+            if tuning.adapter != AUTO:
+                raise ValueError(f"{AT}tuning.adapter: applies to task sft only; remove it, or set task: sft")
+            if tuning.lora is not None:
+                raise ValueError(f"{AT}tuning.lora: applies to task sft only; remove it, or set task: sft")
+        if tuning.adapter == "none" and tuning.lora is not None:
+            raise ValueError(f"{AT}tuning.lora: set, but tuning.adapter is none; remove it, or set tuning.adapter: lora")
+        if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
+            raise ValueError(f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)")
+        return self
+
+

@@ -50,9 +50,10 @@ def summary_row(plan: Plan) -> dict[str, str]:
         }
     est = plan.estimates
     precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
+    task = {"none": ", SFT", "lora": ", LoRA"}.get(plan.adapter, "")
     return {
         "recipe": plan.name,
-        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B)",
+        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B{task})",
         "tier": plan.tier.name,
         "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
         "precision": precision,
@@ -61,17 +62,17 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
-        "MFU": f"{est.mfu:.1%}",
+        "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "cost": "no price" if est.cost_usd is None else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
         "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
         + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
 
 
-COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU", "time", "cost", "status")
+COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost", "status")
 # Columns that hold numbers: never wrapped, right-aligned.
-NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU", "time", "cost")
+NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost")
 
 
 def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -160,12 +161,13 @@ def models_data() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "models": models}
 
 
-def instance_rows() -> list[dict[str, Any]]:
-    """The instance catalogue with the prices in effect (environment overrides, spot estimate)."""
+def instance_rows(region: str | None = None) -> list[dict[str, Any]]:
+    """The instance catalogue with the prices in effect in ``region`` (default: the price
+    catalogue's documented region), environment overrides and the spot estimate included."""
     rows = []
     for inst in catalogs.instances().values():
-        price, source = inst.price()
-        spot_price, spot_source = inst.price(spot=True)
+        price, source = inst.price(region=region)
+        spot_price, spot_source = inst.price(spot=True, region=region)
         rows.append(
             {
                 **inst.model_dump(),
@@ -178,8 +180,9 @@ def instance_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def instances_data() -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "instances": instance_rows()}
+def instances_data(region: str | None = None) -> dict[str, Any]:
+    region = region or catalogs.prices().default_region
+    return {"schema_version": SCHEMA_VERSION, "region": region, "instances": instance_rows(region)}
 
 
 def explain_lines(plan: Plan) -> list[str]:
@@ -203,10 +206,12 @@ def explain_lines(plan: Plan) -> list[str]:
             "Estimates",
             f"  FLOPs per token        {e.flops_per_token:,.3e}",
             f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
-            f"  MFU (BF16-equivalent)  {e.mfu:.1%}",
+            f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention, as the container reports it); "
+            f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
-            f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})",
+            (f"  cost                   none: {e.price_source}" if e.cost_usd is None or e.price_per_hour is None
+             else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"),
             "",
             f"Step time, term by term ({e.throughput_source})",
         ]
@@ -219,6 +224,12 @@ def explain_lines(plan: Plan) -> list[str]:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
         for d in departures:
             out.append(f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom")
+    full = getattr(plan, "full_parameter", None)
+    if full is not None:
+        out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
+        out.append(f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
+                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, ${full.cost_usd:,.0f} "
+                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, ${plan.estimates.cost_usd:,.0f})")
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
         out += ["", "Next alternatives that fit"]
@@ -234,7 +245,8 @@ def explain_lines(plan: Plan) -> list[str]:
 
 def _flat(plan: Plan) -> dict[str, Any]:
     data = plan.to_dict()
-    flat = {"compute." + k: v for k, v in data["compute"].items()}
+    flat = {"task": data.get("task", "pretrain")}
+    flat.update({"compute." + k: v for k, v in data["compute"].items()})
     flat.update({"model." + k: v for k, v in data["model"].items()})
     flat.update({"tuning." + k: v for k, v in data["tuning"].items()})
     run = data.get("run") or {}
@@ -258,6 +270,7 @@ def diff(old: Plan, new: Plan) -> dict[str, Any]:
         "memory_gib_per_gpu": lambda p: p.memory.total / GIB if p.memory else None,
         "tokens_per_second": lambda p: p.estimates.tokens_per_second if p.estimates else None,
         "mfu": lambda p: p.estimates.mfu if p.estimates else None,
+        "mfu_causal": lambda p: p.estimates.mfu_causal if p.estimates else None,
         "wall_time_hours": lambda p: p.estimates.wall_time_hours if p.estimates else None,
         "cost_usd": lambda p: p.estimates.cost_usd if p.estimates else None,
     }
@@ -292,7 +305,7 @@ def _reason(plan: Plan, key: str) -> str:
 def _fmt(key: str, value: Any) -> str:
     if value is None:
         return "-"
-    if key == "mfu":
+    if key in ("mfu", "mfu_causal"):
         return f"{value:.1%}"
     if key == "cost_usd":
         return f"${value:,.0f}"

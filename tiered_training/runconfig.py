@@ -317,8 +317,14 @@ class RunConfig(_Frozen):
     def mfu(self, tokens_per_second_per_gpu: float, *, causal: bool = False) -> float:
         """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,
         so FP8 runs report BF16-equivalent MFU. Full-attention FLOPs (6N + 12*L*h*s), or with
-        ``causal`` the causal ones (6N + 6*L*h*s): at long context they differ by a large factor."""
-        flops = self.model.flops_per_token(self.batch.sequence_length, causal=causal)
+        ``causal`` the causal ones (6N + 6*L*h*s): at long context they differ by a large factor.
+        Under LoRA the frozen base computes no weight gradients (4N, plus 6 per adapter parameter)."""
+        lora = None
+        if self.sft is not None and self.sft.lora is not None:
+            from .architecture import Lora
+
+            lora = Lora(self.sft.lora.rank, tuple(self.sft.lora.target_modules), self.sft.lora.dropout > 0)
+        flops = self.model.flops_per_token(self.batch.sequence_length, causal=causal, lora=lora)
         return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
 
     def identity_parts(self) -> dict[str, str]:

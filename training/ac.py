@@ -68,14 +68,19 @@ def selective_context_fn():
     return create_selective_checkpoint_contexts(selective_policy())
 
 
-def apply_ac(layers: nn.ModuleList, mode: str) -> None:
-    """Wrap each layer of ``layers`` in place according to ``mode``."""
+def apply_ac(layers: nn.ModuleList, mode: str, *, preserve_rng_state: bool = False) -> None:
+    """Wrap each layer of ``layers`` in place according to ``mode``.
+
+    ``preserve_rng_state``: the layers draw random numbers (LoRA dropout); the recomputation
+    replays the forward's random state, so backward sees the forward's dropout masks. Without
+    dropout (torchtitan's models, full training) there is nothing to replay and it stays off.
+    """
     if mode == "none":
         return
     if mode == "full":
-        wrap = partial(checkpoint_wrapper, preserve_rng_state=False)
+        wrap = partial(checkpoint_wrapper, preserve_rng_state=preserve_rng_state)
     elif mode == "selective":
-        wrap = partial(checkpoint_wrapper, context_fn=selective_context_fn, preserve_rng_state=False)
+        wrap = partial(checkpoint_wrapper, context_fn=selective_context_fn, preserve_rng_state=preserve_rng_state)
     else:
         raise ValueError(f"unknown activation checkpointing {mode!r}")
     for index in range(len(layers)):

@@ -239,8 +239,11 @@ def build_dataloader(
         raise ValueError(f"num_workers must be 0 or 1 for the packed token stream, not {num_workers}")
     dataset = PackedTokenWindows(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed,
                                  holdout_every=holdout_every, micro_batch_size=micro_batch_size, vocab_size=vocab_size)
+    # A generator of its own: without one, every iter() draws a worker seed from the global RNG, which
+    # then differs between a resumed run and an uninterrupted one (LoRA dropout draws from it).
     return StatefulDataLoader(
-        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True
+        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

@@ -61,8 +61,7 @@ def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None
         model_dir.mkdir(parents=True, exist_ok=True)
         for stale in model_dir.glob("part-*.tmp"):
             stale.unlink()
-    for name, value in state.items():
-        full = value.full_tensor() if isinstance(value, DTensor) else value  # every rank takes part
+    for name, full in _full_weights(lm, state):  # every rank takes part in each gather
         if rank != 0:
             continue
         tensor = (full.to(dtype) if dtype is not None else full).detach().to("cpu").contiguous()
@@ -85,6 +84,17 @@ def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None
         _name_files(model_dir, total)
     dist.barrier()
     return model_dir
+
+
+def _full_weights(lm: torch.nn.Module, state: dict[str, torch.Tensor]):
+    """``(name, whole tensor)`` one at a time, LoRA adapters merged into their weights (``lora.merged_weights``)."""
+    from .lora import has_lora, merged_weights
+
+    if has_lora(lm):
+        yield from merged_weights(lm, state)
+        return
+    for name, value in state.items():
+        yield name, value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _name_files(model_dir: Path, total: int) -> None:
@@ -112,14 +122,20 @@ def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
     Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
     from safetensors import safe_open
 
+    from .lora import base_name, is_adapter
     from .model import check_keys
 
     state = hf_state_dict(lm)
+    # With LoRA the checkpoint holds the base: its names are the base layers' (q_proj.base_layer.weight
+    # is q_proj.weight), and the adapters are not in it (``model.materialize`` initialised them).
+    names = {base_name(key): key for key in state if not is_adapter(key)}
+    base = {hf: state[key] for hf, key in names.items()}
     found = set()
     for path in sorted(Path(init_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             found.update(f.keys())
-    check_keys(set(state), found, init_dir, tied=bool(getattr(lm.config, "tie_word_embeddings", False)))
-    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(init_dir)))
-    tied = getattr(lm.config, "tie_word_embeddings", False)
-    set_model_state_dict(lm, state, options=StateDictOptions(strict=not tied))
+    tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+    check_keys(set(base), found, init_dir, tied=tied)
+    dcp.load(base, storage_reader=HuggingFaceStorageReader(str(init_dir)))
+    loaded = {key: base[hf] for hf, key in names.items()}
+    set_model_state_dict(lm, loaded, options=StateDictOptions(strict=not tied and len(loaded) == len(state)))

@@ -31,6 +31,8 @@ def module_filter(module: nn.Module, fqn: str) -> bool:
         return False
     if fqn == "lm_head" or fqn.endswith(".lm_head"):
         return False
+    if ".lora_A." in fqn or ".lora_B." in fqn:  # LoRA adapters (training/lora.py) stay in high precision
+        return False
     return module.in_features % ALIGNMENT == 0 and module.out_features % ALIGNMENT == 0
 
 

@@ -169,6 +169,12 @@ def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
 
 
 def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torch.Generator | None = None) -> None:
+    from .lora import base_name, init_adapter, is_adapter
+
+    if is_adapter(name):
+        init_adapter(name, param, generator)
+        return
+    name = base_name(name)  # a LoRA layer's base weight is initialised as the plain layer's
     if name.endswith("norm.weight"):
         nn.init.ones_(param)
     elif name.endswith(".bias"):
@@ -182,7 +188,10 @@ def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torc
 
 def _init_whole_then_slice(name: str, param: torch.Tensor, layers: int, seed: int) -> None:
     """Draw the whole parameter on the CPU from a generator of its own; keep this rank's slice."""
-    plain = name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")  # the same with or without AC
+    from .lora import base_name
+
+    # the same with or without AC, compile or LoRA
+    plain = base_name(name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""))
     generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(plain.encode()))
     whole = torch.empty(param.shape, dtype=torch.float32)
     _init_parameter(name, whole, layers, generator)

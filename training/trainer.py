@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -57,6 +58,7 @@ from .context_parallel import ContextParallel, apply_context_parallel
 from .data import build_dataloader, build_sft_dataloader, split_batch
 from .dist import DistInfo, init_distributed, new_gloo_group
 from .export import export_hf, load_hf_weights, plain_tensor
+from .lora import apply_lora, export_adapter, has_lora
 from .loss import valid_tokens
 from .model import CausalLMLoss, build_model, materialize
 from .optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -165,10 +167,13 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     cp = ContextParallel.from_mesh(mesh, info.rank, info.world_size)
     init_dir = paths.init_checkpoint() if paths is not None else None
     lm = build_model(cfg.model, init_dir)
+    lora = lora_config(cfg)
+    if lora is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
+        apply_lora(lm, lora)
     converted = float8.apply_float8(lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
     layers = lm.model.layers
     apply_context_parallel(lm, cp)
-    apply_ac(layers, precision.activation_checkpointing)
+    apply_ac(layers, precision.activation_checkpointing, preserve_rng_state=lora is not None and lora.dropout > 0)
     if precision.compile:
         apply_compile(layers)
     if cfg.sft is not None:
@@ -182,6 +187,18 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     optimizer = build_optimizer(model, cfg.optimizer, info.device)
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.batch.total_steps)
     return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp)
+
+
+def lora_config(cfg: RunConfig):
+    """The LoRA settings when the run trains adapters (``sft.adapter: lora``), else None."""
+    return cfg.sft.lora if cfg.sft is not None and cfg.sft.adapter == "lora" else None
+
+
+def _model_state_options(trainer: Trainer) -> StateDictOptions:
+    """A LoRA run's checkpoints hold the adapters only: the frozen base is re-read from
+    ``model.init_checkpoint`` at every start (``build``)."""
+    frozen = has_lora(trainer.lm)
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
 
 def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
@@ -252,7 +269,8 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
         rng["cuda"] = torch.cuda.get_rng_state()
     return {
         # float8 weights as the plain tensors they wrap: DCP reads into (and writes from) their storage
-        "model": {key: plain_tensor(value) for key, value in get_model_state_dict(trainer.model).items()},
+        "model": {key: plain_tensor(value)
+                  for key, value in get_model_state_dict(trainer.model, options=_model_state_options(trainer)).items()},
         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer),
         "train": pickle.dumps({"step": step, "scheduler": trainer.scheduler.state_dict(),
                                "data": dataloader.state_dict(), "world_size": trainer.info.world_size}),
@@ -278,7 +296,7 @@ def _last_healthy(ckpt: CheckpointManager, saved_at: int | None) -> str:
 
 
 def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
-    set_model_state_dict(trainer.model, state["model"])
+    set_model_state_dict(trainer.model, state["model"], options=_model_state_options(trainer))
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     train = pickle.loads(state["train"])
     trainer.scheduler.load_state_dict(train["scheduler"])
@@ -520,10 +538,22 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             result.checkpoint_step = committed
     if export if export is not None else step >= batch.total_steps:
         started = time.perf_counter()
-        result.exported_to = export_hf(trainer.lm, paths.model_dir, dtype=_export_dtype(cfg),
-                                       max_shard_bytes=cfg.export.max_shard_bytes)
-        log.info("exported Hugging Face weights to %s in %.1f s", paths.model_dir, time.perf_counter() - started)
+        result.exported_to = export_model(trainer, paths.model_dir)
+        log.info("exported %s to %s in %.1f s", "the LoRA adapter" if cfg.export.format == "adapter" else
+                 "Hugging Face weights", paths.model_dir, time.perf_counter() - started)
     return result
+
+
+def export_model(trainer: Trainer, model_dir: Path) -> Path:
+    """The model as ``export.format`` says: merged weights (adapters added in) in Hugging Face format,
+    or the adapter alone in peft's format; collective."""
+    cfg = trainer.cfg
+    if cfg.export.format == "adapter":
+        from .export import hf_state_dict
+
+        return export_adapter(trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir,
+                              base_model=cfg.model.init_checkpoint)
+    return export_hf(trainer.lm, model_dir, dtype=_export_dtype(cfg), max_shard_bytes=cfg.export.max_shard_bytes)
 
 
 def _tokens_seen(cfg: RunConfig, step: int) -> int:

@@ -22,7 +22,10 @@ pytestmark = pytest.mark.torch
 REPO = Path(__file__).resolve().parents[2]
 ALL = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
 ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py"}  # rehearsed there, with a host lost and a restart
-TEMPLATES = [name for name in ALL if name not in ELSEWHERE]
+# Fine-tuning templates (task: sft) need the trainer's SFT path (packed example shards, LoRA through
+# peft) and a rehearsal that makes packed shards; they join this test when both have landed.
+NOT_YET = {"llama3.1-8b-sft.yaml": "task sft", "qwen2.5-32b-lora.yaml": "task sft, LoRA"}
+TEMPLATES = [name for name in ALL if name not in ELSEWHERE and name not in NOT_YET]
 INTERRUPTED = "llama3-8b-fp8.yaml"  # the flagship: an init checkpoint, and a spot interruption
 
 
@@ -33,7 +36,7 @@ def shared_s3():
 
 
 def test_every_template_is_rehearsed_here_or_elsewhere():
-    assert set(TEMPLATES) | set(ELSEWHERE) == set(ALL) and INTERRUPTED in TEMPLATES
+    assert set(TEMPLATES) | set(ELSEWHERE) | set(NOT_YET) == set(ALL) and INTERRUPTED in TEMPLATES
     for name, test in ELSEWHERE.items():
         assert f"recipes/{name}" in (Path(__file__).parent / test).read_text()
 

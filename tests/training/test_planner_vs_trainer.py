@@ -168,3 +168,71 @@ def test_checkpointing_modes_order_the_step_peak(step_peaks):
     planned = [step_peaks[m]["planned_bytes"] for m in ("none", "selective", "full")]
     assert measured[0] > measured[1] > measured[2]
     assert planned[0] > planned[1] > planned[2]
+
+
+# -- LoRA: adapters on a frozen base (peft) ----------------------------------------------
+
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float) -> int:
+    """Bytes a bf16 model with peft's adapters and its base frozen keeps for backward after forward."""
+    peft = pytest.importorskip("peft")
+    lm = _model(layers, torch.float32, "none")
+    peft.inject_adapter_in_model(peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=list(targets)), lm)
+    lm = lm.to(torch.bfloat16).train()
+    for name, param in lm.named_parameters():
+        param.requires_grad_(".lora_" in name)
+    from training.ac import apply_ac
+
+    apply_ac(lm.model.layers, mode)
+    ids = torch.randint(0, 256, (BATCH, SEQ))
+    tracker = _Storages(exclude=[*lm.parameters(), *lm.buffers(), ids])
+    with tracker:
+        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+    alive = tracker.alive_bytes()
+    hidden.sum().backward()
+    return alive
+
+
+@pytest.mark.parametrize("targets,dropout", [(LORA_ALL, 0.05), (("q_proj", "v_proj"), 0.0)], ids=["all-dropout", "qv"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_lora_activation_bytes_per_layer(mode, targets, dropout):
+    """Under LoRA the base keeps only what its input gradients need; the adapters add theirs. The CPU's
+    dropout keeps its noise in bf16 (2 bytes), where CUDA's fused kernel keeps a bool mask."""
+    from tiered_training.architecture import Lora
+
+    arch = Architecture(layers=1, **ARCH)
+    lora = Lora(16, targets, dropout > 0)
+    planned = activation_bytes_per_token(arch, "bf16", mode, lora, mask_bytes=2) * SEQ * BATCH
+    measured = _lora_retained(2, mode, targets, dropout) - _lora_retained(1, mode, targets, dropout)
+    assert abs(planned - measured) / measured <= 0.05, f"{mode}: planner {planned} B per layer, trainer keeps {measured} B"
+
+
+@pytest.fixture(scope="module")
+def lora_step_peaks(tmp_path_factory):
+    pytest.importorskip("peft")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from memory_peak import launch
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path_factory.mktemp("peak-lora") / "peak.json"
+    return {row["mode"]: row for row in launch(out, lora=16, lora_dropout=0.05)["rows"]}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_whole_step_peak_matches_planner_under_lora(lora_step_peaks, mode):
+    """The trainer's step with rank-16 adapters on every projection (dropout 0.05) and the base frozen:
+    the planner's peak (no base gradients or AdamW states, the adapters' own) within 10%."""
+    row = lora_step_peaks[mode]
+    measured, planned = row["measured_bytes"], row["planned_bytes"]
+    kinds = {k: round(v / 2**20, 2) for k, v in row["measured_by_kind"].items()}
+    assert abs(planned - measured) / measured <= 0.10, (
+        f"{mode}: planner {planned / 2**20:.2f} MiB ({row['planned']['peak_at']}), "
+        f"measured peak {measured / 2**20:.2f} MiB {json.dumps(kinds)}"
+    )
+    # The optimiser holds the adapters' AdamW moments only: 8 bytes per sharded adapter element (and a
+    # 4-byte step count per tensor, which the planner leaves out).
+    assert row["measured_by_kind"]["OptState"] == pytest.approx(row["planned"]["optimizer_states"], rel=1e-3)

@@ -1,0 +1,102 @@
+"""What a compiled decoder layer keeps for backward without checkpointing, per token.
+
+``torch.compile`` (Inductor) partitions each block's forward and backward and decides
+which tensors the backward gets saved and which it recomputes; the fp32 upcasts of the
+RMSNorms, for one, are recomputed. The planner counts that per saved tensor
+(``tiered_training.memory.activation_bytes_per_token(..., "none", compiled=True)``). This
+measures it: transformers' LlamaForCausalLM with each decoder layer compiled as the
+trainer does (``training.compile.apply_compile``), every distinct storage that autograd
+saves counted once (``saved_tensors_hooks``), per layer = saved(2 layers) - saved(1
+layer), so the embedding, the RoPE tables and the final norm cancel. On the CPU, about a
+minute per case on 2 cores; the partitioner's choice of what to save is the same on a GPU.
+
+    .venv/bin/python bench/activations_compiled.py      # table + bench/activations_compiled.json
+
+``tests/test_memory_compiled.py`` checks the planner's formula against the recorded result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SEQ, BATCH = 64, 2
+# Shapes that tell the terms apart: GQA or not, different FFN widths, BF16 and fp32.
+CASES = [
+    ({"hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352}, "bf16"),
+    ({"hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352}, "fp32"),
+    ({"hidden_size": 192, "attention_heads": 6, "kv_heads": 6, "ffn_size": 512}, "bf16"),
+]
+
+
+def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tiered_training.runconfig import ModelConfig
+    from training.compile import apply_compile
+    from training.model import hf_config
+
+    config = hf_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(config).to(dtype)
+    if compiled:
+        apply_compile(lm.model.layers)
+    ids = torch.randint(0, 256, (BATCH, SEQ))
+    params = {p.untyped_storage().data_ptr() for p in [*lm.parameters(), *lm.buffers()]}
+    saved: dict[int, int] = {}
+    keep = []  # hold every saved tensor so no address is reused while counting
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        keep.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+    hidden.sum().backward()
+    return sum(saved.values())
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from tiered_training.architecture import Architecture
+    from tiered_training.memory import activation_bytes_per_token
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/activations_compiled.json")
+    args = parser.parse_args(argv)
+    rows = []
+    for shape, precision in CASES:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        start = time.time()
+        row = {"shape": shape, "precision": precision, "torch": torch.__version__}
+        for name, compiled in (("eager", False), ("compiled", True)):
+            torch._dynamo.reset()
+            per_layer = saved_bytes(shape, 2, dtype, compiled) - saved_bytes(shape, 1, dtype, compiled)
+            row[f"{name}_bytes_per_token"] = per_layer / (SEQ * BATCH)
+        arch = Architecture(layers=1, vocab_size=256, max_sequence_length=256, **shape)
+        row["planned_eager"] = activation_bytes_per_token(arch, precision, "none")
+        row["planned_compiled"] = activation_bytes_per_token(arch, precision, "none", compiled=True)
+        rows.append(row)
+        print(f"{json.dumps(shape)} {precision}: eager {row['eager_bytes_per_token']:g} (planner {row['planned_eager']}), "
+              f"compiled {row['compiled_bytes_per_token']:g} (planner {row['planned_compiled']}) bytes/token/layer, "
+              f"{time.time() - start:.0f} s", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"seq": SEQ, "batch": BATCH, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
