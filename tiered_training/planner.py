@@ -869,16 +869,20 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             continue
         gpus = nodes * run.instance.gpus
         hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
-        price, _ = run.instance.price(run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot)
+        price, _ = run.instance.price(run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot,
+                                      region=run.recipe.compute.region)
         alternative = FullParameter(
             nodes=nodes, setting=found.alternative().describe(), tokens_per_second_per_gpu=round(found.speed, 1),
-            memory_fraction=round(found.memory.fraction, 4), wall_time_hours=hours, cost_usd=hours * nodes * price,
+            memory_fraction=round(found.memory.fraction, 4), wall_time_hours=hours,
+            cost_usd=None if price is None else hours * nodes * price,
         )
+        cost = "no published price" if alternative.cost_usd is None else f"${alternative.cost_usd:,.0f}"
+        lora_cost = "no published price" if lora.cost_usd is None else f"${lora.cost_usd:,.0f}"
         run.info(
             "full-parameter-alternative",
             f"full-parameter fine-tuning instead of LoRA needs {nodes} x {run.instance.name} ({alternative.setting}, "
             f"{found.memory.fraction:.0%} of HBM): {found.speed:,.0f} tokens/s per GPU, {hours:,.1f} h, "
-            f"${alternative.cost_usd:,.0f}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, ${lora.cost_usd:,.0f}",
+            f"{cost}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, {lora_cost}",
             "tuning.adapter",
         )
         return alternative
