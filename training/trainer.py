@@ -206,12 +206,21 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     from .validation import Validator
 
     try:
-        return Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
-                               rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, group=group,
-                               shard=trainer.cp.shard)
+        validator = Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
+                                    rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, group=group,
+                                    shard=trainer.cp.shard)
     except (FileNotFoundError, ValueError) as error:
         log.warning("no validation loss in this run: %s", error)
-        return None
+        validator = None
+    if cfg.validation.source != "none" and dist.is_initialized():
+        # every rank validates or none does: a pass is collective (a rank without held-out data
+        # would leave the others waiting in its all-reduce)
+        built = torch.tensor([0 if validator is None else 1])
+        dist.all_reduce(built, op=dist.ReduceOp.MIN, group=group)
+        if validator is not None and not built.item():
+            log.warning("no validation loss in this run: another rank has no validation batch")
+            validator = None
+    return validator
 
 
 def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):

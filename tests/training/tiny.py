@@ -66,57 +66,9 @@ def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
 
-# ---- supervised fine-tuning: a tiny chat dataset and a tokenizer for it ------------------------
+# ---- supervised fine-tuning: a tiny chat dataset and a tokenizer for it (training.tiny_chat) -------
 
-CHAT_WORDS = ("red green blue black white gray pink brown cat dog fox owl bee ant cow pig "
-              "one two three four five six seven eight nine ten up down left right in out").split()
-CHAT_ROLES = ("system", "user", "assistant", "tool")
-CHAT_SPECIALS = ("<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>")
-CHAT_TEXT = ("reverse", "please", "you", "reverse", "words", "and", "then", "again")
-# ChatML-style: each turn is <|im_start|>role\ncontent<|im_end|>\n; the generation prompt opens an assistant turn.
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-# The same rendering, with the assistant text and its end-of-turn marked for return_assistant_tokens_mask.
-CHAT_TEMPLATE_MARKED = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
-                        "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
-                        "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def tiny_chat_tokenizer(path: Path, *, template: str | None = CHAT_TEMPLATE) -> Path:
-    """A word-level Hugging Face tokenizer for :func:`tiny_chat_jsonl`'s words (under 64 ids, so it fits
-    the tiny model's vocabulary), with ``template`` as its chat template (None: no template), saved to ``path``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = list(dict.fromkeys([*CHAT_ROLES, *CHAT_TEXT, *CHAT_WORDS]))
-    vocab = {token: i for i, token in enumerate([*CHAT_SPECIALS, *words])}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    if template is not None:
-        tok.chat_template = template
-    tok.save_pretrained(path)
-    return Path(path)
-
-
-def tiny_chat_examples(n: int, *, seed: int = 0) -> list[dict]:
-    """``n`` conversations: the user gives 2-8 words, the assistant says them reversed; some with a
-    system turn, some with a second exchange."""
-    rng = np.random.default_rng(seed)
-    examples = []
-    for i in range(n):
-        messages = [{"role": "system", "content": "you reverse words"}] if i % 3 == 0 else []
-        for turn in range(1 + (i % 4 == 1)):
-            words = [str(w) for w in rng.choice(CHAT_WORDS, size=int(rng.integers(2, 9)))]
-            messages.append({"role": "user", "content": ("please reverse " if turn == 0 else "again ") + " ".join(words)})
-            messages.append({"role": "assistant", "content": " ".join(reversed(words))})
-        examples.append({"messages": messages})
-    return examples
-
-
-def tiny_chat_jsonl(path: Path, n: int, *, seed: int = 0) -> Path:
-    """Writes :func:`tiny_chat_examples` as JSON Lines to ``path`` (for ``python -m training.sft_data``)."""
-    Path(path).write_text("".join(json.dumps(example) + "\n" for example in tiny_chat_examples(n, seed=seed)))
-    return Path(path)
+from training.tiny_chat import (  # noqa: E402,F401
+    CHAT_ROLES, CHAT_SPECIALS, CHAT_TEMPLATE, CHAT_TEMPLATE_MARKED, CHAT_TEXT, CHAT_WORDS, tiny_chat_examples,
+    tiny_chat_jsonl, tiny_chat_tokenizer,
+)

@@ -336,10 +336,19 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             s3.ensure_bucket(client, store_bucket, versioned=True)
             bucket, _ = split_uri(data_uri)
             s3.ensure_bucket(client, bucket)
-            from .data import put_shards
+            from .data import put_sft_shards, put_shards
 
-            manifest = put_shards(client, data_uri, token_dtype=scaled.config.data.token_dtype)
-            say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
+            if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
+                manifest = put_sft_shards(client, data_uri, sequence_length=scaled.config.batch.sequence_length,
+                                          token_dtype=scaled.config.data.token_dtype, loss_on=plan.recipe.data.loss_on,
+                                          overlong=plan.recipe.data.overlong, workdir=workdir, repo=repo)
+                say(f"data: {manifest['examples']:,} chat examples packed into "
+                    f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of {manifest['sequence_length'] + 1} "
+                    f"{manifest['token_dtype']} tokens (loss on {manifest['loss_on']}, overlong {manifest['overlong']}: "
+                    f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)")
+            else:
+                manifest = put_shards(client, data_uri, token_dtype=scaled.config.data.token_dtype)
+                say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
             if init_uri:

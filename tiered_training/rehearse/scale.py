@@ -78,8 +78,10 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
         "ffn_size": change("model.ffn_size", m.ffn_size, ffn, "the plan's FFN/hidden ratio, rounded to 16"),
         "vocab_size": change("model.vocab_size", m.vocab_size, VOCAB, "the rehearsal's synthetic tokens"),
         "max_sequence_length": max(128, SEQUENCE),
-        "init_checkpoint": change("model.init_checkpoint", m.init_checkpoint, None,
-                                  "the model channel holds a random Hugging Face checkpoint of this shape, put at that URI"),
+        # fine-tuning needs it named (RunConfig); the channel holds the random checkpoint either way
+        "init_checkpoint": m.init_checkpoint if cfg.sft is not None else change(
+            "model.init_checkpoint", m.init_checkpoint, None,
+            "the model channel holds a random Hugging Face checkpoint of this shape, put at that URI"),
     })
 
     world = hosts * workers
