@@ -354,8 +354,10 @@ def build_sft_dataloader(
         raise ValueError(f"num_workers must be 0 or 1 for the packed sequence stream, not {num_workers}")
     dataset = SftSequences(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed,
                            holdout_every=holdout_every, micro_batch_size=micro_batch_size, vocab_size=vocab_size)
+    # A generator of its own, as build_dataloader: iter() draws no seed from the global RNG (LoRA dropout's)
     return StatefulDataLoader(
-        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True
+        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
     )
 
 

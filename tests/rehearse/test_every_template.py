@@ -2,7 +2,8 @@
 data and checkpoints through one shared local S3 (moto), the shortest run (2 steps, no probe,
 1 worker per host), and a SIGTERM with a restart in one of them. qwen2.5-32b-hybrid is rehearsed
 in test_rehearsal.py (probe, gate, a host killed during a save). A template with
-``model.init_checkpoint`` starts from the random checkpoint the rehearsal puts in its model channel."""
+``model.init_checkpoint`` starts from the random checkpoint the rehearsal puts in its model channel;
+a fine-tuning template (``task: sft``) trains on packed chat shards the rehearsal prepares."""
 
 from __future__ import annotations
 
@@ -21,11 +22,9 @@ pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
-ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py"}  # rehearsed there, with a host lost and a restart
-# Fine-tuning templates (task: sft) need the trainer's SFT path (packed example shards, LoRA through
-# peft) and a rehearsal that makes packed shards; they join this test when both have landed.
-NOT_YET = {"llama3.1-8b-sft.yaml": "task sft", "qwen2.5-32b-lora.yaml": "task sft, LoRA"}
-TEMPLATES = [name for name in ALL if name not in ELSEWHERE and name not in NOT_YET]
+ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py",  # rehearsed there, with a host lost and a restart
+             "qwen2.5-32b-lora.yaml": "test_sft_rehearsal.py"}  # there, with a kill, a resume and both export forms
+TEMPLATES = [name for name in ALL if name not in ELSEWHERE]
 INTERRUPTED = "llama3-8b-fp8.yaml"  # the flagship: an init checkpoint, and a spot interruption
 
 
@@ -36,7 +35,7 @@ def shared_s3():
 
 
 def test_every_template_is_rehearsed_here_or_elsewhere():
-    assert set(TEMPLATES) | set(ELSEWHERE) | set(NOT_YET) == set(ALL) and INTERRUPTED in TEMPLATES
+    assert set(TEMPLATES) | set(ELSEWHERE) == set(ALL) and INTERRUPTED in TEMPLATES
     for name, test in ELSEWHERE.items():
         assert f"recipes/{name}" in (Path(__file__).parent / test).read_text()
 

@@ -1,0 +1,78 @@
+"""The LoRA fine-tuning template (recipes/qwen2.5-32b-lora.yaml) rehearses on 2 hosts: packed chat
+shards made by the trainer's own data step, a random init checkpoint in the model channel, a
+SIGTERM after step 1 and a resume,
+then the same recipe exporting merged weights as a new run. The resumed run's losses equal the
+uninterrupted run's bit for bit; the adapter loads with peft onto the init checkpoint, and its
+merge equals the merged export."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("moto")
+pytest.importorskip("peft")
+
+from tiered_training.rehearse.run import Options, Then, rehearse  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "recipes" / "qwen2.5-32b-lora.yaml"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("sft-rehearsal")
+    text = TEMPLATE.read_text()
+    assert "export:\n  format: adapter\n" in text
+    merged = workdir / "qwen2.5-32b-lora-merged.yaml"
+    merged.write_text(text.replace("export:\n  format: adapter\n", "export:\n  format: merged\n"))
+    out = io.StringIO()
+    result = rehearse(Options(TEMPLATE, hosts=2, workers=1, steps=STEPS, params={"SkipProbe": "true"},
+                              interrupt="sigterm@1", workdir=workdir, then=[Then({}, recipe=merged)]), out)
+    return result, out.getvalue(), workdir
+
+
+def test_the_lora_template_resumes_bit_identically_on_two_hosts(rehearsal):
+    result, log, _ = rehearsal
+    assert result.ok, log[-6000:]
+    assert "chat examples packed into" in log and "init checkpoint: a random Hugging Face checkpoint" in log
+    interrupted, fresh = result.executions
+    assert [a.status for a in result.train_attempts(interrupted)] == ["Interrupted", "Completed"], log[-6000:]
+    assert [a.status for a in result.train_attempts(fresh)] == ["Completed"]
+    lines = [line for a in result.train_attempts(interrupted) for _, _, line in a.log]
+    assert any("loading initial weights from" in line for line in lines)
+    losses = result.losses(execution=interrupted)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses == result.losses(execution=fresh)  # bit for bit: the EMF JSON keeps every digit
+
+
+def test_both_exports_load_and_agree(rehearsal):
+    """The adapter (peft's format) on the init checkpoint, merged by peft, equals the merged export to
+    one bf16 rounding (the export's dtype): |a - b| <= eps_bf16 * max(|a|, |b|)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    result, log, workdir = rehearsal
+    interrupted, fresh = result.executions
+    adapter, merged = result.exported_of(interrupted), result.exported_of(fresh)
+    assert set(adapter["files"]) >= {"adapter_config.json", "adapter_model.safetensors"}, log[-3000:]
+    assert any(".lora_A." in name for name in adapter["tensors"])
+    assert not any("lora" in name for name in merged["tensors"]) and "model.embed_tokens.weight" in merged["tensors"]
+    init = sorted(workdir.glob("*/attempt-1/algo-1/opt/ml/input/data/model"))[0]  # the model channel, as a host got it
+    base = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, adapter["dir"]).merge_and_unload()
+    exported = AutoModelForCausalLM.from_pretrained(merged["dir"], dtype=torch.float32)
+    ours, theirs = adapted.state_dict(), exported.state_dict()
+    assert ours.keys() == theirs.keys()
+    eps = torch.finfo(torch.bfloat16).eps
+    for name, tensor in theirs.items():
+        ref = ours[name].to(torch.bfloat16).float()
+        assert ((tensor - ref).abs() <= eps * torch.maximum(tensor.abs(), ref.abs())).all(), name
+    changed = [n for n in theirs if "proj" in n and not torch.equal(theirs[n], base.state_dict()[n].to(torch.bfloat16).float())]
+    assert changed  # the adapters moved the merged weights
