@@ -74,5 +74,7 @@ def test_both_exports_load_and_agree(rehearsal):
     for name, tensor in theirs.items():
         ref = ours[name].to(torch.bfloat16).float()
         assert ((tensor - ref).abs() <= eps * torch.maximum(tensor.abs(), ref.abs())).all(), name
-    changed = [n for n in theirs if "proj" in n and not torch.equal(theirs[n], base.state_dict()[n].to(torch.bfloat16).float())]
-    assert changed  # the adapters moved the merged weights
+    from safetensors.torch import load_file
+
+    trained = load_file(Path(adapter["dir"]) / "adapter_model.safetensors")
+    assert any(t.abs().max() > 0 for n, t in trained.items() if ".lora_B." in n)  # peft starts B at zero: it trained
