@@ -125,7 +125,9 @@ def test_a_30_64b_model_fine_tunes_with_lora_on_one_node_and_shows_the_full_para
     assert plan.decision("tuning.lora").value["rank"] == 16
     # Full-parameter training of 32.8B parameters needs 16 bytes each of sharded state: more than one node holds.
     full = plan.full_parameter
-    assert full is not None and full.nodes >= 2 and full.cost_usd > 0
+    assert full is not None and full.nodes >= 2
+    # priced where the instance has a published price in the region, as the plan is
+    assert (full.cost_usd is None) == (plan.estimates.cost_usd is None) and (full.cost_usd or 1) > 0
     assert "full-parameter-alternative" in {f.code for f in plan.findings}
     config = plan.run_config()
     assert config.sft.adapter == "lora" and config.sft.lora.alpha == 32.0
