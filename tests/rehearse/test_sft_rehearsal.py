@@ -78,3 +78,28 @@ def test_both_exports_load_and_agree(rehearsal):
 
     trained = load_file(Path(adapter["dir"]) / "adapter_model.safetensors")
     assert any(t.abs().max() > 0 for n, t in trained.items() if ".lora_B." in n)  # peft starts B at zero: it trained
+
+
+def test_sft_data_for_the_rehearsal_is_packed_by_the_trainers_data_step(tmp_path):
+    """The shards under the data URI are what ``training.sft_data`` writes, with the recipe's settings;
+    another seed gives other examples (a later execution on other data)."""
+    import json
+
+    from tiered_training.rehearse.data import put_sft_shards
+    from tiered_training.rehearse.run import repo_root
+    from tiered_training.rehearse.s3 import LocalS3, list_keys
+
+    with LocalS3() as s3:
+        client = s3.client()
+        s3.ensure_bucket(client, "data")
+        manifests = [put_sft_shards(client, f"s3://data/sft-{seed}/", sequence_length=32, token_dtype="uint32",
+                                    loss_on="assistant", overlong="truncate", workdir=tmp_path, repo=repo_root(), seed=seed)
+                     for seed in (0, 1)]
+        keys = list_keys(client, "s3://data/sft-0/")
+    first, other = manifests
+    assert first["kind"] == "sft-packed" and first["sequence_length"] == 32 and first["token_dtype"] == "uint32"
+    assert first["loss_on"] == "assistant" and first["overlong"] == "truncate" and first["truncated"] > 0
+    assert {k.rsplit("/", 1)[-1] for k in keys} == {"shards.json", "shard-00000.bin", "shard-00000.mask.bin",
+                                                    "shard-00000.pos.bin"}
+    assert json.loads((tmp_path / "sft-data-0" / "prepared" / "train" / "shards.json").read_text()) == first
+    assert other["fingerprint"] != first["fingerprint"]

@@ -338,16 +338,20 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             s3.ensure_bucket(client, bucket)
             from .data import put_sft_shards, put_shards
 
-            if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
-                manifest = put_sft_shards(client, data_uri, sequence_length=scaled.config.batch.sequence_length,
+            def put_data(uri: str, seed: int = 0) -> dict:
+                if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
+                    return put_sft_shards(client, uri, sequence_length=scaled.config.batch.sequence_length,
                                           token_dtype=scaled.config.data.token_dtype, loss_on=plan.recipe.data.loss_on,
-                                          overlong=plan.recipe.data.overlong, workdir=workdir, repo=repo)
+                                          overlong=plan.recipe.data.overlong, workdir=workdir, repo=repo, seed=seed)
+                return put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=seed)
+
+            manifest = put_data(data_uri)
+            if scaled.config.sft is not None:
                 say(f"data: {manifest['examples']:,} chat examples packed into "
                     f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of {manifest['sequence_length'] + 1} "
                     f"{manifest['token_dtype']} tokens (loss on {manifest['loss_on']}, overlong {manifest['overlong']}: "
                     f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)")
             else:
-                manifest = put_shards(client, data_uri, token_dtype=scaled.config.data.token_dtype)
                 say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
@@ -382,8 +386,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         if not plan.recipe.data.allows(uri):
                             raise RehearsalError(f"DataUri={uri}: not under the recipe's data.allowed_uris")
                         s3.ensure_bucket(client, split_uri(uri)[0])
-                        put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=len(data_uris))
-                        say(f"data: other tokens at {uri} (local S3)")
+                        put_data(uri, seed=len(data_uris))
+                        say(f"data: other {'examples' if scaled.config.sft is not None else 'tokens'} at {uri} (local S3)")
                         data_uris.append(uri)
                     say("")
                     say(f"execution {number}, on the same store: " + (", ".join(f"{k}={v}" for k, v in step.params.items()) or "defaults")
