@@ -117,7 +117,7 @@ def test_hf_config_is_a_third_model_source():
 
 
 def test_a_30_64b_model_fine_tunes_with_lora_on_one_node_and_shows_the_full_parameter_alternative():
-    plan = plan_of(sft(**{"model.catalog": "qwen2.5-32b"}))
+    plan = plan_of(sft(**{"model.catalog": "qwen2.5-32b", "compute.price_per_hour": 100.0}))
     assert plan.ok, plan.errors
     assert plan.adapter == "lora" and plan.nodes == 1
     adapter = plan.decision("tuning.adapter")
@@ -126,8 +126,7 @@ def test_a_30_64b_model_fine_tunes_with_lora_on_one_node_and_shows_the_full_para
     # Full-parameter training of 32.8B parameters needs 16 bytes each of sharded state: more than one node holds.
     full = plan.full_parameter
     assert full is not None and full.nodes >= 2
-    # priced where the instance has a published price in the region, as the plan is
-    assert (full.cost_usd is None) == (plan.estimates.cost_usd is None) and (full.cost_usd or 1) > 0
+    assert full.cost_usd == pytest.approx(full.wall_time_hours * full.nodes * 100.0)
     assert "full-parameter-alternative" in {f.code for f in plan.findings}
     config = plan.run_config()
     assert config.sft.adapter == "lora" and config.sft.lora.alpha == 32.0

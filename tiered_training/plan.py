@@ -104,7 +104,7 @@ class FullParameter:
     tokens_per_second_per_gpu: float
     memory_fraction: float
     wall_time_hours: float
-    cost_usd: float | None  # None: no published price in the region
+    cost_usd: float | None
 
 
 @dataclass(frozen=True)

@@ -857,6 +857,10 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
 FULL_PARAMETER_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
+def _dollars(cost: float | None) -> str:
+    return "no price" if cost is None else f"${cost:,.0f}"
+
+
 def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
     """The same fine-tuning with every parameter trained: the fewest nodes (of the tier's
     minimum or more) on which it fits, its speed, time and cost; for ``explain``."""
@@ -876,13 +880,12 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             memory_fraction=round(found.memory.fraction, 4), wall_time_hours=hours,
             cost_usd=None if price is None else hours * nodes * price,
         )
-        cost = "no published price" if alternative.cost_usd is None else f"${alternative.cost_usd:,.0f}"
-        lora_cost = "no published price" if lora.cost_usd is None else f"${lora.cost_usd:,.0f}"
         run.info(
             "full-parameter-alternative",
             f"full-parameter fine-tuning instead of LoRA needs {nodes} x {run.instance.name} ({alternative.setting}, "
             f"{found.memory.fraction:.0%} of HBM): {found.speed:,.0f} tokens/s per GPU, {hours:,.1f} h, "
-            f"{cost}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, {lora_cost}",
+            f"{_dollars(alternative.cost_usd)}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, "
+            f"{_dollars(lora.cost_usd)}",
             "tuning.adapter",
         )
         return alternative

@@ -228,10 +228,8 @@ def explain_lines(plan: Plan) -> list[str]:
     if full is not None:
         out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
         out.append(f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
-                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, "
-                   f"{'no published price' if full.cost_usd is None else f'${full.cost_usd:,.0f}'} "
-                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, "
-                   f"{'no published price' if plan.estimates.cost_usd is None else f'${plan.estimates.cost_usd:,.0f}'})")
+                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, {_cost(full.cost_usd)} "
+                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})")
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
         out += ["", "Next alternatives that fit"]
@@ -369,3 +367,7 @@ def tier_rows() -> list[dict[str, str]]:
         )
         lower = tier.max_parameters
     return rows
+
+
+def _cost(cost: float | None) -> str:
+    return "no price" if cost is None else f"${cost:,.0f}"
