@@ -24,10 +24,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
-from tiny import tiny_config, write_learnable_shards  # noqa: E402
+from tiny import tiny_config  # noqa: E402
 from training.data import split_batch  # noqa: E402
 from training.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
+from training.tiny_chat import main as tiny_chat  # noqa: E402
 from training.trainer import export_model, forward_backward, run  # noqa: E402
 
 STEPS = 8
@@ -94,9 +95,9 @@ def main() -> None:
     args = parser.parse_args()
     info = init_distributed()
     root = Path(args.root)
-    data = root / "data"
-    if info.rank == 0 and not data.exists():
-        write_learnable_shards(data, tokens=8_000)
+    data = root / "chat" / "prepared" / "train"
+    if info.rank == 0 and not data.exists():  # packed SFT shards of the tiny chat dataset
+        tiny_chat([str(root / "chat"), "--sequence-length", "32", "--examples", "128", "--dtype", "uint16"])
     dist.barrier()
     cfg = lora_config(Path(args.init), args.ac, args.precision)
     hooks = []
