@@ -244,6 +244,7 @@ class CheckpointSync:
                     except FileNotFoundError:
                         continue
             gone = sorted((set(self._seen) | self._known) - set(current))
+            changed = not self.stats.passes or bool(gone)
             for relative in gone:  # deletions first: the prefix never holds more than the hosts do
                 self.client.delete_object(Bucket=self.bucket, Key=self._key(relative))
                 self.stats.deletes += 1
@@ -261,7 +262,10 @@ class CheckpointSync:
                 self._known.add(relative)
                 self.stats.uploads += 1
                 self.stats.uploaded_keys.add(relative)
+                changed = True
             self.stats.passes += 1
+            if not changed:  # the prefix changes only by the syncs' own passes: its count is known
+                return
             held = len(checkpoints_in(list_keys(self.client, self.uri)))
             self.stats.max_checkpoints = max(self.stats.max_checkpoints, held)
             if self._observe is not None:
