@@ -18,6 +18,15 @@ settings.register_profile("mutation", max_examples=10, deadline=None, derandomiz
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+@pytest.fixture(autouse=True)
+def _piped_output(monkeypatch):
+    """Every test starts with its output to a pipe of no stated width, as a single pytest process has
+    it: pytest-xdist's workers set COLUMNS=80 and LINES=24, which would wrap the CLI's one-line
+    messages. A test about widths sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     def write(data: dict | str, name: str = "recipe.yaml") -> Path:
