@@ -52,7 +52,7 @@ synth: $(SYNTH_STAMP) $(NODE_STAMP)
 # (tests/conftest.py). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(NODE_STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The float comparisons with derived tolerances, with 1 and 2 threads per worker and on a single CPU:
 # each must hold on any machine, not only on the one where it was written.

@@ -35,31 +35,31 @@ def write_recipe(tmp_path):
     return write
 
 
-# -- scheduling over CPUs (`make test` runs pytest-xdist: -n 2 --dist loadgroup --no-loadscope-reorder) ----------
-# A work unit is a test module: its module-scoped fixtures (a rehearsal, a torchrun) run once. tests/constructs
-# is one unit, so that its session-scoped synth runs in one worker only. SPLIT modules go test by test (their
-# fixtures are cheap). Units run heaviest first, so that the last one to start is short (longest processing
-# time first); HEAVY lists them by measured wall time (pytest --durations on 2 CPUs), unlisted ones follow
-# in collection order. A new module with a slow module-scoped fixture belongs in HEAVY.
+# -- scheduling over CPUs (`make test`: pytest-xdist, -n 2 --dist loadscope --no-loadscope-reorder) -------------
+# A work unit goes to one worker: a test module, so that its module-scoped fixtures (a rehearsal, a torchrun)
+# run once; tests/constructs as one unit, so that its session-scoped synth runs in one worker only; SPLIT
+# modules test by test (their fixtures are cheap). Units run heaviest first, so that the last one to start
+# is short (longest processing time first): HEAVY lists them by measured wall time (pytest --durations on
+# 2 CPUs); unlisted ones follow in collection order. A new module with a slow fixture belongs in HEAVY.
 HEAVY = (
     "tests/rehearse/test_rehearsal.py",
     "tests/training/test_multiprocess.py",
     "tests/rehearse/test_runs_rehearsal.py",
     "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
     "tests/rehearse/test_every_template.py",
-    "tests/training/test_compile.py",
     "tests/test_packaging.py",
     "tests/training/test_context_parallel.py",
-    "tests/test_mutation.py",
     "tests/training/test_planner_vs_trainer.py",
+    "tests/training/test_compile.py",
+    "tests/test_mutation.py",
     "tests/training/test_multihost_fixes.py",
-    "tests/runtime/test_runtime_probe.py",
     "tests/runtime/test_runtime_entry.py",
     "tests/training/test_grad_sync.py",
+    "tests/runtime/test_runtime_probe.py",
     "tests/runtime/test_runtime_gpu_check.py",
     "tests/constructs",
-    "tests/test_properties.py",
     "tests/training/test_optim_and_entry.py",
+    "tests/test_properties.py",
 )
 SPLIT = ("tests/rehearse/test_every_template.py",)  # one rehearsal per test, on a shared moto server per worker
 
@@ -79,8 +79,19 @@ def _rank(nodeid: str) -> int:
     return len(HEAVY)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the xdist_group mark into the unit
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: a module's tests stay together, in order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_unit(item.nodeid)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with the work units above (xdist's scope is the module or the class)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)
