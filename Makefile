@@ -48,8 +48,11 @@ synth: $(SYNTH_STAMP) $(NODE_STAMP)
 	cdk synth --no-notices -q -o cdk.out
 	@echo "templates: $(CURDIR)/cdk.out/TieredTraining-*.template.json"
 
+# Two pytest-xdist workers share the CPUs: a module (or tests/constructs) is one unit, heaviest first
+# (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(NODE_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The float comparisons with derived tolerances, with 1 and 2 threads per worker and on a single CPU:
 # each must hold on any machine, not only on the one where it was written.

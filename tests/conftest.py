@@ -18,9 +18,80 @@ settings.register_profile("mutation", max_examples=10, deadline=None, derandomiz
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+@pytest.fixture(autouse=True)
+def _piped_output(monkeypatch):
+    """Every test starts with its output to a pipe of no stated width, as a single pytest process has
+    it: pytest-xdist's workers set COLUMNS=80 and LINES=24, which would wrap the CLI's one-line
+    messages. A test about widths sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     def write(data: dict | str, name: str = "recipe.yaml") -> Path:
         return write_yaml(tmp_path / name, data)
 
     return write
+
+
+# -- scheduling over CPUs (`make test`: pytest-xdist, -n 2 --dist loadscope --no-loadscope-reorder) -------------
+# A work unit goes to one worker: a test module, so that its module-scoped fixtures (a rehearsal, a torchrun)
+# run once; tests/constructs as one unit, so that its session-scoped synth runs in one worker only; SPLIT
+# modules test by test (their fixtures are cheap). Units run heaviest first, so that the last one to start
+# is short (longest processing time first): HEAVY lists them by measured wall time (pytest --durations on
+# 2 CPUs); unlisted ones follow in collection order. A new module with a slow fixture belongs in HEAVY.
+HEAVY = (
+    "tests/rehearse/test_rehearsal.py",
+    "tests/training/test_multiprocess.py",
+    "tests/rehearse/test_runs_rehearsal.py",
+    "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
+    "tests/rehearse/test_every_template.py",
+    "tests/test_packaging.py",
+    "tests/training/test_context_parallel.py",
+    "tests/training/test_planner_vs_trainer.py",
+    "tests/training/test_compile.py",
+    "tests/test_mutation.py",
+    "tests/training/test_multihost_fixes.py",
+    "tests/runtime/test_runtime_entry.py",
+    "tests/training/test_grad_sync.py",
+    "tests/runtime/test_runtime_probe.py",
+    "tests/runtime/test_runtime_gpu_check.py",
+    "tests/constructs",
+    "tests/training/test_optim_and_entry.py",
+    "tests/test_properties.py",
+)
+SPLIT = ("tests/rehearse/test_every_template.py",)  # one rehearsal per test, on a shared moto server per worker
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module in SPLIT:
+        return nodeid
+    return "tests/constructs" if module.startswith("tests/constructs/") else module
+
+
+def _rank(nodeid: str) -> int:
+    module = nodeid.split("::", 1)[0]
+    for rank, prefix in enumerate(HEAVY):
+        if module == prefix or module.startswith(prefix + "/"):
+            return rank
+    return len(HEAVY)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: a module's tests stay together, in order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with the work units above (xdist's scope is the module or the class)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByUnit(config, log)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+from tiered_training.ports import loopback_port, serve_on_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -49,19 +50,16 @@ def write_yaml(path: Path, data: dict | str) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free 127.0.0.1 port, outside the kernel's ephemeral range (tiered_training/ports.py)."""
+    return loopback_port()
 
 
 @contextmanager
 def moto_server() -> Iterator[str]:
     """A moto server on 127.0.0.1 for the duration of the block; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    from tiered_training.rehearse.s3 import start_moto
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, port = serve_on_free_port(start_moto)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -41,8 +41,8 @@ def test_a_directory_that_cannot_be_listed(tmp_path, monkeypatch):
 def test_files_that_cannot_be_read(tmp_path):
     assert error_of(tmp_path / "nope.yaml") == f"{tmp_path / 'nope.yaml'}: cannot read the file: no such file or directory"
     link = tmp_path / "link.yaml"
-    link.symlink_to(tmp_path / "gone.yaml")
-    assert error_of(link) == f"{link}: cannot read the file: a dangling symbolic link (to {tmp_path / 'gone.yaml'})"
+    link.symlink_to("gone.yaml")  # relative: the message names the target as the link holds it, whatever tmp_path is
+    assert error_of(link) == f"{link}: cannot read the file: a dangling symbolic link (to gone.yaml)"
     assert error_of(tmp_path) == f"{tmp_path}: cannot read the file: a directory, not a regular file"
     fifo = tmp_path / "pipe.yaml"
     os.mkfifo(fifo)

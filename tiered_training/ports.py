@@ -9,9 +9,13 @@ ephemeral range and checked by binding it.
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 LOWEST = 10_000
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # Linux; "32768 60999" by default
@@ -39,3 +43,16 @@ def loopback_port(attempts: int = 100) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_on_free_port(start: Callable[[int], T], attempts: int = 5) -> tuple[T, int]:
+    """``start(port)`` on a free loopback port, and that port. Another process may take the port between
+    :func:`loopback_port` and ``start``'s bind: on "address already in use" another port is drawn."""
+    for attempt in range(attempts):
+        port = loopback_port()
+        try:
+            return start(port), port
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

@@ -191,8 +191,8 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
     (training/world.py). Only the checkpoint the trainer would resume counts: committed, its
     manifest naming its step, every file present at its size (checksums are the trainer's);
     a leftover marker or a misnamed copy is not read."""
-    if checkpoint_dir is None or not checkpoint_dir.is_dir():
-        return
+    if checkpoint_dir is None or not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("step-*")):
+        return  # nothing to resume: the checkpoint module (torch) is not imported
     from .checkpoint import find_resumable, read_manifest, step_dir
     from .world import WorldSizeError, resume_accumulation
 

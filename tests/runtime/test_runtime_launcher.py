@@ -165,3 +165,15 @@ def test_main_execs_torchrun(tmp_path):
     assert "ARGS --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=algo-1" in result.stdout
     assert "--module training --probe\n" in result.stdout
     assert "SHUTDOWN 100 MODE probe" in result.stdout
+
+
+def test_a_launch_with_nothing_to_resume_does_not_import_torch(tmp_path):
+    """The launcher is each host's entry point: torch (seconds of CPU per start) is the workers' business,
+    and the launcher's own checkpoint check needs it only when a checkpoint is there to check."""
+    (tmp_path / "checkpoints").mkdir()
+    code = ("import sys; from pathlib import Path; from training import launcher; "
+            f"launcher._check_world(None, 2, Path({str(tmp_path / 'checkpoints')!r})); "
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]

@@ -96,8 +96,13 @@ def cmd_train(args, info) -> None:
     if args.sigterm_after:
         def sigterm(stats):
             if stats.step == args.sigterm_after and info.rank == 0:
+                stop = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)  # the trainer's handler
                 os.kill(os.getppid(), signal.SIGTERM)  # torchrun forwards it to every worker
-                time.sleep(1.0)
+                # Wait until it reached this rank, however busy the machine: the ranks agree on the stop
+                # at the next step boundary, so the run stops within a step of this one.
+                deadline = time.monotonic() + 60
+                while stop is not None and stop.received_at is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
         hooks.append(sigterm)
     if args.sigkill_after:
         def sigkill(stats):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,9 @@ def group():
     """One gloo rank in this process (the manager's collectives need a process group)."""
     created = not dist.is_initialized()
     if created:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        from tiered_training.ports import loopback_port
+
+        port = loopback_port()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield dist.new_group(backend="gloo")
     if created:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +24,9 @@ ACCUM = 3
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from tiered_training.ports import loopback_port
+
+    return loopback_port()  # below the ephemeral range: no other process gets it by chance
 
 
 def launch_hosts(tmp: Path, command: str, hosts: int = 2, per_host: int = 2) -> list[dict]:

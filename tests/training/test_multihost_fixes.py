@@ -180,12 +180,10 @@ def _launch(root):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _port():
-    import socket
+def _port() -> int:
+    from tiered_training.ports import loopback_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return loopback_port()  # below the ephemeral range: no other process gets it by chance
 
 
 @pytest.mark.torch

@@ -20,9 +20,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ports import loopback_port
+from ..ports import serve_on_free_port
 
 STEP = re.compile(r"(?:^|/)(step-\d+)/")
+
+
+def start_moto(port: int):
+    """A started moto server on 127.0.0.1:``port``; OSError (EADDRINUSE) when the port is taken.
+    moto's own ``ThreadedMotoServer.start`` would wait forever: werkzeug's failed bind ends the
+    server's thread with ``sys.exit(1)`` (after printing the reason on stderr)."""
+    import errno
+
+    from moto.server import ThreadedMotoServer
+
+    class Server(ThreadedMotoServer):
+        error: OSError | None = None
+
+        def _server_entry(self) -> None:
+            try:
+                super()._server_entry()
+            except (OSError, SystemExit) as error:
+                self.error = error if isinstance(error, OSError) else OSError(
+                    errno.EADDRINUSE, f"127.0.0.1:{port} cannot be bound (in use)")
+                self._server_ready_event.set()
+
+    server = Server(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    if server.error is not None:
+        raise server.error
+    return server
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -54,16 +80,12 @@ class LocalS3:
     def __enter__(self) -> "LocalS3":
         import logging
 
-        from moto.server import ThreadedMotoServer
-
         with LocalS3._lock:
             if LocalS3._server is None:
                 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
                 os.environ.setdefault("AWS_ACCESS_KEY_ID", "rehearsal")
                 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "rehearsal")
-                port = loopback_port()
-                server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-                server.start()
+                server, port = serve_on_free_port(start_moto)
                 LocalS3._server, LocalS3._port = server, port
                 self._bind(port)
                 self.reset()  # a rehearsal must not see an earlier one's S3 (moto's state is per process)
@@ -222,6 +244,7 @@ class CheckpointSync:
                     except FileNotFoundError:
                         continue
             gone = sorted((set(self._seen) | self._known) - set(current))
+            changed = not self.stats.passes or bool(gone)
             for relative in gone:  # deletions first: the prefix never holds more than the hosts do
                 self.client.delete_object(Bucket=self.bucket, Key=self._key(relative))
                 self.stats.deletes += 1
@@ -239,7 +262,10 @@ class CheckpointSync:
                 self._known.add(relative)
                 self.stats.uploads += 1
                 self.stats.uploaded_keys.add(relative)
+                changed = True
             self.stats.passes += 1
+            if not changed:  # the prefix changes only by the syncs' own passes: its count is known
+                return
             held = len(checkpoints_in(list_keys(self.client, self.uri)))
             self.stats.max_checkpoints = max(self.stats.max_checkpoints, held)
             if self._observe is not None:
