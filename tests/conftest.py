@@ -45,12 +45,15 @@ HEAVY = (
     "tests/rehearse/test_rehearsal.py",
     "tests/training/test_multiprocess.py",
     "tests/rehearse/test_runs_rehearsal.py",
+    "tests/training/test_sft_end_to_end.py",  # three torchrun launches of an SFT run
+    "tests/rehearse/test_sft_rehearsal.py",
     "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
     "tests/rehearse/test_every_template.py",
     "tests/test_packaging.py",
     "tests/training/test_context_parallel.py",
     "tests/training/test_planner_vs_trainer.py",
     "tests/training/test_compile.py",
+    "tests/training/test_lora.py",
     "tests/test_mutation.py",
     "tests/training/test_multihost_fixes.py",
     "tests/runtime/test_runtime_entry.py",
