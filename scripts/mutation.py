@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -61,6 +62,13 @@ def layout(module: str) -> Path:
     """A scratch project for ``module``: the sources, and a pyproject.toml with its mutmut config."""
     here = WORK / module
     keep_results = here / "mutants"
+    # mutmut re-copies neither the package's data files nor a source whose copy is newer:
+    # results are kept only while the package is the same as in the run that made them.
+    digest = _package_digest()
+    stamp = here / "package.sha256"
+    if keep_results.exists() and (not stamp.exists() or stamp.read_text() != digest):
+        print(f"== {module}: the package changed since the last run; its results are discarded", flush=True)
+        shutil.rmtree(keep_results)
     # Which tests reach which function is recorded afresh each run: mutmut keeps the old record of
     # a test it has seen before, and a changed test may reach more (or other) functions now.
     (keep_results / "mutmut-stats.json").unlink(missing_ok=True)
@@ -91,7 +99,17 @@ def layout(module: str) -> Path:
         "use_git_change_detection = false\n"
     )
     (here / "pyproject.toml").write_text(pyproject)
+    stamp.write_text(digest)
     return here
+
+
+def _package_digest() -> str:
+    """sha256 over every file of the package (paths and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "tiered_training").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _env() -> dict[str, str]:
@@ -107,7 +125,9 @@ def _mutmut(here: Path, args: list[str], deadline: float | None) -> bool:
     process = subprocess.Popen([str(mutmut), *args], cwd=here, env=_env(), start_new_session=True,
                                stdout=subprocess.DEVNULL if quiet else None)
     try:
-        process.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        code = process.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        if code:
+            print(f"== mutmut {' '.join(args[:1])} exited with {code} (MUTATION_VERBOSE=1 shows why)", flush=True)
         return True
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGTERM)
@@ -122,7 +142,9 @@ def _mutmut(here: Path, args: list[str], deadline: float | None) -> bool:
 def run(module: str, children: int, deadline: float | None) -> bool:
     """Test the module's mutants that have no result yet, then again those that survived a
     previous run (tests may have been added since). False when the deadline stopped it."""
-    before = results(module) or {}
+    stamp = WORK / module / "package.sha256"
+    same = stamp.exists() and stamp.read_text() == _package_digest()
+    before = (results(module) or {}) if same else {}
     again = before.get("survived", []) + before.get("no tests", [])
     here = layout(module)
     print(f"== {module}: mutmut over {', '.join(t for t in MODULES[module] if (here / t).exists())}", flush=True)
