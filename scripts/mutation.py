@@ -45,7 +45,7 @@ MODULES: dict[str, list[str]] = {
     "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
     "perf": ["tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
     "memory": ["tests/test_memory.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
-    "plan": ["tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
+    "plan": ["tests/test_plan_output.py", "tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
     "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
     "definition": ["tests/test_training_arguments.py", "tests/test_definition_checks.py", "tests/test_gate.py", "tests/test_definition.py",
                    "tests/test_fidelity.py"],
