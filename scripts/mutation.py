@@ -43,7 +43,7 @@ MODULES: dict[str, list[str]] = {
                "tests/test_hostile_input.py",
                "tests/test_fidelity.py"],
     "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
-    "perf": ["tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
+    "perf": ["tests/test_step_time.py", "tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
     "memory": ["tests/test_memory.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
     "plan": ["tests/test_plan_output.py", "tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
     "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
