@@ -65,6 +65,12 @@ def test_the_probe_tries_half_and_double_the_micro_batch(micro_batch, candidates
     assert plan.run_config().probe.micro_batch_candidates == candidates
 
 
+def test_an_odd_micro_batch_halves_down():
+    plan = plan_of(**{"tuning.micro_batch_size": 3, "budget.global_batch_tokens": 4096 * 96})
+    assert plan.ok, plan.errors
+    assert plan.run_config().probe.micro_batch_candidates == [1, 3, 6]
+
+
 def test_a_segmented_run_tells_the_container_its_segments():
     plan = plan_of(**{"budget.total_tokens": 3 * 10**11, "compute.max_runtime_hours": 24})
     assert plan.ok and plan.segments > 1
@@ -140,3 +146,7 @@ def test_plan_json_of_a_plan():
     assert data["tuning"]["micro_batch_size"] == plan.micro_batch_size
     assert data["memory_gib"] == plan.memory.as_gib()
     assert data["memory_headroom"] == plan.tier.memory_headroom
+    assert data["memory_fraction"] == round(plan.memory.fraction, 4) != plan.memory.fraction
+    assert data["run"] == {"segments": plan.segments, "job_runtime_seconds": plan.job_runtime_seconds,
+                           "spot_wait_seconds": plan.spot_wait_seconds, "instance_counts": list(plan.instance_counts)}
+    assert data["run"]["spot_wait_seconds"] > 0 and data["run"]["instance_counts"]
