@@ -40,7 +40,7 @@ MODULES: dict[str, list[str]] = {
     "errors": ["tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
     "recipe": ["tests/test_recipe_values.py", "tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
     "loader": ["tests/test_reported_lines.py", "tests/test_loader_messages.py", "tests/test_recipe_files.py", "tests/test_recipe.py",
-               "tests/test_hostile_input.py",
+               "tests/test_recipe_lookup.py", "tests/test_hostile_input.py",
                "tests/test_fidelity.py"],
     "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
     "perf": ["tests/test_step_time.py", "tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
