@@ -246,3 +246,18 @@ def test_hardware_from_the_catalogue():
     assert hw.hbm_bytes_per_s == instance.hbm_tbps * 10**12
     assert hw.nvlink_bytes_per_s == instance.nvlink_gbytes_per_s * 10**9
     assert hw.network_bytes_per_s == instance.efa_gbps * 10**9 / 8  # Gbit/s to bytes/s
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_each_attention_call_pays_the_fixed_kernel_time(cp):
+    """Context parallelism runs attention as cp block calls per layer, each with the fixed cost."""
+    overhead = 1e-5
+    got = step(setting(context_parallel=cp, micro_batch=1, shard_group=cp), gpus=cp, p=params(gemm_overhead_seconds=overhead))
+    flops = 2 * SEQ**2 * H / cp
+    rate = 1e15 * 0.4 / (1 + 0.1 * (cp - 1))
+    assert got.attention == pytest.approx(L * (3.5 * flops / rate + 2 * cp * overhead), rel=1e-12)
+
+
+def test_an_unknown_attention_kernel_is_named():
+    with pytest.raises(ValueError, match="unknown attention kernel 'xformers'"):
+        step(setting(attention_kernel="xformers"))
