@@ -146,7 +146,11 @@ def test_plan_json_of_a_plan():
     assert data["tuning"]["micro_batch_size"] == plan.micro_batch_size
     assert data["memory_gib"] == plan.memory.as_gib()
     assert data["memory_headroom"] == plan.tier.memory_headroom
-    assert data["memory_fraction"] == round(plan.memory.fraction, 4) != plan.memory.fraction
+    assert data["memory_fraction"] == round(plan.memory.fraction, 4)
+    # Four decimals: shown on plans whose fifth decimal is not zero.
+    plans = [plan_of(**{"tuning.micro_batch_size": b}) for b in (1, 2, 4)]
+    shown = [p for p in plans if round(p.memory.fraction, 5) != round(p.memory.fraction, 4)]
+    assert shown and all(p.to_dict()["memory_fraction"] == round(p.memory.fraction, 4) for p in shown)
     assert data["run"] == {"segments": plan.segments, "job_runtime_seconds": plan.job_runtime_seconds,
                            "spot_wait_seconds": plan.spot_wait_seconds, "instance_counts": list(plan.instance_counts)}
     assert data["run"]["spot_wait_seconds"] > 0 and data["run"]["instance_counts"]
