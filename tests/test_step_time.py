@@ -261,3 +261,44 @@ def test_each_attention_call_pays_the_fixed_kernel_time(cp):
 def test_an_unknown_attention_kernel_is_named():
     with pytest.raises(ValueError, match="unknown attention kernel 'xformers'"):
         step(setting(attention_kernel="xformers"))
+
+
+@pytest.mark.parametrize("compiled,eager", [(True, 1.0), (False, 3.0)])
+def test_fp8_casts_are_bytes_over_hbm(compiled, eager):
+    """torchao's casts per Linear (M tokens, K in, N out): amax and cast of the input (8MK),
+    the output gradient (5MN) and the weight with its transposed copy (7KN); eager kernels
+    move fp8_eager_cast_factor times as much."""
+    t = 2 * SEQ
+    bandwidth = 2e12 * 0.5
+    fp8 = step(setting(precision="fp8", fp8_recipe="tensorwise", compile=compiled))
+    bf16 = step(setting(compile=compiled))
+    casts = sum(8 * t * k + 5 * t * n + 7 * k * n for k, n in LINEARS) * eager / bandwidth  # fp8_cast_factor 1
+    assert fp8.memory_bound - bf16.memory_bound == pytest.approx(L * casts, rel=1e-9)
+    doubled = step(setting(precision="fp8", fp8_recipe="tensorwise", compile=compiled), p=params(fp8_cast_factor=2.0))
+    assert doubled.memory_bound - bf16.memory_bound == pytest.approx(2 * L * casts, rel=1e-9)
+
+
+def test_a_recipe_left_unnamed_is_tensorwise():
+    p = params(fp8_recipe_efficiency={"tensorwise": 0.5})
+    assert step(setting(precision="fp8", fp8_recipe=None), p=p).gemm == step(setting(precision="fp8", fp8_recipe="tensorwise"), p=p).gemm
+    assert step(setting(precision="fp8", fp8_recipe=None), p=p).gemm > step(setting(precision="fp8", fp8_recipe="rowwise"), p=p).gemm
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_the_ring_merges_partial_outputs_in_fp32(cp, checkpointing):
+    """Each ring step's partial attention output is merged in fp32: read and write the output
+    (h wide, 4 bytes), forward and twice backward; full recomputation merges forward again."""
+    bandwidth = 2e12 * 0.5
+    got = step(setting(context_parallel=cp, micro_batch=1, shard_group=cp, checkpointing=checkpointing), gpus=cp)
+    whole = step(setting(micro_batch=1, shard_group=cp, checkpointing=checkpointing), gpus=cp)
+    tokens = SEQ / cp
+    merge = cp * tokens * H * 4 * 3 / bandwidth
+    per_token_forward = 2 * (4 * H + 2 * (H + KV) + 3 * F + 6 * H + 2 * H)
+    streamed = L * 3 * per_token_forward * tokens / bandwidth + 24 * V * tokens / bandwidth
+    assert got.memory_bound == pytest.approx(streamed + L * 3 * merge, rel=1e-12)
+    assert whole.memory_bound == pytest.approx(L * 3 * per_token_forward * SEQ / bandwidth + 24 * V * SEQ / bandwidth, rel=1e-12)
+    if checkpointing == "full":
+        gemms = sum(2 * tokens * k * n for k, n in LINEARS) / (1e15 * 0.5)
+        attention = 2 * SEQ**2 * H / cp / (1e15 * 0.4 / (1 + 0.1 * (cp - 1)))
+        assert got.recompute == pytest.approx(L * (gemms + attention + merge + per_token_forward * tokens / bandwidth), rel=1e-12)
