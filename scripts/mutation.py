@@ -51,7 +51,7 @@ MODULES: dict[str, list[str]] = {
                    "tests/test_fidelity.py"],
     "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
     "calibration": ["tests/test_perf.py"],
-    "report": ["tests/test_plan_diff.py", "tests/test_cli.py", "tests/test_cli_output.py"],
+    "report": ["tests/test_plan_diff.py", "tests/test_report_json.py", "tests/test_cli.py", "tests/test_cli_output.py"],
 }
 
 # Tests left out of a module's run: the refits of the performance model (75 s a mutant) run in

@@ -1,0 +1,94 @@
+"""The JSON every command prints with ``--format json`` (validate, plan) and the markdown
+summary: each finding with its file, line and fix; a recipe that does not load under its
+file with the loader's problems; ``strict`` turning warnings into failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import recipe_dict, write_yaml
+from tiered_training import report
+from tiered_training.errors import Problem, RecipeError
+from tiered_training.planner import plan_file
+
+
+@pytest.fixture
+def failed(tmp_path):
+    return plan_file(write_yaml(tmp_path / "big.yaml", recipe_dict(**{"model.catalog": "qwen2.5-32b"})))
+
+
+@pytest.fixture
+def warned(tmp_path):
+    # compute.max_wait_hours without spot: a warning, nothing blocking.
+    return plan_file(write_yaml(tmp_path / "warned.yaml", recipe_dict(**{"compute.max_wait_hours": 10})))
+
+
+INVALID = RecipeError([Problem("z-bad.yaml", 3, "sequence_length", "must be at least 128", 12, True),
+                       Problem("z-bad.yaml", 9, "", "duplicate key; keep one")])
+
+
+def test_a_finding_names_its_file_line_and_fix(failed):
+    error = failed.errors[0]
+    assert report.finding_dict(failed, error) == {
+        "severity": "error", "code": "needs-multiple-nodes", "file": failed.source,
+        "line": failed.locations["compute.instance_count"], "field": "compute.instance_count",
+        "message": error.message, "fix": error.fix, "value": None}
+
+
+def test_a_recipe_that_does_not_load_is_listed_with_its_problems():
+    assert report.problem_dict(INVALID.problems[0]) == {
+        "severity": "error", "code": "invalid-recipe", "fix": "", "file": "z-bad.yaml", "line": 3,
+        "field": "sequence_length", "message": "must be at least 128", "value": "12"}
+    assert report.failure_dict(INVALID) == {
+        "source": "z-bad.yaml", "name": None, "ok": False, "warnings": [],
+        "errors": [report.problem_dict(p) for p in INVALID.problems]}
+    assert report.failure_dict(RecipeError([]))["source"] is None
+
+
+def test_validate_json(failed, warned):
+    assert warned.ok and warned.warnings, warned.findings
+    data = report.validate_data([warned, failed], [INVALID])
+    assert (data["schema_version"], data["strict"], data["ok"]) == (report.SCHEMA_VERSION, False, False)
+    by_source = {r["source"]: r for r in data["recipes"]}
+    assert [r["source"] for r in data["recipes"]] == sorted(by_source)
+    assert by_source[warned.source]["ok"] is True and by_source[warned.source]["name"] == "unit-test"
+    assert by_source[warned.source]["warnings"] == [report.finding_dict(warned, f) for f in warned.warnings]
+    assert by_source[failed.source]["errors"] == [report.finding_dict(failed, f) for f in failed.errors]
+    assert by_source[failed.source]["account"] == [report.finding_dict(failed, f) for f in failed.account_findings] != []
+    assert by_source["z-bad.yaml"] == report.failure_dict(INVALID)
+    # strict: warnings block too.
+    strict = report.validate_data([warned], strict=True)
+    assert strict["strict"] is True and strict["ok"] is False and strict["recipes"][0]["ok"] is False
+    assert report.validate_data([warned])["ok"] is True
+
+
+def test_plan_json(failed, warned):
+    data = report.plans_data([warned], [INVALID])
+    assert data == {"schema_version": report.SCHEMA_VERSION, "ok": False, "plans": [warned.to_dict()],
+                    "invalid": [report.failure_dict(INVALID)]}
+    assert report.plans_data([warned])["ok"] is True
+    assert report.plans_data([warned, failed])["ok"] is False
+
+
+def test_catalogue_json():
+    from tiered_training import catalogs
+
+    tiers = report.tiers_data()
+    assert tiers["schema_version"] == report.SCHEMA_VERSION and [t["name"] for t in tiers["tiers"]] == [t.name for t in catalogs.tiers()]
+    models = report.models_data()["models"]
+    by_id = {m["id"]: m for m in models}
+    assert list(by_id) == list(catalogs.models())
+    entry = catalogs.models()["llama-3.1-8b"]
+    assert by_id["llama-3.1-8b"]["parameters"] == entry.architecture.parameters
+    assert by_id["llama-3.1-8b"]["display_name"] == entry.display_name
+
+
+def test_markdown_summary_marks_errors_and_warnings(failed):
+    text = report.plans_markdown([failed])
+    lines = text.splitlines()
+    assert lines[0].startswith("| recipe | model | tier |") and lines[1] == "|" + "---|" * len(report.COLUMNS)
+    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 9 + " 1 error(s) |"
+    notes = [line for line in lines if line.startswith("- ")]
+    assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
+    assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
+    assert "\n**unit-test**\n" in text and text.endswith("\n")
