@@ -92,3 +92,43 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
     assert "\n**unit-test**\n" in text and text.endswith("\n")
+
+
+def test_instances_json_carries_on_demand_and_spot_prices():
+    from tiered_training import catalogs
+
+    rows = {r["name"]: r for r in report.instances_data()["instances"]}
+    inst = catalogs.instances()["ml.p5.48xlarge"]
+    row = rows["ml.p5.48xlarge"]
+    assert (row["price_per_hour"], row["price_source"]) == inst.price()
+    assert (row["spot_price_per_hour"], row["spot_price_source"]) == inst.price(spot=True)
+    assert row["spot_price_per_hour"] < row["price_per_hour"]
+
+
+def test_tier_rows_give_each_tiers_parameter_range():
+    from tiered_training import catalogs
+
+    tiers = catalogs.tiers()
+    rows = report.tier_rows()
+    assert rows[0]["parameters"] == f"{tiers[0].min_parameters / 1e9:g}B-{tiers[0].max_parameters / 1e9:g}B"
+    assert [r["parameters"].split("-")[0] for r in rows[1:]] == [f"{t.max_parameters / 1e9:g}B" for t in tiers[:-1]]
+
+
+def test_explain_begins_with_the_decisions_and_shows_the_memory_terms():
+    from support import recipe_dict as base
+    from tiered_training.planner import resolve
+    from tiered_training.recipe import Recipe
+
+    plan = resolve(Recipe.model_validate(base(**{"tuning.batch_ramp": True})))
+    lines = report.explain_lines(plan)
+    assert lines[:3] == ["unit-test  (recipe)", "", "Decisions"]
+    for d, line in zip(plan.decisions, lines[3:]):
+        value = d.value if not isinstance(d.value, dict) else ", ".join(f"{k}={v}" for k, v in d.value.items())
+        assert line == f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}"
+    ramp = next(d for d in plan.decisions if d.field == "tuning.batch_ramp")
+    assert isinstance(ramp.value, dict)  # shown as key=value pairs
+    assert any(line.startswith("  tuning.batch_ramp") and ", ".join(f"{k}={v}" for k, v in ramp.value.items()) in line for line in lines)
+    start = lines.index(next(line for line in lines if line.startswith("Memory per GPU")))
+    assert lines[start - 1] == ""
+    shown = [line.split()[0] for line in lines[start + 1:start + 9]]
+    assert shown == [k for k in plan.memory.as_gib() if k != "hbm"]
