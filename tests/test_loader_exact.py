@@ -41,3 +41,34 @@ def test_whole_messages(overrides, expected):
 def test_a_duplicate_key_names_its_second_line():
     text = dumped() + "checkpointing:\n  keep_last: 2\n  keep_last: 3\n"
     assert error_of(text) == "r.yaml:15: checkpointing.keep_last: duplicate key; keep one"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("- a\n- b\n", "r.yaml:1: a recipe is a YAML mapping of fields (name, model, data, ...)"),
+    ("name: a\nb: \x07\n", "r.yaml:2: YAML: character 7 is not allowed (control characters are not allowed)"),
+    ("name: !!int x\n", "r.yaml: YAML: a value cannot be read: 'x' is not a YAML 1.2 integer"),
+])
+def test_documents_that_are_not_recipes(text, expected):
+    assert error_of(text) == expected
+
+
+def test_a_recipe_without_a_file_name():
+    with pytest.raises(RecipeError) as info:
+        parse_recipe("- a\n")
+    assert str(info.value) == "<recipe>:1: a recipe is a YAML mapping of fields (name, model, data, ...)"
+
+
+def test_the_size_bound_is_inclusive():
+    from tiered_training.loader import MAX_BYTES
+
+    assert error_of("#" * (MAX_BYTES + 1)) == f"r.yaml: {MAX_BYTES + 1:,} characters; a recipe is at most {MAX_BYTES:,}"
+    # At the bound the text is read: an empty document is not a mapping.
+    assert error_of("#" * MAX_BYTES) == "r.yaml:1: a recipe is a YAML mapping of fields (name, model, data, ...)"
+
+
+def test_problems_are_listed_in_line_order():
+    text = dumped(**{"sequence_length": 1, "compute.instance_count": 0})
+    assert error_of(text) == (
+        "2 problems in r.yaml\n"
+        "  r.yaml:6: sequence_length: input should be greater than or equal to 128 (got 1)\n"
+        "  r.yaml:12: compute.instance_count: input should be greater than or equal to 1 (got 0)")
