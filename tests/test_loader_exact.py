@@ -12,8 +12,12 @@ from tiered_training.loader import parse_recipe
 
 
 def error_of(text: str) -> str:
+    """The report as printed; each problem also as ``--format json`` gives it."""
     with pytest.raises(RecipeError) as info:
         parse_recipe(text, "r.yaml")
+    for problem in info.value.problems:
+        shown = problem.to_dict()
+        assert isinstance(shown["file"], str) and isinstance(shown["field"], str) and isinstance(shown["message"], str)
     return str(info.value)
 
 

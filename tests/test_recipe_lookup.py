@@ -80,3 +80,22 @@ def test_a_file_is_not_a_folder_of_recipes(tmp_path):
     path = write(tmp_path, "single.yaml", recipe_dict(name="single"))
     assert recipe_by_name("single", path) == (None, [])
     assert recipe_by_name("single", tmp_path / "absent") == (None, [])
+
+
+def test_file_errors_in_json(tmp_path):
+    """``--format json`` lists a file that cannot be read with its file, line and message, no field."""
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: a\ndescription: caf\xe9\n")
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (2 << 20))
+    cases = {
+        tmp_path / "absent.yaml": (None, "cannot read the file: no such file or directory"),
+        tmp_path: (None, "cannot read the file: a directory, not a regular file"),
+        latin: (2, "the file is not UTF-8 text"),
+        big: (None, f"{2 << 20:,} bytes; a recipe is at most {1 << 20:,} bytes"),
+    }
+    for path, (line, message) in cases.items():
+        with pytest.raises(RecipeError) as info:
+            read_recipe_text(path)
+        (problem,) = info.value.problems
+        assert problem.to_dict() == {"file": str(path), "line": line, "field": "", "message": message, "value": None}
