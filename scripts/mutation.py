@@ -37,7 +37,7 @@ WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
 # module -> the fast test files that exercise it (mutmut runs, per mutant, only those
 # tests among these that reach the mutated function).
 MODULES: dict[str, list[str]] = {
-    "errors": ["tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
+    "errors": ["tests/test_loader_exact.py", "tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
     "recipe": ["tests/test_recipe_values.py", "tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
     "loader": ["tests/test_reported_lines.py", "tests/test_loader_messages.py", "tests/test_recipe_files.py", "tests/test_recipe.py",
                "tests/test_recipe_lookup.py", "tests/test_loader_exact.py", "tests/test_hostile_input.py",
@@ -46,7 +46,7 @@ MODULES: dict[str, list[str]] = {
     "perf": ["tests/test_step_time.py", "tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
     "memory": ["tests/test_memory.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
     "plan": ["tests/test_plan_output.py", "tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
-    "runconfig": ["tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
+    "runconfig": ["tests/test_run_identity.py", "tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
     "definition": ["tests/test_training_arguments.py", "tests/test_definition_checks.py", "tests/test_gate.py", "tests/test_definition.py",
                    "tests/test_fidelity.py"],
     "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],

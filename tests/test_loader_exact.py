@@ -76,3 +76,11 @@ def test_problems_are_listed_in_line_order():
         "2 problems in r.yaml\n"
         "  r.yaml:6: sequence_length: input should be greater than or equal to 128 (got 1)\n"
         "  r.yaml:12: compute.instance_count: input should be greater than or equal to 1 (got 0)")
+
+
+def test_an_unprintable_file_name_stays_on_one_line():
+    from tiered_training.errors import Problem
+
+    problem = Problem("runs/a\nb\t\x1b.yaml", 3, "name", "required field is missing")
+    assert str(problem) == "runs/a\\nb\\t\\x1b.yaml:3: name: required field is missing"
+    assert str(Problem("plain é.yaml", None, "", "m")) == "plain é.yaml: m"
