@@ -84,3 +84,5 @@ def test_an_unprintable_file_name_stays_on_one_line():
     problem = Problem("runs/a\nb\t\x1b.yaml", 3, "name", "required field is missing")
     assert str(problem) == "runs/a\\nb\\t\\x1b.yaml:3: name: required field is missing"
     assert str(Problem("plain é.yaml", None, "", "m")) == "plain é.yaml: m"
+    # Only the unprintable characters are escaped: a backslash or a quote in the name stays as it is.
+    assert str(Problem("dir\\it's\n.yaml", 1, "", "m")) == "dir\\it's\\n.yaml:1: m"
