@@ -132,3 +132,56 @@ def test_explain_begins_with_the_decisions_and_shows_the_memory_terms():
     assert lines[start - 1] == ""
     shown = [line.split()[0] for line in lines[start + 1:start + 9]]
     assert shown == [k for k in plan.memory.as_gib() if k != "hbm"]
+
+
+def _plan(**overrides):
+    from support import recipe_dict as base
+    from tiered_training.planner import resolve
+    from tiered_training.recipe import Recipe
+
+    return resolve(Recipe.model_validate(base(**overrides)))
+
+
+def test_a_summary_row_says_what_was_planned():
+    from tiered_training.memory import GIB
+
+    plan = _plan(**{"tuning.precision": "fp8", "compute.spot": True})  # warnings: fp8 against the tier
+    assert plan.ok and plan.warnings and plan.account_findings
+    est = plan.estimates
+    row = report.summary_row(plan)
+    assert list(row) == list(report.COLUMNS)
+    assert row["model"] == f"{plan.model_name} ({plan.parameters / 1e9:.1f}B)"
+    assert (row["tier"], row["compute"]) == (plan.tier.name, "1x p6-b200.48xlarge")
+    assert (row["precision"], row["AC"]) == (f"fp8/{plan.fp8_recipe}", plan.activation_checkpointing)
+    assert row["sharding"] == f"{plan.sharding}/{plan.shard_group_size}"
+    assert row["mb x accum"] == f"{plan.micro_batch_size} x {plan.grad_accum_steps}"
+    assert row["GiB/GPU"] == f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})"
+    assert row["cost"] == f"${est.cost_usd:,.0f} spot est."
+    assert row["status"] == f"ok, {len(plan.warnings)} warning(s), {len(plan.account_findings)} quota(s) to raise"
+    plain = report.summary_row(_plan(**{"tuning.precision": "bf16"}))
+    assert plain["precision"] == "bf16" and not plain["cost"].endswith("est.") and plain["sharding"].count("cp") == 0
+    long = report.summary_row(_plan(**{"sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8,
+                                       "model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge"}))
+    assert " cp" in long["sharding"]
+
+
+def test_durations_read_in_hours_then_days():
+    assert report._hours(47.94) == "47.9 h"
+    assert report._hours(48.0) == "2.0 d"
+    assert report._hours(48.5) == "2.0 d"
+    assert report._hours(1234.0) == "51.4 d"
+
+
+def test_a_finding_points_at_its_field_or_the_nearest_parent(tmp_path):
+    from tiered_training.plan import Finding
+
+    plan = plan_file(write_yaml(tmp_path / "r.yaml", recipe_dict()))
+    located = Finding("warning", "x", "a message", "do this", "compute.instance_type")
+    assert report.finding_line(plan, located) == plan.locations["compute.instance_type"]
+    deeper = Finding("warning", "x", "a message", "", "compute.quotas.training/ml.p5.48xlarge")
+    assert report.finding_line(plan, deeper) == plan.locations["compute"]
+    assert report.finding_line(plan, Finding("info", "x", "m")) is None
+    assert report.format_finding(plan, located) == (
+        f"{plan.source}:{plan.locations['compute.instance_type']}: warning[x]: compute.instance_type: a message. Fix: do this.")
+    assert report.format_finding(plan, Finding("info", "y", "m")) == f"{plan.source}: info[y]: m."
+    assert report.format_finding(_plan(), Finding("info", "y", "m")) == "unit-test: info[y]: m."
