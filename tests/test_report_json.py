@@ -185,3 +185,37 @@ def test_a_finding_points_at_its_field_or_the_nearest_parent(tmp_path):
         f"{plan.source}:{plan.locations['compute.instance_type']}: warning[x]: compute.instance_type: a message. Fix: do this.")
     assert report.format_finding(plan, Finding("info", "y", "m")) == f"{plan.source}: info[y]: m."
     assert report.format_finding(_plan(), Finding("info", "y", "m")) == "unit-test: info[y]: m."
+
+
+def test_explain_sections_in_order():
+    plan = _plan(**{"compute.spot": True})
+    assert plan.departures and plan.alternatives and plan.findings
+    lines = report.explain_lines(plan)
+    headings = [line for line in lines if line and not line.startswith(" ")]
+    assert headings[1:] == [
+        "Decisions", headings[2], "Estimates", headings[4],
+        f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)",
+        "Next alternatives that fit", "Findings"]
+    assert headings[2].startswith("Memory per GPU (") and headings[4].startswith("Step time, term by term (")
+    for heading in headings[1:]:
+        assert lines[lines.index(heading) - 1] == ""  # each section after a blank line
+    fraction = next(line for line in lines if line.endswith("of HBM: fits"))
+    assert fraction == f"  {'':<22} {plan.memory.fraction:>9.1%} of HBM: fits"
+    assert not any(line.lstrip().startswith("hbm") for line in lines)
+    terms = plan.estimates.step_terms
+    total = sum(t.seconds for t in terms)
+    step = lines.index(headings[4])
+    for term, line in zip(terms, lines[step + 1:]):
+        assert line == f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}"
+    assert lines[step + 1 + len(terms)] == f"  {'step':<26} {total:>9,.3f} s"
+    d = plan.departures[0]
+    assert f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom" in lines
+    assert lines[-len(plan.findings):] == [f"  {report.format_finding(plan, f)}" for f in plan.findings]
+
+
+def test_explain_without_findings_says_none():
+    import dataclasses
+
+    plan = dataclasses.replace(_plan(), findings=(), departures=(), alternatives=())
+    lines = report.explain_lines(plan)
+    assert lines[-2:] == ["Findings", "  none"] and "Next alternatives that fit" not in lines
