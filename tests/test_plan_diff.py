@@ -65,6 +65,16 @@ def test_a_failed_plan_has_no_estimates_to_compare():
         assert metric["new"] is None and metric["delta"] is None and metric["ratio"] is None, key
         assert metric["old"] is not None
     assert report.diff(failed, failed)["changed"] == []
+    # What only the plan has (the run's segments) shows as gone.
+    changed = {c["field"]: (c["old"], c["new"]) for c in result["changed"]}
+    assert changed["compute.segments"] == (old.segments, None)
+
+
+def test_a_different_model_shows_under_model():
+    old, new = plan_of(), plan_of(**{"model.catalog": "llama-3.1-8b"})
+    changed = {c["field"]: (c["old"], c["new"]) for c in report.diff(old, new)["changed"]}
+    assert changed["model.name"] == (old.model_name, new.model_name)
+    assert changed["model.parameters"] == (old.parameters, new.parameters)
 
 
 RESULT = {
@@ -121,4 +131,4 @@ def test_diff_as_markdown():
     )
     same = RESULT | {"changed": [], "findings_added": [], "findings_removed": []}
     text = report.diff_markdown(same)
-    assert "No decision changed." in text and "| decision |" not in text and "findings" not in text
+    assert text.splitlines()[2] == "No decision changed." and "| decision |" not in text and "findings" not in text

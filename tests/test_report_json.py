@@ -75,6 +75,7 @@ def test_catalogue_json():
 
     tiers = report.tiers_data()
     assert tiers["schema_version"] == report.SCHEMA_VERSION and [t["name"] for t in tiers["tiers"]] == [t.name for t in catalogs.tiers()]
+    assert report.models_data()["schema_version"] == report.SCHEMA_VERSION
     models = report.models_data()["models"]
     by_id = {m["id"]: m for m in models}
     assert list(by_id) == list(catalogs.models())
@@ -92,12 +93,22 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
     assert "\n**unit-test**\n" in text and text.endswith("\n")
+    assert not any("info[" in n for n in notes) and any(f.severity == "info" for f in _plan().findings)
+    informed = _plan()
+    assert not any("departs-from-tier" in line for line in report.plans_markdown([informed]).splitlines())
+    assert report.plans_json([informed]) .strip().startswith("{")
+    import json as _json
+    assert _json.loads(report.plans_json([informed], [INVALID])) == _json.loads(_json.dumps(report.plans_data([informed], [INVALID]), default=str))
 
 
-def test_instances_json_carries_on_demand_and_spot_prices():
+def test_instances_json_carries_on_demand_and_spot_prices(monkeypatch):
     from tiered_training import catalogs
 
-    rows = {r["name"]: r for r in report.instances_data()["instances"]}
+    monkeypatch.setenv(catalogs.price_variable("ml.p5.48xlarge"), "12.5")
+    data = report.instances_data()
+    assert data["schema_version"] == report.SCHEMA_VERSION
+    rows = {r["name"]: r for r in data["instances"]}
+    assert rows["ml.p5.48xlarge"]["price_per_hour"] == 12.5 and "environment" in rows["ml.p5.48xlarge"]["price_source"].lower()
     inst = catalogs.instances()["ml.p5.48xlarge"]
     row = rows["ml.p5.48xlarge"]
     assert (row["price_per_hour"], row["price_source"]) == inst.price()
@@ -158,8 +169,14 @@ def test_a_summary_row_says_what_was_planned():
     assert row["GiB/GPU"] == f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})"
     assert row["cost"] == f"${est.cost_usd:,.0f} spot est."
     assert row["status"] == f"ok, {len(plan.warnings)} warning(s), {len(plan.account_findings)} quota(s) to raise"
-    plain = report.summary_row(_plan(**{"tuning.precision": "bf16"}))
-    assert plain["precision"] == "bf16" and not plain["cost"].endswith("est.") and plain["sharding"].count("cp") == 0
+    plain_plan = _plan(**{"tuning.precision": "bf16", "tuning.follow_tiers": "strict",
+                          "compute.quotas": {"training/ml.p6-b200.48xlarge": 1, "warm-pool/ml.p6-b200.48xlarge": 1}})
+    assert plain_plan.ok and not plain_plan.warnings and not plain_plan.account_findings, plain_plan.findings
+    plain = report.summary_row(plain_plan)
+    assert plain["precision"] == "bf16" and plain["sharding"].count("cp") == 0
+    assert plain["cost"] == f"${plain_plan.estimates.cost_usd:,.0f}" and plain["status"] == "ok"
+    quotas = report.summary_row(_plan(**{"tuning.precision": "bf16", "tuning.follow_tiers": "strict"}))
+    assert quotas["status"] == "ok, 2 quota(s) to raise"
     long = report.summary_row(_plan(**{"sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8,
                                        "model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge"}))
     assert " cp" in long["sharding"]
@@ -180,6 +197,8 @@ def test_a_finding_points_at_its_field_or_the_nearest_parent(tmp_path):
     assert report.finding_line(plan, located) == plan.locations["compute.instance_type"]
     deeper = Finding("warning", "x", "a message", "", "compute.quotas.training/ml.p5.48xlarge")
     assert report.finding_line(plan, deeper) == plan.locations["compute"]
+    under = Finding("warning", "x", "a message", "", "compute.instance_type.part.more")
+    assert report.finding_line(plan, under) == plan.locations["compute.instance_type"] != plan.locations["compute"]
     assert report.finding_line(plan, Finding("info", "x", "m")) is None
     assert report.format_finding(plan, located) == (
         f"{plan.source}:{plan.locations['compute.instance_type']}: warning[x]: compute.instance_type: a message. Fix: do this.")
