@@ -197,7 +197,7 @@ def test_a_finding_points_at_its_field_or_the_nearest_parent(tmp_path):
     assert report.finding_line(plan, located) == plan.locations["compute.instance_type"]
     deeper = Finding("warning", "x", "a message", "", "compute.quotas.training/ml.p5.48xlarge")
     assert report.finding_line(plan, deeper) == plan.locations["compute"]
-    under = Finding("warning", "x", "a message", "", "compute.instance_type.part.more")
+    under = Finding("warning", "x", "a message", "", "compute.instance_type.part")
     assert report.finding_line(plan, under) == plan.locations["compute.instance_type"] != plan.locations["compute"]
     assert report.finding_line(plan, Finding("info", "x", "m")) is None
     assert report.format_finding(plan, located) == (
