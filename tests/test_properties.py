@@ -129,6 +129,8 @@ def _leaf(annotation) -> st.SearchStrategy:
         return st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-308, 5e-324, 1.7976931348623157e308, 0.1, 1 / 3]))
     if annotation is str:
         return text
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):  # a nested section (sft, sft.lora)
+        return _section(annotation)
     raise AssertionError(f"no strategy for {annotation!r}")
 
 
@@ -138,6 +140,25 @@ lora_configs = st.builds(
                             min_size=1, max_size=7),
 )
 sft_configs = st.one_of(st.none(), st.just(SftConfig(adapter="none")), lora_configs.map(lambda lora: SftConfig(adapter="lora", lora=lora)))
+
+
+@st.composite
+def _section(draw, model: type[BaseModel]) -> BaseModel:
+    """A valid ``model``: every leaf drawn at once when that validates (rules across fields),
+    else leaf by leaf from its defaults, each drawn value kept where the section accepts it."""
+    drawn = {leaf: draw(_leaf(info.annotation)) for leaf, info in model.model_fields.items()}
+    try:
+        return model.model_validate(drawn)
+    except ValidationError:
+        pass
+    base: dict = {}
+    for leaf, value in drawn.items():
+        try:
+            model.model_validate({**base, leaf: value})
+        except ValidationError:
+            continue
+        base[leaf] = value
+    return model.model_validate(base)
 
 
 @st.composite
