@@ -12,7 +12,8 @@ from tiered_training.recipe import Recipe
 
 
 def plan_of(**overrides):
-    return resolve(Recipe.model_validate(recipe_dict(**overrides)))
+    # A stated price: the catalogue may have none for a region, and then a plan has no cost to compare.
+    return resolve(Recipe.model_validate(recipe_dict(**({"compute.price_per_hour": 100.0} | overrides))))
 
 
 def test_diff_of_two_plans():
@@ -35,6 +36,7 @@ def test_diff_of_two_plans():
         "memory_gib_per_gpu": (old.memory.total / GIB, new.memory.total / GIB),
         "tokens_per_second": (old.estimates.tokens_per_second, new.estimates.tokens_per_second),
         "mfu": (old.estimates.mfu, new.estimates.mfu),
+        "mfu_causal": (old.estimates.mfu_causal, new.estimates.mfu_causal),
         "wall_time_hours": (old.estimates.wall_time_hours, new.estimates.wall_time_hours),
         "cost_usd": (old.estimates.cost_usd, new.estimates.cost_usd),
     }

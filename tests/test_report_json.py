@@ -156,7 +156,7 @@ def _plan(**overrides):
 def test_a_summary_row_says_what_was_planned():
     from tiered_training.memory import GIB
 
-    plan = _plan(**{"tuning.precision": "fp8", "compute.spot": True})  # warnings: fp8 against the tier
+    plan = _plan(**{"tuning.precision": "fp8", "compute.spot": True, "compute.price_per_hour": 100.0})  # warnings: fp8 against the tier
     assert plan.ok and plan.warnings and plan.account_findings
     est = plan.estimates
     row = report.summary_row(plan)
@@ -174,7 +174,9 @@ def test_a_summary_row_says_what_was_planned():
     assert plain_plan.ok and not plain_plan.warnings and not plain_plan.account_findings, plain_plan.findings
     plain = report.summary_row(plain_plan)
     assert plain["precision"] == "bf16" and plain["sharding"].count("cp") == 0
-    assert plain["cost"] == f"${plain_plan.estimates.cost_usd:,.0f}" and plain["status"] == "ok"
+    cost = plain_plan.estimates.cost_usd  # None where the price catalogue has no price for the region
+    assert plain["cost"] == ("no price" if cost is None else f"${cost:,.0f}")
+    assert plain["status"] == "ok"
     quotas = report.summary_row(_plan(**{"tuning.precision": "bf16", "tuning.follow_tiers": "strict"}))
     assert quotas["status"] == "ok, 2 quota(s) to raise"
     long = report.summary_row(_plan(**{"sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8,

@@ -25,7 +25,8 @@ SEQ = 1024
 
 def params(**kw) -> perf.Parameters:
     round_ones = dict(gemm_efficiency=0.5, fp8_gemm_efficiency=0.25, gemm_overhead_seconds=0.0, fp8_cast_factor=1.0,
-                      fp8_eager_cast_factor=3.0, attention_efficiency=0.4, ring_step_overhead=0.1, eager_memory_factor=2.0,
+                      fp8_eager_cast_factor=3.0, attention_efficiency=0.4, attention_half_length=0.0,
+                      ring_step_overhead=0.1, eager_memory_factor=2.0,
                       memory_efficiency=0.5, nvlink_efficiency=0.5, network_efficiency=0.8, overlap=0.0,
                       fp8_recipe_efficiency={"rowwise": 0.5})
     return dataclasses.replace(catalogs.performance_parameters(), **(round_ones | kw))

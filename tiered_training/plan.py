@@ -210,6 +210,7 @@ class FailedPlan(_Result):
             "memory_fraction": None,
             "memory_headroom": self.tier.memory_headroom if self.tier else None,
             "estimates": None,
+            "full_parameter": None,
             "departures": [],
             "alternatives": [],
             "decisions": [asdict(d) for d in self.decisions],
