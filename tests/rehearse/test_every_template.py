@@ -23,7 +23,8 @@ pytestmark = pytest.mark.torch
 REPO = Path(__file__).resolve().parents[2]
 ALL = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
 ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py",  # rehearsed there, with a host lost and a restart
-             "qwen2.5-32b-lora.yaml": "test_sft_rehearsal.py"}  # there, with a kill, a resume and both export forms
+             "qwen2.5-32b-lora.yaml": "test_sft_rehearsal.py",  # there, with a kill, a resume and both export forms
+             "llama3-1b-bf16.yaml": "test_runs_rehearsal.py"}  # there, in five executions, one of them segmented
 TEMPLATES = [name for name in ALL if name not in ELSEWHERE]
 INTERRUPTED = "llama3-8b-fp8.yaml"  # the flagship: an init checkpoint, and a spot interruption
 
