@@ -35,21 +35,11 @@ CASES = [
 ]
 
 
-def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
+def autograd_saved_bytes(lm, ids) -> int:
+    """Bytes of the distinct storages autograd saves in one forward of ``lm.model`` (a tensor
+    saved by two ops counts once; parameters and buffers are not counted)."""
     import torch
-    from transformers import LlamaForCausalLM
 
-    from tiered_training.runconfig import ModelConfig
-    from training.compile import apply_compile
-    from training.model import hf_config
-
-    config = hf_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    lm = LlamaForCausalLM(config).to(dtype)
-    if compiled:
-        apply_compile(lm.model.layers)
-    ids = torch.randint(0, 256, (BATCH, SEQ))
     params = {p.untyped_storage().data_ptr() for p in [*lm.parameters(), *lm.buffers()]}
     saved: dict[int, int] = {}
     keep = []  # hold every saved tensor so no address is reused while counting
@@ -65,6 +55,23 @@ def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
         hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
     hidden.sum().backward()
     return sum(saved.values())
+
+
+def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tiered_training.runconfig import ModelConfig
+    from training.compile import apply_compile
+    from training.model import hf_config
+
+    config = hf_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(config).to(dtype)
+    if compiled:
+        apply_compile(lm.model.layers)
+    return autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
 
 
 def main(argv=None) -> int:

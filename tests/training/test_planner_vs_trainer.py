@@ -98,22 +98,12 @@ def _retained(layers: int, dtype: torch.dtype, mode: str) -> int:
 def _saved_by_hooks(layers: int, dtype: torch.dtype) -> int:
     """Bytes of the distinct storages autograd saves (a tensor saved by two ops counts once)."""
     lm = _model(layers, dtype, "none")
-    ids = torch.randint(0, 256, (BATCH, SEQ))
-    params = {p.untyped_storage().data_ptr() for p in [*lm.parameters(), *lm.buffers()]}
-    saved: dict[int, int] = {}
-    keep = []  # hold every saved tensor so no address is reused while counting
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        keep.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
-    hidden.sum().backward()
-    return sum(saved.values())
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from activations_compiled import autograd_saved_bytes
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
 
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
