@@ -134,6 +134,9 @@ def test_a_30_64b_model_fine_tunes_with_lora_on_one_node_and_shows_the_full_para
     # The container's MFU counts the FLOPs the planner counts: no weight gradients for the frozen base.
     speed = plan.estimates.tokens_per_second_per_gpu
     assert config.mfu(speed) == pytest.approx(plan.estimates.mfu, rel=1e-9)
+    # Both conventions count the same LoRA FLOPs; causal counts half the attention, so it is lower.
+    assert config.mfu(speed, causal=True) == pytest.approx(plan.estimates.mfu_causal, rel=1e-9)
+    assert plan.estimates.mfu_causal < plan.estimates.mfu
     assert config.model_copy(update={"sft": None}).mfu(speed) > 1.4 * config.mfu(speed)
 
 

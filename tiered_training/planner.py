@@ -1182,7 +1182,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
         mfu=flops * per_gpu / instance.peak_bf16_flops,
-        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True) * per_gpu / instance.peak_bf16_flops,
+        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True, lora=run.lora) * per_gpu / instance.peak_bf16_flops,
         throughput_source=f"performance model {summary.wording()} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.time.terms()),
