@@ -95,15 +95,30 @@ def _retained(layers: int, dtype: torch.dtype, mode: str) -> int:
     return alive
 
 
+def _bench(module: str):
+    """A script of ``bench/`` imported as a module."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def _assert_peak_within_10_percent(row: dict, mode: str) -> None:
+    measured, planned = row["measured_bytes"], row["planned_bytes"]
+    kinds = {k: round(v / 2**20, 2) for k, v in row["measured_by_kind"].items()}
+    assert abs(planned - measured) / measured <= 0.10, (
+        f"{mode}: planner {planned / 2**20:.2f} MiB ({row['planned']['peak_at']}), "
+        f"measured peak {measured / 2**20:.2f} MiB {json.dumps(kinds)}"
+    )
+
+
 def _saved_by_hooks(layers: int, dtype: torch.dtype) -> int:
     """Bytes of the distinct storages autograd saves (a tensor saved by two ops counts once)."""
     lm = _model(layers, dtype, "none")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from activations_compiled import autograd_saved_bytes
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
+    return _bench("activations_compiled").autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
 
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
@@ -131,11 +146,7 @@ def test_activation_bytes_none_matches_saved_tensors_hooks(precision, dtype):
 
 @pytest.fixture(scope="module")
 def step_peaks(tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from memory_peak import launch
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    launch = _bench("memory_peak").launch
     out = tmp_path_factory.mktemp("peak") / "peak.json"
     return {row["mode"]: row for row in launch(out)["rows"]}
 
@@ -143,13 +154,7 @@ def step_peaks(tmp_path_factory):
 @pytest.mark.torch
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_whole_step_peak_matches_planner(step_peaks, mode):
-    row = step_peaks[mode]
-    measured, planned = row["measured_bytes"], row["planned_bytes"]
-    kinds = {k: round(v / 2**20, 2) for k, v in row["measured_by_kind"].items()}
-    assert abs(planned - measured) / measured <= 0.10, (
-        f"{mode}: planner {planned / 2**20:.2f} MiB ({row['planned']['peak_at']}), "
-        f"measured peak {measured / 2**20:.2f} MiB {json.dumps(kinds)}"
-    )
+    _assert_peak_within_10_percent(step_peaks[mode], mode)
 
 
 def test_checkpointing_modes_order_the_step_peak(step_peaks):
@@ -202,11 +207,7 @@ def test_lora_activation_bytes_per_layer(mode, targets, dropout):
 @pytest.fixture(scope="module")
 def lora_step_peaks(tmp_path_factory):
     pytest.importorskip("peft")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from memory_peak import launch
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    launch = _bench("memory_peak").launch
     out = tmp_path_factory.mktemp("peak-lora") / "peak.json"
     return {row["mode"]: row for row in launch(out, lora=16, lora_dropout=0.05)["rows"]}
 
@@ -217,12 +218,7 @@ def test_whole_step_peak_matches_planner_under_lora(lora_step_peaks, mode):
     """The trainer's step with rank-16 adapters on every projection (dropout 0.05) and the base frozen:
     the planner's peak (no base gradients or AdamW states, the adapters' own) within 10%."""
     row = lora_step_peaks[mode]
-    measured, planned = row["measured_bytes"], row["planned_bytes"]
-    kinds = {k: round(v / 2**20, 2) for k, v in row["measured_by_kind"].items()}
-    assert abs(planned - measured) / measured <= 0.10, (
-        f"{mode}: planner {planned / 2**20:.2f} MiB ({row['planned']['peak_at']}), "
-        f"measured peak {measured / 2**20:.2f} MiB {json.dumps(kinds)}"
-    )
+    _assert_peak_within_10_percent(row, mode)
     # The optimiser holds the adapters' AdamW moments only: 8 bytes per sharded adapter element (and a
     # 4-byte step count per tensor, which the planner leaves out).
     assert row["measured_by_kind"]["OptState"] == pytest.approx(row["planned"]["optimizer_states"], rel=1e-3)
