@@ -223,7 +223,7 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true", help="print the last results, run nothing")
     parser.add_argument("--no-diffs", action="store_true", help="only the table, not each survivor's diff")
     parser.add_argument("--children", type=int, default=1, help="mutants tested at once (default 1)")
-    parser.add_argument("--deadline", metavar="HH:MM", help="stop testing at this UTC time (today); results so far are kept")
+    parser.add_argument("--deadline", metavar="HH:MM", help="stop testing at this UTC time (the next one to come); results so far are kept")
     args = parser.parse_args()
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -233,7 +233,10 @@ def main() -> int:
     if args.deadline:
         hours, minutes = map(int, args.deadline.split(":"))
         now = datetime.datetime.now(datetime.timezone.utc)
-        deadline = now.replace(hour=hours, minute=minutes, second=0, microsecond=0).timestamp()
+        when = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
+        if when <= now:  # a time already past today means tomorrow's
+            when += datetime.timedelta(days=1)
+        deadline = when.timestamp()
     if not args.report_only:
         for module in modules:
             if not run(module, args.children, deadline):
