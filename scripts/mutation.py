@@ -42,7 +42,7 @@ MODULES: dict[str, list[str]] = {
     "loader": ["tests/test_reported_lines.py", "tests/test_loader_messages.py", "tests/test_recipe_files.py", "tests/test_recipe.py",
                "tests/test_recipe_lookup.py", "tests/test_loader_exact.py", "tests/test_hostile_input.py",
                "tests/test_fidelity.py"],
-    "planner": ["tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
+    "planner": ["tests/test_plan_golden.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
     "perf": ["tests/test_step_time.py", "tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
     "memory": ["tests/test_memory.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
     "plan": ["tests/test_plan_output.py", "tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],

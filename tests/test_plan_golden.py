@@ -1,0 +1,102 @@
+"""Every plan a user reads, whole: for each template and for recipes that reach each of the
+planner's findings, ``plan --json``'s content (decisions with their reasons, findings with their
+fixes, estimates, alternatives, segments) equals the reviewed copy in ``tests/golden/plans.json``.
+
+A change of wording, of a number in a message or of a decision shows here as a diff that a
+reviewer reads. Floats are compared to 6 significant digits (the models are pure Python; the
+last digits may differ with the C library's ``log``/``exp``). The copy is never written by the
+test run: ``make snapshots`` (``UPDATE_GOLDEN=1``) rewrites it after a change that is meant."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from support import RECIPES, recipe_dict
+from tiered_training.loader import load_recipe_with_lines
+from tiered_training.planner import resolve
+from tiered_training.recipe import Recipe
+
+GOLDEN = Path(__file__).parent / "golden" / "plans.json"
+
+# Recipes built to reach the findings no template has (a template is a plan that works).
+CRAFTED: dict[str, dict] = {
+    "pinned-does-not-fit": {"model.catalog": "llama-3.1-8b", "sequence_length": 65536,
+                            "budget.global_batch_tokens": 65536 * 64, "compute.instance_type": "ml.p5.48xlarge",
+                            "tuning.activation_checkpointing": "none", "tuning.micro_batch_size": 2,
+                            "tuning.sharding": "full"},
+    "too-big-for-one-node": {"model.catalog": "llama-3.1-70b", "compute.instance_type": "ml.p5.48xlarge",
+                             "tuning.precision": "bf16"},
+    "keep-last-1-and-spot": {"checkpointing.keep_last": 1, "compute.spot": True, "compute.max_wait_hours": 1},
+    "runtime-above-quota": {"compute.max_runtime_hours": 200},
+    "max-wait-without-spot": {"compute.max_wait_hours": 30},
+    "unknown-model": {"model.catalog": "llama-3.1-8"},
+    "unknown-instance": {"compute.instance_type": "ml.p5.24xlarge"},
+    "pins-against-the-tier": {"model.catalog": "llama-3.1-8b", "tuning.precision": "bf16",
+                              "tuning.activation_checkpointing": "none", "tuning.batch_ramp": False},
+    "short-budget": {"budget.total_tokens": 4096 * 256 * 3},
+    "two-nodes-hybrid": {"model.catalog": "llama-3.1-8b", "compute.instance_count": 2, "tuning.sharding": "hybrid"},
+}
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _plan(name: str) -> dict:
+    if name.startswith("recipes/"):
+        recipe, lines = load_recipe_with_lines(Path(__file__).resolve().parent.parent / name)
+        plan = resolve(recipe, source=name, lines=lines)
+    else:
+        plan = resolve(Recipe.model_validate(recipe_dict(**CRAFTED[name])), source=f"{name}.yaml")
+    return _rounded(json.loads(json.dumps(plan.to_dict())))
+
+
+NAMES = [f"recipes/{p.name}" for p in RECIPES] + list(CRAFTED)
+
+
+_written = []
+
+
+def _golden() -> dict:
+    if os.environ.get("UPDATE_GOLDEN") and not _written:
+        _written.append(True)
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps({name: _plan(name) for name in NAMES}, indent=1, sort_keys=True) + "\n")
+    assert GOLDEN.exists(), "tests/golden/plans.json is missing: make snapshots writes it"
+    return json.loads(GOLDEN.read_text())
+
+
+def test_the_golden_copy_covers_every_template_and_crafted_recipe():
+    assert set(_golden()) == set(NAMES)
+
+
+# Each test plans its own recipe (no shared fixture): mutation testing (scripts/mutation.py)
+# records which test reaches which function.
+@pytest.mark.parametrize("name", NAMES)
+def test_plan_is_the_reviewed_one(name):
+    golden = _golden()
+    assert name in golden, f"{name} has no reviewed plan: make snapshots writes it"
+    assert _plan(name) == golden[name]
+
+
+@pytest.mark.parametrize("name, codes", [
+    ("pinned-does-not-fit", {"does-not-fit"}),
+    ("too-big-for-one-node", {"does-not-fit"}),
+    ("keep-last-1-and-spot", {"keep-last-1", "spot-max-wait"}),
+    ("runtime-above-quota", {"runtime-above-quota"}),
+    ("max-wait-without-spot", {"max-wait-without-spot"}),
+    ("unknown-model", {"unknown-model"}),
+    ("unknown-instance", {"unknown-instance"}),
+])
+def test_the_crafted_recipes_reach_the_findings_they_are_for(name, codes):
+    assert codes <= {f["code"] for f in _plan(name).get("findings", [])}
