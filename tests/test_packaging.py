@@ -2,7 +2,7 @@
 synthesised from the wheel installed in a fresh virtual environment, cdk-nag and cfn-lint clean.
 
 The fresh environment has no system site-packages and nothing but ``tiered-training[cdk]``
-and its dependencies, installed with constraints.txt (from pip's cache when it is warm).
+and its dependencies, installed with constraints.txt (by uv, or pip where uv is absent).
 """
 
 from __future__ import annotations
@@ -95,10 +95,11 @@ def example_assembly(wheel, tmp_path_factory) -> Path:
     env_dir = tmp_path_factory.mktemp("fresh-venv")
     venv.EnvBuilder(with_pip=False, system_site_packages=False, clear=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    _run([
-        sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile",
-        "-c", str(ROOT / "constraints.txt"), f"{wheel}[cdk]",
-    ])
+    # uv (the Makefile's installer, beside this interpreter) where it is there, else pip: the same constraints.
+    uv = Path(sys.executable).with_name("uv")
+    installer = [str(uv), "pip", "install", "--python", str(python)] if uv.exists() else [
+        sys.executable, "-m", "pip", "--python", str(python), "install", "--no-compile"]
+    _run([*installer, "--quiet", "-c", str(ROOT / "constraints.txt"), f"{wheel}[cdk]"])
     # A copy of the example, away from the checkout: only the installed package can be imported.
     app_dir = tmp_path_factory.mktemp("platform-repo")
     shutil.copytree(EXAMPLE, app_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cdk.out", "__pycache__"))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import pickle
 import signal
@@ -448,10 +449,16 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         loss_sum = forward_backward(trainer, micro_batches)
         grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
         lr = scheduler.get_last_lr()[0]
-        # One flag, all-reduced: a NaN on one rank skips the step on every rank.
-        bad = torch.tensor([0 if bool(torch.isfinite(loss_sum)) and bool(torch.isfinite(grad_norm)) else 1])
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=ckpt.control_group)
-        skipped = bool(bad.item())
+        # The step's one wait for the GPU: this rank's loss and the gradient norm, copied together.
+        # One CPU all-reduce then sums the loss over ranks and counts the ranks with a NaN or an
+        # inf, so that a NaN on one rank skips the step on every rank. The optimiser step is queued
+        # behind it, and the next step's batch is read while the GPU runs it.
+        loss_local, grad_norm_value = torch.stack([loss_sum.detach().float(), grad_norm.detach().float()]).cpu().tolist()
+        finite = math.isfinite(loss_local) and math.isfinite(grad_norm_value)
+        reduced = torch.tensor([loss_local, 0.0 if finite else 1.0], dtype=torch.float64)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=ckpt.control_group)
+        loss_value, bad_ranks = reduced.tolist()
+        skipped = bad_ranks > 0
         if skipped:  # no update, no schedule step, no step count; the batch is consumed
             optimizer.zero_grad(set_to_none=True)
             in_a_row += 1
@@ -465,9 +472,6 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
             step += 1
             in_a_row = 0
 
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        loss_value = loss_sum.item()
-        grad_norm_value = float(grad_norm)
         step_time = time.perf_counter() - started
 
         # One small all-reduce decides, for all ranks together, whether to stop or save now.
