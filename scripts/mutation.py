@@ -150,20 +150,19 @@ def _mutmut(here: Path, args: list[str], deadline: float | None) -> bool:
 
 
 def run(module: str, children: int, deadline: float | None) -> bool:
-    """Test the module's mutants that have no result yet, then again those that survived a
-    previous run (tests may have been added since). False when the deadline stopped it."""
+    """Test again the mutants that survived a previous run (tests may have been added since),
+    then those that have no result yet. False when the deadline stopped it."""
     stamp = WORK / module / "package.sha256"
     same = stamp.exists() and stamp.read_text() == _package_digest()
     before = (results(module) or {}) if same else {}
     again = before.get("survived", []) + before.get("no tests", [])
     here = layout(module)
     print(f"== {module}: mutmut over {', '.join(t for t in MODULES[module] if (here / t).exists())}", flush=True)
-    if not _mutmut(here, ["run", "--max-children", str(children)], deadline):
-        return False
     if again:
         print(f"== {module}: again the {len(again)} mutants that survived the previous run", flush=True)
-        return _mutmut(here, ["run", "--max-children", str(children), *again], deadline)
-    return True
+        if not _mutmut(here, ["run", "--max-children", str(children), *again], deadline):
+            return False
+    return _mutmut(here, ["run", "--max-children", str(children)], deadline)
 
 
 def results(module: str) -> dict[str, list[str]] | None:

@@ -39,6 +39,27 @@ CRAFTED: dict[str, dict] = {
                               "tuning.activation_checkpointing": "none", "tuning.batch_ramp": False},
     "short-budget": {"budget.total_tokens": 4096 * 256 * 3},
     "two-nodes-hybrid": {"model.catalog": "llama-3.1-8b", "compute.instance_count": 2, "tuning.sharding": "hybrid"},
+    "runtime-too-short": {"compute.max_runtime_hours": 0.25},
+    "too-many-segments": {"model.catalog": "llama-3.1-8b", "budget.total_tokens": 2_000_000_000_000,
+                          "compute.max_runtime_hours": 6},
+    "segmented": {"compute.max_runtime_hours": 4},
+    "unsharded-8b-on-a100": {"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p4d.24xlarge",
+                             "tuning.precision": "bf16", "tuning.sharding": "none"},
+    "pinned-group-32b": {"model.catalog": "qwen2.5-32b", "compute.instance_type": "ml.p4d.24xlarge",
+                         "tuning.precision": "bf16", "compute.instance_count": 2, "tuning.sharding": "hybrid",
+                         "tuning.shard_group_size": 8},
+    "pinned-70b-needs-nodes": {"model.catalog": "llama-3.1-70b", "compute.instance_type": "ml.p4d.24xlarge",
+                               "tuning.precision": "bf16", "tuning.micro_batch_size": 2,
+                               "tuning.activation_checkpointing": "none"},
+    "70b-128k-a100": {"model.catalog": "llama-3.1-70b", "compute.instance_type": "ml.p4d.24xlarge",
+                      "tuning.precision": "bf16", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 16,
+                      "tuning.context_parallel": 1},
+    "lora-priced": {"task": "sft", "model.catalog": "qwen2.5-32b", "model.init_checkpoint": "s3://bucket-for-tests/hf/qwen/",
+                    "tuning.adapter": "lora", "compute.price_per_hour": 60.0, "sequence_length": 8192,
+                    "budget.total_tokens": 200_000_000, "budget.global_batch_tokens": 8192 * 64},
+    "lora-unsharded": {"task": "sft", "model.catalog": "qwen2.5-32b", "model.init_checkpoint": "s3://bucket-for-tests/hf/qwen/",
+                       "tuning.adapter": "lora", "tuning.sharding": "none", "sequence_length": 8192,
+                       "budget.total_tokens": 200_000_000, "budget.global_batch_tokens": 8192 * 64},
 }
 
 
@@ -97,6 +118,14 @@ def test_plan_is_the_reviewed_one(name):
     ("max-wait-without-spot", {"max-wait-without-spot"}),
     ("unknown-model", {"unknown-model"}),
     ("unknown-instance", {"unknown-instance"}),
+    ("runtime-too-short", {"runtime-too-short"}),
+    ("too-many-segments", {"too-many-segments"}),
+    ("unsharded-8b-on-a100", {"does-not-fit"}),
+    ("pinned-group-32b", {"does-not-fit"}),
+    ("pinned-70b-needs-nodes", {"does-not-fit"}),
+    ("70b-128k-a100", {"does-not-fit"}),
+    ("lora-priced", {"full-parameter-alternative"}),
+    ("lora-unsharded", {"full-parameter-alternative"}),
 ])
 def test_the_crafted_recipes_reach_the_findings_they_are_for(name, codes):
     assert codes <= {f["code"] for f in _plan(name).get("findings", [])}
