@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from support import RECIPES, recipe_dict
-from tiered_training.loader import load_recipe_with_lines
-from tiered_training.planner import resolve
+from tiered_training.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
 
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"
@@ -60,6 +59,12 @@ CRAFTED: dict[str, dict] = {
     "lora-unsharded": {"task": "sft", "model.catalog": "qwen2.5-32b", "model.init_checkpoint": "s3://bucket-for-tests/hf/qwen/",
                        "tuning.adapter": "lora", "tuning.sharding": "none", "sequence_length": 8192,
                        "budget.total_tokens": 200_000_000, "budget.global_batch_tokens": 8192 * 64},
+    "precision-departs-3b": {"model.catalog": "llama-3.2-3b", "sequence_length": 2048, "budget.global_batch_tokens": 2048 * 256},
+    "precision-departs-7b-32k": {"model.catalog": "mistral-7b", "compute.instance_type": "ml.p5.48xlarge",
+                                 "sequence_length": 32768, "budget.global_batch_tokens": 32768 * 256},
+    "fp8-rowwise-pinned": {"model.catalog": "llama-3.1-8b", "tuning.precision": "fp8", "tuning.fp8_recipe": "rowwise"},
+    "ramp-spec": {"model.catalog": "llama-3.1-8b", "tuning.batch_ramp": {"start_fraction": 0.5, "ramp_fraction": 0.05}},
+    "nothing-to-ramp": {"model.catalog": "llama-3.1-8b", "budget.global_batch_tokens": 4096 * 8, "tuning.micro_batch_size": 1},
 }
 
 
@@ -75,8 +80,7 @@ def _rounded(value):
 
 def _plan(name: str) -> dict:
     if name.startswith("recipes/"):
-        recipe, lines = load_recipe_with_lines(Path(__file__).resolve().parent.parent / name)
-        plan = resolve(recipe, source=name, lines=lines)
+        plan = plan_file(name)  # a path relative to the checkout, where each test runs (the fixture below)
     else:
         plan = resolve(Recipe.model_validate(recipe_dict(**CRAFTED[name])), source=f"{name}.yaml")
     return _rounded(json.loads(json.dumps(plan.to_dict())))
@@ -86,6 +90,11 @@ NAMES = [f"recipes/{p.name}" for p in RECIPES] + list(CRAFTED)
 
 
 _written = []
+
+
+@pytest.fixture(autouse=True)
+def _in_the_checkout(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
 
 
 def _golden() -> dict:
