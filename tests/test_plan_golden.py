@@ -22,6 +22,8 @@ from tiered_training.recipe import Recipe
 GOLDEN = Path(__file__).parent / "golden" / "plans.json"
 
 # Recipes built to reach the findings no template has (a template is a plan that works).
+SFT = {"task": "sft", "model.init_checkpoint": "s3://bucket-for-tests/hf/base/", "sequence_length": 8192,
+       "budget.total_tokens": 200_000_000, "budget.global_batch_tokens": 8192 * 64}
 CRAFTED: dict[str, dict] = {
     "pinned-does-not-fit": {"model.catalog": "llama-3.1-8b", "sequence_length": 65536,
                             "budget.global_batch_tokens": 65536 * 64, "compute.instance_type": "ml.p5.48xlarge",
@@ -65,6 +67,18 @@ CRAFTED: dict[str, dict] = {
     "fp8-rowwise-pinned": {"model.catalog": "llama-3.1-8b", "tuning.precision": "fp8", "tuning.fp8_recipe": "rowwise"},
     "ramp-spec": {"model.catalog": "llama-3.1-8b", "tuning.batch_ramp": {"start_fraction": 0.5, "ramp_fraction": 0.05}},
     "nothing-to-ramp": {"model.catalog": "llama-3.1-8b", "budget.global_batch_tokens": 4096 * 8, "tuning.micro_batch_size": 1},
+    "shard-group-not-divisor": {"tuning.shard_group_size": 3},
+    "sharding-names-the-other-kind": {"model.catalog": "llama-3.1-8b", "compute.instance_count": 2, "tuning.sharding": "full",
+                                      "tuning.shard_group_size": 8},
+    "hybrid-on-one-node": {"tuning.sharding": "hybrid"},
+    "cp-with-sft": {**SFT, "model.catalog": "llama-3.1-8b", "tuning.context_parallel": 2},
+    "cp-bad-degree": {"sequence_length": 32768, "budget.global_batch_tokens": 32768 * 64, "tuning.context_parallel": 3},
+    "cp-without-sharding": {"sequence_length": 32768, "budget.global_batch_tokens": 32768 * 64, "tuning.context_parallel": 2,
+                            "tuning.sharding": "none"},
+    "sft-full-against-tier": {**SFT, "model.catalog": "qwen2.5-32b", "tuning.adapter": "none", "compute.instance_count": 2},
+    "sft-adapter-export": {**SFT, "model.catalog": "llama-3.1-8b", "export.format": "adapter"},
+    "sft-lora-section": {**SFT, "model.catalog": "llama-3.1-8b", "tuning.adapter": "lora", "data.loss_on": "all", "data.overlong": "drop",
+                         "tuning.lora": {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}},
 }
 
 
@@ -135,6 +149,13 @@ def test_plan_is_the_reviewed_one(name):
     ("70b-128k-a100", {"does-not-fit"}),
     ("lora-priced", {"full-parameter-alternative"}),
     ("lora-unsharded", {"full-parameter-alternative"}),
+    ("shard-group-not-divisor", {"shard-group"}),
+    ("sharding-names-the-other-kind", {"shard-group"}),
+    ("hybrid-on-one-node", {"shard-group"}),
+    ("cp-with-sft", {"context-parallel"}),
+    ("cp-bad-degree", {"context-parallel"}),
+    ("cp-without-sharding", {"context-parallel"}),
+    ("sft-full-against-tier", {"against-tier"}),
 ])
 def test_the_crafted_recipes_reach_the_findings_they_are_for(name, codes):
     assert codes <= {f["code"] for f in _plan(name).get("findings", [])}
