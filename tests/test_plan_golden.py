@@ -79,6 +79,9 @@ CRAFTED: dict[str, dict] = {
     "sft-adapter-export": {**SFT, "model.catalog": "llama-3.1-8b", "export.format": "adapter"},
     "sft-lora-section": {**SFT, "model.catalog": "llama-3.1-8b", "tuning.adapter": "lora", "data.loss_on": "all", "data.overlong": "drop",
                          "tuning.lora": {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}},
+    "batch-not-divisible": {"budget.global_batch_tokens": 4096 * 250},
+    "micro-batch-not-divisor": {"tuning.micro_batch_size": 3},
+    "fp8-tier-on-a100": {"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p4d.24xlarge"},
 }
 
 
@@ -156,6 +159,8 @@ def test_plan_is_the_reviewed_one(name):
     ("cp-bad-degree", {"context-parallel"}),
     ("cp-without-sharding", {"context-parallel"}),
     ("sft-full-against-tier", {"against-tier"}),
+    ("batch-not-divisible", {"batch-not-divisible"}),
+    ("micro-batch-not-divisor", {"micro-batch"}),
 ])
 def test_the_crafted_recipes_reach_the_findings_they_are_for(name, codes):
     assert codes <= {f["code"] for f in _plan(name).get("findings", [])}
