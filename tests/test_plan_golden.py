@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from support import RECIPES, recipe_dict
+from support import DELETE, RECIPES, recipe_dict
 from tiered_training.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
 
@@ -82,6 +82,12 @@ CRAFTED: dict[str, dict] = {
     "batch-not-divisible": {"budget.global_batch_tokens": 4096 * 250},
     "micro-batch-not-divisor": {"tuning.micro_batch_size": 3},
     "fp8-tier-on-a100": {"model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p4d.24xlarge"},
+    "explicit-dimensions": {"model.catalog": DELETE, "model.name": "llama3-shaped-20-layers",
+                            "model.dimensions": {"layers": 20, "hidden_size": 4096, "attention_heads": 32, "kv_heads": 8,
+                                                 "ffn_size": 14336, "vocab_size": 128256}},
+    # A local config.json (meta-llama/Llama-3.1-8B's, less the fields the planner ignores), relative to the recipe.
+    "hf-config": {"model.catalog": DELETE, "model.hf_config": "tests/golden/hf/llama-3.1-8b"},
+    "hf-config-missing": {"model.catalog": DELETE, "model.hf_config": "tests/golden/hf/no-such-model"},
 }
 
 
@@ -161,6 +167,7 @@ def test_plan_is_the_reviewed_one(name):
     ("sft-full-against-tier", {"against-tier"}),
     ("batch-not-divisible", {"batch-not-divisible"}),
     ("micro-batch-not-divisor", {"micro-batch"}),
+    ("hf-config-missing", {"hf-config"}),
 ])
 def test_the_crafted_recipes_reach_the_findings_they_are_for(name, codes):
     assert codes <= {f["code"] for f in _plan(name).get("findings", [])}
