@@ -71,11 +71,11 @@ determinism: $(TEST_STAMP)
 	for threads in 1 2; do TT_TEST_THREADS=$$threads OMP_NUM_THREADS=$$threads $(PY) -m pytest -q $(FRAGILE) || exit 1; done
 	TT_TEST_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0 $(PY) -m pytest -q $(FRAGILE)
 
-# The construct snapshots (tests/constructs/snapshots/) and the reviewed plans (tests/golden/plans.json):
+# The construct snapshots (tests/constructs/snapshots/), the reviewed plans (tests/golden/plans.json) and calibration report (tests/golden/calibration.json):
 # the test run only compares, this writes them.
 snapshots: $(TEST_STAMP) $(NODE_STAMP)
 	UPDATE_SNAPSHOTS=1 $(PY) -m pytest -q tests/constructs/test_templates.py -k test_snapshots
-	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_plan_golden.py
+	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_plan_golden.py tests/test_calibration.py
 
 # Mutation testing of the pure-Python core (mutmut), one module at a time with its fast tests;
 # prints the score per module and each surviving mutant. Not part of make test (it takes long).

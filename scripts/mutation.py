@@ -50,7 +50,7 @@ MODULES: dict[str, list[str]] = {
     "definition": ["tests/test_training_arguments.py", "tests/test_definition_checks.py", "tests/test_gate.py", "tests/test_definition.py",
                    "tests/test_fidelity.py"],
     "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
-    "calibration": ["tests/test_perf.py"],
+    "calibration": ["tests/test_calibration.py", "tests/test_perf.py"],
     "report": ["tests/test_plan_diff.py", "tests/test_report_json.py", "tests/test_cli.py", "tests/test_cli_output.py"],
 }
 
