@@ -85,6 +85,23 @@ CRAFTED: dict[str, dict] = {
     # A local config.json (meta-llama/Llama-3.1-8B's, less the fields the planner ignores), relative to the recipe.
     "hf-config": {"model.catalog": DELETE, "model.hf_config": "tests/golden/hf/llama-3.1-8b"},
     "hf-config-missing": {"model.catalog": DELETE, "model.hf_config": "tests/golden/hf/no-such-model"},
+    # Findings and reasons the recipes above do not reach.
+    "fp8-recipe-at-bf16": {"tuning.precision": "bf16", "tuning.fp8_recipe": "rowwise"},
+    "outside-tiers-acknowledged": {"model.catalog": "llama-3.1-70b", "model.allow_outside_tiers": True,
+                                   "compute.instance_count": 4},
+    "longer-than-the-model": {"model.catalog": "mistral-7b", "sequence_length": 65536,
+                              "budget.global_batch_tokens": 65536 * 64},
+    "sft-full-32b-one-node": {**SFT, "model.catalog": "qwen2.5-32b", "tuning.adapter": "none"},
+    "fp8-small-model": {"model.catalog": "llama-3.2-1b", "tuning.precision": "fp8"},
+    "hybrid-group-pinned": {"model.catalog": "llama-3.1-8b", "compute.instance_count": 2, "tuning.sharding": "hybrid",
+                            "tuning.shard_group_size": 8},
+    "cp-pinned": {"model.catalog": "llama-3.1-8b", "sequence_length": 65536, "budget.global_batch_tokens": 65536 * 64,
+                  "tuning.context_parallel": 4},
+    "32k-small-model": {"model.catalog": "llama-3.2-1b", "sequence_length": 32768, "budget.global_batch_tokens": 32768 * 64},
+    "3b-128k-no-cp": {"model.catalog": "llama-3.2-3b", "sequence_length": 131072, "budget.global_batch_tokens": 131072 * 16,
+                      "tuning.context_parallel": 1},
+    "fewer-sequences-than-gpus": {"model.catalog": "llama-3.1-8b", "sequence_length": 65536,
+                                  "budget.global_batch_tokens": 65536 * 4},
 }
 
 
