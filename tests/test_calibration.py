@@ -64,7 +64,24 @@ def _compute(capsys) -> dict:
         "quick_fit": _params(*calibration.fit(cal, iterations=3)),
         "quick_fit_without_megatron": _params(*calibration.fit(cal, without=_source(cal, MEGATRON), iterations=3)),
         "quick_loso": _loso_rows(calibration.leave_one_source_out(cal, iterations=2)),
+        "quick_calibrate": _quick_calibrate(capsys, Path(os.environ["UPDATE_GOLDEN_TMP"])),
     }
+
+
+def _quick_calibrate(capsys, tmp_path: Path) -> dict:
+    """``make calibrate`` (``--write``) with fits of two iterations, on a copy of the catalogue:
+    what it prints, and the ``performance.yaml`` it writes."""
+    shutil.copytree(catalogs.CATALOG_DIR, tmp_path / "catalog")
+    fit, loso = calibration.fit, calibration.leave_one_source_out
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalogs, "CATALOG_DIR", tmp_path / "catalog")
+        patch.setattr(calibration, "fit", lambda cal, model=None, *, without=None, iterations=0: fit(cal, model, without=without, iterations=2))
+        patch.setattr(calibration, "leave_one_source_out", lambda cal, model=None: loso(cal, model, iterations=1))
+        capsys.readouterr()
+        assert calibration.main(["--write"]) == 0
+        out = capsys.readouterr()
+    return {"stdout": out.out.replace(str(tmp_path), "TMP").splitlines(), "stderr": out.err.splitlines(),
+            "performance.yaml": (tmp_path / "catalog" / "performance.yaml").read_text().splitlines()}
 
 
 @functools.cache
@@ -88,14 +105,15 @@ def _rounded(value):
     return value
 
 
-def test_update_golden(capsys):
+def test_update_golden(capsys, tmp_path, monkeypatch):
     """Under UPDATE_GOLDEN (``make snapshots``), writes the reviewed copy; otherwise checks it names every part."""
     if os.environ.get("UPDATE_GOLDEN"):
+        monkeypatch.setenv("UPDATE_GOLDEN_TMP", str(tmp_path))
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(_compute(capsys), indent=1, sort_keys=True) + "\n")
         _golden_text.cache_clear()
     assert set(json.loads(_golden_text())) == {"report", "loso_table", "summary", "informed", "quick_fit",
-                                                "quick_fit_without_megatron", "quick_loso"}
+                                                "quick_fit_without_megatron", "quick_loso", "quick_calibrate"}
 
 
 # -- what make calibrate prints ---------------------------------------------------------------
@@ -309,6 +327,19 @@ def test_write_stores_the_parameters_and_keeps_the_comments(tmp_path):
     params, factors = _stored()
     calibration.write_parameters(params, factors, catalogs.performance_model().summary.model_dump(), path=target)
     assert target.read_text() == source.read_text()
+
+
+def test_make_calibrate_prints_and_writes_what_it_fitted(capsys, tmp_path):
+    """The whole command with short fits: the fitted parameters, every row against them and
+    against the refit without its source, the held-out table, and the catalogue written."""
+    got = _quick_calibrate(capsys, tmp_path)
+    golden = _golden("quick_calibrate")
+    cal = calibration.load()
+    assert got["stderr"] == golden["stderr"] == [f"fitting on {len(cal.rows)} rows ...",
+                                                 f"refitting without each of {len(calibration.sources(cal))} sources ..."]
+    assert got["stdout"] == golden["stdout"]
+    assert got["performance.yaml"] == golden["performance.yaml"]
+    assert got["stdout"][-1] == "wrote TMP/catalog/performance.yaml"
 
 
 def test_write_needs_the_leave_one_source_out_errors(capsys):
