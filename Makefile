@@ -22,8 +22,11 @@ $(PY):
 CONSTRAINTS := constraints.txt
 # uv installs from the same constraints as pip would, in seconds instead of minutes. uv does not read
 # pip's configuration: it is given pip's find-links, where a machine may keep its CPU build of torch.
+# --compile-bytecode writes the .pyc files at install, as pip does: without them (uv's default) every
+# process compiles what it imports (torch and transformers: 12 s more per process), and again in
+# each process where PYTHONDONTWRITEBYTECODE is set.
 UV := $(VENV)/bin/uv
-UV_INSTALL := $(UV) pip install --quiet --python $(PY) -c $(CONSTRAINTS)
+UV_INSTALL := $(UV) pip install --quiet --compile-bytecode --python $(PY) -c $(CONSTRAINTS)
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 $(UV): $(CONSTRAINTS) | $(PY)
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) uv
