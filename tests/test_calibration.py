@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered_training import calibration, catalogs
+from tiered_training import calibration, catalogs, memory
 
 GOLDEN = Path(__file__).parent / "golden" / "calibration.json"
 MEGATRON = "Megatron-Bridge"
@@ -290,12 +290,34 @@ def test_a_fit_starts_from_the_same_point_whatever_was_fitted_before():
 
 def test_rows_with_the_same_id_are_refused(tmp_path):
     cal = calibration.load()
-    row = cal.rows[-1].model_dump()
-    (tmp_path / "a.json").write_text(json.dumps({"rows": [row]}))
+    rows = [cal.rows[-1].model_dump(), cal.rows[-2].model_dump()]
+    (tmp_path / "a.json").write_text(json.dumps({"rows": rows}))
     shutil.copy(tmp_path / "a.json", tmp_path / "b.json")
-    with pytest.raises(ValueError, match=f"calibration rows with the same id: {row['id']}"):
+    with pytest.raises(ValueError, match=f"calibration rows with the same id: {', '.join(sorted(r['id'] for r in rows))}$"):
         calibration.load(gpu_dir=tmp_path)
     assert len(calibration.load(gpu_dir=None).rows) == sum(r.published for r in cal.rows)
+
+
+def test_a_gpu_check_file_without_rows_adds_none(tmp_path):
+    (tmp_path / "empty.json").write_text("{}")
+    assert [r.id for r in calibration.load(gpu_dir=tmp_path).rows] == [r.id for r in calibration.load(gpu_dir=None).rows]
+
+
+@pytest.mark.parametrize("sharding", ["full", "none"])
+def test_a_rows_memory_is_the_planners_estimate_of_its_run(sharding):
+    """Every field of the row reaches the planner's memory model: a context-parallel rank holds
+    its share of the sequence, an unsharded run a group of one."""
+    cal = calibration.load(gpu_dir=None)
+    base = next(r for r in cal.rows if r.hardware in catalogs.instances())
+    row = base.model_copy(update=dict(precision="fp32", activation_checkpointing="none", compile=True, context_parallel=2,
+                                      sequence_length=8193, sharding=sharding, shard_group_size=8, micro_batch_size=2,
+                                      grad_accum_steps=1, loss_chunk_tokens=None))
+    usable = catalogs.instances()[row.hardware].usable_hbm_gib
+    expected = memory.estimate(row.architecture, precision="fp32", checkpointing="none", sequence_length=4096, micro_batch=2,
+                               shard_group=8 if sharding == "full" else 1, hbm_bytes=int(usable * calibration.GIB),
+                               loss_chunk_tokens=None, grad_accum_steps=1, compiled=True)
+    assert calibration.predict_memory(row, cal, {}) == expected
+    assert calibration.predict_memory_gib(row, cal, {}) == expected.reserved / calibration.GIB
 
 
 def test_an_unknown_machine_is_named(tmp_path):
