@@ -223,11 +223,16 @@ def main() -> int:
     parser.add_argument("--no-diffs", action="store_true", help="only the table, not each survivor's diff")
     parser.add_argument("--children", type=int, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--deadline", metavar="HH:MM", help="stop testing at this UTC time (the next one to come); results so far are kept")
+    parser.add_argument("--deselect", metavar="NODEID", action="append", default=[],
+                        help="leave this test out of this run (repeatable): for a second pass over survivors that an "
+                             "unchanged slow test already failed to kill")
     args = parser.parse_args()
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
     modules = args.modules or list(MODULES)
+    for module in modules:
+        DESELECT[module] = DESELECT.get(module, []) + args.deselect
     deadline = None
     if args.deadline:
         hours, minutes = map(int, args.deadline.split(":"))

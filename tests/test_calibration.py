@@ -65,7 +65,16 @@ def _compute(capsys) -> dict:
         "quick_fit_without_megatron": _params(*calibration.fit(cal, without=_source(cal, MEGATRON), iterations=3)),
         "quick_loso": _loso_rows(calibration.leave_one_source_out(cal, iterations=2)),
         "quick_calibrate": _quick_calibrate(capsys, Path(os.environ["UPDATE_GOLDEN_TMP"])),
+        "help": _help(capsys),
     }
+
+
+def _help(capsys) -> list[str]:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.setenv("COLUMNS", "100")  # argparse wraps to the terminal's width
+        calibration.main(["--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out.splitlines()
 
 
 def _quick_calibrate(capsys, tmp_path: Path) -> dict:
@@ -113,7 +122,7 @@ def test_update_golden(capsys, tmp_path, monkeypatch):
         GOLDEN.write_text(json.dumps(_compute(capsys), indent=1, sort_keys=True) + "\n")
         _golden_text.cache_clear()
     assert set(json.loads(_golden_text())) == {"report", "loso_table", "summary", "informed", "quick_fit",
-                                                "quick_fit_without_megatron", "quick_loso", "quick_calibrate"}
+                                                "quick_fit_without_megatron", "quick_loso", "quick_calibrate", "help"}
 
 
 # -- what make calibrate prints ---------------------------------------------------------------
@@ -224,6 +233,43 @@ def test_nelder_mead_stops_when_the_simplex_is_flat_and_after_its_iterations():
     calls.clear()
     calibration.nelder_mead(lambda x: calls.append(x) or _rosenbrock(x), [-1.2, 1.0], iterations=0)
     assert len(calls) == 3
+
+
+def _table(*values: tuple[tuple[float, float], float]):
+    """A function of two variables given at a few points, 5 everywhere else."""
+    def f(x):
+        return next((v for point, v in values if abs(x[0] - point[0]) < 1e-12 and abs(x[1] - point[1]) < 1e-12), 5.0)
+    return f
+
+
+SHRINKS = [[0, 0], [0.3, 0], [0, 0.3], [0.3, -0.3], [0.075, 0.15], [0.15, 0], [0, 0.15],
+           [0.15, -0.15], [0.0375, 0.075], [0.075, 0], [0, 0.075]]
+
+
+@pytest.mark.parametrize("values, trace", [
+    # Reflection and contraction both fail: the simplex shrinks towards its best point, twice.
+    ((((0, 0), 0.0), ((0.3, 0), 1.0), ((0, 0.3), 1.0)), SHRINKS),
+    # Two points tie for best, or for worst: the simplex is not flat, so it goes on.
+    ((((0, 0), 1.0), ((0.3, 0), 1.0), ((0, 0.3), 5.0)), SHRINKS),
+    ((((0, 0), 1.0), ((0.3, 0), 5.0), ((0, 0.3), 5.0)), SHRINKS),
+    # The expansion is only as good as the reflection: the reflection is kept; then a shrink towards it.
+    ((((0, 0), 0.0), ((0.3, 0), 1.0), ((0, 0.3), 1.0), ((0.3, -0.3), -1.0), ((0.45, -0.6), -1.0)),
+     [[0, 0], [0.3, 0], [0, 0.3], [0.3, -0.3], [0.45, -0.6], [0, -0.3], [0.225, -0.075], [0.15, -0.15], [0.3, -0.15]]),
+    # The reflection only ties the best point: kept without trying an expansion.
+    ((((0, 0), 0.0), ((0.3, 0), 1.0), ((0, 0.3), 1.0), ((0.3, -0.3), 0.0)),
+     [[0, 0], [0.3, 0], [0, 0.3], [0.3, -0.3], [0, -0.3], [0.225, -0.075], [0.15, -0.15], [0.15, 0]]),
+])
+def test_nelder_mead_reflects_expands_contracts_and_shrinks_as_the_method_says(values, trace):
+    calls = []
+    f = _table(*values)
+    calibration.nelder_mead(lambda x: calls.append(list(x)) or f(x), [0.0, 0.0], iterations=2)
+    assert [v for point in calls for v in point] == pytest.approx([v for point in trace for v in point], abs=1e-12)
+
+
+def test_nelder_mead_with_no_tolerance_goes_on_while_the_simplex_is_exactly_flat():
+    calls = []
+    calibration.nelder_mead(lambda x: calls.append(x) or 1.0, [0.0, 0.0], iterations=1, tolerance=0.0)
+    assert len(calls) == 7  # the first simplex, a reflection, a contraction, a shrink of two points
 
 
 def test_each_parameter_is_fitted_in_the_space_of_its_range():
@@ -368,7 +414,40 @@ def test_write_needs_the_leave_one_source_out_errors(capsys):
     with pytest.raises(SystemExit) as exit_info:
         calibration.main(["--write", "--no-loso"])
     assert exit_info.value.code == 2
-    assert "--write stores the leave-one-source-out errors: drop --no-loso" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m tiered_training.calibration: error: --write stores the leave-one-source-out errors: drop --no-loso")
+
+
+def test_help_names_every_option(capsys):
+    assert _help(capsys) == _golden("help")
+
+
+@pytest.mark.parametrize("own", [0, 1])
+def test_the_report_counts_sources_without_this_containers_runs(own, tmp_path, capsys):
+    cal = calibration.load()
+    rows = [r.model_dump() for r in cal.rows if not r.published][:own]
+    (tmp_path / "own.json").write_text(json.dumps({"rows": rows}))
+    assert calibration.main(["--no-fit", "--no-loso", "--gpu-dir", str(tmp_path)]) == 0
+    published = sum(r.published for r in cal.rows)
+    sources = len({calibration.source_key(r) for r in cal.rows if r.published})
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"rows: {published} published runs from {sources} sources, plus {own} run{'s' * (own != 1)} of this container "
+        "(its GPU checks); all in the fit")
+
+
+def test_a_framework_the_catalogue_does_not_name_runs_as_this_container_would():
+    """No framework factor and PyTorch SDPA: the performance model's own prediction."""
+    from dataclasses import replace
+
+    from tiered_training.perf import step_time
+
+    cal = calibration.load(gpu_dir=None)
+    row = next(r for r in cal.rows if r.framework == "megatron-te").model_copy(update={"framework": "made-up"})
+    params, factors = _stored()
+    hw, _ = calibration.hardware(row, cal, factors)
+    expected = step_time(row.architecture, hw, replace(row.setting, attention_kernel="sdpa"), sequence_length=row.sequence_length,
+                         gpus=row.gpus, accum=row.grad_accum_steps or 1, params=params).tokens_per_second_per_gpu
+    assert calibration.predict(row, cal, params, factors) == expected
 
 
 def test_the_rounding_keeps_four_significant_digits():
