@@ -366,6 +366,23 @@ def test_a_rows_memory_is_the_planners_estimate_of_its_run(sharding):
     assert calibration.predict_memory_gib(row, cal, {}) == expected.reserved / calibration.GIB
 
 
+@pytest.mark.parametrize("url, key", [
+    # A repository file at any commit or branch is one document, hence one source.
+    ("https://github.com/pytorch/torchtitan/blob/0123abc/docs/performance.md", "https://github.com/pytorch/torchtitan/blob/-/docs/performance.md"),
+    ("https://github.com/pytorch/torchtitan/blob/main/docs/performance.md", "https://github.com/pytorch/torchtitan/blob/-/docs/performance.md"),
+    ("https://github.com/pytorch/torchtitan/tree/v0.1", "https://github.com/pytorch/torchtitan/tree/-"),
+    # Anything else is its own address.
+    ("https://github.com/pytorch/torchtitan/blob", "https://github.com/pytorch/torchtitan/blob"),
+    ("https://github.com/pytorch/torchtitan/issues/1589", "https://github.com/pytorch/torchtitan/issues/1589"),
+    ("https://example.com/pytorch/torchtitan/blob/main/a.md", "https://example.com/pytorch/torchtitan/blob/main/a.md"),
+])
+def test_a_source_is_its_document(url, key):
+    row = calibration.load(gpu_dir=None).rows[0]
+    assert calibration.source_key(row.model_copy(update={"source": calibration.Source(url=url, title="a title")})) == key
+    assert calibration.source_key(row.model_copy(update={"source": url})) == key  # a bare address
+    assert calibration.source_key(row.model_copy(update={"source": url, "framework": "tiered-training"})) == calibration.OWN_RUNS
+
+
 def test_an_unknown_machine_is_named(tmp_path):
     cal = calibration.load(gpu_dir=None)
     row = cal.rows[0].model_copy(update={"hardware": "dgx-z9000", "id": "made-up"})
