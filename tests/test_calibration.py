@@ -465,6 +465,8 @@ def test_a_framework_the_catalogue_does_not_name_runs_as_this_container_would():
     expected = step_time(row.architecture, hw, replace(row.setting, attention_kernel="sdpa"), sequence_length=row.sequence_length,
                          gpus=row.gpus, accum=row.grad_accum_steps or 1, params=params).tokens_per_second_per_gpu
     assert calibration.predict(row, cal, params, factors) == expected
+    assert "megatron_te" not in calibration._informed([row], [], cal)  # no framework factor to fit
+    assert calibration.predict_memory_gib(row, cal, factors) == calibration.predict_memory(row, cal, factors).reserved / calibration.GIB
 
 
 def test_the_rounding_keeps_four_significant_digits():
