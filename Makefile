@@ -22,9 +22,9 @@ $(PY):
 CONSTRAINTS := constraints.txt
 # uv installs from the same constraints as pip would, in seconds instead of minutes. uv does not read
 # pip's configuration: it is given pip's find-links, where a machine may keep its CPU build of torch.
-# --compile-bytecode writes the .pyc files at install, as pip does: without them (uv's default) every
-# process compiles what it imports (torch and transformers: 12 s more per process), and again in
-# each process where PYTHONDONTWRITEBYTECODE is set.
+# --compile-bytecode writes the .pyc files at install, as pip does: without them (uv's default) a
+# process compiles what it imports (torch and transformers, seconds each time), and where
+# PYTHONDONTWRITEBYTECODE is set, every process does so again.
 UV := $(VENV)/bin/uv
 UV_INSTALL := $(UV) pip install --quiet --compile-bytecode --python $(PY) -c $(CONSTRAINTS)
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
@@ -74,7 +74,7 @@ determinism: $(TEST_STAMP)
 	for threads in 1 2; do TT_TEST_THREADS=$$threads OMP_NUM_THREADS=$$threads $(PY) -m pytest -q $(FRAGILE) || exit 1; done
 	TT_TEST_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0 $(PY) -m pytest -q $(FRAGILE)
 
-# The construct snapshots (tests/constructs/snapshots/), the reviewed plans (tests/golden/plans.json) and calibration report (tests/golden/calibration.json):
+# The construct snapshots (tests/constructs/snapshots/), the reviewed plans (tests/golden/plans.json) and the calibration report (tests/golden/calibration.json):
 # the test run only compares, this writes them.
 snapshots: $(TEST_STAMP) $(NODE_STAMP)
 	UPDATE_SNAPSHOTS=1 $(PY) -m pytest -q tests/constructs/test_templates.py -k test_snapshots

@@ -44,6 +44,18 @@ _DELETE = object()
 DELETE = _DELETE
 
 
+def rounded(value):
+    """Floats to 6 significant digits, through dicts, lists and tuples: what a reviewed copy
+    (``tests/golden/``) compares, since the C library's ``log``/``exp`` may differ in the last digits."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
 def write_yaml(path: Path, data: dict | str) -> Path:
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
     return path

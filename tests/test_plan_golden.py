@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support import DELETE, RECIPES, recipe_dict
+from support import DELETE, RECIPES, recipe_dict, rounded
 from tiered_training.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
 
@@ -105,22 +105,12 @@ CRAFTED: dict[str, dict] = {
 }
 
 
-def _rounded(value):
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    return value
-
-
 def _plan(name: str) -> dict:
     if name.startswith("recipes/"):
         plan = plan_file(name)  # a path relative to the checkout, where each test runs (the fixture below)
     else:
         plan = resolve(Recipe.model_validate(recipe_dict(**CRAFTED[name])), source=f"{name}.yaml")
-    return _rounded(json.loads(json.dumps(plan.to_dict())))
+    return rounded(json.loads(json.dumps(plan.to_dict())))
 
 
 NAMES = [f"recipes/{p.name}" for p in RECIPES] + list(CRAFTED)
