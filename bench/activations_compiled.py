@@ -4,7 +4,7 @@
 which tensors the backward gets saved and which it recomputes; the fp32 upcasts of the
 RMSNorms, for one, are recomputed. The planner counts that per saved tensor
 (``tiered_training.memory.activation_bytes_per_token(..., "none", compiled=True)``). This
-measures it: transformers' LlamaForCausalLM with each decoder layer compiled as the
+measures it: the trainer's decoder (training/model.py) with each decoder layer compiled as the
 trainer does (``training.compile.apply_compile``), every distinct storage that autograd
 saves counted once (``saved_tensors_hooks``), per layer = saved(2 layers) - saved(1
 layer), so the embedding, the RoPE tables and the final norm cancel. On the CPU, about a
@@ -52,23 +52,19 @@ def autograd_saved_bytes(lm, ids) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = lm.model(ids)
     hidden.sum().backward()
     return sum(saved.values())
 
 
 def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
     import torch
-    from transformers import LlamaForCausalLM
-
     from tiered_training.runconfig import ModelConfig
     from training.compile import apply_compile
-    from training.model import hf_config
+    from training.model import CausalLM, lm_config
 
-    config = hf_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))
-    config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(config).to(dtype)
+    lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))).to(dtype)
     if compiled:
         apply_compile(lm.model.layers)
     return autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))

@@ -7,8 +7,8 @@ uses it) does the work:
   labels and RoPE positions are reordered by ``_HeadTailLoadBalancer`` (the sequence is cut
   into ``2 x cp`` chunks; rank ``r`` keeps chunks ``r`` and ``2 x cp - 1 - r``, so every
   rank does the same share of the causal mask's work) and each rank keeps its part.
-- ``apply_context_parallel``: attention runs through a Hugging Face attention function
-  that marks q, k, v as sequence-sharded DTensors (``Shard(2)`` on the CP mesh) and calls
+- ``apply_context_parallel``: attention runs through an attention function of the decoder
+  (``model.ATTENTION_FUNCTIONS``) that marks q, k, v as sequence-sharded DTensors (``Shard(2)`` on the CP mesh) and calls
   SDPA; PyTorch's CP dispatcher turns that into ring attention: K/V blocks travel the
   ring (all-gather by default) and partial results are merged with their log-sum-exp.
   Every other layer (norms, MLP, projections, RoPE) is per token and runs on the local part.
@@ -44,7 +44,7 @@ from torch.distributed.tensor.experimental._attention import (
     _HeadTailLoadBalancer,
 )
 
-ATTENTION = "context_parallel"  # the Hugging Face attention implementation registered here
+ATTENTION = "context_parallel"  # the decoder's attention implementation registered here
 SEQ_DIM = 2  # q, k, v are [batch, heads, sequence, head_dim]
 _aten = torch.ops.aten
 
@@ -94,24 +94,18 @@ def apply_context_parallel(lm: nn.Module, cp: ContextParallel) -> None:
     if cp.mesh is None:
         return
     enable_ring_attention(cp.mesh)
-    lm.config._attn_implementation = ATTENTION
+    lm.config.attn_implementation = ATTENTION
 
 
 def enable_ring_attention(mesh: DeviceMesh) -> None:
-    """PyTorch's CP dispatcher on, and the ``context_parallel`` Hugging Face attention over ``mesh``."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    """PyTorch's CP dispatcher on, and the decoder's ``context_parallel`` attention over ``mesh``.
+    Causality is SDPA's is_causal over the whole (reordered) sequence: no mask tensor is built."""
+    from .model import ATTENTION_FUNCTIONS
 
     _enable_context_parallel_dispatcher()
     if mesh.device_type == "cpu":
         _register_cpu_ring_attention()
-    AttentionInterface.register(ATTENTION, partial(ring_attention_forward, mesh=mesh))
-    # Causality is SDPA's is_causal over the whole (reordered) sequence: no mask tensor is built.
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
-
-
-def _no_mask(*args, **kwargs) -> None:
-    return None
+    ATTENTION_FUNCTIONS[ATTENTION] = partial(ring_attention_forward, mesh=mesh)
 
 
 def _native_gqa(query: torch.Tensor) -> bool:
@@ -125,22 +119,18 @@ def ring_attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
+    mask: torch.Tensor | None,
+    scale: float | None = None,
     *,
     mesh: DeviceMesh,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """A Hugging Face attention function: causal SDPA over the sequence split on ``mesh``.
+) -> torch.Tensor:
+    """The decoder's attention function: causal SDPA over the sequence split on ``mesh``.
 
     query/key/value: this rank's ``[batch, heads, local sequence, head_dim]``; returns
-    ``[batch, local sequence, heads, head_dim]`` as HF attention functions do.
+    ``[batch, local sequence, heads, head_dim]`` as ``model.sdpa_attention`` does.
     """
-    if attention_mask is not None:
+    if mask is not None:
         raise ValueError("context parallelism supports causal attention without a mask")
-    if dropout:
-        raise ValueError("context parallelism does not support attention dropout")
     groups = query.shape[1] // key.shape[1]
     gqa = groups > 1 and _native_gqa(query)
     if groups > 1 and not gqa:
@@ -148,8 +138,8 @@ def ring_attention_forward(
         value = value.repeat_interleave(groups, dim=1)
     placement = [Shard(SEQ_DIM)]
     q, k, v = (DTensor.from_local(t, mesh, placement, run_check=False) for t in (query, key, value))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
-    return out.to_local().transpose(1, 2).contiguous(), None
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    return out.to_local().transpose(1, 2).contiguous()
 
 
 # -- the CPU kernel through PyTorch's ring ------------------------------------------------

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 def hf_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The (sharded) state dict under Hugging Face names; a tied head is left out, as HF saves it."""
     state = get_model_state_dict(lm)
-    if getattr(lm.config, "tie_word_embeddings", False):
+    if lm.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return {key: plain_tensor(value) for key, value in state.items()}
 
@@ -76,11 +76,7 @@ def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None
     if rank == 0:
         parts += 1
         save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
-        config = lm.config
-        config.architectures = [type(lm).__name__]
-        config.use_cache = True
-        config.dtype = dtype or next(iter(state.values())).dtype
-        config.save_pretrained(model_dir)
+        lm.config.save_pretrained(model_dir, dtype=dtype or next(iter(state.values())).dtype)
         _name_files(model_dir, total)
     dist.barrier()
     return model_dir
@@ -134,7 +130,7 @@ def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
     for path in sorted(Path(init_dir).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             found.update(f.keys())
-    tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+    tied = lm.config.tie_word_embeddings
     check_keys(set(base), found, init_dir, tied=tied)
     dcp.load(base, storage_reader=HuggingFaceStorageReader(str(init_dir)))
     loaded = {key: base[hf] for hf, key in names.items()}

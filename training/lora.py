@@ -1,6 +1,6 @@
 """LoRA adapters through peft (https://huggingface.co/docs/peft): the base model stays frozen.
 
-:func:`apply_lora` injects peft's LoRA layers into the Hugging Face model on the meta device,
+:func:`apply_lora` injects peft's LoRA layers into the decoder (``training/model.py``) on the meta device,
 before sharding (``peft.inject_adapter_in_model``: the model keeps its class and names; each
 target projection ``q_proj`` becomes a ``lora.Linear`` holding ``base_layer`` and the adapters
 ``lora_A.default`` and ``lora_B.default``). Only the adapters require gradients, so the
@@ -52,8 +52,9 @@ def apply_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
     linear = {name.rsplit(".", 1)[-1] for name, module in lm.named_modules() if isinstance(module, nn.Linear)}
     missing = sorted(set(lora.target_modules) - linear)
     if missing:
+        kind = getattr(getattr(lm, "config", None), "model_type", type(lm).__name__)
         raise ValueError(f"sft.lora.target_modules: {', '.join(missing)} is not a linear layer of "
-                         f"{type(lm).__name__} (valid: {', '.join(sorted(linear))})")
+                         f"the {kind} model (valid: {', '.join(sorted(linear))})")
     peft.inject_adapter_in_model(peft_config(lora), lm, adapter_name=ADAPTER)
     for name, param in lm.named_parameters():
         param.requires_grad_(is_adapter(name))

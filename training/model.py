@@ -1,29 +1,98 @@
-"""The model: a Hugging Face causal LM (Llama, or Qwen2 for q/k/v biases), built on the meta
-device, sharded, then materialised.
+"""The model: a Llama-style decoder (Llama, or Qwen2 for q/k/v biases) written for the trainer,
+under Hugging Face's parameter names, built on the meta device, sharded, then materialised.
+
+The modules follow transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` operation for
+operation (RMSNorm in fp32, rotary embeddings in fp32, SDPA attention), and their state dicts
+carry the same names (``model.layers.0.self_attn.q_proj.weight``), so a published checkpoint
+loads into it and an export loads into transformers. Importing it costs no more than torch:
+transformers is not imported by the trainer (only by LoRA through peft, and by the tools that
+write tokenizers or random checkpoints).
 
 ``build_model`` never allocates a whole model in one process: parameters live on the
 meta device until :func:`materialize` (after sharding) gives each rank its shards.
-The class is the one the starting checkpoint's ``config.json`` names (``model_type``), or
-from scratch the one the planned architecture describes: Qwen2 when it has q/k/v biases
-(Qwen2 has no o_proj bias), Llama otherwise.
+The architecture is the starting checkpoint's ``config.json`` (``model_type`` llama or qwen2),
+or from scratch the one the plan describes: Qwen2 when it has q/k/v biases (Qwen2 has no o_proj
+bias), Llama otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PretrainedConfig, Qwen2Config, Qwen2ForCausalLM
 
 from tiered_training.runconfig import ModelConfig
 
 INITIALIZER_RANGE = 0.02
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # model_type -> architectures name
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
-# model_type in a Hugging Face config.json -> (config class, model class)
-MODEL_CLASSES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+@dataclass
+class LMConfig:
+    """The decoder's shape, under the names a Hugging Face ``config.json`` uses.
+
+    ``source`` is the starting checkpoint's config.json, written back (updated) on export, so
+    fields the trainer does not use (token ids, ``_name_or_path``) survive a fine-tuning run.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    attn_implementation: str = "sdpa"  # or "context_parallel" (ring attention, training/context_parallel.py)
+    source: dict = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json: the source's fields, with this shape (peft reads it too)."""
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        out = {key: value for key, value in self.source.items() if key not in ("rope_scaling", "rope_parameters", "rope_theta")}
+        out.update(
+            architectures=[MODEL_TYPES[self.model_type]], model_type=self.model_type, vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=rope, tie_word_embeddings=self.tie_word_embeddings, hidden_act="silu",
+            initializer_range=out.get("initializer_range", INITIALIZER_RANGE), attention_dropout=0.0,
+        )
+        if self.model_type == "llama":
+            out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+        else:
+            out.update(use_sliding_window=False, sliding_window=None)
+        return out
+
+    def save_pretrained(self, directory: Path, *, dtype: torch.dtype | None = None) -> Path:
+        """Write ``config.json`` as transformers reads it, with the weights' dtype."""
+        out = self.to_dict()
+        out["use_cache"] = True
+        if dtype is not None:
+            out["dtype"] = str(dtype).removeprefix("torch.")
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+        return path
 
 
 def model_type(model: ModelConfig) -> str:
@@ -31,42 +100,19 @@ def model_type(model: ModelConfig) -> str:
     return "qwen2" if model.qkv_bias else "llama"
 
 
-def hf_config(model: ModelConfig) -> PretrainedConfig:
-    """The Hugging Face config for the RunConfig's architecture (LlamaConfig or Qwen2Config)."""
-    common = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_size,
-        num_hidden_layers=model.layers,
-        num_attention_heads=model.attention_heads,
-        num_key_value_heads=model.kv_heads,
-        max_position_embeddings=model.max_sequence_length,
-        rms_norm_eps=model.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": model.rope_theta},
-        tie_word_embeddings=model.tied_embeddings,
-        initializer_range=INITIALIZER_RANGE,
-        use_cache=False,
+def lm_config(model: ModelConfig) -> LMConfig:
+    """The decoder of the RunConfig's architecture."""
+    return LMConfig(
+        model_type=model_type(model), vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_size, num_hidden_layers=model.layers, num_attention_heads=model.attention_heads,
+        num_key_value_heads=model.kv_heads, max_position_embeddings=model.max_sequence_length,
+        rms_norm_eps=model.norm_eps, rope_theta=model.rope_theta, tie_word_embeddings=model.tied_embeddings,
+        qkv_bias=model.qkv_bias, o_bias=False,
     )
-    if model_type(model) == "qwen2":
-        return Qwen2Config(**common, use_sliding_window=False)
-    return LlamaConfig(**common, attention_bias=False)
 
 
-def causal_lm_class(config: PretrainedConfig) -> type[nn.Module]:
-    return MODEL_CLASSES[config.model_type][1]
-
-
-def _biases(config: PretrainedConfig) -> tuple[bool, bool]:
-    """(q/k/v biases, o_proj bias) of a Llama or Qwen2 config."""
-    if config.model_type == "qwen2":
-        return True, False
-    bias = bool(getattr(config, "attention_bias", False))
-    return bias, bias
-
-
-def check_matches(config: PretrainedConfig, model: ModelConfig) -> None:
+def check_matches(config: LMConfig, model: ModelConfig) -> None:
     """A starting checkpoint must have the architecture the plan was made for."""
-    qkv_bias, o_bias = _biases(config)
     found = {
         "num_hidden_layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
@@ -74,9 +120,9 @@ def check_matches(config: PretrainedConfig, model: ModelConfig) -> None:
         "num_key_value_heads": config.num_key_value_heads,
         "intermediate_size": config.intermediate_size,
         "vocab_size": config.vocab_size,
-        "q/k/v bias": qkv_bias,
-        "o_proj bias": o_bias,
-        "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+        "q/k/v bias": config.qkv_bias,
+        "o_proj bias": config.o_bias,
+        "tie_word_embeddings": config.tie_word_embeddings,
     }
     expected = {
         "num_hidden_layers": model.layers,
@@ -95,13 +141,222 @@ def check_matches(config: PretrainedConfig, model: ModelConfig) -> None:
         raise ValueError(f"the init checkpoint does not match the planned architecture ({detail})")
 
 
-def read_config(init_dir: Path) -> PretrainedConfig:
-    """The checkpoint's ``config.json``, as the class its ``model_type`` names (llama or qwen2)."""
-    config = AutoConfig.from_pretrained(init_dir)
-    if config.model_type not in MODEL_CLASSES:
-        raise ValueError(f"{Path(init_dir) / 'config.json'}: model_type {config.model_type!r} is not one the trainer "
-                         f"builds ({', '.join(MODEL_CLASSES)})")
-    return config
+def read_config(init_dir: Path) -> LMConfig:
+    """The checkpoint's ``config.json`` (model_type llama or qwen2) as the decoder's shape."""
+    file = Path(init_dir) / "config.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{file}: no such file; a Hugging Face checkpoint has a config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: cannot read it as JSON ({exc})") from None
+    kind = raw.get("model_type") if isinstance(raw, dict) else None
+    if kind not in MODEL_TYPES:
+        raise ValueError(f"{file}: model_type {kind!r} is not one the trainer builds ({', '.join(MODEL_TYPES)})")
+    rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = raw.get("rope_theta", rope.pop("rope_theta", 10000.0))
+    rope.pop("rope_theta", None)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{file}: rope type {rope_type!r} is not one the trainer builds ({', '.join(ROPE_TYPES)})")
+    missing = [key for key in LLAMA3_ROPE if key not in rope] if rope_type == "llama3" else []
+    if missing:
+        raise ValueError(f"{file}: llama3 rope scaling needs {', '.join(missing)}")
+    heads = raw["num_attention_heads"]
+    if raw.get("head_dim") not in (None, raw["hidden_size"] // heads):
+        raise ValueError(f"{file}: head_dim {raw['head_dim']} differs from hidden_size / num_attention_heads")
+    if kind == "qwen2":
+        qkv_bias, o_bias = True, False
+    else:
+        qkv_bias = o_bias = bool(raw.get("attention_bias", False))
+    return LMConfig(
+        model_type=kind, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        max_position_embeddings=raw["max_position_embeddings"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta), rope_scaling=rope if rope_type != "default" else None,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias, source=raw,
+    )
+
+
+# -- the modules -------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32 (as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_frequencies(config: LMConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies; Llama 3.1's ``llama3`` scaling stretches the low frequencies."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    factor, low, high, old_context = (scaling[key] for key in LLAMA3_ROPE)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_context / high) * ~(wavelen > old_context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of each position's rotation, in fp32, cast to the activations' dtype."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Causal SDPA on ``[batch, heads, sequence, head_dim]``; a boolean ``mask`` (packed examples) replaces
+    causality. GQA runs in the kernel without a mask; with one, K/V heads are repeated. Returns
+    ``[batch, sequence, heads, head_dim]``."""
+    groups = query.shape[1] // key.shape[1]
+    kwargs = {}
+    if groups > 1:
+        if mask is None:
+            kwargs["enable_gqa"] = True
+        else:
+            key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                         is_causal=mask is None and query.shape[2] > 1, **kwargs)
+    return out.transpose(1, 2).contiguous()
+
+
+# attn_implementation -> attention function (context_parallel.py adds the ring)
+ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": sdpa_attention}
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim ** -0.5
+        kv = config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(x).view(shape).transpose(1, 2)
+        k = self.k_proj(x).view(shape).transpose(1, 2)
+        v = self.v_proj(x).view(shape).transpose(1, 2)
+        cos, sin = (t.unsqueeze(1) for t in rope)
+        q = (q * cos) + (rotate_half(q) * sin)
+        k = (k * cos) + (rotate_half(k) * sin)
+        out = ATTENTION_FUNCTIONS[self.config.attn_implementation](self, q, k, v, mask, self.scaling)
+        return self.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def packed_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """``[batch, 1, N, N]`` causal attention within each packed example (positions restart at 0 where one
+    starts), or None when every row is one sequence (SDPA's ``is_causal`` then)."""
+    first = position_ids[:, :1] - 1
+    example = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+    if bool((example[:, -1] == 0).all()):
+        return None
+    n = position_ids.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=position_ids.device).tril()
+    return (causal & (example[:, :, None] == example[:, None, :]))[:, None]
+
+
+class Decoder(nn.Module):
+    """The trunk: embedding, decoder layers, final norm (transformers' ``LlamaModel``)."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The final hidden states ``[batch, sequence, hidden]``. ``position_ids`` that restart within a
+        row mark packed examples, which attend only within themselves (not under context parallelism,
+        where they are the positions of this rank's part of each sequence)."""
+        x = self.embed_tokens(input_ids)
+        mask = None
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=x.device).unsqueeze(0)
+        elif self.config.attn_implementation == "sdpa":
+            mask = packed_mask(position_ids)
+        rope = self.rotary_emb(x, position_ids)
+        for layer in self.layers:
+            x = layer(x, rope, mask)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """Decoder plus output head, under Hugging Face's names (``model.*``, ``lm_head.weight``)."""
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        self.config = config
+        self.model = Decoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[batch, sequence, vocab]`` (evaluation; training takes the chunked loss of ``CausalLMLoss``)."""
+        return self.lm_head(self.model(input_ids, position_ids))
 
 
 def check_keys(expected: set[str], found: set[str], init_dir: Path, *, tied: bool = False) -> None:
@@ -121,22 +376,19 @@ def check_keys(expected: set[str], found: set[str], init_dir: Path, *, tied: boo
         raise ValueError(f"the init checkpoint {init_dir} does not fit the model: {'; '.join(problems)}")
 
 
-def build_model(model: ModelConfig, init_dir: Path | None = None) -> nn.Module:
-    """A LlamaForCausalLM or Qwen2ForCausalLM on the meta device (SDPA attention, no KV cache).
+def build_model(model: ModelConfig, init_dir: Path | None = None) -> CausalLM:
+    """The decoder on the meta device (SDPA attention).
 
-    With ``init_dir``, the config comes from the checkpoint's ``config.json`` (checked
+    With ``init_dir``, the shape comes from the checkpoint's ``config.json`` (checked
     against the plan); its weights are loaded after sharding by ``export.load_hf_weights``.
     """
     if init_dir is not None:
         config = read_config(init_dir)
         check_matches(config, model)
-        config.use_cache = False
     else:
-        config = hf_config(model)
-    config._attn_implementation = "sdpa"
+        config = lm_config(model)
     with torch.device("meta"):
-        lm = causal_lm_class(config)(config)
-    return lm
+        return CausalLM(config)
 
 
 def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
@@ -207,21 +459,10 @@ def _init_whole_then_slice(name: str, param: torch.Tensor, layers: int, seed: in
 
 
 def reset_rope(lm: nn.Module, device: torch.device) -> None:
-    """Recompute every rotary embedding's non-persistent ``inv_freq`` (and its original copy)."""
+    """Recompute the rotary embedding's non-persistent ``inv_freq``, which ``to_empty`` leaves as garbage."""
     for module in lm.modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "config"):
-            rope_type = getattr(module, "rope_type", "default")
-            if rope_type == "default":
-                inv_freq, scaling = module.compute_default_rope_parameters(module.config)
-            else:
-                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-                inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](module.config, device)
-            with torch.no_grad():
-                module.inv_freq = inv_freq.to(device)
-                if hasattr(module, "original_inv_freq"):
-                    module.original_inv_freq = inv_freq.clone().to(device)
-            module.attention_scaling = scaling
+        if isinstance(module, RotaryEmbedding):
+            module.inv_freq = rope_frequencies(module.config).to(device)
 
 
 class CausalLMLoss(nn.Module):
@@ -242,10 +483,10 @@ class CausalLMLoss(nn.Module):
                 divisor: torch.Tensor | None = None) -> torch.Tensor:
         """position_ids: RoPE positions of ``input_ids`` when they are a part of each sequence
         (context parallelism), or positions restarting at 0 per example in packed SFT sequences
-        (transformers then masks attention per example, ``training/packing.py``); default ``0 .. len - 1``. divisor: the step's global count of
+        (the decoder then masks attention per example, ``training/packing.py``); default ``0 .. len - 1``. divisor: the step's global count of
         valid labels (training); without it, the mean over these labels (validation)."""
         from .loss import chunked_cross_entropy
 
-        hidden = self.lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        hidden = self.lm.model(input_ids, position_ids)
         return chunked_cross_entropy(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens, group=self.loss_group,
                                      divisor=divisor)

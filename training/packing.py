@@ -7,12 +7,12 @@ for training, ``sft_validation_batches`` for validation) as dicts ``{"input_ids"
 "position_ids"}`` (``data.sft_sample``): a label is valid (not -100) where the target token's
 mask is 1 and it does not start an example.
 
-Document masking: the trainer passes ``position_ids`` to the Hugging Face model, and
-transformers' mask creation (``masking_utils.create_causal_mask``) finds the packed examples
-from them (``find_packed_sequence_indices``: a new example wherever the position does not go
-up by one) and builds a causal mask that is block-diagonal over the examples; RoPE takes the
-same positions, so each example sees positions ``0 .. len - 1`` as if it ran alone. With the
-``sdpa`` attention the model uses, that mask is a boolean ``[batch, 1, N, N]`` tensor given to
+Document masking: the trainer passes ``position_ids`` to the decoder, which finds the packed
+examples from them (``model.packed_mask``: a new example wherever the position does not go up
+by one, as transformers' ``find_packed_sequence_indices`` does) and builds a causal mask that is
+block-diagonal over the examples; RoPE takes the same positions, so each example sees positions
+``0 .. len - 1`` as if it ran alone. With the ``sdpa`` attention the model uses, that mask is a
+boolean ``[batch, 1, N, N]`` tensor given to
 ``torch.nn.functional.scaled_dot_product_attention``: on GPUs it runs the memory-efficient
 (or cuDNN) kernel, since the flash kernel takes no mask, and it computes every block of the
 causal square (no skipping of masked blocks, N x N bytes of mask per sequence); on the CPU it
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-# Attention implementations whose transformers mask honours packed position_ids
-DOCUMENT_MASKED = ("sdpa", "eager", "flex_attention")
+# Attention implementations of the decoder that mask packed examples from each other
+DOCUMENT_MASKED = ("sdpa",)
 
 
 def split_sft_batch(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -41,7 +41,7 @@ def check_attention(lm: torch.nn.Module, context_parallel: int) -> None:
     if context_parallel > 1:
         raise ValueError(f"context_parallel {context_parallel}: ring attention has no document mask for packed "
                          "SFT sequences; run fine-tuning with context_parallel 1")
-    implementation = lm.config._attn_implementation
+    implementation = lm.config.attn_implementation
     if implementation not in DOCUMENT_MASKED:
         raise ValueError(f"attention {implementation!r} does not mask packed examples from each other "
                          f"(one of {', '.join(DOCUMENT_MASKED)} does)")

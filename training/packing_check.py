@@ -83,7 +83,7 @@ def check(device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[i
 
     def logits(ids, pos=None):
         with torch.no_grad():
-            return lm(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+            return lm(ids, pos).float()
 
     def worst(packed) -> float:
         errors = []
@@ -95,7 +95,7 @@ def check(device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[i
 
     def step(pos):
         def run():
-            loss = lm(input_ids=tokens, position_ids=pos, use_cache=False).logits.float().square().mean()
+            loss = lm(tokens, pos).float().square().mean()
             loss.backward()
             lm.zero_grad(set_to_none=True)
         return run

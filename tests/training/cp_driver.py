@@ -181,7 +181,7 @@ def cmd_runs(args, info) -> None:
             "losses": [result.losses[s] for s in sorted(result.losses)], "validation_losses": validation.losses,
             "mesh": list(trainer.mesh.mesh_dim_names), "mesh_shape": list(trainer.mesh.shape),
             "shard_group_size": shard_group_size(trainer.mesh), "cp_size": trainer.cp.size,
-            "attention": trainer.lm.config._attn_implementation,
+            "attention": trainer.lm.config.attn_implementation,
             "data_rank": trainer.cp.data_rank, "data_ranks": trainer.cp.data_ranks,
             "model_dir": str(paths.model_dir) if exporting else None,
         }

@@ -162,9 +162,7 @@ def _masked_step(cfg, info) -> dict:
     (every rank's micro-batches in one forward, mean over the valid labels), on rank 0."""
     import torch.nn.functional as F
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import LlamaForCausalLM
-
-    from training.model import hf_config
+    from training.random_checkpoint import hf_model
 
     torch.manual_seed(cfg.data.seed)
     built = trainer_module.build(cfg, info=info)
@@ -184,9 +182,7 @@ def _masked_step(cfg, info) -> dict:
     weights = get_model_state_dict(built.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank != 0:
         return {}
-    config = hf_config(cfg.model)
-    config._attn_implementation = "sdpa"
-    reference = LlamaForCausalLM(config)
+    reference = hf_model(cfg.model)  # transformers' Llama: an independent implementation
     reference.load_state_dict(weights)
     inputs = torch.cat([x for x, _ in every])
     labels = torch.cat([y for _, y in every])

@@ -43,11 +43,11 @@ def main() -> None:
     with torch.no_grad():
         trainer.model(x, x)  # the root's first forward (FSDP's lazy init)
         trainer.model.unshard()  # the root's embedding, norm and head; the layers gather themselves
-        logits = trainer.lm(input_ids=x).logits
+        logits = trainer.lm(x)
         trainer.model.reshard()
     full = get_model_state_dict(trainer.lm, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank == 0:
-        torch.save({"logits": logits.cpu(), "state": full, "class": type(trainer.lm).__name__}, args.out)
+        torch.save({"logits": logits.cpu(), "state": full, "model_type": trainer.lm.config.model_type}, args.out)
     shut_down()
 
 

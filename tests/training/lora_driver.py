@@ -77,7 +77,7 @@ def _logits(trainer, info) -> torch.Tensor:
     trainer.model.eval()  # no LoRA dropout, as a loaded model runs
     with torch.no_grad():
         trainer.model.unshard()
-        logits = trainer.lm(input_ids=x).logits
+        logits = trainer.lm(x)
         trainer.model.reshard()
     return logits.cpu()
 

@@ -9,25 +9,21 @@ torch = pytest.importorskip("torch")
 
 @pytest.mark.torch
 def test_compiled_blocks_match_eager_under_selective_checkpointing():
-    from tiny import tiny_config
-    from transformers import LlamaForCausalLM
+    from tiny import lm_loss, tiny_lm
 
     from training.ac import apply_ac
     from training.compile import apply_compile
-    from training.model import hf_config
 
-    config = hf_config(tiny_config().model)
-    torch.manual_seed(0)
-    eager = LlamaForCausalLM(config)
-    compiled = LlamaForCausalLM(config)
-    compiled.load_state_dict(eager.state_dict())
+    eager = tiny_lm()
+    compiled = tiny_lm()
+    assert all(torch.equal(a, b) for a, b in zip(eager.state_dict().values(), compiled.state_dict().values()))
     for lm in (eager, compiled):
         apply_ac(lm.model.layers, "selective")
     apply_compile(compiled.model.layers)
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     losses = []
     for lm in (eager, compiled):
-        loss = lm(input_ids=ids, labels=ids).loss
+        loss = lm_loss(lm, ids)
         loss.backward()
         losses.append(loss.item())
     # The same weights and tokens; inductor fuses and reorders the sums (norms, softmax, GEMM

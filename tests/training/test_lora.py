@@ -16,7 +16,8 @@ pytest.importorskip("peft")
 
 from tiny import tiny_config  # noqa: E402
 from training.lora import apply_lora, is_adapter, trainable_parameters  # noqa: E402
-from training.model import build_model, hf_config, materialize  # noqa: E402
+from training.model import build_model, materialize  # noqa: E402
+from training.random_checkpoint import hf_config, hf_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -54,11 +55,11 @@ def test_apply_lora_freezes_the_base_and_starts_as_the_base():
     materialize(base, torch.device("cpu"), seed=1)
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # B = 0: the adapted model is the base, bit for bit, at the start
-        assert torch.equal(lm.eval()(input_ids=ids).logits, base.eval()(input_ids=ids).logits)
+        assert torch.equal(lm.eval()(ids), base.eval()(ids))
 
 
 def test_an_unknown_target_module_is_refused_naming_the_valid_ones():
-    with pytest.raises(ValueError, match=r"sft.lora.target_modules: qkv_proj is not a linear layer of LlamaForCausalLM "
+    with pytest.raises(ValueError, match=r"sft.lora.target_modules: qkv_proj is not a linear layer of the llama model "
                                          r"\(valid: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj\)"):
         apply_lora(build_model(tiny_config().model), _lora(target_modules=["q_proj", "qkv_proj"]))
 
@@ -68,10 +69,8 @@ def test_an_unknown_target_module_is_refused_naming_the_valid_ones():
 
 def _init_checkpoint(directory: Path) -> Path:
     """A tiny random Llama checkpoint saved by transformers (the architecture of ``tiny_config``)."""
-    from transformers import LlamaForCausalLM
-
     torch.manual_seed(0)
-    LlamaForCausalLM(hf_config(tiny_config().model)).save_pretrained(directory)
+    hf_model(tiny_config().model).save_pretrained(directory)
     return directory
 
 
@@ -111,10 +110,8 @@ def test_only_the_adapters_get_gradients_and_optimiser_state(lora_root):
 def test_sharded_adapter_gradients_are_the_unsharded_models(lora_root):
     """FSDP2 with frozen and trainable parameters in one unit: the adapters' gradients, reduce-scattered
     over 2 ranks, are those of the same model unsharded in one process (peft on transformers)."""
-    from transformers import LlamaForCausalLM
-
     trained = _trained(lora_root)
-    lm = apply_lora(LlamaForCausalLM(hf_config(tiny_config().model)), _lora())
+    lm = apply_lora(hf_model(tiny_config().model), _lora())
     lm.load_state_dict(trained["state"], strict=True)
     batch = trained["grad_batch"]
     logits = lm.eval()(input_ids=batch[:, :-1]).logits
@@ -247,13 +244,12 @@ def test_float8_converts_the_frozen_base_and_leaves_the_adapters_in_high_precisi
     pytest.importorskip("torchao")
     from torch import nn
     from torchao.float8.float8_linear import Float8Linear
-    from transformers import LlamaForCausalLM
+    from tiny import lm_loss, tiny_lm
 
     from tiered_training.runconfig import PrecisionConfig
     from training import float8
 
-    torch.manual_seed(0)
-    lm = apply_lora(LlamaForCausalLM(hf_config(tiny_config().model)), _lora(rank=16)).to(torch.bfloat16)
+    lm = apply_lora(tiny_lm(), _lora(rank=16)).to(torch.bfloat16)
     precision = PrecisionConfig(precision="fp8", fp8_recipe="tensorwise", activation_checkpointing="none")
     converted = float8.apply_float8(lm, precision, emulate=True)
     assert len(converted) == 2 * 7 and all(name.endswith(".base_layer") for name in converted)
@@ -261,24 +257,28 @@ def test_float8_converts_the_frozen_base_and_leaves_the_adapters_in_high_precisi
     adapters = [m for name, m in lm.named_modules() if name.endswith((".lora_A.default", ".lora_B.default"))]
     assert len(adapters) == 2 * 7 * 2 and all(type(m) is nn.Linear for m in adapters)
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
-    lm(input_ids=ids, labels=ids).loss.backward()
+    lm_loss(lm, ids).backward()
     with_grad = {name for name, p in lm.named_parameters() if p.grad is not None}
     assert with_grad == {name for name, _ in lm.named_parameters() if is_adapter(name)}
 
 
 def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits(tmp_path):
-    """Qwen2 (q/k/v biases): the merged weights load strictly into a plain Qwen2ForCausalLM, whose logits
-    are the adapted model's; and the peft export loads back onto the base with the same logits."""
+    """Qwen2 (q/k/v biases): the trainer's adapted decoder's merged weights load strictly into transformers'
+    Qwen2ForCausalLM, whose logits are the adapted model's; and the peft export loads back onto the base
+    with the same logits."""
     from peft import PeftModel
     from transformers import Qwen2ForCausalLM
 
     from training.lora import export_adapter, merged_weights
+    from training.model import CausalLM, read_config
 
     config = hf_config(tiny_config(model={"name": "tiny-qwen", "qkv_bias": True}).model)
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(config)
     base.save_pretrained(tmp_path / "base")
-    lm = apply_lora(Qwen2ForCausalLM.from_pretrained(tmp_path / "base"), _lora())
+    lm = CausalLM(read_config(tmp_path / "base"))
+    lm.load_state_dict(base.state_dict(), strict=True)
+    lm = apply_lora(lm, _lora())
     with torch.no_grad():
         for name, param in lm.named_parameters():
             if name.endswith(".bias"):
@@ -287,7 +287,7 @@ def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits
                 param.normal_(0.0, 0.05)  # a trained adapter: B is no longer zero
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        expected = lm.eval()(input_ids=ids).logits
+        expected = lm.eval()(ids)
     merged = Qwen2ForCausalLM(config)
     merged.load_state_dict(dict(merged_weights(lm, lm.state_dict())), strict=True)  # every name, biases included
     with torch.no_grad():

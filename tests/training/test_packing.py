@@ -80,7 +80,7 @@ def model():
 def loss_and_grads(model, batch):
     """The loss sum and its gradient, all in float64 (the trainer's loss upcasts to float32 only)."""
     b = collate([batch])
-    logits = model.lm(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
+    logits = model.lm(b["input_ids"], b["position_ids"])
     loss = torch.nn.functional.cross_entropy(logits[0], b["labels"][0], ignore_index=IGNORE_INDEX, reduction="sum")
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params)
@@ -133,13 +133,13 @@ def test_attention_does_not_cross_examples(model):
     def logits(examples, positions: bool):
         s = collate([sample(*pack(examples))])
         with torch.no_grad():
-            hidden = model.lm.model(input_ids=s["input_ids"], position_ids=s["position_ids"] if positions else None)
-            return model.lm.lm_head(hidden.last_hidden_state)[0, span]
+            hidden = model.lm.model(s["input_ids"], s["position_ids"] if positions else None)
+            return model.lm.lm_head(hidden)[0, span]
 
     first, second = logits([EXAMPLES[0], b, c], True), logits([other_a, b, c], True)
     assert close(first, second, TOL64)
     with torch.no_grad():  # and equal to B alone: RoPE restarts at B's first token
-        by_itself = model.lm(input_ids=torch.as_tensor(b[0])[None], use_cache=False).logits[0]
+        by_itself = model.lm(torch.as_tensor(b[0])[None])[0]
     assert close(first, by_itself, TOL64)
     leaked = logits([EXAMPLES[0], b, c], False) - logits([other_a, b, c], False)
     assert float(leaked.abs().max()) > 1e-3

@@ -68,17 +68,12 @@ class _Storages(TorchDispatchMode):
 
 
 def _model(layers: int, dtype: torch.dtype, mode: str):
-    from transformers import LlamaForCausalLM
-
     from tiered_training.runconfig import ModelConfig
     from training.ac import apply_ac
-    from training.model import hf_config
+    from training.model import CausalLM, lm_config
 
-    model_cfg = ModelConfig(name="t", layers=layers, **ARCH)
-    config = hf_config(model_cfg)
-    config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(config).to(dtype)
+    lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, **ARCH))).to(dtype)
     apply_ac(lm.model.layers, mode)
     return lm
 
@@ -88,7 +83,7 @@ def _retained(layers: int, dtype: torch.dtype, mode: str) -> int:
     ids = torch.randint(0, 256, (BATCH, SEQ))
     tracker = _Storages(exclude=[*lm.parameters(), *lm.buffers(), ids])
     with tracker:
-        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = lm.model(ids)
     assert hidden.requires_grad
     alive = tracker.alive_bytes()
     hidden.sum().backward()  # the retained tensors really serve backward
@@ -184,7 +179,7 @@ def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float) -> in
     ids = torch.randint(0, 256, (BATCH, SEQ))
     tracker = _Storages(exclude=[*lm.parameters(), *lm.buffers(), ids])
     with tracker:
-        hidden = lm.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = lm.model(ids)
     alive = tracker.alive_bytes()
     hidden.sum().backward()
     return alive

@@ -39,6 +39,24 @@ def tiny_config(**overrides) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
+def tiny_lm(model: dict | None = None, *, seed: int = 0):
+    """The trainer's decoder for ``tiny_config(model=...)``, on the CPU, initialised as the trainer does."""
+    import torch
+
+    from training.model import build_model, materialize
+
+    lm = build_model(tiny_config(**({"model": model} if model else {})).model)
+    materialize(lm, torch.device("cpu"), seed=seed)
+    return lm
+
+
+def lm_loss(lm, ids):
+    """Next-token cross-entropy of ``ids`` (fp32 logits), as a causal LM's ``labels=ids`` loss."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(lm(ids)[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+
+
 def write_learnable_shards(data_dir: Path, *, tokens: int = 40_000, shards: int = 2, seed: int = 0, dtype=np.uint16) -> None:
     """A noisy bigram language: next = (3 * prev + 7) % 256 most of the time.
 
