@@ -192,11 +192,11 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
     manifest naming its step, every file present at its size (checksums are the trainer's);
     a leftover marker or a misnamed copy is not read."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("step-*")):
-        return  # nothing to resume: the checkpoint module (torch) is not imported
-    from .checkpoint import find_resumable, read_manifest, step_dir
+        return
+    from .checkpoint_files import find_resumable, read_manifest, step_dir
     from .world import WorldSizeError, resume_accumulation
 
-    step, _ = find_resumable(checkpoint_dir, checksums=False)
+    step, _ = find_resumable(checkpoint_dir, checksums=False, metadata=False)  # no torch in the launcher
     if step is None:
         return
     saved_world = (read_manifest(step_dir(checkpoint_dir, step)) or {}).get("world_size")

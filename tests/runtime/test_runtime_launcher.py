@@ -177,3 +177,32 @@ def test_a_launch_with_nothing_to_resume_does_not_import_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+def test_a_resume_is_checked_from_the_manifest_without_importing_torch(tmp_path):
+    """A resumed job's hosts each start the launcher: its world-size check reads the newest committed
+    checkpoint's manifest (its step, its world, its files by size), not DCP's ``.metadata`` (a torch
+    pickle, here not even one), so no host pays for importing torch before torchrun starts."""
+    step = tmp_path / "checkpoints" / "step-5"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(b"not a pickle")
+    (step / "__0_0.distcp").write_bytes(b"1234")
+    manifest = {"step": 5, "world_size": 2, "files": {".metadata": {"bytes": 12}, "__0_0.distcp": {"bytes": 4}}}
+    (step / "COMMITTED").write_text(json.dumps(manifest))
+    config = tmp_path / "config.json"
+    config.write_text(tiny_config().model_dump_json())
+    code = ("import sys; from pathlib import Path; from tiered_training.runconfig import RunConfig; from training import launcher\n"
+            f"cfg = RunConfig.model_validate_json(Path({str(config)!r}).read_text())\n"
+            f"launcher._check_world(cfg, 1, Path({str(step.parent)!r}))  # 2 -> 1 GPU keeps the global batch\n"
+            f"try:\n    launcher._check_world(cfg, 3, Path({str(step.parent)!r}))\n"
+            "except launcher.LaunchError as error:\n    print('refused:', error)\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = proc.stdout.strip().splitlines() or [proc.stderr[-2000:]]
+    assert lines[-1] == "False", proc.stdout + proc.stderr[-2000:]
+    assert lines[0].startswith("refused: cannot resume the checkpoint of a run on 2 GPUs on 3 GPUs"), proc.stdout
+    (step / "__0_0.distcp").write_bytes(b"12")  # a truncated file: the newest checkpoint is not resumable
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.strip().splitlines() == ["False"], proc.stdout + proc.stderr[-2000:]
