@@ -1,12 +1,13 @@
-"""LoRA adapters through peft (https://huggingface.co/docs/peft): the base model stays frozen.
+"""LoRA adapters on a frozen base, laid out as peft's (https://huggingface.co/docs/peft).
 
-:func:`apply_lora` injects peft's LoRA layers into the decoder (``training/model.py``) on the meta device,
-before sharding (``peft.inject_adapter_in_model``: the model keeps its class and names; each
-target projection ``q_proj`` becomes a ``lora.Linear`` holding ``base_layer`` and the adapters
-``lora_A.default`` and ``lora_B.default``). Only the adapters require gradients, so the
-optimiser (built over trainable parameters) holds state for them alone, and FSDP2 shards the
+:func:`apply_lora` replaces each target projection of the decoder, on the meta device before
+sharding, by a :class:`LoraLinear`: the frozen ``base_layer`` and the adapters ``lora_A.default``
+and ``lora_B.default``, the module and parameter names of peft's ``lora.Linear``, computing what it
+computes (``base(x) + B(A(dropout(x))) * alpha / rank``). Only the adapters require gradients, so
+the optimiser (built over trainable parameters) holds state for them alone, and FSDP2 shards the
 frozen base with them, one unit per decoder layer: FSDP2 reduces gradients only for the
-parameters that require them.
+parameters that require them. The trainer imports no peft (nor the transformers it loads); the
+tests check against peft itself.
 
 Initialisation is peft's: ``lora_A`` Kaiming-uniform, ``lora_B`` zeros, so the adapted model
 starts as the base (``model.materialize`` draws them; the base comes from
@@ -19,6 +20,7 @@ model's names) and :func:`export_adapter` (peft's ``adapter_config.json`` and
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,26 +38,57 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PeftModel.save_pretrained's key prefix
 
 
-def peft_config(lora: LoraConfig, base_model: str | None = None):
-    """peft's LoraConfig for the RunConfig's: no bias training, peft's default initialisation."""
-    import peft
+class LoraLinear(nn.Module):
+    """A frozen ``nn.Linear`` plus a trainable rank-``r`` update (peft's ``lora.Linear``, one adapter)."""
 
-    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-                           base_model_name_or_path=base_model)
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+        super().__init__()
+        self.base_layer = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        kwargs = {"bias": False, "device": base.weight.device, "dtype": base.weight.dtype}
+        self.lora_A = nn.ModuleDict({ADAPTER: nn.Linear(base.in_features, rank, **kwargs)})
+        self.lora_B = nn.ModuleDict({ADAPTER: nn.Linear(rank, base.out_features, **kwargs)})
+        self.lora_dropout = nn.ModuleDict({ADAPTER: nn.Dropout(dropout) if dropout > 0 else nn.Identity()})
+        self.scaling = {ADAPTER: alpha / rank}
+        with torch.no_grad():
+            init_adapter(".lora_A.", self.lora_A[ADAPTER].weight)
+            init_adapter(".lora_B.", self.lora_B[ADAPTER].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = self.base_layer(x)
+        dtype = result.dtype
+        a, b = self.lora_A[ADAPTER], self.lora_B[ADAPTER]
+        if x.dtype != a.weight.dtype:
+            x = x.to(a.weight.dtype)
+        result = result + b(a(self.lora_dropout[ADAPTER](x))) * self.scaling[ADAPTER]
+        return result.to(dtype)
+
+
+def adapter_config(lora: LoraConfig, base_model: str | None = None) -> dict:
+    """peft's ``adapter_config.json`` for the RunConfig's LoRA: no bias training, peft's initialisation."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+        "target_modules": sorted(lora.target_modules), "bias": "none", "fan_in_fan_out": False,
+        "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+        "inference_mode": False,
+    }
 
 
 def apply_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
-    """Inject LoRA adapters into ``lm`` in place (on the meta device, before sharding); freeze the rest."""
-    import peft
-
+    """Put LoRA adapters on ``lm``'s target projections in place (on the meta device, before sharding);
+    freeze the rest."""
     linear = {name.rsplit(".", 1)[-1] for name, module in lm.named_modules() if isinstance(module, nn.Linear)}
     missing = sorted(set(lora.target_modules) - linear)
     if missing:
         kind = getattr(getattr(lm, "config", None), "model_type", type(lm).__name__)
         raise ValueError(f"sft.lora.target_modules: {', '.join(missing)} is not a linear layer of "
                          f"the {kind} model (valid: {', '.join(sorted(linear))})")
-    peft.inject_adapter_in_model(peft_config(lora), lm, adapter_name=ADAPTER)
+    targets = set(lora.target_modules)
+    for name, module in list(lm.named_modules()):
+        if type(module) is nn.Linear and name.rsplit(".", 1)[-1] in targets:
+            parent, _, child = name.rpartition(".")
+            setattr(lm.get_submodule(parent) if parent else lm, child, LoraLinear(module, lora.rank, lora.alpha, lora.dropout))
     for name, param in lm.named_parameters():
         param.requires_grad_(is_adapter(name))
     return lm
@@ -91,11 +124,9 @@ def trainable_parameters(model: ModelConfig, lora: LoraConfig) -> int:
     return sum(param.numel() for param in lm.parameters() if param.requires_grad)
 
 
-def _lora_layers(lm: nn.Module) -> dict[str, nn.Module]:
-    """``{module name: peft lora layer}`` (names without activation-checkpoint or compile wrappers)."""
-    from peft.tuners.lora import LoraLayer
-
-    return {_plain(name): module for name, module in lm.named_modules() if isinstance(module, LoraLayer)}
+def _lora_layers(lm: nn.Module) -> dict[str, LoraLinear]:
+    """``{module name: LoRA layer}`` (names without activation-checkpoint or compile wrappers)."""
+    return {_plain(name): module for name, module in lm.named_modules() if isinstance(module, LoraLinear)}
 
 
 def _plain(name: str) -> str:
@@ -159,7 +190,7 @@ def export_adapter(lm: nn.Module, state: dict[str, torch.Tensor], lora: LoraConf
     weights = adapter_weights(lm, state)
     if _rank0():
         adapter_dir.mkdir(parents=True, exist_ok=True)
-        peft_config(lora, base_model).save_pretrained(str(adapter_dir))
+        (adapter_dir / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(lora, base_model), indent=2) + "\n")
         save_file(weights, str(adapter_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     if dist.is_initialized():
         dist.barrier()

@@ -5,8 +5,8 @@ The modules follow transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` o
 operation (RMSNorm in fp32, rotary embeddings in fp32, SDPA attention), and their state dicts
 carry the same names (``model.layers.0.self_attn.q_proj.weight``), so a published checkpoint
 loads into it and an export loads into transformers. Importing it costs no more than torch:
-transformers is not imported by the trainer (only by LoRA through peft, and by the tools that
-write tokenizers or random checkpoints).
+the trainer does not import transformers (only the tools that write tokenizers, SFT data or
+random checkpoints do).
 
 ``build_model`` never allocates a whole model in one process: parameters live on the
 meta device until :func:`materialize` (after sharding) gives each rank its shards.

@@ -1,5 +1,6 @@
-"""LoRA through peft: the frozen base sharded with FSDP2, adapter-only gradients, optimiser state and
-checkpoints, bit-identical resume, and both exports loaded back with transformers and peft."""
+"""LoRA (training/lora.py, laid out as peft's): the frozen base sharded with FSDP2, adapter-only gradients,
+optimiser state and checkpoints, bit-identical resume, and both exports loaded back with transformers and
+peft; the adapted layer against peft's own."""
 
 from __future__ import annotations
 
@@ -109,9 +110,16 @@ def test_only_the_adapters_get_gradients_and_optimiser_state(lora_root):
 @pytest.mark.torch
 def test_sharded_adapter_gradients_are_the_unsharded_models(lora_root):
     """FSDP2 with frozen and trainable parameters in one unit: the adapters' gradients, reduce-scattered
-    over 2 ranks, are those of the same model unsharded in one process (peft on transformers)."""
+    over 2 ranks, are those of the same model unsharded in one process (peft on transformers: both an
+    independent implementation)."""
+    import peft
+
     trained = _trained(lora_root)
-    lm = apply_lora(hf_model(tiny_config().model), _lora())
+    lm = hf_model(tiny_config().model)
+    peft.inject_adapter_in_model(peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                                                 target_modules=list(_lora().target_modules)), lm)
+    for name, param in lm.named_parameters():
+        param.requires_grad_(is_adapter(name))
     lm.load_state_dict(trained["state"], strict=True)
     batch = trained["grad_batch"]
     logits = lm.eval()(input_ids=batch[:, :-1]).logits
@@ -300,3 +308,54 @@ def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits
     peft_model = PeftModel.from_pretrained(trained_base, tmp_path / "adapter").eval()
     with torch.no_grad():
         torch.testing.assert_close(peft_model(input_ids=ids).logits, expected)
+
+
+def test_an_adapted_layer_computes_what_peft_computes():
+    """The same base and adapter weights, with dropout off: the trainer's LoraLinear and peft's lora.Linear
+    give the same outputs and adapter gradients bit for bit, under the same parameter names."""
+    import peft
+
+    from tiny import lm_loss, tiny_lm
+
+    ours = apply_lora(tiny_lm(), _lora(dropout=0.0))
+    with torch.no_grad():
+        for name, param in ours.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))  # a trained adapter
+    theirs = tiny_lm()
+    peft.inject_adapter_in_model(peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+                                                 target_modules=list(_lora().target_modules)), theirs)
+    assert set(theirs.state_dict()) == set(ours.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    for name, param in theirs.named_parameters():
+        param.requires_grad_(is_adapter(name))
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(ours(ids), theirs(ids))
+    lm_loss(ours, ids).backward()
+    lm_loss(theirs, ids).backward()
+    grads = {name: p.grad for name, p in theirs.named_parameters() if p.grad is not None}
+    assert set(grads) == {name for name, p in ours.named_parameters() if p.grad is not None} and len(grads) == 2 * 7 * 2
+    for name, param in ours.named_parameters():
+        if param.grad is not None:
+            assert torch.equal(param.grad, grads[name]), name
+
+
+def test_the_adapter_config_is_what_peft_writes_for_the_same_settings(tmp_path):
+    """The fields peft reads back (rank, alpha, dropout, targets, bias, task) equal what peft's own
+    LoraConfig.save_pretrained writes for the same settings."""
+    import peft
+
+    from training.lora import adapter_config
+
+    lora = _lora()
+    peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+                    bias="none", task_type="CAUSAL_LM", base_model_name_or_path="base").save_pretrained(str(tmp_path))
+    written = json.loads((tmp_path / "adapter_config.json").read_text())
+    ours = adapter_config(lora, "base")
+    for key, value in ours.items():
+        expected = written[key]
+        if key == "target_modules":
+            expected = sorted(expected)
+        assert value == expected, key
+    assert peft.LoraConfig.from_pretrained(str(tmp_path)).r == lora.rank

@@ -160,20 +160,20 @@ def test_checkpointing_modes_order_the_step_peak(step_peaks):
     assert planned[0] > planned[1] > planned[2]
 
 
-# -- LoRA: adapters on a frozen base (peft) ----------------------------------------------
+# -- LoRA: adapters on a frozen base (training/lora.py) ------------------------------------
 
 LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float) -> int:
-    """Bytes a bf16 model with peft's adapters and its base frozen keeps for backward after forward."""
-    peft = pytest.importorskip("peft")
-    lm = _model(layers, torch.float32, "none")
-    peft.inject_adapter_in_model(peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=list(targets)), lm)
-    lm = lm.to(torch.bfloat16).train()
-    for name, param in lm.named_parameters():
-        param.requires_grad_(".lora_" in name)
+    """Bytes a bf16 model with the trainer's adapters and its base frozen keeps for backward after forward."""
+    from tiered_training.runconfig import LoraConfig
     from training.ac import apply_ac
+    from training.lora import apply_lora
+
+    lm = _model(layers, torch.float32, "none")
+    apply_lora(lm, LoraConfig(rank=16, alpha=32, dropout=dropout, target_modules=list(targets)))
+    lm = lm.to(torch.bfloat16).train()
 
     apply_ac(lm.model.layers, mode)
     ids = torch.randint(0, 256, (BATCH, SEQ))
@@ -201,7 +201,6 @@ def test_lora_activation_bytes_per_layer(mode, targets, dropout):
 
 @pytest.fixture(scope="module")
 def lora_step_peaks(tmp_path_factory):
-    pytest.importorskip("peft")
     launch = _bench("memory_peak").launch
     out = tmp_path_factory.mktemp("peak-lora") / "peak.json"
     return {row["mode"]: row for row in launch(out, lora=16, lora_dropout=0.05)["rows"]}
