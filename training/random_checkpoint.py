@@ -3,8 +3,9 @@
     python -m training.random_checkpoint RUNCONFIG_MODEL_JSON OUT_DIR [--seed N]
 
 Writes ``config.json`` and bf16 safetensors, as ``save_pretrained`` writes a published
-checkpoint, with transformers' own initialisation (seeded), so its weights differ from the
-trainer's fresh initialisation and a run that loads it starts from them.
+checkpoint (transformers loads it), initialised as transformers initialises a Llama, so its
+weights differ from the trainer's fresh initialisation and a run that loads it starts from them.
+Checkpoints written by transformers itself are what the tests of ``model.init_checkpoint`` load.
 """
 
 from __future__ import annotations
@@ -18,44 +19,35 @@ import torch
 from tiered_training.runconfig import ModelConfig
 
 
-def hf_config(model: ModelConfig):
-    """transformers' LlamaConfig or Qwen2Config (q/k/v biases) for the RunConfig's architecture."""
-    from transformers import LlamaConfig, Qwen2Config
+def write_random_checkpoint(model: ModelConfig, out_dir: Path, *, seed: int = 0, std: float | None = None) -> Path:
+    """``config.json`` and bf16 ``model.safetensors`` of the decoder initialised as transformers initialises
+    a Llama (every weight N(0, 0.02), or N(0, ``std``), biases zero, norms one; seeded): unlike the
+    trainer, which scales each block's output projections down, so a run that loads it starts from
+    another loss."""
+    from safetensors.torch import save_file
+    from torch import nn
 
-    from .model import INITIALIZER_RANGE, model_type
+    from .model import INITIALIZER_RANGE, CausalLM, lm_config
 
-    common = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_size,
-        num_hidden_layers=model.layers,
-        num_attention_heads=model.attention_heads,
-        num_key_value_heads=model.kv_heads,
-        max_position_embeddings=model.max_sequence_length,
-        rms_norm_eps=model.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": model.rope_theta},
-        tie_word_embeddings=model.tied_embeddings,
-        initializer_range=INITIALIZER_RANGE,
-        use_cache=False,
-    )
-    if model_type(model) == "qwen2":
-        return Qwen2Config(**common, use_sliding_window=False)
-    return LlamaConfig(**common, attention_bias=False)
-
-
-def hf_model(model: ModelConfig):
-    """transformers' LlamaForCausalLM or Qwen2ForCausalLM of the architecture (random weights)."""
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
-
-    config = hf_config(model)
-    return (Qwen2ForCausalLM if config.model_type == "qwen2" else LlamaForCausalLM)(config)
-
-
-def write_random_checkpoint(model: ModelConfig, out_dir: Path, *, seed: int = 0) -> Path:
-    torch.manual_seed(seed)
-    lm = hf_model(model).to(torch.bfloat16)  # Qwen2 for Qwen shapes (q/k/v biases), Llama otherwise
-    lm.save_pretrained(out_dir, safe_serialization=True)
-    return Path(out_dir)
+    lm = CausalLM(lm_config(model))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in lm.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
+            else:
+                nn.init.normal_(param, mean=0.0, std=std or INITIALIZER_RANGE, generator=generator)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = lm.state_dict()
+    if lm.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # as transformers saves a tied head
+    save_file({name: value.to(torch.bfloat16).contiguous() for name, value in state.items()},
+              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    lm.config.save_pretrained(out_dir, dtype=torch.bfloat16)
+    return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:

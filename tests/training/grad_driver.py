@@ -162,7 +162,7 @@ def _masked_step(cfg, info) -> dict:
     (every rank's micro-batches in one forward, mean over the valid labels), on rank 0."""
     import torch.nn.functional as F
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from training.random_checkpoint import hf_model
+    from tiny import hf_model
 
     torch.manual_seed(cfg.data.seed)
     built = trainer_module.build(cfg, info=info)

@@ -55,7 +55,7 @@ def test_first_loss_is_the_init_checkpoints_loss(tmp_path):
 
     cfg = tiny_config(parallel={"sharding": "full", "shard_group_size": 1}, batch={"total_steps": 1, "global_batch_tokens": 64})
     write_learnable_shards(tmp_path / "data", tokens=5000)
-    write_random_checkpoint(cfg.model, tmp_path / "init", seed=7)
+    write_random_checkpoint(cfg.model, tmp_path / "init", seed=7, std=0.1)  # far from a uniform prediction
     env = {**os.environ, "OMP_NUM_THREADS": WORKER_THREADS, "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(root=str(ROOT), here=str(HERE), tmp=str(tmp_path))],

@@ -15,10 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from tiny import tiny_config  # noqa: E402
+from tiny import hf_config, hf_model, tiny_config  # noqa: E402
 from training.lora import apply_lora, is_adapter, trainable_parameters  # noqa: E402
 from training.model import build_model, materialize  # noqa: E402
-from training.random_checkpoint import hf_config, hf_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

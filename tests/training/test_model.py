@@ -15,9 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tiny import tiny_config  # noqa: E402
+from tiny import hf_model, tiny_config  # noqa: E402
 from training.model import CausalLM, lm_config, read_config  # noqa: E402
-from training.random_checkpoint import hf_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = {"name": "tiny-qwen", "qkv_bias": True, "rope_theta": 1000000.0, "norm_eps": 1e-6}

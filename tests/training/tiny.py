@@ -50,6 +50,30 @@ def tiny_lm(model: dict | None = None, *, seed: int = 0):
     return lm
 
 
+def hf_config(model):
+    """transformers' LlamaConfig or Qwen2Config (q/k/v biases) for a RunConfig's architecture: the oracle."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.ffn_size,
+        num_hidden_layers=model.layers, num_attention_heads=model.attention_heads, num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.max_sequence_length, rms_norm_eps=model.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": model.rope_theta},
+        tie_word_embeddings=model.tied_embeddings, initializer_range=0.02, use_cache=False,
+    )
+    if model.qkv_bias:
+        return Qwen2Config(**common, use_sliding_window=False)
+    return LlamaConfig(**common, attention_bias=False)
+
+
+def hf_model(model):
+    """transformers' LlamaForCausalLM or Qwen2ForCausalLM of the architecture (random weights)."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    config = hf_config(model)
+    return (Qwen2ForCausalLM if config.model_type == "qwen2" else LlamaForCausalLM)(config)
+
+
 def lm_loss(lm, ids):
     """Next-token cross-entropy of ``ids`` (fp32 logits), as a causal LM's ``labels=ids`` loss."""
     import torch.nn.functional as F
