@@ -18,7 +18,7 @@ fragmentation reserve; see ``tiered_training/memory.py``).
     .venv/bin/python bench/memory_peak.py                      # table + bench/results/memory_peak.json
     .venv/bin/python bench/memory_peak.py --modes full --accum 1 --out /tmp/peak.json
     .venv/bin/python bench/memory_peak.py --model '{"vocab_size": 8192, "ffn_size": 512}' --seq 256
-    .venv/bin/python bench/memory_peak.py --lora 16 --lora-dropout 0.05   # LoRA adapters on a frozen base (peft)
+    .venv/bin/python bench/memory_peak.py --lora 16 --lora-dropout 0.05   # LoRA adapters on a frozen base (training/lora.py)
 
 With ``--lora``, the RunConfig trains LoRA adapters (``sft.adapter: lora``) on every
 projection; a trainer that does not apply them itself (no ``training/lora.py``) gets them
