@@ -56,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+
 from .checkpoint_files import (  # noqa: F401 - the file-level API, re-exported
     COMMITTED,
     METADATA,

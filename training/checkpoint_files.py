@@ -118,22 +118,21 @@ def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, me
     if not (path / METADATA).is_file():
         return [f"{METADATA} is missing"]
     files = (manifest or {}).get("files") or {}
-    if files and not metadata:
+
+    def manifest_issues() -> list[str]:
         return [issue for name, entry in sorted(files.items())
                 if (issue := check_file(path, name, int(entry["bytes"]), entry.get("sha256") if checksums else None))]
+
+    if files and not metadata:
+        return manifest_issues()
     try:
         needed = listed_files(path)
     except Exception as exc:  # noqa: BLE001 - a damaged file is a reason, not a crash
         return [f"{METADATA} is unreadable ({type(exc).__name__}: {exc})"]
-    files = (manifest or {}).get("files") or {}
-    found = []
     if files:
-        for name, entry in sorted(files.items()):
-            issue = check_file(path, name, int(entry["bytes"]), entry.get("sha256") if checksums else None)
-            if issue:
-                found.append(issue)
-        found += [f"{name} is listed in {METADATA} but not in the manifest" for name in sorted(set(needed) - set(files))]
-        return found
+        return manifest_issues() + [f"{name} is listed in {METADATA} but not in the manifest"
+                                    for name in sorted(set(needed) - set(files))]
+    found = []
     for name, size in sorted(needed.items()):
         file = path / name
         if not file.is_file():
