@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from .architecture import Architecture
 from .errors import clip
 
-# model_type -> (q/k/v biases, default rope_theta): the trainer's MODEL_CLASSES.
+# model_type -> (q/k/v biases, default rope_theta): the model types training/model.py builds (its MODEL_TYPES).
 MODEL_TYPES = {"llama": (False, 10000.0), "qwen2": (True, 10000.0)}
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -74,18 +74,9 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
     if kind == "llama" and config.get("attention_bias"):
         raise ConfigError(f"{file}: attention_bias: true gives o_proj a bias the trainer's Llama does not build; "
                           "only attention_bias: false is supported")
-    if kind == "qwen2" and config.get("use_sliding_window"):
-        raise ConfigError(f"{file}: use_sliding_window: true; the trainer runs full attention only (use_sliding_window: false)")
-    if config.get("mlp_bias"):
-        raise ConfigError(f"{file}: mlp_bias: true; the trainer builds MLPs without biases")
-    if config.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{file}: hidden_act {clip(repr(config.get('hidden_act')))}: the trainer builds SwiGLU (silu) MLPs only")
+    check_buildable(config, file)
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads and head_dim != hidden // heads:
-        raise ConfigError(f"{file}: head_dim {head_dim} differs from hidden_size / num_attention_heads ({hidden // heads}); "
-                          "the planner's shapes assume they are equal")
     rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
     theta = config.get("rope_theta", rope.get("rope_theta", default_theta))
     fields = {
@@ -115,6 +106,22 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         where = f"{key}: " if key else ""
         got = f" (got {clip(repr(error.get('input')))})" if key else ""
         raise ConfigError(f"{file}: {where}{message}{got}") from None
+
+
+def check_buildable(config: dict[str, Any], file: Path | str = "config.json") -> None:
+    """:class:`ConfigError` for a feature of a Llama or Qwen2 config.json that the trainer's decoder
+    (``training/model.py``) does not build: sliding-window attention, MLP biases, an activation
+    other than SwiGLU, a head_dim other than hidden_size / num_attention_heads."""
+    if config.get("model_type") == "qwen2" and config.get("use_sliding_window"):
+        raise ConfigError(f"{file}: use_sliding_window: true; the trainer runs full attention only (use_sliding_window: false)")
+    if config.get("mlp_bias"):
+        raise ConfigError(f"{file}: mlp_bias: true; the trainer builds MLPs without biases")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{file}: hidden_act {clip(repr(config.get('hidden_act')))}: the trainer builds SwiGLU (silu) MLPs only")
+    heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
+    if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads and head_dim != hidden // heads:
+        raise ConfigError(f"{file}: head_dim {head_dim} differs from hidden_size / num_attention_heads ({hidden // heads}); "
+                          "the planner's shapes assume they are equal")
 
 
 def catalog_entry(path: str | Path) -> str:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tiered_training.hf_config import check_buildable
 from tiered_training.runconfig import ModelConfig
 
 INITIALIZER_RANGE = 0.02
@@ -153,9 +154,9 @@ def read_config(init_dir: Path) -> LMConfig:
     kind = raw.get("model_type") if isinstance(raw, dict) else None
     if kind not in MODEL_TYPES:
         raise ValueError(f"{file}: model_type {kind!r} is not one the trainer builds ({', '.join(MODEL_TYPES)})")
+    check_buildable(raw, file)
     rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = raw.get("rope_theta", rope.pop("rope_theta", 10000.0))
-    rope.pop("rope_theta", None)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"{file}: rope type {rope_type!r} is not one the trainer builds ({', '.join(ROPE_TYPES)})")
@@ -163,8 +164,6 @@ def read_config(init_dir: Path) -> LMConfig:
     if missing:
         raise ValueError(f"{file}: llama3 rope scaling needs {', '.join(missing)}")
     heads = raw["num_attention_heads"]
-    if raw.get("head_dim") not in (None, raw["hidden_size"] // heads):
-        raise ValueError(f"{file}: head_dim {raw['head_dim']} differs from hidden_size / num_attention_heads")
     if kind == "qwen2":
         qkv_bias, o_bias = True, False
     else:

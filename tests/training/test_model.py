@@ -98,6 +98,9 @@ def test_llama3_rope_scaling_equals_transformers_and_both_config_forms_read_alik
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
      r"llama3 rope scaling needs low_freq_factor, high_freq_factor, original_max_position_embeddings"),
     ({"head_dim": 32}, r"head_dim 32 differs from hidden_size / num_attention_heads"),
+    ({"hidden_act": "gelu"}, r"hidden_act 'gelu': the trainer builds SwiGLU \(silu\) MLPs only"),
+    ({"mlp_bias": True}, r"mlp_bias: true; the trainer builds MLPs without biases"),
+    ({"model_type": "qwen2", "use_sliding_window": True}, r"use_sliding_window: true; the trainer runs full attention only"),
 ])
 def test_a_config_the_decoder_cannot_build_is_refused(tmp_path, change, message):
     raw = {**lm_config(tiny_config().model).to_dict(), **change}
