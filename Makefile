@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test determinism snapshots mutation plan bench calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
+.PHONY: synth test determinism snapshots mutation plan bench suite-cost calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,11 @@ bench: $(TEST_STAMP) $(NODE_STAMP)
 	$(PY) bench/plan_bench.py
 	$(PY) bench/synth_bench.py
 	$(PY) bench/rehearse_bench.py
+
+# Where make test's CPU time goes, by process kind and test module, and the floor that the
+# processes it starts set (their imports alone): runs the whole suite once, traced.
+suite-cost: $(TEST_STAMP) $(NODE_STAMP)
+	$(PY) bench/suite_cost.py
 
 # Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
 # and the GPU-check results (bench/gpu/*.json); print predicted against published and the
