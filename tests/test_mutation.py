@@ -38,7 +38,7 @@ from tiered_training.loader import parse_recipe
 from tiered_training.planner import resolve
 from tiered_training.runconfig import RunConfig
 
-LIMIT_SECONDS = 2.0
+LIMIT_SECONDS = 2.0  # CPU seconds of one verdict: a shared machine stretches wall time, not CPU time
 CLI_SAMPLE_EVERY = 25
 RESOURCES = d.PipelineResources(
     role_arn="arn:aws:iam::123456789012:role/exec", image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
@@ -166,13 +166,13 @@ def test_no_mutation_of_any_template_gives_a_traceback_a_hang_or_a_false_ok(tmp_
     failures, slow, verdicts = [], [], {}
     runner = CliRunner()
     for index, (template, label, text) in enumerate(cases):
-        started = time.perf_counter()
+        started = time.process_time()
         try:
             verdicts[index] = verdict(text, f"{template}[{label}]")
         except Exception as exc:  # noqa: BLE001 - collect every failure, then report them together
             failures.append(f"{template} [{label}]: {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        seconds = time.perf_counter() - started
+        seconds = time.process_time() - started
         if seconds > LIMIT_SECONDS:
             slow.append(f"{template} [{label}]: {seconds:.2f} s")
     assert not failures, f"{len(failures)} of {len(cases)} mutations failed:\n" + "\n".join(failures[:40])
@@ -244,10 +244,10 @@ def test_yaml_11_readings_and_lookalike_keys_are_one_clear_problem(template):
     cases = list(typed_mutations(template.read_text()))
     assert any("1:30" in label for label, _, _ in cases) and any("lookalike" in label for label, _, _ in cases)
     for label, text, words in cases:
-        started = time.perf_counter()
+        started = time.process_time()
         with pytest.raises(RecipeError) as info:
             parse_recipe(text, template.name)
-        assert time.perf_counter() - started < LIMIT_SECONDS, label
+        assert time.process_time() - started < LIMIT_SECONDS, label
         (problem,) = info.value.problems
         line = str(problem)
         assert "\n" not in line and all(word in line for word in words), (label, line)
