@@ -4,9 +4,10 @@
 Runs the README's test command (``pytest -n 2 --dist loadscope --no-loadscope-reorder``, or the
 pytest arguments given) with every Python process of the run traced: its CPU time at exit, whether
 it imported torch and torchao, and the test that started it. The trace is a ``.pth`` file put in
-this interpreter's site-packages for the run and removed after it; it records only where
-TT_SUITE_TRACE is set, so a process outside the run is untouched. Non-Python processes (node for
-CDK synthesis and the CDK CLI) are counted as the rest of the run's CPU time.
+this interpreter's site-packages for the run and removed after it, so that it reaches processes
+whatever environment they are given (a rehearsal's hosts get a SageMaker-like one); a process of
+this virtual environment started elsewhere during the run is traced too. Non-Python processes
+(node for CDK synthesis and the CDK CLI) are counted as the rest of the run's CPU time.
 
 Then it measures, in the same run, the least CPU time that one process spends importing what each
 kind of process imports (best of three fresh processes), and prints the floor: the start-up CPU of
@@ -37,7 +38,7 @@ README_COMMAND = ["-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-
 
 TRACER = '''
 import atexit, json, os, sys, time
-_out = os.environ.get("TT_SUITE_TRACE")
+_out = OUT
 if _out:
     _start = time.time()
     _done = []
@@ -97,7 +98,6 @@ def least_import_cpu(code: str, repeat: int = 3) -> float:
     """The least CPU seconds one fresh process takes to run ``code`` (its imports)."""
     best = float("inf")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("TT_SUITE_TRACE", None)
     for _ in range(repeat):
         before = os.times()
         subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, capture_output=True)
@@ -115,7 +115,7 @@ def main() -> int:
     site = Path(sysconfig.get_paths()["purelib"])
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
-        (Path(tmp) / "tt_suite_trace.py").write_text(TRACER)
+        (Path(tmp) / "tt_suite_trace.py").write_text(TRACER.replace("OUT", repr(str(trace)), 1))
         pth = site / "tt_suite_trace.pth"
         pth.write_text(f"import sys; sys.path.append({tmp!r}); import tt_suite_trace\n")
         try:
@@ -123,7 +123,7 @@ def main() -> int:
             started = time.monotonic()
             command = [sys.executable, "-m", "pytest", *(args.pytest_args or README_COMMAND)]
             print("running:", " ".join(command[2:]), flush=True)
-            result = subprocess.run(command, cwd=ROOT, env={**os.environ, "TT_SUITE_TRACE": str(trace)})
+            result = subprocess.run(command, cwd=ROOT)
             wall = time.monotonic() - started
             after = os.times()
         finally:
