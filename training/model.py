@@ -419,7 +419,11 @@ def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
     reset_rope(lm, device)
 
 
-def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torch.Generator | None = None) -> None:
+def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torch.Generator | None = None, *,
+                    std: float = INITIALIZER_RANGE, scale_outputs: bool = True) -> None:
+    """Norms one, biases zero, every other weight N(0, ``std``); with ``scale_outputs`` (the trainer's
+    initialisation) each block's output projections take std / sqrt(2 * layers), without it (transformers')
+    they do not."""
     from .lora import base_name, init_adapter, is_adapter
 
     if is_adapter(name):
@@ -431,8 +435,7 @@ def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torc
     elif name.endswith(".bias"):
         nn.init.zeros_(param)
     else:
-        std = INITIALIZER_RANGE
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if scale_outputs and name.endswith(("o_proj.weight", "down_proj.weight")):
             std /= math.sqrt(2 * layers)
         nn.init.normal_(param, mean=0.0, std=std, generator=generator)
 

@@ -25,20 +25,14 @@ def write_random_checkpoint(model: ModelConfig, out_dir: Path, *, seed: int = 0,
     trainer, which scales each block's output projections down, so a run that loads it starts from
     another loss."""
     from safetensors.torch import save_file
-    from torch import nn
 
-    from .model import INITIALIZER_RANGE, CausalLM, lm_config
+    from .model import INITIALIZER_RANGE, CausalLM, _init_parameter, lm_config
 
     lm = CausalLM(lm_config(model))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in lm.named_parameters():
-            if name.endswith("norm.weight"):
-                nn.init.ones_(param)
-            elif name.endswith(".bias"):
-                nn.init.zeros_(param)
-            else:
-                nn.init.normal_(param, mean=0.0, std=std or INITIALIZER_RANGE, generator=generator)
+            _init_parameter(name, param, model.layers, generator, std=std or INITIALIZER_RANGE, scale_outputs=False)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = lm.state_dict()
