@@ -30,6 +30,18 @@ def _lora(**overrides):
     return LoraConfig(**{**LORA, **overrides})
 
 
+def _peft_lora(lm, **overrides):
+    """The oracle: peft's own LoRA layers put on ``lm``, only the adapters trainable."""
+    import peft
+
+    lora = _lora(**overrides)
+    peft.inject_adapter_in_model(peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=list(lora.target_modules)), lm)
+    for name, param in lm.named_parameters():
+        param.requires_grad_(is_adapter(name))
+    return lm
+
+
 def test_trainable_parameters_are_the_adapters_rank_times_in_plus_out():
     """r x (in + out) per adapted projection and layer: the count the planner's LoRA memory uses."""
     model = tiny_config().model  # hidden 64, kv 2 x 16 = 32, ffn 128, 2 layers
@@ -111,14 +123,8 @@ def test_sharded_adapter_gradients_are_the_unsharded_models(lora_root):
     """FSDP2 with frozen and trainable parameters in one unit: the adapters' gradients, reduce-scattered
     over 2 ranks, are those of the same model unsharded in one process (peft on transformers: both an
     independent implementation)."""
-    import peft
-
     trained = _trained(lora_root)
-    lm = hf_model(tiny_config().model)
-    peft.inject_adapter_in_model(peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                                                 target_modules=list(_lora().target_modules)), lm)
-    for name, param in lm.named_parameters():
-        param.requires_grad_(is_adapter(name))
+    lm = _peft_lora(hf_model(tiny_config().model))
     lm.load_state_dict(trained["state"], strict=True)
     batch = trained["grad_batch"]
     logits = lm.eval()(input_ids=batch[:, :-1]).logits
@@ -312,8 +318,6 @@ def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits
 def test_an_adapted_layer_computes_what_peft_computes():
     """The same base and adapter weights, with dropout off: the trainer's LoraLinear and peft's lora.Linear
     give the same outputs and adapter gradients bit for bit, under the same parameter names."""
-    import peft
-
     from tiny import lm_loss, tiny_lm
 
     ours = apply_lora(tiny_lm(), _lora(dropout=0.0))
@@ -321,13 +325,9 @@ def test_an_adapted_layer_computes_what_peft_computes():
         for name, param in ours.named_parameters():
             if ".lora_B." in name:
                 param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))  # a trained adapter
-    theirs = tiny_lm()
-    peft.inject_adapter_in_model(peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                                                 target_modules=list(_lora().target_modules)), theirs)
+    theirs = _peft_lora(tiny_lm(), dropout=0.0)
     assert set(theirs.state_dict()) == set(ours.state_dict())
     theirs.load_state_dict(ours.state_dict())
-    for name, param in theirs.named_parameters():
-        param.requires_grad_(is_adapter(name))
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(ours(ids), theirs(ids))
