@@ -38,37 +38,41 @@ README_COMMAND = ["-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-
 
 TRACER = '''
 import atexit, json, os, sys, time
-_out = OUT
-if _out:
-    _start = time.time()
-    _done = []
+_start = time.time()
+_done = []
 
-    def _record():
-        if _done:
-            return
-        _done.append(1)
-        times = os.times()
-        row = {"argv": list(getattr(sys, "orig_argv", sys.argv))[:8], "cpu": times.user + times.system,
-               "wall": time.time() - _start, "torch": "torch" in sys.modules, "torchao": "torchao" in sys.modules,
-               "dcp": "torch.distributed.checkpoint" in sys.modules,
-               "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]}
-        try:
-            with open(_out, "a") as f:
-                f.write(json.dumps(row) + "\\n")
-        except OSError:
-            pass
 
-    atexit.register(_record)
-    _exit = os._exit
+def _record():
+    if _done:
+        return
+    _done.append(1)
+    times = os.times()
+    row = {"argv": list(getattr(sys, "orig_argv", sys.argv))[:8], "cpu": times.user + times.system,
+           "wall": time.time() - _start, "torch": "torch" in sys.modules, "torchao": "torchao" in sys.modules,
+           "dcp": "torch.distributed.checkpoint" in sys.modules,
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]}
+    try:
+        with open(OUT, "a") as f:
+            f.write(json.dumps(row) + "\\n")
+    except OSError:
+        pass
 
-    def _traced_exit(code):  # torchrun's workers and forked children leave through os._exit
-        _record()
-        _exit(code)
 
-    os._exit = _traced_exit
+atexit.register(_record)
+_exit = os._exit
+
+
+def _traced_exit(code):  # torchrun's workers and forked children leave through os._exit
+    _record()
+    _exit(code)
+
+
+os._exit = _traced_exit
 '''
 
 # What each kind of process imports before it can do anything.
+IN_PROCESS = ("pytest-xdist worker (in-process tests)", "pytest")
+NON_PYTHON = "non-Python (node, CDK CLI, ...)"
 IMPORTS = {
     "torchrun agent": "import torch.distributed.run",
     "other torch process": "import torch",
@@ -80,9 +84,9 @@ IMPORTS = {
 def kind(row: dict) -> str:
     argv = " ".join(row["argv"])
     if "exec(eval(" in argv:
-        return "pytest-xdist worker (in-process tests)"
+        return IN_PROCESS[0]
     if "pytest" in " ".join(row["argv"][:3]):
-        return "pytest"
+        return IN_PROCESS[1]
     if "torchrun" in argv or "torch.distributed.run" in argv:
         return "torchrun agent"
     if "training.launcher" in argv:
@@ -138,15 +142,16 @@ def main() -> int:
         by_kind[k][0] += 1
         by_kind[k][1] += row["cpu"]
         if k in IMPORTS:
-            by_module[row["test"] or "(outside a test)"][0] += 1
-            by_module[row["test"] or "(outside a test)"][1] += row["cpu"]
+            module = by_module[row["test"] or "(outside a test)"]
+            module[0] += 1
+            module[1] += row["cpu"]
     python_cpu = sum(cpu for _, cpu in by_kind.values())
-    by_kind["non-Python (node, CDK CLI, ...)"] = [None, max(total - python_cpu, 0.0)]
+    by_kind[NON_PYTHON] = [None, max(total - python_cpu, 0.0)]
 
     least = {name: least_import_cpu(code) for name, code in IMPORTS.items()}
-    in_process = by_kind.get("pytest-xdist worker (in-process tests)", [0, 0.0])[1] + by_kind.get("pytest", [0, 0.0])[1]
+    in_process = sum(by_kind[name][1] for name in IN_PROCESS if name in by_kind)
     start_up = sum(by_kind.get(name, [0, 0.0])[0] * least[name] for name in IMPORTS)
-    floor = (start_up + in_process + by_kind["non-Python (node, CDK CLI, ...)"][1]) / args.cpus
+    floor = (start_up + in_process + by_kind[NON_PYTHON][1]) / args.cpus
 
     print(f"\npytest exit status {result.returncode}; {wall / 60:.1f} min; {total / 60:.1f} CPU-min in all\n")
     print(f"{'process kind':<40} {'count':>6} {'CPU-s':>8} {'share':>6} {'CPU-s each':>10}")
@@ -161,7 +166,7 @@ def main() -> int:
         print(f"{name:<40} {cpu:6.2f}")
     print(f"\nfloor on {args.cpus} CPU(s), with every process's work taken as free: {floor / 60:.1f} min "
           f"(imports {start_up / 60:.1f} CPU-min, in-process tests {in_process / 60:.1f}, non-Python "
-          f"{by_kind['non-Python (node, CDK CLI, ...)'][1] / 60:.1f}); measured {wall / 60:.1f} min")
+          f"{by_kind[NON_PYTHON][1] / 60:.1f}); measured {wall / 60:.1f} min")
 
     out = ROOT / "bench" / "results" / f"suite-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
