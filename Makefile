@@ -17,7 +17,7 @@ $(PY):
 
 # pyproject.toml declares version ranges; constraints.txt pins the versions CI verified.
 # torch is installed first so that no other package pulls a CUDA build.
-# The SageMaker SDK (the oracle of tests/test_sdk_oracle.py) goes in last, without its declared
+# The SageMaker SDK (the oracle of tests/pipeline/test_sdk_oracle.py) goes in last, without its declared
 # requirements, which conflict with the pins above (requirements-oracle.txt says which and why).
 CONSTRAINTS := constraints.txt
 # uv installs from the same constraints as pip would, in seconds instead of minutes. uv does not read
@@ -66,10 +66,10 @@ test: $(TEST_STAMP) $(NODE_STAMP)
 
 # The float comparisons with derived tolerances, with 1 and 2 threads per worker and on a single CPU:
 # each must hold on any machine, not only on the one where it was written.
-FRAGILE := tests/training/test_context_parallel.py tests/training/test_init_checkpoint.py tests/training/test_init_checkpoint_loss.py tests/training/test_model.py \
-	tests/training/test_float8.py tests/training/test_compile.py \
-	"tests/training/test_multiprocess.py::test_checkpointing_does_not_change_the_math" \
-	"tests/training/test_multiprocess.py::test_resume_on_another_world_keeps_the_global_batch_and_the_data"
+FRAGILE := tests/trainer/test_context_parallel.py tests/trainer/test_init_checkpoint.py tests/trainer/test_init_checkpoint_loss.py tests/trainer/test_model.py \
+	tests/trainer/test_float8.py tests/trainer/test_compile.py \
+	"tests/trainer/test_multiprocess.py::test_checkpointing_does_not_change_the_math" \
+	"tests/trainer/test_multiprocess.py::test_resume_on_another_world_keeps_the_global_batch_and_the_data"
 determinism: $(TEST_STAMP)
 	for threads in 1 2; do TT_TEST_THREADS=$$threads OMP_NUM_THREADS=$$threads $(PY) -m pytest -q $(FRAGILE) || exit 1; done
 	TT_TEST_THREADS=2 OMP_NUM_THREADS=2 taskset -c 0 $(PY) -m pytest -q $(FRAGILE)
@@ -78,7 +78,7 @@ determinism: $(TEST_STAMP)
 # the test run only compares, this writes them.
 snapshots: $(TEST_STAMP) $(NODE_STAMP)
 	UPDATE_SNAPSHOTS=1 $(PY) -m pytest -q tests/constructs/test_templates.py -k test_snapshots
-	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_plan_golden.py tests/test_calibration.py
+	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/planning/test_plan_golden.py tests/planning/test_calibration.py
 
 # Mutation testing of the pure-Python core (mutmut), one module at a time with its fast tests;
 # prints the score per module and each surviving mutant. Not part of make test (it takes long).
@@ -101,7 +101,7 @@ suite-cost: $(TEST_STAMP) $(NODE_STAMP)
 # leave-one-source-out error (each source refitted without it: about 5 minutes on one CPU);
 # store the fitted parameters and those errors in tiered_training/catalog/performance.yaml.
 calibrate: $(SYNTH_STAMP)
-	$(PY) -m tiered_training.calibration --write
+	$(PY) -m tiered_training.planning.calibration --write
 
 # The planner's memory model against the peak of a real 2-rank trainer step, per checkpointing mode.
 memory-bench: $(TEST_STAMP)
@@ -120,7 +120,7 @@ gpu-wheels: $(SYNTH_STAMP)
 	$(PIP_DOWNLOAD) --python-version 3.11 pydantic-core==2.50.4
 	@du -sh .whl
 
-# training/gpu_check.sh --cpu-smoke in a clean venv that stands in for the GPU image: CPU torch
+# training/tools/gpu_check.sh --cpu-smoke in a clean venv that stands in for the GPU image: CPU torch
 # (2.13.0: no CPU build of 2.11 can be had here), transformers 5.17, and only the carried wheels.
 SMOKE_VENV ?= /tmp/tt-gpu-smoke
 SMOKE_PYTHON ?= python3.11
@@ -130,7 +130,7 @@ gpu-smoke: gpu-wheels
 	@# The image has no pydantic (its typer predates typer's pydantic dependency): neither does this venv.
 	$(SMOKE_VENV)/bin/python -m pip uninstall --quiet -y pydantic pydantic-core annotated-types typing-inspection
 	! $(SMOKE_VENV)/bin/python -c "import pydantic" 2>/dev/null
-	env -u PYTHONPATH PYTHON=$(SMOKE_VENV)/bin/python bash training/gpu_check.sh --cpu-smoke --out $(SMOKE_VENV)/gpu_check.json
+	env -u PYTHONPATH PYTHON=$(SMOKE_VENV)/bin/python bash training/tools/gpu_check.sh --cpu-smoke --out $(SMOKE_VENV)/gpu_check.json
 
 # Log Docker in to the base image's ECR registry before `cdk deploy` builds the training image.
 # The registry's account differs by region; it comes from tiered_training/catalog/base_images.yaml.
@@ -139,12 +139,12 @@ gpu-smoke: gpu-wheels
 IMAGE_TAG ?= tiered-training
 image-login:
 	@test -n "$(REGION)" || { echo "usage: make image-login REGION=<aws region>" >&2; exit 2; }
-	@set -o pipefail; registry=$$($(PY) -m tiered_training.images registry $(REGION)) || exit 2; \
+	@set -o pipefail; registry=$$($(PY) -m tiered_training.catalog.images registry $(REGION)) || exit 2; \
 	echo "docker login to $$registry"; \
 	aws ecr get-login-password --region $(REGION) | docker login --username AWS --password-stdin $$registry
 
 image: image-login
-	docker build -f training/Dockerfile --build-arg BASE_IMAGE=$$($(PY) -m tiered_training.images uri $(REGION)) -t $(IMAGE_TAG) .
+	docker build -f training/Dockerfile --build-arg BASE_IMAGE=$$($(PY) -m tiered_training.catalog.images uri $(REGION)) -t $(IMAGE_TAG) .
 
 clean:
 	rm -rf cdk.out bench/results .pytest_cache

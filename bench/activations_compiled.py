@@ -3,16 +3,16 @@
 ``torch.compile`` (Inductor) partitions each block's forward and backward and decides
 which tensors the backward gets saved and which it recomputes; the fp32 upcasts of the
 RMSNorms, for one, are recomputed. The planner counts that per saved tensor
-(``tiered_training.memory.activation_bytes_per_token(..., "none", compiled=True)``). This
-measures it: the trainer's decoder (training/model.py) with each decoder layer compiled as the
-trainer does (``training.compile.apply_compile``), every distinct storage that autograd
+(``tiered_training.planning.memory.activation_bytes_per_token(..., "none", compiled=True)``). This
+measures it: the trainer's decoder (training/models/decoder.py) with each decoder layer compiled as the
+trainer does (``training.components.compile.apply_compile``), every distinct storage that autograd
 saves counted once (``saved_tensors_hooks``), per layer = saved(2 layers) - saved(1
 layer), so the embedding, the RoPE tables and the final norm cancel. On the CPU, about a
 minute per case on 2 cores; the partitioner's choice of what to save is the same on a GPU.
 
     .venv/bin/python bench/activations_compiled.py      # table + bench/activations_compiled.json
 
-``tests/test_memory_compiled.py`` checks the planner's formula against the recorded result.
+``tests/planning/test_memory_compiled.py`` checks the planner's formula against the recorded result.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def autograd_saved_bytes(lm, ids) -> int:
 
 def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
     import torch
-    from tiered_training.runconfig import ModelConfig
-    from training.compile import apply_compile
-    from training.model import CausalLM, lm_config
+    from tiered_training.contract.runconfig import ModelConfig
+    from training.components.compile import apply_compile
+    from training.models.decoder import CausalLM, lm_config
 
     torch.manual_seed(0)
     lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))).to(dtype)
@@ -73,8 +73,8 @@ def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
 def main(argv=None) -> int:
     import torch
 
-    from tiered_training.architecture import Architecture
-    from tiered_training.memory import activation_bytes_per_token
+    from tiered_training.contract.architecture import Architecture
+    from tiered_training.planning.memory import activation_bytes_per_token
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench/activations_compiled.json")

@@ -11,17 +11,17 @@ buffers, activations, temporaries and optimiser states. Its peak stands in for
 ``torch.cuda.max_memory_allocated``; kernel-internal workspaces that never reach the
 dispatcher are not in it.
 
-The planner's side is ``tiered_training.memory.estimate(...).allocated``: its total less
+The planner's side is ``tiered_training.planning.memory.estimate(...).allocated``: its total less
 the terms a CPU step cannot show (the fixed CUDA/NCCL reserve and the allocator's
-fragmentation reserve; see ``tiered_training/memory.py``).
+fragmentation reserve; see ``tiered_training/planning/memory.py``).
 
     .venv/bin/python bench/memory_peak.py                      # table + bench/results/memory_peak.json
     .venv/bin/python bench/memory_peak.py --modes full --accum 1 --out /tmp/peak.json
     .venv/bin/python bench/memory_peak.py --model '{"vocab_size": 8192, "ffn_size": 512}' --seq 256
-    .venv/bin/python bench/memory_peak.py --lora 16 --lora-dropout 0.05   # LoRA adapters on a frozen base (training/lora.py)
+    .venv/bin/python bench/memory_peak.py --lora 16 --lora-dropout 0.05   # LoRA adapters on a frozen base (training/models/lora.py)
 
 With ``--lora``, the RunConfig trains LoRA adapters (``sft.adapter: lora``) on every
-projection; a trainer that does not apply them itself (no ``training/lora.py``) gets them
+projection; a trainer that does not apply them itself (no ``training/models/lora.py``) gets them
 here, the way peft injects them (``peft.inject_adapter_in_model``, the base frozen), before
 sharding. The planner's side is ``estimate(..., lora=...)``.
 """
@@ -52,7 +52,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: int, accum: int, chunk: int,
                model: dict | None = None, lora: int = 0, lora_dropout: float = 0.0):
-    from tiered_training.runconfig import RunConfig
+    from tiered_training.contract.runconfig import RunConfig
 
     model = {**MODEL, **(model or {})}
     tuning = {}
@@ -78,8 +78,8 @@ def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: 
 
 
 def planned(cfg, world: int) -> dict:
-    from tiered_training.architecture import Architecture, Lora
-    from tiered_training.memory import element_size, estimate
+    from tiered_training.contract.architecture import Architecture, Lora
+    from tiered_training.planning.memory import element_size, estimate
 
     lora = None
     if cfg.sft is not None and cfg.sft.lora is not None:
@@ -178,7 +178,7 @@ def measure(cfg, root: Path) -> dict:
 
 def write_packed_manifest(data: Path, sequences: int, seq: int) -> None:
     """Make the token shard a packed SFT shard too (one example per sequence: no document mask),
-    for a trainer that reads SFT runs' data as packed sequences (training/packing.py)."""
+    for a trainer that reads SFT runs' data as packed sequences (training/components/packing.py)."""
     import numpy as np
 
     np.ones(sequences * (seq + 1), dtype=np.uint8).tofile(data / "shard-00000.mask.bin")
@@ -193,10 +193,10 @@ def worker(args) -> None:
     import numpy as np
     import torch.distributed as dist
 
-    import training.parallel
-    from training.dist import init_distributed
+    import training.distributed.parallel
+    from training.distributed.dist import init_distributed
 
-    training.parallel.SEPARATE_END_UNITS = False  # the tracker needs one module per unit; see training/parallel.py
+    training.distributed.parallel.SEPARATE_END_UNITS = False  # the tracker needs one module per unit; see training/distributed/parallel.py
     info = init_distributed()
     root = Path(args.root)
     if info.rank == 0:
@@ -204,7 +204,7 @@ def worker(args) -> None:
         rng = np.random.default_rng(0)
         sequences = 200_000 // (args.seq + 1)
         rng.integers(0, 256, sequences * (args.seq + 1), dtype=np.uint16).tofile(root / "data" / "shard-00000.bin")
-        if args.lora and importlib.util.find_spec("training.packing") is not None:
+        if args.lora and importlib.util.find_spec("training.components.packing") is not None:
             write_packed_manifest(root / "data", sequences, args.seq)
     dist.barrier()
     rows = []

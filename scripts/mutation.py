@@ -36,31 +36,36 @@ WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
 
 # module -> the fast test files that exercise it (mutmut runs, per mutant, only those
 # tests among these that reach the mutated function).
+# Each module's file under tiered_training/ (the name is the old flat module's, as docs/mutation.md records).
+FILES = {"errors": "recipe/errors.py", "recipe": "recipe/__init__.py", "loader": "recipe/loader.py",
+         "planner": "planning/planner.py", "perf": "planning/perf.py", "memory": "planning/memory.py",
+         "plan": "planning/plan.py", "runconfig": "contract/runconfig.py", "definition": "pipeline/definition.py",
+         "alarms": "planning/alarms.py", "calibration": "planning/calibration.py", "report": "report/__init__.py"}
 MODULES: dict[str, list[str]] = {
-    "errors": ["tests/test_loader_exact.py", "tests/test_errors.py", "tests/test_reported_lines.py", "tests/test_recipe.py"],
-    "recipe": ["tests/test_recipe_values.py", "tests/test_recipe.py", "tests/test_reported_lines.py", "tests/test_fidelity.py"],
-    "loader": ["tests/test_reported_lines.py", "tests/test_loader_messages.py", "tests/test_recipe_files.py", "tests/test_recipe.py",
-               "tests/test_recipe_lookup.py", "tests/test_loader_exact.py", "tests/test_hostile_input.py",
-               "tests/test_fidelity.py"],
-    "planner": ["tests/test_plan_golden.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_fidelity.py"],
-    "perf": ["tests/test_step_time.py", "tests/test_perf.py", "tests/test_comm_bound.py", "tests/test_planner.py"],
-    "memory": ["tests/test_memory.py", "tests/test_planner.py", "tests/test_properties.py", "tests/test_perf.py"],
-    "plan": ["tests/test_plan_output.py", "tests/test_planner.py", "tests/test_runconfig.py", "tests/test_fidelity.py"],
-    "runconfig": ["tests/test_run_identity.py", "tests/test_batch_ramp.py", "tests/test_runconfig.py", "tests/test_fidelity.py", "tests/test_properties.py"],
-    "definition": ["tests/test_training_arguments.py", "tests/test_definition_checks.py", "tests/test_gate.py", "tests/test_definition.py",
-                   "tests/test_fidelity.py"],
-    "alarms": ["tests/test_alarm_fitting.py", "tests/test_alarm_routing.py"],
-    "calibration": ["tests/test_calibration.py", "tests/test_perf.py"],
-    "report": ["tests/test_plan_diff.py", "tests/test_report_json.py", "tests/test_cli.py", "tests/test_cli_output.py"],
+    "errors": ["tests/recipe/test_loader_exact.py", "tests/recipe/test_errors.py", "tests/report/test_reported_lines.py", "tests/recipe/test_recipe.py"],
+    "recipe": ["tests/recipe/test_recipe_values.py", "tests/recipe/test_recipe.py", "tests/report/test_reported_lines.py", "tests/pipeline/test_fidelity.py"],
+    "loader": ["tests/report/test_reported_lines.py", "tests/recipe/test_loader_messages.py", "tests/recipe/test_recipe_files.py", "tests/recipe/test_recipe.py",
+               "tests/recipe/test_recipe_lookup.py", "tests/recipe/test_loader_exact.py", "tests/cli/test_hostile_input.py",
+               "tests/pipeline/test_fidelity.py"],
+    "planner": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/planning/test_properties.py", "tests/pipeline/test_fidelity.py"],
+    "perf": ["tests/planning/test_step_time.py", "tests/planning/test_perf.py", "tests/planning/test_comm_bound.py", "tests/planning/test_planner.py"],
+    "memory": ["tests/planning/test_memory.py", "tests/planning/test_planner.py", "tests/planning/test_properties.py", "tests/planning/test_perf.py"],
+    "plan": ["tests/report/test_plan_output.py", "tests/planning/test_planner.py", "tests/contract/test_runconfig.py", "tests/pipeline/test_fidelity.py"],
+    "runconfig": ["tests/contract/test_run_identity.py", "tests/planning/test_batch_ramp.py", "tests/contract/test_runconfig.py", "tests/pipeline/test_fidelity.py", "tests/planning/test_properties.py"],
+    "definition": ["tests/pipeline/test_training_arguments.py", "tests/pipeline/test_definition_checks.py", "tests/pipeline/test_gate.py", "tests/pipeline/test_definition.py",
+                   "tests/pipeline/test_fidelity.py"],
+    "alarms": ["tests/planning/test_alarm_fitting.py", "tests/planning/test_alarm_routing.py"],
+    "calibration": ["tests/planning/test_calibration.py", "tests/planning/test_perf.py"],
+    "report": ["tests/report/test_plan_diff.py", "tests/report/test_report_json.py", "tests/cli/test_cli.py", "tests/cli/test_cli_output.py"],
 }
 
 # Tests left out of a module's run: the refits of the performance model (75 s a mutant) run in
 # calibration's, where the fitting code is what they test.
 DESELECT: dict[str, list[str]] = {
-    "perf": ["tests/test_perf.py::test_fit_reproduces_the_stored_parameters",
-             "tests/test_perf.py::test_a_refit_without_a_source_never_reads_that_source"],
-    "memory": ["tests/test_perf.py::test_fit_reproduces_the_stored_parameters",
-               "tests/test_perf.py::test_a_refit_without_a_source_never_reads_that_source"],
+    "perf": ["tests/planning/test_perf.py::test_fit_reproduces_the_stored_parameters",
+             "tests/planning/test_perf.py::test_a_refit_without_a_source_never_reads_that_source"],
+    "memory": ["tests/planning/test_perf.py::test_fit_reproduces_the_stored_parameters",
+               "tests/planning/test_perf.py::test_a_refit_without_a_source_never_reads_that_source"],
 }
 
 # What the tests read besides the package and the tests themselves.
@@ -102,7 +107,7 @@ def layout(module: str) -> Path:
     pyproject += (
         "\n[tool.mutmut]\n"
         'source_paths = ["tiered_training"]\n'
-        f'only_mutate = ["tiered_training/{module}.py"]\n'
+        f'only_mutate = ["tiered_training/{FILES[module]}"]\n'
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
         f"also_copy = {json.dumps(ALSO_COPY)}\n"

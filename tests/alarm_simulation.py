@@ -1,6 +1,6 @@
 """Simulated training runs that print the container's real EMF lines, on a fake clock.
 
-:class:`Simulation` drives ``training.metrics.MetricsHook`` (one per node, as on
+:class:`Simulation` drives ``training.components.metrics.MetricsHook`` (one per node, as on
 SageMaker: global rank 0 on the first node, local rank 0 on every node) through steps of
 the plan's step time, checkpoint saves, validation passes, start-ups, hangs and stops,
 with the heartbeat ticking as its thread would. No torch: the hooks get the trainer's
@@ -18,8 +18,8 @@ from typing import Callable
 
 from cloudwatch_alarms import MetricStore
 
-from tiered_training.plan import Plan
-from training.metrics import MetricsHook
+from tiered_training.planning.plan import Plan
+from training.components.metrics import MetricsHook
 from training.step_stats import StepStats
 
 TICK_SECONDS = 10.0  # the heartbeat thread's period (5 s in the container; coarser here for speed)

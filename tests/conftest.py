@@ -43,26 +43,26 @@ def write_recipe(tmp_path):
 # 2 CPUs); unlisted ones follow in collection order. A new module with a slow fixture belongs in HEAVY.
 HEAVY = (
     "tests/rehearse/test_rehearsal.py",
-    "tests/training/test_multiprocess.py",
+    "tests/trainer/test_multiprocess.py",
     "tests/rehearse/test_runs_rehearsal.py",
-    "tests/training/test_sft_end_to_end.py",  # three torchrun launches of an SFT run
+    "tests/trainer/test_sft_end_to_end.py",  # three torchrun launches of an SFT run
     "tests/rehearse/test_sft_rehearsal.py",
     "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
     "tests/rehearse/test_every_template.py",
     "tests/test_packaging.py",
-    "tests/training/test_context_parallel.py",
-    "tests/training/test_planner_vs_trainer.py",
-    "tests/training/test_compile.py",
-    "tests/training/test_lora.py",
+    "tests/trainer/test_context_parallel.py",
+    "tests/trainer/test_planner_vs_trainer.py",
+    "tests/trainer/test_compile.py",
+    "tests/trainer/test_lora.py",
     "tests/test_mutation.py",
-    "tests/training/test_multihost_fixes.py",
+    "tests/trainer/test_multihost_fixes.py",
     "tests/runtime/test_runtime_entry.py",
-    "tests/training/test_grad_sync.py",
+    "tests/trainer/test_grad_sync.py",
     "tests/runtime/test_runtime_probe.py",
     "tests/runtime/test_runtime_gpu_check.py",
     "tests/constructs",
-    "tests/training/test_optim_and_entry.py",
-    "tests/test_properties.py",
+    "tests/trainer/test_optim_and_entry.py",
+    "tests/planning/test_properties.py",
 )
 SPLIT = ("tests/rehearse/test_every_template.py",)  # one rehearsal per test, on a shared moto server per worker
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from tiered_training.ports import loopback_port, serve_on_free_port
+from tiered_training.contract.ports import loopback_port, serve_on_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -62,7 +64,7 @@ def write_yaml(path: Path, data: dict | str) -> Path:
 
 
 def free_port() -> int:
-    """A free 127.0.0.1 port, outside the kernel's ephemeral range (tiered_training/ports.py)."""
+    """A free 127.0.0.1 port, outside the kernel's ephemeral range (tiered_training/contract/ports.py)."""
     return loopback_port()
 
 
@@ -87,3 +89,29 @@ def offline_aws_env(mp, home: Path, region: str) -> None:
     }.items():
         mp.setenv(key, value)
     mp.delenv("AWS_PROFILE", raising=False)
+
+
+CLI = [sys.executable, "-m", "tiered_training.cli.app"]
+
+def run_cli(*args, cwd=ROOT):
+    """The CLI in-process (typer's CliRunner), from ``cwd``; ``subprocess`` only where a test needs a real process."""
+    import os
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from tiered_training.cli.app import app
+
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], prog_name="tiered-training", env={"COLUMNS": None})
+    finally:
+        os.chdir(here)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+
+def run_cli_process(*args, cwd=ROOT):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60)

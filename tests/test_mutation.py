@@ -30,13 +30,14 @@ import yaml
 from typer.testing import CliRunner
 
 from support import RECIPES
-from tiered_training import definition as d
-from tiered_training import names, report
-from tiered_training.cli import app
-from tiered_training.errors import RecipeError
-from tiered_training.loader import parse_recipe
-from tiered_training.planner import resolve
-from tiered_training.runconfig import RunConfig
+from tiered_training.pipeline import definition as d
+from tiered_training.recipe import names
+from tiered_training import report
+from tiered_training.cli.app import app
+from tiered_training.recipe.errors import RecipeError
+from tiered_training.recipe.loader import parse_recipe
+from tiered_training.planning.planner import resolve
+from tiered_training.contract.runconfig import RunConfig
 
 LIMIT_SECONDS = 2.0  # CPU seconds of one verdict: a shared machine stretches wall time, not CPU time
 CLI_SAMPLE_EVERY = 25

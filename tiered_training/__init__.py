@@ -13,21 +13,24 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from tiered_training import _moved
+
 __version__ = "0.1.0"
 
 # name -> the module that defines it, imported on first use: the training container's processes
-# read only ``tiered_training.runconfig`` and need not load the recipe loader and the planner.
-_EXPORTS = {"PlanError": "errors", "RecipeError": "errors", "load_recipe": "loader", "Plan": "plan",
-            "plan_file": "planner", "resolve": "planner", "Recipe": "recipe", "RunConfig": "runconfig"}
+# read only ``tiered_training.contract.runconfig`` and need not load the recipe loader and the planner.
+_EXPORTS = {"PlanError": "planning.plan", "RecipeError": "recipe.errors", "load_recipe": "recipe.loader",
+            "Plan": "planning.plan", "plan_file": "planning.planner", "resolve": "planning.planner",
+            "Recipe": "recipe", "RunConfig": "contract.runconfig"}
 __all__ = sorted(_EXPORTS, key=str.lower)
 
 if TYPE_CHECKING:
-    from .errors import PlanError, RecipeError
-    from .loader import load_recipe
-    from .plan import Plan
-    from .planner import plan_file, resolve
-    from .recipe import Recipe
-    from .runconfig import RunConfig
+    from tiered_training.contract.runconfig import RunConfig
+    from tiered_training.planning.plan import Plan, PlanError
+    from tiered_training.planning.planner import plan_file, resolve
+    from tiered_training.recipe import Recipe
+    from tiered_training.recipe.errors import RecipeError
+    from tiered_training.recipe.loader import load_recipe
 
 
 def __getattr__(name: str):
@@ -40,3 +43,6 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
+
+
+_moved.install()

@@ -12,7 +12,7 @@ This package is the only place in the repo that imports torch. Importing
 import os as _os
 import sys as _sys
 
-# Packages carried to a machine whose image lacks them (training/gpu_check.sh) go after
+# Packages carried to a machine whose image lacks them (training/tools/gpu_check.sh) go after
 # site-packages, so that they never shadow the image's own (its torch above all).
 for _path in _os.environ.get("TT_APPEND_SYSPATH", "").split(_os.pathsep):
     if _path and _path not in _sys.path:

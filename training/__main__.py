@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from tiered_training.runconfig import RunConfig
+from tiered_training.contract.runconfig import RunConfig
 
-from .paths import HYPERPARAMETERS_FILE, Paths
+from training.paths import HYPERPARAMETERS_FILE, Paths
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -71,17 +71,17 @@ def _main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir, model_dir=args.model_dir, init_dir=args.init_dir
     )
     if args.probe:
-        from .probe import run_probe
+        from training.probe import run_probe
 
-        from .dist import shut_down
+        from training.distributed.dist import shut_down
 
         run_probe(cfg, paths)
         shut_down()
         return 0
-    from .dist import shut_down
-    from .metrics import MetricsHook
-    from .tracking import build_sinks
-    from .trainer import run
+    from training.distributed.dist import shut_down
+    from training.components.metrics import MetricsHook
+    from training.components.tracking import build_sinks
+    from training.trainer import run
 
     metrics = MetricsHook(cfg, sinks=build_sinks(cfg, int(os.environ.get("RANK", "0")))).start()
     try:
@@ -93,6 +93,6 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .dist import exit_process
+    from training.distributed.dist import exit_process
 
     exit_process(main())

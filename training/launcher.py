@@ -33,7 +33,7 @@ is ``train`` (default) or ``probe``. The pipeline's Probe step sets
 ``TIERED_TRAINING_MODE=probe`` in the training job's ``Environment``; the workers then
 run ``python -m training --probe``, which sweeps micro-batch sizes and prints the
 ``PROBE ...`` lines that the step's MetricDefinitions parse
-(``tiered_training.metrics.PROBE_METRICS``). Hyperparameters cannot carry the mode:
+(``tiered_training.contract.metrics.PROBE_METRICS``). Hyperparameters cannot carry the mode:
 they are exactly the RunConfig, and unknown keys are errors.
 
 Errors in SageMaker's files (missing or malformed resourceconfig, invalid
@@ -73,8 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tiered_training.environment import family_environment
-from tiered_training.failures import causes_first
+from tiered_training.catalog.environment import family_environment
+from tiered_training.contract.failures import causes_first
 
 OPT_ML = Path("/opt/ml")
 CONFIG_DIR = OPT_ML / "input/config"
@@ -154,7 +154,7 @@ def _gpus(environ: Mapping[str, str], instance_type: str | None, config_gpus: in
             raise LaunchError(f"SM_NUM_GPUS={raw!r}: this container needs at least one GPU per host")
         return gpus
     if instance_type:
-        from tiered_training.catalogs import instances
+        from tiered_training.catalog import instances
 
         entry = instances().get(instance_type)
         if entry is not None:
@@ -174,7 +174,7 @@ def run_mode(environ: Mapping[str, str]) -> str:
 def load_run_config(hyperparameters: Mapping[str, Any]):
     from pydantic import ValidationError
 
-    from tiered_training.runconfig import RunConfig
+    from tiered_training.contract.runconfig import RunConfig
 
     try:
         return RunConfig.from_hyperparameters(dict(hyperparameters))
@@ -193,8 +193,8 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
     a leftover marker or a misnamed copy is not read."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("step-*")):
         return
-    from .checkpoint_files import find_resumable, read_manifest, step_dir
-    from .world import WorldSizeError, resume_accumulation
+    from training.components.checkpoint_files import find_resumable, read_manifest, step_dir
+    from tiered_training.contract.world import WorldSizeError, resume_accumulation
 
     step, _ = find_resumable(checkpoint_dir, checksums=False, metadata=False)  # no torch in the launcher
     if step is None:
@@ -210,18 +210,18 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
 
 def _check_run(cfg, world: int, hosts: int, checkpoint_dir: Path | None, data_dir: Path | None) -> None:
     """Refuse, before torchrun starts, a job that would not continue its run as planned: a resume whose
-    checkpoint is of another run, model or data (training/identity.py), or a new run on a host count
-    that cannot keep the plan's global batch (tiered_training/world.py)."""
+    checkpoint is of another run, model or data (training/components/identity.py), or a new run on a host count
+    that cannot keep the plan's global batch (tiered_training/contract/world.py)."""
     if not cfg.run.id:  # not started by the pipeline: no run to check
         return
-    from .identity import check_resume, committed_manifests
+    from training.components.identity import check_resume, committed_manifests
 
     problem = check_resume(cfg, checkpoint_dir, data_dir, world)
     if problem:
         raise LaunchError(problem)
     if checkpoint_dir is not None and committed_manifests(checkpoint_dir):
         return  # a resume: _check_world decides on the host count
-    from tiered_training.world import WorldSizeError, accumulation, planned_world, supported_instance_counts
+    from tiered_training.contract.world import WorldSizeError, accumulation, planned_world, supported_instance_counts
 
     _, exact = accumulation(cfg, world)
     counts = supported_instance_counts(cfg)

@@ -26,7 +26,7 @@ the others wait inside an NCCL collective is not recoverable here; the NCCL time
 then fails the job, and the pipeline's gate treats a failed probe as a failed gate.)
 
 Output (rank 0), one readable line per candidate and then exactly one line per
-metric in the formats of ``tiered_training.metrics.PROBE_METRICS``, which the Probe
+metric in the formats of ``tiered_training.contract.metrics.PROBE_METRICS``, which the Probe
 step's MetricDefinitions parse::
 
     probe candidate: micro_batch=2 status=ok tokens/s/gpu=1234.5 peak_memory=0.4123 steps=5
@@ -55,8 +55,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Callable
 
-from tiered_training.metrics import PROBE_METRICS
-from tiered_training.runconfig import RunConfig
+from tiered_training.contract.metrics import PROBE_METRICS
+from tiered_training.contract.runconfig import RunConfig
 
 OK, OOM = "ok", "oom"
 
@@ -185,7 +185,7 @@ def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: 
     """
     run_fn_is_real = run_fn is None
     if run_fn is None:
-        from .trainer import run as run_fn
+        from training.trainer import run as run_fn
     out = stream or sys.stdout
     report = ProbeReport(hbm_bytes=cfg.hardware.hbm_bytes)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -48,26 +48,26 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from tiered_training.runconfig import RunConfig
+from tiered_training.contract.runconfig import RunConfig
 
-from . import float8
-from .ac import apply_ac
-from .checkpoint import CheckpointManager
-from .identity import identity as run_identity, same_run
-from .compile import apply_compile
-from .context_parallel import ContextParallel, apply_context_parallel
-from .data import build_dataloader, build_sft_dataloader, split_batch
-from .dist import DistInfo, init_distributed, new_gloo_group
-from .export import export_hf, load_hf_weights, plain_tensor
-from .lora import apply_lora, export_adapter, has_lora
-from .loss import valid_tokens
-from .model import CausalLMLoss, build_model, materialize
-from .optim import build_optimizer, build_scheduler, clip_grad_norm
-from .packing import check_attention, split_sft_batch
-from .parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
-from .paths import Paths
-from .step_stats import StepStats
-from .world import accumulation, resume_accumulation
+from training.components import float8
+from training.components.ac import apply_ac
+from training.components.checkpoint import CheckpointManager
+from training.components.identity import identity as run_identity, same_run
+from training.components.compile import apply_compile
+from training.distributed.context_parallel import ContextParallel, apply_context_parallel
+from training.components.data import build_dataloader, build_sft_dataloader, split_batch
+from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
+from training.components.export import export_hf, load_hf_weights, plain_tensor
+from training.models.lora import apply_lora, export_adapter, has_lora
+from training.components.loss import valid_tokens
+from training.models.decoder import CausalLMLoss, build_model, materialize
+from training.components.optim import build_optimizer, build_scheduler, clip_grad_norm
+from training.components.packing import check_attention, split_sft_batch
+from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
+from training.paths import Paths
+from training.step_stats import StepStats
+from tiered_training.contract.world import accumulation, resume_accumulation
 
 log = logging.getLogger("training")
 
@@ -203,8 +203,8 @@ def _model_state_options(trainer: Trainer) -> StateDictOptions:
 
 
 def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
-    """The validation loss of ``training.validation``, or None (none asked for, or no held-out data here)."""
-    from .validation import Validator
+    """The validation loss of ``training.components.validation``, or None (none asked for, or no held-out data here)."""
+    from training.components.validation import Validator
 
     try:
         validator = Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
@@ -562,7 +562,7 @@ def export_model(trainer: Trainer, model_dir: Path) -> Path:
     or the adapter alone in peft's format; collective."""
     cfg = trainer.cfg
     if cfg.export.format == "adapter":
-        from .export import hf_state_dict
+        from training.components.export import hf_state_dict
 
         return export_adapter(trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir,
                               base_model=cfg.model.init_checkpoint)

@@ -30,7 +30,7 @@ from constructs import Construct
 
 from tiered_training.constructs import TrainingImage, TrainingMonitoring, TrainingPipeline, load_plans
 from tiered_training.constructs.app import RecipeProblems
-from tiered_training.definition import P_MAX_STEPS
+from tiered_training.pipeline.definition import P_MAX_STEPS
 
 RECIPES = Path(__file__).parent / "recipes"
 # The weekly short run's parameters. No RunId: each execution is a new run with a prefix of its own

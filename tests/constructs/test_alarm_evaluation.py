@@ -1,6 +1,6 @@
 """Every template's synthesized alarms, evaluated as CloudWatch would on the EMF lines of simulated runs.
 
-For each recipe in recipes/, the container's real metrics code (training/metrics.py, on a
+For each recipe in recipes/, the container's real metrics code (training/components/metrics.py, on a
 fake clock) prints what a run at the plan's step time prints; the alarms are the
 AWS::CloudWatch::Alarm resources of the synthesized template; tests/cloudwatch_alarms.py
 evaluates them minute by minute. A healthy life (probe gap, spot interruption and wait,
@@ -18,7 +18,7 @@ from cdk_helpers import resources
 from cloudwatch_alarms import Alarm
 from support import RECIPES
 
-from tiered_training import alarms as fitting
+from tiered_training.planning import alarms as fitting
 from tiered_training.constructs.platform import stack_id
 
 MINUTE = 60.0

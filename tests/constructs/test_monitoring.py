@@ -8,8 +8,8 @@ import math
 import pytest
 from cdk_helpers import only, resources
 
-from tiered_training import alarms as fitting
-from tiered_training import metrics
+from tiered_training.planning import alarms as fitting
+from tiered_training.contract import metrics
 from tiered_training.constructs.platform import stack_id
 
 ALARMS = {
@@ -166,7 +166,7 @@ def test_search_in_an_alarm_fails_synth(plans, tmp_path):
 def test_tracking_and_validation_in_the_train_step_and_the_role(plans, templates):
     from cdk_helpers import pipeline_definition
 
-    from tiered_training import definition as d
+    from tiered_training.pipeline import definition as d
 
     template = templates[stack_id("spot-variant")]
     body = pipeline_definition(template)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from cdk_helpers import only, pipeline_definition, resources
 
-from tiered_training import definition as d
+from tiered_training.pipeline import definition as d
 from tiered_training.constructs.platform import stack_id
 
 
@@ -82,7 +82,7 @@ def test_grant_start_execution(plans, tmp_path):
 
 
 def test_metric_helpers_use_the_catalogue(synthesized):
-    from tiered_training import metrics
+    from tiered_training.contract import metrics
 
     stack = synthesized[2]["llama3-8b-fp8"]
     metric = stack.pipeline.metric_tokens_per_second_per_gpu()

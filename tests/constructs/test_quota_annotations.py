@@ -7,7 +7,7 @@ def test_synth_warns_for_each_quota_the_account_lacks_and_context_quotas_silence
     from aws_cdk.assertions import Annotations, Match
 
     from tiered_training.constructs.app import build_app
-    from tiered_training.quotas import parse_account, with_account
+    from tiered_training.planning.quotas import parse_account, with_account
 
     plan = plans["llama3-8b-128k"]  # one p6-b200 node for 120 h: the per-type quotas only
     _, _, stacks = build_app([plan], nag=False, outdir=str(tmp_path / "default"))

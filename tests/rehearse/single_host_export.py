@@ -18,9 +18,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from transformers import LlamaForCausalLM
 
-from tiered_training.runconfig import RunConfig
-from training.dist import init_distributed
-from training.export import export_hf, plain_tensor
+from tiered_training.contract.runconfig import RunConfig
+from training.distributed.dist import init_distributed
+from training.components.export import export_hf, plain_tensor
 from training.trainer import build
 
 

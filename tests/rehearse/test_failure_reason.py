@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-from tiered_training.failures import causes_first, is_consequence
+from tiered_training.contract.failures import causes_first, is_consequence
 from tiered_training.rehearse.hosts import Host, JobRunner
 from training.launcher import failure_reason
 

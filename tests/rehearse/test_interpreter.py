@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiered_training.definition import PipelineResources, build_definition, find_step
-from tiered_training.planner import plan_file
+from tiered_training.pipeline.definition import PipelineResources, build_definition, find_step
+from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
 from training.probe import OOM, CandidateResult, ProbeReport
 

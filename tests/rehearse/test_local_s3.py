@@ -82,7 +82,7 @@ def test_two_local_s3_at_once_keep_each_others_buckets():
 
 
 def test_loopback_ports_are_drawn_below_the_ephemeral_range():
-    from tiered_training.ports import ephemeral_start, loopback_port
+    from tiered_training.contract.ports import ephemeral_start, loopback_port
 
     ports = {loopback_port() for _ in range(20)}
     assert all(10_000 <= port < ephemeral_start() for port in ports)

@@ -28,7 +28,7 @@ def _test_recipe(root: Path) -> Path:
     """The qwen2.5-32b recipe (hybrid sharding pinned) with keep_last 1, a checkpoint every INTERVAL steps at
     the plan's step time, and shard groups of 2 nodes: this test is of a hybrid-sharded recipe whose shard
     groups span hosts."""
-    from tiered_training.planner import plan_file
+    from tiered_training.planning.planner import plan_file
 
     text = (REPO / "recipes/qwen2.5-32b-hybrid.yaml").read_text().replace("keep_last: 4", f"keep_last: {KEEP_LAST}")
     assert "\ntuning:\n  sharding: hybrid\n" in text
@@ -47,7 +47,7 @@ def _test_recipe(root: Path) -> Path:
 def rehearsal(tmp_path_factory):
     """The plan's shard groups span 2 hosts (the export must gather across hosts). A restart on 1 host
     cannot keep them, so the second execution must be refused before any compute; resuming on another
-    host count is tested in tests/training/test_multiprocess.py."""
+    host count is tested in tests/trainer/test_multiprocess.py."""
     root = tmp_path_factory.mktemp("rehearsal")
     out = io.StringIO()
     result = rehearse(Options(_test_recipe(root), hosts=2, workers=2, steps=STEPS, interrupt="kill-host@save",
@@ -164,7 +164,7 @@ def test_export_on_two_hosts_equals_a_single_host_export(rehearsal, tmp_path):
 
 
 def test_the_summary_for_format_json_is_strict_json(rehearsal):
-    from tiered_training.render import dumps
+    from tiered_training.report.render import dumps
 
     result, _, _ = rehearsal
     data = json.loads(dumps(result.to_dict()))

@@ -38,7 +38,7 @@ OTHER_DATA = "s3://example-training-data/other-tokens/"
 def _recipes(root: Path) -> tuple[Path, Path]:
     """The template with a checkpoint every INTERVAL steps, keep_last 2, another data prefix allowed and no
     max_runtime_hours (each job may run the account's limit); and the same with that limit lowered."""
-    from tiered_training.planner import plan_file
+    from tiered_training.planning.planner import plan_file
 
     text = (REPO / "recipes/llama3-1b-bf16.yaml").read_text()
     assert "  max_runtime_hours: 96\n" in text and "  keep_last: 3\n" in text

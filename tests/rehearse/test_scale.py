@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered_training.planner import plan_file
+from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.hosts import Interrupt
 from tiered_training.rehearse.run import steps_for
 from tiered_training.rehearse.scale import MAX_ACCUM, scale

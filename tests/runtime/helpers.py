@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tiered_training.runconfig import RunConfig  # noqa: E402
+from tiered_training.contract.runconfig import RunConfig  # noqa: E402
 
 TINY = {
     "recipe_name": "tiny-test",

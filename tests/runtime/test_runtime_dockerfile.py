@@ -74,7 +74,7 @@ def test_pins_match_the_constraints():
 
 
 def test_default_base_image_is_the_catalogue_default():
-    from tiered_training.images import base_image_uri, default_base_image
+    from tiered_training.catalog.images import base_image_uri, default_base_image
 
     match = re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
     assert match, "the Dockerfile must declare ARG BASE_IMAGE with a default"
@@ -101,7 +101,7 @@ def test_build_context_sends_only_the_core_and_the_trainer():
 
 
 def test_every_region_has_the_base_tag_in_its_own_registry():
-    from tiered_training.images import base_images, default_base_image, login_command, registry_account
+    from tiered_training.catalog.images import base_images, default_base_image, login_command, registry_account
 
     base = default_base_image()
     accounts = {}
@@ -145,7 +145,7 @@ def test_the_deploy_docs_log_in_to_the_regions_registry():
 
 
 def test_dockerfile_checks_the_base_images_python():
-    from tiered_training.images import default_base_image
+    from tiered_training.catalog.images import default_base_image
 
     match = re.search(r"^ARG BASE_PYTHON=(\S+)$", DOCKERFILE.read_text(), re.M)
     assert match and match.group(1) == default_base_image().python
@@ -175,7 +175,7 @@ def test_pins_resolve_against_the_base_images_python(tmp_path):
     Needs the package index; skipped only when it cannot be reached."""
     import json
 
-    from tiered_training.images import default_base_image
+    from tiered_training.catalog.images import default_base_image
 
     base = default_base_image()
     torch = f"{base.pytorch}.0+dlc"

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tiered_training import metrics
+from tiered_training.contract import metrics
 
 from .helpers import run_training_module, tiny_config
 

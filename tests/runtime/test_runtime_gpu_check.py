@@ -19,7 +19,7 @@ ROW_KEYS = ["id", "source", "date", "hardware", "gpu", "gpus", "framework", "mod
 
 def test_gpu_check_list_dry_run():
     result = subprocess.run(
-        [sys.executable, "-m", "training.gpu_check", "--list"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "training.tools.gpu_check", "--list"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -37,7 +37,7 @@ def test_gpu_check_without_cuda_exits_cleanly():
     if torch.cuda.is_available():
         return
     result = subprocess.run(
-        [sys.executable, "-m", "training.gpu_check", "--models", "1b", "--compile", "off"],
+        [sys.executable, "-m", "training.tools.gpu_check", "--models", "1b", "--compile", "off"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2 and "no CUDA device" in result.stderr
@@ -49,7 +49,7 @@ def test_gpu_check_cpu_smoke_writes_calibration_rows(tmp_path):
     out = tmp_path / "smoke.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TT_APPEND_SYSPATH": str(tmp_path / "carried")}
     result = subprocess.run(
-        [sys.executable, "-m", "training.gpu_check", "--cpu-smoke", "--precisions", "bf16", "--steps", "3",
+        [sys.executable, "-m", "training.tools.gpu_check", "--cpu-smoke", "--precisions", "bf16", "--steps", "3",
          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240, env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -72,5 +72,5 @@ def test_gpu_check_shell_script_parses():
     script = REPO / "training" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     text = script.read_text()
-    assert "timeout" in text and "training.gpu_check" in text
+    assert "timeout" in text and "training.tools.gpu_check" in text
     assert "--no-deps" in text and "TT_APPEND_SYSPATH" in text

@@ -191,7 +191,7 @@ def test_a_resume_is_checked_from_the_manifest_without_importing_torch(tmp_path)
     (step / "COMMITTED").write_text(json.dumps(manifest))
     config = tmp_path / "config.json"
     config.write_text(tiny_config().model_dump_json())
-    code = ("import sys; from pathlib import Path; from tiered_training.runconfig import RunConfig; from training import launcher\n"
+    code = ("import sys; from pathlib import Path; from tiered_training.contract.runconfig import RunConfig; from training import launcher\n"
             f"cfg = RunConfig.model_validate_json(Path({str(config)!r}).read_text())\n"
             f"launcher._check_world(cfg, 1, Path({str(step.parent)!r}))  # 2 -> 1 GPU keeps the global batch\n"
             f"try:\n    launcher._check_world(cfg, 3, Path({str(step.parent)!r}))\n"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tiered_training import metrics as catalogue
-from training.metrics import MetricsHook, parse_emf_lines
+from tiered_training.contract import metrics as catalogue
+from training.components.metrics import MetricsHook, parse_emf_lines
 from training.step_stats import StepStats
 
 from .helpers import tiny_config
@@ -200,7 +200,7 @@ def test_a_step_skipped_for_a_non_finite_gradient_norm_is_counted_and_its_loss_l
 
 
 def test_every_emitted_metric_comes_from_the_catalogue():
-    """The container's names, units and dimensions are tiered_training.metrics' (which the alarms read)."""
+    """The container's names, units and dimensions are tiered_training.contract.metrics' (which the alarms read)."""
     out, clock = io.StringIO(), Clock()
     rank0 = MetricsHook(tiny_config(batch__total_steps=100), rank=0, local_rank=0, world_size=8, node="algo-1",
                         stream=out, gpu_sampler=lambda: 99.0, clock=clock)
@@ -232,14 +232,14 @@ def test_heartbeat_thread_ticks_in_real_time():
 
 
 def test_default_namespace_and_cadence_are_the_catalogue_ones():
-    from tiered_training.runconfig import MetricsConfig
+    from tiered_training.contract.runconfig import MetricsConfig
 
     assert MetricsConfig().namespace == catalogue.NAMESPACE
     assert MetricsConfig().interval_seconds == catalogue.DEFAULT_INTERVAL_SECONDS
 
 
 def test_nvml_absent_is_clean():
-    from training.metrics import NvmlSampler
+    from training.components.metrics import NvmlSampler
 
     sampler = NvmlSampler()  # no GPU here: not available, sample() is None
     if not sampler.available:

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tiered_training.metrics import PROBE_METRICS
+from tiered_training.contract.metrics import PROBE_METRICS
 from training.probe import OK, OOM, candidate_config, run_probe
 from training.step_stats import StepStats
 

@@ -14,14 +14,14 @@
 - :func:`build_app`: the app that ``app.py`` runs.
 """
 
-from .app import build_app, load_plans
-from .checkpoint_store import CheckpointStore, CheckpointStoreProps
-from .image import TrainingImage
-from .metric_factory import TrainingMetricFactory
-from .monitoring import NoSearchInAlarms, TrainingMonitoring
-from .pipeline import TrainingPipeline
-from .platform import PlatformProps, PlatformStack, RecipeStack, TrainingPlatform
-from .roles import TrainingRoles
+from tiered_training.constructs.app import build_app, load_plans
+from tiered_training.constructs.checkpoint_store import CheckpointStore, CheckpointStoreProps
+from tiered_training.constructs.image import TrainingImage
+from tiered_training.constructs.metric_factory import TrainingMetricFactory
+from tiered_training.constructs.monitoring import NoSearchInAlarms, TrainingMonitoring
+from tiered_training.constructs.pipeline import TrainingPipeline
+from tiered_training.constructs.platform import PlatformProps, PlatformStack, RecipeStack, TrainingPlatform
+from tiered_training.constructs.roles import TrainingRoles
 
 __all__ = [
     "CheckpointStore",

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from aws_cdk import App, DefaultStackSynthesizer
 
-from .. import names
-from .platform import PlatformProps, PlatformStack, RecipeStack, stack_id
+from tiered_training.recipe import names
+from tiered_training.constructs.platform import PlatformProps, PlatformStack, RecipeStack, stack_id
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from tiered_training.planning.plan import Plan
 
 PLATFORM_STACK = names.platform_stack_name()
 # CDK's recommended feature flags for the pinned aws-cdk-lib, as `cdk init` writes them into
@@ -41,7 +41,7 @@ def recipe_files(directory: str | Path) -> list[Path]:
     Raises RecipeProblems for entries that are not readable recipe files (dangling
     links, FIFOs, unreadable files are reported when read) and for no recipes at all.
     """
-    from ..loader import find_recipes
+    from tiered_training.recipe.loader import find_recipes
 
     files, errors = find_recipes([directory])
     if errors:
@@ -54,11 +54,12 @@ def recipe_files(directory: str | Path) -> list[Path]:
 def load_plans(directory: str | Path) -> list["Plan"]:
     """Every recipe in ``directory``, planned. Raises RecipeProblems listing every bad one.
 
-    The entries are the CLI's (``tiered_training.loader.find_recipes``), so ``cdk synth``
+    The entries are the CLI's (``tiered_training.recipe.loader.find_recipes``), so ``cdk synth``
     fails on exactly the files ``tiered-training validate`` reports.
     """
-    from ..errors import PlanError, RecipeError
-    from ..planner import plan_file
+    from tiered_training.planning.plan import PlanError
+    from tiered_training.recipe.errors import RecipeError
+    from tiered_training.planning.planner import plan_file
 
     plans, reports = [], []
     for path in recipe_files(directory):
@@ -96,7 +97,7 @@ def build_app(
     - ``cfn_validation``: CDK's built-in CloudFormation validation plugin. It costs about
       1.4 s per stack, so it is off by default; the tests turn it on, and cfn-lint runs there too.
     - ``stage``: prefixes the stack, pipeline, dashboard, alarm, rule and topic names
-      (``tiered_training.names``), so that stages can share an account; default
+      (``tiered_training.recipe.names``), so that stages can share an account; default
       ``platform.stage`` (none).
     """
     if app is None:
@@ -130,7 +131,7 @@ def build_app(
         for plan in plans
     }
     if nag:
-        from .nag import add_nag
+        from tiered_training.constructs.nag import add_nag
 
         add_nag(app)
     if cfn_validation:
@@ -160,7 +161,7 @@ def main() -> int:
     except RecipeProblems as problems:
         print(str(problems), file=sys.stderr)
         return EXIT_INVALID
-    from ..quotas import parse_account, with_account
+    from tiered_training.planning.quotas import parse_account, with_account
 
     try:  # the account's applied quotas, for every recipe: -c quotas='{"training/ml.p5.48xlarge": 4}'
         account = parse_account(context("quotas"))

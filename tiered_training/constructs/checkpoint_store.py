@@ -15,7 +15,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from .nag import acknowledge
+from tiered_training.constructs.nag import acknowledge
 
 # Object-level actions a training job needs on its own prefixes: read and resume, write
 # checkpoints and output, multipart uploads. Delete only under checkpoints/ (SageMaker mirrors

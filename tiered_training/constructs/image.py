@@ -35,7 +35,7 @@ def default_base_image(region: str | None) -> str | None:
     """The base image for a region from the container's catalogue; None for no region or an unknown one."""
     if not region:
         return None
-    from tiered_training.images import base_image_uri
+    from tiered_training.catalog.images import base_image_uri
 
     try:
         return base_image_uri(region)
@@ -111,7 +111,7 @@ class TrainingImage(Construct):
     - ``asset``: a ``DockerImageAsset`` of your own.
     - ``image_uri``: an existing ECR image (``<account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>``).
     - ``region``: for the packaged build, picks the ``BASE_IMAGE`` build arg from
-      ``tiered_training.images.base_image_uri``; default none (the Dockerfile's default).
+      ``tiered_training.catalog.images.base_image_uri``; default none (the Dockerfile's default).
     - ``build_args``: extra build args for the packaged build, which win over ``BASE_IMAGE``.
 
     Attributes: ``image_uri``, ``repository`` (``IRepository``), ``asset`` (the

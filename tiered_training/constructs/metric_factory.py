@@ -3,7 +3,7 @@
 Pure, in the manner of cdk-monitoring-constructs' metric factories: it makes
 ``cloudwatch.Metric`` and ``cloudwatch.MathExpression`` objects and no construct, so
 alarms, dashboards and users' own widgets are built on the same definitions. Every
-name, unit and dimension comes from :mod:`tiered_training.metrics`; the ``Recipe``
+name, unit and dimension comes from :mod:`tiered_training.contract.metrics`; the ``Recipe``
 dimension is the recipe name, which is stable, unlike generated training-job names.
 
 Per-node metrics (``NODE_DIMENSIONS``: Recipe and Node=algo-N) are read through
@@ -17,9 +17,9 @@ from __future__ import annotations
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
-from .. import metrics as catalogue
-from ..alarms import NAN_LOSS
-from ..metrics import MetricSpec
+from tiered_training.contract import metrics as catalogue
+from tiered_training.planning.alarms import NAN_LOSS
+from tiered_training.contract.metrics import MetricSpec
 
 PIPELINE_NAMESPACE = "AWS/Sagemaker/ModelBuildingPipeline"
 PIPELINE_DIMENSION = "PipelineName"

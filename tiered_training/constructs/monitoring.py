@@ -1,9 +1,9 @@
 """TrainingMonitoring: alarms fitted to the plan, a failed-execution rule and a dashboard for one pipeline.
 
 The alarms read the container's EMF metrics (names, units and dimensions from
-:mod:`tiered_training.metrics`, through :class:`TrainingMetricFactory`) with the stable
+:mod:`tiered_training.contract.metrics`, through :class:`TrainingMetricFactory`) with the stable
 ``Recipe`` dimension, plus SageMaker's own pipeline metric. Their periods, datapoints and
-thresholds come from :func:`tiered_training.alarms.fit_alarms` (the plan's step time and
+thresholds come from :func:`tiered_training.planning.alarms.fit_alarms` (the plan's step time and
 the container's 60-second cadence); each states how soon it fires in its description.
 See ``docs/monitoring.md``.
 
@@ -39,14 +39,14 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
-from .. import alarms as fitting
-from .. import metrics as catalogue
-from .. import names
-from .metric_factory import TrainingMetricFactory
+from tiered_training.planning import alarms as fitting
+from tiered_training.contract import metrics as catalogue
+from tiered_training.recipe import names
+from tiered_training.constructs.metric_factory import TrainingMetricFactory
 
 if TYPE_CHECKING:
-    from ..plan import Plan
-    from .pipeline import TrainingPipeline
+    from tiered_training.planning.plan import Plan
+    from tiered_training.constructs.pipeline import TrainingPipeline
 
 EXECUTION_STATUS_EVENT = "SageMaker Model Building Pipeline Execution Status Change"
 CLOUDWATCH = "cloudwatch.amazonaws.com"
@@ -180,7 +180,7 @@ class TrainingMonitoring(Construct):
         ``failed_rule_arn`` (both ``aws:SourceAccount`` this account), and an encrypting key
         must let both services use ``kms:Decrypt`` and ``kms:GenerateDataKey*``
         (docs/monitoring.md, "A topic of your own").
-    :param stage: prefixes the alarm, rule, dashboard and topic names (``tiered_training.names``);
+    :param stage: prefixes the alarm, rule, dashboard and topic names (``tiered_training.recipe.names``);
         default none.
     :param alarm_email: subscribe this address to the topic; default the recipe's
         ``monitoring.alarm_email``.
@@ -189,7 +189,7 @@ class TrainingMonitoring(Construct):
         default the RunConfig's (60 s).
 
     Attributes: ``alarms`` (alarm ID -> ``cloudwatch.Alarm``), ``fit`` (the
-    :class:`tiered_training.alarms.AlarmPlan`), ``failed_rule`` (``events.Rule``),
+    :class:`tiered_training.planning.alarms.AlarmPlan`), ``failed_rule`` (``events.Rule``),
     ``dashboard`` (``cloudwatch.Dashboard`` or None), ``topic`` (``sns.ITopic``),
     ``metrics`` (the TrainingMetricFactory), ``alarm_arns`` (of the alarms that notify),
     ``failed_rule_arn``.

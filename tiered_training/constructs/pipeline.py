@@ -1,6 +1,6 @@
 """TrainingPipeline: a SageMaker Pipeline (Probe -> Gate -> Train | Fail) built from a Plan.
 
-The definition comes from :func:`tiered_training.definition.build_definition`, a
+The definition comes from :func:`tiered_training.pipeline.definition.build_definition`, a
 pure function; this construct embeds it with ``Stack.to_json_string`` (which turns
 role ARNs and bucket names into ``Fn::Join``) as a plain PascalCase dict, and
 registers a validation that checks every Training step against botocore's
@@ -27,14 +27,14 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk.interfaces import aws_sagemaker as sagemaker_refs
 from constructs import Construct, IValidation
 
-from .. import definition as d
-from .checkpoint_store import CheckpointStore
-from .image import TrainingImage
-from .metric_factory import TrainingMetricFactory
-from .roles import TrainingRoles
+from tiered_training.pipeline import definition as d
+from tiered_training.constructs.checkpoint_store import CheckpointStore
+from tiered_training.constructs.image import TrainingImage
+from tiered_training.constructs.metric_factory import TrainingMetricFactory
+from tiered_training.constructs.roles import TrainingRoles
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from tiered_training.planning.plan import Plan
 
 
 _botocore_loader: threading.Thread | None = None
@@ -238,11 +238,11 @@ class TrainingPipeline(Resource):
     # -- metrics ---------------------------------------------------------------------------
 
     def metric(self, name: str, **kwargs: Any) -> cloudwatch.Metric:
-        """A metric of this recipe from the catalogue (``tiered_training.metrics``), by name."""
+        """A metric of this recipe from the catalogue (``tiered_training.contract.metrics``), by name."""
         return self.metrics.metric_named(name, **kwargs)
 
     def metric_tokens_per_second_per_gpu(self, **kwargs: Any) -> cloudwatch.Metric:
-        from .. import metrics as catalogue
+        from tiered_training.contract import metrics as catalogue
 
         return self.metrics.metric(catalogue.TOKENS_PER_SECOND_PER_GPU, **kwargs)
 

@@ -14,16 +14,16 @@ from aws_cdk import Annotations, ArnFormat, Stack, Tags
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from .checkpoint_store import CheckpointStore, CheckpointStoreProps
-from .image import TrainingImage
-from .monitoring import TrainingMonitoring, alarm_topic
-from .pipeline import TrainingPipeline
+from tiered_training.constructs.checkpoint_store import CheckpointStore, CheckpointStoreProps
+from tiered_training.constructs.image import TrainingImage
+from tiered_training.constructs.monitoring import TrainingMonitoring, alarm_topic
+from tiered_training.constructs.pipeline import TrainingPipeline
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from tiered_training.planning.plan import Plan
 
-from .. import names
-from ..names import stack_name
+from tiered_training.recipe import names
+from tiered_training.recipe.names import stack_name
 
 
 class TrainingPlatform(Construct):
@@ -38,7 +38,7 @@ class TrainingPlatform(Construct):
       ``image_uri`` when given. ``region`` picks the packaged build's base image.
     - ``topic``: the shared alarm topic (an ``ITopic``); default a new encrypted topic, named
       ``<prefix>platform_alarms``, that this account's alarms and EventBridge rules named
-      ``<prefix>*`` may publish to (``<prefix>``: ``tiered_training.names.name_prefix``).
+      ``<prefix>*`` may publish to (``<prefix>``: ``tiered_training.recipe.names.name_prefix``).
       A topic of your own must allow what :class:`TrainingMonitoring` describes.
     - ``stage``: prefixes the topic's name and the names it admits; default none.
     - ``alarm_email``: subscribed to the shared topic; default none.
@@ -162,11 +162,11 @@ class RecipeStack(Stack):
         else:
             topic = platform.topic
         self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic, stage=stage)
-        from ..alarms import routing_findings
+        from tiered_training.planning.alarms import routing_findings
 
         for finding in routing_findings(plan, platform.alarms_reach_someone):
             Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}", f"{finding.message}. Fix: {finding.fix}.")
-        from ..quotas import FINDING_CODE
+        from tiered_training.planning.quotas import FINDING_CODE
 
         quota_findings = [f for f in plan.findings if f.code == FINDING_CODE]  # quotas a deploy needs raised
         for index, finding in enumerate(quota_findings):

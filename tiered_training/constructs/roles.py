@@ -37,9 +37,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from .checkpoint_store import CheckpointStore, via_services
-from .image import TrainingImage
-from .nag import LateAcknowledgements
+from tiered_training.constructs.checkpoint_store import CheckpointStore, via_services
+from tiered_training.constructs.image import TrainingImage
+from tiered_training.constructs.nag import LateAcknowledgements
 
 SAGEMAKER = "sagemaker.amazonaws.com"
 TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -62,7 +62,7 @@ VPC_INTERFACE_ACTIONS = [
     "ec2:DeleteNetworkInterfacePermission",
 ]
 
-# What the trainer's MLflow client calls (training/tracking.py): experiments, runs, params,
+# What the trainer's MLflow client calls (training/components/tracking.py): experiments, runs, params,
 # metrics and tags. IAM service prefix sagemaker-mlflow (Service Authorization Reference,
 # "Actions, resources, and condition keys for Amazon SageMaker with MLflow"); each is
 # scoped to the mlflow-tracking-server resource.

@@ -3,7 +3,7 @@
 A noisy bigram language (next token = (3 x previous + 7) mod 256, one token in ten random),
 which a tiny model learns within a few steps, so the rehearsal's losses fall. The shards
 have the recipe's token dtype and a ``shards.json`` manifest with each shard's largest id, as
-``training/tokenize_to_shards.py`` writes them.
+``training/tools/tokenize_to_shards.py`` writes them.
 
 A fine-tuning recipe (``task: sft``) gets packed SFT shards of a tiny chat dataset instead
 (:func:`put_sft_shards`).
@@ -20,7 +20,7 @@ import sys
 from array import array
 from pathlib import Path
 
-from .s3 import split_uri
+from tiered_training.rehearse.s3 import split_uri
 
 VOCAB = 256
 
@@ -61,20 +61,20 @@ def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, sha
 def put_sft_shards(client, uri: str, *, sequence_length: int, token_dtype: str, loss_on: str | None, overlong: str | None,
                    workdir: Path, repo: Path, seed: int = 0) -> dict:
     """Packed SFT shards of a tiny chat dataset under ``uri``, as a user's data step writes them: the
-    trainer's ``python -m training.tiny_chat`` (a word-level tokenizer with a chat template, chat
+    trainer's ``python -m training.tools.tiny_chat`` (a word-level tokenizer with a chat template, chat
     JSON Lines, then ``python -m training.sft_data``) in a subprocess, so that this process imports
     no torch or transformers. Returns the shards' manifest."""
-    from .s3 import upload_dir
+    from tiered_training.rehearse.s3 import upload_dir
 
     out = Path(workdir) / f"sft-data-{seed}"
     # An overlong example is an error only where the recipe says so: the tiny chats fit 32 tokens when dropped.
     overlong = "drop" if overlong in (None, "error") else overlong
-    command = [sys.executable, "-m", "training.tiny_chat", str(out), "--sequence-length", str(sequence_length),
+    command = [sys.executable, "-m", "training.tools.tiny_chat", str(out), "--sequence-length", str(sequence_length),
                "--dtype", token_dtype, "--loss-on", loss_on or "assistant", "--overlong", overlong, "--seed", str(seed)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        from .run import RehearsalError
+        from tiered_training.rehearse.run import RehearsalError
 
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RehearsalError(f"could not prepare the rehearsal's SFT data: {tail}")

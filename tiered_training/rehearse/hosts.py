@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import quote
-from ..failures import causes_first
-from ..ports import loopback_port
-from .interpreter import JobAttempt
-from .s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
+from tiered_training.text import quote
+from tiered_training.contract.failures import causes_first
+from tiered_training.contract.ports import loopback_port
+from tiered_training.rehearse.interpreter import JobAttempt
+from tiered_training.rehearse.s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
 
 GRACE_S = 45.0
 JOB_TIMEOUT_S = 900.0

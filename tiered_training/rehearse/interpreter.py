@@ -1,6 +1,6 @@
 """A local interpreter of SageMaker pipeline definitions (schema 2020-12-01), the subset this project emits.
 
-It walks the very dict that :func:`tiered_training.definition.build_definition` returns:
+It walks the very dict that :func:`tiered_training.pipeline.definition.build_definition` returns:
 
 - **Parameters**: their ``DefaultValue``, overridden by the execution's parameters (typed
   as declared: ``Integer``, ``Float``, ``Boolean``, ``String``).

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..definition import TRAIN_CHAINS, PipelineResources, build_definition, find_step, validate_definition
-from ..errors import clip, escape
-from ..runconfig import RunConfig
-from .hosts import Interrupt, JobRunner
-from .interpreter import Execution, Interpreter, PipelineError, TraceEvent
-from .scale import Scaled, scale
-from .s3 import LocalS3, checkpoints_in, list_keys, split_uri
+from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition, find_step, validate_definition
+from tiered_training.text import clip, escape
+from tiered_training.contract.runconfig import RunConfig
+from tiered_training.rehearse.hosts import Interrupt, JobRunner
+from tiered_training.rehearse.interpreter import Execution, Interpreter, PipelineError, TraceEvent
+from tiered_training.rehearse.scale import Scaled, scale
+from tiered_training.rehearse.s3 import LocalS3, checkpoints_in, list_keys, split_uri
 
 STORE = "s3://rehearsal-checkpoint-store"
 ROLE = "arn:aws:iam::000000000000:role/rehearsal-execution"
@@ -204,7 +204,7 @@ MAX_REHEARSAL_STEPS = 1000
 
 def parse_params(pairs: list[str], option: str = "--param") -> dict[str, str]:
     """``Name=Value`` pairs; every name a parameter of the pipeline, every value one it accepts."""
-    from ..definition import P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE, PARAMETERS
+    from tiered_training.pipeline.definition import P_INSTANCE_COUNT, P_MAX_STEPS, P_SKIP_PROBE, PARAMETERS
 
     params = {}
     for pair in pairs:
@@ -273,7 +273,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         out.write(text + "\n")
         out.flush()
 
-    from ..planner import plan_file
+    from tiered_training.planning.planner import plan_file
 
     interrupt = check_options(options)
     check_installed()
@@ -283,7 +283,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             parse_params([f"{k}={v}" for k, v in later.params.items()], "--restart-with")
     plan = plan_file(options.recipe)
     if not plan.ok:
-        from ..errors import PlanError
+        from tiered_training.planning.plan import PlanError
 
         raise PlanError(plan)
     assert plan.estimates is not None
@@ -336,7 +336,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             s3.ensure_bucket(client, store_bucket, versioned=True)
             bucket, _ = split_uri(data_uri)
             s3.ensure_bucket(client, bucket)
-            from .data import put_sft_shards, put_shards
+            from tiered_training.rehearse.data import put_sft_shards, put_shards
 
             def put_data(uri: str, seed: int = 0) -> dict:
                 if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
@@ -425,7 +425,7 @@ _init_checkpoints: dict[tuple[str, int], Path] = {}
 
 def model_channel_uri(definition: dict[str, Any]) -> str | None:
     """The S3 URI of the training steps' ``model`` channel (the recipe's model.init_checkpoint), if any."""
-    from ..definition import MODEL_CHANNEL, iter_steps
+    from tiered_training.pipeline.definition import MODEL_CHANNEL, iter_steps
 
     for step in iter_steps(definition["Steps"]):
         for channel in (step.get("Arguments") or {}).get("InputDataConfig", []):
@@ -438,10 +438,10 @@ def model_channel_uri(definition: dict[str, Any]) -> str | None:
 
 def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: Path, repo: Path) -> int:
     """A random Hugging Face checkpoint of the rehearsal's model shape under ``uri`` (made by the
-    trainer's ``training.random_checkpoint``, so that this process imports no torch); its file count."""
+    trainer's ``training.models.random_checkpoint``, so that this process imports no torch); its file count."""
     import subprocess
 
-    from .s3 import upload_dir
+    from tiered_training.rehearse.s3 import upload_dir
 
     model = cfg.model.model_copy(update={"name": "rehearsal", "init_checkpoint": None}).model_dump_json()
     key = (model, cfg.data.seed)
@@ -451,7 +451,7 @@ def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: 
         model_json = Path(workdir) / "init-checkpoint-model.json"
         model_json.write_text(model)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        proc = subprocess.run([sys.executable, "-m", "training.random_checkpoint", str(model_json), str(local),
+        proc = subprocess.run([sys.executable, "-m", "training.models.random_checkpoint", str(model_json), str(local),
                                "--seed", str(cfg.data.seed + 1)], cwd=repo, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

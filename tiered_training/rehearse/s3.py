@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ports import serve_on_free_port
+from tiered_training.contract.ports import serve_on_free_port
 
 STEP = re.compile(r"(?:^|/)(step-\d+)/")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runconfig import RunConfig
+from tiered_training.contract.runconfig import RunConfig
 
 LAYERS = 2
 HIDDEN = 64
@@ -89,7 +89,7 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
     if cp > 1:
         if not context_parallel:
             cp = change("parallel.context_parallel", p.context_parallel, 1,
-                        "this checkout's trainer has no context parallelism (training/context_parallel.py): "
+                        "this checkout's trainer has no context parallelism (training/distributed/context_parallel.py): "
                         "each worker holds whole sequences")
         else:
             fitting = [c for c in range(min(cp, workers), 0, -1) if workers % c == 0 and SEQUENCE % (2 * c) == 0]

@@ -1,0 +1,469 @@
+"""start, status, logs, stop and start --follow against moto server on 127.0.0.1.
+
+moto 5.2.5 (the newest release) answers ListPipelineExecutionSteps and
+StopPipelineExecution with HTTP 500 (not implemented). Those two actions, and only
+those, are added to moto's SageMaker responses in this process (:func:`add_missing_actions`):
+the steps are what the test says ran, a stop marks the execution Stopping as SageMaker
+does. moto serialises them through botocore's output shapes like every other action,
+so the client parses real wire responses, and everything else (pipelines,
+executions, CloudWatch metrics, CloudWatch Logs) is moto's own. botocore's Stubber was
+the alternative; it would replace the HTTP layer for the whole client, so the
+describe/list/metrics calls in the same poll could no longer come from moto.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from typer.testing import CliRunner
+
+from support import free_port, moto_server, offline_aws_env, recipe_dict, write_yaml
+from tiered_training.pipeline import definition as d
+from tiered_training.contract import metrics as catalogue
+from tiered_training.cli.app import app
+from tiered_training.planning.planner import plan_file
+from tiered_training.aws.runs import LOG_GROUP
+from tiered_training.aws.start import ParameterError, start
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+RUNNER = CliRunner()
+STEPS: dict[str, list[dict]] = {}  # execution ARN -> the steps that "ran"
+
+
+def add_missing_actions(monkeypatch) -> None:
+    from moto.core.responses import ActionResult
+    from moto.sagemaker.responses import SageMakerResponse
+    from moto.sagemaker.utils import get_pipeline_execution_from_arn
+
+    def list_pipeline_execution_steps(self):
+        arn = self._get_param("PipelineExecutionArn")
+        get_pipeline_execution_from_arn(self.sagemaker_backend.pipelines, arn)  # ValidationException if unknown
+        return ActionResult({"PipelineExecutionSteps": STEPS.get(arn, [])})
+
+    def stop_pipeline_execution(self):
+        arn = self._get_param("PipelineExecutionArn")
+        execution = get_pipeline_execution_from_arn(self.sagemaker_backend.pipelines, arn)
+        execution.pipeline_execution_status = "Stopping"
+        return ActionResult({"PipelineExecutionArn": arn})
+
+    monkeypatch.setattr(SageMakerResponse, "list_pipeline_execution_steps", list_pipeline_execution_steps, raising=False)
+    monkeypatch.setattr(SageMakerResponse, "stop_pipeline_execution", stop_pipeline_execution, raising=False)
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        offline_aws_env(mp, home, REGION)
+        add_missing_actions(mp)
+        with moto_server() as url:
+            yield url
+
+
+def client(service: str, endpoint: str, region: str = REGION):
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name=region)
+
+
+def deploy(plan, endpoint: str, region: str = REGION) -> None:
+    resources = d.PipelineResources(
+        role_arn=f"arn:aws:iam::{ACCOUNT}:role/exec", image_uri=f"{ACCOUNT}.dkr.ecr.{region}.amazonaws.com/t:1",
+        checkpoint_s3_uri="s3://tt-store/c/", output_s3_uri="s3://tt-store/o/",
+    )
+    client("sagemaker", endpoint, region).create_pipeline(
+        PipelineName=plan.name, PipelineDefinition=d.to_json(d.build_definition(plan, resources)),
+        RoleArn=f"arn:aws:iam::{ACCOUNT}:role/pipeline",
+    )
+
+
+@pytest.fixture(scope="module")
+def recipe(endpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("recipes")
+    path = write_yaml(folder / "run.yaml", recipe_dict(name="follow-me", **{"data.allowed_uris": ["s3://bucket-for-tests/tokens/", "s3://other-data/set/"]}))
+    deploy(plan_file(path), endpoint)
+    return path
+
+
+def invoke(*args, env=None):
+    return RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training", env=env)
+
+
+def executions(endpoint: str, name: str, region: str = REGION) -> list[str]:
+    listed = client("sagemaker", endpoint, region).list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"]
+    return [e["PipelineExecutionArn"] for e in listed]
+
+
+def moto_execution(arn: str):
+    from moto.backends import get_backend
+    from moto.sagemaker.utils import get_pipeline_execution_from_arn
+
+    region = arn.split(":")[3]
+    return get_pipeline_execution_from_arn(get_backend("sagemaker")[ACCOUNT][region].pipelines, arn)
+
+
+def ran(arn: str, *steps: tuple[str, str], started: dict[str, datetime] | None = None) -> None:
+    now = datetime.now(timezone.utc)
+    STEPS[arn] = [
+        {
+            "StepName": name, "StepStatus": status, "StartTime": (started or {}).get(name, now),
+            "Metadata": {"TrainingJob": {"Arn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/pipelines-{arn[-12:]}-{name.lower()}"}},
+        }
+        for name, status in steps
+    ]
+
+
+def put_metrics(endpoint: str, recipe_name: str, at: datetime | None = None, **values: float) -> None:
+    names = {"step": catalogue.PROGRESS, "loss": catalogue.LOSS, "tps": catalogue.TOKENS_PER_SECOND, "tps_gpu": catalogue.TOKENS_PER_SECOND_PER_GPU}
+    client("cloudwatch", endpoint).put_metric_data(
+        Namespace=catalogue.NAMESPACE,
+        MetricData=[
+            {"MetricName": names[key].name, "Dimensions": [{"Name": "Recipe", "Value": recipe_name}], "Value": value, "Timestamp": at or datetime.now(timezone.utc)}
+            for key, value in values.items()
+        ],
+    )
+
+
+# -- start -------------------------------------------------------------------------------
+
+
+def test_start_honours_aws_region_then_aws_default_region(endpoint, tmp_path):
+    path = write_yaml(tmp_path / "eu.yaml", recipe_dict(name="in-eu"))
+    deploy(plan_file(path), endpoint, "eu-west-1")
+    result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": REGION})
+    assert result.exit_code == 0, result.output
+    assert ":eu-west-1:" in result.stdout
+    result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": "eu-west-1"})
+    assert result.exit_code == 0, result.output
+    assert len(executions(endpoint, "in-eu", "eu-west-1")) == 2
+    result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": None})
+    assert result.exit_code == 2  # local configuration, no call made
+    assert result.stderr.strip() == "error: no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION"
+
+
+def test_start_checks_its_parameters_before_any_call(endpoint, recipe):
+    before = executions(endpoint, "follow-me")
+    result = invoke("start", recipe, "--endpoint-url", endpoint, "--max-steps", "-5", "--instance-count", "0", "--data-uri", "not-a-uri")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in ("--max-steps -5", "--instance-count 0", "--data-uri 'not-a-uri'"))
+    outside = invoke("start", recipe, "--endpoint-url", endpoint, "--data-uri", "s3://someone-else/data/")
+    assert outside.exit_code == 2 and "data.allowed_uris" in outside.stderr
+    assert executions(endpoint, "follow-me") == before
+
+    with pytest.raises(ParameterError):
+        start(recipe, max_steps=0, client=object(), follow=False)
+
+
+def test_start_passes_an_allowed_data_uri(endpoint, recipe):
+    result = invoke("start", recipe, "--no-follow", "--endpoint-url", endpoint, "--data-uri", "s3://other-data/set/part-2/", "--max-steps", "7")
+    assert result.exit_code == 0, result.output
+    arn = result.stdout.strip()
+    parameters = client("sagemaker", endpoint).list_pipeline_parameters_for_execution(PipelineExecutionArn=arn)["PipelineParameters"]
+    assert {"Name": "DataUri", "Value": "s3://other-data/set/part-2/"} in parameters
+    assert {"Name": "MaxSteps", "Value": "7"} in parameters
+
+
+def test_endpoint_errors_are_one_line(endpoint, recipe, tmp_path):
+    cases = [
+        (("--endpoint-url", "not a url"), 2, "not an http(s) URL"),
+        (("--endpoint-url", f"http://127.0.0.1:{free_port()}"), 1, "Could not connect"),
+    ]
+    for args, code, words in cases:
+        result = invoke("start", recipe, "--no-follow", *args)
+        assert result.exit_code == code, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], lines
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    unknown = write_yaml(tmp_path / "unknown.yaml", recipe_dict(name="never-deployed"))
+    result = invoke("start", unknown, "--no-follow", "--endpoint-url", endpoint)
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1 and "never-deployed" in result.stderr and "cdk deploy" in result.stderr
+    assert f"start pipeline never-deployed (the name: of {unknown})" in result.stderr  # which name start looked for
+    for command in ("status", "logs", "stop"):
+        result = invoke(command, unknown, "--endpoint-url", endpoint)
+        assert result.exit_code == 1 and result.stderr.count("\n") == 1, (command, result.output)
+
+
+# -- status, logs, stop --------------------------------------------------------------------
+
+
+def started(endpoint: str, recipe) -> str:
+    result = invoke("start", recipe, "--no-follow", "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    arn = result.stdout.strip()
+    moto_execution(arn).pipeline_execution_status = "Executing"
+    return arn
+
+
+def test_status_shows_steps_jobs_and_training_progress(endpoint, recipe):
+    arn = started(endpoint, recipe)
+    ran(arn, ("ProbeOrSkip", "Succeeded"), ("Probe", "Succeeded"), ("Gate", "Succeeded"), ("Train", "Executing"))
+    put_metrics(endpoint, "follow-me", step=120, loss=2.5, tps=64_000, tps_gpu=8_000)
+    result = invoke("status", recipe, "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert arn in out and "status: Executing" in out
+    assert f"Train: Executing (pipelines-{arn[-12:]}-train)" in out
+    plan = plan_file(recipe)
+    total = plan.estimates.total_steps
+    assert f"step 120/{total:,}" in out and "loss 2.500" in out
+    share = 8_000 / plan.estimates.tokens_per_second_per_gpu
+    assert f"8,000 tok/s/GPU ({share:.0%} of plan" in out and "ETA" in out
+
+    data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json", "--execution", arn).stdout)
+    assert data["status"] == "Executing" and data["progress"]["step"] == 120
+    expected_eta = (total - 120) * plan.recipe.budget.global_batch_tokens / 64_000
+    assert data["progress"]["eta_seconds"] == pytest.approx(expected_eta)
+    assert data["steps"][-1]["training_job"] == f"pipelines-{arn[-12:]}-train"
+
+
+def test_logs_tail_the_training_jobs_streams(endpoint, recipe):
+    arn = started(endpoint, recipe)
+    ran(arn, ("Probe", "Succeeded"), ("Train", "Executing"))
+    logs = client("logs", endpoint)
+    try:
+        logs.create_log_group(logGroupName=LOG_GROUP)
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    base = int(time.time() * 1000)
+    for offset, job in ((-100_000, f"pipelines-{arn[-12:]}-probe"), (0, f"pipelines-{arn[-12:]}-train")):
+        for host in (1, 2):
+            stream = f"{job}/algo-{host}-1700000000"
+            logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+            events = [{"timestamp": base + offset + i * 10 + host, "message": f"{job} host {host} line {i} [not markup]"} for i in range(5)]
+            logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events)
+    result = invoke("logs", recipe, "--endpoint-url", endpoint, "-n", "3")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3
+    assert all("-train algo-" in line for line in lines) and "line 4 [not markup]" in lines[-1]
+    assert "algo-2: " in lines[-1]  # the later host at the same step
+    data = json.loads(invoke("logs", recipe, "--endpoint-url", endpoint, "-n", "100", "-f", "json").stdout)
+    assert len(data["events"]) == 20 and data["log_group"] == LOG_GROUP
+    assert [e["timestamp"] for e in data["events"]] == sorted(e["timestamp"] for e in data["events"])
+
+
+def test_stop_stops_the_latest_execution(endpoint, recipe):
+    arn = started(endpoint, recipe)
+    result = invoke("stop", recipe, "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"Stopping: {arn}"
+    moto_execution(arn).pipeline_execution_status = "Stopped"
+    again = invoke("stop", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json")
+    assert json.loads(again.stdout) == {"ok": True, "execution_arn": arn, "status": "Stopped"}
+
+
+# -- start --follow ------------------------------------------------------------------------
+
+
+def test_follow_shows_step_loss_throughput_against_the_plan_and_eta(endpoint, tmp_path):
+    plan = plan_file(write_yaml(tmp_path / "fresh.yaml", recipe_dict(name="follow-fresh")))
+    deploy(plan, endpoint)
+    sm, cw = client("sagemaker", endpoint), client("cloudwatch", endpoint)
+    rate = plan.estimates.tokens_per_second_per_gpu
+    world = {"polls": 0}
+
+    now = datetime.now(timezone.utc)
+    # The run as minutes of it would look: created 10 min ago, the probe from -6 min, training from -90 s.
+    started = {"Probe": now - timedelta(minutes=6), "Gate": now - timedelta(minutes=2), "Train": now - timedelta(seconds=90)}
+
+    def advance(_seconds: float) -> None:
+        """One poll interval of the run: the probe, then training steps, then the end."""
+        world["polls"] += 1
+        arn = world["arn"]
+        execution = moto_execution(arn)
+        n = world["polls"]
+        if n == 1:
+            ran(arn, ("Probe", "Executing"), started=started)
+            put_metrics(endpoint, "follow-fresh", at=now - timedelta(minutes=5), step=10, loss=9.0, tps=rate * 8, tps_gpu=rate)
+        elif n == 2:
+            ran(arn, ("Probe", "Succeeded"), ("Gate", "Succeeded"), ("Train", "Executing"), started=started)
+            put_metrics(endpoint, "follow-fresh", at=now, step=500, loss=3.25, tps=rate * 8 * 0.9, tps_gpu=rate * 0.9)
+        else:
+            ran(arn, ("Probe", "Succeeded"), ("Gate", "Succeeded"), ("Train", "Succeeded"), started=started)
+            execution.pipeline_execution_status = "Succeeded"
+
+    class Recording(io.StringIO):
+        def write(self, text):  # the ARN is the first line; the world needs it to advance
+            if "arn" not in world and "/execution/" in text:
+                world["arn"] = text.strip()
+                execution = moto_execution(world["arn"])
+                execution.pipeline_execution_status = "Executing"
+                execution.creation_time = now - timedelta(minutes=10)
+            return super().write(text)
+
+    out = Recording()
+    result = start(plan, client=sm, cloudwatch=cw, poll_seconds=0, out=out, sleep=advance)
+    text = out.getvalue()
+    assert result.ok and world["polls"] == 3
+    assert f"step 10/{plan.recipe.probe.steps}" in text  # the probe's own steps while it runs
+    assert f"step 500/{plan.estimates.total_steps:,}" in text
+    assert "loss 3.250" in text and f"{rate * 0.9:,.0f} tok/s/GPU (90% of plan {rate:,.0f})" in text
+    assert "ETA" in text and "  Train: Executing" in text and "  Train: Succeeded" in text
+    assert text.splitlines()[-1] == f"Succeeded: {result.arn}"
+
+
+def test_cli_follow_json_reports_the_end_state(endpoint, recipe):
+    result = invoke("start", recipe, "--endpoint-url", endpoint, "--poll-seconds", "0", "-f", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "Succeeded" and data["execution_arn"].startswith("arn:aws:sagemaker:")
+
+
+def test_status_lists_the_recipes_runs_and_their_last_checkpoints(endpoint, recipe):
+    """Two runs in the store (one with a stale copy under a higher name, which its manifest step unmasks) and one
+    without a committed checkpoint: listed with the last checkpoint by manifest step, newest commit first."""
+    s3 = client("s3", endpoint)
+    s3.create_bucket(Bucket="tt-store")
+
+    def commit(run: str, directory: str, step: int, at: float) -> None:
+        manifest = {"step": step, "committed_at": at, "world_size": 8, "files": {},
+                    "run": {"run_id": run, "data_uri": "s3://bucket-for-tests/tokens/", "tokens_seen": step * 1000}}
+        s3.put_object(Bucket="tt-store", Key=f"c/runs/{run}/{directory}/COMMITTED", Body=json.dumps(manifest).encode())
+
+    commit("aaa111", "step-4", 4, 100.0)
+    commit("aaa111", "step-6", 6, 200.0)
+    commit("aaa111", "step-99", 2, 50.0)  # a stale copy of step 2 under a higher name
+    commit("bbb222", "step-3", 3, 300.0)
+    s3.put_object(Bucket="tt-store", Key="c/runs/ccc333/step-2/__0_0.distcp", Body=b"x")  # a save that never committed
+    started(endpoint, recipe)
+    result = invoke("status", recipe, "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = lines.index("runs (s3://tt-store/c/runs/; resume one with `start --resume RUN`):")
+    assert lines[at + 1:at + 4] == [
+        "  bbb222: last checkpoint step 3, 3,000 tokens, data s3://bucket-for-tests/tokens/ (1 kept)",
+        "  aaa111: last checkpoint step 6, 6,000 tokens, data s3://bucket-for-tests/tokens/ (3 kept)",
+        "  ccc333: no committed checkpoint",
+    ]
+    data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json").stdout)
+    assert data["runs_uri"] == "s3://tt-store/c/runs/" and [r["run_id"] for r in data["runs"]] == ["bbb222", "aaa111", "ccc333"]
+
+
+def test_start_resume_checks_the_run_in_the_store_before_starting(endpoint, recipe):
+    """A run that is not in the store, or other data than the run's, is refused before StartPipelineExecution."""
+    s3 = client("s3", endpoint)
+    sm = client("sagemaker", endpoint)
+    try:
+        s3.create_bucket(Bucket="tt-store")
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    manifest = {"step": 5, "committed_at": 1.0, "files": {}, "run": {"run_id": "keep5", "data_uri": "s3://bucket-for-tests/tokens/"}}
+    s3.put_object(Bucket="tt-store", Key="c/runs/keep5/step-5/COMMITTED", Body=json.dumps(manifest).encode())
+    before = len(executions(endpoint, "follow-me"))
+    for run, data, words in (("gone9", None, "has no committed checkpoint in the store (runs that can be resumed: "),
+                             ("keep5", "s3://other-data/set/", "the run trains on s3://bucket-for-tests/tokens/")):
+        with pytest.raises(ParameterError, match=re.escape(words)):
+            start(recipe, client=sm, s3=s3, resume=run, data_uri=data, follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before
+    result = start(recipe, client=sm, s3=s3, resume="keep5", follow=False, out=io.StringIO())
+    assert len(executions(endpoint, "follow-me")) == before + 1 and result.arn
+
+
+# -- transient errors: a follow outlives them -------------------------------------------------
+
+
+def stubbed_sagemaker():
+    import boto3
+    from botocore.config import Config
+    from botocore.stub import Stubber
+
+    sm = boto3.client("sagemaker", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x",
+                      config=Config(retries={"mode": "standard", "max_attempts": 1}))
+    return sm, Stubber(sm)
+
+
+ARN = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/follow-me/execution/abc123"
+
+
+def described(stubber, status: str) -> None:
+    stubber.add_response("describe_pipeline_execution", {"PipelineExecutionArn": ARN, "PipelineExecutionStatus": status},
+                         {"PipelineExecutionArn": ARN})
+    stubber.add_response("list_pipeline_execution_steps", {"PipelineExecutionSteps": []},
+                         {"PipelineExecutionArn": ARN, "SortOrder": "Ascending"})
+
+
+@pytest.mark.parametrize("code,words", [("ThrottlingException", "Rate exceeded"), ("ExpiredTokenException", "credentials have expired")])
+def test_follow_survives_a_throttle_or_expired_credentials_and_keeps_following(code, words):
+    from tiered_training.aws import runs
+
+    sm, stubber = stubbed_sagemaker()
+    described(stubber, "Executing")
+    stubber.add_client_error("describe_pipeline_execution", service_error_code=code, service_message="Rate exceeded" if "Thrott" in code else "expired", http_status_code=400)
+    described(stubber, "Succeeded")
+    out, pauses = io.StringIO(), []
+    with stubber:
+        result = runs.follow(sm, ARN, poll_seconds=5, reporter=runs.LineReporter(out), sleep=pauses.append)
+        stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded"
+    lines = out.getvalue().splitlines()
+    warning = next(line for line in lines if line.startswith("warning: "))
+    assert code in warning and words in warning and "still following" in warning
+    assert lines.index(warning) < lines.index("execution Succeeded")
+    assert pauses == [5, 5]  # the poll, then the pause after the error (at least the poll interval)
+
+
+def test_follow_stops_on_an_error_that_will_not_pass():
+    from tiered_training.aws import runs
+    from tiered_training.aws.start import StartError
+
+    sm, stubber = stubbed_sagemaker()
+    stubber.add_client_error("describe_pipeline_execution", service_error_code="AccessDeniedException", http_status_code=400)
+    with stubber, pytest.raises(StartError, match="AccessDenied"):
+        runs.follow(sm, ARN, poll_seconds=0, reporter=runs.LineReporter(io.StringIO()), sleep=lambda s: None)
+
+
+def test_every_client_uses_the_standard_retry_mode(monkeypatch):
+    from tiered_training.aws.start import aws_client
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    for service in ("sagemaker", "cloudwatch", "logs"):
+        client = aws_client(service, region=REGION)
+        assert client.meta.config.retries["mode"] == "standard"
+
+
+def test_no_client_in_the_package_leaves_the_retry_mode_to_chance():
+    import re as regex
+    from pathlib import Path
+
+    import tiered_training
+
+    root = Path(tiered_training.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for match in regex.finditer(r"\bConfig\((.*)", text):
+            assert "RETRIES" in match.group(1) or '"mode": "standard"' in match.group(1), f"{path.name}: {match.group(0)}"
+        if "boto3.client(" in text or ".client(" in text and "_session(" in text:
+            assert "Config(" in text, path.name
+
+
+def test_after_expired_credentials_the_follow_renews_its_clients():
+    from tiered_training.aws import runs
+
+    old, old_stubber = stubbed_sagemaker()
+    old_stubber.add_client_error("describe_pipeline_execution", service_error_code="ExpiredTokenException", http_status_code=400)
+    new, new_stubber = stubbed_sagemaker()
+    described(new_stubber, "Succeeded")
+    renewed = []
+
+    def renew():
+        renewed.append(True)
+        return new, None
+
+    out = io.StringIO()
+    with old_stubber, new_stubber:
+        result = runs.follow(old, ARN, poll_seconds=1, reporter=runs.LineReporter(out), sleep=lambda s: None, renew=renew)
+        old_stubber.assert_no_pending_responses()
+        new_stubber.assert_no_pending_responses()
+    assert result.status == "Succeeded" and renewed == [True]
+    assert "credentials have expired" in out.getvalue()

@@ -1,0 +1,263 @@
+"""What the CLI prints: no markup from user text, strict JSON on every command, exit
+codes, width, version, completion, public sources, spot. In-process (CliRunner)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from support import RECIPES, ROOT, recipe_dict, write_yaml
+from tiered_training import catalog as catalogs
+from tiered_training import report
+from tiered_training.cli.app import app
+from tiered_training.planning.planner import plan_file
+
+RUNNER = CliRunner()
+PIPED = {"COLUMNS": None}  # not a terminal, no COLUMNS: nothing wraps
+
+
+def invoke(*args, env=PIPED):
+    return RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training", env=env)
+
+
+def strict_json(text: str):
+    """JSON as the standard has it: Infinity and NaN are not JSON."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+# -- markup ------------------------------------------------------------------------------
+
+
+def test_user_text_is_never_markup(tmp_path):
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"compute.instance_type": "[/]", "model.catalog": "[bold]x[/bold]"}))
+    for command in ("validate", "plan", "explain"):
+        result = invoke(command, path)
+        assert result.exit_code == 2, (command, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        assert "'[/]'" in result.output and "'[bold]x[/bold]'" in result.output, result.output
+
+
+def test_brackets_in_messages_survive(tmp_path):
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"data.uri": "http://nope"}))
+    result = invoke("validate", path)
+    assert "^s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9](/.*)?$" in result.stderr
+
+
+def test_markup_in_a_table_cell_prints_as_written(tmp_path):
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"model.catalog": None, "model.name": "[red]x[/red] [/]", "model.dimensions": {"layers": 16, "hidden_size": 2048, "attention_heads": 32, "kv_heads": 8, "ffn_size": 8192, "vocab_size": 128256}}))
+    for columns in (None, "80"):
+        result = invoke("plan", path, env={"COLUMNS": columns})
+        assert result.exit_code == 0, result.output
+        assert "[red]x[/red]" in result.stdout and "[/]" in result.stdout  # as written (a piped table may wrap at the space)
+
+
+# -- JSON on every command ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (("plan", *RECIPES[:2]), "plans"),
+        (("validate", *RECIPES[:2]), "recipes"),
+        (("explain", RECIPES[0]), "plans"),
+        (("diff", RECIPES[0], RECIPES[1]), "changed"),
+        (("tiers",), "tiers"),
+        (("models",), "models"),
+        (("instances",), "instances"),
+        (("run-config", RECIPES[0]), "recipe_name"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else v[0],
+)
+def test_every_command_takes_format_json(args, key):
+    result = invoke(args[0], "--format", "json", *args[1:])
+    assert result.exit_code == 0, result.output
+    data = strict_json(result.stdout)
+    assert key in data
+    assert result.stderr == ""
+
+
+def test_failed_recipes_appear_in_json_with_their_errors(tmp_path):
+    bad = write_yaml(tmp_path / "bad.yaml", recipe_dict(sequence_length=64))
+    unplannable = write_yaml(tmp_path / "a100.yaml", recipe_dict(name="a100", **{"compute.instance_type": "ml.p4d.24xlarge", "tuning.precision": "fp8"}))
+    result = invoke("plan", "-f", "json", RECIPES[0], bad, unplannable)
+    assert result.exit_code == 2
+    data = strict_json(result.stdout)
+    assert data["ok"] is False
+    assert [i["source"] for i in data["invalid"]] == [str(bad)]
+    error = data["invalid"][0]["errors"][0]
+    assert error["field"] == "sequence_length" and error["line"] and error["value"] == "64"
+    plans = {p["source"]: p for p in data["plans"]}
+    assert plans[str(unplannable)]["ok"] is False
+    assert any(f["code"] == "fp8-unsupported" for f in plans[str(unplannable)]["findings"])
+
+    validated = strict_json(invoke("validate", "-f", "json", RECIPES[0], bad, unplannable).stdout)
+    verdicts = {r["source"]: r for r in validated["recipes"]}
+    assert verdicts[str(RECIPES[0])]["ok"] and not verdicts[str(bad)]["ok"] and not verdicts[str(unplannable)]["ok"]
+    assert verdicts[str(unplannable)]["errors"][0]["code"] == "fp8-unsupported"
+    assert verdicts[str(unplannable)]["errors"][0]["line"] is not None
+
+
+def test_json_has_no_infinity(tmp_path):
+    # The largest budget the bounds allow, on the slowest instance: still finite.
+    path = write_yaml(tmp_path / "big.yaml", recipe_dict(**{"budget.total_tokens": 10**15, "compute.instance_type": "ml.p4d.24xlarge", "compute.price_per_hour": 100_000}))
+    result = invoke("plan", "-f", "json", path)
+    strict_json(result.stdout)
+
+
+# -- exit codes --------------------------------------------------------------------------
+
+
+def test_diff_with_a_failed_plan_exits_2_and_prints_no_comparison(tmp_path):
+    good = write_yaml(tmp_path / "good.yaml", recipe_dict())
+    broken = write_yaml(tmp_path / "a100.yaml", recipe_dict(**{"compute.instance_type": "ml.p4d.24xlarge", "tuning.precision": "fp8"}))
+    result = invoke("diff", good, broken)
+    assert result.exit_code == 2
+    assert "fp8-unsupported" in result.stderr
+    assert "->" not in result.stdout and "cost_usd" not in result.stdout
+    as_json = invoke("diff", "-f", "json", good, broken)
+    assert as_json.exit_code == 2
+    data = strict_json(as_json.stdout)
+    assert data["diff"] is None and data["ok"] is False
+    invalid = write_yaml(tmp_path / "invalid.yaml", recipe_dict(sequence_length=3))
+    assert invoke("diff", good, invalid).exit_code == 2
+
+
+def test_a_bad_option_is_exit_2():
+    assert invoke("plan", "--format", "yaml", RECIPES[0]).exit_code == 2
+    assert invoke("run-config", "--format", "table", RECIPES[0]).exit_code == 2
+
+
+# -- width ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", [80, 100, 140])
+def test_plan_fits_the_width_and_never_splits_a_number(columns):
+    result = invoke("plan", *RECIPES, env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    for path in RECIPES:
+        row = report.summary_row(plan_file(path))
+        for column in report.NUMERIC_COLUMNS:
+            assert row[column] in result.stdout, (column, row[column])
+
+
+def test_tiers_and_instances_fit_80_columns():
+    for command in ("tiers", "instances", "models", "explain"):
+        args = (command, RECIPES[0]) if command == "explain" else (command,)
+        result = invoke(*args, env={"COLUMNS": "80"})
+        assert result.exit_code == 0
+        assert max(len(line) for line in result.stdout.splitlines()) <= 80, command
+
+
+def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
+    # A relative path: the recipe's path is one word, and a long checkout path cannot wrap.
+    monkeypatch.chdir(RECIPES[0].parent)
+    narrow = invoke("explain", RECIPES[0].name, env={"COLUMNS": "60"}).stdout
+    piped = invoke("explain", RECIPES[0].name).stdout
+    words = lambda text: text.split()  # noqa: E731
+    assert words(narrow) == words(piped)  # the same words: no word, no number, split
+    assert max(map(len, narrow.splitlines())) <= 60 < max(map(len, piped.splitlines()))
+
+
+def test_piped_tables_wrap_their_prose_and_keep_every_word():
+    from tiered_training.report.render import PIPED_TABLE_WIDTH
+
+    for command, rows in (("tiers", report.tier_rows()), ("instances", None)):
+        result = invoke(command, env=PIPED)
+        assert result.exit_code == 0
+        lines = result.stdout.splitlines()
+        assert max(map(len, lines)) <= PIPED_TABLE_WIDTH, command
+        words = set(result.stdout.split())
+        cells = [str(v) for row in rows for v in row.values()] if rows else [i["price_source"] for i in report.instances_data()["instances"] if i["price_per_hour"] is not None]
+        for cell in cells:
+            assert set(cell.split()) <= words, (command, cell)  # wrapped at spaces, never cut or folded
+
+
+def test_piped_output_is_not_wrapped(tmp_path):
+    deep = tmp_path / ("d" * 120) / ("e" * 120)
+    deep.mkdir(parents=True)
+    path = write_yaml(deep / "warn.yaml", recipe_dict(**{"tuning.precision": "fp8"}))
+    result = invoke("validate", path)
+    assert result.exit_code == 0
+    line = next(x for x in result.stdout.splitlines() if "fp8-small-gain" in x)
+    assert line.startswith(str(path)) and "Fix:" in line and len(line) > 300
+
+
+# -- conveniences ------------------------------------------------------------------------
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"tiered-training {version('tiered-training')}"
+
+
+def test_shell_completion_without_a_terminal(tmp_path, monkeypatch):
+    # Typer finds the user's shell among the parent processes (shellingham); a test run may
+    # have none (nohup, CI), so the parent shell is stood in: a user typing in bash.
+    import shellingham
+
+    monkeypatch.setattr(shellingham, "detect_shell", lambda *a, **k: ("bash", "/bin/bash"))
+    script = invoke("--show-completion", "bash")
+    assert script.exit_code == 0 and "_TIERED_TRAINING_COMPLETE=complete_bash" in script.stdout
+    completed = invoke(env={"_TIERED_TRAINING_COMPLETE": "complete_bash", "COMP_WORDS": "tiered-training st", "COMP_CWORD": "1"})
+    assert set(completed.stdout.split()) == {"start", "status", "stop"}
+    installed = invoke("--install-completion", "bash", env={"HOME": str(tmp_path), "SHELL": "/bin/bash"})
+    assert installed.exit_code == 0, installed.output
+    assert "tiered-training" in (tmp_path / ".bashrc").read_text()
+
+
+# -- sources and spot ------------------------------------------------------------------------
+
+
+def test_output_cites_public_sources_only(tmp_path):
+    outputs = [invoke("instances").stdout, invoke("instances", "-f", "json").stdout, invoke("tiers", "-f", "json").stdout]
+    outputs += [invoke("explain", path).stdout for path in RECIPES]
+    outputs += [invoke("plan", "-f", "json", *RECIPES).stdout]
+    text = "\n".join(outputs)
+    assert "facts.md" not in text and "/work/shared" not in text and "reference sheet" not in text
+    assert "EC2" not in text  # the bill is SageMaker's training price, never EC2's
+    assert "SageMaker training" in text
+    package = ROOT / "tiered_training"
+    for path in [*package.rglob("*.py"), *package.rglob("*.yaml")]:
+        assert "facts.md" not in path.read_text(), path
+
+
+def test_spot_cost_uses_the_catalogue_discount_labelled_as_an_estimate(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERED_TRAINING_PRICE_ML_P6_B200_48XLARGE", "100")
+    on_demand = plan_file(write_yaml(tmp_path / "od.yaml", recipe_dict()))
+    spot = plan_file(write_yaml(tmp_path / "spot.yaml", recipe_dict(**{"compute.spot": True})))
+    discount = catalogs.instances()["ml.p6-b200.48xlarge"].spot_discount
+    assert 0 < discount < 1
+    assert spot.estimates.cost_usd == pytest.approx(on_demand.estimates.cost_usd * (1 - discount))
+    assert "estimate" in spot.estimates.price_source and "spot" in spot.estimates.price_source
+    explained = invoke("explain", tmp_path / "spot.yaml").stdout
+    assert re.search(r"cost .*spot: expected \d+% below on-demand \(estimate\)", explained)
+    assert "spot est." in invoke("plan", tmp_path / "spot.yaml").stdout
+    # A recipe's own price is the price paid: no discount on top.
+    own = plan_file(write_yaml(tmp_path / "own.yaml", recipe_dict(**{"compute.spot": True, "compute.price_per_hour": 50.0})))
+    assert own.estimates.price_per_hour == 50.0
+
+
+def test_every_catalogue_instance_has_a_labelled_spot_estimate():
+    for instance in catalogs.instances().values():
+        assert 0 < instance.spot_discount < 0.9, instance.name
+        assert "estimate" in instance.spot_source
+    header = (ROOT / "tiered_training" / "catalog" / "instances.yaml").read_text().split("\nml.", 1)[0]
+    assert "Spot Instance Advisor" in header and "Managed Spot Training" in header
+
+
+def test_yaml_round_trip_of_the_json_is_loadable():
+    data = strict_json(invoke("tiers", "-f", "json").stdout)
+    assert [t["name"] for t in data["tiers"]] == [t.name for t in catalogs.tiers()]
+    yaml.safe_dump(data)

@@ -1,0 +1,484 @@
+"""Hostile and careless input: every case is exit 2 with one clear line, fast, never a hang or a crash.
+
+Cases run in-process through the CLI (typer's CliRunner) so that the time measured is
+the command's, not Python's start-up; a few run as subprocesses where a segfault or a
+blocking read would take the test process down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from support import ROOT, recipe_dict, write_yaml
+from tiered_training.cli.app import app
+from tiered_training.recipe.errors import RecipeError
+from tiered_training.recipe.loader import MAX_DEPTH, find_recipes, parse_recipe
+
+RUNNER = CliRunner()
+
+
+def invoke(*args, env=None):
+    """The command's result and the CPU seconds it took. CPU time, not wall time: the test machines
+    are shared, and a busy neighbour would stretch the wall time of a command that does little. A
+    wait (a retry's sleep, a blocked read) shows in the wall-time bound here instead."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training", env=env)
+    cpu, wall = time.process_time() - cpu_started, time.perf_counter() - started
+    assert wall < 10.0, f"{' '.join(map(str, args))[:200]}: {wall:.1f} s of wall time for {cpu:.2f} s of CPU: it waited"
+    return result, cpu
+
+
+def alias_bomb(levels: int = 9, fan: int = 10) -> str:
+    lines = ["a0: &a0 [" + ",".join(["lol"] * fan) + "]"]
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def with_text(base: dict, old: str, new: str) -> str:
+    text = yaml.safe_dump(base, sort_keys=False)
+    assert old in text
+    return text.replace(old, new)
+
+
+# The table of the hostile inputs: (label, file text, words the one line must hold).
+CASES = [
+    ("alias bomb", alias_bomb(), ["aliases expand"]),
+    ("nesting 2,000 deep", "name: " + "[" * 2000 + "]" * 2000 + "\n", ["nested more than"]),
+    ("nesting 50,000 deep", "name: " + "[" * 50_000 + "]" * 50_000 + "\n", ["nested more than"]),
+    ("deep mapping", "".join(" " * i + f"k{i}:\n" for i in range(200)), ["nested more than"]),
+    ("400-digit total_tokens", recipe_dict(**{"budget.total_tokens": int("9" * 400)}), ["budget.total_tokens", "less than or equal", "400 characters"]),
+    ("price_per_hour .inf", with_text(recipe_dict(**{"compute.price_per_hour": 1.5}), "price_per_hour: 1.5", "price_per_hour: .inf"), ["compute.price_per_hour", "finite"]),
+    ("price_per_hour .nan", with_text(recipe_dict(**{"compute.price_per_hour": 1.5}), "price_per_hour: 1.5", "price_per_hour: .nan"), ["compute.price_per_hour", "finite"]),
+    ("grad_clip .inf", with_text(recipe_dict(**{"optimizer.grad_clip": 1.5}), "grad_clip: 1.5", "grad_clip: .inf"), ["optimizer.grad_clip", "finite"]),
+    ("rope_theta -.inf", recipe_dict(**{"model.catalog": None, "model.dimensions": {"layers": 2, "hidden_size": 64, "attention_heads": 1, "kv_heads": 1, "ffn_size": 64, "vocab_size": 256, "rope_theta": float("-inf")}}), ["rope_theta", "finite"]),
+    ("seed 2**64", recipe_dict(**{"data.seed": 2**64}), ["data.seed", "4294967295"]),
+    ("name of 130 characters", recipe_dict(name="n" * 130), ["name", "at most 84", "130 characters"]),
+    ("name of 256 characters", recipe_dict(name="n" * 256), ["name", "at most 84"]),
+    ("name of 85 characters", recipe_dict(name="n" * 85), ["SNS topic display name", "at most 100"]),
+    ("instance type of 10,000 characters", recipe_dict(**{"compute.instance_type": "x" * 10_000}), ["compute.instance_type", "10,000 characters"]),
+    ("5,000-digit integer", "name: unit-test\nsequence_length: " + "9" * 5000 + "\n", ["YAML", "cannot be read"]),
+    ("explicit bad tag", "name: !!int nope\n", ["YAML", "cannot be read"]),
+    ("bad timestamp tag", "name: !!timestamp nope\n", ["YAML"]),
+    ("python object tag", "name: !!python/object:os.system x\n", ["YAML syntax"]),
+    ("unhashable key", "? [a, b]\n: 1\nname: x\n", ["YAML syntax"]),
+    ("NUL byte", "name: a\x00b\n", ["YAML", "not allowed"]),
+    ("two documents", "name: a\n---\nname: b\n", ["YAML syntax"]),
+    ("tags over the limit", recipe_dict(tags={f"k{i}": "v" for i in range(60)}), ["tags", "at most 49"]),
+    ("a value of 300 tag characters", recipe_dict(tags={"team": "t" * 300}), ["tags", "256"]),
+    # YAML 1.1 readings: YAML 1.2 reads these as text, and the message says what 1.1 would have read.
+    ("sexagesimal runtime", with_text(recipe_dict(**{"compute.max_runtime_hours": 2}), "max_runtime_hours: 2", "max_runtime_hours: 1:30"),
+     ["compute.max_runtime_hours", "'1:30'", "90, base 60", "decimal number"]),
+    ("sexagesimal integer", with_text(recipe_dict(**{"probe.steps": 20}), "steps: 20", "steps: 1:00"), ["probe.steps", "60, base 60"]),
+    ("yes as a boolean", with_text(recipe_dict(**{"compute.spot": False}), "spot: false", "spot: yes"), ["compute.spot", "'yes'", "true or false"]),
+    ("off as a boolean", with_text(recipe_dict(**{"tracking.tensorboard": True}), "tensorboard: true", "tensorboard: off"), ["tracking.tensorboard", "'off'", "as false"]),
+    ("boolean instance count", recipe_dict(**{"compute.instance_count": True}), ["compute.instance_count", "valid integer", "not a boolean"]),
+    ("boolean runtime", recipe_dict(**{"compute.max_runtime_hours": False}), ["compute.max_runtime_hours", "valid number", "not a boolean"]),
+    ("quoted number", recipe_dict(**{"compute.instance_count": "2"}), ["compute.instance_count", "valid integer", "'2'"]),
+    ("an integer in exponent notation", with_text(recipe_dict(), "total_tokens: 10000000000", "total_tokens: 1.0e10"),
+     ["budget.total_tokens", "write 10_000_000_000"]),
+    # A key spelt with a lookalike letter is one problem that names the letter.
+    ("Cyrillic a in a key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("name:", "n\u0430me:", 1),
+     ["unknown key 'n\u0430me'", "non-ASCII '\u0430' U+0430", "did you mean 'name'?"]),
+    ("Greek o in a nested key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("instance_count:", "instance_c\u03bfunt:"),
+     ["compute.instance_c\u03bfunt", "U+03BF", "did you mean 'instance_count'?"]),
+    ("full-width key", yaml.safe_dump(recipe_dict(), sort_keys=False, allow_unicode=True).replace("sequence_length:", "sequence\uff3flength:"),
+     ["U+FF3F", "did you mean 'sequence_length'?"]),
+]
+
+
+@pytest.mark.parametrize("label,text,words", CASES, ids=[c[0] for c in CASES])
+def test_hostile_recipe_is_exit_2_with_one_clear_line_within_a_second(tmp_path, label, text, words):
+    path = write_yaml(tmp_path / "recipe.yaml", text)
+    result, seconds = invoke("validate", path)
+    assert result.exit_code == 2, (label, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {path}"), lines[0]
+    assert len(lines[0]) < 600, len(lines[0])
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert seconds < 1.0, f"{label}: {seconds:.2f} s"
+
+
+def test_yaml_12_reads_grouped_digits_octal_hex_and_leaves_dates_as_text():
+    from tiered_training.recipe.yaml12 import Loader
+
+    text = "a: 50_000\nb: 0o17\nc: 0x1f\nd: 010\ne: 2024-01-01\nf: 1e3\ng: .inf\nh: on\ni: ~\nj: True\n"
+    assert yaml.load(text, Loader=Loader) == {
+        "a": 50_000, "b": 15, "c": 31, "d": 10, "e": "2024-01-01", "f": 1000.0, "g": float("inf"), "h": "on", "i": None, "j": True,
+    }
+
+
+def test_a_file_name_with_a_newline_is_one_line(tmp_path):
+    path = write_yaml(tmp_path / "new\nline.yaml", recipe_dict(**{"compute.instance_count": 0}))
+    result, _ = invoke("validate", path)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "new\\nline.yaml:" in lines[0] and "compute.instance_count" in lines[0], lines
+    good = write_yaml(tmp_path / "ok\nfine.yaml", recipe_dict(**{"monitoring.alarm_email": "ops@example.com"}))
+    result, _ = invoke("validate", good)
+    lines = result.stdout.strip().splitlines()  # the quotas a default account lacks, then the verdict
+    assert result.exit_code == 0 and lines[-1] == f"{tmp_path}/ok\\nfine.yaml: ok", result.output
+    assert all(line.startswith(f"{tmp_path}/ok\\nfine.yaml") for line in lines), lines
+
+
+def test_the_longest_name_fits_every_derived_name():
+    from tiered_training.recipe import names
+
+    longest = "n" * names.longest_name()
+    recipe, _ = parse_recipe(yaml.safe_dump(recipe_dict(name=longest)), "long.yaml")
+    for derived in names.DERIVED:
+        assert len(derived.derive(recipe.name)) <= derived.limit, derived.what
+    assert names.longest_name() == 100 - len("tiered-training ")  # the SNS display name binds
+
+
+def test_a_50_mb_name_is_refused_by_size_without_reading_it(tmp_path):
+    path = tmp_path / "huge.yaml"
+    with open(path, "w") as handle:
+        handle.write("name: ")
+        handle.truncate(50_000_000)  # sparse: as big as a 50 MB name, nothing to write
+    result, seconds = invoke("plan", path)
+    assert result.exit_code == 2
+    assert "at most 1,048,576 bytes" in result.stderr and result.stderr.count("\n") == 1
+    assert seconds < 1.0
+
+
+def test_depth_bound_triggers_before_any_recursion():
+    text = "a: " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n"
+    with pytest.raises(RecipeError, match="nested more than"):
+        parse_recipe(text, "deep.yaml")
+    ok = "a: " + "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2) + "\n"
+    with pytest.raises(RecipeError) as info:  # within the bound: an ordinary schema error
+        parse_recipe(ok, "shallow.yaml")
+    assert "nested" not in str(info.value)
+
+
+def test_a_few_aliases_are_fine():
+    text = yaml.safe_dump(recipe_dict(), sort_keys=False)
+    text = text.replace("data:\n  uri: s3://bucket-for-tests/tokens/", "data:\n  uri: &u s3://bucket-for-tests/tokens/\n  allowed_uris: [*u]")
+    recipe, _ = parse_recipe(text, "aliases.yaml")
+    assert recipe.data.allowed_uris == ["s3://bucket-for-tests/tokens/"]
+
+
+def test_merge_key_with_an_override_is_not_a_duplicate():
+    text = """\
+name: merged
+model: {catalog: llama-3.2-1b}
+data: {uri: "s3://bucket-for-tests/tokens/"}
+sequence_length: 4096
+budget: {total_tokens: 10000000000, global_batch_tokens: 1048576}
+compute: {instance_type: ml.p6-b200.48xlarge}
+monitoring: &mon {stall_minutes: 45, loss_ceiling: 9.0}
+checkpointing:
+  <<: [{interval_minutes: 20, keep_last: 4}, {keep_last: 9, shutdown_deadline_seconds: 100}]
+  keep_last: 5
+"""
+    recipe, lines = parse_recipe(text, "merge.yaml")
+    # Explicit keys override merged ones; of the merged mappings, the first wins.
+    assert recipe.checkpointing.keep_last == 5
+    assert recipe.checkpointing.interval_minutes == 20
+    assert recipe.checkpointing.shutdown_deadline_seconds == 100
+    assert lines["checkpointing.keep_last"] == 10
+    assert recipe.monitoring.stall_minutes == 45
+
+
+def test_merged_key_errors_point_at_the_merged_line():
+    text = "base: &b {keep_last: 0}\n" + "checkpointing:\n  <<: *b\n"
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, "m.yaml")
+    problem = next(p for p in info.value.problems if p.field == "checkpointing.keep_last")
+    assert problem.line == 1
+
+
+def test_a_real_duplicate_is_still_reported():
+    with pytest.raises(RecipeError, match="duplicate key"):
+        parse_recipe("name: a\nname: b\n", "dup.yaml")
+
+
+def test_messages_quote_at_most_80_characters_of_a_value(tmp_path):
+    path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"data.uri": "s3://" + "b" * 900}))
+    result, _ = invoke("validate", path)
+    assert result.exit_code == 2
+    assert "b" * 81 not in result.stderr and "905 characters" in result.stderr
+
+
+# -- the recipes directory: synth and the CLI agree -------------------------------------
+
+
+def recipes_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write_yaml(folder / "good.yaml", recipe_dict(name="good"))
+    return folder
+
+
+def special_entries(folder: Path) -> dict[str, str]:
+    """Entries that are not readable recipe files, and the words their error holds."""
+    (folder / "gone.yaml").symlink_to(folder / "missing-target.yaml")
+    os.mkfifo(folder / "pipe.yaml")
+    (folder / "dir.yaml").mkdir()
+    return {"gone.yaml": "dangling symbolic link", "pipe.yaml": "FIFO", "dir.yaml": "directory"}
+
+
+def test_fifo_dangling_link_and_directory_are_errors_in_validate_and_synth(tmp_path):
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    folder = recipes_dir(tmp_path)
+    expected = special_entries(folder)
+    (folder / ".hidden.yaml").symlink_to(folder / "editor-lock")  # editors' lock files are skipped
+    (folder / "notes.txt").write_text("not a recipe")
+
+    files, errors = find_recipes([folder])
+    assert sorted(p.name for p in files) == sorted(["good.yaml", *expected])
+
+    result, seconds = invoke("validate", folder)
+    assert result.exit_code == 2 and seconds < 1.0
+    for name, words in expected.items():
+        line = next(x for x in result.stderr.splitlines() if name in x)
+        assert words in line
+    assert "good.yaml: ok" in result.stdout
+    assert ".hidden" not in result.output and "notes.txt" not in result.output
+
+    with pytest.raises(RecipeProblems) as info:
+        load_plans(folder)
+    reported = str(info.value)
+    for name, words in expected.items():
+        assert name in reported and words in reported
+
+
+def test_unreadable_file_is_an_error_in_validate_and_synth(tmp_path, monkeypatch):
+    from tiered_training.recipe import loader
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    folder = recipes_dir(tmp_path)
+    secret = write_yaml(folder / "secret.yaml", recipe_dict(name="secret"))
+    secret.chmod(0)
+    if os.geteuid() == 0:  # root reads whatever the mode: refuse the open as the kernel would
+        real_open = os.open
+
+        def refuse(path, *args, **kwargs):
+            if Path(path).name == "secret.yaml":
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(loader.os, "open", refuse)
+    result, _ = invoke("validate", folder)
+    assert result.exit_code == 2 and "secret.yaml" in result.stderr and "Permission denied" in result.stderr
+    with pytest.raises(RecipeProblems, match="secret.yaml: cannot read the file: Permission denied"):
+        load_plans(folder)
+
+
+def test_synth_app_exits_2_on_a_bad_entry(tmp_path, monkeypatch, capsys):
+    from tiered_training.constructs import app as cdk_app
+
+    folder = recipes_dir(tmp_path)
+    (folder / "gone.yaml").symlink_to(folder / "nowhere.yaml")
+    real_app = cdk_app.App
+    # The app's context as `cdk synth -c recipes=<folder>` gives it.
+    monkeypatch.setattr(cdk_app, "App", lambda **kw: real_app(**{**kw, "context": {**kw.get("context", {}), "recipes": str(folder)}, "outdir": str(tmp_path / "out")}))
+    monkeypatch.setattr(cdk_app, "build_app", lambda *a, **k: pytest.fail("synth went ahead"))
+    assert cdk_app.main() == 2
+    err = capsys.readouterr().err
+    assert "gone.yaml" in err and "dangling symbolic link" in err
+
+
+def test_empty_input_is_exit_2_no_recipes_found(tmp_path):
+    for command in ("plan", "validate"):
+        result, _ = invoke(command, tmp_path)
+        assert result.exit_code == 2
+        assert "no recipes found" in result.stderr
+    from tiered_training.constructs.app import RecipeProblems, load_plans
+
+    with pytest.raises(RecipeProblems, match="no recipes found"):
+        load_plans(tmp_path)
+
+
+# -- as a user runs it: a separate process, for what would crash or block a process -------
+
+
+def run_cli(*args, timeout=20):
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "tiered_training.cli.app", *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return result, time.perf_counter() - started
+
+
+def test_subprocess_deep_nesting_bomb_and_fifo_never_crash_or_hang(tmp_path):
+    deep = write_yaml(tmp_path / "deep.yaml", "name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    bomb = write_yaml(tmp_path / "bomb.yaml", alias_bomb())
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    result, seconds = run_cli("validate", deep, bomb, fifo)
+    assert result.returncode == 2, result.stderr  # not 139 (segfault), not a timeout
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3, result.stderr
+    # Python's start-up and imports are most of this; the in-process checks above bound the work itself.
+    assert seconds < 10, seconds
+
+
+# -- command-line options: checked locally, exit 2, one line, in the command's format ---------
+
+@pytest.fixture(scope="module")
+def aws_sandbox(tmp_path_factory):
+    """Fake credentials, no profiles, and an endpoint where nothing listens: a command that
+    reached AWS would fail there with exit 1, so exit 2 shows that no call was made."""
+    from support import free_port
+
+    home = tmp_path_factory.mktemp("home")
+    (home / "config").write_text("[profile dev]\nregion = eu-west-1\n")
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": None, "AWS_PROFILE": None, "AWS_CONFIG_FILE": str(home / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"), "AWS_MAX_ATTEMPTS": "1",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            if value is None:
+                mp.delenv(key, raising=False)
+            else:
+                mp.setenv(key, value)
+        yield f"http://127.0.0.1:{free_port()}"
+
+
+def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
+    a_file = tmp / "not-a-dir.yaml"
+    if tmp.is_dir():
+        write_yaml(a_file, "x")
+    other = "arn:aws:sagemaker:us-east-1:123456789012:pipeline/someone-else/execution/abc123"
+    cases = [
+        ("region path", ["status", recipe, "--region", "../../etc"], ["--region '../../etc'", "not an AWS region name"]),
+        ("region typo", ["logs", recipe, "--region", "eu-wset-1"], ["--region 'eu-wset-1'", "did you mean 'eu-west-1'?"]),
+        ("region env", ["stop", recipe], ["AWS_REGION 'mars-1'", "not an AWS region name"]),
+        ("unknown profile", ["status", recipe, "--profile", "no-such"], ["--profile 'no-such'", "no such profile", "dev"]),
+        ("execution not an ARN", ["stop", recipe, "--execution", "not-an-arn"], ["--execution 'not-an-arn'", "pipeline execution ARN"]),
+        ("execution of another pipeline", ["status", recipe, "--execution", other], ["pipeline 'someone-else'", "unit-test"]),
+        ("execution in another region", ["logs", recipe, "--execution", other.replace("us-east-1", "eu-west-1").replace("someone-else", "unit-test")],
+         ["an execution in eu-west-1", "pass --region eu-west-1"]),
+        ("endpoint not a URL", ["logs", recipe, "--endpoint-url", "not a url"], ["not an http(s) URL"]),
+        ("negative steps", ["start", recipe, "--max-steps", "-5"], ["--max-steps -5"]),
+        ("zero lines", ["logs", recipe, "-n", "0"], ["--lines", "greater than or equal to 1", "--help"]),
+        ("not a number", ["start", recipe, "--instance-count", "two"], ["--instance-count", "valid integer"]),
+        ("unknown option", ["status", recipe, "--regoin", "us-east-1"], ["--regoin"]),
+        ("no recipe", ["status"], ["Missing argument"]),
+        ("unknown command", ["plna", recipe], ["No such command 'plna'", "Did you mean 'plan'?"]),
+        ("unknown global option", ["--bogus"], ["No such option: --bogus"]),
+        ("no such recipe name", ["status", "no-such-recipe"], ["no-such-recipe: no such recipe file", "nor a recipe of that name"]),
+        ("hosts 100000", ["rehearse", recipe, "--hosts", "100000"], ["--hosts 100000", "1 to 8"]),
+        ("workers 0", ["rehearse", recipe, "--workers", "0"], ["--workers 0"]),
+        ("steps 10**9", ["rehearse", recipe, "--steps", "1000000000"], ["--steps 1000000000", "2 to 1000"]),
+        ("interrupt beyond the run", ["rehearse", recipe, "--interrupt", "sigterm@99999999999999999999"], ["not within", "1000 steps"]),
+        ("interrupt after --steps", ["rehearse", recipe, "--steps", "20", "--interrupt", "sigterm@20"], ["not within the run's 20 steps"]),
+        ("interrupt garbage", ["rehearse", recipe, "--interrupt", "sigkill@now"], ["expected sigterm@STEP"]),
+        ("interrupt of 5,000 digits", ["rehearse", recipe, "--interrupt", "sigterm@" + "9" * 5000], ["is not a step number"]),
+        ("parameter of 5,000 digits", ["rehearse", recipe, "--param", "MaxSteps=" + "9" * 5000], ["MaxSteps", "1 to 1000"]),
+        ("unknown parameter", ["rehearse", recipe, "--param", "NoSuch=1"], ["no parameter 'NoSuch'", "InstanceCount"]),
+        ("parameter out of range", ["rehearse", recipe, "--param", "InstanceCount=100000"], ["InstanceCount", "1 to 8"]),
+        ("restart with an unknown parameter", ["rehearse", recipe, "--restart-with", "Foo=1"], ["--restart-with", "'Foo'"]),
+        ("workdir is a file", ["rehearse", recipe, "--workdir", a_file], ["--workdir", "not a directory"]),
+    ]
+    if Path("/proc/version").is_file():
+        cases.append(("workdir /proc/version", ["rehearse", recipe, "--workdir", "/proc/version"], ["--workdir /proc/version", "not a directory"]))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def option_table(tmp_path_factory, aws_sandbox):
+    tmp = tmp_path_factory.mktemp("options")
+    recipe = write_yaml(tmp / "recipe.yaml", recipe_dict())
+    invoke("plan", recipe)  # warm the catalogues: the time below is the command's own
+    return {label: (args, words) for label, args, words in option_cases(recipe, tmp)}
+
+
+OPTION_LABELS = [label for label, _, _ in option_cases(Path("recipe.yaml"), Path("/nonexistent"))]
+
+
+@pytest.mark.parametrize("label", OPTION_LABELS)
+def test_a_bad_option_is_exit_2_one_line_no_call_within_2_seconds(option_table, aws_sandbox, label):
+    args, words = option_table[label]
+    env = {"AWS_REGION": "mars-1"} if label == "region env" else None
+    endpoint = ["--endpoint-url", aws_sandbox] if args[0] in ("start", "status", "logs", "stop") and "--endpoint-url" not in args and len(args) > 1 else []
+    result, seconds = invoke(*args, *endpoint, env=env)
+    assert result.exit_code == 2, (label, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert seconds < 2.0, f"{label}: {seconds:.2f} s"
+
+    as_json, _ = invoke(*args, *endpoint, "--format", "json", env=env)
+    assert as_json.exit_code == 2
+    data = json.loads(as_json.stdout)
+    assert data["ok"] is False and data["exit_code"] == 2
+    assert any(words[-1] in error["message"] for error in data["errors"]), data
+
+
+def test_every_command_has_json_and_reports_usage_errors_in_it():
+    import typer
+
+    group = typer.main.get_command(app)
+    names = sorted(group.commands)
+    assert {"plan", "validate", "explain", "diff", "run-config", "start", "status", "logs", "stop", "rehearse", "schema"} <= set(names)
+    for name in names:
+        choices, _ = invoke(name, "--format", "xml")  # the refusal lists the formats the command has
+        assert choices.exit_code == 2 and "'json'" in choices.stderr and "--format" in choices.stderr, (name, choices.stderr)
+        result, _ = invoke(name, "--format", "json", "--no-such-option")
+        assert result.exit_code == 2, (name, result.output)
+        data = json.loads(result.stdout)
+        assert data == {"ok": False, "exit_code": 2, "errors": [{"message": data["errors"][0]["message"]}]}, data
+        assert "--no-such-option" in data["errors"][0]["message"]
+
+
+def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monkeypatch):
+    from tiered_training.aws import start
+
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
+    start._session.cache_clear()
+    for command in ("start", "status", "logs", "stop"):
+        result, _ = invoke(command, recipe, "--endpoint-url", aws_sandbox)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.strip() == (
+            f"error: tiered-training {command} calls AWS and needs boto3, which the 'aws' extra installs: "
+            "pip install 'tiered-training[aws]'"
+        )
+    start._session.cache_clear()
+
+
+def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "moto", None)
+    result, seconds = invoke("rehearse", recipe)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (
+        "error: rehearse runs the trainer on a local S3 and needs moto, which the 'rehearse' extra installs: "
+        "pip install 'tiered-training[rehearse]'"
+    )
+    assert seconds < 2.0
+
+
+def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkeypatch):
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write_yaml(folder / "bomb.yaml", alias_bomb())
+    write_yaml(folder / "deep.yaml", "name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    os.mkfifo(folder / "pipe.yaml")
+    write_yaml(folder / "my-file.yaml", recipe_dict(name="my-pipeline"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("my-pipeline", "my-file"):
+        result, seconds = invoke("run-config", name)
+        assert result.exit_code == 0 and '"recipe_name": "my-pipeline"' in result.stdout, result.output
+        assert seconds < 2.0
+    result, _ = invoke("explain", "no-such")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (the recipes in recipes/ are named my-pipeline)"

@@ -1,0 +1,82 @@
+"""The metric catalogue, shared by the container and the constructs.
+
+The training container emits these metrics as CloudWatch Embedded Metric Format
+lines (``training/components/metrics.py``); the constructs build alarms and dashboards on
+them (``tiered_training/constructs/metric_factory.py``). Both import this module,
+so a name, unit or dimension lives here and nowhere else.
+
+Dimensions are stable: the recipe name, never a generated job name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAMESPACE = "TieredTraining"
+# The container emits on this wall-clock cadence (``RunConfig.metrics.interval_seconds``);
+# the alarms are fitted to it (``tiered_training.planning.alarms``).
+DEFAULT_INTERVAL_SECONDS = 60.0
+# Every metric carries exactly this dimension set.
+DIMENSIONS: tuple[str, ...] = ("Recipe",)
+# GPU-utilisation and memory metrics also carry the node, on each node's local rank 0.
+NODE_DIMENSIONS: tuple[str, ...] = ("Recipe", "Node")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    unit: str  # a CloudWatch unit name
+    description: str
+    dimensions: tuple[str, ...] = DIMENSIONS
+    gpu_only: bool = False  # left out where there is no GPU, never faked
+
+
+TOKENS_PER_SECOND = MetricSpec("TokensPerSecond", "Count/Second", "training tokens per second, all GPUs")
+TOKENS_PER_SECOND_PER_GPU = MetricSpec("TokensPerSecondPerGpu", "Count/Second", "training tokens per second per GPU")
+MFU = MetricSpec("MFU", "Percent", "model FLOPs utilisation with full-attention FLOPs (6N + 12*L*h*s), BF16-equivalent for FP8 runs")
+STEP_TIME = MetricSpec("StepTime", "Seconds", "wall time of one optimiser step")
+LOSS = MetricSpec("Loss", "None", "training loss")
+GRAD_NORM = MetricSpec("GradNorm", "None", "gradient norm before clipping")
+LEARNING_RATE = MetricSpec("LearningRate", "None", "learning rate")
+PEAK_MEMORY = MetricSpec("PeakMemoryGiB", "Gigabytes", "peak allocated GPU memory", NODE_DIMENSIONS, gpu_only=True)
+PEAK_MEMORY_FRACTION = MetricSpec(
+    "PeakMemoryFraction", "Percent", "peak allocated GPU memory as a percentage of HBM", NODE_DIMENSIONS, gpu_only=True
+)
+GPU_UTILIZATION = MetricSpec(
+    "GpuUtilization", "Percent", "NVML GPU utilisation, mean over the node's GPUs", NODE_DIMENSIONS, gpu_only=True
+)
+DATA_WAIT_FRACTION = MetricSpec("DataWaitFraction", "Percent", "share of step time spent waiting for data")
+CHECKPOINT_SAVE_TIME = MetricSpec("CheckpointSaveTime", "Seconds", "blocking time of a checkpoint save")
+PROGRESS = MetricSpec(
+    "StepsCompleted", "Count", "optimiser steps completed; also sent by the heartbeat, so the stall alarm sees a live run"
+)
+NON_FINITE_LOSS = MetricSpec("NonFiniteLossSteps", "Count", "steps of the interval whose loss or gradient norm was NaN or infinite (skipped)")
+VALIDATION_LOSS = MetricSpec("ValidationLoss", "None", "loss on the held-out validation shards")
+
+ALL: tuple[MetricSpec, ...] = (
+    TOKENS_PER_SECOND,
+    TOKENS_PER_SECOND_PER_GPU,
+    MFU,
+    STEP_TIME,
+    LOSS,
+    GRAD_NORM,
+    LEARNING_RATE,
+    PEAK_MEMORY,
+    PEAK_MEMORY_FRACTION,
+    GPU_UTILIZATION,
+    DATA_WAIT_FRACTION,
+    CHECKPOINT_SAVE_TIME,
+    PROGRESS,
+    NON_FINITE_LOSS,
+    VALIDATION_LOSS,
+)
+BY_NAME = {m.name: m for m in ALL}
+
+# Probe output: one line per finding, parsed by the pipeline's MetricDefinitions.
+# The container prints exactly these formats; the definition builder uses these regexes.
+PROBE_METRICS: dict[str, tuple[str, str]] = {
+    # metric name: (printf-style format the container prints, regex the pipeline parses)
+    "probe:tokens_per_second": ("PROBE tokens_per_second={:.2f}", r"PROBE tokens_per_second=([0-9.]+)"),
+    "probe:peak_memory_fraction": ("PROBE peak_memory_fraction={:.4f}", r"PROBE peak_memory_fraction=([0-9.]+)"),
+    "probe:best_micro_batch": ("PROBE best_micro_batch={:d}", r"PROBE best_micro_batch=([0-9]+)"),
+}

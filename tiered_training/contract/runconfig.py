@@ -1,0 +1,408 @@
+"""RunConfig: the one contract between the planner and the training container.
+
+The planner builds it from a Plan (``Plan.run_config()``); the pipeline passes it
+to the training job as hyperparameters; the container in ``training/`` reads it
+back with :meth:`RunConfig.from_hyperparameters`. There is no second schema.
+
+Hyperparameters are flat: one key per leaf field, dotted (``model.layers``), each
+value JSON-encoded as a string. SageMaker allows at most 100 keys and 2,500
+characters per value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tiered_training.contract.architecture import Architecture
+
+MAX_HYPERPARAMETERS = 100
+MAX_HYPERPARAMETER_VALUE = 2500
+# Paths and names both sides of the contract use: the Training step configures them,
+# the container reads or writes them.
+TENSORBOARD_DIR = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath
+VALIDATION_CHANNEL = "validation"  # input channel of data.validation_uri
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Architecture):
+    """The model to train: its architecture, a display name and an optional starting checkpoint."""
+
+    name: str
+    init_checkpoint: str | None = Field(
+        default=None, description="S3 URI of a Hugging Face checkpoint; the pipeline mounts it as the 'model' channel"
+    )
+
+
+class ParallelConfig(_Frozen):
+    """world = replicate x shard x context_parallel GPUs.
+
+    ``shard_group_size`` counts the context-parallel ranks: FSDP shards the state over
+    shard x context_parallel GPUs, so it is a multiple of ``context_parallel``.
+    """
+
+    sharding: Literal["full", "hybrid", "none"]
+    shard_group_size: int = Field(ge=1, description="GPUs that share one copy of the sharded state")
+    context_parallel: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "GPUs that split each sequence (ring attention). world = replicate x shard x cp; FSDP shards over the "
+            "flattened (shard, cp) ranks, so shard_group_size counts the cp ranks and is a multiple of it; "
+            "a data-parallel rank is a cp group, and micro_batch_size counts sequences per cp group"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _context_parallel_fits(self) -> "ParallelConfig":
+        cp = self.context_parallel
+        if cp > 1 and self.sharding == "none":
+            raise ValueError(
+                f"context_parallel {cp} needs sharded state: FSDP shards it over the context-parallel ranks; "
+                "set sharding to full, or hybrid with shard_group_size a multiple of context_parallel"
+            )
+        if self.shard_group_size % cp:
+            raise ValueError(
+                f"shard_group_size {self.shard_group_size} is not a multiple of context_parallel {cp}: "
+                "the GPUs sharing one sharded copy include the context-parallel ranks"
+            )
+        return self
+
+
+class PrecisionConfig(_Frozen):
+    precision: Literal["bf16", "fp8", "fp32"]
+    fp8_recipe: Literal["tensorwise", "rowwise", "mxfp8"] | None = None
+    fp8_all_gather: bool = Field(default=False, description="FSDP all-gathers in float8 (tensorwise only)")
+    activation_checkpointing: Literal["none", "selective", "full"]
+    compile: bool = False
+    loss_chunk_tokens: int = Field(default=4096, ge=1, description="tokens per chunk of the vocabulary loss")
+
+
+class BatchConfig(_Frozen):
+    sequence_length: int
+    micro_batch_size: int
+    grad_accum_steps: int = Field(description="at the full global batch")
+    global_batch_tokens: int
+    total_steps: int
+    ramp_start_accum_steps: int | None = Field(default=None, description="accumulation at step 0 when ramping")
+    ramp_steps: int = 0
+
+    def accum_steps_at(self, step: int) -> int:
+        """Gradient-accumulation steps at the 0-based ``step``, under the linear batch ramp."""
+        return ramp_accum_steps(step, self.ramp_start_accum_steps, self.grad_accum_steps, self.ramp_steps)
+
+
+def steps_for_tokens(tokens: int, tokens_per_accum: int, start: int | None, full: int, ramp_steps: int) -> int:
+    """Optimiser steps until ``tokens`` have been trained on, counting the batch ramp's smaller
+    steps (``tokens_per_accum`` tokens per accumulation step, over all ranks). At least 1.
+
+    The planner turns ``warmup_tokens`` and the token budget into steps with it, so both
+    mean tokens whether the batch ramps or not.
+    """
+    done, step = 0, 0
+    while done < tokens and step < ramp_steps:
+        done += ramp_accum_steps(step, start, full, ramp_steps) * tokens_per_accum
+        step += 1
+    if done < tokens:
+        step += -(-(tokens - done) // (full * tokens_per_accum))
+    return max(1, step)
+
+
+def ramp_accum_steps(step: int, start: int | None, full: int, ramp_steps: int) -> int:
+    """The batch ramp, linear in accumulation steps: ``start`` at step 0, ``full`` from ``ramp_steps`` on.
+
+    The planner counts the ramp's tokens with it and the trainer follows it, so the
+    plan's step count meets the token budget exactly as the trainer runs.
+    """
+    if not start or ramp_steps <= 0 or step >= ramp_steps:
+        return full
+    return start + (full - start) * step // ramp_steps
+
+
+class OptimizerConfig(_Frozen):
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    schedule: Literal["cosine", "linear", "constant"]
+    weight_decay: float
+    grad_clip: float
+    beta1: float
+    beta2: float
+    max_nonfinite_skips: int = Field(
+        default=3, ge=0, description="skipped non-finite steps in a row before the job stops; 0: stop at the first"
+    )
+
+
+class DataConfig(_Frozen):
+    token_dtype: Literal["uint16", "uint32"]
+    seed: int
+
+
+class CheckpointConfig(_Frozen):
+    interval_minutes: float
+    interval_steps: int = Field(default=0, ge=0, description="also save every N steps; 0 = by time only")
+    keep_last: int
+    shutdown_deadline_seconds: int
+
+
+class HardwareConfig(_Frozen):
+    """What the container needs to report MFU and memory fraction."""
+
+    instance_type: str
+    gpus_per_node: int
+    peak_bf16_flops: float = Field(description="dense BF16 FLOP/s per GPU")
+    hbm_bytes: int = Field(description="usable HBM per GPU")
+
+
+class ProbeConfig(_Frozen):
+    steps: int
+    micro_batch_candidates: list[int]
+
+
+class ExportConfig(_Frozen):
+    """The Hugging Face model written at the end (``training/components/export.py``)."""
+
+    dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="dtype of the exported weights")
+    max_shard_bytes: int = Field(default=5 * 10**9, ge=1, description="split the safetensors into files of at most this size")
+    format: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="merged: full weights (LoRA merged in); adapter: the LoRA adapter in peft's format",
+    )
+
+
+# peft's names for the Llama and Qwen2 projections: LoRA on every linear layer of the blocks
+# (QLoRA, Dettmers et al. 2023, https://arxiv.org/abs/2305.14314, found all-linear adapters
+# needed to match full fine-tuning).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Frozen):
+    """LoRA adapters through peft (``peft.LoraConfig``): the base stays frozen."""
+
+    rank: int = Field(default=16, ge=1, le=1024, description="the adapters' rank r")
+    alpha: float = Field(default=32.0, gt=0, description="scaling: the update is multiplied by alpha / rank")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES), min_length=1)
+
+
+class SftConfig(_Frozen):
+    """Supervised fine-tuning on packed example shards (``training/sft_data.py``).
+
+    The shards carry a loss mask and per-example positions; attention does not cross examples.
+    """
+
+    adapter: Literal["none", "lora"] = Field(default="none", description="none: every parameter trains")
+    lora: LoraConfig | None = Field(default=None, description="with adapter=lora")
+
+    @model_validator(mode="after")
+    def _lora_with_adapter(self) -> "SftConfig":
+        if self.adapter == "lora" and self.lora is None:
+            raise ValueError("sft.adapter is lora but sft.lora is not set")
+        if self.adapter == "none" and self.lora is not None:
+            raise ValueError("sft.lora is set but sft.adapter is none")
+        return self
+
+
+class MetricsConfig(_Frozen):
+    """What the container emits to CloudWatch (``training/components/metrics.py``); the alarms are fitted to it."""
+
+    namespace: str = "TieredTraining"
+    interval_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="wall-clock cadence of the EMF metrics and of the progress heartbeat"
+    )
+    plan_tokens_per_second_per_gpu: float = 0.0
+
+
+class TrackingConfig(_Frozen):
+    """Experiment tracking beside CloudWatch (``training/components/tracking.py``)."""
+
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="a SageMaker MLflow tracking-server ARN (sagemaker-mlflow plugin) or any MLflow URI"
+    )
+    experiment_name: str | None = Field(default=None, description="MLflow experiment; default the recipe name")
+    tensorboard_dir: str | None = Field(default=None, description="where TensorBoard event files are written")
+
+
+class ValidationConfig(_Frozen):
+    """Validation loss on held-out token shards (``training/components/validation.py``)."""
+
+    source: Literal["none", "channel", "holdout"] = Field(
+        default="none", description="channel: the 'validation' input channel; holdout: every N-th window of the training data"
+    )
+    holdout_every: int = Field(default=0, ge=0, description="with source=holdout: every N-th window is held out")
+    interval_minutes: float = Field(default=30.0, gt=0, description="evaluate every N minutes of wall clock")
+    batches: int = Field(default=8, ge=1, description="micro-batches per rank in one evaluation")
+
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class RunSection(_Frozen):
+    """Which run a training job belongs to, and which segment of it (docs/runs.md).
+
+    A run is one training from step 0 to the end of its token budget; its checkpoints live
+    under its own prefix, and their manifests record :meth:`RunConfig.identity`. The pipeline
+    fills ``id`` (the execution id for a new run, the ``RunId`` parameter for a resume),
+    ``resume`` and ``data_uri``; the planner fills the segments.
+    """
+
+    id: str = Field(default="", description="the run id (part of the checkpoint prefix); empty outside a pipeline")
+    resume: bool = Field(default=False, description="this execution resumes the named run: no checkpoint is an error")
+    data_uri: str = Field(default="", description="the training data's S3 URI, as the execution gave it")
+    segment: int = Field(default=1, ge=1, description="this training job's segment of the run, 1-based")
+    segments: int = Field(default=1, ge=1, description="training jobs the run is split into (the runtime limit)")
+    segment_seconds: float = Field(
+        default=0.0, ge=0, description="a segment saves and hands over after this long in one attempt; 0: no time limit"
+    )
+
+    @model_validator(mode="after")
+    def _segment_in_range(self) -> "RunSection":
+        if self.segment > self.segments:
+            raise ValueError(f"run.segment {self.segment} is beyond run.segments {self.segments}")
+        return self
+
+    def end_step(self, total_steps: int) -> int:
+        """The step this segment trains to: the run's steps split evenly, the last segment to the end."""
+        return -(-total_steps * self.segment // self.segments)
+
+
+class RunConfig(_Frozen):
+    recipe_name: str
+    model: ModelConfig
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    batch: BatchConfig
+    optimizer: OptimizerConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    hardware: HardwareConfig
+    probe: ProbeConfig
+    metrics: MetricsConfig = MetricsConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    validation: ValidationConfig = ValidationConfig()
+    export: ExportConfig = ExportConfig()
+    run: RunSection = RunSection()
+    sft: SftConfig | None = Field(default=None, description="None: pretraining on flat token shards")
+
+    @model_validator(mode="after")
+    def _export_format_fits_the_task(self) -> "RunConfig":
+        if self.export.format == "adapter" and (self.sft is None or self.sft.adapter != "lora"):
+            raise ValueError("export.format is adapter, but the run trains no LoRA adapter (sft.adapter: lora)")
+        if self.sft is not None and self.model.init_checkpoint is None:
+            raise ValueError("sft needs model.init_checkpoint: fine-tuning starts from trained weights")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_splits_over_context_parallel(self) -> "RunConfig":
+        cp = self.parallel.context_parallel
+        if cp > 1 and self.sft is not None:
+            raise ValueError(
+                f"parallel.context_parallel {cp} with sft: ring attention is causal over the whole sequence and has "
+                "no document mask, so the packed examples of a sequence would attend to each other; set "
+                "parallel.context_parallel to 1 (or a batch.sequence_length that fits one GPU)"
+            )
+        if cp > 1 and self.batch.sequence_length % (2 * cp):
+            raise ValueError(
+                f"batch.sequence_length {self.batch.sequence_length} is not a multiple of 2 x context_parallel "
+                f"({2 * cp}): each context-parallel rank holds one chunk from the head and one from the tail "
+                "of every sequence (load balancing for the causal mask)"
+            )
+        return self
+
+    def mfu(self, tokens_per_second_per_gpu: float, *, causal: bool = False) -> float:
+        """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,
+        so FP8 runs report BF16-equivalent MFU. Full-attention FLOPs (6N + 12*L*h*s), or with
+        ``causal`` the causal ones (6N + 6*L*h*s): at long context they differ by a large factor.
+        Under LoRA the frozen base computes no weight gradients (4N, plus 6 per adapter parameter)."""
+        lora = None
+        if self.sft is not None and self.sft.lora is not None:
+            from tiered_training.contract.architecture import Lora
+
+            lora = Lora(self.sft.lora.rank, tuple(self.sft.lora.target_modules), self.sft.lora.dropout > 0)
+        flops = self.model.flops_per_token(self.batch.sequence_length, causal=causal, lora=lora)
+        return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
+
+    def identity_parts(self) -> dict[str, str]:
+        """Short hashes of what a run's state depends on, by part; a resume needs every part equal.
+
+        ``model``: the architecture and starting checkpoint (the weights' shapes); ``batch``: the
+        sequence length and global batch (the data position counts windows of it); ``data``: the
+        token type and shuffle seed (the order of the windows); ``sft``, for fine-tuning only: the
+        adapter and its settings (what the checkpoint's trained state is). The step count is not part
+        of it (``MaxSteps`` may extend a run), nor the micro-batch and accumulation (they follow the world).
+        """
+        import hashlib
+
+        parts = {
+            "model": self.model.model_dump(mode="json", exclude={"name"}),
+            "batch": {"sequence_length": self.batch.sequence_length, "global_batch_tokens": self.batch.global_batch_tokens},
+            "data": self.data.model_dump(mode="json"),
+        }
+        if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
+            parts["sft"] = self.sft.model_dump(mode="json")
+        return {name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+                for name, value in parts.items()}
+
+    def plan_hash(self) -> str:
+        """One hash of :meth:`identity_parts`."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps(self.identity_parts(), sort_keys=True).encode()).hexdigest()[:12]
+
+    # -- SageMaker hyperparameters -------------------------------------------------
+
+    def to_hyperparameters(self) -> dict[str, str]:
+        """Flat ``{"section.field": json}`` strings, within SageMaker's limits."""
+        flat: dict[str, str] = {}
+        for section, value in self.model_dump(mode="json").items():
+            if isinstance(value, dict):
+                for key, leaf in value.items():
+                    flat[f"{section}.{key}"] = json.dumps(leaf)
+            else:
+                flat[section] = json.dumps(value)
+        if len(flat) > MAX_HYPERPARAMETERS:
+            raise ValueError(f"RunConfig has {len(flat)} hyperparameters; SageMaker allows {MAX_HYPERPARAMETERS}")
+        for key, text in flat.items():
+            if len(text) > MAX_HYPERPARAMETER_VALUE:
+                raise ValueError(f"hyperparameter {key} is {len(text)} characters; the limit is {MAX_HYPERPARAMETER_VALUE}")
+        return flat
+
+    @classmethod
+    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> "RunConfig":
+        """Inverse of :meth:`to_hyperparameters`. Unknown keys are errors.
+
+        Values may be JSON strings (as SageMaker writes them) or already decoded.
+        SageMaker's own keys (``sagemaker_*``) are ignored.
+        """
+        nested: dict[str, Any] = {}
+        for key, raw in hyperparameters.items():
+            if key.startswith("sagemaker_"):
+                continue
+            value = _decode(raw)
+            section, _, leaf = key.partition(".")
+            if leaf:
+                nested.setdefault(section, {})[leaf] = value
+            else:
+                nested[section] = value
+        return cls.model_validate(nested)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.model_validate_json(text)
+
+
+def _decode(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

@@ -1,0 +1,679 @@
+"""The SageMaker pipeline definition of a Plan, as a plain dict (no aws_cdk here).
+
+:func:`build_definition` is a pure function from a Plan (plus the names of the
+resources it runs on) to the pipeline-definition JSON that
+``AWS::SageMaker::Pipeline`` takes as ``PipelineDefinitionBody``. The constructs
+embed it with ``Stack.to_json_string``; tests check it without CDK.
+
+Shape of every pipeline (schema version 2020-12-01)::
+
+    Parameters: InstanceCount, MaxSteps, DataUri, SkipProbe, RunId
+    NewRunOrResume (Condition: RunId == "new")
+      if:   ProbeOrSkip (Condition: SkipProbe == true); the run id is the execution id
+              if:   TrainWithoutProbe, TrainWithoutProbe-2 ... (one Training step per segment)
+              else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
+                    Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
+                      if:   Train, Train-2 ... (one Training step per segment)
+                      else: GateReason (Condition: memory check alone)
+                              if:   FailThroughput (Fail)
+                              else: FailMemory (Fail; also when no micro-batch fits at all)
+      else: Resume, Resume-2 ... (the run named by RunId, from its checkpoints; no probe)
+
+``SkipProbe`` defaults to ``not recipe.probe.enabled``, so every pipeline has the
+same parameters and steps, and a probe can still be forced (or skipped) per
+execution. Both Fail messages name the failed check and give the measured value
+next to the limit (``Std:Join``), so "by how much" is in the execution's failure
+reason.
+
+Runs (docs/runs.md): every execution starts a new run unless ``RunId`` names one to resume.
+A run's checkpoints live under ``<checkpoint prefix>runs/<run id>/``; the run id, whether the
+execution resumes, and the data URI travel in the ``run.*`` hyperparameters, and the launcher
+refuses a resume whose checkpoint does not match the run before any compute.
+
+Segments (tiered_training/planning/segments.py): a run longer than one training job may run is a chain of
+Training steps, each with ``DependsOn`` its predecessor, ``run.segment`` and ``run.segments`` in its
+hyperparameters, and the same checkpoint prefix; each trains its share of the steps and saves.
+
+Warm pools: without managed spot (which warm pools do not support), a job that another one
+follows keeps its instances for :data:`WARM_POOL_SECONDS` after it ends
+(``ResourceConfig.KeepAlivePeriodInSeconds``): the Probe, and every segment but the last. The
+next job asks for the same role, instance type and count, volume and network settings (the
+matching criteria of SageMaker managed warm pools), so it starts on those instances instead of
+queueing again for capacity. The account's warm-pool quota (per instance type, 0 by default)
+must allow it, and a pool idles, billed, for that long when nothing follows (a failed gate).
+
+:func:`validate_definition` checks what SageMaker would reject at execution time:
+step and parameter names, references to unknown parameters or steps, each
+Training step's arguments against botocore's CreateTrainingJob input shape (with
+pipeline expressions replaced by typed placeholders), SageMaker's limits on
+hyperparameters, environment and metric definitions, and the body size.
+
+``tests/pipeline/test_sdk_oracle.py`` builds the same pipeline with the SageMaker Python SDK v3 from the
+same inputs and compares the two; its docstring lists the differences and which side is right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from tiered_training.catalog import environment
+from tiered_training.contract import metrics
+from tiered_training.planning.segments import JOB_RETRY_ATTEMPTS, PROBE_RUNTIME_SECONDS, PROBE_SPOT_WAIT_SECONDS, probe_runtime_seconds
+from tiered_training.contract.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL
+
+if TYPE_CHECKING:
+    from tiered_training.planning.plan import Plan
+
+SCHEMA_VERSION = "2020-12-01"
+MAX_BODY_CHARS = 1_048_576
+STEP_NAME_PATTERN = r"^[A-Za-z0-9\-_]{1,64}$"
+PARAMETER_NAME_PATTERN = r"^[A-Za-z0-9\-_]{1,64}$"
+MAX_ENVIRONMENT = 100
+MAX_METRIC_DEFINITIONS = 40
+
+# The container contract (training/launcher.py): the run mode travels in the environment.
+MODE_VARIABLE = "TIERED_TRAINING_MODE"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+TRAIN_CHANNEL = "train"
+MODEL_CHANNEL = "model"
+
+# Parameter names: stable, they are the pipeline's public interface.
+P_INSTANCE_COUNT = "InstanceCount"
+P_MAX_STEPS = "MaxSteps"
+P_DATA_URI = "DataUri"
+P_SKIP_PROBE = "SkipProbe"
+P_RUN_ID = "RunId"
+PARAMETERS = (P_INSTANCE_COUNT, P_MAX_STEPS, P_DATA_URI, P_SKIP_PROBE, P_RUN_ID)
+NEW_RUN = "new"  # RunId's default: start a new run, named after the execution
+EXECUTION_ID = {"Get": "Execution.PipelineExecutionId"}
+# The SageMaker SDK's ExecutionVariables (sagemaker.workflow.execution_variables).
+EXECUTION_VARIABLES = ("StartDateTime", "CurrentDateTime", "PipelineName", "PipelineArn", "PipelineExecutionId",
+                       "PipelineExecutionArn")  # the SageMaker SDK's ExecutionVariables.PIPELINE_EXECUTION_ID
+
+# Step names: stable, they appear in job names, metrics and EventBridge events.
+S_NEW_OR_RESUME = "NewRunOrResume"
+S_PROBE_OR_SKIP = "ProbeOrSkip"
+S_PROBE = "Probe"
+S_GATE = "Gate"
+S_GATE_REASON = "GateReason"
+S_TRAIN = "Train"
+S_TRAIN_WITHOUT_PROBE = "TrainWithoutProbe"
+S_FAIL_THROUGHPUT = "FailThroughput"
+S_FAIL_MEMORY = "FailMemory"
+S_RESUME = "Resume"
+TRAIN_CHAINS = (S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)  # each a chain of segments
+TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)
+
+PROBE_TOKENS = "probe:tokens_per_second"
+PROBE_MEMORY = "probe:peak_memory_fraction"
+PROBE_MICRO_BATCH = "probe:best_micro_batch"
+
+# Retry: capacity and internal errors are worth retrying (the job resumes from the
+# checkpoint store); a bug in the recipe or the image is not.
+CAPACITY_RETRY = {
+    "ExceptionType": ["SageMaker.CAPACITY_ERROR", "SageMaker.JOB_INTERNAL_ERROR"],
+    "IntervalSeconds": 300,
+    "BackoffRate": 2.0,
+    "MaxAttempts": 5,
+}
+SERVICE_RETRY = {
+    "ExceptionType": ["Step.SERVICE_FAULT", "Step.THROTTLING"],
+    "IntervalSeconds": 30,
+    "BackoffRate": 2.0,
+    "MaxAttempts": 5,
+}
+VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
+PROBE_MAX_RUNTIME_SECONDS = PROBE_RUNTIME_SECONDS
+# The Gate and a segment's hand-over take seconds to minutes; a pool that nothing follows (a
+# failed gate) idles, billed, for this long at most.
+WARM_POOL_SECONDS = 600
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """Where a pipeline runs. Values may be CDK tokens (plain strings here).
+
+    - ``role_arn``: the SageMaker execution role the training jobs assume.
+    - ``image_uri``: the training image (its entry point is ``training/launcher.py``).
+    - ``checkpoint_s3_uri``: this recipe's checkpoint prefix (all hosts share it).
+    - ``output_s3_uri``: this recipe's output prefix (model artefacts, probe output).
+    - ``kms_key_id``: key for the job's output; default none (the bucket's default encryption).
+    - ``subnets`` / ``security_group_ids``: optional VPC for the jobs.
+    - ``extra_tags``: tags on every training job, after the recipe's own.
+    """
+
+    role_arn: str
+    image_uri: str
+    checkpoint_s3_uri: str
+    output_s3_uri: str
+    kms_key_id: str | None = None
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+
+def get(path: str) -> dict[str, str]:
+    return {"Get": path}
+
+
+def param(name: str) -> dict[str, str]:
+    return get(f"Parameters.{name}")
+
+
+def as_string(expression: Any) -> dict[str, Any]:
+    """A pipeline expression rendered as a string (what the SageMaker SDK's ``to_string`` does)."""
+    return {"Std:Join": {"On": "", "Values": [expression]}}
+
+
+def probe_metric(name: str) -> dict[str, str]:
+    return get(f"Steps.{S_PROBE}.FinalMetricDataList['{name}'].Value")
+
+
+def recipe_tag_key() -> str:
+    return "tiered-training:recipe"
+
+
+def tags_for(plan: "Plan", extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Tags on the pipeline and its training jobs: the recipe's, plus one that names the recipe."""
+    return {**plan.recipe.tags, **(extra or {}), recipe_tag_key(): plan.name}
+
+
+def family_environment(plan: "Plan") -> dict[str, str]:
+    """EFA and NCCL settings for the instance family (tiered_training.catalog.environment, which the launcher also reads).
+
+    The launcher sets the same values itself; writing them into the job's Environment
+    makes them visible in the pipeline definition and in DescribeTrainingJob.
+    """
+    env = environment.family_environment(plan.instance.name)
+    return {k: v for k, v in sorted(env.items()) if k not in environment.HOST_SPECIFIC}
+
+
+# -- the definition ------------------------------------------------------------------------
+
+
+def parameters(plan: "Plan") -> list[dict[str, Any]]:
+    assert plan.estimates is not None
+    return [
+        {"Name": P_INSTANCE_COUNT, "Type": "Integer", "DefaultValue": plan.nodes},
+        {"Name": P_MAX_STEPS, "Type": "Integer", "DefaultValue": plan.estimates.total_steps},
+        {"Name": P_DATA_URI, "Type": "String", "DefaultValue": plan.recipe.data.uri},
+        {"Name": P_SKIP_PROBE, "Type": "Boolean", "DefaultValue": not plan.recipe.probe.enabled},
+        {"Name": P_RUN_ID, "Type": "String", "DefaultValue": NEW_RUN},
+    ]
+
+
+def json_string(expression: Any) -> dict[str, Any]:
+    """A pipeline expression as a JSON string literal (a hyperparameter value the RunConfig decodes)."""
+    return {"Std:Join": {"On": "", "Values": ['"', expression, '"']}}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One Training step of a run's chain: which run (an expression), whether it resumes, which segment."""
+
+    run_id: Any
+    resume: bool
+    number: int = 1
+    count: int = 1
+    seconds: float = 0.0
+
+
+def hyperparameters(plan: "Plan", segment: Segment | None = None) -> dict[str, Any]:
+    """The RunConfig as hyperparameters; ``batch.total_steps`` follows the MaxSteps parameter, and the
+    ``run.*`` keys name the run and the segment (the probe's are the defaults: no run)."""
+    hp: dict[str, Any] = dict(plan.run_config().to_hyperparameters())
+    # json.dumps(int) is the bare number, so the parameter's string form decodes the same way.
+    hp["batch.total_steps"] = as_string(param(P_MAX_STEPS))
+    if segment is not None:
+        hp["run.id"] = json_string(segment.run_id)
+        hp["run.resume"] = json.dumps(segment.resume)
+        hp["run.data_uri"] = json_string(param(P_DATA_URI))
+        hp["run.segment"] = json.dumps(segment.number)
+        hp["run.segments"] = json.dumps(segment.count)
+        hp["run.segment_seconds"] = json.dumps(segment.seconds)
+    return hp
+
+
+def run_checkpoint_uri(resources: PipelineResources, run_id: Any) -> dict[str, Any]:
+    """The run's own checkpoint prefix: ``<recipe's checkpoint prefix>runs/<run id>/``."""
+    return {"Std:Join": {"On": "", "Values": [resources.checkpoint_s3_uri.rstrip("/") + "/runs/", run_id, "/"]}}
+
+
+def probe_threshold(plan: "Plan") -> float:
+    """Tokens/s per GPU the probe must reach: the recipe's fraction of the plan."""
+    assert plan.estimates is not None
+    return round(plan.recipe.probe.min_throughput_fraction * plan.estimates.tokens_per_second_per_gpu, 2)
+
+
+def memory_limit(plan: "Plan") -> float:
+    """Peak memory fraction (0-1) the probe may reach: the tier's headroom."""
+    return plan.tier.memory_headroom
+
+
+def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: bool = False,
+                       segment: Segment | None = None) -> dict[str, Any]:
+    """CreateTrainingJob arguments (less TrainingJobName, which the pipeline generates): the probe's,
+    or one segment's of a run (a new run's first by default)."""
+    assert plan.estimates is not None
+    if not probe and segment is None:
+        segment = Segment(EXECUTION_ID, False, 1, plan.segments, plan.segment_seconds)
+    recipe = plan.recipe
+    compute = recipe.compute
+    env = family_environment(plan)
+    env[MODE_VARIABLE] = "probe" if probe else "train"
+
+    channels = [_channel(TRAIN_CHANNEL, param(P_DATA_URI), recipe.data.input_mode)]
+    if recipe.model.init_checkpoint:
+        # A Hugging Face checkpoint is read once at start: File mode copies it locally.
+        channels.append(_channel(MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
+    if recipe.data.validation_uri and not probe:
+        # Held-out shards for the validation loss (training/components/validation.py).
+        channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
+
+    # MaxRuntimeInSeconds bounds every attempt of the job together (RetryStrategy included).
+    max_runtime = probe_runtime_seconds(recipe) if probe else plan.job_runtime_seconds
+    stopping: dict[str, Any] = {"MaxRuntimeInSeconds": max_runtime}
+    if compute.spot:
+        wait = max_runtime + PROBE_SPOT_WAIT_SECONDS if probe else (plan.spot_wait_seconds or max_runtime)
+        stopping["MaxWaitTimeInSeconds"] = max(max_runtime, wait)
+
+    resource_config: dict[str, Any] = {
+        "InstanceType": plan.instance.name,
+        "InstanceCount": param(P_INSTANCE_COUNT),
+        "VolumeSizeInGB": VOLUME_SIZE_GB,
+    }
+    if compute.training_plan_arn:
+        resource_config["TrainingPlanArn"] = compute.training_plan_arn
+    hands_over = probe or (segment is not None and segment.number < segment.count)
+    if hands_over and not compute.spot:  # warm pools cannot be used with spot instances
+        resource_config["KeepAlivePeriodInSeconds"] = WARM_POOL_SECONDS
+
+    output: dict[str, Any] = {"S3OutputPath": _join_uri(resources.output_s3_uri, "probe" if probe else "model")}
+    if resources.kms_key_id:
+        output["KmsKeyId"] = resources.kms_key_id
+
+    algorithm: dict[str, Any] = {
+        "TrainingImage": resources.image_uri,
+        "TrainingInputMode": recipe.data.input_mode,
+    }
+    if probe:
+        algorithm["MetricDefinitions"] = [
+            {"Name": name, "Regex": regex} for name, (_fmt, regex) in metrics.PROBE_METRICS.items()
+        ]
+
+    args: dict[str, Any] = {
+        "AlgorithmSpecification": algorithm,
+        "RoleArn": resources.role_arn,
+        # The probe names the run it probes for: the launcher then checks its InstanceCount too.
+        "HyperParameters": hyperparameters(plan, Segment(EXECUTION_ID, False) if probe else segment),
+        "InputDataConfig": channels,
+        "OutputDataConfig": output,
+        "ResourceConfig": resource_config,
+        "StoppingCondition": stopping,
+        "Environment": env,
+        "Tags": [{"Key": k, "Value": v} for k, v in tags_for(plan, resources.extra_tags).items()],
+    }
+    if compute.spot:
+        args["EnableManagedSpotTraining"] = True
+    if not probe:
+        # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
+        args["CheckpointConfig"] = {"S3Uri": run_checkpoint_uri(resources, segment.run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
+        args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
+        if recipe.tracking.tensorboard:
+            # SageMaker uploads the event files the trainer writes there (training/components/tracking.py).
+            args["TensorBoardOutputConfig"] = {
+                "S3OutputPath": _join_uri(resources.output_s3_uri, "tensorboard"),
+                "LocalPath": TENSORBOARD_DIR,
+            }
+    if resources.subnets:
+        args["VpcConfig"] = {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)}
+    return args
+
+
+def _channel(name: str, uri: Any, mode: str) -> dict[str, Any]:
+    return {
+        "ChannelName": name,
+        "DataSource": {
+            "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
+        },
+        "InputMode": mode,
+    }
+
+
+def _join_uri(prefix: str, leaf: str) -> str:
+    return prefix.rstrip("/") + "/" + leaf
+
+
+def training_step(name: str, args: dict[str, Any], description: str, depends_on: str | None = None) -> dict[str, Any]:
+    step = {
+        "Name": name,
+        "Type": "Training",
+        "Description": description,
+        "Arguments": args,
+        "RetryPolicies": [dict(CAPACITY_RETRY), dict(SERVICE_RETRY)],
+    }
+    if depends_on:
+        step["DependsOn"] = [depends_on]
+    return step
+
+
+def segment_name(chain: str, number: int) -> str:
+    return chain if number == 1 else f"{chain}-{number}"
+
+
+def segment_chain(plan: "Plan", resources: PipelineResources, chain: str, run_id: Any, resume: bool,
+                  description: str) -> list[dict[str, Any]]:
+    """The Training steps of one run, a segment each, each after the one before."""
+    count = plan.segments
+    steps = []
+    for number in range(1, count + 1):
+        segment = Segment(run_id, resume, number, count, plan.segment_seconds)
+        part = f" (segment {number} of {count})" if count > 1 else ""
+        steps.append(training_step(segment_name(chain, number), training_arguments(plan, resources, segment=segment),
+                                   description + part, depends_on=segment_name(chain, number - 1) if number > 1 else None))
+    return steps
+
+
+def chain_steps(definition: dict[str, Any], chain: str) -> list[str]:
+    """The names of a chain's segments in a definition, in order."""
+    names = {step["Name"] for step in iter_steps(definition["Steps"])}
+    found, number = [], 1
+    while segment_name(chain, number) in names:
+        found.append(segment_name(chain, number))
+        number += 1
+    return found
+
+
+@dataclass(frozen=True)
+class ProbeMetric:
+    """A probe metric inside a Fail message: rendered as the Probe step's FinalMetricDataList value."""
+
+    name: str
+
+
+def throughput_failure(plan: "Plan") -> list[str | ProbeMetric]:
+    """The FailThroughput message: text, and the measured values where they go."""
+    assert plan.estimates is not None
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
+    planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
+    fraction = plan.recipe.probe.min_throughput_fraction
+    return [
+        f"{plan.name}: probe throughput check failed: measured ",
+        ProbeMetric(PROBE_TOKENS),
+        f" tokens/s per GPU, needs at least {threshold} ({fraction:g} x the plan's {planned})",
+        "; peak memory fraction ",
+        ProbeMetric(PROBE_MEMORY),
+        f" (limit {limit}); best micro-batch ",
+        ProbeMetric(PROBE_MICRO_BATCH),
+        f" (plan {plan.micro_batch_size}).",
+        " Fix the recipe or rerun with SkipProbe=true.",
+    ]
+
+
+def memory_failure(plan: "Plan") -> list[str | ProbeMetric]:
+    """The FailMemory message (also when no micro-batch fits at all)."""
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
+    candidates = plan.run_config().probe.micro_batch_candidates
+    return [
+        f"{plan.name}: probe memory check failed: peak memory fraction ",
+        ProbeMetric(PROBE_MEMORY),
+        f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
+        "; best micro-batch ",
+        ProbeMetric(PROBE_MICRO_BATCH),
+        f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
+        ProbeMetric(PROBE_TOKENS),
+        f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
+    ]
+
+
+def _fail(name: str, message: list[str | ProbeMetric]) -> dict[str, Any]:
+    values = [probe_metric(part.name) if isinstance(part, ProbeMetric) else part for part in message]
+    return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": values}}}}
+
+
+def gate_steps(plan: "Plan", train: list[dict[str, Any]]) -> dict[str, Any]:
+    threshold = probe_threshold(plan)
+    limit = memory_limit(plan)
+    throughput_ok = {"Type": "GreaterThanOrEqualTo", "LeftValue": probe_metric(PROBE_TOKENS), "RightValue": threshold}
+    memory_ok = {"Type": "LessThanOrEqualTo", "LeftValue": probe_metric(PROBE_MEMORY), "RightValue": limit}
+    fail_throughput = _fail(S_FAIL_THROUGHPUT, throughput_failure(plan))
+    fail_memory = _fail(S_FAIL_MEMORY, memory_failure(plan))
+    reason = {
+        "Name": S_GATE_REASON,
+        "Type": "Condition",
+        "Description": "Which gate check failed (memory first: nothing else matters when the model does not fit)",
+        "Arguments": {"Conditions": [memory_ok], "IfSteps": [fail_throughput], "ElseSteps": [fail_memory]},
+    }
+    return {
+        "Name": S_GATE,
+        "Type": "Condition",
+        "Description": f"Probe tokens/s per GPU >= {threshold} and peak memory fraction <= {limit}",
+        "Arguments": {"Conditions": [throughput_ok, memory_ok], "IfSteps": train, "ElseSteps": [reason]},
+    }
+
+
+def build_definition(plan: "Plan", resources: PipelineResources) -> dict[str, Any]:
+    """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
+    plan.require_ok()
+    steps = plan.estimates.total_steps if plan.estimates else "?"
+    probe = training_step(
+        S_PROBE,
+        training_arguments(plan, resources, probe=True),
+        f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
+    )
+    train = segment_chain(plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run")
+    unprobed = segment_chain(plan, resources, S_TRAIN_WITHOUT_PROBE, EXECUTION_ID, False,
+                             "Full run without a probe (SkipProbe=true), a new run")
+    resume = segment_chain(plan, resources, S_RESUME, param(P_RUN_ID), True,
+                           "Resumes the run named by RunId from its checkpoints")
+    probe_or_skip = {
+        "Name": S_PROBE_OR_SKIP,
+        "Type": "Condition",
+        "Description": "Skip the probe when SkipProbe is true",
+        "Arguments": {
+            "Conditions": [{"Type": "Equals", "LeftValue": param(P_SKIP_PROBE), "RightValue": True}],
+            "IfSteps": unprobed,
+            "ElseSteps": [probe, gate_steps(plan, train)],
+        },
+    }
+    root = {
+        "Name": S_NEW_OR_RESUME,
+        "Type": "Condition",
+        "Description": f"A new run (RunId={NEW_RUN}, named after the execution), or resume the run RunId names",
+        "Arguments": {
+            "Conditions": [{"Type": "Equals", "LeftValue": param(P_RUN_ID), "RightValue": NEW_RUN}],
+            "IfSteps": [probe_or_skip],
+            "ElseSteps": resume,
+        },
+    }
+    return {
+        "Version": SCHEMA_VERSION,
+        "Metadata": {"GeneratedBy": "tiered-training", "Recipe": plan.name},
+        "Parameters": parameters(plan),
+        "Steps": [root],
+    }
+
+
+def to_json(definition: dict[str, Any]) -> str:
+    return json.dumps(definition, separators=(",", ":"), sort_keys=False)
+
+
+# -- walking -------------------------------------------------------------------------------
+
+
+def iter_steps(steps: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every step, including those nested in Condition branches."""
+    for step in steps:
+        yield step
+        if step.get("Type") == "Condition":
+            args = step.get("Arguments", {})
+            yield from iter_steps(args.get("IfSteps", []))
+            yield from iter_steps(args.get("ElseSteps", []))
+
+
+def find_step(definition: dict[str, Any], name: str) -> dict[str, Any]:
+    for step in iter_steps(definition["Steps"]):
+        if step["Name"] == name:
+            return step
+    raise KeyError(name)
+
+
+def _expressions(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        if set(value) == {"Get"} and isinstance(value["Get"], str):
+            yield value["Get"]
+        for child in value.values():
+            yield from _expressions(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _expressions(child)
+
+
+def _is_expression(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Get", "Std:Join", "Std:JsonGet")
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+@cache
+def _create_training_job_shape():
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.operation_model("CreateTrainingJob").input_shape
+
+
+def cdk_token(value: Any) -> bool:
+    """A CDK token encoded in a string (a role ARN, a bucket name): known only at deploy time."""
+    return isinstance(value, str) and "${Token[" in value
+
+
+def placeholder_arguments(args: dict[str, Any], is_placeholder: Callable[[Any], bool] = cdk_token) -> dict[str, Any]:
+    """Training arguments with every pipeline expression (and deploy-time token) replaced by a
+    value of the member's type."""
+    request = {"TrainingJobName": "pipelines-placeholder", **args}
+    return _concretise(request, _create_training_job_shape(), is_placeholder)
+
+
+def _concretise(value: Any, shape, is_placeholder: Callable[[Any], bool]) -> Any:
+    if _is_expression(value) or is_placeholder(value):
+        return _placeholder(shape)
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {k: _concretise(v, shape.members.get(k), is_placeholder) for k, v in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_concretise(v, shape.member, is_placeholder) for v in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {k: _concretise(v, shape.value, is_placeholder) for k, v in value.items()}
+    return value
+
+
+def _placeholder(shape) -> Any:
+    kind = shape.type_name if shape is not None else "string"
+    if kind == "string":
+        return "x" * max(1, shape.metadata.get("min", 1)) if shape is not None else "x"
+    if kind in ("integer", "long"):
+        return max(1, shape.metadata.get("min", 1))
+    if kind in ("float", "double"):
+        return 1.0
+    if kind == "boolean":
+        return True
+    if kind == "list":
+        return []
+    return {}
+
+
+def validate_training_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
+    """Problems in one Training step's arguments, each naming the field."""
+    from botocore.validate import ParamValidator
+
+    where = f"step {step_name}: " if step_name else ""
+    problems: list[str] = []
+    report = ParamValidator().validate(placeholder_arguments(args), _create_training_job_shape())
+    if report.has_errors():
+        text = report.generate_report()
+        problems += [f"{where}CreateTrainingJob {line.strip()}" for line in text.splitlines() if line.strip()]
+    hp = args.get("HyperParameters") or {}
+    if len(hp) > 100:
+        problems.append(f"{where}HyperParameters: {len(hp)} keys; SageMaker allows 100")
+    for key, text in hp.items():
+        if isinstance(text, str) and len(text) > 2500:
+            problems.append(f"{where}HyperParameters.{key}: {len(text)} characters; the limit is 2500")
+    env = args.get("Environment") or {}
+    if len(env) > MAX_ENVIRONMENT:
+        problems.append(f"{where}Environment: {len(env)} entries; SageMaker allows {MAX_ENVIRONMENT}")
+    for key, text in env.items():
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]{0,511}", key):
+            problems.append(f"{where}Environment.{key}: not a valid variable name")
+        if isinstance(text, str) and len(text) > 512:
+            problems.append(f"{where}Environment.{key}: {len(text)} characters; the limit is 512")
+    definitions = (args.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+    if len(definitions) > MAX_METRIC_DEFINITIONS:
+        problems.append(f"{where}AlgorithmSpecification.MetricDefinitions: {len(definitions)}; the limit is 40")
+    for number, definition in enumerate(definitions):
+        try:
+            re.compile(definition.get("Regex", ""))
+        except re.error as error:
+            problems.append(f"{where}AlgorithmSpecification.MetricDefinitions[{number}].Regex: {error}")
+    return problems
+
+
+def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
+    """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
+    problems: list[str] = []
+    if definition.get("Version") != SCHEMA_VERSION:
+        problems.append(f"Version: {definition.get('Version')!r}, expected {SCHEMA_VERSION!r}")
+    names = []
+    for parameter in definition.get("Parameters", []):
+        name = parameter.get("Name", "")
+        names.append(name)
+        if not re.fullmatch(PARAMETER_NAME_PATTERN, name):
+            problems.append(f"parameter {name!r}: does not match {PARAMETER_NAME_PATTERN}")
+        if parameter.get("Type") not in ("String", "Integer", "Boolean", "Float"):
+            problems.append(f"parameter {name}: unknown type {parameter.get('Type')!r}")
+    if len(set(names)) != len(names):
+        problems.append(f"parameters: duplicate names in {names}")
+    steps = list(iter_steps(definition.get("Steps", [])))
+    step_names = [s.get("Name", "") for s in steps]
+    if len(set(step_names)) != len(step_names):
+        problems.append(f"steps: duplicate names in {step_names}")
+    for step in steps:
+        name = step.get("Name", "")
+        if not re.fullmatch(STEP_NAME_PATTERN, name):
+            problems.append(f"step {name!r}: does not match {STEP_NAME_PATTERN}")
+        if step.get("Type") == "Training":
+            problems += validate_training_arguments(step.get("Arguments", {}), name)
+        for ref in _expressions(step.get("Arguments", {})):
+            head, _, rest = ref.partition(".")
+            target = rest.split(".")[0].split("[")[0]
+            if head == "Parameters" and target not in names:
+                problems.append(f"step {name}: references unknown parameter {target!r}")
+            elif head == "Steps" and target not in step_names:
+                problems.append(f"step {name}: references unknown step {target!r}")
+            elif head == "Execution" and rest not in EXECUTION_VARIABLES:
+                problems.append(f"step {name}: references unknown execution variable {rest!r}")
+        for dependency in step.get("DependsOn", []):
+            if dependency not in step_names:
+                problems.append(f"step {name}: DependsOn names no step {dependency!r}")
+    if body is None:
+        body = to_json(definition)
+    if len(body) > MAX_BODY_CHARS:
+        problems.append(f"definition body: {len(body)} characters; the limit is {MAX_BODY_CHARS}")
+    return problems
+
+
+def probe_runtime_estimate(plan: "Plan") -> float:
+    """Seconds the probe's steps take at the plan's speed (not counting start-up)."""
+    if plan.estimates is None:
+        return math.nan
+    candidates = len(plan.run_config().probe.micro_batch_candidates)
+    return candidates * plan.recipe.probe.steps * plan.estimates.step_time_seconds

@@ -1,0 +1,2 @@
+"""Planning: from a Recipe to a Plan (the planner, its memory and performance models, calibration,
+segments, quotas and alarm thresholds)."""

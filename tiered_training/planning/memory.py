@@ -1,0 +1,353 @@
+"""GPU memory per rank: the planner's model of what the trainer in ``training/`` allocates.
+
+Every term is in bytes for the busiest rank (rank 0) of a training step: FSDP2 over a
+shard group, the compute dtype's parameters gathered one unit at a time, fp32 gradient
+reduction, AdamW, the chunked loss and the activation checkpointing of ``training/components/ac.py``.
+
+The peak is the largest of four moments of a step (``peak_at``):
+
+- ``loss backward``: the forward of the last micro-batch is done; every layer's saved
+  activations are alive and the loss chunks are recomputed and differentiated.
+- ``top layer backward``: the last layer is recomputed (with checkpointing) and
+  differentiated while the layers below still hold their activations.
+- ``bottom layer backward``: the first layer's turn; the layers above have released
+  their activations, and (with one micro-batch per step) left their sharded gradients.
+- ``root reduce``: the end of backward; the embedding and output head's gradients are
+  reduced.
+- ``optimizer step``: every gradient exists (the fused AdamW of CUDA needs no more).
+
+Sharded fp32 gradients exist through forward and backward from the second micro-batch
+of an accumulation on; with one micro-batch per step they appear only as backward
+reduces them, after the first two moments.
+
+Two terms are not allocations and stay apart (``overhead``), so that a measurement can
+be compared like for like: the fixed per-GPU reserve (CUDA context, NCCL buffers, cuBLAS
+workspaces; outside PyTorch's allocator) and the caching allocator's fragmentation
+(reserved minus allocated). ``allocated`` compares with ``torch.cuda.max_memory_allocated``
+and ``reserved`` with ``torch.cuda.max_memory_reserved``.
+
+Under LoRA (``lora``), the base is frozen: its weights are kept as FSDP2 shards them
+(``FROZEN_BASE_BYTES``), with no gradient and no optimiser state; the adapters carry fp32
+parameters, gradients and AdamW moments, sharded with their layer. Activations are the
+base's, plus what the adapters save (``lora_activation_bytes_per_token``).
+
+The activation formulas were measured to the byte on transformers' LlamaForCausalLM;
+``tests/trainer/test_planner_vs_trainer.py`` checks them per layer and checks the whole
+step's peak against a real 2-rank FSDP step of the trainer (``bench/memory_peak.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiered_training.contract.architecture import Architecture, Lora, sharded_elements
+
+GIB = 1024**3
+# CUDA context, NCCL buffers and cuBLAS workspaces: a fixed reserve per GPU, outside the allocator.
+FIXED_OVERHEAD_BYTES = 4 * GIB
+# The caching allocator rounds and fragments: reserved exceeds allocated by this share of the transient terms.
+FRAGMENTATION = 0.10
+# Bytes per element of optimiser-owned state: fp32 master parameter, fp32 gradient,
+# AdamW's two fp32 moments.
+STATE_BYTES = {"param": 4, "grad": 4, "optimizer": 8}
+# FSDP2 reduces gradients in fp32 (MixedPrecisionPolicy reduce_dtype).
+REDUCE_BYTES = 4
+# Dropout's mask per element: CUDA's fused kernel keeps a bool mask; on the CPU, PyTorch's
+# unfused dropout keeps its scaled noise in the activations' dtype (pass that for a CPU step).
+DROPOUT_MASK_BYTES = 1
+# Bytes per element of a LoRA run's frozen base: the trainer keeps it in fp32, as loaded and
+# sharded (training/models/lora.py); FSDP2 gathers it in the compute dtype.
+FROZEN_BASE_BYTES = 4
+
+
+
+def lora_activation_bytes_per_token(arch: Architecture, precision: str, lora: Lora,
+                                    mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
+    """Bytes one layer's adapters keep for backward, per token: each ``lora_B`` keeps its
+    rank-wide input; with dropout, each adapter's dropout makes its own copy of the
+    projection's input (kept by ``lora_A``) and a mask (peft applies
+    ``lora_B(lora_A(dropout(x)))``). Without dropout ``lora_A`` keeps ``x`` itself, counted
+    with the base's tensors."""
+    e = element_size(precision)
+    sizes = arch.projection_sizes()
+    total = 0
+    for name in lora.targets:
+        fan_in = sizes[name][0]
+        total += e * lora.rank + ((e + mask_bytes) * fan_in if lora.dropout else 0)
+    return total
+
+
+PHASES = ("loss backward", "top layer backward", "bottom layer backward", "root reduce", "optimizer step")
+
+
+def element_size(precision: str) -> int:
+    """Bytes per activation element: BF16 compute for bf16 and fp8 (torchao keeps the
+    high-precision input for backward), fp32 otherwise."""
+    return 4 if precision == "fp32" else 2
+
+
+def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing: str, lora: Lora | None = None,
+                               mask_bytes: int = DROPOUT_MASK_BYTES, *, compiled: bool = False) -> int:
+    """Bytes one decoder layer keeps for backward, per token of the micro-batch.
+
+    - ``none``: every tensor autograd saves. Per RMSNorm, an fp32 copy of its input
+      (4h), the rsqrt (4) and two h-wide tensors in the compute dtype; Q, K, V after
+      RoPE, the attention output and its fp32 log-sum-exp (4 per head); SwiGLU's gate,
+      up, SiLU and product (4f). About 49 h for Llama 3 8B.
+    - ``none``, ``compiled``: what Inductor's partitioner keeps of a compiled block, counted
+      per saved tensor on ``torch.compile`` of transformers' LlamaDecoderLayer: the block
+      input and both RMSNorm outputs (3h), their fp32 rsqrt (4 each), Q, K and V after RoPE
+      (h + 2kv), the attention output and its contiguous copy for o_proj (2h), the log-sum-exp,
+      and SwiGLU's gate, up and SiLU(gate) (3f). The fp32 upcasts are recomputed in
+      backward. About 34 h for Llama 3 8B. Measured for BF16 and fp32 blocks
+      (``bench/activations_compiled.py``); an FP8 block (torchao's float8 linears, which keep
+      their own inputs) is not measured, so FP8 keeps the eager count, the larger.
+    - ``selective``: the block input, the attention output and its log-sum-exp, and the
+      outputs of every other matmul (q, v, gate, down: h + kv + f + h); the rest is
+      recomputed.
+    - ``full``: only the block input.
+
+    Under ``lora`` (a frozen base): ``none`` drops what the base keeps only for its weight
+    gradients (each RMSNorm's normalised input and output, SwiGLU's product) unless an
+    adapter without dropout keeps the same tensor, and adds the adapters' own
+    (``lora_activation_bytes_per_token``); ``selective`` saves every other matmul output
+    with the adapters' two matmuls counted in order after their projection's.
+    """
+    e = element_size(precision)
+    h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    if checkpointing == "none" and compiled and precision != "fp8" and lora is None:
+        return e * (6 * h + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
+    if checkpointing == "none":
+        attention = e * (2 * h + 2 * kv) + 4 * heads
+        if lora is None:
+            return 2 * (4 * h + 4 + 2 * e * h) + attention + 4 * e * f
+        kept = set(lora.targets) if not lora.dropout else set()  # adapters that keep their projection's input
+        norms = 2 * (4 * h + 4) + e * h * (bool(kept & {"q_proj", "k_proj", "v_proj"}) + bool(kept & {"gate_proj", "up_proj"}))
+        mlp = 3 * e * f + e * f * ("down_proj" in kept)
+        return norms + attention + mlp + lora_activation_bytes_per_token(arch, precision, lora, mask_bytes)
+    if checkpointing == "selective":
+        block_input = e * h
+        matmuls = e * sum(_matmul_widths(arch, lora)[0::2])  # without LoRA: q_proj, v_proj, gate_proj, down_proj
+        attention = e * h + 4 * heads  # output and log-sum-exp
+        return block_input + matmuls + attention
+    if checkpointing == "full":
+        return e * h
+    raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
+
+
+def _matmul_widths(arch: Architecture, lora: Lora | None) -> list[int]:
+    """Output widths of one layer's matmuls in forward order (each adapter's A and B after its projection)."""
+    widths = []
+    for name, (_, fan_out) in arch.projection_sizes().items():
+        widths.append(fan_out)
+        if lora is not None and name in lora.targets:
+            widths += [lora.rank, fan_out]
+    return widths
+
+
+def backward_bytes_per_token(arch: Architecture, precision: str, checkpointing: str, lora: Lora | None = None,
+                             mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
+    """Bytes per token that one layer's backward adds, at its height, to what it keeps.
+
+    - ``none``: the RMSNorm backward's fp32 temporaries (four h-wide fp32 tensors and the
+      incoming gradient); the layer's own saved tensors are being released meanwhile.
+    - ``full``: the recompute brings back everything ``none`` saves, and the SwiGLU
+      backward holds two f-wide gradients while two h-wide inputs are already freed.
+    - ``selective``: as ``full`` less what the policy kept (V, the attention output and
+      log-sum-exp, gate, and the q that RoPE re-derives) and one f-wide gradient fewer.
+
+    Measured on transformers' LlamaDecoderLayer for three shapes (different h, f and kv).
+    """
+    e = element_size(precision)
+    h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    none = activation_bytes_per_token(arch, precision, "none", lora, mask_bytes)
+    if checkpointing == "none":
+        return (e + 16) * h
+    if checkpointing == "full":
+        return none + e * (2 * f - 2 * h)
+    if checkpointing == "selective":
+        return none + e * (f - 4 * h - kv) - 4 * heads
+    raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
+
+
+def loss_bytes_per_logit(precision: str) -> int:
+    """Peak bytes per logit of one loss chunk's recompute and backward: the logits, their
+    fp32 upcast and log-softmax, and the gradient (measured: 12 for BF16, 16 for fp32)."""
+    return 16 if precision == "fp32" else 12
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU at the step's peak, by what holds them."""
+
+    parameters: int  # sharded fp32 master parameters
+    gradients: int  # sharded fp32 gradients alive at the peak
+    optimizer_states: int  # sharded AdamW moments
+    unsharded_in_flight: int  # gathered parameters, unreduced gradients and reduce buffers of the units in flight
+    activations: int  # saved for backward, plus the backward (and recompute) of the layer at the peak
+    logits_and_loss: int  # final norm, one loss chunk's logits and their gradient
+    overhead: int  # fixed reserve (CUDA context, NCCL, cuBLAS) + allocator fragmentation
+    hbm: int
+    fragmentation: int = 0  # the part of ``overhead`` that the caching allocator reserves but does not allocate
+    peak_at: str = ""  # which moment of the step the peak is (one of PHASES)
+
+    @property
+    def total(self) -> int:
+        return self.allocated + self.overhead
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of live tensors at the peak: compare with ``torch.cuda.max_memory_allocated``."""
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_states
+            + self.unsharded_in_flight
+            + self.activations
+            + self.logits_and_loss
+        )
+
+    @property
+    def reserved(self) -> int:
+        """What the caching allocator holds: compare with ``torch.cuda.max_memory_reserved``."""
+        return self.allocated + self.fragmentation
+
+    @property
+    def fraction(self) -> float:
+        return self.total / self.hbm
+
+    def as_gib(self) -> dict[str, float]:
+        items = {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_states": self.optimizer_states,
+            "unsharded_in_flight": self.unsharded_in_flight,
+            "activations": self.activations,
+            "logits_and_loss": self.logits_and_loss,
+            "overhead": self.overhead,
+            "total": self.total,
+            "hbm": self.hbm,
+        }
+        return {key: round(value / GIB, 3) for key, value in items.items()}
+
+
+def sharded_state_bytes(arch: Architecture, shard_group: int, lora: Lora | None = None,
+                        precision: str = "bf16") -> dict[str, int]:
+    """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
+    frozen base adds its weights (``FROZEN_BASE_BYTES`` each), and only the adapters have state."""
+    elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
+        arch.root_shapes(), shard_group
+    )
+    if lora is None:
+        return {kind: elements * size for kind, size in STATE_BYTES.items()}
+    adapters = arch.layers * sharded_elements(arch.lora_shapes(lora.rank, lora.targets), shard_group)
+    states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
+    states["param"] += elements * FROZEN_BASE_BYTES
+    return states
+
+
+def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
+            chunk: int, lora: Lora | None = None, mask_bytes: int = DROPOUT_MASK_BYTES,
+            document_mask: bool = False, compiled: bool = False) -> dict[str, tuple[int, int, int, float]]:
+    """(unsharded in flight, activations, logits and loss, share of the sharded gradients
+    already reduced in this micro-batch) at each moment, in bytes."""
+    e = element_size(precision)
+    h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
+    layer, root = arch.layer_parameters, arch.root_parameters
+    head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
+    kept = activation_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes, compiled=compiled) * tokens
+    adapters = 0
+    if lora is not None:
+        # Frozen base: no head, embedding or layer gradients; the adapters are gathered with
+        # their layer, and theirs are the only gradients reduced.
+        adapters = lora.layer_elements(arch)
+        head_grad = 0
+    rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
+    if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
+        rope += tokens * sequence_length
+    final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
+
+    # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
+    loss = (
+        e * (root + layer + adapters) + head_grad,
+        layers * kept + rope,
+        final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
+        0.0,
+    )
+    # The last layer's backward: it and the prefetched layer below are gathered; its gradients
+    # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
+    # gradient of its output flows in.
+    trained = layer if lora is None else adapters
+    in_layer = e * (root + 2 * (layer + adapters)) + head_grad + (e + REDUCE_BYTES) * trained
+    backward = (backward_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes) + e * h) * tokens
+    top = (in_layer, layers * kept + rope + backward, 0, 0.0)
+    bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
+    # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
+    root_reduce = (e * root + (e + REDUCE_BYTES) * root if lora is None else e * root, rope, 0, 1.0)
+    return {"loss backward": loss, "top layer backward": top, "bottom layer backward": bottom,
+            "root reduce": root_reduce, "optimizer step": (0, 0, 0, 1.0)}
+
+
+def estimate(
+    arch: Architecture,
+    *,
+    precision: str,
+    checkpointing: str,
+    sequence_length: int,
+    micro_batch: int,
+    shard_group: int,
+    hbm_bytes: int,
+    loss_chunk_tokens: int | None = 4096,
+    grad_accum_steps: int | None = None,
+    lora: Lora | None = None,
+    dropout_mask_bytes: int = DROPOUT_MASK_BYTES,
+    document_mask: bool = False,
+    compiled: bool = False,
+) -> MemoryBreakdown:
+    """Peak memory of one GPU for a training step.
+
+    ``loss_chunk_tokens=None`` models an unchunked loss (full fp32 logits).
+    ``grad_accum_steps``: micro-batches per optimiser step; ``None`` (not known) is
+    taken as more than one, so the sharded gradients are held throughout.
+    ``lora``: LoRA adapters on a frozen base; ``dropout_mask_bytes``: per element of their
+    dropout's mask (``DROPOUT_MASK_BYTES``); ``document_mask``: packed SFT examples, whose
+    attention mask (one byte per pair of tokens of a row) lives through the step.
+    ``compiled``: the decoder layers run under ``torch.compile`` (what they keep without
+    checkpointing differs; see :func:`activation_bytes_per_token`).
+    """
+    states = sharded_state_bytes(arch, shard_group, lora, precision)
+    tokens = sequence_length * micro_batch
+    chunk = tokens if loss_chunk_tokens is None else min(loss_chunk_tokens, tokens)
+    accumulates = grad_accum_steps is None or grad_accum_steps > 1
+
+    trained = arch.layer_shapes() if lora is None else arch.lora_shapes(lora.rank, lora.targets)
+    layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
+    best = None
+    for phase, (in_flight, activations, logits, reduced) in _phases(
+        arch, precision, checkpointing, tokens, sequence_length, chunk, lora, dropout_mask_bytes, document_mask, compiled
+    ).items():
+        if accumulates or reduced == 1.0:
+            grads = states["grad"]
+        else:
+            grads = int(reduced * layer_grads)
+        allocated = states["param"] + states["optimizer"] + grads + in_flight + activations + logits
+        if best is None or allocated > best[0]:
+            best = (allocated, phase, grads, in_flight, activations, logits)
+    _, phase, grads, in_flight, activations, logits = best
+
+    # With one micro-batch per step the gradients are allocated only as backward reduces
+    # them, but the caching allocator keeps their blocks reserved from one step to the
+    # next (measured on an H200: reserved minus allocated is the sharded fp32 gradient).
+    fragmentation = int(FRAGMENTATION * (in_flight + activations + logits)) + states["grad"] - grads
+    return MemoryBreakdown(
+        parameters=states["param"],
+        gradients=grads,
+        optimizer_states=states["optimizer"],
+        unsharded_in_flight=in_flight,
+        activations=activations,
+        logits_and_loss=logits,
+        overhead=FIXED_OVERHEAD_BYTES + fragmentation,
+        hbm=hbm_bytes,
+        fragmentation=fragmentation,
+        peak_at=phase,
+    )

@@ -1,0 +1,430 @@
+"""The performance model: the step time of this container's training loop, term by term.
+
+A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GPU:
+
+- **GEMMs**, by shape: every Linear of every layer and the output head, forward
+  (``2MKN`` FLOPs) and backward (two more GEMMs of the same size), at an efficiency
+  that depends on the precision and the GEMM's size: each GEMM costs its FLOPs over
+  ``efficiency x peak`` plus a fixed time, so small GEMMs reach a smaller fraction of
+  the peak, and a GPU with a higher peak needs bigger GEMMs to reach it.
+  FP8 (torchao) adds its casts: bytes over HBM bandwidth.
+- **attention**: causal FLOPs of flash attention (forward ``2 s^2 h`` per sequence and
+  layer, backward 2.5 times that), at their own efficiency of the BF16 peak, which falls
+  for short calls (the per-rank chunk under context parallelism) as published kernel
+  benchmarks show.
+- **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
+  as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
+- **recomputation**: what activation checkpointing runs a second time in backward.
+- **exposed communication**: FSDP2's all-gathers (forward, and again in backward)
+  and reduce-scatters per unit, over NVLink inside a node and EFA across nodes;
+  context parallelism's ring of K/V blocks. FSDP prefetching hides communication
+  behind compute; what is left shows.
+
+Per step, **hybrid sharding's all-reduce across replicas**, in the last micro-batch's
+backward (the earlier micro-batches only reduce-scatter inside the shard group).
+
+And per step, **the optimiser**: AdamW and gradient clipping over the sharded fp32
+state, bytes over HBM bandwidth.
+
+**Fine-tuning.** SFT on packed examples runs as pretraining, except attention: a
+document mask keeps it inside each example, and PyTorch's SDPA takes that mask as a
+tensor, which the flash kernel does not accept; the memory-efficient kernel computes
+every block of the square, masked or not (``document_mask``: twice the causal FLOPs, an
+upper bound of what packed examples need). Under **LoRA** the frozen
+base still runs forward and backward through its activations: per Linear the forward
+GEMM and the input-gradient GEMM, but no weight-gradient GEMM, about 2/3 of the 6N
+FLOPs per token of full training (forward 2N, backward 4N, half of it for the weights:
+Kaplan et al. 2020, https://arxiv.org/abs/2001.08361, section 2.1; the LoRA paper
+reports the saving, https://arxiv.org/abs/2106.09685, section 4.2). The adapters add
+their own small GEMMs, each paying the fixed per-GEMM cost; only the adapters'
+gradients are reduced and only their optimiser state is stepped.
+
+Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitted by
+``make calibrate`` on published runs (``catalog/calibration.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from tiered_training.contract.architecture import Architecture, Lora
+
+# The selective checkpointing policy saves attention and every other matmul output:
+# backward recomputes about half of the forward matmul FLOPs, and every elementwise op.
+SELECTIVE_RECOMPUTED_MATMULS = 0.5
+# AdamW (fused) reads parameter, gradient and both moments and writes three of them
+# (28 bytes of fp32 per element); gradient clipping reads and scales the gradient (12).
+OPTIMIZER_BYTES_PER_ELEMENT = 40
+# Chunked cross-entropy per token: BF16 logits upcast to fp32, log-sum-exp, softmax
+# gradient, cast back (bytes per vocabulary entry).
+LOSS_BYTES_PER_LOGIT = 24
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the model needs of a machine: one GPU, its node and the network."""
+
+    gpu: str
+    gpus_per_node: int  # GPUs that share NVLink
+    peak_bf16_flops: float
+    peak_fp8_flops: float | None
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # per GPU and direction
+    network_bytes_per_s: float  # per node and direction (EFA)
+    compute_factor: float = 1.0  # < 1 for power-limited GPUs
+
+    @classmethod
+    def of(cls, instance) -> "Hardware":
+        """From a :class:`catalogs.Instance`."""
+        return cls(
+            gpu=instance.gpu,
+            gpus_per_node=instance.gpus,
+            peak_bf16_flops=instance.peak_bf16_tflops * 1e12,
+            peak_fp8_flops=instance.peak_fp8_tflops * 1e12 if instance.peak_fp8_tflops else None,
+            hbm_bytes_per_s=instance.hbm_tbps * 1e12,
+            nvlink_bytes_per_s=instance.nvlink_gbytes_per_s * 1e9,
+            network_bytes_per_s=instance.efa_gbps * 1e9 / 8,
+        )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the planner's search: how a run is parallelised and computed."""
+
+    precision: str  # bf16 | fp8 | fp32
+    checkpointing: str  # none | selective | full
+    micro_batch: int  # sequences per data-parallel rank (a context-parallel group)
+    shard_group: int  # GPUs sharing one sharded copy of the state, context-parallel ranks included
+    sharding: str = "full"  # full | hybrid | none
+    fp8_recipe: str | None = None
+    context_parallel: int = 1
+    compile: bool = True
+    fp8_all_gather: bool = True  # FSDP all-gathers float8 weights (tensorwise scaling only)
+    attention_kernel: str = "sdpa"  # sdpa: this container's (PyTorch SDPA); flash2: the flash-attn 2 library
+    lora: Lora | None = None  # LoRA adapters on a frozen base
+    document_mask: bool = False  # packed SFT examples: attention under a mask tensor, the whole square
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """The model's free and fixed parameters (``catalog/performance.yaml``)."""
+
+    gemm_efficiency: float  # large BF16 GEMMs, fraction of the BF16 peak
+    fp8_gemm_efficiency: float  # large FP8 GEMMs, fraction of the FP8 peak
+    gemm_overhead_seconds: float  # fixed cost of one GEMM (launch, tail, small-size inefficiency)
+    fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
+    fp8_eager_cast_factor: float  # torchao's casts without torch.compile (unfused kernels), relative to compiled
+    attention_efficiency: float  # flash attention, fraction of the BF16 peak
+    ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
+    attention_kernel_share: float  # flash-attn 2 in training, as a share of its published peak utilisation
+    flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
+    flash2_utilization_h100: float  # the same on H100 (and H200)
+    eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
+    memory_efficiency: float  # fraction of HBM bandwidth that streaming kernels reach
+    nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
+    network_efficiency: float  # NCCL bus bandwidth over EFA, fraction of the link
+    overlap: float  # fraction of compute time that FSDP prefetching can hide communication behind
+    attention_half_length: float = 0.0  # query tokens per attention call at which it reaches half its long-sequence efficiency
+    fp8_recipe_efficiency: dict[str, float] = field(default_factory=dict)  # relative to tensorwise
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    seconds: float  # per optimiser step
+    what: str
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimiser step, term by term, and the tokens each GPU processes in it."""
+
+    gemm: float
+    attention: float
+    memory_bound: float
+    recompute: float
+    communication: float  # exposed
+    optimizer: float
+    communication_total: float  # before overlap
+    tokens_per_gpu: float
+    micro_batches: int
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm + self.attention + self.memory_bound + self.recompute + self.communication + self.optimizer
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        return self.tokens_per_gpu / self.seconds
+
+    def terms(self) -> list[Term]:
+        hidden = self.communication_total - self.communication
+        return [
+            Term("compute: GEMMs", self.gemm, "Linear layers and the output head, forward and backward, by shape"),
+            Term("compute: attention", self.attention, "causal flash attention, forward and backward"),
+            Term("compute: memory-bound", self.memory_bound, "norms, RoPE, SwiGLU, residuals, loss (and FP8 casts): bytes over HBM bandwidth"),
+            Term("recomputation", self.recompute, "forward work that activation checkpointing repeats in backward"),
+            Term("communication (exposed)", self.communication, f"of {self.communication_total:.3f} s in all; {max(0.0, hidden):.3f} s hidden behind compute"),
+            Term("optimiser step", self.optimizer, "AdamW and gradient clipping over the sharded fp32 state"),
+        ]
+
+
+def _linears(arch: Architecture) -> list[tuple[int, int]]:
+    """(K, N) of every Linear in one decoder layer."""
+    h, kv, f = arch.hidden_size, arch.kv_size, arch.ffn_size
+    return [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+
+
+@dataclass(frozen=True)
+class _Counts:
+    layer: int
+    linear: int
+    root: int
+    total: int
+
+
+@lru_cache(maxsize=64)
+def _counts(arch: Architecture) -> _Counts:
+    """Parameter counts the communication and optimiser terms need (computed once per model)."""
+    return _Counts(arch.layer_parameters, sum(k * n for k, n in _linears(arch)), arch.root_parameters, arch.parameters)
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Time of one Linear layer (``M`` tokens, ``K`` in, ``N`` out): its three GEMMs and,
+    in FP8, torchao's casts of input, weight and output gradient."""
+
+    hw: Hardware
+    precision: str
+    fp8_recipe: str | None
+    compile: bool
+    params: Parameters
+
+    def seconds(self, m: float, k: int, n: int, *, frozen: bool = False) -> tuple[float, float, float]:
+        """(forward GEMM, the backward GEMMs, FP8 casts forward and backward). A ``frozen``
+        weight has no weight-gradient GEMM: backward is the input gradient only."""
+        p, hw = self.params, self.hw
+        if self.precision == "fp8" and hw.peak_fp8_flops:
+            peak = hw.peak_fp8_flops * hw.compute_factor
+            efficiency = p.fp8_gemm_efficiency * p.fp8_recipe_efficiency.get(self.fp8_recipe or "tensorwise", 1.0)
+        else:
+            peak = hw.peak_bf16_flops * hw.compute_factor / (2 if self.precision == "fp32" else 1)  # TF32: half
+            efficiency = p.gemm_efficiency
+        gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
+        casts = 0.0
+        if self.precision == "fp8":
+            # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
+            # and the transposed copies backward needs: input, weight, output gradient.
+            moved = 8 * m * k + 5 * m * n + 7 * k * n
+            eager = 1.0 if self.compile else p.fp8_eager_cast_factor
+            casts = p.fp8_cast_factor * moved * eager / (hw.hbm_bytes_per_s * p.memory_efficiency)
+        return gemm, (1 if frozen else 2) * gemm, casts
+
+
+def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
+    """Fraction of the BF16 peak that attention reaches. This container's PyTorch SDPA: the
+    fitted ``attention_efficiency``. The flash-attn 2 library (published runs only): a fitted
+    share of its published peak utilisation on that GPU, which is far lower on Hopper than
+    on Ampere (the library predates Hopper's asynchronous tensor cores)."""
+    if setting.attention_kernel == "sdpa":
+        return params.attention_efficiency
+    if setting.attention_kernel == "flash2":
+        ceiling = params.flash2_utilization_a100 if hw.gpu.startswith("A100") else params.flash2_utilization_h100
+        return params.attention_kernel_share * ceiling
+    raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
+
+
+def attention_length_factor(query_tokens: float, params: Parameters) -> float:
+    """Share of its long-sequence efficiency that one attention call on ``query_tokens``
+    query tokens reaches: ``L / (L + attention_half_length)``. Flash-attention kernels fill
+    the GPU with blocks of queries per head and sequence; short calls leave more of each
+    block, wave and pipeline idle (published kernel benchmarks rise with the length and
+    level off past 8K: see ``catalog/performance.yaml``)."""
+    return query_tokens / (query_tokens + params.attention_half_length)
+
+
+def ring_cost(cp: int, params: Parameters) -> float:
+    """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
+    the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
+    return 1.0 + params.ring_step_overhead * (cp - 1)
+
+
+def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
+    """Ring all-gather or reduce-scatter: each rank moves (n-1)/n of the full buffer."""
+    if ranks <= 1:
+        return 0.0
+    return bytes_ * (ranks - 1) / ranks / bandwidth
+
+
+def step_time(
+    arch: Architecture,
+    hw: Hardware,
+    setting: Setting,
+    *,
+    sequence_length: int,
+    gpus: int,
+    accum: int,
+    params: Parameters,
+) -> StepTime:
+    """Predicted time of one optimiser step of ``accum`` micro-batches on each of ``gpus`` GPUs."""
+    cp = setting.context_parallel
+    tokens = setting.micro_batch * sequence_length / cp  # per GPU and micro-batch
+    e = 4 if setting.precision == "fp32" else 2  # bytes per activation element
+    peak_bf16 = hw.peak_bf16_flops * hw.compute_factor
+    mem_bw = hw.hbm_bytes_per_s * params.memory_efficiency
+    eager = 1.0 if setting.compile else params.eager_memory_factor
+
+    # -- GEMMs --------------------------------------------------------------------------
+    lora = setting.lora
+    frozen = lora is not None
+    linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params)
+    layer = [linear.seconds(tokens, k, n, frozen=frozen) for k, n in _linears(arch)]
+    high = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)
+    adapter_bytes = 0.0
+    if lora is not None:
+        # Each adapter: lora_A (in -> rank) and lora_B (rank -> out), in the high precision,
+        # with their weight gradients; the dropout, scaling and add stream the input and output.
+        for name in lora.targets:
+            fan_in, fan_out = arch.projection_sizes()[name]
+            layer += [high.seconds(tokens, fan_in, lora.rank), high.seconds(tokens, lora.rank, fan_out)]
+            adapter_bytes += e * ((2 if lora.dropout else 0) * fan_in + 3 * fan_out)
+    layer_gemm_fwd = sum(fwd for fwd, _, _ in layer)
+    head_fwd, head_bwd, _ = high.seconds(tokens, arch.hidden_size, arch.vocab_size, frozen=frozen)  # lm_head stays high precision
+    gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
+
+    # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
+    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
+    # on half-length head and tail chunks. Each step past the first adds a share of the
+    # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
+    # the cost grows with the degree. Each call also pays the fixed kernel time, which
+    # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
+    # A call's queries are the rank's chunk (half of it per call under context parallelism,
+    # the head and tail halves), which sets how close the kernel comes to its efficiency.
+    attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
+    query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
+    if setting.document_mask:
+        attn_fwd_flops *= 2  # no causal block skipping under a mask tensor
+    attn_rate = (peak_bf16 * attention_efficiency(hw, setting, params) * attention_length_factor(query_tokens, params)
+                 / ring_cost(cp, params))
+    attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
+    attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
+    attention = arch.layers * (attn_fwd + attn_bwd)
+
+    # -- memory-bound work ---------------------------------------------------------------
+    h, kv, f = arch.hidden_size, arch.kv_size, arch.ffn_size
+    # Per token and layer, forward: two RMSNorms (read and write h), RoPE on Q and K,
+    # SiLU(gate) * up (read 2f, write f), two residual adds (read 2h, write h), the
+    # attention output's layout copy. Backward moves about twice as much.
+    layer_fwd_bytes = (e * (4 * h + 2 * (h + kv) + 3 * f + 6 * h + 2 * h) + adapter_bytes) * eager
+    casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
+    layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
+    layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
+    loss_mem = LOSS_BYTES_PER_LOGIT * arch.vocab_size * tokens / mem_bw
+    memory_bound = arch.layers * (layer_fwd_mem + layer_bwd_mem) + loss_mem
+    if cp > 1:
+        # Each ring step's partial attention output is merged into the running one in fp32,
+        # rescaled by the log-sum-exp: read and write the output, forward and twice backward.
+        merge = cp * tokens * arch.hidden_size * 4 * 3 / mem_bw
+        attn_fwd_merge = merge
+        memory_bound += arch.layers * 3 * merge
+    else:
+        attn_fwd_merge = 0.0
+
+    # -- recomputation ---------------------------------------------------------------------
+    if setting.checkpointing == "full":
+        recompute = arch.layers * (layer_gemm_fwd + attn_fwd + attn_fwd_merge + layer_fwd_mem)
+    elif setting.checkpointing == "selective":
+        recompute = arch.layers * (SELECTIVE_RECOMPUTED_MATMULS * layer_gemm_fwd + layer_fwd_mem)
+    else:
+        recompute = 0.0
+
+    compute = gemm + attention + memory_bound + recompute
+
+    # -- communication -------------------------------------------------------------------
+    comm, first_unit, cp_exposed = _communication(arch, hw, setting, gpus=gpus, params=params, attn_fwd=attn_fwd, tokens=tokens, e=e)
+    exposed = max(0.0, comm - params.overlap * compute) + first_unit + cp_exposed
+    # Replicas all-reduce once per step, in the last micro-batch's backward (parallel.sync_replicas).
+    replicate = _replicate_all_reduce(arch, hw, setting, gpus=gpus, params=params)
+    last = max(0.0, comm + replicate - params.overlap * compute) + first_unit + cp_exposed
+
+    # -- optimiser step, once per step -------------------------------------------------------
+    group = 1 if setting.sharding == "none" else setting.shard_group
+    trained = _counts(arch).total if lora is None else lora.parameters(arch)
+    optimizer = OPTIMIZER_BYTES_PER_ELEMENT * trained / group / mem_bw
+
+    return StepTime(
+        gemm=accum * gemm,
+        attention=accum * attention,
+        memory_bound=accum * memory_bound,
+        recompute=accum * recompute,
+        communication=(accum - 1) * exposed + last,
+        optimizer=optimizer,
+        communication_total=accum * (comm + first_unit + cp_exposed) + replicate,
+        tokens_per_gpu=accum * tokens,
+        micro_batches=accum,
+    )
+
+
+def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters, attn_fwd: float, tokens: float, e: int) -> tuple[float, float, float]:
+    """FSDP (and context-parallel) communication per micro-batch and GPU:
+    (overlappable seconds, the first unit's all-gather that nothing hides, exposed ring seconds)."""
+    nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
+    network = hw.network_bytes_per_s * params.network_efficiency
+
+    def bandwidth(ranks: int) -> float:
+        """Bus bandwidth per GPU of a ring over ``ranks`` GPUs. A ring that leaves the node
+        runs one channel per GPU and NIC: each crosses the network once per node, so the
+        node's EFA bandwidth is shared by its channels, not divided by its GPUs."""
+        return nvlink if ranks <= hw.gpus_per_node else min(nvlink, network)
+
+    group = 1 if setting.sharding == "none" else setting.shard_group
+    param_bytes = 4 if setting.precision == "fp32" else 2
+    counts = _counts(arch)
+    layer_params, linear_params = counts.layer, counts.linear
+    if setting.precision == "fp8" and setting.fp8_recipe == "tensorwise" and setting.fp8_all_gather and group > 1:
+        gathered = linear_params * 1 + (layer_params - linear_params) * param_bytes  # float8 all-gather
+    else:
+        gathered = layer_params * param_bytes
+    bw = bandwidth(group)
+    lora = setting.lora
+    adapters = lora.layer_elements(arch) if lora is not None else 0
+    layer_ag = _collective_seconds(gathered + adapters * param_bytes, group, bw)
+    # fp32 gradient reduction: every parameter's, or under LoRA the adapters' only
+    layer_rs = _collective_seconds((layer_params if lora is None else adapters) * 4, group, bw)
+    root_ag = _collective_seconds(counts.root * param_bytes, group, bw)
+    root_rs = _collective_seconds(counts.root * 4, group, bw) if lora is None else 0.0
+    # Forward gathers every layer; backward gathers them again (all but the last layer
+    # were resharded) and reduce-scatters every gradient.
+    fsdp = (2 * arch.layers - 1) * layer_ag + arch.layers * layer_rs + root_ag + root_rs
+
+
+    ring = 0.0
+    cp = setting.context_parallel
+    if cp > 1:
+        # Ring attention passes K and V blocks around the context-parallel ranks (forward),
+        # and K, V and their gradients backward; it overlaps with the attention it feeds.
+        kv_block = tokens * 2 * arch.kv_size * e
+        step = kv_block * (cp - 1) / bandwidth(cp)
+        ring = arch.layers * (max(0.0, step - attn_fwd) + max(0.0, 2 * step - 2.5 * attn_fwd))
+    return fsdp, layer_ag + root_ag, ring
+
+
+def _replicate_all_reduce(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters) -> float:
+    """Hybrid (or no) sharding: the all-reduce of each shard's fp32 gradient across replicas,
+    once per optimiser step. Every GPU of a node runs its own all-reduce at once: they share
+    the node's EFA."""
+    group = 1 if setting.sharding == "none" else setting.shard_group
+    replicas = gpus // group
+    if replicas <= 1:
+        return 0.0
+    nodes = max(1, -(-gpus // hw.gpus_per_node))
+    nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
+    network = hw.network_bytes_per_s * params.network_efficiency
+    trained = _counts(arch).total if setting.lora is None else setting.lora.parameters(arch)
+    shard_bytes = trained * 4 / group
+    if nodes > 1 and group >= hw.gpus_per_node:
+        across = network / hw.gpus_per_node
+    else:
+        across = nvlink if gpus <= hw.gpus_per_node else min(nvlink, network)  # _communication's bandwidth(gpus)
+    return 2 * _collective_seconds(shard_bytes, replicas, across)

@@ -1,0 +1,393 @@
+"""The recipe: what a user asks for, as reviewed YAML.
+
+Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
+``auto`` with a decision and a reason. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tiered_training.contract.architecture import Architecture
+from tiered_training.recipe.names import name_problem
+
+AUTO = "auto"
+# A cross-field error names its field with this prefix; the loader points at that field.
+AT = "at "
+Auto = Literal["auto"]
+
+PIPELINE_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
+SNS_ARN_PATTERN = r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]{1,256}$"
+TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:training-plan/.{1,63}$"
+EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+MLFLOW_SERVER_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
+KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
+# An S3 URI: s3:// (5), a bucket name (at most 63), / and a key (at most 1024).
+S3_URI_MAX = 5 + 63 + 1 + 1024
+# Upper bounds that catch a slip of the keyboard long before anything overflows.
+MAX_TOKENS = 10**15
+MAX_BATCH_TOKENS = 2**30
+MAX_SEED = 2**32 - 1  # numpy and CUDA generators take 32-bit seeds
+# AWS allows 50 tags on a resource; the constructs add one (the recipe tag).
+MAX_TAGS = 49
+
+Precision = Literal["bf16", "fp8", "fp32"]
+Fp8Recipe = Literal["tensorwise", "rowwise", "mxfp8"]
+Checkpointing = Literal["none", "selective", "full"]
+Sharding = Literal["full", "hybrid", "none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ModelSection(_Strict):
+    """One of ``catalog`` (an id from ``tiered-training models``), ``dimensions`` or ``hf_config``."""
+
+    catalog: str | None = Field(default=None, max_length=128)
+    dimensions: Architecture | None = None
+    hf_config: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description=("a local Hugging Face checkpoint directory, or its config.json, whose dimensions the planner reads "
+                     "(relative paths from the recipe's directory); Llama and Qwen2 model types"),
+    )
+    name: str | None = Field(default=None, max_length=256, description="display name for explicit dimensions")
+    init_checkpoint: str | None = Field(
+        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 URI of a Hugging Face checkpoint to start from"
+    )
+    allow_outside_tiers: bool = Field(
+        default=False, description="acknowledge a model outside the 1B-64B range the tiers cover"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSection":
+        if sum(source is not None for source in (self.catalog, self.dimensions, self.hf_config)) != 1:
+            raise ValueError("give exactly one of 'catalog' (a catalogue id), 'dimensions' or 'hf_config' (a local config.json)")
+        return self
+
+
+class DataSection(_Strict):
+    uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of flat token shards")
+    allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="S3 prefixes that the DataUri pipeline parameter may name; default: [uri]",
+    )
+    kms_key_arn: str | None = Field(
+        default=None,
+        pattern=KMS_KEY_ARN_PATTERN,
+        description="ARN of the KMS key that encrypts the data (a key, not an alias); the jobs may decrypt with it",
+    )
+    token_dtype: Literal["uint16", "uint32"] = "uint32"
+    input_mode: Literal["FastFile", "File"] = "FastFile"
+    validation_uri: str | None = Field(
+        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of held-out token shards for the validation loss"
+    )
+    validation_fraction: float = Field(
+        default=0.001, ge=0, le=0.5,
+        description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
+    )
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
+    loss_on: Literal["assistant", "all"] | None = Field(
+        default=None,
+        description=("task sft: the tokens the loss counts, as the shards must have been packed (python -m training.sft_data "
+                     "--loss-on): assistant (the assistant turns or completions) or all; preflight checks the shards' manifest; "
+                     "default: not checked"),
+    )
+    overlong: Literal["error", "drop", "truncate"] | None = Field(
+        default=None,
+        description=("task sft: what packing did with an example longer than sequence_length (python -m training.sft_data "
+                     "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"),
+    )
+
+    @property
+    def data_prefixes(self) -> list[str]:
+        """The S3 prefixes a run may read its data from: ``allowed_uris``, or the recipe's ``uri``."""
+        return list(self.allowed_uris) if self.allowed_uris else [self.uri]
+
+    def allows(self, uri: str) -> bool:
+        """Whether ``uri`` lies under one of :attr:`data_prefixes` (whole path segments only)."""
+        return any(_under(uri, prefix) for prefix in self.data_prefixes)
+
+    @model_validator(mode="after")
+    def _uri_allowed(self) -> "DataSection":
+        if self.allowed_uris and not self.allows(self.uri):
+            raise ValueError(f"{AT}data.uri: not under any of data.allowed_uris ({', '.join(self.allowed_uris)})")
+        return self
+
+
+def _under(uri: str, prefix: str) -> bool:
+    if uri == prefix:
+        return True
+    base = prefix if prefix.endswith("/") else prefix + "/"
+    return uri.startswith(base)
+
+
+class BudgetSection(_Strict):
+    total_tokens: int = Field(ge=1_000_000, le=MAX_TOKENS, description="tokens to train on")
+    global_batch_tokens: int = Field(ge=1024, le=MAX_BATCH_TOKENS, description="tokens per optimiser step")
+
+
+class OptimizerSection(_Strict):
+    lr: float = Field(default=3e-4, gt=0, le=1.0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS, description="default: 1% of the budget")
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.1, ge=0, le=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+    beta1: float = Field(default=0.9, gt=0, lt=1)
+    beta2: float = Field(default=0.95, gt=0, lt=1)
+    max_nonfinite_skips: int = Field(
+        default=3, ge=0, le=1000,
+        description=("a step whose loss or gradient norm is NaN or infinite is skipped (no update, no checkpoint); "
+                     "after this many skipped steps in a row the job stops with a failure reason. 0: stop at the first"),
+    )
+
+
+class ComputeSection(_Strict):
+    instance_type: str = Field(max_length=64)
+    instance_count: int = Field(default=1, ge=1, le=512)
+    spot: bool = False
+    max_runtime_hours: float | None = Field(
+        default=None, ge=1 / 60, le=28 * 24,
+        description=(
+            "the longest one training job (a segment of the run) may run, at most the account's "
+            "training-job-max-runtime quota; default: that quota. A longer run is split into segments"
+        ),
+    )
+    max_wait_hours: float | None = Field(
+        default=None, gt=0, le=28 * 24,
+        description="spot only: each segment's MaxWait (capacity waits and interruptions included), at least its runtime; default: runtime + 24 h",
+    )
+    training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
+    price_per_hour: float | None = Field(default=None, gt=0, le=100_000, description="overrides the catalogue price per node")
+    compile: bool = True
+    region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; default: AWS's defaults",
+    )
+
+    @field_validator("quotas")
+    @classmethod
+    def _known_quotas(cls, values: dict[str, float]) -> dict[str, float]:
+        from tiered_training.catalog import quotas
+
+        known = quotas()
+        for name, value in values.items():
+            if name not in known:
+                from tiered_training.recipe.keys import closest, non_ascii
+
+                meant = closest(name, known)
+                inside = f" (contains non-ASCII {', '.join(non_ascii(name))})" if non_ascii(name) else ""
+                hint = f"did you mean {meant!r}?" if meant else f"known: {', '.join(sorted(known))}"
+                raise ValueError(f"unknown quota {name!r}{inside}; {hint} (tiered_training/catalog/quotas.yaml)")
+            hard_max = known[name].hard_max
+            if hard_max is not None and value > hard_max:
+                raise ValueError(f"quota {name!r}: {value:,.0f} is above AWS's hard limit of {hard_max:,.0f} {known[name].unit}")
+        return values
+
+    def quota(self, name: str) -> float:
+        """The account's value of a quota: the recipe's applied value, else AWS's default."""
+        from tiered_training.catalog import quotas
+
+        return self.quotas.get(name, quotas()[name].default)
+
+
+class CheckpointSection(_Strict):
+    interval_minutes: float = Field(default=30.0, gt=0, le=24 * 60)
+    keep_last: int = Field(default=3, ge=1, le=100)
+    shutdown_deadline_seconds: int = Field(default=110, ge=10, le=600)
+
+
+class MonitoringSection(_Strict):
+    alarm_email: str | None = Field(default=None, max_length=254, pattern=EMAIL_PATTERN)
+    alarm_topic_arn: str | None = Field(default=None, pattern=SNS_ARN_PATTERN)
+    min_throughput_fraction: float = Field(default=0.7, gt=0, le=1, description="of the plan's tokens/s")
+    min_gpu_utilization: float = Field(default=70.0, gt=0, le=100, description="percent")
+    max_memory_fraction: float = Field(default=0.97, gt=0, le=1, description="of HBM")
+    stall_minutes: int = Field(
+        default=10, ge=5, le=1440,
+        description="no step for this long is a stall; the alarm widens it to the plan's longest healthy pause",
+    )
+    loss_ceiling: Union[Annotated[float, Field(gt=0)], Auto] = Field(
+        default=AUTO, description="loss above this is divergence; auto: ln(vocabulary size) + loss_margin"
+    )
+    loss_margin: float = Field(
+        default=1.0, gt=0, le=20, description="nats above ln(V), the loss of a uniform guess, for an automatic ceiling"
+    )
+    max_validation_gap: float = Field(
+        default=0.5, gt=0, description="validation loss this far (nats) above the training loss is divergence"
+    )
+
+
+class ValidationSection(_Strict):
+    interval_minutes: float = Field(default=30.0, ge=1, le=24 * 60, description="evaluate every N minutes")
+    batches: int = Field(default=8, ge=1, le=10_000, description="micro-batches per GPU in one evaluation")
+
+
+class TrackingSection(_Strict):
+    mlflow_tracking_server_arn: str | None = Field(
+        default=None, pattern=MLFLOW_SERVER_ARN_PATTERN,
+        description="a SageMaker managed MLflow tracking server; the trainer logs params and metrics to it",
+    )
+    mlflow_experiment: str | None = Field(default=None, min_length=1, max_length=256, description="default: the recipe name")
+    tensorboard: bool = Field(default=True, description="write TensorBoard event files, uploaded beside the model output")
+
+
+class ProbeSection(_Strict):
+    enabled: bool = True
+    steps: int = Field(default=20, ge=3, le=1000)
+    min_throughput_fraction: float = Field(default=0.8, gt=0, le=2.0, description="gate: probe vs plan tokens/s")
+
+
+class BatchRampSpec(_Strict):
+    start_fraction: float = Field(default=0.25, gt=0, le=1, description="first global batch, as a fraction")
+    ramp_fraction: float = Field(default=0.02, gt=0, le=0.5, description="share of the token budget the ramp spans")
+
+
+# peft's module names of the Llama and Qwen2 projections. LoRA on every linear layer of the
+# blocks: QLoRA (Dettmers et al. 2023, https://arxiv.org/abs/2305.14314, section 4) found that
+# adapters on all linear layers are needed to match full fine-tuning.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(_Strict):
+    """LoRA (Hu et al. 2021, https://arxiv.org/abs/2106.09685) through peft's ``LoraConfig``
+    (https://huggingface.co/docs/peft/package_reference/lora). Defaults: rank 16, alpha 32
+    (alpha = 2 x rank) and dropout 0.05, as in QLoRA's and torchtune's Llama recipes
+    (https://github.com/pytorch/torchtune/tree/main/recipes/configs/llama3_1), on all seven projections."""
+
+    rank: int = Field(default=16, ge=1, le=1024, description="the adapters' rank r")
+    alpha: float = Field(default=32.0, gt=0, le=4096, description="the update is scaled by alpha / rank")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(LORA_TARGETS), min_length=1, max_length=len(LORA_TARGETS),
+        description="the projections that get adapters (peft's module names)",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _distinct(cls, modules: list[str]) -> list[str]:
+        repeated = sorted({m for m in modules if modules.count(m) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        return modules
+
+
+class ExportSection(_Strict):
+    """The model written at the end of the run."""
+
+    format: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description=("merged: full bf16 weights in Hugging Face format (LoRA merged in); adapter: the LoRA adapter alone "
+                     "in peft's format (PeftModel.from_pretrained), only with tuning.adapter lora"),
+    )
+
+
+class TuningSection(_Strict):
+    precision: Union[Precision, Auto] = AUTO
+    fp8_recipe: Union[Fp8Recipe, Auto] = AUTO
+    activation_checkpointing: Union[Checkpointing, Auto] = AUTO
+    sharding: Union[Sharding, Auto] = AUTO
+    shard_group_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
+    micro_batch_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
+    context_parallel: Union[Annotated[int, Field(ge=1, le=64)], Auto] = Field(
+        default=AUTO, description="GPUs that split each sequence (ring attention); auto: the search chooses"
+    )
+    batch_ramp: Union[bool, BatchRampSpec, Auto] = AUTO
+    follow_tiers: Literal["auto", "strict"] = Field(
+        default=AUTO,
+        description="auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices",
+    )
+    adapter: Union[Literal["none", "lora"], Auto] = Field(
+        default=AUTO,
+        description=("task sft: none trains every parameter; lora trains low-rank adapters on a frozen base (peft); "
+                     "auto: the tier's choice (LoRA for 30B-64B models, where it fits on one node)"),
+    )
+    lora: LoraSection | None = Field(default=None, description="the LoRA adapters' settings; default: the values of LoraSection")
+
+
+class Recipe(_Strict):
+    """A training recipe. See ``recipes/`` for templates."""
+
+    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name; names.py derives the others")
+    description: str | None = Field(default=None, max_length=3072)
+    task: Literal["pretrain", "sft"] = Field(
+        default="pretrain",
+        description=("pretrain: next-token loss on flat token shards; sft: supervised fine-tuning of model.init_checkpoint "
+                     "on packed example shards (python -m training.sft_data)"),
+    )
+    model: ModelSection
+    data: DataSection
+    sequence_length: int = Field(ge=128, le=131072)
+    budget: BudgetSection
+    optimizer: OptimizerSection = OptimizerSection()
+    compute: ComputeSection
+    checkpointing: CheckpointSection = CheckpointSection()
+    monitoring: MonitoringSection = MonitoringSection()
+    validation: ValidationSection = ValidationSection()
+    tracking: TrackingSection = TrackingSection()
+    probe: ProbeSection = ProbeSection()
+    tuning: TuningSection = TuningSection()
+    export: ExportSection = ExportSection()
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_length(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        if len(tags) > MAX_TAGS:
+            raise ValueError(f"{len(tags)} tags; AWS allows at most {MAX_TAGS} besides the recipe tag")
+        for key, value in tags.items():
+            if not re.fullmatch(r"[\w.:/=+\-@ ]{1,128}", key) or key.startswith("aws:"):
+                raise ValueError(f"tag key {key[:40]!r} is not a valid AWS tag key (1-128 letters, digits, spaces or _.:/=+-@)")
+            if len(value) > 256:
+                raise ValueError(f"the value of tag {key!r} has {len(value)} characters; AWS allows 256")
+        return tags
+
+    @model_validator(mode="after")
+    def _budget(self) -> "Recipe":
+        if self.budget.global_batch_tokens % self.sequence_length:
+            raise ValueError(
+                f"{AT}budget.global_batch_tokens: {self.budget.global_batch_tokens} is not a multiple of "
+                f"sequence_length {self.sequence_length}"
+            )
+        if self.budget.total_tokens < self.budget.global_batch_tokens:
+            raise ValueError(f"{AT}budget.total_tokens: smaller than one global batch")
+        return self
+
+    @model_validator(mode="after")
+    def _task(self) -> "Recipe":
+        """SFT needs a starting checkpoint; the fine-tuning fields mean nothing to pretraining."""
+        tuning, data = self.tuning, self.data
+        if self.task == "sft":
+            if self.model.init_checkpoint is None:
+                raise ValueError(f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging Face checkpoint")
+        else:
+            for path, value in (("data.loss_on", data.loss_on), ("data.overlong", data.overlong)):
+                if value is not None:
+                    raise ValueError(f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft")
+            if tuning.adapter != AUTO:
+                raise ValueError(f"{AT}tuning.adapter: applies to task sft only; remove it, or set task: sft")
+            if tuning.lora is not None:
+                raise ValueError(f"{AT}tuning.lora: applies to task sft only; remove it, or set task: sft")
+        if tuning.adapter == "none" and tuning.lora is not None:
+            raise ValueError(f"{AT}tuning.lora: set, but tuning.adapter is none; remove it, or set tuning.adapter: lora")
+        if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
+            raise ValueError(f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)")
+        return self
+
+

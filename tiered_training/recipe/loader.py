@@ -1,0 +1,431 @@
+"""Load a recipe file: YAML 1.2 with line numbers, then strict validation.
+
+Scalars resolve as in YAML 1.2 (:mod:`tiered_training.recipe.yaml12`): ``1:30`` and ``yes``
+are text, and validation is strict, so a number field refuses text and booleans and
+a boolean field refuses anything but ``true`` and ``false``; the message says what
+YAML 1.1 would have read.
+
+Every problem is reported at once, each with file, line, field path, the bad value
+and what would be valid. Nothing here raises anything but :class:`RecipeError`.
+
+Hostile input is bounded before it can cost anything: only regular files of at most
+:data:`MAX_BYTES` are read (a FIFO or a device is never opened for a blocking read);
+the YAML event stream is checked for nesting depth and for the size the document
+would have once every alias is expanded *before* the document is composed, so a
+"billion laughs" file or a 50,000-deep one is one line of error, not a hang or a
+crash in the recursive composer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.text import clip
+from tiered_training.recipe.keys import lookalike_hint
+from tiered_training.recipe import AT, Recipe
+from tiered_training.recipe.yaml12 import Loader, yaml11_reading
+
+_Loader = Loader
+Lines = dict[str, int]
+# Errors pydantic reports for the branches of a union that the value did not take.
+UNION_ALTERNATIVES = frozenset({"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"})
+RECIPE_SUFFIXES = (".yaml", ".yml")
+MERGE_TAG = "tag:yaml.org,2002:merge"
+# A recipe is a few kilobytes, about 100 YAML nodes, 4 levels deep; these bounds are far above that.
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_NODES = 10_000  # after alias expansion
+
+
+def find_recipes(paths: Iterable[str | Path]) -> tuple[list[Path], list[RecipeError]]:
+    """The recipe files that ``paths`` name, and the paths that are errors.
+
+    A directory contributes its ``*.yaml``/``*.yml`` entries (hidden ones excepted)
+    whatever their kind, so a dangling link, a FIFO or an unreadable file is
+    reported when it is read rather than silently skipped. The CLI and the CDK app
+    both list recipes with this function.
+    """
+    files: list[Path] = []
+    errors: list[RecipeError] = []
+    for path in map(Path, paths):
+        try:
+            is_dir = path.is_dir()
+        except OSError as exc:
+            errors.append(_file_error(path, f"cannot read: {exc.strerror or exc}"))
+            continue
+        if not is_dir:
+            files.append(path)  # read_recipe_text says what is wrong with it, if anything
+            continue
+        try:
+            entries = sorted(p for p in path.iterdir() if p.suffix in RECIPE_SUFFIXES and not p.name.startswith("."))
+        except OSError as exc:
+            errors.append(_file_error(path, f"cannot list the directory: {exc.strerror or exc}"))
+            continue
+        files += entries
+    return files, errors
+
+
+def recipe_by_name(name: str, folder: Path) -> tuple[Path | None, list[str]]:
+    """The recipe in ``folder`` whose pipeline name (its ``name:``) or file stem is ``name``, and every name there.
+
+    ``qwen25-14b-fp8`` finds ``recipes/qwen2.5-14b-fp8.yaml``, whose ``name:`` it is; so does
+    ``qwen2.5-14b-fp8``. A file that does not load is skipped.
+    """
+    files, _ = find_recipes([folder]) if folder.is_dir() else ([], [])
+    names: list[str] = []
+    for path in files:
+        try:
+            _, data, _, _ = _compose(read_recipe_text(path), str(path))  # bounded, as every recipe is read
+        except RecipeError:
+            continue
+        pipeline = data.get("name") if isinstance(data, dict) else None
+        if isinstance(pipeline, str):
+            names.append(pipeline)
+        if name in (pipeline, path.stem):
+            return path, names
+    return None, sorted(names)
+
+
+def _file_error(path: Path, message: str) -> RecipeError:
+    return RecipeError([Problem(str(path), None, "", message)])
+
+
+def read_recipe_text(path: str | Path) -> str:
+    """The text of a recipe file; only a regular UTF-8 file of at most MAX_BYTES is read."""
+    path = Path(path)
+    name = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise _file_error(path, f"cannot read the file: a dangling symbolic link (to {clip(os.readlink(path))})") from None
+        raise _file_error(path, "cannot read the file: no such file or directory") from None
+    except OSError as exc:
+        raise _file_error(path, f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = _kind(info.st_mode)
+            raise _file_error(path, f"cannot read the file: {kind}, not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise _file_error(path, f"{info.st_size:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise _file_error(path, f"cannot read the file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise _file_error(path, f"more than {MAX_BYTES:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise RecipeError([Problem(name, line, "", "the file is not UTF-8 text")]) from None
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    return load_recipe_with_lines(path)[0]
+
+
+def load_recipe_with_lines(path: str | Path) -> tuple[Recipe, Lines]:
+    """The recipe and a map from dotted field path to its 1-based line."""
+    return parse_recipe(read_recipe_text(path), str(path))
+
+
+def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
+    node, data, lines, problems = _compose(text, name)
+
+    if not isinstance(data, dict):
+        raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
+
+    try:
+        recipe = Recipe.model_validate(data, strict=True)
+    except ValidationError as exc:
+        problems += _problems(exc, data, lines, name)
+        recipe = None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never a traceback for bad input
+        problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
+        recipe = None
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.field))
+        raise RecipeError(problems)
+    return recipe, lines
+
+
+def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[Problem]]:
+    """The YAML node tree, the constructed document, key lines and duplicate-key problems."""
+    if len(text) > MAX_BYTES:
+        raise RecipeError([Problem(name, None, "", f"{len(text):,} characters; a recipe is at most {MAX_BYTES:,}")])
+    lines: Lines = {}
+    problems: list[Problem] = []
+    try:
+        _check_events(text, name)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None, None, lines, problems
+            _index(node, (), lines, problems, name)
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise RecipeError([Problem(name, line, "", f"YAML syntax: {clip(exc.problem or str(exc))}")]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise RecipeError([Problem(name, line, "", f"YAML: character {exc.character!r} is not allowed ({exc.reason})")]) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError([Problem(name, None, "", f"YAML: {clip(str(exc))}")]) from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # SafeConstructor on an explicit tag with a bad value (``!!int x``, ``!!timestamp x``).
+        raise RecipeError([Problem(name, None, "", f"YAML: a value cannot be read: {clip(str(exc))}")]) from None
+    return node, data, lines, problems
+
+
+def _check_events(text: str, name: str) -> None:
+    """Bound nesting depth and alias expansion on the event stream, before composing.
+
+    The parser is iterative; only the composer and the constructor recurse. Each
+    anchor's expanded size is counted when its node ends, and each alias adds that
+    size, so the count is what the document would hold with every alias expanded.
+    """
+    loader = _Loader(text)
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # per open collection: expanded node count, anchor
+    total = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            added = 0
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) > MAX_DEPTH:
+                    raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4")])
+                stack.append([1, event.anchor])
+                added = 1
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                count, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = count
+                stack[-1][0] += count
+            elif isinstance(event, yaml.ScalarEvent):
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+                stack[-1][0] += 1
+                added = 1
+            elif isinstance(event, yaml.AliasEvent):
+                added = sizes.get(event.anchor, 1)
+                stack[-1][0] += added
+            total += added
+            if total > MAX_NODES:
+                raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100")])
+    finally:
+        loader.dispose()
+
+
+def _index(node: yaml.Node, path: tuple, lines: Lines, problems: list[Problem], name: str) -> None:
+    """Record the line of every key; report duplicate keys, which YAML would silently overwrite.
+
+    A merge key (``<<: *base``) brings in the keys of the merged mappings that the
+    mapping does not set itself, as YAML defines it; overriding a merged key is not a
+    duplicate.
+    """
+    if isinstance(node, yaml.MappingNode):
+        for key, (key_node, value_node) in _entries(node, path, problems, name).items():
+            child = path + (key,)
+            lines[".".join(map(str, child))] = key_node.start_mark.line + 1
+            _index(value_node, child, lines, problems, name)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            child = path + (index,)
+            lines[".".join(map(str, child))] = item.start_mark.line + 1
+            _index(item, child, lines, problems, name)
+
+
+def _entries(node: yaml.MappingNode, path: tuple, problems: list[Problem] | None, name: str) -> dict[str, tuple]:
+    """A mapping's keys as YAML resolves them: its own keys, then merged keys it does not set."""
+    own: dict[str, tuple] = {}
+    merged: list[yaml.Node] = []
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            continue
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "<complex key>"
+        if key in own and problems is not None:
+            dotted = ".".join(map(str, path + (key,)))
+            problems.append(Problem(name, key_node.start_mark.line + 1, clip(dotted), "duplicate key; keep one"))
+        own[key] = (key_node, value_node)
+    for source in merged:  # earlier merged mappings win over later ones
+        if isinstance(source, yaml.MappingNode):
+            for key, entry in _entries(source, path, None, name).items():
+                own.setdefault(key, entry)
+    return own
+
+
+def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:
+    """Split pydantic's location into the path that exists in the document.
+
+    Union branches add labels such as ``literal['auto']``, ``int`` or a model's class
+    name; they are neither document keys nor fields. Returns the document path and
+    whether it reached a value (False for a missing field).
+    """
+    path: list = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and _is_field(tuple(path), part):
+            path.append(part)  # a field the document leaves out
+            return tuple(path), False
+    return tuple(path), True
+
+
+def _is_field(path: tuple, name: Any) -> bool:
+    model = _model_at(path)
+    return model is not None and name in model.model_fields
+
+
+def _value_at(data: Any, path: tuple) -> tuple[Any, bool]:
+    node = data
+    for part in path:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return None, False
+    return node, True
+
+
+def _model_at(path: tuple) -> type[BaseModel] | None:
+    model: Any = Recipe
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _submodel(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _submodel(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list[Problem]:
+    grouped: dict[str, dict[str, Any]] = {}
+    for error in exc.errors(include_url=False):
+        path, reached = _real_path(tuple(error["loc"]), data)
+        message = _message(error, path)
+        match = re.match(rf"^(?:Value error, )?{AT}([\w.]+): (.*)$", error["msg"], re.S)
+        if match:  # a cross-field check names its own field
+            path = tuple(match.group(1).split("."))
+            message = match.group(2)
+            reached = True
+        dotted = ".".join(map(str, path))
+        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True, "kinds": set()})
+        entry["alternatives"] &= error["type"] in UNION_ALTERNATIVES
+        entry["kinds"].add(error["type"])
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(path[:-1])
+            entry["meant"] = lookalike_hint(str(path[-1]), parent.model_fields if parent else [])[1]
+        if error["type"] == "literal_error" and not match:
+            entry["choices"].append(str((error.get("ctx") or {}).get("expected", "")))
+        elif message not in entry["messages"]:
+            entry["messages"].append(message)
+    _merge_misspelt_keys(grouped)
+    problems = []
+    for dotted, entry in grouped.items():
+        path = entry["path"]
+        if entry["alternatives"] and any(other.startswith(dotted + ".") for other in grouped):
+            continue  # a union's other branches failed too; the deeper problem is the one to fix
+        if entry["choices"]:
+            choices = ", ".join(entry["choices"]).replace(" or ", ", ")
+            entry["messages"].insert(0, f"must be one of {choices}")
+        value, has_value = _value_at(data, path) if entry["reached"] else (None, False)
+        if isinstance(value, (dict, list)):
+            has_value = False
+        message = "; or ".join(entry["messages"])
+        trap = yaml11_reading(value) if has_value and entry["kinds"] - {"extra_forbidden", "literal_error"} else None
+        if trap:
+            message = f"{message}: {trap}"
+        elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
+            message = f"{message}, not a boolean"
+        elif has_value and isinstance(value, float) and "int_type" in entry["kinds"] and value.is_integer() and abs(value) < 1e30:
+            message = f"{message}: write {int(value):_} (digits may be grouped with _)"
+        problems.append(
+            Problem(
+                file=name,
+                line=_line_for(path, lines),
+                field=dotted,
+                message=message,
+                value=None if trap else value,
+                has_value=has_value and not trap,
+            )
+        )
+    return problems
+
+
+def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
+    """An unknown key meant as a required field that is missing is one problem, not two."""
+    for dotted, entry in list(grouped.items()):
+        meant = entry.pop("meant", None)
+        if meant is None or "extra_forbidden" not in entry["kinds"]:
+            continue
+        sibling = ".".join(map(str, entry["path"][:-1] + (meant,)))
+        other = grouped.get(sibling)
+        if other is not None and other["kinds"] == {"missing"}:
+            del grouped[sibling]
+
+
+def _line_for(path: tuple, lines: Lines) -> int | None:
+    for end in range(len(path), 0, -1):
+        line = lines.get(".".join(map(str, path[:end])))
+        if line:
+            return line
+    return 1 if path else None
+
+
+def _message(error: dict, path: tuple) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        parent = _model_at(path[:-1])
+        message, _ = lookalike_hint(str(path[-1]), parent.model_fields if parent else [])
+        return message
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    if kind == "string_pattern_mismatch":
+        return f"does not match the required pattern {ctx.get('pattern', '')}"
+    msg = error["msg"].removeprefix("Value error, ")
+    return msg[0].lower() + msg[1:] if msg else kind

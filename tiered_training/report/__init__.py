@@ -1,0 +1,352 @@
+"""Render plans for people and machines: text tables, markdown for pull requests, stable JSON, diffs."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from tiered_training import catalog as catalogs
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.text import escape
+from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
+
+GIB = 1024**3
+SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
+
+
+def _hours(hours: float) -> str:
+    return f"{hours / 24:,.1f} d" if hours >= 48 else f"{hours:,.1f} h"
+
+
+def summary_row(plan: Plan) -> dict[str, str]:
+    """One plan as a row of short strings (shared by the text and markdown tables)."""
+    if not plan.ok or plan.memory is None or plan.estimates is None:
+        return {
+            "recipe": plan.name,
+            "model": plan.model_name,
+            "tier": plan.tier.name if plan.tier else "-",
+            "compute": f"{plan.nodes}x {plan.recipe.compute.instance_type}",
+            "status": f"{len(plan.errors)} error(s)",
+        }
+    est = plan.estimates
+    precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
+    task = {"none": ", SFT", "lora": ", LoRA"}.get(plan.adapter, "")
+    return {
+        "recipe": plan.name,
+        "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B{task})",
+        "tier": plan.tier.name,
+        "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
+        "precision": precision,
+        "AC": plan.activation_checkpointing,
+        "sharding": f"{plan.sharding}/{plan.shard_group_size}" + (f" cp{plan.context_parallel}" if plan.context_parallel > 1 else ""),
+        "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
+        "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
+        "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
+        "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
+        "time": _hours(est.wall_time_hours),
+        "cost": "no price" if est.cost_usd is None else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
+        + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
+    }
+
+
+COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost", "status")
+# Columns that hold numbers: never wrapped, right-aligned.
+NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost")
+
+
+def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
+    columns = list(columns)
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        out.append("| " + " | ".join(row.get(c, "") for c in columns) + " |")
+    return "\n".join(out)
+
+
+def plans_markdown(plans: list[Plan]) -> str:
+    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS)]
+    for plan in plans:
+        notes = [f for f in plan.findings if f.severity != "info"]
+        if notes:
+            parts.append(f"\n**{plan.name}**\n")
+            parts += [f"- {'❌' if f.severity == 'error' else '⚠️'} {format_finding(plan, f)}" for f in notes]
+    return "\n".join(parts) + "\n"
+
+
+def plans_json(plans: list[Plan], failures: Iterable[RecipeError] = ()) -> str:
+    from tiered_training.report.render import dumps
+
+    return dumps(plans_data(plans, failures))
+
+
+# -- JSON ---------------------------------------------------------------------------
+# Every command's ``--format json``: one object with ``schema_version``. A recipe that
+# fails to load is listed under ``invalid`` with its errors; one that loads but cannot
+# work is a plan with ``"ok": false`` and its findings.
+
+
+def problem_dict(problem: Problem) -> dict[str, Any]:
+    return {"severity": "error", "code": "invalid-recipe", "fix": "", **problem.to_dict()}
+
+
+def finding_dict(plan: Plan, finding: Finding) -> dict[str, Any]:
+    return {
+        "severity": finding.severity,
+        "code": finding.code,
+        "file": plan.source,
+        "line": finding_line(plan, finding),
+        "field": finding.field,
+        "message": finding.message,
+        "fix": finding.fix,
+        "value": None,
+    }
+
+
+def failure_dict(error: RecipeError) -> dict[str, Any]:
+    source = error.problems[0].file if error.problems else None
+    return {"source": source, "name": None, "ok": False, "errors": [problem_dict(p) for p in error.problems], "warnings": []}
+
+
+def plans_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = ()) -> dict[str, Any]:
+    plans, failures = list(plans), list(failures)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "ok": not failures and all(p.ok for p in plans),
+        "plans": [p.to_dict() for p in plans],
+        "invalid": [failure_dict(f) for f in failures],
+    }
+
+
+def validate_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = (), strict: bool = False) -> dict[str, Any]:
+    """One entry per recipe: ok, errors and warnings (warnings block under ``strict``)."""
+    recipes = [failure_dict(f) for f in failures]
+    for plan in plans:
+        errors = [finding_dict(plan, f) for f in plan.errors]
+        warnings = [finding_dict(plan, f) for f in plan.warnings]
+        account = [finding_dict(plan, f) for f in plan.account_findings]
+        recipes.append({"source": plan.source, "name": plan.name, "ok": not errors and not (strict and warnings), "errors": errors,
+                        "warnings": warnings, "account": account})
+    recipes.sort(key=lambda r: str(r["source"]))
+    return {"schema_version": SCHEMA_VERSION, "strict": strict, "ok": all(r["ok"] for r in recipes), "recipes": recipes}
+
+
+def tiers_data() -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "tiers": [tier.model_dump() for tier in catalogs.tiers()]}
+
+
+def models_data() -> dict[str, Any]:
+    models = []
+    for entry in catalogs.models().values():
+        models.append({**entry.model_dump(), "parameters": entry.architecture.parameters})
+    return {"schema_version": SCHEMA_VERSION, "models": models}
+
+
+def instance_rows(region: str | None = None) -> list[dict[str, Any]]:
+    """The instance catalogue with the prices in effect in ``region`` (default: the price
+    catalogue's documented region), environment overrides and the spot estimate included."""
+    rows = []
+    for inst in catalogs.instances().values():
+        price, source = inst.price(region=region)
+        spot_price, spot_source = inst.price(spot=True, region=region)
+        rows.append(
+            {
+                **inst.model_dump(),
+                "price_per_hour": price,
+                "price_source": source,
+                "spot_price_per_hour": spot_price,
+                "spot_price_source": spot_source,
+            }
+        )
+    return rows
+
+
+def instances_data(region: str | None = None) -> dict[str, Any]:
+    region = region or catalogs.prices().default_region
+    return {"schema_version": SCHEMA_VERSION, "region": region, "instances": instance_rows(region)}
+
+
+def explain_lines(plan: Plan) -> list[str]:
+    """Every decision with its reason, the memory proof, the estimates and every finding."""
+    out = [f"{plan.name}  ({plan.source or 'recipe'})", ""]
+    out.append("Decisions")
+    for d in plan.decisions:
+        value = d.value if not isinstance(d.value, dict) else ", ".join(f"{k}={v}" for k, v in d.value.items())
+        out.append(f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}")
+    if plan.memory is not None:
+        out += ["", f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom {plan.tier.memory_headroom:.0%})"]
+        for key, gib in plan.memory.as_gib().items():
+            if key != "hbm":
+                out.append(f"  {key:<22} {gib:>9,.2f} GiB")
+        verdict = "fits" if plan.memory.fraction <= plan.tier.memory_headroom else "does NOT fit"
+        out.append(f"  {'':<22} {plan.memory.fraction:>9.1%} of HBM: {verdict}")
+    if plan.estimates is not None:
+        e = plan.estimates
+        out += [
+            "",
+            "Estimates",
+            f"  FLOPs per token        {e.flops_per_token:,.3e}",
+            f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
+            f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention, as the container reports it); "
+            f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
+            f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
+            f"  wall time              {_hours(e.wall_time_hours)}",
+            (f"  cost                   none: {e.price_source}" if e.cost_usd is None or e.price_per_hour is None
+             else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"),
+            "",
+            f"Step time, term by term ({e.throughput_source})",
+        ]
+        total = sum(t.seconds for t in e.step_terms) or 1.0
+        for term in e.step_terms:
+            out.append(f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}")
+        out.append(f"  {'step':<26} {total:>9,.3f} s")
+    departures = getattr(plan, "departures", ())
+    if departures:
+        out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
+        for d in departures:
+            out.append(f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom")
+    full = getattr(plan, "full_parameter", None)
+    if full is not None:
+        out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
+        out.append(f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
+                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, {_cost(full.cost_usd)} "
+                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})")
+    alternatives = getattr(plan, "alternatives", ())
+    if alternatives:
+        out += ["", "Next alternatives that fit"]
+        for a in alternatives:
+            out.append(f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} GiB ({a.memory_fraction:.0%})")
+    out += ["", "Findings"]
+    out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
+    return out
+
+
+# -- diff ---------------------------------------------------------------------------
+
+
+def _flat(plan: Plan) -> dict[str, Any]:
+    data = plan.to_dict()
+    flat = {"task": data.get("task", "pretrain")}
+    flat.update({"compute." + k: v for k, v in data["compute"].items()})
+    flat.update({"model." + k: v for k, v in data["model"].items()})
+    flat.update({"tuning." + k: v for k, v in data["tuning"].items()})
+    run = data.get("run") or {}
+    if run:  # the run's shape: how many training jobs, each how long, on which instance counts
+        flat["compute.segments"] = run["segments"]
+        flat["compute.max_runtime_hours"] = round(run["job_runtime_seconds"] / 3600, 2)
+        flat["compute.instance_counts"] = run["instance_counts"]
+    return flat
+
+
+def diff(old: Plan, new: Plan) -> dict[str, Any]:
+    """Changed decisions and the deltas that matter for review: memory, throughput, time, cost."""
+    before, after = _flat(old), _flat(new)
+    changed = [
+        {"field": key, "old": before.get(key), "new": after.get(key), "reason": _reason(new, key)}
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
+    metrics = {}
+    pairs = {
+        "memory_gib_per_gpu": lambda p: p.memory.total / GIB if p.memory else None,
+        "tokens_per_second": lambda p: p.estimates.tokens_per_second if p.estimates else None,
+        "mfu": lambda p: p.estimates.mfu if p.estimates else None,
+        "mfu_causal": lambda p: p.estimates.mfu_causal if p.estimates else None,
+        "wall_time_hours": lambda p: p.estimates.wall_time_hours if p.estimates else None,
+        "cost_usd": lambda p: p.estimates.cost_usd if p.estimates else None,
+    }
+    for key, get in pairs.items():
+        a, b = get(old), get(new)
+        metrics[key] = {
+            "old": a,
+            "new": b,
+            "delta": (b - a) if a is not None and b is not None else None,
+            "ratio": (b / a) if a and b is not None else None,
+        }
+    old_codes = {(f.severity, f.code, f.message) for f in old.findings}
+    new_codes = {(f.severity, f.code, f.message) for f in new.findings}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "old": old.name,
+        "new": new.name,
+        "changed": changed,
+        "metrics": metrics,
+        "findings_added": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(new_codes - old_codes)],
+        "findings_removed": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(old_codes - new_codes)],
+    }
+
+
+def _reason(plan: Plan, key: str) -> str:
+    try:
+        return plan.decision(key).reason
+    except KeyError:
+        return ""
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in ("mfu", "mfu_causal"):
+        return f"{value:.1%}"
+    if key == "cost_usd":
+        return f"${value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+def diff_markdown(result: dict[str, Any]) -> str:
+    out = [f"### Plan diff: `{result['old']}` → `{result['new']}`", ""]
+    if result["changed"]:
+        out += ["| decision | old | new | why |", "|---|---|---|---|"]
+        out += [f"| {c['field']} | {_fmt(c['field'], c['old'])} | {_fmt(c['field'], c['new'])} | {c['reason']} |" for c in result["changed"]]
+    else:
+        out.append("No decision changed.")
+    out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
+    for key, m in result["metrics"].items():
+        change = f"{m['ratio'] - 1:+.1%}" if m["ratio"] is not None else "-"
+        out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {change} |")
+    for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
+        if result[key]:
+            out += ["", f"**{title}**"] + [f"- {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
+    return "\n".join(out) + "\n"
+
+
+def diff_text(result: dict[str, Any]) -> str:
+    out = [f"{result['old']} -> {result['new']}"]
+    for c in result["changed"]:
+        out.append(f"  {c['field']}: {_fmt(c['field'], c['old'])} -> {_fmt(c['field'], c['new'])}" + (f"  ({c['reason']})" if c["reason"] else ""))
+    if not result["changed"]:
+        out.append("  no decision changed")
+    for key, m in result["metrics"].items():
+        change = f" ({m['ratio'] - 1:+.1%})" if m["ratio"] is not None else ""
+        out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}{change}")
+    for title, key in (("new", "findings_added"), ("resolved", "findings_removed")):
+        out += [f"  {title} {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
+    return "\n".join(out) + "\n"
+
+
+# -- tiers --------------------------------------------------------------------------
+
+TIER_COLUMNS = ("tier", "parameters", "precision", "batch", "activation checkpointing", "distribution", "headroom")
+
+
+def tier_rows() -> list[dict[str, str]]:
+    rows = []
+    lower = catalogs.tiers()[0].min_parameters
+    for tier in catalogs.tiers():
+        rows.append(
+            {
+                "tier": tier.name,
+                "parameters": f"{lower / 1e9:g}B-{tier.max_parameters / 1e9:g}B",
+                "precision": f"{tier.precision.upper()}: {tier.precision_why}",
+                "batch": tier.batch_why + (" (ramped)" if tier.batch_ramp else ""),
+                "activation checkpointing": f"{tier.activation_checkpointing}: {tier.checkpointing_why}",
+                "distribution": tier.distribution,
+                "headroom": f"{tier.memory_headroom:.0%} of HBM",
+            }
+        )
+        lower = tier.max_parameters
+    return rows
+
+
+def _cost(cost: float | None) -> str:
+    return "no price" if cost is None else f"${cost:,.0f}"

@@ -1,0 +1,137 @@
+"""Export the final weights as a Hugging Face checkpoint (config.json + safetensors), on any number of hosts.
+
+Each weight is gathered whole on rank 0 one at a time (``DTensor.full_tensor``, a collective
+over all ranks), cast to the export dtype (``export.dtype``, bf16 by default) and written by
+rank 0 into safetensors files of at most ``export.max_shard_bytes``: ``model.safetensors``
+when one file holds everything, else ``model-00001-of-0000N.safetensors`` files and a
+``model.safetensors.index.json`` weight map, as Hugging Face shards a large model. Only rank 0's
+host writes, so the export does not depend on which files each host's disk holds, and rank 0
+never holds more than one shard file's worth of weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.tensor import DTensor
+
+
+def hf_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The (sharded) state dict under Hugging Face names; a tied head is left out, as HF saves it."""
+    state = get_model_state_dict(lm)
+    if lm.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return {key: plain_tensor(value) for key, value in state.items()}
+
+
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
+    """Unwrap torchao's float8 weight wrappers so plain tensors are written."""
+    if isinstance(value, DTensor):
+        local = value.to_local()
+        if type(local) is not torch.Tensor and hasattr(local, "_tensor"):
+            return DTensor.from_local(local._tensor, value.device_mesh, value.placements, run_check=False,
+                                      shape=value.shape, stride=value.stride())
+        return value
+    if type(value) is not torch.Tensor and hasattr(value, "_tensor"):
+        return value._tensor
+    return value
+
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None = torch.bfloat16,
+              max_shard_bytes: int = 5 * 10**9) -> Path:
+    """Write ``lm`` (any sharding, any number of hosts) to ``model_dir`` as config.json + safetensors; collective."""
+    from safetensors.torch import save_file
+
+    model_dir = Path(model_dir)
+    rank = dist.get_rank()
+    state = hf_state_dict(lm)
+    part: dict[str, torch.Tensor] = {}
+    part_bytes = total = parts = 0
+    if rank == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        for stale in model_dir.glob("part-*.tmp"):
+            stale.unlink()
+    for name, full in _full_weights(lm, state):  # every rank takes part in each gather
+        if rank != 0:
+            continue
+        tensor = (full.to(dtype) if dtype is not None else full).detach().to("cpu").contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if part and part_bytes + nbytes > max_shard_bytes:
+            parts += 1
+            save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
+            part, part_bytes = {}, 0
+        part[name] = tensor
+        part_bytes += nbytes
+        total += nbytes
+    if rank == 0:
+        parts += 1
+        save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
+        lm.config.save_pretrained(model_dir, dtype=dtype or next(iter(state.values())).dtype)
+        _name_files(model_dir, total)
+    dist.barrier()
+    return model_dir
+
+
+def _full_weights(lm: torch.nn.Module, state: dict[str, torch.Tensor]):
+    """``(name, whole tensor)`` one at a time, LoRA adapters merged into their weights (``lora.merged_weights``)."""
+    from training.models.lora import has_lora, merged_weights
+
+    if has_lora(lm):
+        yield from merged_weights(lm, state)
+        return
+    for name, value in state.items():
+        yield name, value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _name_files(model_dir: Path, total: int) -> None:
+    """Rename the parts as Hugging Face names them and write the index when there are several."""
+    from safetensors import safe_open
+
+    parts = sorted(model_dir.glob("part-*.tmp"))
+    for stale in list(model_dir.glob("model*.safetensors")) + list(model_dir.glob(INDEX_FILE)):
+        stale.unlink()
+    if len(parts) == 1:
+        parts[0].rename(model_dir / SINGLE_FILE)
+        return
+    weight_map = {}
+    for number, part in enumerate(parts, start=1):
+        name = f"model-{number:05d}-of-{len(parts):05d}.safetensors"
+        with safe_open(str(part), framework="pt") as handle:
+            weight_map.update({key: name for key in handle.keys()})
+        part.rename(model_dir / name)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (model_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
+
+
+def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
+    """Load a Hugging Face safetensors checkpoint into the already sharded ``lm``; collective.
+    Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
+    from safetensors import safe_open
+
+    from training.models.lora import base_name, is_adapter
+    from training.models.decoder import check_keys
+
+    state = hf_state_dict(lm)
+    # With LoRA the checkpoint holds the base: its names are the base layers' (q_proj.base_layer.weight
+    # is q_proj.weight), and the adapters are not in it (``model.materialize`` initialised them).
+    names = {base_name(key): key for key in state if not is_adapter(key)}
+    base = {hf: state[key] for hf, key in names.items()}
+    found = set()
+    for path in sorted(Path(init_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            found.update(f.keys())
+    tied = lm.config.tie_word_embeddings
+    check_keys(set(base), found, init_dir, tied=tied)
+    dcp.load(base, storage_reader=HuggingFaceStorageReader(str(init_dir)))
+    loaded = {key: base[hf] for hf, key in names.items()}
+    set_model_state_dict(lm, loaded, options=StateDictOptions(strict=not tied and len(loaded) == len(state)))

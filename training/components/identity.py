@@ -1,0 +1,164 @@
+"""A run's identity: what its checkpoints record, and what a resume must match (docs/runs.md).
+
+Every checkpoint's manifest (the ``COMMITTED`` marker, training/components/checkpoint.py) carries a ``run``
+entry: the run id, the recipe, the plan hash and its parts (``RunConfig.identity_parts``: the
+model, the sequence length and global batch, the token type and shuffle seed), the data URI
+and a fingerprint of the data (the shards' names and sizes; for fine-tuning also the packed
+shards' own fingerprint of examples, tokenizer and packing), the world size, the step and the
+tokens seen. Before torchrun starts, the launcher compares the newest committed checkpoint's
+identity with this job's (:func:`mismatches`) and refuses a resume that would not continue the
+same run, naming what changed and what to do. Torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tiered_training.contract.runconfig import RUN_ID_PATTERN, RunConfig
+
+COMMITTED = "COMMITTED"
+PART_NAMES = {
+    "model": "the model (architecture or starting checkpoint)",
+    "batch": "the sequence length or global batch",
+    "data": "the token type or data seed",
+    "sft": "the fine-tuning settings (adapter, LoRA rank, alpha, dropout or target modules)",
+}
+SFT_KIND = "sft-packed"
+
+
+def data_fingerprint(data_dir: Path | None) -> str:
+    """A short hash of the token shards' relative paths and sizes (and their manifests' bytes)."""
+    if data_dir is None or not Path(data_dir).is_dir():
+        return ""
+    digest = hashlib.sha256()
+    root = Path(data_dir)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".bin" or p.name == "shards.json")):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\n".encode())
+        if path.name == "shards.json":
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def sft_fingerprint(data_dir: Path | None) -> str:
+    """The packed SFT shards' own fingerprint (``shards.json`` of kind ``sft-packed``: a hash of the
+    examples, the tokenizer and the packing settings), or "" for other data."""
+    manifest = Path(data_dir) / "shards.json" if data_dir is not None else None
+    if manifest is None or not manifest.is_file():
+        return ""
+    try:
+        found = json.loads(manifest.read_text())
+    except (ValueError, OSError):
+        return ""
+    if not isinstance(found, dict) or found.get("kind") != SFT_KIND:
+        return ""
+    return str(found.get("fingerprint") or "")
+
+
+def identity(cfg: RunConfig, data_dir: Path | None, world_size: int) -> dict[str, Any]:
+    """This job's run identity, without the step (which the checkpoint adds)."""
+    found = {
+        "run_id": cfg.run.id,
+        "recipe": cfg.recipe_name,
+        "plan_hash": cfg.plan_hash(),
+        "plan_parts": cfg.identity_parts(),
+        "data_uri": cfg.run.data_uri,
+        "data_fingerprint": data_fingerprint(data_dir),
+        "world_size": world_size,
+    }
+    if cfg.sft is not None:
+        found["sft_data_fingerprint"] = sft_fingerprint(data_dir)
+    return found
+
+
+def committed_manifests(checkpoint_dir: Path) -> list[tuple[int, Path, dict[str, Any]]]:
+    """Committed checkpoints under ``checkpoint_dir`` as (manifest step, directory, manifest), newest first.
+
+    The step is the manifest's own; a marker without one is ordered by its directory's name."""
+    found = []
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return found
+    for path in root.glob("step-*"):
+        marker = path / COMMITTED
+        if not marker.is_file():
+            continue
+        try:
+            manifest = json.loads(marker.read_text())
+        except (ValueError, OSError):
+            manifest = {}
+        if not isinstance(manifest, dict):
+            manifest = {}
+        step = manifest.get("step")
+        if not isinstance(step, int):
+            tail = path.name.split("-", 1)[1]
+            step = int(tail) if tail.isdigit() else -1
+        found.append((step, path, manifest))
+    return sorted(found, key=lambda entry: entry[0], reverse=True)
+
+
+def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between a checkpoint's run identity and this job's, each with what to do."""
+    found = []
+    run = current.get("run_id") or "?"
+    new_run = "start a new run (leave RunId at 'new'; `tiered-training start` without --resume)"
+    if saved.get("run_id") and current.get("run_id") and saved["run_id"] != current["run_id"]:
+        found.append(f"the checkpoint belongs to run {saved['run_id']!r}, not {run!r}: the prefix holds another run's "
+                     "checkpoints; resume that run by its own name")
+    if saved.get("recipe") and current.get("recipe") and saved["recipe"] != current["recipe"]:
+        found.append(f"the checkpoint is of recipe {saved['recipe']!r}, not {current['recipe']!r}; {new_run}")
+    saved_parts, parts = saved.get("plan_parts") or {}, current.get("plan_parts") or {}
+    changed = [name for name in PART_NAMES if (name in saved_parts or name == "sft" and name in parts)
+               and saved_parts.get(name) != parts.get(name)]
+    for name in changed:
+        found.append(f"{PART_NAMES[name]} changed since run {run!r} started (plan {saved.get('plan_hash')} -> "
+                     f"{current.get('plan_hash')}): its checkpoint cannot carry over; {new_run}, or restore the recipe")
+    if saved.get("data_uri") and current.get("data_uri") and saved["data_uri"] != current["data_uri"]:
+        found.append(f"the data changed: run {run!r} trains on {saved['data_uri']}, this execution gives "
+                     f"{current['data_uri']}; resume with DataUri={saved['data_uri']}, or {new_run}")
+    elif (saved.get("sft_data_fingerprint") and current.get("sft_data_fingerprint")
+          and saved["sft_data_fingerprint"] != current["sft_data_fingerprint"]):
+        found.append(f"the fine-tuning data at {current.get('data_uri') or 'the train channel'} is not the data run "
+                     f"{run!r} was trained on (packed-shard fingerprint {saved['sft_data_fingerprint'][:12]} -> "
+                     f"{current['sft_data_fingerprint'][:12]}: other examples, tokenizer or packing settings), so the "
+                     f"run's data position does not carry over; restore that data, or {new_run}")
+    elif (saved.get("data_fingerprint") and current.get("data_fingerprint")
+          and saved["data_fingerprint"] != current["data_fingerprint"]):
+        found.append(f"the data at {current.get('data_uri') or 'the train channel'} changed since run {run!r} saved "
+                     f"step {saved.get('step')} (its shards' names or sizes differ), so the run's data position does not "
+                     f"carry over; restore the data, or {new_run}")
+    return found
+
+
+def check_resume(cfg: RunConfig, checkpoint_dir: Path | None, data_dir: Path | None, world_size: int) -> str | None:
+    """Why this job may not start (one line with what to do), or None: a run id that cannot name a
+    prefix, a resume of a run without a committed checkpoint, or a checkpoint of another run."""
+    run = cfg.run
+    if run.id and not re.fullmatch(RUN_ID_PATTERN, run.id):
+        return (f"RunId {run.id!r} is not a run id (letters, digits, '.', '_' and '-', at most 128); "
+                "`tiered-training status RECIPE` lists the recipe's runs")
+    manifests = committed_manifests(checkpoint_dir) if checkpoint_dir is not None else []
+    if run.resume and not manifests:
+        return (f"run {run.id!r} has no committed checkpoint to resume (its prefix is empty or holds only unfinished "
+                "saves); `tiered-training status RECIPE` lists the recipe's runs, or start a new run (RunId=new)")
+    for _step, _path, manifest in manifests:
+        saved = manifest.get("run")
+        if isinstance(saved, dict):
+            problems = mismatches(saved, identity(cfg, data_dir, world_size))
+            return f"cannot resume run {run.id!r}: " + "; ".join(problems) if problems else None
+    return None
+
+
+def same_run(current: dict[str, Any]):
+    """A checkpoint acceptor (``CheckpointManager(accept=...)``): a manifest of another run is never resumed or kept."""
+
+    def accept(manifest: dict[str, Any]) -> str | None:
+        saved = manifest.get("run")
+        if isinstance(saved, dict) and saved.get("run_id") and saved["run_id"] != current.get("run_id"):
+            return f"a checkpoint of run {saved['run_id']!r}, not of this run {current.get('run_id')!r}"
+        return None
+
+    return accept

@@ -1,0 +1,158 @@
+"""Validation loss on held-out token shards, every ``cfg.validation.interval_minutes`` of wall clock.
+
+Where the held-out windows come from (``cfg.validation.source``, set by the plan):
+
+- ``channel``: the ``validation`` input channel (the recipe's ``data.validation_uri``),
+  mounted at ``$SM_CHANNEL_VALIDATION`` (default ``/opt/ml/input/data/validation``);
+- ``holdout``: every ``holdout_every``-th window of the training shards, which the
+  training stream then skips (``training.components.data.build_dataloader(holdout_every=...)``);
+- ``none``: no validation loss.
+
+Each pass reads the same ``cfg.validation.batches`` micro-batches per rank (rank ``r`` of
+``n`` takes every ``n``-th held-out window, in order), under ``torch.no_grad`` and
+``model.eval()``, and averages the loss over every rank. For fine-tuning (``cfg.sft``) the
+windows are packed SFT sequences (``training.components.data.sft_validation_batches``) with the training
+loss's masks and per-example positions, and the loss is the mean over their valid labels
+(each label weighs the same, however many a batch holds). Ranks agree on when to run
+through one small all-reduce after each step, so a pass starts on all of them together.
+The result goes to :meth:`training.components.metrics.MetricsHook.record_validation` (CloudWatch,
+MLflow, TensorBoard) and to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tiered_training.contract.runconfig import VALIDATION_CHANNEL, RunConfig
+
+from training.components.data import DTYPES, find_shards, held_out_windows, sft_validation_batches, split_batch
+from training.components.loss import IGNORE_INDEX
+from training.components.packing import split_sft_batch
+
+log = logging.getLogger("training.components.validation")
+
+VALIDATION_DIR = f"/opt/ml/input/data/{VALIDATION_CHANNEL}"
+
+
+def validation_dir() -> Path:
+    """``$TT_VALIDATION_DIR``, else SageMaker's ``$SM_CHANNEL_VALIDATION``, else the channel's default path."""
+    return Path(os.environ.get("TT_VALIDATION_DIR") or os.environ.get("SM_CHANNEL_VALIDATION") or VALIDATION_DIR)
+
+
+class HeldOutWindows:
+    """This rank's fixed validation windows: ``count`` of them, ``[sequence_length + 1]`` tokens each."""
+
+    def __init__(self, data_dir: Path, token_dtype: str, sequence_length: int, *, rank: int, world_size: int,
+                 count: int, holdout_every: int = 0):
+        shards = find_shards(data_dir, token_dtype)
+        self.dtype = DTYPES[token_dtype]
+        self.sequence_length = sequence_length
+        counts = [max(0, (s.tokens - 1) // sequence_length) for s in shards]
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        total = int(starts[-1])
+        index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
+        mine = index[rank::world_size][:count]
+        if len(mine) == 0:
+            raise ValueError(f"no validation windows for rank {rank} of {world_size} in {data_dir}")
+        self.windows = []
+        maps: dict[int, np.memmap] = {}
+        for i in mine:
+            shard = int(np.searchsorted(starts, i, side="right") - 1)
+            if shard not in maps:
+                maps[shard] = np.memmap(shards[shard].path, dtype=self.dtype, mode="r")
+            start = (int(i) - int(starts[shard])) * sequence_length
+            self.windows.append(torch.from_numpy(maps[shard][start : start + sequence_length + 1].astype(np.int64)))
+
+    def batches(self, micro_batch_size: int):
+        for i in range(0, len(self.windows) - micro_batch_size + 1, micro_batch_size):
+            yield torch.stack(self.windows[i : i + micro_batch_size])
+
+
+class Validator:
+    """Runs a validation pass when its interval has passed; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, data_dir: Path, model: torch.nn.Module, device: torch.device, *,
+                 rank: int, world_size: int, group=None, clock: Callable[[], float] = time.monotonic, shard=None):
+        """rank, world_size: the data-parallel rank (with context parallelism, its CP group);
+        shard: ``ContextParallel.shard``, this rank's part of each batch and its positions."""
+        v = cfg.validation
+        self.cfg, self.model, self.device, self.group, self.clock = cfg, model, device, group, clock
+        self.shard = shard or (lambda inputs, labels: (inputs, labels, None))
+        self.interval = v.interval_minutes * 60.0
+        directory = validation_dir() if v.source == "channel" else data_dir
+        batch = cfg.batch
+        holdout_every = v.holdout_every if v.source == "holdout" else 0
+        self.sft = cfg.sft is not None
+        count = v.batches * batch.micro_batch_size
+        if self.sft:
+            self.batches = sft_validation_batches(
+                directory, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, rank=rank,
+                world_size=world_size, count=count, holdout_every=holdout_every, vocab_size=cfg.model.vocab_size,
+            )
+        else:
+            self.batches = list(HeldOutWindows(
+                directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
+                count=count, holdout_every=holdout_every,
+            ).batches(batch.micro_batch_size))
+        self._one = torch.ones((), device=device, dtype=torch.int64)
+        self.last = clock()
+
+    @classmethod
+    def build(cls, cfg: RunConfig, data_dir: Path, model, device, *, rank: int, world_size: int, group=None,
+              shard=None) -> "Validator | None":
+        """A Validator, or None when the RunConfig asks for no validation loss."""
+        if cfg.validation.source == "none":
+            return None
+        return cls(cfg, data_dir, model, device, rank=rank, world_size=world_size, group=group, shard=shard)
+
+    def due(self) -> bool:
+        """Whether a pass is due on any rank (one small all-reduce: every rank calls it after every step)."""
+        flag = torch.tensor([1 if self.clock() - self.last >= self.interval else 0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over this pass's batches on every rank."""
+        started = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        count = 0
+        try:
+            for batch in self.batches:
+                if self.sft:  # the loss sum (divisor 1) and the count of valid labels
+                    inputs, labels, positions = split_sft_batch(batch, self.device)
+                    total += self.model(inputs, labels, positions, divisor=self._one).detach().float()
+                    count += int((labels != IGNORE_INDEX).sum())
+                else:  # the mean of each batch's mean (every label valid, every batch the same size)
+                    inputs, labels, positions = self.shard(*split_batch(batch, self.device))
+                    total += self.model(inputs, labels, positions).detach().float()
+                    count += 1
+        finally:
+            self.model.train(was_training)
+        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        if dist.is_initialized():
+            dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        self.last = self.clock()
+        loss = (stats[0] / stats[1].clamp(min=1)).item()
+        log.info("validation loss %.4f over %d %s per rank (%.1f s)", loss, count, "labels" if self.sft else "batches",
+                 time.perf_counter() - started)
+        return loss
+
+    def maybe_run(self, on_result: Callable[[float], None] | None = None) -> float | None:
+        if not self.due():
+            return None
+        loss = self.evaluate()
+        if on_result is not None:
+            on_result(loss)
+        return loss

@@ -1,0 +1,1 @@
+"""Distribution: the process group, FSDP2 sharding and context parallelism."""

@@ -1,0 +1,128 @@
+"""Tokenise text files into the trainer's token shards (see training/README.md for the format).
+
+    python -m training.tools.tokenize_to_shards --tokenizer /path/to/hf-tokenizer --out shards/ corpus/*.txt
+    python -m training.tools.tokenize_to_shards --byte-level --out shards/ notes.txt
+
+Each input file is one document (``--lines``: each non-empty line is one). Every document
+is followed by the end-of-text token. Tokens are written as flat little-endian uint16
+(vocabularies up to 65,536) or uint32 files of at most ``--tokens-per-shard`` tokens,
+named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
+lists each shard's token count and largest token id (the trainer refuses a shard whose
+largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from a local directory with
+``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
+tokenizer: token = byte value (0-255), end-of-text = 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+BYTE_EOT = 256
+
+
+class ByteTokenizer:
+    """The fallback: one token per UTF-8 byte, plus an end-of-text token."""
+
+    vocab_size = BYTE_EOT + 1
+    eos_token_id = BYTE_EOT
+    name = "byte-level"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class HFTokenizer:
+    def __init__(self, path: str):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if self.tok.eos_token_id is None:
+            raise ValueError(f"the tokenizer in {path} has no eos_token; it is needed between documents")
+        self.vocab_size = len(self.tok)
+        self.eos_token_id = self.tok.eos_token_id
+        self.name = str(path)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+
+def documents(files: Iterable[Path], *, lines: bool) -> Iterator[str]:
+    for path in files:
+        text = Path(path).read_text(encoding="utf-8")
+        if lines:
+            yield from (line for line in text.splitlines() if line.strip())
+        else:
+            yield text
+
+
+def token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def write_shards(docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_shard: int = 100_000_000,
+                 dtype: str | None = None) -> dict:
+    """Tokenise ``docs`` into ``out_dir``; returns the manifest."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or token_dtype(tokenizer.vocab_size)
+    if np.iinfo(dtype).max < tokenizer.vocab_size - 1:
+        raise ValueError(f"{dtype} cannot hold token ids up to {tokenizer.vocab_size - 1}")
+    buffer: list[int] = []
+    shards: list[dict] = []
+    total_docs = 0
+
+    def flush(final: bool) -> None:
+        while len(buffer) >= tokens_per_shard or (final and buffer):
+            chunk = buffer[:tokens_per_shard]
+            del buffer[: len(chunk)]
+            name = f"shard-{len(shards):05d}.bin"
+            np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tofile(out_dir / name)
+            shards.append({"file": name, "tokens": len(chunk), "max_token_id": int(max(chunk))})
+
+    for doc in docs:
+        buffer.extend(tokenizer.encode(doc))
+        buffer.append(tokenizer.eos_token_id)
+        total_docs += 1
+        flush(final=False)
+    flush(final=True)
+    manifest = {
+        "format": "flat little-endian token ids, documents separated by the end-of-text token",
+        "dtype": dtype,
+        "tokenizer": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+        "documents": total_docs,
+        "tokens": sum(s["tokens"] for s in shards),
+        "shards": shards,
+    }
+    (out_dir / "shards.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.tools.tokenize_to_shards", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", type=Path, help="UTF-8 text files")
+    parser.add_argument("--out", required=True, type=Path, help="output directory for shard-*.bin")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tokenizer", help="local directory of a Hugging Face tokenizer")
+    source.add_argument("--byte-level", action="store_true", help="one token per byte (vocab 257)")
+    parser.add_argument("--lines", action="store_true", help="each non-empty line is a document")
+    parser.add_argument("--tokens-per-shard", type=int, default=100_000_000)
+    parser.add_argument("--dtype", choices=["uint16", "uint32"], help="default: uint16 if the vocabulary fits")
+    args = parser.parse_args(argv)
+    tokenizer = ByteTokenizer() if args.byte_level else HFTokenizer(args.tokenizer)
+    manifest = write_shards(documents(args.inputs, lines=args.lines), tokenizer, args.out,
+                            tokens_per_shard=args.tokens_per_shard, dtype=args.dtype)
+    print(f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents in {len(manifest['shards'])} "
+          f"{manifest['dtype']} shards under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
