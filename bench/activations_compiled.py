@@ -59,6 +59,7 @@ def autograd_saved_bytes(lm, ids) -> int:
 
 def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
     import torch
+
     from tiered_training.contract.runconfig import ModelConfig
     from training.components.compile import apply_compile
     from training.models.decoder import CausalLM, lm_config

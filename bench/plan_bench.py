@@ -48,8 +48,8 @@ def timed(fn, repeat: int = REPEAT) -> list[float]:
 
 
 def main() -> None:
-    from tiered_training.recipe.loader import load_recipe_with_lines
     from tiered_training.planning.planner import plan_file, resolve
+    from tiered_training.recipe.loader import load_recipe_with_lines
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,7 @@ WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
 # Each module's file under tiered_training/ (the name is the old flat module's, as docs/mutation.md records).
 FILES = {"errors": "recipe/errors.py", "recipe": "recipe/__init__.py", "loader": "recipe/loader.py",
          "planner": "planning/planner.py", "perf": "planning/perf.py", "memory": "planning/memory.py",
-         "plan": "planning/plan.py", "runconfig": "contract/runconfig.py", "definition": "pipeline/definition.py",
+         "plan": "planning/plan.py", "runconfig": "contract/runconfig.py", "definition": "pipeline/definition.py", "validation": "pipeline/validation.py",
          "alarms": "planning/alarms.py", "calibration": "planning/calibration.py", "report": "report/__init__.py"}
 MODULES: dict[str, list[str]] = {
     "errors": ["tests/recipe/test_loader_exact.py", "tests/recipe/test_errors.py", "tests/report/test_reported_lines.py", "tests/recipe/test_recipe.py"],
@@ -54,6 +54,7 @@ MODULES: dict[str, list[str]] = {
     "runconfig": ["tests/contract/test_run_identity.py", "tests/planning/test_batch_ramp.py", "tests/contract/test_runconfig.py", "tests/pipeline/test_fidelity.py", "tests/planning/test_properties.py"],
     "definition": ["tests/pipeline/test_training_arguments.py", "tests/pipeline/test_definition_checks.py", "tests/pipeline/test_gate.py", "tests/pipeline/test_definition.py",
                    "tests/pipeline/test_fidelity.py"],
+    "validation": ["tests/pipeline/test_definition_checks.py", "tests/pipeline/test_definition.py"],
     "alarms": ["tests/planning/test_alarm_fitting.py", "tests/planning/test_alarm_routing.py"],
     "calibration": ["tests/planning/test_calibration.py", "tests/planning/test_perf.py"],
     "report": ["tests/report/test_plan_diff.py", "tests/report/test_report_json.py", "tests/cli/test_cli.py", "tests/cli/test_cli_output.py"],
@@ -241,7 +242,7 @@ def main() -> int:
     deadline = None
     if args.deadline:
         hours, minutes = map(int, args.deadline.split(":"))
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         when = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
         if when <= now:  # a time already past today means tomorrow's
             when += datetime.timedelta(days=1)

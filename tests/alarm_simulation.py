@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from cloudwatch_alarms import MetricStore
 

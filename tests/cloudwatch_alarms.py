@@ -58,8 +58,9 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 OK, ALARM, INSUFFICIENT = "OK", "ALARM", "INSUFFICIENT_DATA"
 MINUTE = 60.0

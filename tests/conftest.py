@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-
 from support import write_yaml
 
 # Property tests stay fast: few examples, no per-example deadline (2 shared CPUs). The

@@ -19,25 +19,27 @@ against the same verdict.
 from __future__ import annotations
 
 import copy
-import re
 import json
 import math
+import re
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
+from support import RECIPES
 from typer.testing import CliRunner
 
-from support import RECIPES
-from tiered_training.pipeline import definition as d
-from tiered_training.recipe import names
 from tiered_training import report
 from tiered_training.cli.app import app
+from tiered_training.contract.runconfig import RunConfig
+from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
+from tiered_training.planning.planner import resolve
+from tiered_training.recipe import names
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import parse_recipe
-from tiered_training.planning.planner import resolve
-from tiered_training.contract.runconfig import RunConfig
 
 LIMIT_SECONDS = 2.0  # CPU seconds of one verdict: a shared machine stretches wall time, not CPU time
 CLI_SAMPLE_EVERY = 25
@@ -147,7 +149,7 @@ def verdict(text: str, name: str) -> bool:
     config = plan.run_config()
     assert RunConfig.from_json(config.to_json()) == config
     json.loads(config.to_json())
-    problems = d.validate_definition(d.build_definition(plan, RESOURCES))
+    problems = validation.validate_definition(d.build_definition(plan, RESOURCES))
     assert not problems, problems
     assert names.name_problem(plan.name) is None
     return True

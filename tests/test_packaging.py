@@ -18,7 +18,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from support import ROOT
 
 EXAMPLE = ROOT / "examples" / "platform-repo"

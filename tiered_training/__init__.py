@@ -19,9 +19,16 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it, imported on first use: the training container's processes
 # read only ``tiered_training.contract.runconfig`` and need not load the recipe loader and the planner.
-_EXPORTS = {"PlanError": "planning.plan", "RecipeError": "recipe.errors", "load_recipe": "recipe.loader",
-            "Plan": "planning.plan", "plan_file": "planning.planner", "resolve": "planning.planner",
-            "Recipe": "recipe", "RunConfig": "contract.runconfig"}
+_EXPORTS = {
+    "PlanError": "planning.plan",
+    "RecipeError": "recipe.errors",
+    "load_recipe": "recipe.loader",
+    "Plan": "planning.plan",
+    "plan_file": "planning.planner",
+    "resolve": "planning.planner",
+    "Recipe": "recipe",
+    "RunConfig": "contract.runconfig",
+}
 __all__ = sorted(_EXPORTS, key=str.lower)
 
 if TYPE_CHECKING:

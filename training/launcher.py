@@ -74,12 +74,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tiered_training.catalog.environment import family_environment
+from tiered_training.contract.container import MODE_VARIABLE
+from tiered_training.contract.container import OPT_ML as SAGEMAKER_OPT_ML
 from tiered_training.contract.failures import causes_first
 
-OPT_ML = Path("/opt/ml")
+OPT_ML = Path(SAGEMAKER_OPT_ML)
 CONFIG_DIR = OPT_ML / "input/config"
 MASTER_PORT = 29500
-MODE_VARIABLE = "TIERED_TRAINING_MODE"
 OPT_ML_VARIABLE = "TIERED_TRAINING_OPT_ML"
 FAILURE_DIR_VARIABLE = "TIERED_TRAINING_FAILURE_DIR"
 MODES = ("train", "probe")

@@ -9,13 +9,23 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tiered_training.contract.container import (
+    CHECKPOINT_LOCAL_PATH,
+    HYPERPARAMETERS_FILE,
+    MODEL_CHANNEL,
+    MODEL_DIR,
+    TRAIN_CHANNEL,
+    channel_dir,
+)
+
+__all__ = ["DEFAULTS", "HYPERPARAMETERS_FILE", "Paths"]
+
 DEFAULTS = {
-    "data_dir": ("TT_DATA_DIR", "SM_CHANNEL_TRAIN", "/opt/ml/input/data/train"),
-    "checkpoint_dir": ("TT_CHECKPOINT_DIR", None, "/opt/ml/checkpoints"),
-    "model_dir": ("TT_MODEL_DIR", "SM_MODEL_DIR", "/opt/ml/model"),
-    "init_dir": ("TT_INIT_DIR", "SM_CHANNEL_MODEL", "/opt/ml/input/data/model"),
+    "data_dir": ("TT_DATA_DIR", "SM_CHANNEL_TRAIN", channel_dir(TRAIN_CHANNEL)),
+    "checkpoint_dir": ("TT_CHECKPOINT_DIR", None, CHECKPOINT_LOCAL_PATH),
+    "model_dir": ("TT_MODEL_DIR", "SM_MODEL_DIR", MODEL_DIR),
+    "init_dir": ("TT_INIT_DIR", "SM_CHANNEL_MODEL", channel_dir(MODEL_CHANNEL)),
 }
-HYPERPARAMETERS_FILE = "/opt/ml/input/config/hyperparameters.json"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+
 def resources(template: dict, kind: str) -> dict[str, dict]:
     return {k: v for k, v in template.get("Resources", {}).items() if v["Type"] == kind}
 

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support import ROOT, recipe_dict, write_yaml
 
 EXTRA = {

@@ -122,7 +122,7 @@ def recipes_world(synthesized, templates) -> tuple[World, list[Recipe]]:
 @pytest.fixture(scope="module")
 def example_world(tmp_path_factory) -> tuple[World, list[Recipe]]:
     """examples/platform-repo's app, synthesized in this process from the checkout."""
-    from aws_cdk import App, Stack
+    from aws_cdk import App
     from aws_cdk import aws_ec2 as ec2
 
     from tiered_training.constructs import TrainingMonitoring, TrainingPipeline, load_plans

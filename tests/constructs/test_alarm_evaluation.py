@@ -18,8 +18,8 @@ from cdk_helpers import resources
 from cloudwatch_alarms import Alarm
 from support import RECIPES
 
-from tiered_training.planning import alarms as fitting
 from tiered_training.constructs.platform import stack_id
+from tiered_training.planning import alarms as fitting
 
 MINUTE = 60.0
 HEALTHY_BEFORE = 35 * MINUTE  # of training before a failure starts

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from tiered_training.pipeline import definition as d
 from tiered_training.contract import metrics
+from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
 

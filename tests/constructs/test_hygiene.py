@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cdk_helpers import only, resources
 
-from tiered_training.recipe import names
 from tiered_training.constructs.app import FEATURE_FLAGS, FLAG_OVERRIDES, PLATFORM_STACK, RECOMMENDED_FLAGS
+from tiered_training.recipe import names
 
 ROOT = Path(__file__).resolve().parents[2]
 

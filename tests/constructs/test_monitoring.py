@@ -8,9 +8,9 @@ import math
 import pytest
 from cdk_helpers import only, resources
 
-from tiered_training.planning import alarms as fitting
-from tiered_training.contract import metrics
 from tiered_training.constructs.platform import stack_id
+from tiered_training.contract import metrics
+from tiered_training.planning import alarms as fitting
 
 ALARMS = {
     "ThroughputBelowPlan", "GpuUtilizationLow", "MemoryNearlyFull", "LossDiverging", "ValidationLossDiverging",

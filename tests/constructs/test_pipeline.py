@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from cdk_helpers import only, pipeline_definition, resources
 
-from tiered_training.pipeline import definition as d
 from tiered_training.constructs.platform import stack_id
+from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
 
 
 def test_one_pipeline_per_recipe_named_after_it(plans, templates):
@@ -24,7 +25,7 @@ def test_one_pipeline_per_recipe_named_after_it(plans, templates):
 def test_embedded_definition_is_valid(plans, templates):
     for name in plans:
         body = pipeline_definition(templates[stack_id(name)])
-        assert d.validate_definition(body) == [], name
+        assert validation.validate_definition(body) == [], name
         assert [p["Name"] for p in body["Parameters"]] == list(d.PARAMETERS)
         train = d.find_step(body, d.S_TRAIN)["Arguments"]
         # The role and bucket are deploy-time references, not literals.

@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tiered_training.constructs.app import PLATFORM_STACK
 from tiered_training.constructs.platform import stack_id
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict
+
 from tiered_training.planning.planner import resolve
 from tiered_training.recipe import Recipe
 

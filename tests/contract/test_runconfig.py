@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tiered_training.planning.planner import plan_file
-from tiered_training.contract.runconfig import MAX_HYPERPARAMETER_VALUE, MAX_HYPERPARAMETERS, RunConfig
-
 from support import RECIPES
+
+from tiered_training.contract.runconfig import MAX_HYPERPARAMETER_VALUE, MAX_HYPERPARAMETERS, RunConfig
+from tiered_training.planning.planner import plan_file
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)

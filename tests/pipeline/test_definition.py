@@ -7,10 +7,11 @@ import json
 import re
 
 import pytest
-
 from support import RECIPES, recipe_dict, write_yaml
-from tiered_training.pipeline import definition as d
+
 from tiered_training.contract import metrics
+from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
 from tiered_training.planning.planner import plan_file
 
 RESOURCES = d.PipelineResources(
@@ -35,7 +36,7 @@ def definitions(plans):  # built per test, so mutation testing sees which tests 
 def test_every_template_recipe_is_valid_and_small(definitions):
     assert definitions
     for name, (_plan, definition) in definitions.items():
-        assert d.validate_definition(definition) == [], name
+        assert validation.validate_definition(definition) == [], name
         assert len(d.to_json(definition)) < d.MAX_BODY_CHARS / 20
 
 
@@ -116,7 +117,7 @@ def test_spot_and_training_plan(tmp_path):
     # The probe waits for spot capacity one hour at most beyond its runtime, not the run's wait.
     probe = d.find_step(definition, d.S_PROBE)["Arguments"]
     assert probe["StoppingCondition"] == {"MaxRuntimeInSeconds": 7200, "MaxWaitTimeInSeconds": 7200 + 3600}
-    assert d.validate_definition(definition) == []
+    assert validation.validate_definition(definition) == []
 
 
 def test_botocore_catches_a_misspelt_field_and_a_wrong_type(definitions):
@@ -125,7 +126,7 @@ def test_botocore_catches_a_misspelt_field_and_a_wrong_type(definitions):
     args = d.find_step(broken, d.S_TRAIN)["Arguments"]
     args["ResourceConfig"]["InstanceTyp"] = args["ResourceConfig"].pop("InstanceType")
     args["StoppingCondition"]["MaxRuntimeInSeconds"] = "one day"
-    problems = d.validate_definition(broken)
+    problems = validation.validate_definition(broken)
     assert any("InstanceTyp" in p and "step Train" in p for p in problems)
     assert any("MaxRuntimeInSeconds" in p for p in problems)
 
@@ -138,14 +139,14 @@ def test_other_checks(definitions):
     args = d.find_step(broken, d.S_TRAIN)["Arguments"]
     args["HyperParameters"]["x"] = "y" * 2501
     args["Environment"]["BAD-NAME"] = "1"
-    problems = "\n".join(d.validate_definition(broken, body="x" * (d.MAX_BODY_CHARS + 1)))
+    problems = "\n".join(validation.validate_definition(broken, body="x" * (d.MAX_BODY_CHARS + 1)))
     for needle in ("'Instance Count'", "'Probe!'", "HyperParameters.x", "BAD-NAME", "unknown parameter 'InstanceCount'",
                    "unknown step 'Probe'", "definition body"):
         assert needle in problems, needle
 
 
 def test_placeholders_are_typed():
-    args = d.placeholder_arguments({"ResourceConfig": {"InstanceCount": {"Get": "Parameters.X"}, "InstanceType": "${Token[T.1]}"}})
+    args = validation.placeholder_arguments({"ResourceConfig": {"InstanceCount": {"Get": "Parameters.X"}, "InstanceType": "${Token[T.1]}"}})
     assert args["ResourceConfig"]["InstanceCount"] == 1
     assert isinstance(args["ResourceConfig"]["InstanceType"], str)
 
@@ -220,5 +221,5 @@ def test_depends_on_and_execution_variables_are_validated(definitions):
     broken = copy.deepcopy(definition)
     d.find_step(broken, "Train-2")["DependsOn"] = ["Trian"]
     d.find_step(broken, "Train-3")["Arguments"]["CheckpointConfig"]["S3Uri"] = {"Get": "Execution.RunId"}
-    problems = "\n".join(d.validate_definition(broken))
+    problems = "\n".join(validation.validate_definition(broken))
     assert "DependsOn names no step 'Trian'" in problems and "unknown execution variable 'RunId'" in problems

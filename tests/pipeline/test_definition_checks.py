@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from support import recipe_dict, write_yaml
+
 from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
 from tiered_training.planning.planner import plan_file
 
 RESOURCES = d.PipelineResources("arn:aws:iam::123456789012:role/exec", "image", "s3://b/c/", "s3://b/o/")
@@ -23,8 +24,8 @@ def train_args(body):
 
 
 def test_a_valid_definition_has_no_problems(body):
-    assert d.validate_definition(body) == []
-    assert d.validate_training_arguments(train_args(body), "Train") == []
+    assert validation.validate_definition(body) == []
+    assert validation.validate_training_arguments(train_args(body), "Train") == []
 
 
 def test_version_parameters_and_step_names(body):
@@ -34,7 +35,7 @@ def test_version_parameters_and_step_names(body):
     broken["Parameters"].append({"Name": "Bad Name", "Type": "Text"})
     d.find_step(broken, d.S_FAIL_MEMORY)["Name"] = d.S_FAIL_THROUGHPUT
     d.find_step(broken, d.S_GATE_REASON)["Name"] = "x" * 65
-    problems = d.validate_definition(broken)
+    problems = validation.validate_definition(broken)
     assert "Version: '2019-01-01', expected '2020-12-01'" in problems
     assert f"parameter 'Bad Name': does not match {d.PARAMETER_NAME_PATTERN}" in problems
     assert "parameter Bad Name: unknown type 'Text'" in problems
@@ -45,7 +46,7 @@ def test_version_parameters_and_step_names(body):
     for kind in ("String", "Integer", "Boolean", "Float"):
         ok = copy.deepcopy(body)
         ok["Parameters"].append({"Name": "Extra", "Type": kind})
-        assert d.validate_definition(ok) == [], kind
+        assert validation.validate_definition(ok) == [], kind
 
 
 def test_references_must_resolve(body):
@@ -53,7 +54,7 @@ def test_references_must_resolve(body):
     args = train_args(broken)
     args["ResourceConfig"]["InstanceCount"] = d.param("Nodes")
     args["Environment"]["X"] = d.as_string(d.get("Steps.Missing.FinalMetricDataList['m'].Value"))
-    problems = d.validate_definition(broken)
+    problems = validation.validate_definition(broken)
     # Each Training step has arguments of its own (TrainWithoutProbe and Resume are untouched), and
     # a Condition's arguments hold its branches: Train is inside Gate, ProbeOrSkip and NewRunOrResume.
     # Steps.Probe, the real parameters and Execution.PipelineExecutionId resolve.
@@ -67,15 +68,15 @@ def test_references_must_resolve(body):
 def test_body_size(body):
     big = {**body, "Metadata": {"Pad": "x" * d.MAX_BODY_CHARS}}
     size = len(d.to_json(big))
-    assert d.validate_definition(big) == [f"definition body: {size} characters; the limit is {d.MAX_BODY_CHARS}"]
-    assert d.validate_definition(body, body="x" * d.MAX_BODY_CHARS) == []
-    assert d.validate_definition(body, body="x" * (d.MAX_BODY_CHARS + 1)) == [
+    assert validation.validate_definition(big) == [f"definition body: {size} characters; the limit is {d.MAX_BODY_CHARS}"]
+    assert validation.validate_definition(body, body="x" * d.MAX_BODY_CHARS) == []
+    assert validation.validate_definition(body, body="x" * (d.MAX_BODY_CHARS + 1)) == [
         f"definition body: {d.MAX_BODY_CHARS + 1} characters; the limit is {d.MAX_BODY_CHARS}"]
 
 
 def test_training_argument_limits(body):
     args = copy.deepcopy(train_args(body))
-    assert d.validate_training_arguments(args) == []
+    assert validation.validate_training_arguments(args) == []
     args["HyperParameters"] = {f"k{i}": "v" for i in range(101)}
     args["HyperParameters"]["k0"] = "y" * 2501
     args["HyperParameters"]["k1"] = "y" * 2500
@@ -85,7 +86,7 @@ def test_training_argument_limits(body):
     args["Environment"]["EDGE"] = "z" * 512
     args["AlgorithmSpecification"]["MetricDefinitions"] = [{"Name": f"m{i}", "Regex": "a=(1)"} for i in range(41)]
     args["AlgorithmSpecification"]["MetricDefinitions"][3]["Regex"] = "(unclosed"
-    problems = d.validate_training_arguments(args, "Probe")
+    problems = validation.validate_training_arguments(args, "Probe")
     assert problems == [
         "step Probe: HyperParameters: 101 keys; SageMaker allows 100",
         "step Probe: HyperParameters.k0: 2501 characters; the limit is 2500",
@@ -99,18 +100,18 @@ def test_training_argument_limits(body):
     at_limits["HyperParameters"] = {f"k{i}": "v" for i in range(100)}
     at_limits["Environment"] = {f"V{i}": "1" for i in range(100)}
     at_limits["AlgorithmSpecification"]["MetricDefinitions"] = [{"Name": f"m{i}", "Regex": "a=(1)"} for i in range(40)]
-    assert d.validate_training_arguments(at_limits) == []
+    assert validation.validate_training_arguments(at_limits) == []
 
 
 def test_botocore_shape_errors_name_the_field(body):
     args = copy.deepcopy(train_args(body))
     args["ResourceConfig"]["VolumeSizeInGB"] = "big"
     args["RoleArn"] = 7
-    problems = d.validate_training_arguments(args, "Train")
+    problems = validation.validate_training_arguments(args, "Train")
     assert all(p.startswith("step Train: CreateTrainingJob ") for p in problems)
     text = "\n".join(problems)
     assert "ResourceConfig.VolumeSizeInGB" in text and "RoleArn" in text
-    assert d.validate_training_arguments(args)[0].startswith("CreateTrainingJob ")  # no step name given
+    assert validation.validate_training_arguments(args)[0].startswith("CreateTrainingJob ")  # no step name given
 
 
 def test_pipeline_expressions_and_tokens_become_typed_placeholders():
@@ -123,7 +124,7 @@ def test_pipeline_expressions_and_tokens_become_typed_placeholders():
         "InputDataConfig": [{"ChannelName": "train", "DataSource": {"S3DataSource": {
             "S3DataType": "S3Prefix", "S3Uri": d.param("DataUri")}}}],
     }
-    concrete = d.placeholder_arguments(args)
+    concrete = validation.placeholder_arguments(args)
     assert concrete["TrainingJobName"] == "pipelines-placeholder"
     assert concrete["RoleArn"] == "x" * 20  # the shape's minimum length
     assert concrete["ResourceConfig"] == {"InstanceCount": 1, "InstanceType": "ml.p5.48xlarge", "VolumeSizeInGB": 200}
@@ -131,8 +132,8 @@ def test_pipeline_expressions_and_tokens_become_typed_placeholders():
     assert concrete["HyperParameters"] == {"a": "x", "b": "1"}
     assert concrete["Environment"] == {"E": "x"}
     assert concrete["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == "x"
-    assert d.placeholder_arguments({"RoleArn": "${Token[T.1]}"}, is_placeholder=lambda v: False)["RoleArn"] == "${Token[T.1]}"
-    assert d.cdk_token("arn:${Token[T.1]}") and not d.cdk_token("arn:aws:iam::1:role/r") and not d.cdk_token(7)
+    assert validation.placeholder_arguments({"RoleArn": "${Token[T.1]}"}, is_placeholder=lambda v: False)["RoleArn"] == "${Token[T.1]}"
+    assert validation.cdk_token("arn:${Token[T.1]}") and not validation.cdk_token("arn:aws:iam::1:role/r") and not validation.cdk_token(7)
 
 
 def test_walking_steps(body):
@@ -154,10 +155,10 @@ def test_the_body_is_compact_json_in_the_definitions_order(body):
 
 
 def test_a_malformed_definition_is_reported_not_crashed_on():
-    assert d.validate_definition({}) == ["Version: None, expected '2020-12-01'"]
+    assert validation.validate_definition({}) == ["Version: None, expected '2020-12-01'"]
     broken = {"Version": "2020-12-01", "Parameters": [{"Type": "String"}],
               "Steps": [{"Type": "Training"}, {"Type": "Condition"}, {"Name": "C", "Type": "Condition", "Arguments": {}}]}
-    assert d.validate_definition(broken) == [
+    assert validation.validate_definition(broken) == [
         f"parameter '': does not match {d.PARAMETER_NAME_PATTERN}",
         "steps: duplicate names in ['', '', 'C']",
         f"step '': does not match {d.STEP_NAME_PATTERN}",
@@ -170,19 +171,19 @@ def test_a_malformed_definition_is_reported_not_crashed_on():
 def test_argument_checks_that_pass(body):
     args = copy.deepcopy(train_args(body))
     args["Environment"]["lower_case_name"] = "1"
-    assert d.validate_training_arguments(args) == []
+    assert validation.validate_training_arguments(args) == []
     args["AlgorithmSpecification"]["MetricDefinitions"] = [{"Name": "m"}]  # botocore's problem; nothing to compile
-    assert d.validate_training_arguments(args) == [
+    assert validation.validate_training_arguments(args) == [
         'CreateTrainingJob Missing required parameter in AlgorithmSpecification.MetricDefinitions[0]: "Regex"']
     args["ResourceConfig"] = ["not", "a", "structure"]
     args["RoleArn"] = {"not": "a string"}
-    problems = d.validate_training_arguments(args, "Train")
+    problems = validation.validate_training_arguments(args, "Train")
     assert any("ResourceConfig" in p for p in problems) and any("RoleArn" in p for p in problems)
 
 
 def test_placeholders_follow_each_members_type():
     expression = d.param("X")
-    concrete = d.placeholder_arguments({
+    concrete = validation.placeholder_arguments({
         "EnableManagedSpotTraining": expression,
         "VpcConfig": {"Subnets": expression, "SecurityGroupIds": ["sg-1"]},
         "InputDataConfig": [{"ChannelName": "train", "ShuffleConfig": {"Seed": expression}}],
@@ -194,4 +195,4 @@ def test_placeholders_follow_each_members_type():
     assert concrete["InputDataConfig"][0]["ShuffleConfig"]["Seed"] == 1  # a long
     assert concrete["CheckpointConfig"] == {}
     assert concrete["Environment"] == {"A": "x"}
-    assert d._placeholder(None) == "x"
+    assert validation._placeholder(None) == "x"

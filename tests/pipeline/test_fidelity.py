@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from support import recipe_dict, write_yaml
+
+from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
-from tiered_training.contract.runconfig import RunConfig
 
 EXECUTION_ID = "fidelity0001"  # the interpreter's PipelineExecutionId: a new run's id
 

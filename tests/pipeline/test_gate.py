@@ -8,10 +8,10 @@ GateReason conditions as SageMaker would. No torch, no AWS.
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict, write_yaml
-from tiered_training.pipeline import definition as d
+
 from tiered_training.contract import metrics
+from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
 
@@ -116,7 +116,7 @@ def test_probe_runtime_is_capped_and_train_keeps_the_recipes(tmp_path):
         assert runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS) <= 2 * 3600
         train = d.chain_steps(body, d.S_TRAIN)
         assert len(train) == plan.segments == (1 if hours == 120.0 else 8)
-        assert runtime == {d.S_PROBE: runtime[d.S_PROBE], **{step: hours * 3600 for step in train}}
+        assert runtime == {d.S_PROBE: runtime[d.S_PROBE], **dict.fromkeys(train, hours * 3600)}
 
 
 def test_skip_probe_runs_train_without_probe_and_no_gate(body):

@@ -75,13 +75,14 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-
 from support import RECIPES, recipe_dict, write_yaml
-from tiered_training.pipeline import definition as d
+
 from tiered_training.contract import metrics
+from tiered_training.contract.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
+from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
 from tiered_training.planning import segments
 from tiered_training.planning.planner import plan_file
-from tiered_training.contract.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
 
 # The SDK's own notices (moved modules, "no job is started in a PipelineSession") are not ours.
 pytestmark = [
@@ -544,7 +545,7 @@ def test_every_template_matches_the_sdk(pairs):
     report = []
     for name, (ours, theirs) in pairs.items():
         # Our validator must accept what the SDK writes (no false alarms at synth).
-        lines = [f"validate_definition rejects the SDK's: {problem}" for problem in d.validate_definition(theirs)]
+        lines = [f"validate_definition rejects the SDK's: {problem}" for problem in validation.validate_definition(theirs)]
         lines += differences(normalise(ours), normalise(theirs))
         if lines:
             report.append(f"{name}:\n  " + "\n  ".join(lines))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict, write_yaml
-from tiered_training.pipeline import definition as d
+
 from tiered_training.catalog import environment
+from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 
 RESOURCES = d.PipelineResources(

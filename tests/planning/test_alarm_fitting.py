@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from support import recipe_dict, write_yaml
+
 from tiered_training.planning import alarms
 from tiered_training.planning.planner import plan_file
 

@@ -32,10 +32,10 @@ def test_an_address_in_the_recipe_or_the_app_context_routes_them(tmp_path, monke
 
 
 def test_the_monitoring_doc_states_the_fitted_times_of_every_template():
+    from support import RECIPES, ROOT
+
     from tiered_training.planning.alarms import markdown_table
     from tiered_training.planning.planner import plan_file
-
-    from support import RECIPES, ROOT
 
     table = markdown_table([plan_file(path) for path in RECIPES])
     assert table in (ROOT / "docs" / "monitoring.md").read_text(), "run: python -m tiered_training.planning.alarms recipes/"

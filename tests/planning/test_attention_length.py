@@ -14,7 +14,7 @@ PUBLISHED = {1024: 457.0, 2048: 591.0, 4096: 658.0, 8192: 703.0}
 
 
 def test_the_length_term_reproduces_the_published_kernel_curve():
-    params = catalogs.performance_parameters()
+    params = perf.stored_parameters()
 
     def seconds(n, level):  # the model's time for the benchmark's forward call
         flops = 4 * 4 * 32 * 128 * n**2  # two matmuls of 2*n*n*d FLOPs, batch 4, 32 heads
@@ -30,7 +30,7 @@ def test_the_length_term_reproduces_the_published_kernel_curve():
 
 
 def test_short_calls_pay_more_attention_time_per_flop():
-    params = catalogs.performance_parameters()
+    params = perf.stored_parameters()
     arch = catalogs.models()["llama-3.1-8b"].architecture
     hw = Hardware.of(catalogs.instances()["ml.p6-b200.48xlarge"])
     setting = Setting(precision="bf16", checkpointing="full", micro_batch=1, shard_group=8)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from support import recipe_dict
 
 from tiered_training.contract.runconfig import BatchConfig, RunConfig, ramp_accum_steps, steps_for_tokens
-
-from support import recipe_dict
 
 
 def test_ramp_is_linear_in_accumulation_steps():

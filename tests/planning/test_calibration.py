@@ -22,11 +22,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-
 from support import rounded
-from tiered_training.planning import calibration
+
 from tiered_training import catalog as catalogs
-from tiered_training.planning import memory
+from tiered_training.planning import calibration, memory, perf
 from tiered_training.planning.perf import step_time
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "calibration.json"
@@ -35,7 +34,7 @@ MEGATRON = "Megatron-Bridge"
 
 def _stored():
     model = catalogs.performance_model()
-    return model.parameters(), dict(model.calibration_only)
+    return perf.parameters_of(model), dict(model.calibration_only)
 
 
 def _source(cal: calibration.Calibration, title: str) -> str:

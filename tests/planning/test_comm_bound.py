@@ -22,7 +22,7 @@ GPUS = 64
 def model():
     arch = catalogs.models()["llama-3.1-8b"].architecture
     hw = perf.Hardware.of(catalogs.instances()["ml.p4d.24xlarge"])
-    return arch, hw, catalogs.performance_parameters()
+    return arch, hw, perf.stored_parameters()
 
 
 def step(model, setting, *, hw=None, gpus=GPUS, accum=1):

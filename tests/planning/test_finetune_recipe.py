@@ -7,17 +7,16 @@ import json
 
 import pytest
 import yaml
-
 from support import recipe_dict
 from support import run_cli as cli
+
 from tiered_training import catalog as catalogs
 from tiered_training.contract import hf_config
-from tiered_training.planning import memory
-from tiered_training.planning import perf
 from tiered_training.contract.architecture import Lora
+from tiered_training.planning import memory, perf
+from tiered_training.planning.planner import plan_file, resolve
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import parse_recipe
-from tiered_training.planning.planner import plan_file, resolve
 
 CHECKPOINT = "s3://bucket-for-tests/models/base/"
 MISSING = object()
@@ -101,7 +100,7 @@ def test_packed_examples_never_split_over_context_parallel_ranks():
 
 def test_packed_attention_under_a_mask_computes_the_whole_square():
     hw = perf.Hardware.of(catalogs.instances()["ml.p6-b200.48xlarge"])
-    arch, kw = catalogs.models()["llama-3.1-8b"].architecture, dict(sequence_length=8192, gpus=8, accum=1, params=catalogs.performance_parameters())
+    arch, kw = catalogs.models()["llama-3.1-8b"].architecture, dict(sequence_length=8192, gpus=8, accum=1, params=perf.stored_parameters())
     causal = perf.step_time(arch, hw, perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=8), **kw)
     masked = perf.step_time(arch, hw, perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=8,
                                                    document_mask=True), **kw)
@@ -213,7 +212,7 @@ def test_lora_dropout_copies_are_counted_without_checkpointing():
 
 def test_lora_runs_about_two_thirds_of_the_base_gemm_time_plus_the_adapters():
     hw = perf.Hardware.of(catalogs.instances()["ml.p6-b200.48xlarge"])
-    params = catalogs.performance_parameters()
+    params = perf.stored_parameters()
     base = perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=8)
     lora = Lora(16, ("q_proj",), dropout=False)
     kw = dict(sequence_length=4096, gpus=8, accum=4, params=params)

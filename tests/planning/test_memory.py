@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiered_training.planning import memory
 from tiered_training.contract.architecture import Architecture, sharded_elements
+from tiered_training.planning import memory
 
 GIB = 1024**3
 # Distinct h, kv, f and head counts, so that a term taken for another shows.

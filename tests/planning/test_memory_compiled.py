@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from support import ROOT
+
 from tiered_training.contract.architecture import Architecture
 from tiered_training.planning.memory import activation_bytes_per_token, estimate
 

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from tiered_training.planning import calibration
 from tiered_training import catalog as catalogs
-from tiered_training.planning import perf
+from tiered_training.planning import calibration, perf
 from tiered_training.planning.perf import Hardware, LinearCost, Setting, step_time
 
 ARCH_8B = catalogs.models()["llama-3.1-8b"].architecture
@@ -17,7 +16,7 @@ B200 = Hardware.of(catalogs.instances()["ml.p6-b200.48xlarge"])
 
 
 def speed(setting: Setting, hw: Hardware = B200, arch=ARCH_8B, sequence_length: int = 8192, gpus: int = 8, accum: int = 8):
-    return step_time(arch, hw, setting, sequence_length=sequence_length, gpus=gpus, accum=accum, params=catalogs.performance_parameters())
+    return step_time(arch, hw, setting, sequence_length=sequence_length, gpus=gpus, accum=accum, params=perf.stored_parameters())
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +80,7 @@ def test_a_refit_without_a_source_never_reads_that_source(cal):
 
 def test_fit_reproduces_the_stored_parameters(cal):
     params, factors = calibration.fit(cal)
-    stored = catalogs.performance_parameters()
+    stored = perf.stored_parameters()
     for name in calibration.FITTED:
         assert getattr(params, name) == pytest.approx(getattr(stored, name), rel=0.03), name
     for name, value in catalogs.performance_model().calibration_only.items():
@@ -109,7 +108,7 @@ def test_gpu_check_rows_are_read_as_this_containers_own_runs(tmp_path, capsys):
 def test_single_linear_speedups_match_torchao(cal):
     model = catalogs.performance_model()
     for row in cal.linear_rows:
-        predicted = calibration.predict_speedup(row, cal, model.parameters(), dict(model.calibration_only))
+        predicted = calibration.predict_speedup(row, cal, perf.parameters_of(model), dict(model.calibration_only))
         assert predicted == pytest.approx(row.speedup, rel=0.1), row.id
 
 
@@ -161,10 +160,10 @@ def test_fp8_gain_grows_with_gemm_size():
         return speed(Setting("fp8", "none", 1, 8, fp8_recipe="tensorwise"), arch=arch).tokens_per_second_per_gpu / bf16
 
     assert gain("llama-3.2-1b") < gain("llama-3.1-8b") < gain("llama-3.1-70b")
-    small = LinearCost(P5, "fp8", "tensorwise", True, catalogs.performance_parameters())
+    small = LinearCost(P5, "fp8", "tensorwise", True, perf.stored_parameters())
     large_m = sum(small.seconds(16384, 8192, 8192))
     tiny_m = sum(small.seconds(256, 1024, 1024))
-    bf16 = LinearCost(P5, "bf16", None, True, catalogs.performance_parameters())
+    bf16 = LinearCost(P5, "bf16", None, True, perf.stored_parameters())
     assert sum(bf16.seconds(16384, 8192, 8192)) / large_m > 1.2
     assert sum(bf16.seconds(256, 1024, 1024)) / tiny_m < 1.0
 
@@ -176,7 +175,7 @@ def test_attention_dominates_long_context_and_context_parallelism_splits_it():
     # Per token, a context-parallel rank does the same attention work (its share of every
     # sequence), in block calls that cost the fitted ring overhead per step past the first.
     per_token = lambda t: t.attention / t.tokens_per_gpu  # noqa: E731
-    params = catalogs.performance_parameters()
+    params = perf.stored_parameters()
     ring = 1 / perf.ring_cost(4, params)
     assert 0.2 < ring < 1.0
     assert per_token(split) == pytest.approx(per_token(whole) / ring, rel=0.05)
@@ -191,7 +190,7 @@ def test_context_parallel_attention_costs_more_per_token_as_the_degree_grows():
         t = speed(Setting("fp8", "full", 1, 8, fp8_recipe="tensorwise", context_parallel=cp), hw=P5, sequence_length=32768 * cp, accum=1)
         per_token[cp] = t.attention / t.tokens_per_gpu / (32768 * cp)  # per token and unit of context
     assert per_token[1] < per_token[2] < per_token[4] < per_token[8]
-    assert per_token[8] / per_token[2] == pytest.approx(perf.ring_cost(8, catalogs.performance_parameters()) / perf.ring_cost(2, catalogs.performance_parameters()), rel=0.02)
+    assert per_token[8] / per_token[2] == pytest.approx(perf.ring_cost(8, perf.stored_parameters()) / perf.ring_cost(2, perf.stored_parameters()), rel=0.02)
 
 
 def test_b200_is_faster_than_h100_but_not_by_more_than_its_peak():
@@ -220,7 +219,7 @@ def test_predict_charges_the_optimiser_step_once_per_optimiser_step(cal):
     model = catalogs.performance_model()
     row = next(r for r in cal.rows if r.id == "megatron-dgx-b200-8b-fp8cs")
     assert row.grad_accum_steps == 8  # GBS 128 over 8 data-parallel ranks of micro-batch 2
-    params, factors = model.parameters(), dict(model.calibration_only)
+    params, factors = perf.parameters_of(model), dict(model.calibration_only)
     once = calibration.predict(row.model_copy(update={"grad_accum_steps": 1}), cal, params, factors)
     eight = calibration.predict(row, cal, params, factors)
     hw, _ = calibration.hardware(row, cal, factors)

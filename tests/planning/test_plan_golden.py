@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from support import DELETE, RECIPES, recipe_dict, rounded
+
 from tiered_training.planning.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import RECIPES, recipe_dict
 
 from tiered_training import catalog as catalogs
-from tiered_training.planning import memory
 from tiered_training.contract.architecture import Architecture
-from tiered_training.recipe.loader import parse_recipe
+from tiered_training.contract.runconfig import ramp_accum_steps as ramp_accum
+from tiered_training.planning import memory, perf
 from tiered_training.planning.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
-from tiered_training.contract.runconfig import ramp_accum_steps as ramp_accum
-
-from support import RECIPES, recipe_dict
+from tiered_training.recipe.loader import parse_recipe
 
 GIB = 1024**3
 
@@ -460,7 +459,6 @@ def test_findings_point_at_the_recipe_line(tmp_path):
 def _fastest_by_brute_force(plan):
     """Every configuration of precision, recipe, checkpointing, micro-batch and context
     parallelism for this plan's recipe, evaluated directly: the fastest that fits."""
-    from tiered_training.planning import perf
 
     recipe, arch = plan.recipe, plan.architecture
     hw = perf.Hardware.of(plan.instance)
@@ -481,7 +479,7 @@ def _fastest_by_brute_force(plan):
                         continue
                     setting = perf.Setting(precision, ac, mb, plan.gpus, fp8_recipe=fp8_recipe, context_parallel=cp)
                     t = perf.step_time(arch, hw, setting, sequence_length=recipe.sequence_length, gpus=plan.gpus,
-                                       accum=per_rank // mb, params=catalogs.performance_parameters())
+                                       accum=per_rank // mb, params=perf.stored_parameters())
                     best = max(best, t.tokens_per_second_per_gpu)
     return best
 

@@ -17,13 +17,13 @@ import typing
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
-
 from support import recipe_dict
+
 from tiered_training import catalog as catalogs
+from tiered_training.contract.runconfig import LoraConfig, RunConfig, SftConfig
 from tiered_training.planning import memory
 from tiered_training.planning.planner import resolve
 from tiered_training.recipe import Recipe
-from tiered_training.contract.runconfig import LoraConfig, RunConfig, SftConfig
 
 MODELS = sorted(catalogs.models())
 GIB = 1024**3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from support import RECIPES, recipe_dict, write_yaml
+
 from tiered_training import catalog as catalogs
 from tiered_training.planning import quotas
 from tiered_training.planning.planner import plan_file

@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 
 from tiered_training import catalog as catalogs
-from tiered_training.planning import perf
 from tiered_training.contract.architecture import Architecture
+from tiered_training.planning import perf
 
 ARCH = Architecture(layers=4, hidden_size=256, attention_heads=8, kv_heads=2, ffn_size=688, vocab_size=512)
 HW = perf.Hardware(gpu="H100", gpus_per_node=8, peak_bf16_flops=1e15, peak_fp8_flops=2e15, hbm_bytes_per_s=2e12,
@@ -30,7 +30,7 @@ def params(**kw) -> perf.Parameters:
                       ring_step_overhead=0.1, eager_memory_factor=2.0,
                       memory_efficiency=0.5, nvlink_efficiency=0.5, network_efficiency=0.8, overlap=0.0,
                       fp8_recipe_efficiency={"rowwise": 0.5})
-    return dataclasses.replace(catalogs.performance_parameters(), **(round_ones | kw))
+    return dataclasses.replace(perf.stored_parameters(), **(round_ones | kw))
 
 
 def step(setting, *, gpus=8, accum=1, p=None, hw=HW, arch=ARCH):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict, write_yaml
-from tiered_training.text import QUOTE_LIMIT, clip, quote
+
 from tiered_training.planning.plan import PlanError
-from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.planning.planner import plan_file
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.text import QUOTE_LIMIT, clip, quote
 
 
 def test_clip_joins_lines_and_cuts_at_the_limit():

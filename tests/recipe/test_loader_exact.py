@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from support import recipe_dict
+
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import parse_recipe
 

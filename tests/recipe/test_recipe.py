@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support import RECIPES, recipe_dict
 
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import load_recipe, parse_recipe
-
-from support import RECIPES, recipe_dict
 
 
 def problems_of(write_recipe, data):

@@ -6,8 +6,8 @@ import os
 
 import pytest
 import yaml
-
 from support import recipe_dict
+
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import MAX_BYTES, find_recipes, parse_recipe, read_recipe_text
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from support import recipe_dict
+
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import find_recipes, read_recipe_text, recipe_by_name
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict
+
 from tiered_training import catalog as catalogs
 from tiered_training.recipe import Recipe
 
@@ -34,5 +34,5 @@ def test_quota_is_the_accounts_value_or_aws_default():
     default = catalogs.quotas()[name].default
     plain = Recipe.model_validate(recipe_dict()).compute
     assert plain.quota(name) == default
-    applied = Recipe.model_validate(recipe_dict(**{f"compute.quotas": {name: default * 2}})).compute
+    applied = Recipe.model_validate(recipe_dict(**{"compute.quotas": {name: default * 2}})).compute
     assert applied.quota(name) == default * 2

@@ -7,11 +7,11 @@ import json
 import jsonschema
 import pytest
 import yaml
+from support import RECIPES, ROOT, recipe_dict
 from typer.testing import CliRunner
 
-from support import RECIPES, ROOT, recipe_dict
-from tiered_training.recipe import schema
 from tiered_training.cli.app import app
+from tiered_training.recipe import schema
 from tiered_training.recipe.yaml12 import Loader
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from support import ROOT as REPO
 
 from tiered_training.pipeline.definition import PipelineResources, build_definition, find_step
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
 from training.probe import OOM, CandidateResult, ProbeReport
-
-from support import ROOT as REPO
 
 RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from support import recipe_dict
+
 from tiered_training import report
 from tiered_training.planning.memory import GIB
 from tiered_training.planning.planner import resolve

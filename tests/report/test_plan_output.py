@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support import recipe_dict
+
+from tiered_training.contract.runconfig import TENSORBOARD_DIR
 from tiered_training.planning.planner import resolve
 from tiered_training.recipe import Recipe
-from tiered_training.contract.runconfig import TENSORBOARD_DIR
 
 MLFLOW = "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/team"
 

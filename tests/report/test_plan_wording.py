@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import re
 
+from support import ROOT
 from typer.testing import CliRunner
 
-from support import ROOT
 from tiered_training import catalog as catalogs
 from tiered_training.cli.app import app
 

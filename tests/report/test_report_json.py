@@ -5,11 +5,11 @@ file with the loader's problems; ``strict`` turning warnings into failures."""
 from __future__ import annotations
 
 import pytest
-
 from support import recipe_dict, write_yaml
+
 from tiered_training import report
-from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.planning.planner import plan_file
+from tiered_training.recipe.errors import Problem, RecipeError
 
 
 @pytest.fixture
@@ -127,6 +127,7 @@ def test_tier_rows_give_each_tiers_parameter_range():
 
 def test_explain_begins_with_the_decisions_and_shows_the_memory_terms():
     from support import recipe_dict as base
+
     from tiered_training.planning.planner import resolve
     from tiered_training.recipe import Recipe
 
@@ -147,6 +148,7 @@ def test_explain_begins_with_the_decisions_and_shows_the_memory_terms():
 
 def _plan(**overrides):
     from support import recipe_dict as base
+
     from tiered_training.planning.planner import resolve
     from tiered_training.recipe import Recipe
 

@@ -39,7 +39,9 @@ class Instance(_Entry):
     efa_gbps: int = Field(description="EFA bandwidth per instance, Gbit/s")
     rdma: bool
     family: str
-    spot_discount: float = Field(default=0.0, ge=0, lt=1, description="expected saving of managed spot over on-demand (an estimate)")
+    spot_discount: float = Field(
+        default=0.0, ge=0, lt=1, description="expected saving of managed spot over on-demand (an estimate)"
+    )
     spot_source: str = ""
 
     @property
@@ -54,7 +56,9 @@ class Instance(_Entry):
     def peak_bf16_flops(self) -> float:
         return self.peak_bf16_tflops * 1e12
 
-    def price(self, override: float | None = None, *, spot: bool = False, region: str | None = None) -> tuple[float | None, str]:
+    def price(
+        self, override: float | None = None, *, spot: bool = False, region: str | None = None
+    ) -> tuple[float | None, str]:
         """Price per node-hour and where it came from: recipe, environment or the price catalogue.
 
         The catalogue's price is SageMaker's training price in ``region`` (default: the
@@ -72,8 +76,10 @@ class Instance(_Entry):
         if price is not None:
             source = f"SageMaker training, {region}, checked {table.checked}, {table.source}"
         else:
-            source = (f"no published SageMaker training price for {self.name} in {region} in the catalogue "
-                      f"(checked {table.checked}); set compute.price_per_hour or {var}")
+            source = (
+                f"no published SageMaker training price for {self.name} in {region} in the catalogue "
+                f"(checked {table.checked}); set compute.price_per_hour or {var}"
+            )
         if var in os.environ:
             try:
                 value = float(os.environ[var])
@@ -134,7 +140,9 @@ class Quota(_Entry):
     """A service quota that decides whether a plan can run (``catalog/quotas.yaml``)."""
 
     name: str
-    code: str | None = Field(pattern=r"^L-[0-9A-F]{8}$", description="the Service Quotas code; None where no public page names it")
+    code: str | None = Field(
+        pattern=r"^L-[0-9A-F]{8}$", description="the Service Quotas code; None where no public page names it"
+    )
     service: str
     title: str = Field(description="the quota's name as the Service Quotas console and API spell it")
     unit: Literal["seconds", "instances", "count"]
@@ -173,8 +181,10 @@ class PerformanceSummary(_Entry):
         if self.own_rows:
             text += f", plus {self.own_rows} run{'s' * (self.own_rows != 1)} of this container (its GPU checks)"
         if self.loso_published_median_error is not None:
-            text += (f"; each source predicted by the model fitted without it: published runs within "
-                     f"{self.loso_published_median_error:.0%} (median, worst {self.loso_published_worst_error:.0%})")
+            text += (
+                f"; each source predicted by the model fitted without it: published runs within "
+                f"{self.loso_published_median_error:.0%} (median, worst {self.loso_published_worst_error:.0%})"
+            )
             if self.loso_own_median_error is not None:
                 text += f", this container's runs within {self.loso_own_median_error:.0%} (median, worst {self.loso_own_worst_error:.0%})"
         return text
@@ -187,11 +197,6 @@ class PerformanceModel(_Entry):
     calibration_only: dict[str, float]
     fixed: dict[str, float]
     summary: PerformanceSummary
-
-    def parameters(self):
-        from tiered_training.planning.perf import Parameters
-
-        return Parameters(**self.fitted, **self.fixed)
 
 
 def _load(name: str) -> dict:
@@ -239,9 +244,3 @@ def tier_for(parameters: int) -> tuple[Tier, bool]:
         if parameters <= tier.max_parameters:
             return tier, inside
     return ordered[-1], inside
-
-
-@cache
-def performance_parameters():
-    """The planner's :class:`perf.Parameters` (fitted and fixed values of ``performance.yaml``)."""
-    return performance_model().parameters()

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from aws_cdk import App, DefaultStackSynthesizer
 
-from tiered_training.recipe import names
 from tiered_training.constructs.platform import PlatformProps, PlatformStack, RecipeStack, stack_id
+from tiered_training.recipe import names
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
@@ -51,15 +51,15 @@ def recipe_files(directory: str | Path) -> list[Path]:
     return files
 
 
-def load_plans(directory: str | Path) -> list["Plan"]:
+def load_plans(directory: str | Path) -> list[Plan]:
     """Every recipe in ``directory``, planned. Raises RecipeProblems listing every bad one.
 
     The entries are the CLI's (``tiered_training.recipe.loader.find_recipes``), so ``cdk synth``
     fails on exactly the files ``tiered-training validate`` reports.
     """
     from tiered_training.planning.plan import PlanError
-    from tiered_training.recipe.errors import RecipeError
     from tiered_training.planning.planner import plan_file
+    from tiered_training.recipe.errors import RecipeError
 
     plans, reports = [], []
     for path in recipe_files(directory):
@@ -80,7 +80,7 @@ def load_plans(directory: str | Path) -> list["Plan"]:
 
 
 def build_app(
-    plans: list["Plan"],
+    plans: list[Plan],
     *,
     app: App | None = None,
     nag: bool = True,

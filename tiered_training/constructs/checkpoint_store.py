@@ -160,7 +160,9 @@ class CheckpointStore(Construct):
         )
 
     @classmethod
-    def from_props(cls, scope: Construct, construct_id: str, props: CheckpointStoreProps | None = None) -> "CheckpointStore":
+    def from_props(
+        cls, scope: Construct, construct_id: str, props: CheckpointStoreProps | None = None
+    ) -> CheckpointStore:
         """A store made from :class:`CheckpointStoreProps` (default: all defaults)."""
         props = props or CheckpointStoreProps()
         return cls(
@@ -218,14 +220,21 @@ class CheckpointStore(Construct):
         """The object ARNs (with a trailing wildcard) of the recipe's checkpoint and output prefixes."""
         if recipe not in self._object_arns:
             self._object_arns[recipe] = [
-                self.bucket.arn_for_objects(f"{prefix}*") for prefix in (checkpoint_prefix(recipe), output_prefix(recipe))
+                self.bucket.arn_for_objects(f"{prefix}*")
+                for prefix in (checkpoint_prefix(recipe), output_prefix(recipe))
             ]
         return list(self._object_arns[recipe])
 
     # -- grants ----------------------------------------------------------------------------
 
     def _grant(
-        self, grantee: iam.IGrantable, recipe: str, object_actions: list[str], key_actions: list[str], *, delete: bool = False
+        self,
+        grantee: iam.IGrantable,
+        recipe: str,
+        object_actions: list[str],
+        key_actions: list[str],
+        *,
+        delete: bool = False,
     ) -> iam.Grant:
         prefixes = [checkpoint_prefix(recipe), output_prefix(recipe)]
         grant = iam.Grant.add_to_principal(
@@ -234,7 +243,9 @@ class CheckpointStore(Construct):
         if delete:
             grant = grant.combine(
                 iam.Grant.add_to_principal(
-                    grantee=grantee, actions=CHECKPOINT_DELETE_ACTIONS, resource_arns=self.recipe_object_arns(recipe)[:1]
+                    grantee=grantee,
+                    actions=CHECKPOINT_DELETE_ACTIONS,
+                    resource_arns=self.recipe_object_arns(recipe)[:1],
                 )
             )
         grant = grant.combine(
@@ -250,7 +261,9 @@ class CheckpointStore(Construct):
             services = ("s3", "sagemaker") if "kms:Encrypt" in key_actions else ("s3",)
             grant = grant.combine(
                 iam.Grant.add_to_principal(
-                    grantee=grantee, actions=key_actions, resource_arns=[self.encryption_key_arn],
+                    grantee=grantee,
+                    actions=key_actions,
+                    resource_arns=[self.encryption_key_arn],
                     conditions=via_services(*services, key_arn=self.encryption_key_arn),
                 )
             )

@@ -131,7 +131,11 @@ class TrainingImage(Construct):
         build_args: dict[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        given = [name for name, value in (("repository", repository), ("asset", asset), ("image_uri", image_uri)) if value is not None]
+        given = [
+            name
+            for name, value in (("repository", repository), ("asset", asset), ("image_uri", image_uri))
+            if value is not None
+        ]
         if len(given) > 1:
             raise ValueError(f"TrainingImage: give one of repository, asset and image_uri, not {' and '.join(given)}")
         self.asset: ecr_assets.DockerImageAsset | None = asset
@@ -139,7 +143,9 @@ class TrainingImage(Construct):
         if repository is not None:
             self.repository = repository
             self.image_uri: str = (
-                repository.repository_uri_for_digest(tag) if tag.startswith("sha256:") else repository.repository_uri_for_tag(tag)
+                repository.repository_uri_for_digest(tag)
+                if tag.startswith("sha256:")
+                else repository.repository_uri_for_tag(tag)
             )
             return
         if image_uri is not None:
@@ -150,8 +156,11 @@ class TrainingImage(Construct):
                     "(<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag>)"
                 )
             arn = Stack.of(self).format_arn(
-                service="ecr", region=match["region"], account=match["account"],
-                resource="repository", resource_name=match["repo"],
+                service="ecr",
+                region=match["region"],
+                account=match["account"],
+                resource="repository",
+                resource_name=match["repo"],
             )
             self.repository = ecr.Repository.from_repository_attributes(
                 self, "Repository", repository_arn=arn, repository_name=match["repo"]

@@ -18,12 +18,13 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
 from tiered_training.contract import metrics as catalogue
-from tiered_training.planning.alarms import NAN_LOSS
+from tiered_training.contract.container import LOG_GROUP
 from tiered_training.contract.metrics import MetricSpec
+from tiered_training.planning.alarms import NAN_LOSS
 
 PIPELINE_NAMESPACE = "AWS/Sagemaker/ModelBuildingPipeline"
 PIPELINE_DIMENSION = "PipelineName"
-HOST_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+HOST_NAMESPACE = LOG_GROUP  # the per-host EMF metrics land in the log group's namespace
 DEFAULT_PERIOD = Duration.minutes(5)
 
 
@@ -41,7 +42,9 @@ class TrainingMetricFactory:
     :param period: the default period of every metric; default 5 minutes.
     """
 
-    def __init__(self, recipe_name: str, *, pipeline_name: str | None = None, period: Duration = DEFAULT_PERIOD) -> None:
+    def __init__(
+        self, recipe_name: str, *, pipeline_name: str | None = None, period: Duration = DEFAULT_PERIOD
+    ) -> None:
         self.recipe_name = recipe_name
         self.pipeline_name = pipeline_name or recipe_name
         self.period = period
@@ -80,8 +83,13 @@ class TrainingMetricFactory:
         return query
 
     def insights(
-        self, spec: MetricSpec, aggregate: str = "AVG", *, group_by_node: bool = False,
-        period: Duration | None = None, label: str | None = None,
+        self,
+        spec: MetricSpec,
+        aggregate: str = "AVG",
+        *,
+        group_by_node: bool = False,
+        period: Duration | None = None,
+        label: str | None = None,
     ) -> cloudwatch.MathExpression:
         """A Metrics Insights query as a MathExpression (``aggregate`` over every observation of every node)."""
         return cloudwatch.MathExpression(
@@ -91,7 +99,9 @@ class TrainingMetricFactory:
             label=label or f"{spec.name} ({aggregate.lower()} over nodes)",
         )
 
-    def pipeline_metric(self, name: str, *, statistic: str = "Sum", period: Duration | None = None) -> cloudwatch.Metric:
+    def pipeline_metric(
+        self, name: str, *, statistic: str = "Sum", period: Duration | None = None
+    ) -> cloudwatch.Metric:
         """A metric SageMaker publishes for the pipeline (ExecutionFailed, ExecutionSucceeded, ...)."""
         return cloudwatch.Metric(
             namespace=PIPELINE_NAMESPACE,
@@ -104,7 +114,9 @@ class TrainingMetricFactory:
     def host_insights_query(self, metric_name: str, aggregate: str = "AVG") -> str:
         return f'SELECT {aggregate}("{metric_name}") FROM "{HOST_NAMESPACE}" GROUP BY Host'
 
-    def host_insights(self, metric_name: str, aggregate: str = "AVG", *, period: Duration | None = None) -> cloudwatch.MathExpression:
+    def host_insights(
+        self, metric_name: str, aggregate: str = "AVG", *, period: Duration | None = None
+    ) -> cloudwatch.MathExpression:
         """SageMaker's built-in host metrics (GPUUtilization, ...) of every training job, per host.
 
         Their dimension is Host=<job>/algo-N, a generated name, so only a query can find them.

@@ -26,7 +26,8 @@ synth, cfn-lint and moto accept them): :class:`NoSearchInAlarms` fails synth if 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jsii
 from aws_cdk import ArnFormat, Duration, Stack
@@ -39,14 +40,14 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
-from tiered_training.planning import alarms as fitting
-from tiered_training.contract import metrics as catalogue
-from tiered_training.recipe import names
 from tiered_training.constructs.metric_factory import TrainingMetricFactory
+from tiered_training.contract import metrics as catalogue
+from tiered_training.planning import alarms as fitting
+from tiered_training.recipe import names
 
 if TYPE_CHECKING:
-    from tiered_training.planning.plan import Plan
     from tiered_training.constructs.pipeline import TrainingPipeline
+    from tiered_training.planning.plan import Plan
 
 EXECUTION_STATUS_EVENT = "SageMaker Model Building Pipeline Execution Status Change"
 CLOUDWATCH = "cloudwatch.amazonaws.com"
@@ -102,11 +103,15 @@ def grant_alarm_notifications(
     services = [service for service, sources in ((CLOUDWATCH, alarm_arns), (EVENTS, rule_arns)) if sources]
     if key is None or not services:
         return
-    context = {"kms:EncryptionContext:aws:sns:topicArn": list(topic_arns or [stack.format_arn(service="sns", resource="*")])}
+    context = {
+        "kms:EncryptionContext:aws:sns:topicArn": list(topic_arns or [stack.format_arn(service="sns", resource="*")])
+    }
     # In a key policy, Resource "*" means this key.
     key.add_to_resource_policy(
         iam.PolicyStatement(
-            principals=[iam.ServicePrincipal(s) for s in services], actions=KEY_ACTIONS, resources=["*"],
+            principals=[iam.ServicePrincipal(s) for s in services],
+            actions=KEY_ACTIONS,
+            resources=["*"],
             conditions={"StringLike": context},
         )
     )
@@ -124,7 +129,9 @@ def alarm_topic(
     """An SNS topic named ``topic_name``, encrypted with its own key, that the given alarms and
     rules may publish to (:func:`grant_alarm_notifications`), over TLS only."""
     key = kms.Key(scope, f"{construct_id}Key", description=f"{display_name} alarms", enable_key_rotation=True)
-    topic = sns.Topic(scope, construct_id, display_name=display_name, topic_name=topic_name, master_key=key, enforce_ssl=True)
+    topic = sns.Topic(
+        scope, construct_id, display_name=display_name, topic_name=topic_name, master_key=key, enforce_ssl=True
+    )
     arn = Stack.of(scope).format_arn(service="sns", resource=topic_name)
     grant_alarm_notifications(topic, alarm_arns=alarm_arns, rule_arns=rule_arns, key=key, topic_arns=[arn])
     return topic
@@ -200,7 +207,7 @@ class TrainingMonitoring(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        pipeline: "TrainingPipeline",
+        pipeline: TrainingPipeline,
         topic: sns.ITopic | None = None,
         alarm_email: str | None = None,
         dashboard: bool = True,
@@ -208,7 +215,7 @@ class TrainingMonitoring(Construct):
         stage: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        plan: "Plan" = pipeline.plan
+        plan: Plan = pipeline.plan
         assert plan.estimates is not None
         self.plan = plan
         self.pipeline = pipeline
@@ -219,7 +226,9 @@ class TrainingMonitoring(Construct):
         recipe = plan.name
         self.alarm_arns = [
             stack.format_arn(
-                service="cloudwatch", resource="alarm", resource_name=names.alarm_name(recipe, name, stage),
+                service="cloudwatch",
+                resource="alarm",
+                resource_name=names.alarm_name(recipe, name, stage),
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
             )
             for name, alarm_fit in self.fit.alarms.items()
@@ -229,13 +238,19 @@ class TrainingMonitoring(Construct):
         self.failed_rule_arn = stack.format_arn(service="events", resource="rule", resource_name=rule_name)
         if topic is None:
             topic = alarm_topic(
-                self, "Topic", display_name=names.topic_display_name(recipe), topic_name=names.topic_name(recipe, stage),
-                alarm_arns=self.alarm_arns, rule_arns=[self.failed_rule_arn],
+                self,
+                "Topic",
+                display_name=names.topic_display_name(recipe),
+                topic_name=names.topic_name(recipe, stage),
+                alarm_arns=self.alarm_arns,
+                rule_arns=[self.failed_rule_arn],
             )
         elif isinstance(topic, sns.Topic) and Stack.of(topic) is stack:
             key = topic.master_key
             grant_alarm_notifications(
-                topic, alarm_arns=self.alarm_arns, rule_arns=[self.failed_rule_arn],
+                topic,
+                alarm_arns=self.alarm_arns,
+                rule_arns=[self.failed_rule_arn],
                 key=key if isinstance(key, kms.Key) and Stack.of(key) is stack else None,
             )
         self.topic: sns.ITopic = topic
@@ -324,7 +339,9 @@ class TrainingMonitoring(Construct):
         def line(value: float, label: str, color: str | None = None) -> cloudwatch.HorizontalAnnotation:
             return cloudwatch.HorizontalAnnotation(value=value, label=label, color=color)
 
-        def graph(title: str, left: list, right: list | None = None, annotations: list | None = None) -> cloudwatch.GraphWidget:
+        def graph(
+            title: str, left: list, right: list | None = None, annotations: list | None = None
+        ) -> cloudwatch.GraphWidget:
             return cloudwatch.GraphWidget(
                 title=title, left=left, right=right or [], left_annotations=annotations or [], width=12, height=6
             )
@@ -335,31 +352,52 @@ class TrainingMonitoring(Construct):
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24, height=3),
         )
         dashboard.add_widgets(
-            graph("Tokens/s per GPU", [m.tokens_per_second_per_gpu()], annotations=[
-                line(round(rate, 2), "plan"),
-                line(round(rate * mon.min_throughput_fraction, 2), "alarm", "#d62728"),
-            ]),
-            graph("MFU (BF16-equivalent)", [m.metric(catalogue.MFU)],
-                  annotations=[line(round(plan.estimates.mfu * 100, 2), "plan")]),
+            graph(
+                "Tokens/s per GPU",
+                [m.tokens_per_second_per_gpu()],
+                annotations=[
+                    line(round(rate, 2), "plan"),
+                    line(round(rate * mon.min_throughput_fraction, 2), "alarm", "#d62728"),
+                ],
+            ),
+            graph(
+                "MFU (BF16-equivalent)",
+                [m.metric(catalogue.MFU)],
+                annotations=[line(round(plan.estimates.mfu * 100, 2), "plan")],
+            ),
         )
         dashboard.add_widgets(
-            graph("Loss", [m.metric(catalogue.LOSS), m.metric(catalogue.VALIDATION_LOSS)],
-                  right=[m.metric(catalogue.GRAD_NORM)],
-                  annotations=[line(self.fit.loss_ceiling, "ceiling", "#d62728")]),
-            graph("Progress and step time", [m.metric(catalogue.PROGRESS, statistic="Maximum")],
-                  right=[m.metric(catalogue.STEP_TIME), m.metric(catalogue.DATA_WAIT_FRACTION)]),
+            graph(
+                "Loss",
+                [m.metric(catalogue.LOSS), m.metric(catalogue.VALIDATION_LOSS)],
+                right=[m.metric(catalogue.GRAD_NORM)],
+                annotations=[line(self.fit.loss_ceiling, "ceiling", "#d62728")],
+            ),
+            graph(
+                "Progress and step time",
+                [m.metric(catalogue.PROGRESS, statistic="Maximum")],
+                right=[m.metric(catalogue.STEP_TIME), m.metric(catalogue.DATA_WAIT_FRACTION)],
+            ),
         )
         dashboard.add_widgets(
-            graph("GPU utilisation during steps, by node (%)",
-                  [m.insights(catalogue.GPU_UTILIZATION, "AVG", group_by_node=True, label="GPU utilisation")],
-                  annotations=[line(mon.min_gpu_utilization, "alarm")]),
-            graph("Peak GPU memory by node (% of HBM)",
-                  [m.insights(catalogue.PEAK_MEMORY_FRACTION, "MAX", group_by_node=True, label="peak memory")],
-                  annotations=[line(round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, "plan"),
-                               line(round(mon.max_memory_fraction * 100, 2), "alarm")]),
+            graph(
+                "GPU utilisation during steps, by node (%)",
+                [m.insights(catalogue.GPU_UTILIZATION, "AVG", group_by_node=True, label="GPU utilisation")],
+                annotations=[line(mon.min_gpu_utilization, "alarm")],
+            ),
+            graph(
+                "Peak GPU memory by node (% of HBM)",
+                [m.insights(catalogue.PEAK_MEMORY_FRACTION, "MAX", group_by_node=True, label="peak memory")],
+                annotations=[
+                    line(round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, "plan"),
+                    line(round(mon.max_memory_fraction * 100, 2), "alarm"),
+                ],
+            ),
         )
         dashboard.add_widgets(
             graph("SageMaker host GPU utilisation (all training jobs)", [m.host_insights("GPUUtilization")]),
-            graph("SageMaker host GPU memory utilisation (all training jobs)", [m.host_insights("GPUMemoryUtilization")]),
+            graph(
+                "SageMaker host GPU memory utilisation (all training jobs)", [m.host_insights("GPUMemoryUtilization")]
+            ),
         )
         return dashboard

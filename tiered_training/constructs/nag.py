@@ -32,7 +32,7 @@ def render_like_nag(value) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and len(value) == 1:
-        (key, arg), = value.items()
+        ((key, arg),) = value.items()
         if key == "Ref":
             return f"<{arg}>"
         if key == "Fn::GetAtt":
@@ -73,8 +73,11 @@ class LateAcknowledgements:
         for construct, entries in by_construct.values():
             tokens = [resource for resource, _rule, _reason in entries if resource is not None]
             values = iter((self.stack or Stack.of(construct)).resolve(tokens) if tokens else [])
-            acknowledge_all(construct, [
-                (rule if resource is None else f"{rule}[Resource::{render_like_nag(next(values))}]", reason)
-                for resource, rule, reason in entries
-            ])
+            acknowledge_all(
+                construct,
+                [
+                    (rule if resource is None else f"{rule}[Resource::{render_like_nag(next(values))}]", reason)
+                    for resource, rule, reason in entries
+                ],
+            )
         return []

@@ -14,7 +14,8 @@ that takes an ``IPipeline`` can start it.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jsii
 from aws_cdk import ArnFormat, CfnTag, Resource, Stack
@@ -27,11 +28,12 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk.interfaces import aws_sagemaker as sagemaker_refs
 from constructs import Construct, IValidation
 
-from tiered_training.pipeline import definition as d
 from tiered_training.constructs.checkpoint_store import CheckpointStore
 from tiered_training.constructs.image import TrainingImage
 from tiered_training.constructs.metric_factory import TrainingMetricFactory
 from tiered_training.constructs.roles import TrainingRoles
+from tiered_training.pipeline import definition as d
+from tiered_training.pipeline import validation
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
@@ -42,7 +44,7 @@ _botocore_loader: threading.Thread | None = None
 
 def _load_botocore_model() -> None:
     try:
-        d.validate_training_arguments({})  # imports botocore and loads the CreateTrainingJob shape (cached)
+        validation.validate_training_arguments({})  # imports botocore and loads the CreateTrainingJob shape (cached)
     except Exception:  # the validation at synth reports any real problem
         pass
 
@@ -58,14 +60,14 @@ def _prefetch_botocore_model() -> None:
 
 @jsii.implements(IValidation)
 class _DefinitionValidation:
-    def __init__(self, pipeline: "TrainingPipeline") -> None:
+    def __init__(self, pipeline: TrainingPipeline) -> None:
         self.pipeline = pipeline
         _prefetch_botocore_model()
 
     def validate(self) -> list[str]:
         if _botocore_loader is not None:
             _botocore_loader.join()
-        problems = d.validate_definition(self.pipeline.definition)
+        problems = validation.validate_definition(self.pipeline.definition)
         return [f"pipeline {self.pipeline.plan.name}: {p}" for p in problems]
 
 
@@ -102,7 +104,7 @@ class TrainingPipeline(Resource):
         scope: Construct,
         construct_id: str,
         *,
-        plan: "Plan",
+        plan: Plan,
         image: TrainingImage,
         store: CheckpointStore | None = None,
         bucket: s3.IBucket | None = None,
@@ -141,7 +143,10 @@ class TrainingPipeline(Resource):
             subnets, subnet_ids = list(selected.subnets), list(selected.subnet_ids)
             if not security_groups:
                 group = ec2.SecurityGroup(
-                    self, "SecurityGroup", vpc=vpc, allow_all_outbound=True,
+                    self,
+                    "SecurityGroup",
+                    vpc=vpc,
+                    allow_all_outbound=True,
                     description=f"SageMaker training jobs of recipe {recipe.name}",
                 )
                 group.add_ingress_rule(group, ec2.Port.all_traffic(), "the hosts of one training job")
@@ -193,7 +198,10 @@ class TrainingPipeline(Resource):
         )
         # SageMaker lowercases the name in a pipeline's ARN.
         self._arn = stack.format_arn(
-            service="sagemaker", resource="pipeline", resource_name=name.lower(), arn_format=ArnFormat.SLASH_RESOURCE_NAME
+            service="sagemaker",
+            resource="pipeline",
+            resource_name=name.lower(),
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
         self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=name)
         self.node.add_validation(_DefinitionValidation(self))

@@ -75,9 +75,14 @@ class TrainingPlatform(Construct):
                 "AlarmTopic",
                 display_name="tiered-training platform",
                 topic_name=names.platform_topic_name(stage),
-                alarm_arns=[stack.format_arn(
-                    service="cloudwatch", resource="alarm", resource_name=f"{prefix}*", arn_format=ArnFormat.COLON_RESOURCE_NAME
-                )],
+                alarm_arns=[
+                    stack.format_arn(
+                        service="cloudwatch",
+                        resource="alarm",
+                        resource_name=f"{prefix}*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
                 rule_arns=[stack.format_arn(service="events", resource="rule", resource_name=f"{prefix}*")],
             )
         self.topic: sns.ITopic = topic
@@ -143,14 +148,18 @@ class RecipeStack(Stack):
     prefixes the pipeline's name and the monitoring's names.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, plan: "Plan", platform: TrainingPlatform, **kwargs: Any):
+    def __init__(self, scope: Construct, construct_id: str, *, plan: Plan, platform: TrainingPlatform, **kwargs: Any):
         kwargs.setdefault("description", f"tiered-training recipe {plan.name}")
         super().__init__(scope, construct_id, **kwargs)
         plan.require_ok()
         self.plan = plan
         stage = platform.stage
         self.pipeline = TrainingPipeline(
-            self, "Pipeline", plan=plan, store=platform.store, image=platform.image,
+            self,
+            "Pipeline",
+            plan=plan,
+            store=platform.store,
+            image=platform.image,
             pipeline_name=names.pipeline_name(plan.name, stage),
         )
         mon = plan.recipe.monitoring
@@ -165,12 +174,16 @@ class RecipeStack(Stack):
         from tiered_training.planning.alarms import routing_findings
 
         for finding in routing_findings(plan, platform.alarms_reach_someone):
-            Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}", f"{finding.message}. Fix: {finding.fix}.")
+            Annotations.of(self).add_warning_v2(
+                f"tiered-training:{finding.code}", f"{finding.message}. Fix: {finding.fix}."
+            )
         from tiered_training.planning.quotas import FINDING_CODE
 
         quota_findings = [f for f in plan.findings if f.code == FINDING_CODE]  # quotas a deploy needs raised
         for index, finding in enumerate(quota_findings):
-            Annotations.of(self).add_warning_v2(f"tiered-training:{finding.code}:{index}", f"{finding.message}. Fix: {finding.fix}.")
+            Annotations.of(self).add_warning_v2(
+                f"tiered-training:{finding.code}:{index}", f"{finding.message}. Fix: {finding.fix}."
+            )
         for key, value in plan.recipe.tags.items():
             Tags.of(self).add(key, value)
         Tags.of(self).add("tiered-training:recipe", plan.name)

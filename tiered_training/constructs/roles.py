@@ -28,8 +28,8 @@ grants then go to it (an imported role needs ``mutable=True`` to take them).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
-from typing import Sequence
 
 from aws_cdk import ArnFormat, Aws, Stack, Token
 from aws_cdk import aws_ec2 as ec2
@@ -40,11 +40,17 @@ from constructs import Construct
 from tiered_training.constructs.checkpoint_store import CheckpointStore, via_services
 from tiered_training.constructs.image import TrainingImage
 from tiered_training.constructs.nag import LateAcknowledgements
+from tiered_training.contract.container import LOG_GROUP
 
 SAGEMAKER = "sagemaker.amazonaws.com"
-TRAINING_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+TRAINING_LOG_GROUP = LOG_GROUP
 S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
-TRAINING_JOB_ACTIONS = ["sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob", "sagemaker:AddTags"]
+TRAINING_JOB_ACTIONS = [
+    "sagemaker:CreateTrainingJob",
+    "sagemaker:DescribeTrainingJob",
+    "sagemaker:StopTrainingJob",
+    "sagemaker:AddTags",
+]
 # CreateTrainingJob with a VpcConfig: what the execution role needs (SageMaker Developer Guide,
 # "CreateTrainingJob API: Execution Role Permissions"). The Describe actions have no
 # resource-level permissions; the others are limited to the VPC's subnets, security groups
@@ -138,11 +144,16 @@ def grant_read_prefix(grantee: iam.IGrantable, uri: str) -> iam.Grant:
     return grant.combine(listing)
 
 
-def network_interface_arns(scope: Construct, subnets: Sequence[ec2.ISubnet], security_groups: Sequence[ec2.ISecurityGroup]) -> tuple[list[str], str]:
+def network_interface_arns(
+    scope: Construct, subnets: Sequence[ec2.ISubnet], security_groups: Sequence[ec2.ISecurityGroup]
+) -> tuple[list[str], str]:
     """``(subnet and security-group ARNs, network-interface ARN pattern)`` in ``scope``'s stack."""
     stack = Stack.of(scope)
     arns = [stack.format_arn(service="ec2", resource="subnet", resource_name=s.subnet_id) for s in subnets]
-    arns += [stack.format_arn(service="ec2", resource="security-group", resource_name=g.security_group_id) for g in security_groups]
+    arns += [
+        stack.format_arn(service="ec2", resource="security-group", resource_name=g.security_group_id)
+        for g in security_groups
+    ]
     return arns, stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
 
 
@@ -220,19 +231,34 @@ class TrainingRoles(Construct):
         # -- execution role ------------------------------------------------------------------
         for uri in data_uris:
             grant_read_prefix(execution, uri)
-            late.add(execution, prefix_arns(uri)[0][0], f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer")
+            late.add(
+                execution,
+                prefix_arns(uri)[0][0],
+                f"Objects under {uri}: the training data or checkpoint, many objects named by the trainer",
+            )
         if data_key is not None:
             iam.Grant.add_to_principal(
-                grantee=execution, actions=["kms:Decrypt"], resource_arns=[data_key.key_arn],
+                grantee=execution,
+                actions=["kms:Decrypt"],
+                resource_arns=[data_key.key_arn],
                 conditions=via_services("s3", key_arn=data_key.key_arn),
             )
         store.grant_recipe_read_write(execution, recipe_name)
         for arn in store.recipe_object_arns(recipe_name):
-            late.add(execution, arn, "Objects under this recipe's own checkpoint or output prefix, named by the trainer")
+            late.add(
+                execution, arn, "Objects under this recipe's own checkpoint or output prefix, named by the trainer"
+            )
         image.grant_pull(execution)
-        logs = stack.format_arn(service="logs", resource="log-group", resource_name=TRAINING_LOG_GROUP, arn_format=ArnFormat.COLON_RESOURCE_NAME)
+        logs = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=TRAINING_LOG_GROUP,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         iam.Grant.add_to_principal(
-            grantee=execution, actions=["logs:CreateLogStream", "logs:PutLogEvents"], resource_arns=[f"{logs}:log-stream:*"]
+            grantee=execution,
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resource_arns=[f"{logs}:log-stream:*"],
         )
         iam.Grant.add_to_principal(
             grantee=execution, actions=["logs:CreateLogGroup", "logs:DescribeLogStreams"], resource_arns=[f"{logs}:*"]
@@ -270,7 +296,11 @@ class TrainingRoles(Construct):
         late.add(pipeline, jobs, "A pipeline names its training jobs pipelines-<execution>-<step>-<suffix> at run time")
         if training_plan_arn:
             self.grant_training_plan(pipeline, training_plan_arn)
-            late.add(pipeline, reserved_capacity_arns(training_plan_arn), "SageMaker names a training plan's reserved capacities")
+            late.add(
+                pipeline,
+                reserved_capacity_arns(training_plan_arn),
+                "SageMaker names a training plan's reserved capacities",
+            )
         self.grant_pass_execution_role(pipeline)
         self.node.add_validation(late)
 

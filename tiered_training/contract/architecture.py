@@ -72,7 +72,10 @@ class Architecture(BaseModel):
 
     def root_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Parameters outside the decoder layers: embedding, final norm, output head."""
-        shapes = [("model.embed_tokens.weight", (self.vocab_size, self.hidden_size)), ("model.norm.weight", (self.hidden_size,))]
+        shapes = [
+            ("model.embed_tokens.weight", (self.vocab_size, self.hidden_size)),
+            ("model.norm.weight", (self.hidden_size,)),
+        ]
         if not self.tied_embeddings:
             shapes.append(("lm_head.weight", (self.vocab_size, self.hidden_size)))
         return shapes
@@ -80,8 +83,15 @@ class Architecture(BaseModel):
     def projection_sizes(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each projection of one layer, by peft's module name."""
         h, kv, f = self.hidden_size, self.kv_size, self.ffn_size
-        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-                "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        return {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
 
     def lora_shapes(self, rank: int, targets: tuple[str, ...] | list[str]) -> list[tuple[str, tuple[int, ...]]]:
         """The LoRA adapters of one layer (peft: ``lora_A`` is rank x in, ``lora_B`` out x rank)."""
@@ -108,7 +118,7 @@ class Architecture(BaseModel):
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: "Lora | None" = None) -> float:
+    def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: Lora | None = None) -> float:
         """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B, torchtitan's convention),
         which counts full attention; ``causal``: 6*N + 6*L*h*s, the attention a causal mask
         leaves (half the scores and their products with V).

@@ -41,7 +41,9 @@ def read(path: str | Path, base: Path | None = None) -> tuple[str, Architecture]
             raise ConfigError(f"{file}: larger than {MAX_CONFIG_BYTES:,} bytes; not a config.json")
         config = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"{file}: no such file (give a Hugging Face checkpoint directory or its config.json)") from None
+        raise ConfigError(
+            f"{file}: no such file (give a Hugging Face checkpoint directory or its config.json)"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except json.JSONDecodeError as exc:
@@ -62,8 +64,10 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
     if kind not in MODEL_TYPES:
         names = config.get("architectures") or []
         named = f" ({', '.join(map(str, names))})" if isinstance(names, list) and names else ""
-        raise ConfigError(f"{file}: model_type {clip(repr(kind))}{named} is not one the trainer builds; "
-                          f"it builds {', '.join(MODEL_TYPES)} (training/models/decoder.py)")
+        raise ConfigError(
+            f"{file}: model_type {clip(repr(kind))}{named} is not one the trainer builds; "
+            f"it builds {', '.join(MODEL_TYPES)} (training/models/decoder.py)"
+        )
     qkv_bias, default_theta = MODEL_TYPES[kind]
 
     def need(key: str) -> Any:
@@ -72,8 +76,10 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         return config[key]
 
     if kind == "llama" and config.get("attention_bias"):
-        raise ConfigError(f"{file}: attention_bias: true gives o_proj a bias the trainer's Llama does not build; "
-                          "only attention_bias: false is supported")
+        raise ConfigError(
+            f"{file}: attention_bias: true gives o_proj a bias the trainer's Llama does not build; "
+            "only attention_bias: false is supported"
+        )
     check_buildable(config, file)
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
@@ -92,9 +98,15 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         "qkv_bias": qkv_bias,
         "norm_eps": config.get("rms_norm_eps", 1e-6),
     }
-    keys = {"layers": "num_hidden_layers", "attention_heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
-            "ffn_size": "intermediate_size", "tied_embeddings": "tie_word_embeddings",
-            "max_sequence_length": "max_position_embeddings", "norm_eps": "rms_norm_eps"}
+    keys = {
+        "layers": "num_hidden_layers",
+        "attention_heads": "num_attention_heads",
+        "kv_heads": "num_key_value_heads",
+        "ffn_size": "intermediate_size",
+        "tied_embeddings": "tie_word_embeddings",
+        "max_sequence_length": "max_position_embeddings",
+        "norm_eps": "rms_norm_eps",
+    }
     try:
         return Architecture.model_validate(fields, strict=True)
     except ValidationError as exc:
@@ -113,15 +125,27 @@ def check_buildable(config: dict[str, Any], file: Path | str = "config.json") ->
     (``training/models/decoder.py``) does not build: sliding-window attention, MLP biases, an activation
     other than SwiGLU, a head_dim other than hidden_size / num_attention_heads."""
     if config.get("model_type") == "qwen2" and config.get("use_sliding_window"):
-        raise ConfigError(f"{file}: use_sliding_window: true; the trainer runs full attention only (use_sliding_window: false)")
+        raise ConfigError(
+            f"{file}: use_sliding_window: true; the trainer runs full attention only (use_sliding_window: false)"
+        )
     if config.get("mlp_bias"):
         raise ConfigError(f"{file}: mlp_bias: true; the trainer builds MLPs without biases")
     if config.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{file}: hidden_act {clip(repr(config.get('hidden_act')))}: the trainer builds SwiGLU (silu) MLPs only")
+        raise ConfigError(
+            f"{file}: hidden_act {clip(repr(config.get('hidden_act')))}: the trainer builds SwiGLU (silu) MLPs only"
+        )
     heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
-    if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads and head_dim != hidden // heads:
-        raise ConfigError(f"{file}: head_dim {head_dim} differs from hidden_size / num_attention_heads ({hidden // heads}); "
-                          "the planner's shapes assume they are equal")
+    if (
+        head_dim is not None
+        and isinstance(hidden, int)
+        and isinstance(heads, int)
+        and heads
+        and head_dim != hidden // heads
+    ):
+        raise ConfigError(
+            f"{file}: head_dim {head_dim} differs from hidden_size / num_attention_heads ({hidden // heads}); "
+            "the planner's shapes assume they are equal"
+        )
 
 
 def catalog_entry(path: str | Path) -> str:
@@ -130,7 +154,10 @@ def catalog_entry(path: str | Path) -> str:
 
     file = config_path(path)
     name, arch = read(file)
-    ident = "".join(c if c.isalnum() or c in ".-" else "-" for c in name.rsplit("/", 1)[-1].lower()).strip("-") or "hf-config"
+    ident = (
+        "".join(c if c.isalnum() or c in ".-" else "-" for c in name.rsplit("/", 1)[-1].lower()).strip("-")
+        or "hf-config"
+    )
     entry = {
         ident: {
             "display_name": name,

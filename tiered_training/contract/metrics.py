@@ -33,7 +33,9 @@ class MetricSpec:
 
 TOKENS_PER_SECOND = MetricSpec("TokensPerSecond", "Count/Second", "training tokens per second, all GPUs")
 TOKENS_PER_SECOND_PER_GPU = MetricSpec("TokensPerSecondPerGpu", "Count/Second", "training tokens per second per GPU")
-MFU = MetricSpec("MFU", "Percent", "model FLOPs utilisation with full-attention FLOPs (6N + 12*L*h*s), BF16-equivalent for FP8 runs")
+MFU = MetricSpec(
+    "MFU", "Percent", "model FLOPs utilisation with full-attention FLOPs (6N + 12*L*h*s), BF16-equivalent for FP8 runs"
+)
 STEP_TIME = MetricSpec("StepTime", "Seconds", "wall time of one optimiser step")
 LOSS = MetricSpec("Loss", "None", "training loss")
 GRAD_NORM = MetricSpec("GradNorm", "None", "gradient norm before clipping")
@@ -48,9 +50,13 @@ GPU_UTILIZATION = MetricSpec(
 DATA_WAIT_FRACTION = MetricSpec("DataWaitFraction", "Percent", "share of step time spent waiting for data")
 CHECKPOINT_SAVE_TIME = MetricSpec("CheckpointSaveTime", "Seconds", "blocking time of a checkpoint save")
 PROGRESS = MetricSpec(
-    "StepsCompleted", "Count", "optimiser steps completed; also sent by the heartbeat, so the stall alarm sees a live run"
+    "StepsCompleted",
+    "Count",
+    "optimiser steps completed; also sent by the heartbeat, so the stall alarm sees a live run",
 )
-NON_FINITE_LOSS = MetricSpec("NonFiniteLossSteps", "Count", "steps of the interval whose loss or gradient norm was NaN or infinite (skipped)")
+NON_FINITE_LOSS = MetricSpec(
+    "NonFiniteLossSteps", "Count", "steps of the interval whose loss or gradient norm was NaN or infinite (skipped)"
+)
 VALIDATION_LOSS = MetricSpec("ValidationLoss", "None", "loss on the held-out validation shards")
 
 ALL: tuple[MetricSpec, ...] = (

@@ -12,8 +12,9 @@ from __future__ import annotations
 import errno
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -20,10 +20,8 @@ from tiered_training.contract.architecture import Architecture
 
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_VALUE = 2500
-# Paths and names both sides of the contract use: the Training step configures them,
-# the container reads or writes them.
-TENSORBOARD_DIR = "/opt/ml/output/tensorboard"  # TensorBoardOutputConfig.LocalPath
-VALIDATION_CHANNEL = "validation"  # input channel of data.validation_uri
+# Paths and names both sides of the contract use (tiered_training/contract/container.py).
+from tiered_training.contract.container import TENSORBOARD_DIR, VALIDATION_CHANNEL  # noqa: E402,F401
 
 
 class _Frozen(BaseModel):
@@ -59,7 +57,7 @@ class ParallelConfig(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _context_parallel_fits(self) -> "ParallelConfig":
+    def _context_parallel_fits(self) -> ParallelConfig:
         cp = self.context_parallel
         if cp > 1 and self.sharding == "none":
             raise ValueError(
@@ -168,7 +166,9 @@ class ExportConfig(_Frozen):
     """The Hugging Face model written at the end (``training/components/export.py``)."""
 
     dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="dtype of the exported weights")
-    max_shard_bytes: int = Field(default=5 * 10**9, ge=1, description="split the safetensors into files of at most this size")
+    max_shard_bytes: int = Field(
+        default=5 * 10**9, ge=1, description="split the safetensors into files of at most this size"
+    )
     format: Literal["merged", "adapter"] = Field(
         default="merged",
         description="merged: full weights (LoRA merged in); adapter: the LoRA adapter in peft's format",
@@ -200,7 +200,7 @@ class SftConfig(_Frozen):
     lora: LoraConfig | None = Field(default=None, description="with adapter=lora")
 
     @model_validator(mode="after")
-    def _lora_with_adapter(self) -> "SftConfig":
+    def _lora_with_adapter(self) -> SftConfig:
         if self.adapter == "lora" and self.lora is None:
             raise ValueError("sft.adapter is lora but sft.lora is not set")
         if self.adapter == "none" and self.lora is not None:
@@ -232,7 +232,8 @@ class ValidationConfig(_Frozen):
     """Validation loss on held-out token shards (``training/components/validation.py``)."""
 
     source: Literal["none", "channel", "holdout"] = Field(
-        default="none", description="channel: the 'validation' input channel; holdout: every N-th window of the training data"
+        default="none",
+        description="channel: the 'validation' input channel; holdout: every N-th window of the training data",
     )
     holdout_every: int = Field(default=0, ge=0, description="with source=holdout: every N-th window is held out")
     interval_minutes: float = Field(default=30.0, gt=0, description="evaluate every N minutes of wall clock")
@@ -261,7 +262,7 @@ class RunSection(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _segment_in_range(self) -> "RunSection":
+    def _segment_in_range(self) -> RunSection:
         if self.segment > self.segments:
             raise ValueError(f"run.segment {self.segment} is beyond run.segments {self.segments}")
         return self
@@ -290,7 +291,7 @@ class RunConfig(_Frozen):
     sft: SftConfig | None = Field(default=None, description="None: pretraining on flat token shards")
 
     @model_validator(mode="after")
-    def _export_format_fits_the_task(self) -> "RunConfig":
+    def _export_format_fits_the_task(self) -> RunConfig:
         if self.export.format == "adapter" and (self.sft is None or self.sft.adapter != "lora"):
             raise ValueError("export.format is adapter, but the run trains no LoRA adapter (sft.adapter: lora)")
         if self.sft is not None and self.model.init_checkpoint is None:
@@ -298,7 +299,7 @@ class RunConfig(_Frozen):
         return self
 
     @model_validator(mode="after")
-    def _sequence_splits_over_context_parallel(self) -> "RunConfig":
+    def _sequence_splits_over_context_parallel(self) -> RunConfig:
         cp = self.parallel.context_parallel
         if cp > 1 and self.sft is not None:
             raise ValueError(
@@ -340,13 +341,18 @@ class RunConfig(_Frozen):
 
         parts = {
             "model": self.model.model_dump(mode="json", exclude={"name"}),
-            "batch": {"sequence_length": self.batch.sequence_length, "global_batch_tokens": self.batch.global_batch_tokens},
+            "batch": {
+                "sequence_length": self.batch.sequence_length,
+                "global_batch_tokens": self.batch.global_batch_tokens,
+            },
             "data": self.data.model_dump(mode="json"),
         }
         if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
             parts["sft"] = self.sft.model_dump(mode="json")
-        return {name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
-                for name, value in parts.items()}
+        return {
+            name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+            for name, value in parts.items()
+        }
 
     def plan_hash(self) -> str:
         """One hash of :meth:`identity_parts`."""
@@ -369,11 +375,13 @@ class RunConfig(_Frozen):
             raise ValueError(f"RunConfig has {len(flat)} hyperparameters; SageMaker allows {MAX_HYPERPARAMETERS}")
         for key, text in flat.items():
             if len(text) > MAX_HYPERPARAMETER_VALUE:
-                raise ValueError(f"hyperparameter {key} is {len(text)} characters; the limit is {MAX_HYPERPARAMETER_VALUE}")
+                raise ValueError(
+                    f"hyperparameter {key} is {len(text)} characters; the limit is {MAX_HYPERPARAMETER_VALUE}"
+                )
         return flat
 
     @classmethod
-    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> "RunConfig":
+    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> RunConfig:
         """Inverse of :meth:`to_hyperparameters`. Unknown keys are errors.
 
         Values may be JSON strings (as SageMaker writes them) or already decoded.
@@ -395,7 +403,7 @@ class RunConfig(_Frozen):
         return self.model_dump_json(indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         return cls.model_validate_json(text)
 
 

@@ -14,7 +14,7 @@ built, with the world sizes that would work.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tiered_training.contract.runconfig import RunConfig
 
@@ -49,13 +49,17 @@ def _fits(cfg: RunConfig, world: int, planned: int) -> str | None:
     """Why ``world`` ranks cannot run the plan, or None."""
     parallel = cfg.parallel
     if world % parallel.context_parallel:
-        return f"context parallelism of {parallel.context_parallel} needs a multiple of {parallel.context_parallel} GPUs"
+        return (
+            f"context parallelism of {parallel.context_parallel} needs a multiple of {parallel.context_parallel} GPUs"
+        )
     if parallel.sharding == "hybrid" and world % parallel.shard_group_size:
         return f"hybrid sharding needs a multiple of the shard group of {parallel.shard_group_size} GPUs"
     bad = sorted(a for a in _accumulations(cfg) if (a * planned) % world)
     if bad:
-        return (f"the planned accumulation of {bad[0]} micro-batches on {planned} GPUs would be "
-                f"{bad[0] * planned / world:g} on {world}")
+        return (
+            f"the planned accumulation of {bad[0]} micro-batches on {planned} GPUs would be "
+            f"{bad[0] * planned / world:g} on {world}"
+        )
     return None
 
 
@@ -89,14 +93,19 @@ def resume_accumulation(cfg: RunConfig, saved_world: int, world: int) -> Callabl
     else:
         bad = sorted({saved(s) for s in steps if (saved(s) * saved_world) % world})
         if bad:
-            problem = (f"its accumulation of {bad[0]} micro-batches on {saved_world} GPUs would be "
-                       f"{bad[0] * saved_world / world:g} on {world}")
+            problem = (
+                f"its accumulation of {bad[0]} micro-batches on {saved_world} GPUs would be "
+                f"{bad[0] * saved_world / world:g} on {world}"
+            )
     if problem:
         gpus = cfg.hardware.gpus_per_node or 1
-        working = [n for n in range(1, 4 * max(1, saved_world // gpus) + 1)
-                   if (n * gpus) % cfg.parallel.context_parallel == 0
-                   and not (cfg.parallel.sharding == "hybrid" and (n * gpus) % cfg.parallel.shard_group_size)
-                   and all((saved(s) * saved_world) % (n * gpus) == 0 for s in steps)]
+        working = [
+            n
+            for n in range(1, 4 * max(1, saved_world // gpus) + 1)
+            if (n * gpus) % cfg.parallel.context_parallel == 0
+            and not (cfg.parallel.sharding == "hybrid" and (n * gpus) % cfg.parallel.shard_group_size)
+            and all((saved(s) * saved_world) % (n * gpus) == 0 for s in steps)
+        ]
         hint = f"; instance counts that can resume it: {', '.join(map(str, working))}" if working else ""
         raise WorldSizeError(
             f"cannot resume the checkpoint of a run on {saved_world} GPUs on {world} GPUs ({world // gpus} host(s) of "

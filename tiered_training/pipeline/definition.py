@@ -42,7 +42,7 @@ matching criteria of SageMaker managed warm pools), so it starts on those instan
 queueing again for capacity. The account's warm-pool quota (per instance type, 0 by default)
 must allow it, and a pool idles, billed, for that long when nothing follows (a failed gate).
 
-:func:`validate_definition` checks what SageMaker would reject at execution time:
+``tiered_training.pipeline.validation`` checks what SageMaker would reject at execution time:
 step and parameter names, references to unknown parameters or steps, each
 Training step's arguments against botocore's CreateTrainingJob input shape (with
 pipeline expressions replaced by typed placeholders), SageMaker's limits on
@@ -56,15 +56,26 @@ from __future__ import annotations
 
 import json
 import math
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tiered_training.catalog import environment
 from tiered_training.contract import metrics
-from tiered_training.planning.segments import JOB_RETRY_ATTEMPTS, PROBE_RUNTIME_SECONDS, PROBE_SPOT_WAIT_SECONDS, probe_runtime_seconds
-from tiered_training.contract.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL
+from tiered_training.contract.container import (
+    CHECKPOINT_LOCAL_PATH,
+    MODE_VARIABLE,
+    MODEL_CHANNEL,
+    TENSORBOARD_DIR,
+    TRAIN_CHANNEL,
+    VALIDATION_CHANNEL,
+)
+from tiered_training.planning.segments import (
+    JOB_RETRY_ATTEMPTS,
+    PROBE_RUNTIME_SECONDS,
+    PROBE_SPOT_WAIT_SECONDS,
+    probe_runtime_seconds,
+)
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
@@ -77,10 +88,6 @@ MAX_ENVIRONMENT = 100
 MAX_METRIC_DEFINITIONS = 40
 
 # The container contract (training/launcher.py): the run mode travels in the environment.
-MODE_VARIABLE = "TIERED_TRAINING_MODE"
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
-TRAIN_CHANNEL = "train"
-MODEL_CHANNEL = "model"
 
 # Parameter names: stable, they are the pipeline's public interface.
 P_INSTANCE_COUNT = "InstanceCount"
@@ -92,8 +99,14 @@ PARAMETERS = (P_INSTANCE_COUNT, P_MAX_STEPS, P_DATA_URI, P_SKIP_PROBE, P_RUN_ID)
 NEW_RUN = "new"  # RunId's default: start a new run, named after the execution
 EXECUTION_ID = {"Get": "Execution.PipelineExecutionId"}
 # The SageMaker SDK's ExecutionVariables (sagemaker.workflow.execution_variables).
-EXECUTION_VARIABLES = ("StartDateTime", "CurrentDateTime", "PipelineName", "PipelineArn", "PipelineExecutionId",
-                       "PipelineExecutionArn")  # the SageMaker SDK's ExecutionVariables.PIPELINE_EXECUTION_ID
+EXECUTION_VARIABLES = (
+    "StartDateTime",
+    "CurrentDateTime",
+    "PipelineName",
+    "PipelineArn",
+    "PipelineExecutionId",
+    "PipelineExecutionArn",
+)  # the SageMaker SDK's ExecutionVariables.PIPELINE_EXECUTION_ID
 
 # Step names: stable, they appear in job names, metrics and EventBridge events.
 S_NEW_OR_RESUME = "NewRunOrResume"
@@ -178,12 +191,12 @@ def recipe_tag_key() -> str:
     return "tiered-training:recipe"
 
 
-def tags_for(plan: "Plan", extra: dict[str, str] | None = None) -> dict[str, str]:
+def tags_for(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Tags on the pipeline and its training jobs: the recipe's, plus one that names the recipe."""
     return {**plan.recipe.tags, **(extra or {}), recipe_tag_key(): plan.name}
 
 
-def family_environment(plan: "Plan") -> dict[str, str]:
+def family_environment(plan: Plan) -> dict[str, str]:
     """EFA and NCCL settings for the instance family (tiered_training.catalog.environment, which the launcher also reads).
 
     The launcher sets the same values itself; writing them into the job's Environment
@@ -196,7 +209,7 @@ def family_environment(plan: "Plan") -> dict[str, str]:
 # -- the definition ------------------------------------------------------------------------
 
 
-def parameters(plan: "Plan") -> list[dict[str, Any]]:
+def parameters(plan: Plan) -> list[dict[str, Any]]:
     assert plan.estimates is not None
     return [
         {"Name": P_INSTANCE_COUNT, "Type": "Integer", "DefaultValue": plan.nodes},
@@ -223,7 +236,7 @@ class Segment:
     seconds: float = 0.0
 
 
-def hyperparameters(plan: "Plan", segment: Segment | None = None) -> dict[str, Any]:
+def hyperparameters(plan: Plan, segment: Segment | None = None) -> dict[str, Any]:
     """The RunConfig as hyperparameters; ``batch.total_steps`` follows the MaxSteps parameter, and the
     ``run.*`` keys name the run and the segment (the probe's are the defaults: no run)."""
     hp: dict[str, Any] = dict(plan.run_config().to_hyperparameters())
@@ -244,19 +257,20 @@ def run_checkpoint_uri(resources: PipelineResources, run_id: Any) -> dict[str, A
     return {"Std:Join": {"On": "", "Values": [resources.checkpoint_s3_uri.rstrip("/") + "/runs/", run_id, "/"]}}
 
 
-def probe_threshold(plan: "Plan") -> float:
+def probe_threshold(plan: Plan) -> float:
     """Tokens/s per GPU the probe must reach: the recipe's fraction of the plan."""
     assert plan.estimates is not None
     return round(plan.recipe.probe.min_throughput_fraction * plan.estimates.tokens_per_second_per_gpu, 2)
 
 
-def memory_limit(plan: "Plan") -> float:
+def memory_limit(plan: Plan) -> float:
     """Peak memory fraction (0-1) the probe may reach: the tier's headroom."""
     return plan.tier.memory_headroom
 
 
-def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: bool = False,
-                       segment: Segment | None = None) -> dict[str, Any]:
+def training_arguments(
+    plan: Plan, resources: PipelineResources, *, probe: bool = False, segment: Segment | None = None
+) -> dict[str, Any]:
     """CreateTrainingJob arguments (less TrainingJobName, which the pipeline generates): the probe's,
     or one segment's of a run (a new run's first by default)."""
     assert plan.estimates is not None
@@ -322,7 +336,10 @@ def training_arguments(plan: "Plan", resources: PipelineResources, *, probe: boo
         args["EnableManagedSpotTraining"] = True
     if not probe:
         # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
-        args["CheckpointConfig"] = {"S3Uri": run_checkpoint_uri(resources, segment.run_id), "LocalPath": CHECKPOINT_LOCAL_PATH}
+        args["CheckpointConfig"] = {
+            "S3Uri": run_checkpoint_uri(resources, segment.run_id),
+            "LocalPath": CHECKPOINT_LOCAL_PATH,
+        }
         args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
         if recipe.tracking.tensorboard:
             # SageMaker uploads the event files the trainer writes there (training/components/tracking.py).
@@ -366,16 +383,23 @@ def segment_name(chain: str, number: int) -> str:
     return chain if number == 1 else f"{chain}-{number}"
 
 
-def segment_chain(plan: "Plan", resources: PipelineResources, chain: str, run_id: Any, resume: bool,
-                  description: str) -> list[dict[str, Any]]:
+def segment_chain(
+    plan: Plan, resources: PipelineResources, chain: str, run_id: Any, resume: bool, description: str
+) -> list[dict[str, Any]]:
     """The Training steps of one run, a segment each, each after the one before."""
     count = plan.segments
     steps = []
     for number in range(1, count + 1):
         segment = Segment(run_id, resume, number, count, plan.segment_seconds)
         part = f" (segment {number} of {count})" if count > 1 else ""
-        steps.append(training_step(segment_name(chain, number), training_arguments(plan, resources, segment=segment),
-                                   description + part, depends_on=segment_name(chain, number - 1) if number > 1 else None))
+        steps.append(
+            training_step(
+                segment_name(chain, number),
+                training_arguments(plan, resources, segment=segment),
+                description + part,
+                depends_on=segment_name(chain, number - 1) if number > 1 else None,
+            )
+        )
     return steps
 
 
@@ -396,7 +420,7 @@ class ProbeMetric:
     name: str
 
 
-def throughput_failure(plan: "Plan") -> list[str | ProbeMetric]:
+def throughput_failure(plan: Plan) -> list[str | ProbeMetric]:
     """The FailThroughput message: text, and the measured values where they go."""
     assert plan.estimates is not None
     threshold = probe_threshold(plan)
@@ -416,7 +440,7 @@ def throughput_failure(plan: "Plan") -> list[str | ProbeMetric]:
     ]
 
 
-def memory_failure(plan: "Plan") -> list[str | ProbeMetric]:
+def memory_failure(plan: Plan) -> list[str | ProbeMetric]:
     """The FailMemory message (also when no micro-batch fits at all)."""
     threshold = probe_threshold(plan)
     limit = memory_limit(plan)
@@ -424,7 +448,9 @@ def memory_failure(plan: "Plan") -> list[str | ProbeMetric]:
     return [
         f"{plan.name}: probe memory check failed: peak memory fraction ",
         ProbeMetric(PROBE_MEMORY),
-        f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
+        f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})"
+        if plan.memory
+        else f" is above {limit}",
         "; best micro-batch ",
         ProbeMetric(PROBE_MICRO_BATCH),
         f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
@@ -438,7 +464,7 @@ def _fail(name: str, message: list[str | ProbeMetric]) -> dict[str, Any]:
     return {"Name": name, "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Join": {"On": "", "Values": values}}}}
 
 
-def gate_steps(plan: "Plan", train: list[dict[str, Any]]) -> dict[str, Any]:
+def gate_steps(plan: Plan, train: list[dict[str, Any]]) -> dict[str, Any]:
     threshold = probe_threshold(plan)
     limit = memory_limit(plan)
     throughput_ok = {"Type": "GreaterThanOrEqualTo", "LeftValue": probe_metric(PROBE_TOKENS), "RightValue": threshold}
@@ -459,7 +485,7 @@ def gate_steps(plan: "Plan", train: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def build_definition(plan: "Plan", resources: PipelineResources) -> dict[str, Any]:
+def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
     """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
     plan.require_ok()
     steps = plan.estimates.total_steps if plan.estimates else "?"
@@ -469,10 +495,17 @@ def build_definition(plan: "Plan", resources: PipelineResources) -> dict[str, An
         f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
     )
     train = segment_chain(plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run")
-    unprobed = segment_chain(plan, resources, S_TRAIN_WITHOUT_PROBE, EXECUTION_ID, False,
-                             "Full run without a probe (SkipProbe=true), a new run")
-    resume = segment_chain(plan, resources, S_RESUME, param(P_RUN_ID), True,
-                           "Resumes the run named by RunId from its checkpoints")
+    unprobed = segment_chain(
+        plan,
+        resources,
+        S_TRAIN_WITHOUT_PROBE,
+        EXECUTION_ID,
+        False,
+        "Full run without a probe (SkipProbe=true), a new run",
+    )
+    resume = segment_chain(
+        plan, resources, S_RESUME, param(P_RUN_ID), True, "Resumes the run named by RunId from its checkpoints"
+    )
     probe_or_skip = {
         "Name": S_PROBE_OR_SKIP,
         "Type": "Condition",
@@ -525,153 +558,7 @@ def find_step(definition: dict[str, Any], name: str) -> dict[str, Any]:
     raise KeyError(name)
 
 
-def _expressions(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        if set(value) == {"Get"} and isinstance(value["Get"], str):
-            yield value["Get"]
-        for child in value.values():
-            yield from _expressions(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _expressions(child)
-
-
-def _is_expression(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Get", "Std:Join", "Std:JsonGet")
-
-
-# -- validation ----------------------------------------------------------------------------
-
-
-@cache
-def _create_training_job_shape():
-    import botocore.session
-
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return model.operation_model("CreateTrainingJob").input_shape
-
-
-def cdk_token(value: Any) -> bool:
-    """A CDK token encoded in a string (a role ARN, a bucket name): known only at deploy time."""
-    return isinstance(value, str) and "${Token[" in value
-
-
-def placeholder_arguments(args: dict[str, Any], is_placeholder: Callable[[Any], bool] = cdk_token) -> dict[str, Any]:
-    """Training arguments with every pipeline expression (and deploy-time token) replaced by a
-    value of the member's type."""
-    request = {"TrainingJobName": "pipelines-placeholder", **args}
-    return _concretise(request, _create_training_job_shape(), is_placeholder)
-
-
-def _concretise(value: Any, shape, is_placeholder: Callable[[Any], bool]) -> Any:
-    if _is_expression(value) or is_placeholder(value):
-        return _placeholder(shape)
-    if shape is None:
-        return value
-    if shape.type_name == "structure" and isinstance(value, dict):
-        return {k: _concretise(v, shape.members.get(k), is_placeholder) for k, v in value.items()}
-    if shape.type_name == "list" and isinstance(value, list):
-        return [_concretise(v, shape.member, is_placeholder) for v in value]
-    if shape.type_name == "map" and isinstance(value, dict):
-        return {k: _concretise(v, shape.value, is_placeholder) for k, v in value.items()}
-    return value
-
-
-def _placeholder(shape) -> Any:
-    kind = shape.type_name if shape is not None else "string"
-    if kind == "string":
-        return "x" * max(1, shape.metadata.get("min", 1)) if shape is not None else "x"
-    if kind in ("integer", "long"):
-        return max(1, shape.metadata.get("min", 1))
-    if kind in ("float", "double"):
-        return 1.0
-    if kind == "boolean":
-        return True
-    if kind == "list":
-        return []
-    return {}
-
-
-def validate_training_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
-    """Problems in one Training step's arguments, each naming the field."""
-    from botocore.validate import ParamValidator
-
-    where = f"step {step_name}: " if step_name else ""
-    problems: list[str] = []
-    report = ParamValidator().validate(placeholder_arguments(args), _create_training_job_shape())
-    if report.has_errors():
-        text = report.generate_report()
-        problems += [f"{where}CreateTrainingJob {line.strip()}" for line in text.splitlines() if line.strip()]
-    hp = args.get("HyperParameters") or {}
-    if len(hp) > 100:
-        problems.append(f"{where}HyperParameters: {len(hp)} keys; SageMaker allows 100")
-    for key, text in hp.items():
-        if isinstance(text, str) and len(text) > 2500:
-            problems.append(f"{where}HyperParameters.{key}: {len(text)} characters; the limit is 2500")
-    env = args.get("Environment") or {}
-    if len(env) > MAX_ENVIRONMENT:
-        problems.append(f"{where}Environment: {len(env)} entries; SageMaker allows {MAX_ENVIRONMENT}")
-    for key, text in env.items():
-        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]{0,511}", key):
-            problems.append(f"{where}Environment.{key}: not a valid variable name")
-        if isinstance(text, str) and len(text) > 512:
-            problems.append(f"{where}Environment.{key}: {len(text)} characters; the limit is 512")
-    definitions = (args.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
-    if len(definitions) > MAX_METRIC_DEFINITIONS:
-        problems.append(f"{where}AlgorithmSpecification.MetricDefinitions: {len(definitions)}; the limit is 40")
-    for number, definition in enumerate(definitions):
-        try:
-            re.compile(definition.get("Regex", ""))
-        except re.error as error:
-            problems.append(f"{where}AlgorithmSpecification.MetricDefinitions[{number}].Regex: {error}")
-    return problems
-
-
-def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
-    """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
-    problems: list[str] = []
-    if definition.get("Version") != SCHEMA_VERSION:
-        problems.append(f"Version: {definition.get('Version')!r}, expected {SCHEMA_VERSION!r}")
-    names = []
-    for parameter in definition.get("Parameters", []):
-        name = parameter.get("Name", "")
-        names.append(name)
-        if not re.fullmatch(PARAMETER_NAME_PATTERN, name):
-            problems.append(f"parameter {name!r}: does not match {PARAMETER_NAME_PATTERN}")
-        if parameter.get("Type") not in ("String", "Integer", "Boolean", "Float"):
-            problems.append(f"parameter {name}: unknown type {parameter.get('Type')!r}")
-    if len(set(names)) != len(names):
-        problems.append(f"parameters: duplicate names in {names}")
-    steps = list(iter_steps(definition.get("Steps", [])))
-    step_names = [s.get("Name", "") for s in steps]
-    if len(set(step_names)) != len(step_names):
-        problems.append(f"steps: duplicate names in {step_names}")
-    for step in steps:
-        name = step.get("Name", "")
-        if not re.fullmatch(STEP_NAME_PATTERN, name):
-            problems.append(f"step {name!r}: does not match {STEP_NAME_PATTERN}")
-        if step.get("Type") == "Training":
-            problems += validate_training_arguments(step.get("Arguments", {}), name)
-        for ref in _expressions(step.get("Arguments", {})):
-            head, _, rest = ref.partition(".")
-            target = rest.split(".")[0].split("[")[0]
-            if head == "Parameters" and target not in names:
-                problems.append(f"step {name}: references unknown parameter {target!r}")
-            elif head == "Steps" and target not in step_names:
-                problems.append(f"step {name}: references unknown step {target!r}")
-            elif head == "Execution" and rest not in EXECUTION_VARIABLES:
-                problems.append(f"step {name}: references unknown execution variable {rest!r}")
-        for dependency in step.get("DependsOn", []):
-            if dependency not in step_names:
-                problems.append(f"step {name}: DependsOn names no step {dependency!r}")
-    if body is None:
-        body = to_json(definition)
-    if len(body) > MAX_BODY_CHARS:
-        problems.append(f"definition body: {len(body)} characters; the limit is {MAX_BODY_CHARS}")
-    return problems
-
-
-def probe_runtime_estimate(plan: "Plan") -> float:
+def probe_runtime_estimate(plan: Plan) -> float:
     """Seconds the probe's steps take at the plan's speed (not counting start-up)."""
     if plan.estimates is None:
         return math.nan

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from tiered_training.contract import metrics as catalogue
 
@@ -91,7 +92,7 @@ class AlarmPlan:
         return self.alarms[name]
 
 
-def loss_ceiling(plan: "Plan") -> float:
+def loss_ceiling(plan: Plan) -> float:
     """The recipe's ``monitoring.loss_ceiling``, or ln(V) + ``loss_margin``.
 
     ln(V) nats is the loss of a uniform guess over the vocabulary, about where a fresh
@@ -103,14 +104,14 @@ def loss_ceiling(plan: "Plan") -> float:
     return round(math.log(plan.architecture.vocab_size) + mon.loss_margin, 2)
 
 
-def validation_seconds(plan: "Plan") -> float:
+def validation_seconds(plan: Plan) -> float:
     """A conservative length of one validation pass: its forward passes at half the training speed."""
     assert plan.estimates is not None
     per_micro_batch = plan.estimates.step_time_seconds / max(1, plan.grad_accum_steps)
     return plan.recipe.validation.batches * per_micro_batch / 2
 
 
-def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL_SECONDS) -> AlarmPlan:
+def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_SECONDS) -> AlarmPlan:
     """Every alarm of the plan's recipe, fitted to its step time and the container's cadence."""
     assert plan.estimates is not None
     recipe = plan.recipe
@@ -140,32 +141,51 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
             THROUGHPUT,
             f"tokens/s per GPU below {mon.min_throughput_fraction:g} x the plan's {plan_rate:,.0f} over {minutes} min",
             # Rounded down: a run at exactly the fraction of the plan does not breach.
-            window, math.floor(mon.min_throughput_fraction * plan_rate * 100) / 100, "LessThanThreshold", window_fires,
+            window,
+            math.floor(mon.min_throughput_fraction * plan_rate * 100) / 100,
+            "LessThanThreshold",
+            window_fires,
         ),
         AlarmFit(
             GPU_UTILIZATION,
             f"a node's GPU utilisation during steps below {mon.min_gpu_utilization:g}% over {minutes} min",
-            window, mon.min_gpu_utilization, "LessThanThreshold", window_fires,
+            window,
+            mon.min_gpu_utilization,
+            "LessThanThreshold",
+            window_fires,
         ),
         AlarmFit(
             MEMORY,
             f"a node's peak GPU memory above {mon.max_memory_fraction:.0%} of HBM",
-            window, round(mon.max_memory_fraction * 100, 2), "GreaterThanThreshold", window_fires,
+            window,
+            round(mon.max_memory_fraction * 100, 2),
+            "GreaterThanThreshold",
+            window_fires,
         ),
         AlarmFit(
             LOSS,
             f"training loss above {ceiling:g} or not finite",
-            window, ceiling, "GreaterThanThreshold", window_fires,
+            window,
+            ceiling,
+            "GreaterThanThreshold",
+            window_fires,
         ),
         AlarmFit(
             STALLED,
             f"no training step for {stall // MINUTE} min while the run is alive (heartbeat)",
-            stall, 1, "GreaterThanOrEqualToThreshold", stall + 2 * EVALUATION_SECONDS + int(math.ceil(c)),
+            stall,
+            1,
+            "GreaterThanOrEqualToThreshold",
+            stall + 2 * EVALUATION_SECONDS + int(math.ceil(c)),
         ),
         AlarmFit(
             EXECUTION_FAILED,
             "an execution of the pipeline failed (the failed-execution rule notifies)",
-            5 * MINUTE, 1, "GreaterThanOrEqualToThreshold", 5 * MINUTE + EVALUATION_SECONDS, notifies=False,
+            5 * MINUTE,
+            1,
+            "GreaterThanOrEqualToThreshold",
+            5 * MINUTE + EVALUATION_SECONDS,
+            notifies=False,
         ),
     ]
     if plan.validation_config().source != "none":
@@ -173,7 +193,10 @@ def fit_alarms(plan: "Plan", cadence_seconds: float = catalogue.DEFAULT_INTERVAL
             AlarmFit(
                 VALIDATION,
                 f"validation loss more than {mon.max_validation_gap:g} above the training loss",
-                window, mon.max_validation_gap, "GreaterThanThreshold", val_fires,
+                window,
+                mon.max_validation_gap,
+                "GreaterThanThreshold",
+                val_fires,
             )
         )
     return AlarmPlan(
@@ -198,7 +221,7 @@ def platform_subscribed(context: Mapping[str, object] | None) -> bool:
     return any((context or {}).get(key) for key in PLATFORM_ALARM_CONTEXT_KEYS)
 
 
-def routing_findings(plan: "Plan", platform_has_subscriber: bool) -> list["Finding"]:
+def routing_findings(plan: Plan, platform_has_subscriber: bool) -> list[Finding]:
     """A warning when the recipe's alarms reach no one.
 
     A recipe's alarms go to its ``monitoring.alarm_topic_arn``, else to a topic of its own
@@ -233,7 +256,7 @@ def app_context(path: str | Path = "cdk.json") -> dict[str, object]:
     return context if isinstance(context, dict) else {}
 
 
-def with_routing_findings(plan: "Plan", context: Mapping[str, object] | None = None) -> "Plan":
+def with_routing_findings(plan: Plan, context: Mapping[str, object] | None = None) -> Plan:
     """The plan with :func:`routing_findings` added, for the app whose context is given (default ./cdk.json)."""
     context = app_context() if context is None else context
     extra = routing_findings(plan, platform_subscribed(context))
@@ -243,7 +266,7 @@ def with_routing_findings(plan: "Plan", context: Mapping[str, object] | None = N
 # -- the table in docs/monitoring.md -------------------------------------------------------
 
 
-def markdown_table(plans: list["Plan"]) -> str:
+def markdown_table(plans: list[Plan]) -> str:
     """Each plan's step time, windows and times to fire, in minutes (``python -m tiered_training.planning.alarms``)."""
     rows = [
         "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation |",
@@ -258,7 +281,9 @@ def markdown_table(plans: list["Plan"]) -> str:
             fit[STALLED].fires_within_seconds / MINUTE,
         ]
         validation = fit.alarms.get(VALIDATION)
-        cells = [f"{m:.0f}" for m in minutes] + [f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-"]
+        cells = [f"{m:.0f}" for m in minutes] + [
+            f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-"
+        ]
         rows.append(f"| {plan.name} | {fit.step_seconds:.0f} s | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -266,7 +291,11 @@ def markdown_table(plans: list["Plan"]) -> str:
 if __name__ == "__main__":
     import sys
 
-    from tiered_training.recipe.loader import find_recipes
     from tiered_training.planning.planner import plan_file
+    from tiered_training.recipe.loader import find_recipes
 
-    print(markdown_table([plan_file(path) for path in find_recipes([Path(arg) for arg in sys.argv[1:] or ["recipes"]])[0]]))
+    print(
+        markdown_table(
+            [plan_file(path) for path in find_recipes([Path(arg) for arg in sys.argv[1:] or ["recipes"]])[0]]
+        )
+    )

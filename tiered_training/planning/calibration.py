@@ -31,8 +31,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from tiered_training import catalog as catalogs
-from tiered_training.planning import memory
 from tiered_training.contract.architecture import Architecture
+from tiered_training.planning import memory, perf
 from tiered_training.planning.perf import Hardware, LinearCost, Parameters, Setting, step_time
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +122,7 @@ class LinearRow(BaseModel):
     speedup: float = Field(gt=0)
 
 
-def source_key(row: "Row | LinearRow") -> str:
+def source_key(row: Row | LinearRow) -> str:
     """The independent source a row comes from: its document (a repository file at any
     commit counts as one), or this container's GPU checks."""
     if isinstance(row, Row) and not row.published:
@@ -159,7 +159,9 @@ def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
     if duplicates:
         raise ValueError(f"calibration rows with the same id: {', '.join(duplicates)}")
     linear = [LinearRow(**row) for row in data.get("linear_rows", [])]
-    return Calibration(rows=rows, systems=data.get("systems", {}), frameworks=data.get("frameworks", {}), linear_rows=linear)
+    return Calibration(
+        rows=rows, systems=data.get("systems", {}), frameworks=data.get("frameworks", {}), linear_rows=linear
+    )
 
 
 # -- prediction -------------------------------------------------------------------------
@@ -172,7 +174,7 @@ def _value(spec: Any, factors: dict[str, float]) -> float:
     return float(spec)
 
 
-def hardware(row: "Row | LinearRow", cal: Calibration, factors: dict[str, float]) -> tuple[Hardware, float]:
+def hardware(row: Row | LinearRow, cal: Calibration, factors: dict[str, float]) -> tuple[Hardware, float]:
     """The row's machine, and its usable HBM in GiB."""
     system = cal.systems.get(row.hardware)
     spec = system.get("compute_factor", 1.0) if system else 1.0
@@ -183,16 +185,22 @@ def hardware(row: "Row | LinearRow", cal: Calibration, factors: dict[str, float]
     return (replace(hw, compute_factor=_value(spec, factors)) if spec != 1.0 else hw), usable
 
 
-def _machine(row: "Row | LinearRow", cal: Calibration) -> tuple[Hardware, float]:
+def _machine(row: Row | LinearRow, cal: Calibration) -> tuple[Hardware, float]:
     instances = catalogs.instances()
     if row.hardware in instances:
         instance = instances[row.hardware]
         return Hardware.of(instance), instance.usable_hbm_gib
     system = cal.systems.get(row.hardware)
     if system is None:
-        raise ValueError(f"row {row.id}: hardware {row.hardware!r} is neither an instance type nor a system of calibration.yaml")
+        raise ValueError(
+            f"row {row.id}: hardware {row.hardware!r} is neither an instance type nor a system of calibration.yaml"
+        )
     base = instances[system["like"]]
-    overrides = {k: system[k] for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib", "efa_gbps") if k in system}
+    overrides = {
+        k: system[k]
+        for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib", "efa_gbps")
+        if k in system
+    }
     instance = base.model_copy(update=overrides)
     hw = Hardware.of(instance)
     hw = replace(hw, gpus_per_node=system.get("gpus_per_node", hw.gpus_per_node))
@@ -207,7 +215,9 @@ def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, f
     # spreads it over that many micro-batches (unpublished: one, torchtitan's default).
     accum = row.grad_accum_steps or 1
     setting = replace(row.setting, attention_kernel=framework.get("attention_kernel", "sdpa"))
-    result = step_time(row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params)
+    result = step_time(
+        row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params
+    )
     return result.tokens_per_second_per_gpu * _value(framework.get("factor", 1.0), factors)
 
 
@@ -248,8 +258,16 @@ def predict_memory_gib(row: Row, cal: Calibration, factors: dict[str, float]) ->
 
 # -- fitting ------------------------------------------------------------------------------
 
-FITTED = ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "ring_step_overhead", "attention_kernel_share",
-          "eager_memory_factor", "fp8_cast_factor", "fp8_eager_cast_factor")
+FITTED = (
+    "gemm_efficiency",
+    "fp8_gemm_efficiency",
+    "attention_efficiency",
+    "ring_step_overhead",
+    "attention_kernel_share",
+    "eager_memory_factor",
+    "fp8_cast_factor",
+    "fp8_eager_cast_factor",
+)
 RECIPES = ("rowwise", "mxfp8")
 # Parameter -> (to the fit's unbounded space, back)
 _UNIT = (lambda v: math.log(v / (1 - v)), lambda x: 1 / (1 + math.exp(-x)))
@@ -278,13 +296,27 @@ def _unpack(values: dict[str, float], fixed: dict[str, float]) -> tuple[Paramete
 
 # Where every fit starts, whatever was fitted before: a refit without a source must not
 # inherit what that source taught an earlier fit.
-START = {"gemm_efficiency": 0.5, "fp8_gemm_efficiency": 0.5, "attention_efficiency": 0.4, "ring_step_overhead": 0.1, "attention_kernel_share": 0.7,
-         "eager_memory_factor": 2.0, "fp8_cast_factor": 1.5, "fp8_eager_cast_factor": 5.0,
-         **{f"recipe_{r}": 0.9 for r in RECIPES}}
+START = {
+    "gemm_efficiency": 0.5,
+    "fp8_gemm_efficiency": 0.5,
+    "attention_efficiency": 0.4,
+    "ring_step_overhead": 0.1,
+    "attention_kernel_share": 0.7,
+    "eager_memory_factor": 2.0,
+    "fp8_cast_factor": 1.5,
+    "fp8_eager_cast_factor": 5.0,
+    **{f"recipe_{r}": 0.9 for r in RECIPES},
+}
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
 # step then costs nothing more than its share of one attention call).
-NEUTRAL = {"ring_step_overhead": 0.0, "attention_kernel_share": 1.0, "eager_memory_factor": 1.0, "fp8_cast_factor": 1.0,
-           "fp8_eager_cast_factor": 1.0, **{f"recipe_{r}": 1.0 for r in RECIPES}}
+NEUTRAL = {
+    "ring_step_overhead": 0.0,
+    "attention_kernel_share": 1.0,
+    "eager_memory_factor": 1.0,
+    "fp8_cast_factor": 1.0,
+    "fp8_eager_cast_factor": 1.0,
+    **{f"recipe_{r}": 1.0 for r in RECIPES},
+}
 
 
 def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set[str]:
@@ -299,7 +331,9 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
         if not r.compile:
             names.add("eager_memory_factor")
         if r.precision == "fp8":
-            names |= {"fp8_gemm_efficiency", "fp8_cast_factor"} | ({"fp8_eager_cast_factor"} if not r.compile else set())
+            names |= {"fp8_gemm_efficiency", "fp8_cast_factor"} | (
+                {"fp8_eager_cast_factor"} if not r.compile else set()
+            )
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")
     for r in linear:
@@ -309,7 +343,9 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     return names
 
 
-def nelder_mead(fn, x0: list[float], *, step: float = 0.3, iterations: int = 3000, tolerance: float = 1e-10) -> list[float]:
+def nelder_mead(
+    fn, x0: list[float], *, step: float = 0.3, iterations: int = 3000, tolerance: float = 1e-10
+) -> list[float]:
     """Minimise ``fn`` from ``x0`` (the standard simplex method; pure Python)."""
     n = len(x0)
     simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
@@ -341,7 +377,7 @@ def nelder_mead(fn, x0: list[float], *, step: float = 0.3, iterations: int = 300
     return simplex[min(range(n + 1), key=scores.__getitem__)]
 
 
-def _factor_names(row: "Row | LinearRow", cal: Calibration) -> set[str]:
+def _factor_names(row: Row | LinearRow, cal: Calibration) -> set[str]:
     """The calibration-only factors (``fit:NAME``) a row's prediction uses."""
     specs = [cal.systems.get(row.hardware, {}).get("compute_factor")]
     if isinstance(row, Row):
@@ -350,7 +386,11 @@ def _factor_names(row: "Row | LinearRow", cal: Calibration) -> set[str]:
 
 
 def fit(
-    cal: Calibration, model: catalogs.PerformanceModel | None = None, *, without: str | None = None, iterations: int = 1500,
+    cal: Calibration,
+    model: catalogs.PerformanceModel | None = None,
+    *,
+    without: str | None = None,
+    iterations: int = 1500,
 ) -> tuple[Parameters, dict[str, float]]:
     """Fit the free parameters on every row but those of source ``without``, from ``START``.
     A parameter or factor that no remaining row informs is not fitted: it takes its
@@ -359,7 +399,9 @@ def fit(
     rows = [r for r in cal.rows if source_key(r) != without]
     linear = [r for r in cal.linear_rows if source_key(r) != without]
     informed = _informed(rows, linear, cal)
-    factors_start = {k: 1.0 if k in ("megatron_te",) else 0.9 for k in model.calibration_only}  # power factors lie in (0, 1)
+    factors_start = {
+        k: 1.0 if k in ("megatron_te",) else 0.9 for k in model.calibration_only
+    }  # power factors lie in (0, 1)
     start = {k: v for k, v in {**START, **factors_start}.items() if k in informed}
     unused = {k: NEUTRAL.get(k, 1.0) for k in [*START, *model.calibration_only] if k not in informed}
     names = list(start)
@@ -374,7 +416,10 @@ def fit(
     def loss(x: list[float]) -> float:
         values = {name: back(v) for name, (_, back), v in zip(names, transforms, x)}
         params, factors = _unpack({**values, **unused}, model.fixed)
-        runs = sum(w * math.log(predict(r, cal, params, factors) / r.tokens_per_second_per_gpu) ** 2 for r, w in zip(rows, weights))
+        runs = sum(
+            w * math.log(predict(r, cal, params, factors) / r.tokens_per_second_per_gpu) ** 2
+            for r, w in zip(rows, weights)
+        )
         return runs + sum(math.log(predict_speedup(r, cal, params, factors) / r.speedup) ** 2 for r in linear)
 
     x = [to(start[name]) for name, (to, _) in zip(names, transforms)]
@@ -390,12 +435,18 @@ def sources(cal: Calibration) -> list[str]:
     return list(dict.fromkeys(source_key(r) for r in cal.rows))
 
 
-def leave_one_source_out(cal: Calibration, model: catalogs.PerformanceModel | None = None, *, iterations: int = 1500) -> list["Result"]:
+def leave_one_source_out(
+    cal: Calibration, model: catalogs.PerformanceModel | None = None, *, iterations: int = 1500
+) -> list[Result]:
     """Each source's rows predicted by the model fitted without that source."""
     results = []
     for key in sources(cal):
         params, factors = fit(cal, model, without=key, iterations=iterations)
-        results += [Result(r, predict(r, cal, params, factors), predict_memory_gib(r, cal, factors)) for r in cal.rows if source_key(r) == key]
+        results += [
+            Result(r, predict(r, cal, params, factors), predict_memory_gib(r, cal, factors))
+            for r in cal.rows
+            if source_key(r) == key
+        ]
     return results
 
 
@@ -458,12 +509,16 @@ def _label(key: str, rows: list[Row]) -> str:
 
 def loso_table(cal: Calibration, loso: list[Result]) -> str:
     """Leave-one-source-out errors by source and overall."""
+
     def pct(v: float | None) -> str:
         return f"{v:>7.1%}" if v is not None else f"{'-':>7}"
 
     head = f"{'held-out source':<48} {'rows':>4} {'median':>7} {'worst':>7}   {'memory':>6} {'median':>7} {'worst':>7}"
     lines = [head, "-" * len(head)]
-    groups = [(_label(k, [r.row for r in loso if source_key(r.row) == k]), [r for r in loso if source_key(r.row) == k]) for k in sources(cal)]
+    groups = [
+        (_label(k, [r.row for r in loso if source_key(r.row) == k]), [r for r in loso if source_key(r.row) == k])
+        for k in sources(cal)
+    ]
     groups.append(("published sources", [r for r in loso if r.row.published]))
     groups.append(("all sources", loso))
     for i, (label, results) in enumerate(groups):
@@ -472,7 +527,9 @@ def loso_table(cal: Calibration, loso: list[Result]) -> str:
         thr = _median_worst([r.error for r in results])
         mem_errors = [r.memory_error for r in results if r.memory_error is not None]
         mem = _median_worst(mem_errors)
-        lines.append(f"{label[:48]:<48} {len(results):>4} {pct(thr[0])} {pct(thr[1])}   {len(mem_errors):>6} {pct(mem[0])} {pct(mem[1])}")
+        lines.append(
+            f"{label[:48]:<48} {len(results):>4} {pct(thr[0])} {pct(thr[1])}   {len(mem_errors):>6} {pct(mem[0])} {pct(mem[1])}"
+        )
     return "\n".join(lines)
 
 
@@ -480,12 +537,18 @@ def table(results: list[Result], loso: list[Result] | None = None) -> str:
     """Every row: published against predicted by the fit on every source and, where given,
     by the fit without the row's source."""
     held = {r.row.id: r for r in loso or []}
-    head = (f"{'row':<60} {'published':>9} {'predicted':>9} {'error':>7} {'LOSO':>7}   "
-            f"{'GiB pub':>7} {'GiB plan':>8} {'error':>7}")
+    head = (
+        f"{'row':<60} {'published':>9} {'predicted':>9} {'error':>7} {'LOSO':>7}   "
+        f"{'GiB pub':>7} {'GiB plan':>8} {'error':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         mem = r.row.peak_memory_gib_reserved
-        mem_text = f"{mem:>7.1f} {r.memory_gib:>8.1f} {r.memory_error:>+7.1%}" if r.memory_error is not None else f"{'-':>7} {'-':>8} {'':>7}"
+        mem_text = (
+            f"{mem:>7.1f} {r.memory_gib:>8.1f} {r.memory_error:>+7.1%}"
+            if r.memory_error is not None
+            else f"{'-':>7} {'-':>8} {'':>7}"
+        )
         out = held.get(r.row.id)
         loso_text = f"{out.error:>+7.1%}" if out else f"{'':>7}"
         lines.append(
@@ -494,7 +557,9 @@ def table(results: list[Result], loso: list[Result] | None = None) -> str:
     return "\n".join(lines)
 
 
-def write_parameters(params: Parameters, factors: dict[str, float], stats: dict[str, Any], path: Path | None = None) -> None:
+def write_parameters(
+    params: Parameters, factors: dict[str, float], stats: dict[str, Any], path: Path | None = None
+) -> None:
     """Store the fitted values and the held-out errors in ``performance.yaml``, keeping its comments."""
     path = path or catalogs.CATALOG_DIR / "performance.yaml"
     text = path.read_text()
@@ -503,8 +568,19 @@ def write_parameters(params: Parameters, factors: dict[str, float], stats: dict[
     tail_comment = "# Written by" + text.split("\n# Written by", 1)[1].split("\nsummary:", 1)[0]
     fitted = {k: _round(getattr(params, k)) for k in FITTED}
     fitted["fp8_recipe_efficiency"] = {k: _round(v) for k, v in params.fp8_recipe_efficiency.items()}
-    body = yaml.safe_dump({"fitted": fitted, "calibration_only": {k: _round(v) for k, v in factors.items()}}, sort_keys=False)
-    out = head + "\n" + body + fixed_block.rstrip("\n") + "\n" + tail_comment + "\n" + yaml.safe_dump({"summary": stats}, sort_keys=False)
+    body = yaml.safe_dump(
+        {"fitted": fitted, "calibration_only": {k: _round(v) for k, v in factors.items()}}, sort_keys=False
+    )
+    out = (
+        head
+        + "\n"
+        + body
+        + fixed_block.rstrip("\n")
+        + "\n"
+        + tail_comment
+        + "\n"
+        + yaml.safe_dump({"summary": stats}, sort_keys=False)
+    )
     path.write_text(out)
 
 
@@ -513,7 +589,9 @@ def _round(value: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tiered_training.planning.calibration", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tiered_training.planning.calibration", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--write", action="store_true", help="store the fitted parameters in catalog/performance.yaml")
     parser.add_argument("--gpu-dir", type=Path, default=GPU_DIR, help="GPU-check results (*.json) to add as rows")
     parser.add_argument("--no-fit", action="store_true", help="evaluate the stored parameters without fitting")
@@ -525,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     cal = load(args.gpu_dir)
     model = catalogs.performance_model()
     if args.no_fit:
-        params, factors = model.parameters(), dict(model.calibration_only)
+        params, factors = perf.parameters_of(model), dict(model.calibration_only)
     else:
         print(f"fitting on {len(cal.rows)} rows ...", file=sys.stderr)
         params, factors = fit(cal, model)
@@ -541,13 +619,19 @@ def main(argv: list[str] | None = None) -> int:
         predicted = predict_speedup(row, cal, params, factors)
         print(f"{row.id:<60} {row.speedup:>9.2f} {predicted:>9.2f} {predicted / row.speedup - 1:>+7.1%}")
     print()
-    print("fitted: " + ", ".join(f"{k}={_round(getattr(params, k))}" for k in FITTED)
-          + ", fp8 recipes " + ", ".join(f"{k}={_round(v)}" for k, v in params.fp8_recipe_efficiency.items()))
+    print(
+        "fitted: "
+        + ", ".join(f"{k}={_round(getattr(params, k))}" for k in FITTED)
+        + ", fp8 recipes "
+        + ", ".join(f"{k}={_round(v)}" for k, v in params.fp8_recipe_efficiency.items())
+    )
     print("calibration only: " + ", ".join(f"{k}={_round(v)}" for k, v in factors.items()))
     published = sum(r.published for r in cal.rows)
     own = len(cal.rows) - published
-    print(f"rows: {published} published runs from {len(sources(cal)) - (own > 0)} sources, plus {own} run{'s' * (own != 1)} of this container "
-          f"(its GPU checks); all in the fit")
+    print(
+        f"rows: {published} published runs from {len(sources(cal)) - (own > 0)} sources, plus {own} run{'s' * (own != 1)} of this container "
+        f"(its GPU checks); all in the fit"
+    )
     if loso is not None:
         print()
         print("Leave one source out: each source's rows predicted by the model refitted without them")

@@ -60,9 +60,9 @@ DROPOUT_MASK_BYTES = 1
 FROZEN_BASE_BYTES = 4
 
 
-
-def lora_activation_bytes_per_token(arch: Architecture, precision: str, lora: Lora,
-                                    mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
+def lora_activation_bytes_per_token(
+    arch: Architecture, precision: str, lora: Lora, mask_bytes: int = DROPOUT_MASK_BYTES
+) -> int:
     """Bytes one layer's adapters keep for backward, per token: each ``lora_B`` keeps its
     rank-wide input; with dropout, each adapter's dropout makes its own copy of the
     projection's input (kept by ``lora_A``) and a mask (peft applies
@@ -86,8 +86,15 @@ def element_size(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing: str, lora: Lora | None = None,
-                               mask_bytes: int = DROPOUT_MASK_BYTES, *, compiled: bool = False) -> int:
+def activation_bytes_per_token(
+    arch: Architecture,
+    precision: str,
+    checkpointing: str,
+    lora: Lora | None = None,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+    *,
+    compiled: bool = False,
+) -> int:
     """Bytes one decoder layer keeps for backward, per token of the micro-batch.
 
     - ``none``: every tensor autograd saves. Per RMSNorm, an fp32 copy of its input
@@ -122,7 +129,9 @@ def activation_bytes_per_token(arch: Architecture, precision: str, checkpointing
         if lora is None:
             return 2 * (4 * h + 4 + 2 * e * h) + attention + 4 * e * f
         kept = set(lora.targets) if not lora.dropout else set()  # adapters that keep their projection's input
-        norms = 2 * (4 * h + 4) + e * h * (bool(kept & {"q_proj", "k_proj", "v_proj"}) + bool(kept & {"gate_proj", "up_proj"}))
+        norms = 2 * (4 * h + 4) + e * h * (
+            bool(kept & {"q_proj", "k_proj", "v_proj"}) + bool(kept & {"gate_proj", "up_proj"})
+        )
         mlp = 3 * e * f + e * f * ("down_proj" in kept)
         return norms + attention + mlp + lora_activation_bytes_per_token(arch, precision, lora, mask_bytes)
     if checkpointing == "selective":
@@ -145,8 +154,13 @@ def _matmul_widths(arch: Architecture, lora: Lora | None) -> list[int]:
     return widths
 
 
-def backward_bytes_per_token(arch: Architecture, precision: str, checkpointing: str, lora: Lora | None = None,
-                             mask_bytes: int = DROPOUT_MASK_BYTES) -> int:
+def backward_bytes_per_token(
+    arch: Architecture,
+    precision: str,
+    checkpointing: str,
+    lora: Lora | None = None,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+) -> int:
     """Bytes per token that one layer's backward adds, at its height, to what it keeps.
 
     - ``none``: the RMSNorm backward's fp32 temporaries (four h-wide fp32 tensors and the
@@ -231,8 +245,9 @@ class MemoryBreakdown:
         return {key: round(value / GIB, 3) for key, value in items.items()}
 
 
-def sharded_state_bytes(arch: Architecture, shard_group: int, lora: Lora | None = None,
-                        precision: str = "bf16") -> dict[str, int]:
+def sharded_state_bytes(
+    arch: Architecture, shard_group: int, lora: Lora | None = None, precision: str = "bf16"
+) -> dict[str, int]:
     """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
     frozen base adds its weights (``FROZEN_BASE_BYTES`` each), and only the adapters have state."""
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
@@ -246,9 +261,18 @@ def sharded_state_bytes(arch: Architecture, shard_group: int, lora: Lora | None 
     return states
 
 
-def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int, sequence_length: int,
-            chunk: int, lora: Lora | None = None, mask_bytes: int = DROPOUT_MASK_BYTES,
-            document_mask: bool = False, compiled: bool = False) -> dict[str, tuple[int, int, int, float]]:
+def _phases(
+    arch: Architecture,
+    precision: str,
+    checkpointing: str,
+    tokens: int,
+    sequence_length: int,
+    chunk: int,
+    lora: Lora | None = None,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+    document_mask: bool = False,
+    compiled: bool = False,
+) -> dict[str, tuple[int, int, int, float]]:
     """(unsharded in flight, activations, logits and loss, share of the sharded gradients
     already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
@@ -284,8 +308,13 @@ def _phases(arch: Architecture, precision: str, checkpointing: str, tokens: int,
     bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
     # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
     root_reduce = (e * root + (e + REDUCE_BYTES) * root if lora is None else e * root, rope, 0, 1.0)
-    return {"loss backward": loss, "top layer backward": top, "bottom layer backward": bottom,
-            "root reduce": root_reduce, "optimizer step": (0, 0, 0, 1.0)}
+    return {
+        "loss backward": loss,
+        "top layer backward": top,
+        "bottom layer backward": bottom,
+        "root reduce": root_reduce,
+        "optimizer step": (0, 0, 0, 1.0),
+    }
 
 
 def estimate(
@@ -324,7 +353,16 @@ def estimate(
     layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
     best = None
     for phase, (in_flight, activations, logits, reduced) in _phases(
-        arch, precision, checkpointing, tokens, sequence_length, chunk, lora, dropout_mask_bytes, document_mask, compiled
+        arch,
+        precision,
+        checkpointing,
+        tokens,
+        sequence_length,
+        chunk,
+        lora,
+        dropout_mask_bytes,
+        document_mask,
+        compiled,
     ).items():
         if accumulates or reduced == 1.0:
             grads = states["grad"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from tiered_training.catalog import PerformanceModel, performance_model
 from tiered_training.contract.architecture import Architecture, Lora
 
 # The selective checkpointing policy saves attention and every other matmul output:
@@ -75,7 +76,7 @@ class Hardware:
     compute_factor: float = 1.0  # < 1 for power-limited GPUs
 
     @classmethod
-    def of(cls, instance) -> "Hardware":
+    def of(cls, instance) -> Hardware:
         """From a :class:`catalogs.Instance`."""
         return cls(
             gpu=instance.gpu,
@@ -125,7 +126,9 @@ class Parameters:
     nvlink_efficiency: float  # NCCL bus bandwidth over NVLink, fraction of the link
     network_efficiency: float  # NCCL bus bandwidth over EFA, fraction of the link
     overlap: float  # fraction of compute time that FSDP prefetching can hide communication behind
-    attention_half_length: float = 0.0  # query tokens per attention call at which it reaches half its long-sequence efficiency
+    attention_half_length: float = (
+        0.0  # query tokens per attention call at which it reaches half its long-sequence efficiency
+    )
     fp8_recipe_efficiency: dict[str, float] = field(default_factory=dict)  # relative to tensorwise
 
 
@@ -163,9 +166,17 @@ class StepTime:
         return [
             Term("compute: GEMMs", self.gemm, "Linear layers and the output head, forward and backward, by shape"),
             Term("compute: attention", self.attention, "causal flash attention, forward and backward"),
-            Term("compute: memory-bound", self.memory_bound, "norms, RoPE, SwiGLU, residuals, loss (and FP8 casts): bytes over HBM bandwidth"),
+            Term(
+                "compute: memory-bound",
+                self.memory_bound,
+                "norms, RoPE, SwiGLU, residuals, loss (and FP8 casts): bytes over HBM bandwidth",
+            ),
             Term("recomputation", self.recompute, "forward work that activation checkpointing repeats in backward"),
-            Term("communication (exposed)", self.communication, f"of {self.communication_total:.3f} s in all; {max(0.0, hidden):.3f} s hidden behind compute"),
+            Term(
+                "communication (exposed)",
+                self.communication,
+                f"of {self.communication_total:.3f} s in all; {max(0.0, hidden):.3f} s hidden behind compute",
+            ),
             Term("optimiser step", self.optimizer, "AdamW and gradient clipping over the sharded fp32 state"),
         ]
 
@@ -290,7 +301,9 @@ def step_time(
             layer += [high.seconds(tokens, fan_in, lora.rank), high.seconds(tokens, lora.rank, fan_out)]
             adapter_bytes += e * ((2 if lora.dropout else 0) * fan_in + 3 * fan_out)
     layer_gemm_fwd = sum(fwd for fwd, _, _ in layer)
-    head_fwd, head_bwd, _ = high.seconds(tokens, arch.hidden_size, arch.vocab_size, frozen=frozen)  # lm_head stays high precision
+    head_fwd, head_bwd, _ = high.seconds(
+        tokens, arch.hidden_size, arch.vocab_size, frozen=frozen
+    )  # lm_head stays high precision
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
@@ -305,8 +318,12 @@ def step_time(
     query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
     if setting.document_mask:
         attn_fwd_flops *= 2  # no causal block skipping under a mask tensor
-    attn_rate = (peak_bf16 * attention_efficiency(hw, setting, params) * attention_length_factor(query_tokens, params)
-                 / ring_cost(cp, params))
+    attn_rate = (
+        peak_bf16
+        * attention_efficiency(hw, setting, params)
+        * attention_length_factor(query_tokens, params)
+        / ring_cost(cp, params)
+    )
     attn_fwd = attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attn_bwd = 2.5 * attn_fwd_flops / attn_rate + cp * params.gemm_overhead_seconds
     attention = arch.layers * (attn_fwd + attn_bwd)
@@ -342,7 +359,9 @@ def step_time(
     compute = gemm + attention + memory_bound + recompute
 
     # -- communication -------------------------------------------------------------------
-    comm, first_unit, cp_exposed = _communication(arch, hw, setting, gpus=gpus, params=params, attn_fwd=attn_fwd, tokens=tokens, e=e)
+    comm, first_unit, cp_exposed = _communication(
+        arch, hw, setting, gpus=gpus, params=params, attn_fwd=attn_fwd, tokens=tokens, e=e
+    )
     exposed = max(0.0, comm - params.overlap * compute) + first_unit + cp_exposed
     # Replicas all-reduce once per step, in the last micro-batch's backward (parallel.sync_replicas).
     replicate = _replicate_all_reduce(arch, hw, setting, gpus=gpus, params=params)
@@ -366,7 +385,17 @@ def step_time(
     )
 
 
-def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters, attn_fwd: float, tokens: float, e: int) -> tuple[float, float, float]:
+def _communication(
+    arch: Architecture,
+    hw: Hardware,
+    setting: Setting,
+    *,
+    gpus: int,
+    params: Parameters,
+    attn_fwd: float,
+    tokens: float,
+    e: int,
+) -> tuple[float, float, float]:
     """FSDP (and context-parallel) communication per micro-batch and GPU:
     (overlappable seconds, the first unit's all-gather that nothing hides, exposed ring seconds)."""
     nvlink = hw.nvlink_bytes_per_s * params.nvlink_efficiency
@@ -398,7 +427,6 @@ def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: 
     # were resharded) and reduce-scatters every gradient.
     fsdp = (2 * arch.layers - 1) * layer_ag + arch.layers * layer_rs + root_ag + root_rs
 
-
     ring = 0.0
     cp = setting.context_parallel
     if cp > 1:
@@ -410,7 +438,9 @@ def _communication(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: 
     return fsdp, layer_ag + root_ag, ring
 
 
-def _replicate_all_reduce(arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters) -> float:
+def _replicate_all_reduce(
+    arch: Architecture, hw: Hardware, setting: Setting, *, gpus: int, params: Parameters
+) -> float:
     """Hybrid (or no) sharding: the all-reduce of each shard's fp32 gradient across replicas,
     once per optimiser step. Every GPU of a node runs its own all-reduce at once: they share
     the node's EFA."""
@@ -428,3 +458,14 @@ def _replicate_all_reduce(arch: Architecture, hw: Hardware, setting: Setting, *,
     else:
         across = nvlink if gpus <= hw.gpus_per_node else min(nvlink, network)  # _communication's bandwidth(gpus)
     return 2 * _collective_seconds(shard_bytes, replicas, across)
+
+
+def parameters_of(model: PerformanceModel) -> Parameters:
+    """The :class:`Parameters` of a performance model (its fitted and fixed values)."""
+    return Parameters(**model.fitted, **model.fixed)
+
+
+@lru_cache(maxsize=1)
+def stored_parameters() -> Parameters:
+    """The planner's parameters: the fitted and fixed values of ``catalog/performance.yaml``."""
+    return parameters_of(performance_model())

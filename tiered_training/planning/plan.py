@@ -10,13 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tiered_training.contract.architecture import Architecture
 from tiered_training.catalog import Instance, Tier
-from tiered_training.planning.memory import MemoryBreakdown
-from tiered_training.planning.perf import Term
-from tiered_training.recipe import LoraSection, Recipe
-from tiered_training.text import escape
+from tiered_training.contract.architecture import Architecture
 from tiered_training.contract.runconfig import (
+    TENSORBOARD_DIR,
     BatchConfig,
     CheckpointConfig,
     DataConfig,
@@ -32,10 +29,13 @@ from tiered_training.contract.runconfig import (
     RunConfig,
     RunSection,
     SftConfig,
-    TENSORBOARD_DIR,
     TrackingConfig,
     ValidationConfig,
 )
+from tiered_training.planning.memory import MemoryBreakdown
+from tiered_training.planning.perf import Term
+from tiered_training.recipe import LoraSection, Recipe
+from tiered_training.text import escape
 
 # "account": what the AWS account must allow (a quota to raise); shown like a warning, but never
 # blocks `validate --strict`, which judges the recipe (`preflight` judges the account).
@@ -193,7 +193,11 @@ class FailedPlan(_Result):
             "source": self.source,
             "ok": False,
             "task": recipe.task,
-            "model": {"name": self.model_name, "parameters": self.parameters, "tier": self.tier.name if self.tier else None},
+            "model": {
+                "name": self.model_name,
+                "parameters": self.parameters,
+                "tier": self.tier.name if self.tier else None,
+            },
             "compute": {
                 "instance_type": recipe.compute.instance_type,
                 "gpu": None,
@@ -201,7 +205,8 @@ class FailedPlan(_Result):
                 "gpus": None,
                 "spot": recipe.compute.spot,
             },
-            "tuning": {key: None for key in TUNING_KEYS} | {
+            "tuning": dict.fromkeys(TUNING_KEYS)
+            | {
                 "sequence_length": recipe.sequence_length,
                 "global_batch_tokens": recipe.budget.global_batch_tokens,
             },
@@ -218,8 +223,18 @@ class FailedPlan(_Result):
 
 
 TUNING_KEYS = (
-    "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size", "context_parallel",
-    "micro_batch_size", "grad_accum_steps", "ramp_start_accum_steps", "ramp_steps", "adapter", "lora",
+    "precision",
+    "fp8_recipe",
+    "activation_checkpointing",
+    "sharding",
+    "shard_group_size",
+    "context_parallel",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "ramp_start_accum_steps",
+    "ramp_steps",
+    "adapter",
+    "lora",
 )
 
 
@@ -252,7 +267,9 @@ class Plan(_Result):
     findings: tuple[Finding, ...] = ()
     departures: tuple[Departure, ...] = ()
     alternatives: tuple[Alternative, ...] = ()  # the next fastest configurations that fit
-    segments: int = 1  # training jobs the run is split into under the runtime limit (tiered_training/planning/segments.py)
+    segments: int = (
+        1  # training jobs the run is split into under the runtime limit (tiered_training/planning/segments.py)
+    )
     job_runtime_seconds: int = 432_000  # MaxRuntimeInSeconds of each of them
     segment_seconds: float = 0.0  # the wall-clock guard a segment stops at
     spot_wait_seconds: int | None = None  # MaxWaitTimeInSeconds of each spot segment
@@ -356,8 +373,12 @@ class Plan(_Result):
         if self.lora is None:
             return SftConfig(adapter="none")
         lora = self.lora
-        return SftConfig(adapter="lora", lora=LoraConfig(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                                         target_modules=list(lora.target_modules)))
+        return SftConfig(
+            adapter="lora",
+            lora=LoraConfig(
+                rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=list(lora.target_modules)
+            ),
+        )
 
     def validation_config(self) -> ValidationConfig:
         """Where the validation loss comes from: the recipe's validation_uri, a held-out fraction, or nowhere."""
@@ -366,7 +387,9 @@ class Plan(_Result):
         if recipe.data.validation_uri:
             return ValidationConfig(source="channel", **timing)
         if recipe.data.validation_fraction > 0:
-            return ValidationConfig(source="holdout", holdout_every=max(2, round(1 / recipe.data.validation_fraction)), **timing)
+            return ValidationConfig(
+                source="holdout", holdout_every=max(2, round(1 / recipe.data.validation_fraction)), **timing
+            )
         return ValidationConfig(source="none", **timing)
 
     def to_dict(self) -> dict[str, Any]:
@@ -446,7 +469,7 @@ def format_finding(plan: Plan, finding: Finding) -> str:
 class PlanError(Exception):
     """A recipe that loads but cannot work: the plan has hard errors."""
 
-    def __init__(self, plan: "Plan"):
+    def __init__(self, plan: Plan):
         self.plan = plan
         super().__init__(str(self))
 

@@ -19,14 +19,22 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tiered_training import catalog as catalogs
-from tiered_training.planning import memory
-from tiered_training.planning import perf
-from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.catalog import Instance, Tier
-from tiered_training.planning.quotas import findings as quota_findings
-from tiered_training.planning.plan import Alternative, Decision, Departure, Estimates, FailedPlan, Finding, FullParameter, Plan, PlanResult
-from tiered_training.recipe import AUTO, BatchRampSpec, LoraSection, Recipe
+from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
+from tiered_training.planning import memory, perf
+from tiered_training.planning.plan import (
+    Alternative,
+    Decision,
+    Departure,
+    Estimates,
+    FailedPlan,
+    Finding,
+    FullParameter,
+    Plan,
+    PlanResult,
+)
+from tiered_training.planning.quotas import findings as quota_findings
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
     MAX_SEGMENTS,
@@ -39,6 +47,7 @@ from tiered_training.planning.segments import (
     quota_seconds,
     spot_wait_seconds,
 )
+from tiered_training.recipe import AUTO, BatchRampSpec, LoraSection, Recipe
 
 LOSS_CHUNK_TOKENS = 4096
 # When the batch ramps, keep at least this many accumulation steps at the full batch.
@@ -172,9 +181,14 @@ class Option:
     def alternative(self) -> Alternative:
         s = self.setting
         return Alternative(
-            precision=s.precision, fp8_recipe=s.fp8_recipe, activation_checkpointing=s.checkpointing,
-            micro_batch_size=s.micro_batch, shard_group_size=s.shard_group, context_parallel=s.context_parallel,
-            tokens_per_second_per_gpu=round(self.speed, 1), memory_gib=round(self.memory.total / GIB, 2),
+            precision=s.precision,
+            fp8_recipe=s.fp8_recipe,
+            activation_checkpointing=s.checkpointing,
+            micro_batch_size=s.micro_batch,
+            shard_group_size=s.shard_group,
+            context_parallel=s.context_parallel,
+            tokens_per_second_per_gpu=round(self.speed, 1),
+            memory_gib=round(self.memory.total / GIB, 2),
             memory_fraction=round(self.memory.fraction, 4),
         )
 
@@ -208,7 +222,9 @@ def _memory(run: _Run, setting: perf.Setting) -> memory.MemoryBreakdown:
     )
 
 
-def evaluate(run: _Run, setting: perf.Setting, nodes: int | None = None, estimate: memory.MemoryBreakdown | None = None) -> Option:
+def evaluate(
+    run: _Run, setting: perf.Setting, nodes: int | None = None, estimate: memory.MemoryBreakdown | None = None
+) -> Option:
     """Memory and step time of ``setting`` for this recipe on ``nodes`` (default: the recipe's)."""
     nodes = nodes or run.nodes
     gpus = nodes * run.instance.gpus
@@ -216,8 +232,13 @@ def evaluate(run: _Run, setting: perf.Setting, nodes: int | None = None, estimat
     accum = max(1, per_rank // setting.micro_batch)
     estimate = estimate or _memory(run, setting)
     time = perf.step_time(
-        run.arch, run.hardware, setting, sequence_length=run.recipe.sequence_length, gpus=gpus, accum=accum,
-        params=catalogs.performance_parameters(),
+        run.arch,
+        run.hardware,
+        setting,
+        sequence_length=run.recipe.sequence_length,
+        gpus=gpus,
+        accum=accum,
+        params=perf.stored_parameters(),
     )
     return Option(setting, accum, estimate, time, estimate.total <= run.limit)
 
@@ -255,9 +276,16 @@ def search(run: _Run, space: Space) -> list[Option]:
 
                     def setting(m: int) -> perf.Setting:
                         return perf.Setting(
-                            precision=precision, checkpointing=checkpointing, micro_batch=m, shard_group=group,
-                            sharding=sharding, fp8_recipe=recipe_name, context_parallel=cp, compile=run.recipe.compute.compile,
-                            lora=run.lora, document_mask=run.recipe.task == "sft",
+                            precision=precision,
+                            checkpointing=checkpointing,
+                            micro_batch=m,
+                            shard_group=group,
+                            sharding=sharding,
+                            fp8_recipe=recipe_name,
+                            context_parallel=cp,
+                            compile=run.recipe.compute.compile,
+                            lora=run.lora,
+                            document_mask=run.recipe.task == "sft",
                         )
 
                     # Memory grows with the micro-batch: bisect for the largest that fits, then
@@ -288,16 +316,31 @@ def _groups(run: _Run, nodes: int, cps: tuple[int, ...]) -> tuple[tuple[str, int
     if tuning.shard_group_size != AUTO:
         size = tuning.shard_group_size
         if gpus % size:
-            run.error("shard-group", f"tuning.shard_group_size {size} does not divide the {gpus} GPUs", f"use one of {', '.join(map(str, _divisors(gpus)))}", "tuning.shard_group_size")
+            run.error(
+                "shard-group",
+                f"tuning.shard_group_size {size} does not divide the {gpus} GPUs",
+                f"use one of {', '.join(map(str, _divisors(gpus)))}",
+                "tuning.shard_group_size",
+            )
             return None
         kind = "full" if size == gpus else "hybrid"
         if tuning.sharding not in (AUTO, kind):
-            run.error("shard-group", f"tuning.sharding {tuning.sharding} with shard_group_size {size} of {gpus} GPUs is {kind} sharding", f"set tuning.sharding to {kind} or auto", "tuning.shard_group_size")
+            run.error(
+                "shard-group",
+                f"tuning.sharding {tuning.sharding} with shard_group_size {size} of {gpus} GPUs is {kind} sharding",
+                f"set tuning.sharding to {kind} or auto",
+                "tuning.shard_group_size",
+            )
             return None
         return ((kind, size),)
     if tuning.sharding == "hybrid":
         if nodes == 1:
-            run.error("shard-group", "hybrid sharding replicates shard groups across nodes; the recipe has one node", "set tuning.sharding to full or auto, or compute.instance_count to 2 or more", "tuning.sharding")
+            run.error(
+                "shard-group",
+                "hybrid sharding replicates shard groups across nodes; the recipe has one node",
+                "set tuning.sharding to full or auto, or compute.instance_count to 2 or more",
+                "tuning.sharding",
+            )
             return None
         return tuple(("hybrid", k * run.instance.gpus) for k in _divisors(nodes) if k < nodes)
     if tuning.sharding == "full" or nodes == 1:
@@ -311,9 +354,13 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
     node = run.instance.gpus
     if run.recipe.task == "sft":
         if tuning.context_parallel not in (AUTO, 1):
-            run.error("context-parallel", f"tuning.context_parallel {tuning.context_parallel}: ring attention has no document "
-                      "mask, so packed fine-tuning examples would attend to each other", "set tuning.context_parallel: 1 or auto",
-                      "tuning.context_parallel")
+            run.error(
+                "context-parallel",
+                f"tuning.context_parallel {tuning.context_parallel}: ring attention has no document "
+                "mask, so packed fine-tuning examples would attend to each other",
+                "set tuning.context_parallel: 1 or auto",
+                "tuning.context_parallel",
+            )
             return None
         return (1,)
     if tuning.context_parallel != AUTO:
@@ -328,11 +375,18 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
             )
             return None
         if cp > 1 and tuning.sharding == "none":
-            run.error("context-parallel", "context parallelism shards the state over its ranks; tuning.sharding none keeps a full replica per GPU", "set tuning.sharding to full, hybrid or auto, or tuning.context_parallel: 1", "tuning.context_parallel")
+            run.error(
+                "context-parallel",
+                "context parallelism shards the state over its ranks; tuning.sharding none keeps a full replica per GPU",
+                "set tuning.sharding to full, hybrid or auto, or tuning.context_parallel: 1",
+                "tuning.context_parallel",
+            )
             return None
         return (cp,)
     degrees = tuple(
-        d for d in CP_DEGREES if node % d == 0 and seq % (2 * d) == 0 and d <= run.gpus and (d == 1 or seq // d >= MIN_CP_CHUNK_TOKENS)
+        d
+        for d in CP_DEGREES
+        if node % d == 0 and seq % (2 * d) == 0 and d <= run.gpus and (d == 1 or seq // d >= MIN_CP_CHUNK_TOKENS)
     )
     return degrees if tuning.sharding != "none" else (1,)
 
@@ -365,7 +419,7 @@ def _checkpointing(run: _Run) -> tuple[str, ...]:
     if tuning.activation_checkpointing != AUTO:
         return (tuning.activation_checkpointing,)
     if run.strict:
-        return AC_ORDER[AC_ORDER.index(run.tier.activation_checkpointing):]
+        return AC_ORDER[AC_ORDER.index(run.tier.activation_checkpointing) :]
     return AC_ORDER
 
 
@@ -374,17 +428,32 @@ def tier_choice(run: _Run, options: list[Option]) -> Option | None:
     (or more recompute when that does not fit), then the smallest shard group, the smallest
     context-parallel degree and the largest micro-batch that fit."""
     tier, tuning = run.tier, run.recipe.tuning
-    precision = tuning.precision if tuning.precision != AUTO else (tier.precision if tier.precision != "fp8" or run.instance.fp8 else "bf16")
+    precision = (
+        tuning.precision
+        if tuning.precision != AUTO
+        else (tier.precision if tier.precision != "fp8" or run.instance.fp8 else "bf16")
+    )
     recipe_name = tuning.fp8_recipe if tuning.fp8_recipe != AUTO else "tensorwise"
     start = AC_ORDER.index(tier.activation_checkpointing) if tuning.activation_checkpointing == AUTO else 0
     fitting = [
-        o for o in options
-        if o.fits and o.setting.precision == precision and (precision != "fp8" or o.setting.fp8_recipe == recipe_name)
+        o
+        for o in options
+        if o.fits
+        and o.setting.precision == precision
+        and (precision != "fp8" or o.setting.fp8_recipe == recipe_name)
         and AC_ORDER.index(o.setting.checkpointing) >= start
     ]
     if not fitting:
         return None
-    return min(fitting, key=lambda o: (AC_ORDER.index(o.setting.checkpointing), o.setting.shard_group, o.setting.context_parallel, -o.setting.micro_batch))
+    return min(
+        fitting,
+        key=lambda o: (
+            AC_ORDER.index(o.setting.checkpointing),
+            o.setting.shard_group,
+            o.setting.context_parallel,
+            -o.setting.micro_batch,
+        ),
+    )
 
 
 # -- resolve ------------------------------------------------------------------------------
@@ -397,8 +466,12 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     if run.arch is None or run.instance is None:
         return run.failure(source, lines)
     if run.nodes < 1:  # a Recipe built without validation (model_construct, model_copy)
-        run.error("no-nodes", f"compute.instance_count {run.nodes}: a run needs at least one node",
-                  "set compute.instance_count to 1 or more", "compute.instance_count")
+        run.error(
+            "no-nodes",
+            f"compute.instance_count {run.nodes}: a run needs at least one node",
+            "set compute.instance_count to 1 or more",
+            "compute.instance_count",
+        )
         return run.failure(source, lines)
 
     params = run.arch.parameters
@@ -425,8 +498,11 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     _spot(recipe, run)
     _keep_last(recipe, run)
     if run.nodes < run.min_nodes:
-        lora_fix = (", or fine-tune with LoRA on one node (tuning.adapter: lora)"
-                    if recipe.task == "sft" and tier.min_nodes_for(True) <= run.nodes else "")
+        lora_fix = (
+            ", or fine-tune with LoRA on one node (tuning.adapter: lora)"
+            if recipe.task == "sft" and tier.min_nodes_for(True) <= run.nodes
+            else ""
+        )
         full = " for full-parameter training" if tier.min_nodes_for(True) != tier.min_nodes else ""
         run.error(
             "needs-multiple-nodes",
@@ -547,7 +623,12 @@ def _choose(run: _Run) -> Option | None:
     # Fastest first; on a tie, the simpler configuration (less recompute, no context parallelism).
     fitting = sorted(
         (o for o in options if o.fits),
-        key=lambda o: (-round(o.speed, 6), o.setting.context_parallel, o.setting.shard_group, AC_ORDER.index(o.setting.checkpointing)),
+        key=lambda o: (
+            -round(o.speed, 6),
+            o.setting.context_parallel,
+            o.setting.shard_group,
+            AC_ORDER.index(o.setting.checkpointing),
+        ),
     )
     if not fitting:
         _does_not_fit(run, options)
@@ -577,6 +658,7 @@ def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list
     checkpointing or shard group (the fastest context-parallel degree of each); and, where
     the chosen one splits sequences, the fastest at every other context-parallel degree
     that fits, so that the degrees can be compared side by side."""
+
     def key(o: Option):
         s = o.setting
         return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
@@ -600,7 +682,8 @@ def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list
 def _departures_from(option: Option, by_tier: Option) -> int:
     a, b = option.setting, by_tier.setting
     return sum(
-        getattr(a, name) != getattr(b, name) for name in ("precision", "fp8_recipe", "checkpointing", "context_parallel", "shard_group")
+        getattr(a, name) != getattr(b, name)
+        for name in ("precision", "fp8_recipe", "checkpointing", "context_parallel", "shard_group")
     )
 
 
@@ -619,7 +702,9 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
 
     def departure(field_path: str, attribute: str, tier_value, value, what: str) -> str:
         # The gain of this one change: against the same configuration with the tier's value.
-        changed = {attribute: tier_value} | ({"fp8_recipe": None if tier_value != "fp8" else "tensorwise"} if attribute == "precision" else {})
+        changed = {attribute: tier_value} | (
+            {"fp8_recipe": None if tier_value != "fp8" else "tensorwise"} if attribute == "precision" else {}
+        )
         same = [o for o in fitting if o.setting == replace(s, **changed, micro_batch=o.setting.micro_batch)]
         own = chosen.speed / same[0].speed - 1 if same else gain
         versus = f"{chosen.speed:,.0f} vs {same[0].speed:,.0f} tokens/s per GPU with {tier_value}" if same else speeds
@@ -644,7 +729,11 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         if tuning.fp8_recipe != AUTO:
             reason = "set in the recipe"
         else:
-            reason = "tensorwise scaling with float8 all-gather is torchao's fastest recipe" if s.fp8_recipe == "tensorwise" else "predicted fastest"
+            reason = (
+                "tensorwise scaling with float8 all-gather is torchao's fastest recipe"
+                if s.fp8_recipe == "tensorwise"
+                else "predicted fastest"
+            )
             reason += _versus(fitting, chosen, "fp8_recipe")
         run.decide("tuning.fp8_recipe", s.fp8_recipe, reason, tuning.fp8_recipe)
 
@@ -652,7 +741,13 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     if tuning.activation_checkpointing != AUTO:
         reason = "set in the recipe"
     elif tier_setting and s.checkpointing != tier_setting.checkpointing:
-        reason = departure("tuning.activation_checkpointing", "checkpointing", tier_setting.checkpointing, s.checkpointing, tier.checkpointing_why)
+        reason = departure(
+            "tuning.activation_checkpointing",
+            "checkpointing",
+            tier_setting.checkpointing,
+            s.checkpointing,
+            tier.checkpointing_why,
+        )
     elif s.checkpointing != tier.activation_checkpointing:
         reason = f"the {tier.name} tier's {tier.activation_checkpointing} checkpointing does not fit even at micro-batch 1; {s.checkpointing} does"
     else:
@@ -673,7 +768,8 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         if s.sharding == "hybrid":
             shard_reason = (
                 f"a shard group of {spans}: its all-gathers stay inside the group, and {run.gpus // s.shard_group} replicas "
-                f"all-reduce gradients over EFA" + ("; the smallest that fits" if not smaller else "; predicted fastest")
+                f"all-reduce gradients over EFA"
+                + ("; the smallest that fits" if not smaller else "; predicted fastest")
             )
         else:
             shard_reason = f"FSDP shards over all {s.shard_group} GPUs, across nodes over EFA" + (
@@ -681,8 +777,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
             )
     run.decide("tuning.sharding", s.sharding, shard_reason, tuning.sharding)
     run.decide(
-        "tuning.shard_group_size", s.shard_group,
-        f"{s.shard_group} GPUs share one sharded copy of the parameters and optimiser state" + (" (context-parallel ranks included)" if s.context_parallel > 1 else ""),
+        "tuning.shard_group_size",
+        s.shard_group,
+        f"{s.shard_group} GPUs share one sharded copy of the parameters and optimiser state"
+        + (" (context-parallel ranks included)" if s.context_parallel > 1 else ""),
         tuning.shard_group_size,
     )
 
@@ -694,7 +792,9 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         if run.recipe.task == "sft":
             cp_reason = "each GPU holds whole sequences: ring attention has no document mask for packed examples"
         else:
-            cp_reason = "each GPU holds whole sequences" + ("" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster")
+            cp_reason = "each GPU holds whole sequences" + (
+                "" if run.recipe.sequence_length < 32768 else "; splitting them is predicted no faster"
+            )
     else:
         whole = [o for o in fitting if o.setting.context_parallel == 1]
         if whole:
@@ -710,7 +810,11 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     run.decide("tuning.context_parallel", cp, cp_reason, tuning.context_parallel)
 
     # Micro-batch
-    head = "set in the recipe" if tuning.micro_batch_size != AUTO else "the largest that fits: bigger GEMMs, fewer collectives per token"
+    head = (
+        "set in the recipe"
+        if tuning.micro_batch_size != AUTO
+        else "the largest that fits: bigger GEMMs, fewer collectives per token"
+    )
     run.decide("tuning.micro_batch_size", s.micro_batch, f"{head}; {fit_text}", tuning.micro_batch_size)
 
     if run.departures:
@@ -728,7 +832,8 @@ def _versus(fitting: list[Option], chosen: Option, attribute: str) -> str:
     """'; predicted +x% over <the best fitting option that differs only in attribute>'."""
     mine = getattr(chosen.setting, attribute)
     others = [
-        o for o in fitting
+        o
+        for o in fitting
         if getattr(o.setting, attribute) != mine and (attribute != "fp8_recipe" or o.setting.precision == "fp8")
     ]
     if not others:
@@ -764,9 +869,18 @@ def _does_not_fit(run: _Run, options: list[Option]) -> None:
 
 def _relaxed(run: _Run, free: tuple[str, ...], nodes: int | None = None) -> Option | None:
     """The fastest option that fits with the recipe's pins in ``free`` set to auto (and on ``nodes``)."""
-    tuning = run.recipe.tuning.model_copy(update={name: AUTO for name in free} | ({"sharding": AUTO} if "shard_group_size" in free else {}))
-    probe = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch, instance=run.instance,
-                 tier=run.tier, lora=run.lora, lora_section=run.lora_section)
+    tuning = run.recipe.tuning.model_copy(
+        update=dict.fromkeys(free, AUTO) | ({"sharding": AUTO} if "shard_group_size" in free else {})
+    )
+    probe = _Run(
+        run.recipe.model_copy(update={"tuning": tuning}),
+        model_name=run.model_name,
+        arch=run.arch,
+        instance=run.instance,
+        tier=run.tier,
+        lora=run.lora,
+        lora_section=run.lora_section,
+    )
     space = _space(probe, nodes)
     if space is None:
         return None
@@ -826,14 +940,23 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     stated = [f"loss on {data.loss_on} tokens"] if data.loss_on else []
     stated += [f"overlong examples: {data.overlong}"] if data.overlong else []
     checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
-    run.decide("task", "sft", f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
-               f"(python -m training.sft_data){checked}", "set")
+    run.decide(
+        "task",
+        "sft",
+        f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
+        f"(python -m training.sft_data){checked}",
+        "set",
+    )
     requested = tuning.adapter
     if requested != AUTO:
         adapter, reason = requested, "set in the recipe"
         if requested == "none" and tier.fine_tuning == "lora":
-            run.warn("against-tier", f"tuning.adapter none goes against the {tier.name} tier's LoRA ({tier.fine_tuning_why})",
-                     "set tuning.adapter: auto unless this is deliberate", "tuning.adapter")
+            run.warn(
+                "against-tier",
+                f"tuning.adapter none goes against the {tier.name} tier's LoRA ({tier.fine_tuning_why})",
+                "set tuning.adapter: auto unless this is deliberate",
+                "tuning.adapter",
+            )
     elif recipe.export.format == "adapter":
         adapter, reason = "lora", "export.format adapter: the run trains a LoRA adapter to export"
     else:
@@ -867,19 +990,28 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
     """The same fine-tuning with every parameter trained: the fewest nodes (of the tier's
     minimum or more) on which it fits, its speed, time and cost; for ``explain``."""
     tuning = run.recipe.tuning.model_copy(update={"adapter": "none", "lora": None})
-    full = _Run(run.recipe.model_copy(update={"tuning": tuning}), model_name=run.model_name, arch=run.arch,
-                instance=run.instance, tier=run.tier)
+    full = _Run(
+        run.recipe.model_copy(update={"tuning": tuning}),
+        model_name=run.model_name,
+        arch=run.arch,
+        instance=run.instance,
+        tier=run.tier,
+    )
     for nodes in (n for n in FULL_PARAMETER_NODES if n >= run.tier.min_nodes):
         found = _relaxed(full, (), nodes)
         if found is None:
             continue
         gpus = nodes * run.instance.gpus
         hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
-        price, _ = run.instance.price(run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot,
-                                      region=run.recipe.compute.region)
+        price, _ = run.instance.price(
+            run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot, region=run.recipe.compute.region
+        )
         alternative = FullParameter(
-            nodes=nodes, setting=found.alternative().describe(), tokens_per_second_per_gpu=round(found.speed, 1),
-            memory_fraction=round(found.memory.fraction, 4), wall_time_hours=hours,
+            nodes=nodes,
+            setting=found.alternative().describe(),
+            tokens_per_second_per_gpu=round(found.speed, 1),
+            memory_fraction=round(found.memory.fraction, 4),
+            wall_time_hours=hours,
             cost_usd=None if price is None else hours * nodes * price,
         )
         run.info(
@@ -891,9 +1023,11 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             "tuning.adapter",
         )
         return alternative
-    run.info("full-parameter-alternative",
-             f"full-parameter fine-tuning fits on none of {', '.join(map(str, FULL_PARAMETER_NODES))} x {run.instance.name}",
-             "tuning.adapter")
+    run.info(
+        "full-parameter-alternative",
+        f"full-parameter fine-tuning fits on none of {', '.join(map(str, FULL_PARAMETER_NODES))} x {run.instance.name}",
+        "tuning.adapter",
+    )
     return None
 
 
@@ -910,9 +1044,19 @@ def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
         try:
             name, arch = hf_config.read(section.hf_config, base)
         except hf_config.ConfigError as exc:
-            run.error("hf-config", str(exc), "give a local Llama or Qwen2 checkpoint directory or its config.json", "model.hf_config")
+            run.error(
+                "hf-config",
+                str(exc),
+                "give a local Llama or Qwen2 checkpoint directory or its config.json",
+                "model.hf_config",
+            )
             return section.hf_config, None
-        run.decide("model", name, f"from {hf_config.config_path(section.hf_config, base)}: {arch.parameters / 1e9:.2f}B parameters", "set")
+        run.decide(
+            "model",
+            name,
+            f"from {hf_config.config_path(section.hf_config, base)}: {arch.parameters / 1e9:.2f}B parameters",
+            "set",
+        )
         return name, arch
     if section.dimensions is not None:
         name = section.name or "custom"
@@ -929,7 +1073,12 @@ def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
             "model.catalog",
         )
         return section.catalog, None
-    run.decide("model", entry.id, f"{entry.display_name}, {entry.architecture.parameters / 1e9:.2f}B parameters ({entry.source})", "set")
+    run.decide(
+        "model",
+        entry.id,
+        f"{entry.display_name}, {entry.architecture.parameters / 1e9:.2f}B parameters ({entry.source})",
+        "set",
+    )
     return entry.display_name, entry.architecture
 
 
@@ -964,12 +1113,18 @@ def _keep_last(recipe: Recipe, run: _Run) -> None:
 def _runtime(recipe: Recipe, run: _Run) -> None:
     """Each training job's MaxRuntimeInSeconds, against the account's runtime quota."""
     quota = quota_seconds(recipe)
-    source = "the account's value in compute.quotas" if RUNTIME_QUOTA in recipe.compute.quotas else "AWS's default quota"
+    source = (
+        "the account's value in compute.quotas" if RUNTIME_QUOTA in recipe.compute.quotas else "AWS's default quota"
+    )
     hours = recipe.compute.max_runtime_hours
     if hours is None:
-        run.decide("compute.max_runtime_hours", round(quota / 3600, 2),
-                   f"each training job runs at most the longest training-job run time, {quota / 3600:g} h ({source}, "
-                   f"{RUNTIME_QUOTA}); a longer run is split into segments", AUTO)
+        run.decide(
+            "compute.max_runtime_hours",
+            round(quota / 3600, 2),
+            f"each training job runs at most the longest training-job run time, {quota / 3600:g} h ({source}, "
+            f"{RUNTIME_QUOTA}); a longer run is split into segments",
+            AUTO,
+        )
     elif hours * 3600 > quota:
         run.error(
             "runtime-above-quota",
@@ -985,14 +1140,23 @@ def _spot(recipe: Recipe, run: _Run) -> None:
     compute = recipe.compute
     if not compute.spot:
         if compute.max_wait_hours is not None:
-            run.warn("max-wait-without-spot", "compute.max_wait_hours applies only to spot training", "remove it, or set compute.spot: true", "compute.max_wait_hours")
+            run.warn(
+                "max-wait-without-spot",
+                "compute.max_wait_hours applies only to spot training",
+                "remove it, or set compute.spot: true",
+                "compute.max_wait_hours",
+            )
         return
     runtime = job_runtime_seconds(recipe)
     wait = spot_wait_seconds(recipe, runtime)
     if compute.max_wait_hours is None:
-        run.decide("compute.max_wait_hours", round(wait / 3600, 2),
-                   f"spot: each job's runtime ({runtime / 3600:g} h) plus at most {SPOT_WAIT_SECONDS / 3600:g} h waiting "
-                   f"for capacity and sitting out interruptions; the probe waits at most {PROBE_SPOT_WAIT_SECONDS / 3600:g} h", AUTO)
+        run.decide(
+            "compute.max_wait_hours",
+            round(wait / 3600, 2),
+            f"spot: each job's runtime ({runtime / 3600:g} h) plus at most {SPOT_WAIT_SECONDS / 3600:g} h waiting "
+            f"for capacity and sitting out interruptions; the probe waits at most {PROBE_SPOT_WAIT_SECONDS / 3600:g} h",
+            AUTO,
+        )
     elif wait < runtime:
         run.error(
             "spot-max-wait",
@@ -1016,10 +1180,12 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
             "compute.max_runtime_hours",
         )
         return segments
-    reason = (f"the run needs about {estimates.wall_time_hours:,.1f} h; one job trains at most "
-              f"{segments.training_seconds / 3600:,.1f} h: its {segments.job_runtime_seconds / 3600:g} h runtime less "
-              f"{segments.reserve_seconds / 3600:.1f} h for {JOB_RETRY_ATTEMPTS} retries and the final save, at "
-              f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)")
+    reason = (
+        f"the run needs about {estimates.wall_time_hours:,.1f} h; one job trains at most "
+        f"{segments.training_seconds / 3600:,.1f} h: its {segments.job_runtime_seconds / 3600:g} h runtime less "
+        f"{segments.reserve_seconds / 3600:.1f} h for {JOB_RETRY_ATTEMPTS} retries and the final save, at "
+        f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)"
+    )
     run.decide("compute.segments", segments.count, reason, None)
     if segments.count > MAX_SEGMENTS:
         run.error(
@@ -1042,18 +1208,28 @@ def _instance_counts(run: _Run, chosen, total_steps: int, ramp_start, ramp_steps
 
     # The parts of a RunConfig that supported_instance_counts reads.
     shape = SimpleNamespace(
-        batch=BatchConfig(sequence_length=recipe.sequence_length, micro_batch_size=setting.micro_batch,
-                          grad_accum_steps=chosen.accum, global_batch_tokens=recipe.budget.global_batch_tokens,
-                          total_steps=total_steps, ramp_start_accum_steps=ramp_start, ramp_steps=ramp_steps),
-        parallel=ParallelConfig(sharding=setting.sharding, shard_group_size=setting.shard_group,
-                                context_parallel=setting.context_parallel),
+        batch=BatchConfig(
+            sequence_length=recipe.sequence_length,
+            micro_batch_size=setting.micro_batch,
+            grad_accum_steps=chosen.accum,
+            global_batch_tokens=recipe.budget.global_batch_tokens,
+            total_steps=total_steps,
+            ramp_start_accum_steps=ramp_start,
+            ramp_steps=ramp_steps,
+        ),
+        parallel=ParallelConfig(
+            sharding=setting.sharding, shard_group_size=setting.shard_group, context_parallel=setting.context_parallel
+        ),
         hardware=SimpleNamespace(gpus_per_node=run.instance.gpus),
     )
     counts = [n for n in supported_instance_counts(shape) if n >= run.min_nodes]
-    run.decide("compute.instance_counts", counts,
-               "InstanceCount values that keep the planned global batch (the accumulation rescaled), the sharding, and "
-               "at most the planned memory per GPU; `start --instance-count` and the pipeline refuse others before compute",
-               None)
+    run.decide(
+        "compute.instance_counts",
+        counts,
+        "InstanceCount values that keep the planned global batch (the accumulation rescaled), the sharding, and "
+        "at most the planned memory per GPU; `start --instance-count` and the pipeline refuse others before compute",
+        None,
+    )
     return counts
 
 
@@ -1092,7 +1268,12 @@ def _check_precision(run: _Run) -> None:
             "tuning.fp8_recipe",
         )
     if tuning.fp8_recipe != AUTO and tuning.precision not in ("fp8", AUTO):
-        run.warn("fp8-recipe-ignored", f"tuning.fp8_recipe {tuning.fp8_recipe} has no effect at precision {tuning.precision}", "remove it or set tuning.precision: fp8", "tuning.fp8_recipe")
+        run.warn(
+            "fp8-recipe-ignored",
+            f"tuning.fp8_recipe {tuning.fp8_recipe} has no effect at precision {tuning.precision}",
+            "remove it or set tuning.precision: fp8",
+            "tuning.fp8_recipe",
+        )
     if tuning.activation_checkpointing != AUTO and tuning.activation_checkpointing != tier.activation_checkpointing:
         run.warn(
             "against-tier",
@@ -1107,10 +1288,17 @@ def _fp8_gain(run: _Run) -> float:
     node = run.instance.gpus
     speeds = {}
     for precision, recipe_name in (("bf16", None), ("fp8", "tensorwise")):
-        setting = perf.Setting(precision=precision, checkpointing="none", micro_batch=1, shard_group=node, fp8_recipe=recipe_name)
+        setting = perf.Setting(
+            precision=precision, checkpointing="none", micro_batch=1, shard_group=node, fp8_recipe=recipe_name
+        )
         speeds[precision] = perf.step_time(
-            run.arch, run.hardware, setting, sequence_length=run.recipe.sequence_length, gpus=node, accum=8,
-            params=catalogs.performance_parameters(),
+            run.arch,
+            run.hardware,
+            setting,
+            sequence_length=run.recipe.sequence_length,
+            gpus=node,
+            accum=8,
+            params=perf.stored_parameters(),
         ).tokens_per_second_per_gpu
     return speeds["fp8"] / speeds["bf16"]
 
@@ -1138,7 +1326,12 @@ def _ramp_and_steps(run: _Run, chosen: Option) -> tuple[int | None, int, int]:
     tokens_per_accum = _tokens_per_accum(run, chosen)
     start = ramp_steps = None
     if want and accum < 2:
-        run.decide("tuning.batch_ramp", False, "the global batch is one micro-batch per data-parallel rank; there is nothing to ramp", tuning.batch_ramp)
+        run.decide(
+            "tuning.batch_ramp",
+            False,
+            "the global batch is one micro-batch per data-parallel rank; there is nothing to ramp",
+            tuning.batch_ramp,
+        )
     elif want:
         start = max(1, round(accum * spec.start_fraction))
         ramp_steps = max(1, math.ceil(spec.ramp_fraction * recipe.budget.total_tokens / global_tokens))
@@ -1165,7 +1358,9 @@ def _warmup(run: _Run, chosen: Option, start: int | None, ramp_steps: int, total
     steps = min(total_steps, steps_for_tokens(tokens, _tokens_per_accum(run, chosen), start, chosen.accum, ramp_steps))
     during = " (the batch ramp's smaller steps counted as such)" if start and steps <= ramp_steps else ""
     run.decide(
-        "optimizer.warmup_steps", steps, f"the first {steps:,} steps train on {tokens:,} warmup tokens{during}",
+        "optimizer.warmup_steps",
+        steps,
+        f"the first {steps:,} steps train on {tokens:,} warmup tokens{during}",
         AUTO if recipe.optimizer.warmup_tokens is None else "set",
     )
     return steps
@@ -1178,13 +1373,17 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     per_gpu = chosen.speed
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
-    price, price_source = instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
+    price, price_source = instance.price(
+        recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region
+    )
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
         tokens_per_second=total,
         mfu=flops * per_gpu / instance.peak_bf16_flops,
-        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True, lora=run.lora) * per_gpu / instance.peak_bf16_flops,
+        mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True, lora=run.lora)
+        * per_gpu
+        / instance.peak_bf16_flops,
         throughput_source=f"performance model {summary.wording()} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.time.terms()),

@@ -13,8 +13,9 @@ Pure Python: no boto3, no aws_cdk.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from tiered_training.catalog import Quota, quotas
 
@@ -34,17 +35,17 @@ class Need:
     why: str
     field: str  # the recipe field the need comes from
 
-    def applied(self, recipe: "Recipe", account: Mapping[str, float] | None = None) -> float:
+    def applied(self, recipe: Recipe, account: Mapping[str, float] | None = None) -> float:
         """The recipe's stated value (compute.quotas), else the app's (``account``), else AWS's default."""
         return applied_values(recipe, account).get(self.quota.name, self.quota.default)
 
 
-def applied_values(recipe: "Recipe", account: Mapping[str, float] | None = None) -> dict[str, float]:
+def applied_values(recipe: Recipe, account: Mapping[str, float] | None = None) -> dict[str, float]:
     """The applied quotas the plan may count on: the app's (``-c quotas=...``), the recipe's on top."""
     return {**(account or {}), **recipe.compute.quotas}
 
 
-def runtime_need(recipe: "Recipe") -> float:
+def runtime_need(recipe: Recipe) -> float:
     """Seconds one training job asks for: each segment's ``StoppingCondition.MaxRuntimeInSeconds``.
 
     The one place the runtime quota's need is computed. A run longer than that is split into
@@ -55,14 +56,14 @@ def runtime_need(recipe: "Recipe") -> float:
     return job_runtime_seconds(recipe)
 
 
-def uses_warm_pool(recipe: "Recipe") -> bool:
+def uses_warm_pool(recipe: Recipe) -> bool:
     """Whether an execution's Probe job keeps its instances in a warm pool: ``definition.training_arguments``
     sets ``KeepAlivePeriodInSeconds`` on the probe unless the job is managed spot (which warm pools do
     not support), and the probe runs by default unless ``probe.enabled`` is false."""
     return not recipe.compute.spot and recipe.probe.enabled
 
 
-def needs(recipe: "Recipe") -> list[Need]:
+def needs(recipe: Recipe) -> list[Need]:
     """Every catalogued quota the recipe's pipeline uses, with the value it needs.
 
     The Probe and Train jobs run one after the other on ``compute.instance_count`` instances
@@ -73,7 +74,14 @@ def needs(recipe: "Recipe") -> list[Need]:
     count = compute.instance_count
     kind = "spot-training" if compute.spot else "training"
     spot = "spot " if compute.spot else ""
-    out = [Need(catalog["training-job-max-runtime"], runtime_need(recipe), "a training job's MaxRuntimeInSeconds", "compute.max_runtime_hours")]
+    out = [
+        Need(
+            catalog["training-job-max-runtime"],
+            runtime_need(recipe),
+            "a training job's MaxRuntimeInSeconds",
+            "compute.max_runtime_hours",
+        )
+    ]
 
     def add(name: str, why: str) -> None:
         if name in catalog:
@@ -83,21 +91,26 @@ def needs(recipe: "Recipe") -> list[Need]:
     add(f"{kind}-instances", f"a {spot}training job on {count} instances")
     add(f"{kind}-job-instances", f"a {spot}training job on {count} instances")
     if uses_warm_pool(recipe):
-        add(f"warm-pool/{compute.instance_type}", f"the probe's warm pool (kept for the full run) of {count} x {compute.instance_type}")
+        add(
+            f"warm-pool/{compute.instance_type}",
+            f"the probe's warm pool (kept for the full run) of {count} x {compute.instance_type}",
+        )
     return out
 
 
-def shortfalls(recipe: "Recipe", account: Mapping[str, float] | None = None) -> list[Need]:
+def shortfalls(recipe: Recipe, account: Mapping[str, float] | None = None) -> list[Need]:
     """The needs above the applied value (compute.quotas, else the app's, else AWS's default)."""
     return [need for need in needs(recipe) if need.needed > need.applied(recipe, account)]
 
 
-def findings(recipe: "Recipe", account: Mapping[str, float] | None = None) -> list["Finding"]:
+def findings(recipe: Recipe, account: Mapping[str, float] | None = None) -> list[Finding]:
     """A warning for each quota the plan needs beyond its applied value."""
     from tiered_training.planning.plan import Finding
 
     return [
-        Finding("account", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field)
+        Finding(
+            "account", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field
+        )
         for need in shortfalls(recipe, account)
     ]
 
@@ -115,7 +128,9 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
         try:
             value = json.loads(value)
         except ValueError:
-            raise ValueError(f"{where}: not JSON; give an object such as '{{\"training/ml.p5.48xlarge\": 2}}'") from None
+            raise ValueError(
+                f"{where}: not JSON; give an object such as '{{\"training/ml.p5.48xlarge\": 2}}'"
+            ) from None
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: must be an object of quota name to applied value")
     catalog = quotas()
@@ -127,12 +142,14 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
             raise ValueError(f"{where}: {name}: {number!r} is not a number >= 0")
         hard_max = catalog[name].hard_max
         if hard_max is not None and number > hard_max:
-            raise ValueError(f"{where}: {name}: {number:,.0f} is above AWS's hard limit of {hard_max:,.0f} {catalog[name].unit}")
+            raise ValueError(
+                f"{where}: {name}: {number:,.0f} is above AWS's hard limit of {hard_max:,.0f} {catalog[name].unit}"
+            )
         out[name] = float(number)
     return out
 
 
-def with_account(plan: "PlanResult", account: Mapping[str, float]) -> "PlanResult":
+def with_account(plan: PlanResult, account: Mapping[str, float]) -> PlanResult:
     """The plan with its quota findings recomputed against the app's applied quotas."""
     if not account:
         return plan
@@ -151,14 +168,16 @@ def label(quota: Quota) -> str:
     return f"'{quota.title}' ({quota.code or 'code not published'})"
 
 
-def _message(recipe: "Recipe", need: Need, account: Mapping[str, float] | None = None) -> str:
+def _message(recipe: Recipe, need: Need, account: Mapping[str, float] | None = None) -> str:
     quota = need.quota
     if quota.name in recipe.compute.quotas:
         applied = f"compute.quotas states {amount(quota, need.applied(recipe))}"
     elif account and quota.name in account:
         applied = f"the app's context quotas state {amount(quota, account[quota.name])}"
     else:
-        applied = f"AWS's default is {amount(quota, quota.default)}" + ("" if quota.default_published else " (assumed; none published)")
+        applied = f"AWS's default is {amount(quota, quota.default)}" + (
+            "" if quota.default_published else " (assumed; none published)"
+        )
     return f"{need.why} needs {amount(quota, need.needed)} of the quota {label(quota)}; {applied}"
 
 

@@ -56,11 +56,11 @@ class Segments:
         return float(max(0, self.job_runtime_seconds - self.reserve_seconds))
 
 
-def quota_seconds(recipe: "Recipe") -> int:
+def quota_seconds(recipe: Recipe) -> int:
     return int(min(recipe.compute.quota(RUNTIME_QUOTA), API_MAX_SECONDS))
 
 
-def job_runtime_seconds(recipe: "Recipe") -> int:
+def job_runtime_seconds(recipe: Recipe) -> int:
     """MaxRuntimeInSeconds of each Train segment: compute.max_runtime_hours, else the account's quota."""
     hours = recipe.compute.max_runtime_hours
     if hours is None:
@@ -68,12 +68,12 @@ def job_runtime_seconds(recipe: "Recipe") -> int:
     return int(hours * 3600)
 
 
-def reserve_seconds(recipe: "Recipe") -> int:
+def reserve_seconds(recipe: Recipe) -> int:
     interval = recipe.checkpointing.interval_minutes * 60
     return int(recipe.checkpointing.shutdown_deadline_seconds + JOB_RETRY_ATTEMPTS * (START_UP_SECONDS + interval))
 
 
-def plan_segments(recipe: "Recipe", wall_time_hours: float) -> Segments:
+def plan_segments(recipe: Recipe, wall_time_hours: float) -> Segments:
     runtime = job_runtime_seconds(recipe)
     reserve = reserve_seconds(recipe)
     training = max(0.0, (runtime - reserve) * recipe.probe.min_throughput_fraction)
@@ -81,12 +81,12 @@ def plan_segments(recipe: "Recipe", wall_time_hours: float) -> Segments:
     return Segments(runtime, reserve, training, max(count, 1) if training > 0 else 0, quota_seconds(recipe))
 
 
-def spot_wait_seconds(recipe: "Recipe", runtime_seconds: int) -> int:
+def spot_wait_seconds(recipe: Recipe, runtime_seconds: int) -> int:
     """MaxWaitTimeInSeconds of a spot segment: compute.max_wait_hours, else its runtime plus one day."""
     if recipe.compute.max_wait_hours is not None:
         return int(recipe.compute.max_wait_hours * 3600)
     return min(API_MAX_SECONDS, runtime_seconds + SPOT_WAIT_SECONDS)
 
 
-def probe_runtime_seconds(recipe: "Recipe") -> int:
+def probe_runtime_seconds(recipe: Recipe) -> int:
     return min(job_runtime_seconds(recipe), PROBE_RUNTIME_SECONDS)

@@ -24,7 +24,9 @@ S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$"
 SNS_ARN_PATTERN = r"^arn:aws[a-z\-]*:sns:[a-z0-9\-]+:\d{12}:[A-Za-z0-9_\-]{1,256}$"
 TRAINING_PLAN_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:training-plan/.{1,63}$"
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
-MLFLOW_SERVER_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
+MLFLOW_SERVER_ARN_PATTERN = (
+    r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
+)
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
 # An S3 URI: s3:// (5), a bucket name (at most 63), / and a key (at most 1024).
 S3_URI_MAX = 5 + 63 + 1 + 1024
@@ -51,22 +53,31 @@ class ModelSection(_Strict):
     catalog: str | None = Field(default=None, max_length=128)
     dimensions: Architecture | None = None
     hf_config: str | None = Field(
-        default=None, min_length=1, max_length=4096,
-        description=("a local Hugging Face checkpoint directory, or its config.json, whose dimensions the planner reads "
-                     "(relative paths from the recipe's directory); Llama and Qwen2 model types"),
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description=(
+            "a local Hugging Face checkpoint directory, or its config.json, whose dimensions the planner reads "
+            "(relative paths from the recipe's directory); Llama and Qwen2 model types"
+        ),
     )
     name: str | None = Field(default=None, max_length=256, description="display name for explicit dimensions")
     init_checkpoint: str | None = Field(
-        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 URI of a Hugging Face checkpoint to start from"
+        default=None,
+        pattern=S3_URI_PATTERN,
+        max_length=S3_URI_MAX,
+        description="S3 URI of a Hugging Face checkpoint to start from",
     )
     allow_outside_tiers: bool = Field(
         default=False, description="acknowledge a model outside the 1B-64B range the tiers cover"
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSection":
+    def _one_source(self) -> ModelSection:
         if sum(source is not None for source in (self.catalog, self.dimensions, self.hf_config)) != 1:
-            raise ValueError("give exactly one of 'catalog' (a catalogue id), 'dimensions' or 'hf_config' (a local config.json)")
+            raise ValueError(
+                "give exactly one of 'catalog' (a catalogue id), 'dimensions' or 'hf_config' (a local config.json)"
+            )
         return self
 
 
@@ -86,23 +97,32 @@ class DataSection(_Strict):
     token_dtype: Literal["uint16", "uint32"] = "uint32"
     input_mode: Literal["FastFile", "File"] = "FastFile"
     validation_uri: str | None = Field(
-        default=None, pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of held-out token shards for the validation loss"
+        default=None,
+        pattern=S3_URI_PATTERN,
+        max_length=S3_URI_MAX,
+        description="S3 prefix of held-out token shards for the validation loss",
     )
     validation_fraction: float = Field(
-        default=0.001, ge=0, le=0.5,
+        default=0.001,
+        ge=0,
+        le=0.5,
         description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
     )
     seed: int = Field(default=1234, ge=0, le=MAX_SEED)
     loss_on: Literal["assistant", "all"] | None = Field(
         default=None,
-        description=("task sft: the tokens the loss counts, as the shards must have been packed (python -m training.sft_data "
-                     "--loss-on): assistant (the assistant turns or completions) or all; preflight checks the shards' manifest; "
-                     "default: not checked"),
+        description=(
+            "task sft: the tokens the loss counts, as the shards must have been packed (python -m training.sft_data "
+            "--loss-on): assistant (the assistant turns or completions) or all; preflight checks the shards' manifest; "
+            "default: not checked"
+        ),
     )
     overlong: Literal["error", "drop", "truncate"] | None = Field(
         default=None,
-        description=("task sft: what packing did with an example longer than sequence_length (python -m training.sft_data "
-                     "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"),
+        description=(
+            "task sft: what packing did with an example longer than sequence_length (python -m training.sft_data "
+            "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"
+        ),
     )
 
     @property
@@ -115,7 +135,7 @@ class DataSection(_Strict):
         return any(_under(uri, prefix) for prefix in self.data_prefixes)
 
     @model_validator(mode="after")
-    def _uri_allowed(self) -> "DataSection":
+    def _uri_allowed(self) -> DataSection:
         if self.allowed_uris and not self.allows(self.uri):
             raise ValueError(f"{AT}data.uri: not under any of data.allowed_uris ({', '.join(self.allowed_uris)})")
         return self
@@ -143,9 +163,13 @@ class OptimizerSection(_Strict):
     beta1: float = Field(default=0.9, gt=0, lt=1)
     beta2: float = Field(default=0.95, gt=0, lt=1)
     max_nonfinite_skips: int = Field(
-        default=3, ge=0, le=1000,
-        description=("a step whose loss or gradient norm is NaN or infinite is skipped (no update, no checkpoint); "
-                     "after this many skipped steps in a row the job stops with a failure reason. 0: stop at the first"),
+        default=3,
+        ge=0,
+        le=1000,
+        description=(
+            "a step whose loss or gradient norm is NaN or infinite is skipped (no update, no checkpoint); "
+            "after this many skipped steps in a row the job stops with a failure reason. 0: stop at the first"
+        ),
     )
 
 
@@ -154,18 +178,24 @@ class ComputeSection(_Strict):
     instance_count: int = Field(default=1, ge=1, le=512)
     spot: bool = False
     max_runtime_hours: float | None = Field(
-        default=None, ge=1 / 60, le=28 * 24,
+        default=None,
+        ge=1 / 60,
+        le=28 * 24,
         description=(
             "the longest one training job (a segment of the run) may run, at most the account's "
             "training-job-max-runtime quota; default: that quota. A longer run is split into segments"
         ),
     )
     max_wait_hours: float | None = Field(
-        default=None, gt=0, le=28 * 24,
+        default=None,
+        gt=0,
+        le=28 * 24,
         description="spot only: each segment's MaxWait (capacity waits and interruptions included), at least its runtime; default: runtime + 24 h",
     )
     training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
-    price_per_hour: float | None = Field(default=None, gt=0, le=100_000, description="overrides the catalogue price per node")
+    price_per_hour: float | None = Field(
+        default=None, gt=0, le=100_000, description="overrides the catalogue price per node"
+    )
     compile: bool = True
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
@@ -189,7 +219,9 @@ class ComputeSection(_Strict):
                 raise ValueError(f"unknown quota {name!r}{inside}; {hint} (tiered_training/catalog/quotas.yaml)")
             hard_max = known[name].hard_max
             if hard_max is not None and value > hard_max:
-                raise ValueError(f"quota {name!r}: {value:,.0f} is above AWS's hard limit of {hard_max:,.0f} {known[name].unit}")
+                raise ValueError(
+                    f"quota {name!r}: {value:,.0f} is above AWS's hard limit of {hard_max:,.0f} {known[name].unit}"
+                )
         return values
 
     def quota(self, name: str) -> float:
@@ -212,10 +244,12 @@ class MonitoringSection(_Strict):
     min_gpu_utilization: float = Field(default=70.0, gt=0, le=100, description="percent")
     max_memory_fraction: float = Field(default=0.97, gt=0, le=1, description="of HBM")
     stall_minutes: int = Field(
-        default=10, ge=5, le=1440,
+        default=10,
+        ge=5,
+        le=1440,
         description="no step for this long is a stall; the alarm widens it to the plan's longest healthy pause",
     )
-    loss_ceiling: Union[Annotated[float, Field(gt=0)], Auto] = Field(
+    loss_ceiling: Annotated[float, Field(gt=0)] | Auto = Field(
         default=AUTO, description="loss above this is divergence; auto: ln(vocabulary size) + loss_margin"
     )
     loss_margin: float = Field(
@@ -233,11 +267,16 @@ class ValidationSection(_Strict):
 
 class TrackingSection(_Strict):
     mlflow_tracking_server_arn: str | None = Field(
-        default=None, pattern=MLFLOW_SERVER_ARN_PATTERN,
+        default=None,
+        pattern=MLFLOW_SERVER_ARN_PATTERN,
         description="a SageMaker managed MLflow tracking server; the trainer logs params and metrics to it",
     )
-    mlflow_experiment: str | None = Field(default=None, min_length=1, max_length=256, description="default: the recipe name")
-    tensorboard: bool = Field(default=True, description="write TensorBoard event files, uploaded beside the model output")
+    mlflow_experiment: str | None = Field(
+        default=None, min_length=1, max_length=256, description="default: the recipe name"
+    )
+    tensorboard: bool = Field(
+        default=True, description="write TensorBoard event files, uploaded beside the model output"
+    )
 
 
 class ProbeSection(_Strict):
@@ -267,7 +306,9 @@ class LoraSection(_Strict):
     alpha: float = Field(default=32.0, gt=0, le=4096, description="the update is scaled by alpha / rank")
     dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
     target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: list(LORA_TARGETS), min_length=1, max_length=len(LORA_TARGETS),
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=len(LORA_TARGETS),
         description="the projections that get adapters (peft's module names)",
     )
 
@@ -285,32 +326,38 @@ class ExportSection(_Strict):
 
     format: Literal["merged", "adapter"] = Field(
         default="merged",
-        description=("merged: full bf16 weights in Hugging Face format (LoRA merged in); adapter: the LoRA adapter alone "
-                     "in peft's format (PeftModel.from_pretrained), only with tuning.adapter lora"),
+        description=(
+            "merged: full bf16 weights in Hugging Face format (LoRA merged in); adapter: the LoRA adapter alone "
+            "in peft's format (PeftModel.from_pretrained), only with tuning.adapter lora"
+        ),
     )
 
 
 class TuningSection(_Strict):
-    precision: Union[Precision, Auto] = AUTO
-    fp8_recipe: Union[Fp8Recipe, Auto] = AUTO
-    activation_checkpointing: Union[Checkpointing, Auto] = AUTO
-    sharding: Union[Sharding, Auto] = AUTO
-    shard_group_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
-    micro_batch_size: Union[Annotated[int, Field(ge=1, le=4096)], Auto] = AUTO
-    context_parallel: Union[Annotated[int, Field(ge=1, le=64)], Auto] = Field(
+    precision: Precision | Auto = AUTO
+    fp8_recipe: Fp8Recipe | Auto = AUTO
+    activation_checkpointing: Checkpointing | Auto = AUTO
+    sharding: Sharding | Auto = AUTO
+    shard_group_size: Annotated[int, Field(ge=1, le=4096)] | Auto = AUTO
+    micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | Auto = AUTO
+    context_parallel: Annotated[int, Field(ge=1, le=64)] | Auto = Field(
         default=AUTO, description="GPUs that split each sequence (ring attention); auto: the search chooses"
     )
-    batch_ramp: Union[bool, BatchRampSpec, Auto] = AUTO
+    batch_ramp: bool | BatchRampSpec | Auto = AUTO
     follow_tiers: Literal["auto", "strict"] = Field(
         default=AUTO,
         description="auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices",
     )
-    adapter: Union[Literal["none", "lora"], Auto] = Field(
+    adapter: Literal["none", "lora"] | Auto = Field(
         default=AUTO,
-        description=("task sft: none trains every parameter; lora trains low-rank adapters on a frozen base (peft); "
-                     "auto: the tier's choice (LoRA for 30B-64B models, where it fits on one node)"),
+        description=(
+            "task sft: none trains every parameter; lora trains low-rank adapters on a frozen base (peft); "
+            "auto: the tier's choice (LoRA for 30B-64B models, where it fits on one node)"
+        ),
     )
-    lora: LoraSection | None = Field(default=None, description="the LoRA adapters' settings; default: the values of LoraSection")
+    lora: LoraSection | None = Field(
+        default=None, description="the LoRA adapters' settings; default: the values of LoraSection"
+    )
 
 
 class Recipe(_Strict):
@@ -320,8 +367,10 @@ class Recipe(_Strict):
     description: str | None = Field(default=None, max_length=3072)
     task: Literal["pretrain", "sft"] = Field(
         default="pretrain",
-        description=("pretrain: next-token loss on flat token shards; sft: supervised fine-tuning of model.init_checkpoint "
-                     "on packed example shards (python -m training.sft_data)"),
+        description=(
+            "pretrain: next-token loss on flat token shards; sft: supervised fine-tuning of model.init_checkpoint "
+            "on packed example shards (python -m training.sft_data)"
+        ),
     )
     model: ModelSection
     data: DataSection
@@ -353,13 +402,15 @@ class Recipe(_Strict):
             raise ValueError(f"{len(tags)} tags; AWS allows at most {MAX_TAGS} besides the recipe tag")
         for key, value in tags.items():
             if not re.fullmatch(r"[\w.:/=+\-@ ]{1,128}", key) or key.startswith("aws:"):
-                raise ValueError(f"tag key {key[:40]!r} is not a valid AWS tag key (1-128 letters, digits, spaces or _.:/=+-@)")
+                raise ValueError(
+                    f"tag key {key[:40]!r} is not a valid AWS tag key (1-128 letters, digits, spaces or _.:/=+-@)"
+                )
             if len(value) > 256:
                 raise ValueError(f"the value of tag {key!r} has {len(value)} characters; AWS allows 256")
         return tags
 
     @model_validator(mode="after")
-    def _budget(self) -> "Recipe":
+    def _budget(self) -> Recipe:
         if self.budget.global_batch_tokens % self.sequence_length:
             raise ValueError(
                 f"{AT}budget.global_batch_tokens: {self.budget.global_batch_tokens} is not a multiple of "
@@ -370,24 +421,30 @@ class Recipe(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _task(self) -> "Recipe":
+    def _task(self) -> Recipe:
         """SFT needs a starting checkpoint; the fine-tuning fields mean nothing to pretraining."""
         tuning, data = self.tuning, self.data
         if self.task == "sft":
             if self.model.init_checkpoint is None:
-                raise ValueError(f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging Face checkpoint")
+                raise ValueError(
+                    f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging Face checkpoint"
+                )
         else:
             for path, value in (("data.loss_on", data.loss_on), ("data.overlong", data.overlong)):
                 if value is not None:
-                    raise ValueError(f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft")
+                    raise ValueError(
+                        f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft"
+                    )
             if tuning.adapter != AUTO:
                 raise ValueError(f"{AT}tuning.adapter: applies to task sft only; remove it, or set task: sft")
             if tuning.lora is not None:
                 raise ValueError(f"{AT}tuning.lora: applies to task sft only; remove it, or set task: sft")
         if tuning.adapter == "none" and tuning.lora is not None:
-            raise ValueError(f"{AT}tuning.lora: set, but tuning.adapter is none; remove it, or set tuning.adapter: lora")
+            raise ValueError(
+                f"{AT}tuning.lora: set, but tuning.adapter is none; remove it, or set tuning.adapter: lora"
+            )
         if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
-            raise ValueError(f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)")
+            raise ValueError(
+                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)"
+            )
         return self
-
-

@@ -45,5 +45,9 @@ class RecipeError(Exception):
         count = len(self.problems)
         if count == 1:
             return str(self.problems[0])
-        head = f"{count} problem{'s' if count != 1 else ''} in {self.problems[0].file}" if self.problems else "invalid recipe"
+        head = (
+            f"{count} problem{'s' if count != 1 else ''} in {self.problems[0].file}"
+            if self.problems
+            else "invalid recipe"
+        )
         return "\n".join([head] + [f"  {p}" for p in self.problems])

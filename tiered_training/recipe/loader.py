@@ -21,22 +21,25 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tiered_training.recipe.errors import Problem, RecipeError
-from tiered_training.text import clip
-from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe import AT, Recipe
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.yaml12 import Loader, yaml11_reading
+from tiered_training.text import clip
 
 _Loader = Loader
 Lines = dict[str, int]
 # Errors pydantic reports for the branches of a union that the value did not take.
-UNION_ALTERNATIVES = frozenset({"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"})
+UNION_ALTERNATIVES = frozenset(
+    {"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"}
+)
 RECIPE_SUFFIXES = (".yaml", ".yml")
 MERGE_TAG = "tag:yaml.org,2002:merge"
 # A recipe is a few kilobytes, about 100 YAML nodes, 4 levels deep; these bounds are far above that.
@@ -107,7 +110,9 @@ def read_recipe_text(path: str | Path) -> str:
         fd = os.open(path, flags)
     except FileNotFoundError:
         if path.is_symlink():
-            raise _file_error(path, f"cannot read the file: a dangling symbolic link (to {clip(os.readlink(path))})") from None
+            raise _file_error(
+                path, f"cannot read the file: a dangling symbolic link (to {clip(os.readlink(path))})"
+            ) from None
         raise _file_error(path, "cannot read the file: no such file or directory") from None
     except OSError as exc:
         raise _file_error(path, f"cannot read the file: {exc.strerror or exc}") from None
@@ -135,7 +140,13 @@ def read_recipe_text(path: str | Path) -> str:
 
 
 def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return kind
     return "a special file"
@@ -193,7 +204,9 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[P
         raise RecipeError([Problem(name, line, "", f"YAML syntax: {clip(exc.problem or str(exc))}")]) from None
     except yaml.reader.ReaderError as exc:
         line = text[: exc.position].count("\n") + 1
-        raise RecipeError([Problem(name, line, "", f"YAML: character {exc.character!r} is not allowed ({exc.reason})")]) from None
+        raise RecipeError(
+            [Problem(name, line, "", f"YAML: character {exc.character!r} is not allowed ({exc.reason})")]
+        ) from None
     except yaml.YAMLError as exc:
         raise RecipeError([Problem(name, None, "", f"YAML: {clip(str(exc))}")]) from None
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
@@ -219,7 +232,16 @@ def _check_events(text: str, name: str) -> None:
             added = 0
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) > MAX_DEPTH:
-                    raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4")])
+                    raise RecipeError(
+                        [
+                            Problem(
+                                name,
+                                event.start_mark.line + 1,
+                                "",
+                                f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4",
+                            )
+                        ]
+                    )
                 stack.append([1, event.anchor])
                 added = 1
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
@@ -237,7 +259,16 @@ def _check_events(text: str, name: str) -> None:
                 stack[-1][0] += added
             total += added
             if total > MAX_NODES:
-                raise RecipeError([Problem(name, event.start_mark.line + 1, "", f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100")])
+                raise RecipeError(
+                    [
+                        Problem(
+                            name,
+                            event.start_mark.line + 1,
+                            "",
+                            f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100",
+                        )
+                    ]
+                )
     finally:
         loader.dispose()
 
@@ -351,7 +382,10 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = match.group(2)
             reached = True
         dotted = ".".join(map(str, path))
-        entry = grouped.setdefault(dotted, {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True, "kinds": set()})
+        entry = grouped.setdefault(
+            dotted,
+            {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True, "kinds": set()},
+        )
         entry["alternatives"] &= error["type"] in UNION_ALTERNATIVES
         entry["kinds"].add(error["type"])
         if error["type"] == "extra_forbidden":
@@ -379,7 +413,13 @@ def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list
             message = f"{message}: {trap}"
         elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
             message = f"{message}, not a boolean"
-        elif has_value and isinstance(value, float) and "int_type" in entry["kinds"] and value.is_integer() and abs(value) < 1e30:
+        elif (
+            has_value
+            and isinstance(value, float)
+            and "int_type" in entry["kinds"]
+            and value.is_integer()
+            and abs(value) < 1e30
+        ):
             message = f"{message}: write {int(value):_} (digits may be grouped with _)"
         problems.append(
             Problem(

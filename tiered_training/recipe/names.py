@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 STACK_PREFIX = "TieredTraining-"
 DASHBOARD_PREFIX = "TieredTraining-"
@@ -93,15 +93,39 @@ class DerivedName:
 
 
 DERIVED: tuple[DerivedName, ...] = (
-    DerivedName("SageMaker pipeline name", lambda name: pipeline_name(name, LONGEST_STAGE), 256, "SageMaker API reference, CreatePipeline"),
-    DerivedName("CloudFormation stack name", lambda name: stack_name(name, LONGEST_STAGE), 128, "AWS CloudFormation User Guide, stack name"),
-    DerivedName("CloudWatch dashboard name", lambda name: dashboard_name(name, LONGEST_STAGE), 255, "CloudWatch API reference, PutDashboard"),
     DerivedName(
-        "CloudWatch alarm name", lambda name: alarm_name(name, "ValidationLossDiverging", LONGEST_STAGE), 255,
+        "SageMaker pipeline name",
+        lambda name: pipeline_name(name, LONGEST_STAGE),
+        256,
+        "SageMaker API reference, CreatePipeline",
+    ),
+    DerivedName(
+        "CloudFormation stack name",
+        lambda name: stack_name(name, LONGEST_STAGE),
+        128,
+        "AWS CloudFormation User Guide, stack name",
+    ),
+    DerivedName(
+        "CloudWatch dashboard name",
+        lambda name: dashboard_name(name, LONGEST_STAGE),
+        255,
+        "CloudWatch API reference, PutDashboard",
+    ),
+    DerivedName(
+        "CloudWatch alarm name",
+        lambda name: alarm_name(name, "ValidationLossDiverging", LONGEST_STAGE),
+        255,
         "CloudWatch API reference, PutMetricAlarm (AlarmName)",
     ),
-    DerivedName("SNS topic name", lambda name: topic_name(name, LONGEST_STAGE), 256, "Amazon SNS API reference, CreateTopic (Name)"),
-    DerivedName("SNS topic display name", topic_display_name, 100, "Amazon SNS API reference, topic attributes (DisplayName)"),
+    DerivedName(
+        "SNS topic name",
+        lambda name: topic_name(name, LONGEST_STAGE),
+        256,
+        "Amazon SNS API reference, CreateTopic (Name)",
+    ),
+    DerivedName(
+        "SNS topic display name", topic_display_name, 100, "Amazon SNS API reference, topic attributes (DisplayName)"
+    ),
     DerivedName("recipe tag value", lambda name: name, 256, "AWS tagging: a tag value has at most 256 characters"),
 )
 

@@ -85,7 +85,9 @@ def _table(title: str, model: dict[str, Any], defs: dict[str, Any]) -> list[str]
             default = "see the section"  # a section's defaults are its fields'
         else:
             default = f"`{json.dumps(prop.get('default'))}`" if "default" in prop else ""
-        lines.append(f"| `{name}` | {_cell(_type(prop, defs))} | {_cell(default)} | {_cell(prop.get('description', ''))} |")
+        lines.append(
+            f"| `{name}` | {_cell(_type(prop, defs))} | {_cell(default)} | {_cell(prop.get('description', ''))} |"
+        )
     return lines + [""]
 
 
@@ -96,7 +98,9 @@ def _section_paths(schema: dict[str, Any], defs: dict[str, Any], prefix: str = "
         for ref in _refs(prop):
             if ref not in found:
                 found[ref] = prefix + name
-                found.update({k: v for k, v in _section_paths(defs[ref], defs, f"{prefix}{name}.").items() if k not in found})
+                found.update(
+                    {k: v for k, v in _section_paths(defs[ref], defs, f"{prefix}{name}.").items() if k not in found}
+                )
     return found
 
 

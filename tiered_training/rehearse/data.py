@@ -51,15 +51,34 @@ def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, sha
         name = f"shard-{index:05d}.bin"
         client.upload_fileobj(io.BytesIO(data.tobytes()), bucket, f"{prefix}/{name}" if prefix else name)
         entries.append({"file": name, "tokens": len(chunk), "max_token_id": max(chunk)})
-    manifest = {"format": "flat little-endian token ids", "dtype": token_dtype, "tokenizer": "rehearsal bigram",
-                "vocab_size": VOCAB, "tokens": sum(e["tokens"] for e in entries), "shards": entries}
-    client.put_object(Bucket=bucket, Key=f"{prefix}/shards.json" if prefix else "shards.json",
-                      Body=json.dumps(manifest, indent=1).encode())
+    manifest = {
+        "format": "flat little-endian token ids",
+        "dtype": token_dtype,
+        "tokenizer": "rehearsal bigram",
+        "vocab_size": VOCAB,
+        "tokens": sum(e["tokens"] for e in entries),
+        "shards": entries,
+    }
+    client.put_object(
+        Bucket=bucket,
+        Key=f"{prefix}/shards.json" if prefix else "shards.json",
+        Body=json.dumps(manifest, indent=1).encode(),
+    )
     return manifest
 
 
-def put_sft_shards(client, uri: str, *, sequence_length: int, token_dtype: str, loss_on: str | None, overlong: str | None,
-                   workdir: Path, repo: Path, seed: int = 0) -> dict:
+def put_sft_shards(
+    client,
+    uri: str,
+    *,
+    sequence_length: int,
+    token_dtype: str,
+    loss_on: str | None,
+    overlong: str | None,
+    workdir: Path,
+    repo: Path,
+    seed: int = 0,
+) -> dict:
     """Packed SFT shards of a tiny chat dataset under ``uri``, as a user's data step writes them: the
     trainer's ``python -m training.tools.tiny_chat`` (a word-level tokenizer with a chat template, chat
     JSON Lines, then ``python -m training.sft_data``) in a subprocess, so that this process imports
@@ -69,12 +88,29 @@ def put_sft_shards(client, uri: str, *, sequence_length: int, token_dtype: str, 
     out = Path(workdir) / f"sft-data-{seed}"
     # An overlong example is an error only where the recipe says so: the tiny chats fit 32 tokens when dropped.
     overlong = "drop" if overlong in (None, "error") else overlong
-    command = [sys.executable, "-m", "training.tools.tiny_chat", str(out), "--sequence-length", str(sequence_length),
-               "--dtype", token_dtype, "--loss-on", loss_on or "assistant", "--overlong", overlong, "--seed", str(seed)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    command = [
+        sys.executable,
+        "-m",
+        "training.tools.tiny_chat",
+        str(out),
+        "--sequence-length",
+        str(sequence_length),
+        "--dtype",
+        token_dtype,
+        "--loss-on",
+        loss_on or "assistant",
+        "--overlong",
+        overlong,
+        "--seed",
+        str(seed),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        from tiered_training.rehearse.run import RehearsalError
+        from tiered_training.rehearse.errors import RehearsalError
 
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RehearsalError(f"could not prepare the rehearsal's SFT data: {tail}")

@@ -28,20 +28,35 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from tiered_training.text import quote
 from tiered_training.contract.failures import causes_first
 from tiered_training.contract.ports import loopback_port
 from tiered_training.rehearse.interpreter import JobAttempt
 from tiered_training.rehearse.s3 import CheckpointSync, LocalS3, checkpoints_in, download_prefix, list_keys, split_uri
+from tiered_training.text import quote
 
 GRACE_S = 45.0
 JOB_TIMEOUT_S = 900.0
-PROGRESS = ("step ", "probe candidate", "PROBE ", "checkpoint step-", "resuming", "resumed", "skipping checkpoint",
-            "pruned", "SIGTERM", "stopped by", "exported", "launcher: error", "Error", "error:")
+PROGRESS = (
+    "step ",
+    "probe candidate",
+    "PROBE ",
+    "checkpoint step-",
+    "resuming",
+    "resumed",
+    "skipping checkpoint",
+    "pruned",
+    "SIGTERM",
+    "stopped by",
+    "exported",
+    "launcher: error",
+    "Error",
+    "error:",
+)
 
 
 @dataclass(frozen=True)
@@ -54,14 +69,17 @@ class Interrupt:
     step: int | None  # None: the second save
 
     @classmethod
-    def parse(cls, text: str) -> "Interrupt":
+    def parse(cls, text: str) -> Interrupt:
         what, _, when = text.partition("@")
         if what not in ("sigterm", "kill-host") or not when:
             raise ValueError(f"--interrupt {quote(text, 60)}: expected sigterm@STEP, kill-host@save or kill-host@STEP")
         if when == "save" and what == "kill-host":
             return cls(what, None)
         if not when.isdigit() or len(when) > 4000 or int(when) < 1:  # int() refuses 4,300 digits and more
-            raise ValueError(f"--interrupt {quote(text, 60)}: {quote(when, 30)} is not a step number" + (" (or 'save')" if what == "kill-host" else ""))
+            raise ValueError(
+                f"--interrupt {quote(text, 60)}: {quote(when, 30)} is not a step number"
+                + (" (or 'save')" if what == "kill-host" else "")
+            )
         return cls(what, int(when))
 
     def unreachable(self, steps: int, interval: int) -> str | None:
@@ -72,13 +90,19 @@ class Interrupt:
         if save <= steps:
             return None
         which = "the second" if self.step is None else f"the first at or after step {self.step}"
-        return (f"{which} checkpoint save is at step {save} (a checkpoint every {interval} steps); "
-                f"a run of {steps} steps ends before it (raise --steps)")
+        return (
+            f"{which} checkpoint save is at step {save} (a checkpoint every {interval} steps); "
+            f"a run of {steps} steps ends before it (raise --steps)"
+        )
 
     def describe(self) -> str:
         if self.kind == "sigterm":
             return f"SIGTERM to every host after step {self.step} (a spot interruption)"
-        at = "its second checkpoint save" if self.step is None else f"the first checkpoint save at or after step {self.step}"
+        at = (
+            "its second checkpoint save"
+            if self.step is None
+            else f"the first checkpoint save at or after step {self.step}"
+        )
         return f"SIGKILL of the last host during {at} (an instance lost)"
 
 
@@ -124,9 +148,17 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
 class JobRunner:
     """Runs the Training steps of a rehearsal (the interpreter's ``runner``)."""
 
-    def __init__(self, s3: LocalS3, workdir: Path, *, workers: int, repo: Path,
-                 hyperparameters: Callable[[dict[str, Any]], dict[str, str]],
-                 interrupt: Interrupt | None = None, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        s3: LocalS3,
+        workdir: Path,
+        *,
+        workers: int,
+        repo: Path,
+        hyperparameters: Callable[[dict[str, Any]], dict[str, str]],
+        interrupt: Interrupt | None = None,
+        say: Callable[[str], None] = print,
+    ):
         self.s3 = s3
         self.client = s3.client()
         self.workdir = Path(workdir)
@@ -141,7 +173,9 @@ class JobRunner:
 
     # -- the job -----------------------------------------------------------------------
 
-    def __call__(self, step: str, job_name: str, args: dict[str, Any], attempt: int, *, warm_from: str | None) -> JobAttempt:
+    def __call__(
+        self, step: str, job_name: str, args: dict[str, Any], attempt: int, *, warm_from: str | None
+    ) -> JobAttempt:
         resources = args["ResourceConfig"]
         count = int(resources["InstanceCount"])
         names = [f"algo-{i + 1}" for i in range(count)]
@@ -151,7 +185,9 @@ class JobRunner:
         hyperparameters = self.hyperparameters(args.get("HyperParameters") or {})
         port = loopback_port()  # torchrun's rendezvous
         hosts = [Host(name, job_dir / name / "opt/ml") for name in names]
-        self.say(f"  {step} attempt {attempt}: {count} host(s) x {self.workers} CPU worker(s); /opt/ml trees under {job_dir}")
+        self.say(
+            f"  {step} attempt {attempt}: {count} host(s) x {self.workers} CPU worker(s); /opt/ml trees under {job_dir}"
+        )
         for host in hosts:
             self._prepare(host, names, resources, args, hyperparameters, checkpoint_uri)
         started = time.monotonic()
@@ -189,17 +225,29 @@ class JobRunner:
         for host in hosts:
             if host.sync is not None:
                 stats[host.name] = host.sync.stop()
-        return self._result(step, job_name, args, hosts, stats, interrupted_by, time.monotonic() - started, checkpoint_uri)
+        return self._result(
+            step, job_name, args, hosts, stats, interrupted_by, time.monotonic() - started, checkpoint_uri
+        )
 
-    def _prepare(self, host: Host, names: list[str], resources: dict, args: dict, hyperparameters: dict, checkpoint_uri) -> None:
+    def _prepare(
+        self, host: Host, names: list[str], resources: dict, args: dict, hyperparameters: dict, checkpoint_uri
+    ) -> None:
         root = host.root
         for sub in ("input/config", "input/data", "checkpoints", "model", "output/data"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         resourceconfig = {
-            "current_host": host.name, "hosts": names, "current_instance_type": resources["InstanceType"],
-            "current_group_name": "homogeneousCluster", "network_interface_name": "lo",
-            "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": resources["InstanceType"],
-                                 "hosts": names}],
+            "current_host": host.name,
+            "hosts": names,
+            "current_instance_type": resources["InstanceType"],
+            "current_group_name": "homogeneousCluster",
+            "network_interface_name": "lo",
+            "instance_groups": [
+                {
+                    "instance_group_name": "homogeneousCluster",
+                    "instance_type": resources["InstanceType"],
+                    "hosts": names,
+                }
+            ],
         }
         config = root / "input/config"
         (config / "resourceconfig.json").write_text(json.dumps(resourceconfig, indent=1))
@@ -210,16 +258,26 @@ class JobRunner:
             if source.get("S3DataDistributionType", "FullyReplicated") != "FullyReplicated":
                 raise ValueError(f"channel {channel['ChannelName']}: only FullyReplicated is rehearsed")
             download_prefix(self.client, source["S3Uri"], root / "input/data" / channel["ChannelName"])
-            channels[channel["ChannelName"]] = {"TrainingInputMode": channel.get("InputMode", "File"),
-                                                "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"}
+            channels[channel["ChannelName"]] = {
+                "TrainingInputMode": channel.get("InputMode", "File"),
+                "S3DistributionType": "FullyReplicated",
+                "RecordWrapperType": "None",
+            }
         (config / "inputdataconfig.json").write_text(json.dumps(channels, indent=1))
         if checkpoint_uri:
             bucket, _ = split_uri(checkpoint_uri)
             self.s3.ensure_bucket(self.client, bucket, versioned=True)
             known = set(list_keys(self.client, checkpoint_uri))
             download_prefix(self.client, checkpoint_uri, root / "checkpoints")  # every host gets the whole prefix
-            host.sync = CheckpointSync(self.client, root / "checkpoints", checkpoint_uri, host.name, known=known,
-                                       lock=self._sync_lock, observe=self._observe)
+            host.sync = CheckpointSync(
+                self.client,
+                root / "checkpoints",
+                checkpoint_uri,
+                host.name,
+                known=known,
+                lock=self._sync_lock,
+                observe=self._observe,
+            )
 
     def _observe(self, held: int) -> None:
         self.max_checkpoints = max(self.max_checkpoints, held)
@@ -227,16 +285,18 @@ class JobRunner:
     def _start(self, host: Host, args: dict, port: int, step: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERED_TRAINING_", "TT_", "SM_"))}
         env.update({str(k): str(v) for k, v in (args.get("Environment") or {}).items()})
-        env.update({
-            "TIERED_TRAINING_OPT_ML": str(host.root),
-            "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
-            "TIERED_TRAINING_MASTER_PORT": str(port),
-            "SM_NUM_GPUS": str(self.workers),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        })
+        env.update(
+            {
+                "TIERED_TRAINING_OPT_ML": str(host.root),
+                "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
+                "TIERED_TRAINING_MASTER_PORT": str(port),
+                "SM_NUM_GPUS": str(self.workers),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+            }
+        )
         for channel in args.get("InputDataConfig", []):  # SageMaker names each channel's directory
             name = channel["ChannelName"]
             env[f"SM_CHANNEL_{name.upper()}"] = str(host.root / "input/data" / name)
@@ -245,9 +305,16 @@ class JobRunner:
             env["TT_TENSORBOARD_DIR"] = str(_in_tree(host.root, tensorboard))
         if host.sync is not None:
             host.sync.start()
-        host.proc = subprocess.Popen([sys.executable, "-m", "training.launcher", "train"], cwd=host.root, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     start_new_session=True)
+        host.proc = subprocess.Popen(
+            [sys.executable, "-m", "training.launcher", "train"],
+            cwd=host.root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         log = open(host.root.parent.parent / f"{host.name}.log", "w")
         tag = f"[{step} {host.name}]"
 
@@ -265,7 +332,9 @@ class JobRunner:
 
     # -- the outcome -------------------------------------------------------------------
 
-    def _result(self, step, job_name, args, hosts: list[Host], stats, interrupted_by, seconds, checkpoint_uri) -> JobAttempt:
+    def _result(
+        self, step, job_name, args, hosts: list[Host], stats, interrupted_by, seconds, checkpoint_uri
+    ) -> JobAttempt:
         codes = {h.name: h.proc.returncode for h in hosts}
         reasons = {}
         for h in hosts:
@@ -274,19 +343,24 @@ class JobRunner:
                 reasons[h.name] = failure.read_text().strip()
         log = [(t, h.name, line) for h in hosts for t, line in h.lines]
         detail: dict[str, Any] = {
-            "exit_codes": codes, "failure_files": reasons, "seconds": round(seconds, 1),
+            "exit_codes": codes,
+            "failure_files": reasons,
+            "seconds": round(seconds, 1),
             "emf": {h.name: [line for _, line in h.lines if _is_emf(line)] for h in hosts},
-            "losses": _losses(hosts[0].lines), "validation_losses": _validation_losses(hosts[0].lines),
+            "losses": _losses(hosts[0].lines),
+            "validation_losses": _validation_losses(hosts[0].lines),
             "resumed_from": _resumed_from(hosts[0].lines),
-            "model_dir": str(hosts[0].root / "model"), "hosts": [h.name for h in hosts],
+            "model_dir": str(hosts[0].root / "model"),
+            "hosts": [h.name for h in hosts],
             "uploads": {name: sorted(s.uploaded_keys) for name, s in stats.items()},
             "interrupt": interrupted_by,
             "checkpoint_uri": checkpoint_uri,
         }
         killed = [h for h in hosts if h.killed and h.killed.startswith("SIGKILL")]
         if checkpoint_uri:
-            detail["checkpoints_in_s3"] = sorted(checkpoints_in(list_keys(self.client, checkpoint_uri)),
-                                                 key=lambda s: int(s.split("-")[1]))
+            detail["checkpoints_in_s3"] = sorted(
+                checkpoints_in(list_keys(self.client, checkpoint_uri)), key=lambda s: int(s.split("-")[1])
+            )
         self._upload_tensorboard(args, job_name, hosts)
         if all(code == 0 for code in codes.values()) and not killed:
             self._upload_model(args, job_name, hosts[0])
@@ -299,7 +373,9 @@ class JobRunner:
                 reason += "; " + "; ".join(others)
             return JobAttempt("Failed", reason, internal=True, log=log, detail=detail)
         # SageMaker reports one reason; the host whose error is not a consequence of another's exit comes first
-        reason = "; ".join(causes_first(list(reasons.values()))) or "; ".join(f"{n} exited with status {c}" for n, c in codes.items() if c)
+        reason = "; ".join(causes_first(list(reasons.values()))) or "; ".join(
+            f"{n} exited with status {c}" for n, c in codes.items() if c
+        )
         return JobAttempt("Failed", reason, log=log, detail=detail)
 
     def _upload_model(self, args: dict, job_name: str, host: Host) -> None:
@@ -317,7 +393,6 @@ class JobRunner:
         key = f"{prefix.rstrip('/')}/{job_name}/output/model.tar.gz".lstrip("/")
         self.client.upload_fileobj(buffer, bucket, key)
 
-
     def _upload_tensorboard(self, args: dict, job_name: str, hosts: list[Host]) -> None:
         config = args.get("TensorBoardOutputConfig") or {}
         if not config.get("S3OutputPath") or not config.get("LocalPath"):
@@ -328,7 +403,9 @@ class JobRunner:
             local = _in_tree(host.root, config["LocalPath"])
             for path in sorted(local.rglob("*")) if local.is_dir() else []:
                 if path.is_file():
-                    key = f"{prefix.rstrip('/')}/{job_name}/tensorboard-output/{path.relative_to(local).as_posix()}".lstrip("/")
+                    key = f"{prefix.rstrip('/')}/{job_name}/tensorboard-output/{path.relative_to(local).as_posix()}".lstrip(
+                        "/"
+                    )
                     self.client.upload_file(str(path), bucket, key)
 
 
@@ -420,8 +497,10 @@ def _losses(lines: list[tuple[float, str]]) -> dict[int, float]:
         if "Loss" in record and (previous is None or step == previous + 1):
             exact[step] = float(record["Loss"])
         previous = step
-    return {step: exact[step] if step in exact and abs(exact[step] - value) <= 0.5e-4 + 1e-9 else value
-            for step, value in sorted(logged.items())}
+    return {
+        step: exact[step] if step in exact and abs(exact[step] - value) <= 0.5e-4 + 1e-9 else value
+        for step, value in sorted(logged.items())
+    }
 
 
 def _validation_losses(lines: list[tuple[float, str]]) -> dict[int, float]:

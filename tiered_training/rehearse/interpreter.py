@@ -29,8 +29,9 @@ Waits (retry intervals, queueing) are reported, not slept.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 EXPRESSION_KEYS = ("Get", "Std:Join", "Std:JsonGet")
 STEP_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.FinalMetricDataList\['(?P<metric>[^']+)'\]\.Value$")
@@ -70,7 +71,9 @@ class JobAttempt:
 
 
 class JobRunner(Protocol):
-    def __call__(self, step: str, job_name: str, args: dict[str, Any], attempt: int, *, warm_from: str | None) -> JobAttempt: ...
+    def __call__(
+        self, step: str, job_name: str, args: dict[str, Any], attempt: int, *, warm_from: str | None
+    ) -> JobAttempt: ...
 
 
 @dataclass
@@ -115,8 +118,15 @@ def final_metrics(definitions: list[dict[str, str]], log: list[tuple[float, str,
 class Interpreter:
     """Executes one pipeline definition with ``runner`` for its Training steps."""
 
-    def __init__(self, definition: dict[str, Any], runner: JobRunner, *, report: Callable[[TraceEvent], None] | None = None,
-                 limits: dict[str, tuple[float, str]] | None = None, execution_id: str | None = None):
+    def __init__(
+        self,
+        definition: dict[str, Any],
+        runner: JobRunner,
+        *,
+        report: Callable[[TraceEvent], None] | None = None,
+        limits: dict[str, tuple[float, str]] | None = None,
+        execution_id: str | None = None,
+    ):
         """``limits``: per probe metric, a (value, why) that replaces the literal it is compared with
         in a Condition (a plan figure that does not carry over to the rehearsal's hardware)."""
         self.definition = definition
@@ -169,7 +179,7 @@ class Interpreter:
         return value
 
     def _expression(self, expr: dict[str, Any], where: str) -> Any:
-        (key, body), = expr.items()
+        ((key, body),) = expr.items()
         if key == "Get":
             return self._get(body, where)
         if key == "Std:Join":
@@ -187,12 +197,17 @@ class Interpreter:
                 raise PipelineError(f"{where}: {path} names no parameter of this pipeline")
             return self.parameters[name]
         if path.startswith("Execution."):
-            variables = {"PipelineExecutionId": self.execution_id, "PipelineName": self.pipeline_name,
-                         "PipelineExecutionArn": f"arn:aws:sagemaker:local:000000000000:pipeline/{self.pipeline_name}/"
-                                                 f"execution/{self.execution_id}"}
+            variables = {
+                "PipelineExecutionId": self.execution_id,
+                "PipelineName": self.pipeline_name,
+                "PipelineExecutionArn": f"arn:aws:sagemaker:local:000000000000:pipeline/{self.pipeline_name}/"
+                f"execution/{self.execution_id}",
+            }
             name = path.split(".", 1)[1]
             if name not in variables:
-                raise PipelineError(f"{where}: {path}: the rehearsal knows the execution variables {', '.join(variables)}")
+                raise PipelineError(
+                    f"{where}: {path}: the rehearsal knows the execution variables {', '.join(variables)}"
+                )
             return variables[name]
         match = STEP_REF.match(path)
         if match:
@@ -212,27 +227,43 @@ class Interpreter:
 
     def run(self, parameters: dict[str, Any] | None = None) -> Execution:
         self._bind(parameters or {})
-        self._event("start", "", "parameters: " + ", ".join(f"{k}={v}" for k, v in self.parameters.items()),
-                    parameters=dict(self.parameters))
+        self._event(
+            "start",
+            "",
+            "parameters: " + ", ".join(f"{k}={v}" for k, v in self.parameters.items()),
+            parameters=dict(self.parameters),
+        )
         try:
             self._steps(self.definition.get("Steps", []))
             self.execution.status = "Succeeded"
         except _Failed as failed:
-            self.execution.status, self.execution.failed_step, self.execution.failure = "Failed", failed.step, str(failed)
-        self._event("end", self.execution.failed_step or "", f"execution {self.execution.status}"
-                    + (f" at {self.execution.failed_step}: {self.execution.failure}" if self.execution.failure else ""))
+            self.execution.status, self.execution.failed_step, self.execution.failure = (
+                "Failed",
+                failed.step,
+                str(failed),
+            )
+        self._event(
+            "end",
+            self.execution.failed_step or "",
+            f"execution {self.execution.status}"
+            + (f" at {self.execution.failed_step}: {self.execution.failure}" if self.execution.failure else ""),
+        )
         return self.execution
 
     def _steps(self, steps: list[dict[str, Any]]) -> None:
         for step in steps:
             kind = step.get("Type")
-            handler = {"Condition": self._condition_step, "Fail": self._fail_step, "Training": self._training_step}.get(kind)
+            handler = {"Condition": self._condition_step, "Fail": self._fail_step, "Training": self._training_step}.get(
+                kind
+            )
             if handler is None:
                 raise PipelineError(f"step {step.get('Name')}: steps of type {kind!r} are not supported")
             missing = [name for name in step.get("DependsOn", []) if name not in self._succeeded]
             if missing:
-                raise PipelineError(f"step {step.get('Name')}: DependsOn {', '.join(missing)}, which has not succeeded "
-                                    "before it in this branch")
+                raise PipelineError(
+                    f"step {step.get('Name')}: DependsOn {', '.join(missing)}, which has not succeeded "
+                    "before it in this branch"
+                )
             handler(step)
             self._succeeded.add(step["Name"])
 
@@ -240,8 +271,13 @@ class Interpreter:
         name, args = step["Name"], step.get("Arguments", {})
         results = [self._condition(c, f"{name}.Conditions[{i}]") for i, c in enumerate(args.get("Conditions", []))]
         outcome = all(ok for ok, _ in results)
-        self._event("condition", name, f"{name}: {' and '.join(text for _, text in results)} -> {outcome}",
-                    outcome=outcome, checks=[text for _, text in results])
+        self._event(
+            "condition",
+            name,
+            f"{name}: {' and '.join(text for _, text in results)} -> {outcome}",
+            outcome=outcome,
+            checks=[text for _, text in results],
+        )
         self._steps(args.get("IfSteps" if outcome else "ElseSteps", []))
 
     def _condition(self, condition: dict[str, Any], where: str) -> tuple[bool, str]:
@@ -270,7 +306,9 @@ class Interpreter:
             ok, text = self._condition(condition.get("Condition", {}), where + ".Condition")
             return not ok, f"not ({text})"
         if kind == "Or":
-            parts = [self._condition(c, f"{where}.Conditions[{i}]") for i, c in enumerate(condition.get("Conditions", []))]
+            parts = [
+                self._condition(c, f"{where}.Conditions[{i}]") for i, c in enumerate(condition.get("Conditions", []))
+            ]
             return any(ok for ok, _ in parts), "(" + " or ".join(text for _, text in parts) + ")"
         raise PipelineError(f"{where}: conditions of type {kind!r} are not supported")
 
@@ -296,8 +334,13 @@ class Interpreter:
                 tries[policy] = tries.get(policy, 0) + 1
                 spec = policies[policy]
                 wait = spec.get("IntervalSeconds", 1) * spec.get("BackoffRate", 1.0) ** (tries[policy] - 1)
-                self._event("retry", name, f"{name}: {error_type}; retry policy {policy + 1}: attempt "
-                            f"{tries[policy] + 1} of {spec.get('MaxAttempts')} after {wait:g} s", error=error_type)
+                self._event(
+                    "retry",
+                    name,
+                    f"{name}: {error_type}; retry policy {policy + 1}: attempt "
+                    f"{tries[policy] + 1} of {spec.get('MaxAttempts')} after {wait:g} s",
+                    error=error_type,
+                )
                 continue
             raise _Failed(name, f"{name} failed ({error_type}): {reason}")
 
@@ -310,9 +353,13 @@ class Interpreter:
         retries_left = int((args.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0))
         attempt = 0
         attempts = self.execution.jobs.setdefault(step, [])
-        self._event("job", step, f"{step}: training job {job_name}, {resources.get('InstanceCount')} x "
-                    f"{resources.get('InstanceType')}" + (f", on the warm pool of {warm_from}" if warm_from else ""),
-                    job=job_name)
+        self._event(
+            "job",
+            step,
+            f"{step}: training job {job_name}, {resources.get('InstanceCount')} x "
+            f"{resources.get('InstanceType')}" + (f", on the warm pool of {warm_from}" if warm_from else ""),
+            job=job_name,
+        )
         while True:
             attempt += 1
             result = self.runner(step, job_name, args, attempt, warm_from=warm_from)
@@ -321,14 +368,22 @@ class Interpreter:
             if result.status == "Completed":
                 break
             if result.status == "Interrupted":
-                self._event("restart", step, f"{step}: attempt {attempt} interrupted ({result.failure_reason}); "
-                            "SageMaker starts the job again, with the checkpoint prefix on every host")
+                self._event(
+                    "restart",
+                    step,
+                    f"{step}: attempt {attempt} interrupted ({result.failure_reason}); "
+                    "SageMaker starts the job again, with the checkpoint prefix on every host",
+                )
                 continue
             if result.internal and retries_left > 0:
                 retries_left -= 1
-                self._event("restart", step, f"{step}: attempt {attempt} failed on an instance ({result.failure_reason}); "
-                            f"RetryStrategy starts it again ({retries_left} retries left), with the checkpoint prefix "
-                            "on every host")
+                self._event(
+                    "restart",
+                    step,
+                    f"{step}: attempt {attempt} failed on an instance ({result.failure_reason}); "
+                    f"RetryStrategy starts it again ({retries_left} retries left), with the checkpoint prefix "
+                    "on every host",
+                )
                 continue
             error = "SageMaker.JOB_INTERNAL_ERROR" if result.internal else "Algorithm"
             self._event("job", step, f"{step}: job {job_name} failed: {result.failure_reason}", error=error)
@@ -338,8 +393,12 @@ class Interpreter:
         self.execution.metrics[step] = final_metrics(definitions, log)
         if definitions:
             found = self.execution.metrics[step]
-            self._event("metrics", step, f"{step}: FinalMetricDataList " + ", ".join(f"{k}={v:g}" for k, v in found.items()),
-                        metrics=dict(found))
+            self._event(
+                "metrics",
+                step,
+                f"{step}: FinalMetricDataList " + ", ".join(f"{k}={v:g}" for k, v in found.items()),
+                metrics=dict(found),
+            )
         keep = int(resources.get("KeepAlivePeriodInSeconds") or 0)
         self._warm = {"step": step, "args": args, "seconds": keep} if keep > 0 else None
         if keep > 0:
@@ -353,10 +412,16 @@ class Interpreter:
             return None
         differ = [".".join(path) for path in WARM_POOL_MATCH if _dig(pool["args"], path) != _dig(args, path)]
         if differ:
-            self._event("warm-pool", step, f"{step}: cannot reuse the warm pool of {pool['step']}: {', '.join(differ)} differ")
+            self._event(
+                "warm-pool", step, f"{step}: cannot reuse the warm pool of {pool['step']}: {', '.join(differ)} differ"
+            )
             return None
-        self._event("warm-pool", step, f"{step}: reuses the warm pool of {pool['step']} (no new capacity needed)",
-                    reused=pool["step"])
+        self._event(
+            "warm-pool",
+            step,
+            f"{step}: reuses the warm pool of {pool['step']} (no new capacity needed)",
+            reused=pool["step"],
+        )
         return pool["step"]
 
 

@@ -9,29 +9,24 @@ import shutil
 import struct
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
-from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition, find_step, validate_definition
-from tiered_training.text import clip, escape
 from tiered_training.contract.runconfig import RunConfig
+from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition
+from tiered_training.pipeline.validation import validate_definition
+from tiered_training.rehearse.errors import MissingExtra, RehearsalError  # noqa: F401 (the CLI imports them from here)
 from tiered_training.rehearse.hosts import Interrupt, JobRunner
 from tiered_training.rehearse.interpreter import Execution, Interpreter, PipelineError, TraceEvent
-from tiered_training.rehearse.scale import Scaled, scale
 from tiered_training.rehearse.s3 import LocalS3, checkpoints_in, list_keys, split_uri
+from tiered_training.rehearse.scale import Scaled, scale
+from tiered_training.text import clip, escape
 
 STORE = "s3://rehearsal-checkpoint-store"
 ROLE = "arn:aws:iam::000000000000:role/rehearsal-execution"
 IMAGE = "tiered-training:rehearsal (training/launcher.py of this checkout)"
-
-
-class RehearsalError(Exception):
-    """Bad input to a rehearsal (parameters, interrupt, a machine without the trainer); one line for the user."""
-
-
-class MissingExtra(RehearsalError):
-    """A package the rehearsal needs is not installed (exit 1: the machine, not the input)."""
 
 
 # What a rehearsal imports beyond the base install, and the extra that provides it.
@@ -44,9 +39,11 @@ def check_installed() -> None:
     missing = sorted({extra for module, extra in NEEDS.items() if importlib.util.find_spec(module) is None})
     if missing:
         modules = ", ".join(m for m, e in NEEDS.items() if e in missing and importlib.util.find_spec(m) is None)
-        raise MissingExtra(f"rehearse runs the trainer on a local S3 and needs {modules}, which the "
-                           f"{' and '.join(repr(e) for e in missing)} extra{'s install' if len(missing) > 1 else ' installs'}: "
-                           f"pip install 'tiered-training[{','.join(missing)}]'")
+        raise MissingExtra(
+            f"rehearse runs the trainer on a local S3 and needs {modules}, which the "
+            f"{' and '.join(repr(e) for e in missing)} extra{'s install' if len(missing) > 1 else ' installs'}: "
+            f"pip install 'tiered-training[{','.join(missing)}]'"
+        )
 
 
 @dataclass
@@ -59,7 +56,7 @@ class Options:
     interrupt: str | None = None
     workdir: Path | None = None  # kept when given; a temporary directory otherwise
     # Later executions on the same S3: parameters (a restart), or Then entries.
-    then: "dict[str, str] | list[Then] | None" = None
+    then: dict[str, str] | list[Then] | None = None
 
 
 @dataclass
@@ -73,7 +70,7 @@ class Then:
 
     params: dict[str, str] = field(default_factory=dict)
     recipe: Path | None = None
-    before: Callable[[Any, "Rehearsal"], None] | None = None
+    before: Callable[[Any, Rehearsal], None] | None = None
     resume: bool = False  # resume the first execution's run (RunId = its execution id)
 
 
@@ -105,7 +102,9 @@ class Rehearsal:
     @property
     def ok(self) -> bool:
         """Every execution succeeded, and the interrupt asked for happened."""
-        return all(e.status == "Succeeded" for e in self.executions) and (self.interrupt is None or bool(self.interrupted))
+        return all(e.status == "Succeeded" for e in self.executions) and (
+            self.interrupt is None or bool(self.interrupted)
+        )
 
     def train_attempts(self, execution: Execution | None = None) -> list:
         """Every attempt of the execution's training jobs (all segments), in the order they ran."""
@@ -138,8 +137,10 @@ class Rehearsal:
                 "failure": e.failure or None,
                 "failed_step": e.failed_step,
                 "metrics": e.metrics,
-                "jobs": {step: [{"status": a.status, "failure_reason": a.failure_reason or None} for a in attempts]
-                         for step, attempts in e.jobs.items()},
+                "jobs": {
+                    step: [{"status": a.status, "failure_reason": a.failure_reason or None} for a in attempts]
+                    for step, attempts in e.jobs.items()
+                },
             }
 
         return {
@@ -155,7 +156,9 @@ class Rehearsal:
             "uploads_by_host": self.uploads_by_host,
             "exported": self.exported,
             "workdir": str(self.workdir),
-            "scaled": [{"field": c.field, "plan": c.plan, "rehearsal": c.rehearsal, "why": c.why} for c in self.scaled.changes],
+            "scaled": [
+                {"field": c.field, "plan": c.plan, "rehearsal": c.rehearsal, "why": c.why} for c in self.scaled.changes
+            ],
         }
 
 
@@ -165,8 +168,9 @@ MIN_STEPS = 12
 def train_attempts(execution: Execution) -> list:
     """The attempts of an execution's Train, TrainWithoutProbe or Resume segments, in the order they ran."""
     chains = tuple(TRAIN_CHAINS)
-    return [attempt for step, attempts in execution.jobs.items()
-            if step.split("-")[0] in chains for attempt in attempts]
+    return [
+        attempt for step, attempts in execution.jobs.items() if step.split("-")[0] in chains for attempt in attempts
+    ]
 
 
 def steps_for(interrupt: Interrupt | None, interval: int) -> int:
@@ -192,8 +196,10 @@ def repo_root(library: Path | None = None) -> Path:
         atexit.register(shutil.rmtree, root, True)
         (root / "training").symlink_to(packaged, target_is_directory=True)
         return root
-    raise RehearsalError(f"rehearse runs the training container's code, and neither {library.parent / 'training'} "
-                         f"nor {packaged} holds it; reinstall tiered-training")
+    raise RehearsalError(
+        f"rehearse runs the training container's code, and neither {library.parent / 'training'} "
+        f"nor {packaged} holds it; reinstall tiered-training"
+    )
 
 
 # Stated bounds: each simulated host is a torchrun of `workers` CPU processes on this machine.
@@ -212,11 +218,15 @@ def parse_params(pairs: list[str], option: str = "--param") -> dict[str, str]:
         if not sep or not name:
             raise RehearsalError(f"{option} {clip(repr(pair))}: expected Name=Value")
         if name not in PARAMETERS:
-            raise RehearsalError(f"{option} {clip(repr(pair))}: the pipeline has no parameter {clip(repr(name))}; "
-                                 f"its parameters: {', '.join(PARAMETERS)}")
+            raise RehearsalError(
+                f"{option} {clip(repr(pair))}: the pipeline has no parameter {clip(repr(name))}; "
+                f"its parameters: {', '.join(PARAMETERS)}"
+            )
         bounds = {P_INSTANCE_COUNT: MAX_HOSTS, P_MAX_STEPS: MAX_REHEARSAL_STEPS}
         if name in bounds and not (value.isdigit() and len(value) <= 9 and 1 <= int(value) <= bounds[name]):
-            raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is a whole number from 1 to {bounds[name]} in a rehearsal")
+            raise RehearsalError(
+                f"{option} {clip(repr(pair))}: {name} is a whole number from 1 to {bounds[name]} in a rehearsal"
+            )
         if name == P_SKIP_PROBE and value not in ("true", "false"):
             raise RehearsalError(f"{option} {clip(repr(pair))}: {name} is true or false")
         params[name] = value
@@ -241,8 +251,14 @@ def check_options(options: Options) -> Interrupt | None:
         else:
             last = options.steps if options.steps is not None else MAX_REHEARSAL_STEPS
             if interrupt.step is not None and interrupt.step >= last:
-                within = f"the run's {options.steps} steps" if options.steps is not None else f"a rehearsal's {MAX_REHEARSAL_STEPS} steps"
-                problems.append(f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within {within}")
+                within = (
+                    f"the run's {options.steps} steps"
+                    if options.steps is not None
+                    else f"a rehearsal's {MAX_REHEARSAL_STEPS} steps"
+                )
+                problems.append(
+                    f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within {within}"
+                )
     if options.workdir is not None:
         problem = _workdir_problem(Path(options.workdir))
         if problem:
@@ -279,7 +295,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     check_installed()
     parse_params([f"{k}={v}" for k, v in options.params.items()])
     if options.then is not None:
-        for later in ([Then(dict(options.then))] if isinstance(options.then, dict) else options.then):
+        for later in [Then(dict(options.then))] if isinstance(options.then, dict) else options.then:
             parse_params([f"{k}={v}" for k, v in later.params.items()], "--restart-with")
     plan = plan_file(options.recipe)
     if not plan.ok:
@@ -293,9 +309,15 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
     def scaled_for(hp: dict[str, Any]) -> Scaled:
         cfg = RunConfig.from_hyperparameters(hp)
-        return scale(cfg, hosts=options.hosts, workers=options.workers, plan_step_seconds=plan.estimates.step_time_seconds,
-                     plan_total_steps=plan.estimates.total_steps, memory_per_worker=memory,
-                     context_parallel=context_parallel)
+        return scale(
+            cfg,
+            hosts=options.hosts,
+            workers=options.workers,
+            plan_step_seconds=plan.estimates.step_time_seconds,
+            plan_total_steps=plan.estimates.total_steps,
+            memory_per_worker=memory,
+            context_parallel=context_parallel,
+        )
 
     interval = scaled_for(plan.run_config().to_hyperparameters()).config.checkpoint.interval_steps
     steps = options.steps if options.steps is not None else steps_for(interrupt, interval)
@@ -305,11 +327,16 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     params = {"InstanceCount": str(options.hosts), "MaxSteps": str(steps), **options.params}
     data_uri = params.get("DataUri", plan.recipe.data.uri)
     if not plan.recipe.data.allows(data_uri):
-        raise RehearsalError(f"--param DataUri={data_uri}: not under the recipe's data.allowed_uris "
-                             f"({', '.join(plan.recipe.data.data_prefixes)}); the pipeline's role could not read it")
-    resources = PipelineResources(role_arn=ROLE, image_uri=IMAGE,
-                                  checkpoint_s3_uri=f"{STORE}/{plan.name}/checkpoints/",
-                                  output_s3_uri=f"{STORE}/{plan.name}/output")
+        raise RehearsalError(
+            f"--param DataUri={data_uri}: not under the recipe's data.allowed_uris "
+            f"({', '.join(plan.recipe.data.data_prefixes)}); the pipeline's role could not read it"
+        )
+    resources = PipelineResources(
+        role_arn=ROLE,
+        image_uri=IMAGE,
+        checkpoint_s3_uri=f"{STORE}/{plan.name}/checkpoints/",
+        output_s3_uri=f"{STORE}/{plan.name}/output",
+    )
     definition = build_definition(plan, resources)
     problems = validate_definition(json.loads(json.dumps(definition)))
     if problems:
@@ -320,8 +347,10 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
     preview_hp = dict(plan.run_config().to_hyperparameters(), **{"batch.total_steps": params["MaxSteps"]})
     scaled = scaled_for(preview_hp)
-    say(f"rehearsal of {plan.name} ({options.recipe}): its pipeline definition, {options.hosts} simulated host(s) of "
-        f"{options.workers} CPU worker(s), S3 on a local moto server")
+    say(
+        f"rehearsal of {plan.name} ({options.recipe}): its pipeline definition, {options.hosts} simulated host(s) of "
+        f"{options.workers} CPU worker(s), S3 on a local moto server"
+    )
     _print_scaling(say, scaled, plan)
     if interrupt:
         say(f"interrupt: {interrupt.describe()}")
@@ -340,33 +369,70 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
             def put_data(uri: str, seed: int = 0) -> dict:
                 if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
-                    return put_sft_shards(client, uri, sequence_length=scaled.config.batch.sequence_length,
-                                          token_dtype=scaled.config.data.token_dtype, loss_on=plan.recipe.data.loss_on,
-                                          overlong=plan.recipe.data.overlong, workdir=workdir, repo=repo, seed=seed)
+                    return put_sft_shards(
+                        client,
+                        uri,
+                        sequence_length=scaled.config.batch.sequence_length,
+                        token_dtype=scaled.config.data.token_dtype,
+                        loss_on=plan.recipe.data.loss_on,
+                        overlong=plan.recipe.data.overlong,
+                        workdir=workdir,
+                        repo=repo,
+                        seed=seed,
+                    )
                 return put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=seed)
 
             manifest = put_data(data_uri)
             if scaled.config.sft is not None:
-                say(f"data: {manifest['examples']:,} chat examples packed into "
+                say(
+                    f"data: {manifest['examples']:,} chat examples packed into "
                     f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of {manifest['sequence_length'] + 1} "
                     f"{manifest['token_dtype']} tokens (loss on {manifest['loss_on']}, overlong {manifest['overlong']}: "
-                    f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)")
+                    f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)"
+                )
             else:
-                say(f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)")
+                say(
+                    f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)"
+                )
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
             if init_uri:
                 files = put_init_checkpoint(s3, client, init_uri, scaled.config, workdir, repo)
-                say(f"init checkpoint: a random Hugging Face checkpoint of the rehearsal's shape ({files} files) at "
-                    f"{init_uri} (local S3), in the model channel")
-            runner = JobRunner(s3, workdir, workers=options.workers, repo=repo,
-                               hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
-                               interrupt=interrupt, say=say)
-            limits = {"probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")}
+                say(
+                    f"init checkpoint: a random Hugging Face checkpoint of the rehearsal's shape ({files} files) at "
+                    f"{init_uri} (local S3), in the model channel"
+                )
+            runner = JobRunner(
+                s3,
+                workdir,
+                workers=options.workers,
+                repo=repo,
+                hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
+                interrupt=interrupt,
+                say=say,
+            )
+            limits = {
+                "probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")
+            }
             interpreter = Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits)
             say("pipeline trace:")
-            result = Rehearsal(interpreter.execution, scaled, "", scaled.config.checkpoint.keep_last, 0, [], {}, {}, workdir,
-                               None, options.interrupt, None, [], STORE, plan.name)
+            result = Rehearsal(
+                interpreter.execution,
+                scaled,
+                "",
+                scaled.config.checkpoint.keep_last,
+                0,
+                [],
+                {},
+                {},
+                workdir,
+                None,
+                options.interrupt,
+                None,
+                [],
+                STORE,
+                plan.name,
+            )
             try:
                 execution = interpreter.run(params)
                 result.checkpoint_uri = result.run_prefix(execution.execution_id)
@@ -378,7 +444,9 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                     if step.recipe is not None:
                         later_plan = plan_file(step.recipe)
                         if not later_plan.ok or later_plan.name != plan.name:
-                            raise RehearsalError(f"{step.recipe}: a later execution needs a valid recipe named {plan.name}")
+                            raise RehearsalError(
+                                f"{step.recipe}: a later execution needs a valid recipe named {plan.name}"
+                            )
                         later_definition = build_definition(later_plan, resources)
                     values = {**params, **({"RunId": execution.execution_id} if step.resume else {}), **step.params}
                     uri = values.get("DataUri", plan.recipe.data.uri)
@@ -387,11 +455,16 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                             raise RehearsalError(f"DataUri={uri}: not under the recipe's data.allowed_uris")
                         s3.ensure_bucket(client, split_uri(uri)[0])
                         put_data(uri, seed=len(data_uris))
-                        say(f"data: other {'examples' if scaled.config.sft is not None else 'tokens'} at {uri} (local S3)")
+                        say(
+                            f"data: other {'examples' if scaled.config.sft is not None else 'tokens'} at {uri} (local S3)"
+                        )
                         data_uris.append(uri)
                     say("")
-                    say(f"execution {number}, on the same store: " + (", ".join(f"{k}={v}" for k, v in step.params.items()) or "defaults")
-                        + (f"; the pipeline redeployed from {step.recipe}" if step.recipe else ""))
+                    say(
+                        f"execution {number}, on the same store: "
+                        + (", ".join(f"{k}={v}" for k, v in step.params.items()) or "defaults")
+                        + (f"; the pipeline redeployed from {step.recipe}" if step.recipe else "")
+                    )
                     result.later.append(_run_later(later_definition, runner, say, limits, values))
                 result.then = result.later[0] if result.later else None
             except PipelineError as error:
@@ -450,9 +523,25 @@ def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: 
         local = Path(workdir) / "init-checkpoint"
         model_json = Path(workdir) / "init-checkpoint-model.json"
         model_json.write_text(model)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        proc = subprocess.run([sys.executable, "-m", "training.models.random_checkpoint", str(model_json), str(local),
-                               "--seed", str(cfg.data.seed + 1)], cwd=repo, env=env, capture_output=True, text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "training.models.random_checkpoint",
+                str(model_json),
+                str(local),
+                "--seed",
+                str(cfg.data.seed + 1),
+            ],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
@@ -497,8 +586,17 @@ def _print_scaling(say, scaled: Scaled, plan) -> None:
 
 
 def _print_event(say, event: TraceEvent) -> None:
-    marks = {"condition": "?", "fail": "x", "retry": "~", "restart": "~", "warm-pool": "*", "metrics": "=", "job": "-",
-             "start": ">", "end": "<"}
+    marks = {
+        "condition": "?",
+        "fail": "x",
+        "retry": "~",
+        "restart": "~",
+        "warm-pool": "*",
+        "metrics": "=",
+        "job": "-",
+        "start": ">",
+        "end": "<",
+    }
     say(f"  {marks.get(event.kind, '-')} {event.text}")
 
 
@@ -532,21 +630,30 @@ def _print_summary(say, result: Rehearsal) -> None:
     say(f"checkpoints: {result.checkpoint_uri}")
     for host, count in sorted(result.uploads_by_host.items()):
         say(f"  {host} uploaded {count} file(s)")
-    say(f"  the prefix held at most {result.max_checkpoints} checkpoint(s) at once (keep_last {result.keep_last}: "
-        f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the end: {', '.join(result.checkpoints_at_end) or 'none'}")
+    say(
+        f"  the prefix held at most {result.max_checkpoints} checkpoint(s) at once (keep_last {result.keep_last}: "
+        f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the end: {', '.join(result.checkpoints_at_end) or 'none'}"
+    )
     attempts = result.train_attempts()
     for number, attempt in enumerate(attempts, start=1):
         resumed = attempt.detail.get("resumed_from")
         losses = attempt.detail.get("losses", {})
         span = f"steps {min(losses)}-{max(losses)}" if losses else "no steps"
-        say(f"  Train attempt {number}: {attempt.status}" + (f", resumed from step {resumed}" if resumed else "")
-            + f", {span}" + (f": {attempt.failure_reason}" if attempt.failure_reason else ""))
+        say(
+            f"  Train attempt {number}: {attempt.status}"
+            + (f", resumed from step {resumed}" if resumed else "")
+            + f", {span}"
+            + (f": {attempt.failure_reason}" if attempt.failure_reason else "")
+        )
     losses = result.losses()
     if losses:
         say("loss: " + " ".join(f"{step}:{value:.4f}" for step, value in losses.items()))
     validation = result.validation_losses()
     if validation:
-        say("validation loss (held-out windows): " + " ".join(f"{step}:{value:.4f}" for step, value in validation.items()))
+        say(
+            "validation loss (held-out windows): "
+            + " ".join(f"{step}:{value:.4f}" for step, value in validation.items())
+        )
     elif result.scaled.config.validation.source == "none":
         say("validation loss: none (the recipe holds out no data: data.validation_fraction 0 and no validation_uri)")
     if result.exported:
@@ -558,6 +665,9 @@ def _print_summary(say, result: Rehearsal) -> None:
         if len(exported["tensors"]) > 4:
             say(f"  ... {len(exported['tensors'])} tensors")
     if result.interrupt:
-        say(f"interrupt {result.interrupt}: " + (result.interrupted or "it never happened (the run ended first): NOT rehearsed"))
+        say(
+            f"interrupt {result.interrupt}: "
+            + (result.interrupted or "it never happened (the run ended first): NOT rehearsed")
+        )
     for number, run in enumerate(result.executions, start=1):
         say(f"execution {number}: {run.status}" + (f" at {run.failed_step}: {run.failure}" if run.failure else ""))

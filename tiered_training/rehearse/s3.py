@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,11 @@ def start_moto(port: int):
             try:
                 super()._server_entry()
             except (OSError, SystemExit) as error:
-                self.error = error if isinstance(error, OSError) else OSError(
-                    errno.EADDRINUSE, f"127.0.0.1:{port} cannot be bound (in use)")
+                self.error = (
+                    error
+                    if isinstance(error, OSError)
+                    else OSError(errno.EADDRINUSE, f"127.0.0.1:{port} cannot be bound (in use)")
+                )
                 self._server_ready_event.set()
 
     server = Server(ip_address="127.0.0.1", port=port, verbose=False)
@@ -77,7 +79,7 @@ class LocalS3:
         self.endpoint: str | None = None
         self.created: set[str] = set()
 
-    def __enter__(self) -> "LocalS3":
+    def __enter__(self) -> LocalS3:
         import logging
 
         with LocalS3._lock:
@@ -114,8 +116,10 @@ class LocalS3:
         for bucket in sorted(self.created):
             try:
                 for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket):
-                    objects = [{"Key": v["Key"], "VersionId": v["VersionId"]}
-                               for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+                    objects = [
+                        {"Key": v["Key"], "VersionId": v["VersionId"]}
+                        for v in page.get("Versions", []) + page.get("DeleteMarkers", [])
+                    ]
                     if objects:
                         client.delete_objects(Bucket=bucket, Delete={"Objects": objects})
                 client.delete_bucket(Bucket=bucket)
@@ -126,15 +130,22 @@ class LocalS3:
         """Empty every bucket of this process's moto backends (moto's own reset endpoint)."""
         import urllib.request
 
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30
+        ).close()
 
     def client(self):
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal",
-                            config=Config(retries={"mode": "standard", "max_attempts": 2}, max_pool_connections=16))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="rehearsal",
+            aws_secret_access_key="rehearsal",
+            config=Config(retries={"mode": "standard", "max_attempts": 2}, max_pool_connections=16),
+        )
 
     def ensure_bucket(self, client, bucket: str, *, versioned: bool = False) -> None:
         existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
@@ -151,7 +162,7 @@ def list_keys(client, uri: str) -> dict[str, int]:
     keys: dict[str, int] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            keys[item["Key"][len(prefix):].lstrip("/")] = item["Size"]
+            keys[item["Key"][len(prefix) :].lstrip("/")] = item["Size"]
     return keys
 
 
@@ -193,8 +204,18 @@ class SyncStats:
 class CheckpointSync:
     """One host's checkpoint directory mirrored to the checkpoint prefix (``start``, then ``stop`` for the last pass)."""
 
-    def __init__(self, client, local: Path, uri: str, host: str, *, period_s: float = 0.2, known: set[str] | None = None,
-                 lock: threading.Lock | None = None, observe=None):
+    def __init__(
+        self,
+        client,
+        local: Path,
+        uri: str,
+        host: str,
+        *,
+        period_s: float = 0.2,
+        known: set[str] | None = None,
+        lock: threading.Lock | None = None,
+        observe=None,
+    ):
         self.client, self.local, self.uri, self.host = client, Path(local), uri, host
         self.bucket, self.prefix = split_uri(uri)
         self.period_s = period_s
@@ -206,7 +227,7 @@ class CheckpointSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "CheckpointSync":
+    def start(self) -> CheckpointSync:
         for path in self.local.rglob("*"):  # what the start-of-job download put here is already in S3
             if path.is_file():
                 stat = path.stat()
@@ -254,8 +275,12 @@ class CheckpointSync:
                 if self._seen.get(relative) == signature:
                     continue
                 try:
-                    self.client.upload_file(str(self.local / relative), self.bucket, self._key(relative),
-                                            ExtraArgs={"Metadata": {"host": self.host}})
+                    self.client.upload_file(
+                        str(self.local / relative),
+                        self.bucket,
+                        self._key(relative),
+                        ExtraArgs={"Metadata": {"host": self.host}},
+                    )
                 except (FileNotFoundError, OSError):
                     continue
                 self._seen[relative] = signature

@@ -46,8 +46,16 @@ class Scaled:
     kept: tuple[tuple[str, object], ...]
 
 
-def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float, plan_total_steps: int,
-          memory_per_worker: int, context_parallel: bool = False) -> Scaled:
+def scale(
+    cfg: RunConfig,
+    *,
+    hosts: int,
+    workers: int,
+    plan_step_seconds: float,
+    plan_total_steps: int,
+    memory_per_worker: int,
+    context_parallel: bool = False,
+) -> Scaled:
     """The rehearsal's RunConfig for ``hosts`` simulated hosts of ``workers`` CPU workers each.
 
     ``cfg.batch.total_steps`` is the execution's (the MaxSteps parameter); ``plan_total_steps``
@@ -69,32 +77,49 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
 
     ffn = max(64, 16 * round(HIDDEN * m.ffn_size / m.hidden_size / 16))
     kv = HEADS if m.kv_heads == m.attention_heads else max(1, HEADS // 2)
-    model = m.model_copy(update={
-        "name": f"{m.name} (scaled down)",
-        "layers": change("model.layers", m.layers, LAYERS, "a rehearsal checks the wiring, not the model"),
-        "hidden_size": change("model.hidden_size", m.hidden_size, HIDDEN, "tiny width, divisible by 16 for float8"),
-        "attention_heads": change("model.attention_heads", m.attention_heads, HEADS, "tiny width"),
-        "kv_heads": change("model.kv_heads", m.kv_heads, kv, "grouped-query attention kept" if kv < HEADS else "no GQA, as planned"),
-        "ffn_size": change("model.ffn_size", m.ffn_size, ffn, "the plan's FFN/hidden ratio, rounded to 16"),
-        "vocab_size": change("model.vocab_size", m.vocab_size, VOCAB, "the rehearsal's synthetic tokens"),
-        "max_sequence_length": max(128, SEQUENCE),
-        # fine-tuning needs it named (RunConfig); the channel holds the random checkpoint either way
-        "init_checkpoint": m.init_checkpoint if cfg.sft is not None else change(
-            "model.init_checkpoint", m.init_checkpoint, None,
-            "the model channel holds a random Hugging Face checkpoint of this shape, put at that URI"),
-    })
+    model = m.model_copy(
+        update={
+            "name": f"{m.name} (scaled down)",
+            "layers": change("model.layers", m.layers, LAYERS, "a rehearsal checks the wiring, not the model"),
+            "hidden_size": change("model.hidden_size", m.hidden_size, HIDDEN, "tiny width, divisible by 16 for float8"),
+            "attention_heads": change("model.attention_heads", m.attention_heads, HEADS, "tiny width"),
+            "kv_heads": change(
+                "model.kv_heads", m.kv_heads, kv, "grouped-query attention kept" if kv < HEADS else "no GQA, as planned"
+            ),
+            "ffn_size": change("model.ffn_size", m.ffn_size, ffn, "the plan's FFN/hidden ratio, rounded to 16"),
+            "vocab_size": change("model.vocab_size", m.vocab_size, VOCAB, "the rehearsal's synthetic tokens"),
+            "max_sequence_length": max(128, SEQUENCE),
+            # fine-tuning needs it named (RunConfig); the channel holds the random checkpoint either way
+            "init_checkpoint": m.init_checkpoint
+            if cfg.sft is not None
+            else change(
+                "model.init_checkpoint",
+                m.init_checkpoint,
+                None,
+                "the model channel holds a random Hugging Face checkpoint of this shape, put at that URI",
+            ),
+        }
+    )
 
     world = hosts * workers
     cp = p.context_parallel
     if cp > 1:
         if not context_parallel:
-            cp = change("parallel.context_parallel", p.context_parallel, 1,
-                        "this checkout's trainer has no context parallelism (training/distributed/context_parallel.py): "
-                        "each worker holds whole sequences")
+            cp = change(
+                "parallel.context_parallel",
+                p.context_parallel,
+                1,
+                "this checkout's trainer has no context parallelism (training/distributed/context_parallel.py): "
+                "each worker holds whole sequences",
+            )
         else:
             fitting = [c for c in range(min(cp, workers), 0, -1) if workers % c == 0 and SEQUENCE % (2 * c) == 0]
-            cp = change("parallel.context_parallel", p.context_parallel, fitting[0],
-                        f"the largest degree that a simulated host of {workers} workers and {SEQUENCE}-token windows take")
+            cp = change(
+                "parallel.context_parallel",
+                p.context_parallel,
+                fitting[0],
+                f"the largest degree that a simulated host of {workers} workers and {SEQUENCE}-token windows take",
+            )
 
     if p.sharding == "hybrid":
         if p.shard_group_size >= plan_gpus and p.shard_group_size % plan_gpus == 0:
@@ -111,8 +136,12 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
         group, why = 1, "no sharding"
     if cp > 1 and group % cp:
         group = cp * max(1, group // cp)
-    parallel = p.model_copy(update={"shard_group_size": change("parallel.shard_group_size", p.shard_group_size, group, why),
-                                    "context_parallel": cp})
+    parallel = p.model_copy(
+        update={
+            "shard_group_size": change("parallel.shard_group_size", p.shard_group_size, group, why),
+            "context_parallel": cp,
+        }
+    )
 
     ramp_steps = b.ramp_steps
     if b.ramp_steps and b.ramp_start_accum_steps:
@@ -123,81 +152,169 @@ def scale(cfg: RunConfig, *, hosts: int, workers: int, plan_step_seconds: float,
     start = b.ramp_start_accum_steps
     if start:
         start = max(1, round(start / factor))
-    ratio = f"the plan's {b.ramp_start_accum_steps} -> {b.grad_accum_steps} ramp over {factor}" if start else f"over {factor}"
+    ratio = (
+        f"the plan's {b.ramp_start_accum_steps} -> {b.grad_accum_steps} ramp over {factor}"
+        if start
+        else f"over {factor}"
+    )
     data_parallel = world // cp
-    batch = b.model_copy(update={
-        "sequence_length": change("batch.sequence_length", b.sequence_length, SEQUENCE, "tiny windows"),
-        "grad_accum_steps": change("batch.grad_accum_steps", b.grad_accum_steps, accum,
-                                   f"at most {MAX_ACCUM} micro-batches per step on a CPU: {ratio}"),
-        "ramp_start_accum_steps": change("batch.ramp_start_accum_steps", b.ramp_start_accum_steps, start,
-                                         f"the same start/full ratio ({ratio})"),
-        "global_batch_tokens": change("batch.global_batch_tokens", b.global_batch_tokens,
-                                      b.micro_batch_size * SEQUENCE * accum * data_parallel,
-                                      f"the micro-batch and the accumulation above on {data_parallel} data-parallel "
-                                      f"workers of {SEQUENCE} tokens"),
-        "ramp_steps": change("batch.ramp_steps", b.ramp_steps, ramp_steps, "the same share of the run, at least 2 steps"),
-    })
+    batch = b.model_copy(
+        update={
+            "sequence_length": change("batch.sequence_length", b.sequence_length, SEQUENCE, "tiny windows"),
+            "grad_accum_steps": change(
+                "batch.grad_accum_steps",
+                b.grad_accum_steps,
+                accum,
+                f"at most {MAX_ACCUM} micro-batches per step on a CPU: {ratio}",
+            ),
+            "ramp_start_accum_steps": change(
+                "batch.ramp_start_accum_steps", b.ramp_start_accum_steps, start, f"the same start/full ratio ({ratio})"
+            ),
+            "global_batch_tokens": change(
+                "batch.global_batch_tokens",
+                b.global_batch_tokens,
+                b.micro_batch_size * SEQUENCE * accum * data_parallel,
+                f"the micro-batch and the accumulation above on {data_parallel} data-parallel "
+                f"workers of {SEQUENCE} tokens",
+            ),
+            "ramp_steps": change(
+                "batch.ramp_steps", b.ramp_steps, ramp_steps, "the same share of the run, at least 2 steps"
+            ),
+        }
+    )
 
-    precision = cfg.precision.model_copy(update={
-        "compile": change("precision.compile", cfg.precision.compile, False, "torch.compile costs a minute per model on a CPU"),
-        "loss_chunk_tokens": change("precision.loss_chunk_tokens", cfg.precision.loss_chunk_tokens,
-                                    min(cfg.precision.loss_chunk_tokens, LOSS_CHUNK), "several chunks per micro-batch, as planned"),
-    })
-    optimizer = cfg.optimizer.model_copy(update={
-        "warmup_steps": change("optimizer.warmup_steps", cfg.optimizer.warmup_steps,
-                               max(1, round(cfg.optimizer.warmup_steps * share)), "the same share of the run"),
-    })
+    precision = cfg.precision.model_copy(
+        update={
+            "compile": change(
+                "precision.compile", cfg.precision.compile, False, "torch.compile costs a minute per model on a CPU"
+            ),
+            "loss_chunk_tokens": change(
+                "precision.loss_chunk_tokens",
+                cfg.precision.loss_chunk_tokens,
+                min(cfg.precision.loss_chunk_tokens, LOSS_CHUNK),
+                "several chunks per micro-batch, as planned",
+            ),
+        }
+    )
+    optimizer = cfg.optimizer.model_copy(
+        update={
+            "warmup_steps": change(
+                "optimizer.warmup_steps",
+                cfg.optimizer.warmup_steps,
+                max(1, round(cfg.optimizer.warmup_steps * share)),
+                "the same share of the run",
+            ),
+        }
+    )
 
     ck = cfg.checkpoint
     interval = ck.interval_steps or max(1, round(ck.interval_minutes * 60 / max(plan_step_seconds, 1e-9)))
-    checkpoint = ck.model_copy(update={
-        "interval_steps": change("checkpoint.interval_steps", ck.interval_steps, interval,
-                                 f"every {ck.interval_minutes:g} min at the plan's {plan_step_seconds:.0f} s per step"),
-        "interval_minutes": change("checkpoint.interval_minutes", ck.interval_minutes, 0.0, "by steps only"),
-    })
-    hardware = cfg.hardware.model_copy(update={
-        "gpus_per_node": change("hardware.gpus_per_node", plan_gpus, workers, "CPU workers per simulated host (gloo)"),
-        "hbm_bytes": change("hardware.hbm_bytes", cfg.hardware.hbm_bytes, memory_per_worker,
-                            "each worker's share of this machine's memory (the probe's peak memory is the CPU resident set)"),
-    })
-    probe = cfg.probe.model_copy(update={
-        "steps": change("probe.steps", cfg.probe.steps, min(cfg.probe.steps, MAX_PROBE_STEPS), "enough for a steady-state figure"),
-    })
+    checkpoint = ck.model_copy(
+        update={
+            "interval_steps": change(
+                "checkpoint.interval_steps",
+                ck.interval_steps,
+                interval,
+                f"every {ck.interval_minutes:g} min at the plan's {plan_step_seconds:.0f} s per step",
+            ),
+            "interval_minutes": change("checkpoint.interval_minutes", ck.interval_minutes, 0.0, "by steps only"),
+        }
+    )
+    hardware = cfg.hardware.model_copy(
+        update={
+            "gpus_per_node": change(
+                "hardware.gpus_per_node", plan_gpus, workers, "CPU workers per simulated host (gloo)"
+            ),
+            "hbm_bytes": change(
+                "hardware.hbm_bytes",
+                cfg.hardware.hbm_bytes,
+                memory_per_worker,
+                "each worker's share of this machine's memory (the probe's peak memory is the CPU resident set)",
+            ),
+        }
+    )
+    probe = cfg.probe.model_copy(
+        update={
+            "steps": change(
+                "probe.steps",
+                cfg.probe.steps,
+                min(cfg.probe.steps, MAX_PROBE_STEPS),
+                "enough for a steady-state figure",
+            ),
+        }
+    )
     # On the plan's hardware a step takes longer than the metrics interval, so every step has its own
     # EMF event; a rehearsal's step is far shorter, so the interval shrinks to keep one event per step.
-    metrics = cfg.metrics.model_copy(update={
-        "interval_seconds": change("metrics.interval_seconds", cfg.metrics.interval_seconds, METRICS_INTERVAL_S,
-                                   _metrics_why(cfg.metrics.interval_seconds, plan_step_seconds)),
-    })
+    metrics = cfg.metrics.model_copy(
+        update={
+            "interval_seconds": change(
+                "metrics.interval_seconds",
+                cfg.metrics.interval_seconds,
+                METRICS_INTERVAL_S,
+                _metrics_why(cfg.metrics.interval_seconds, plan_step_seconds),
+            ),
+        }
+    )
     v = cfg.validation
     validation = v
     if v.source != "none":
-        validation = v.model_copy(update={
-            "interval_minutes": change("validation.interval_minutes", v.interval_minutes, VALIDATION_INTERVAL_S / 60,
-                                       f"every {VALIDATION_INTERVAL_S:g} s: a rehearsal lasts minutes, not hours"),
-            "batches": change("validation.batches", v.batches, min(v.batches, VALIDATION_BATCHES), "a quick pass"),
-            "holdout_every": change("validation.holdout_every", v.holdout_every,
-                                    min(v.holdout_every, HOLDOUT_EVERY) if v.source == "holdout" else v.holdout_every,
-                                    "enough held-out windows in the rehearsal's data"),
-        })
+        validation = v.model_copy(
+            update={
+                "interval_minutes": change(
+                    "validation.interval_minutes",
+                    v.interval_minutes,
+                    VALIDATION_INTERVAL_S / 60,
+                    f"every {VALIDATION_INTERVAL_S:g} s: a rehearsal lasts minutes, not hours",
+                ),
+                "batches": change("validation.batches", v.batches, min(v.batches, VALIDATION_BATCHES), "a quick pass"),
+                "holdout_every": change(
+                    "validation.holdout_every",
+                    v.holdout_every,
+                    min(v.holdout_every, HOLDOUT_EVERY) if v.source == "holdout" else v.holdout_every,
+                    "enough held-out windows in the rehearsal's data",
+                ),
+            }
+        )
     model_bytes = 2 * model.parameters  # bf16
-    export = cfg.export.model_copy(update={
-        "max_shard_bytes": change("export.max_shard_bytes", cfg.export.max_shard_bytes, max(1, model_bytes // 3),
-                                  "the tiny model is split into several files, as a large one is"),
-    })
+    export = cfg.export.model_copy(
+        update={
+            "max_shard_bytes": change(
+                "export.max_shard_bytes",
+                cfg.export.max_shard_bytes,
+                max(1, model_bytes // 3),
+                "the tiny model is split into several files, as a large one is",
+            ),
+        }
+    )
     run = cfg.run
     if run.segments > 1:
         # The limit scaled down: each segment trains the same share of the rehearsal's steps as of the plan's.
-        run = run.model_copy(update={
-            "segment_seconds": change("run.segment_seconds", run.segment_seconds, 0.0,
-                                      "a CPU step is not the plan's: each segment's share of the steps divides the run"),
-        })
-    scaled = cfg.model_copy(update={
-        "run": run,
-        "model": model, "parallel": parallel, "batch": batch, "precision": precision, "optimizer": optimizer,
-        "checkpoint": checkpoint, "hardware": hardware, "probe": probe, "metrics": metrics, "export": export,
-        "validation": validation,
-    })
+        run = run.model_copy(
+            update={
+                "segment_seconds": change(
+                    "run.segment_seconds",
+                    run.segment_seconds,
+                    0.0,
+                    "a CPU step is not the plan's: each segment's share of the steps divides the run",
+                ),
+            }
+        )
+    scaled = cfg.model_copy(
+        update={
+            "run": run,
+            "model": model,
+            "parallel": parallel,
+            "batch": batch,
+            "precision": precision,
+            "optimizer": optimizer,
+            "checkpoint": checkpoint,
+            "hardware": hardware,
+            "probe": probe,
+            "metrics": metrics,
+            "export": export,
+            "validation": validation,
+        }
+    )
     RunConfig.model_validate(scaled.model_dump())  # still a valid contract
     kept = (
         ("parallel.sharding", p.sharding),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tiered_training import catalog as catalogs
+from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.text import escape
-from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
 
 GIB = 1024**3
 SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
@@ -37,19 +38,38 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "compute": f"{plan.nodes}x {plan.instance.name.removeprefix('ml.')}",
         "precision": precision,
         "AC": plan.activation_checkpointing,
-        "sharding": f"{plan.sharding}/{plan.shard_group_size}" + (f" cp{plan.context_parallel}" if plan.context_parallel > 1 else ""),
+        "sharding": f"{plan.sharding}/{plan.shard_group_size}"
+        + (f" cp{plan.context_parallel}" if plan.context_parallel > 1 else ""),
         "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": "no price" if est.cost_usd is None else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
-        "status": "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
+        "cost": "no price"
+        if est.cost_usd is None
+        else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "status": "ok"
+        + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
         + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
 
 
-COLUMNS = ("recipe", "model", "tier", "compute", "precision", "AC", "sharding", "mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost", "status")
+COLUMNS = (
+    "recipe",
+    "model",
+    "tier",
+    "compute",
+    "precision",
+    "AC",
+    "sharding",
+    "mb x accum",
+    "GiB/GPU",
+    "tok/s/GPU",
+    "MFU full/causal",
+    "time",
+    "cost",
+    "status",
+)
 # Columns that hold numbers: never wrapped, right-aligned.
 NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost")
 
@@ -103,7 +123,13 @@ def finding_dict(plan: Plan, finding: Finding) -> dict[str, Any]:
 
 def failure_dict(error: RecipeError) -> dict[str, Any]:
     source = error.problems[0].file if error.problems else None
-    return {"source": source, "name": None, "ok": False, "errors": [problem_dict(p) for p in error.problems], "warnings": []}
+    return {
+        "source": source,
+        "name": None,
+        "ok": False,
+        "errors": [problem_dict(p) for p in error.problems],
+        "warnings": [],
+    }
 
 
 def plans_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = ()) -> dict[str, Any]:
@@ -123,8 +149,16 @@ def validate_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = (), s
         errors = [finding_dict(plan, f) for f in plan.errors]
         warnings = [finding_dict(plan, f) for f in plan.warnings]
         account = [finding_dict(plan, f) for f in plan.account_findings]
-        recipes.append({"source": plan.source, "name": plan.name, "ok": not errors and not (strict and warnings), "errors": errors,
-                        "warnings": warnings, "account": account})
+        recipes.append(
+            {
+                "source": plan.source,
+                "name": plan.name,
+                "ok": not errors and not (strict and warnings),
+                "errors": errors,
+                "warnings": warnings,
+                "account": account,
+            }
+        )
     recipes.sort(key=lambda r: str(r["source"]))
     return {"schema_version": SCHEMA_VERSION, "strict": strict, "ok": all(r["ok"] for r in recipes), "recipes": recipes}
 
@@ -172,7 +206,10 @@ def explain_lines(plan: Plan) -> list[str]:
         value = d.value if not isinstance(d.value, dict) else ", ".join(f"{k}={v}" for k, v in d.value.items())
         out.append(f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}")
     if plan.memory is not None:
-        out += ["", f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom {plan.tier.memory_headroom:.0%})"]
+        out += [
+            "",
+            f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom {plan.tier.memory_headroom:.0%})",
+        ]
         for key, gib in plan.memory.as_gib().items():
             if key != "hbm":
                 out.append(f"  {key:<22} {gib:>9,.2f} GiB")
@@ -189,8 +226,11 @@ def explain_lines(plan: Plan) -> list[str]:
             f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
-            (f"  cost                   none: {e.price_source}" if e.cost_usd is None or e.price_per_hour is None
-             else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"),
+            (
+                f"  cost                   none: {e.price_source}"
+                if e.cost_usd is None or e.price_per_hour is None
+                else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"
+            ),
             "",
             f"Step time, term by term ({e.throughput_source})",
         ]
@@ -202,18 +242,24 @@ def explain_lines(plan: Plan) -> list[str]:
     if departures:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
         for d in departures:
-            out.append(f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom")
+            out.append(
+                f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom"
+            )
     full = getattr(plan, "full_parameter", None)
     if full is not None:
         out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
-        out.append(f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
-                   f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, {_cost(full.cost_usd)} "
-                   f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})")
+        out.append(
+            f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
+            f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, {_cost(full.cost_usd)} "
+            f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
+        )
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
         out += ["", "Next alternatives that fit"]
         for a in alternatives:
-            out.append(f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} GiB ({a.memory_fraction:.0%})")
+            out.append(
+                f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} GiB ({a.memory_fraction:.0%})"
+            )
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
     return out
@@ -297,7 +343,10 @@ def diff_markdown(result: dict[str, Any]) -> str:
     out = [f"### Plan diff: `{result['old']}` → `{result['new']}`", ""]
     if result["changed"]:
         out += ["| decision | old | new | why |", "|---|---|---|---|"]
-        out += [f"| {c['field']} | {_fmt(c['field'], c['old'])} | {_fmt(c['field'], c['new'])} | {c['reason']} |" for c in result["changed"]]
+        out += [
+            f"| {c['field']} | {_fmt(c['field'], c['old'])} | {_fmt(c['field'], c['new'])} | {c['reason']} |"
+            for c in result["changed"]
+        ]
     else:
         out.append("No decision changed.")
     out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
@@ -313,7 +362,10 @@ def diff_markdown(result: dict[str, Any]) -> str:
 def diff_text(result: dict[str, Any]) -> str:
     out = [f"{result['old']} -> {result['new']}"]
     for c in result["changed"]:
-        out.append(f"  {c['field']}: {_fmt(c['field'], c['old'])} -> {_fmt(c['field'], c['new'])}" + (f"  ({c['reason']})" if c["reason"] else ""))
+        out.append(
+            f"  {c['field']}: {_fmt(c['field'], c['old'])} -> {_fmt(c['field'], c['new'])}"
+            + (f"  ({c['reason']})" if c["reason"] else "")
+        )
     if not result["changed"]:
         out.append("  no decision changed")
     for key, m in result["metrics"].items():

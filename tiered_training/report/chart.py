@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 GIB = 1024**3
-PARTS = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "logits_and_loss", "overhead")
+PARTS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "unsharded_in_flight",
+    "activations",
+    "logits_and_loss",
+    "overhead",
+)
 
 
 def memory_chart(plans: list, path: Path) -> None:

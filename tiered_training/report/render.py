@@ -19,7 +19,8 @@ import math
 import os
 import sys
 import textwrap
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tiered_training.text import clip, escape
 
@@ -81,7 +82,15 @@ def _cell(value: Any):
     return Text(clip("" if value is None else str(value), CELL_LIMIT))
 
 
-def print_table(con, rows: Sequence[dict[str, Any]], columns: Sequence[str], *, numeric: Iterable[str] = (), title_column: str | None = None, show_lines: bool = False) -> None:
+def print_table(
+    con,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    *,
+    numeric: Iterable[str] = (),
+    title_column: str | None = None,
+    show_lines: bool = False,
+) -> None:
     """Rows as a table when it fits the console, else one ``key  value`` block per row.
 
     ``numeric`` columns never wrap; nothing is folded, so a number is never split.

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tiered_training.contract.runconfig import VALIDATION_CHANNEL, RunConfig
+from tiered_training.contract.container import VALIDATION_CHANNEL, channel_dir
+from tiered_training.contract.runconfig import RunConfig
 
 from training.components.data import DTYPES, find_shards, held_out_windows, sft_validation_batches, split_batch
 from training.components.loss import IGNORE_INDEX
@@ -39,7 +40,7 @@ from training.components.packing import split_sft_batch
 
 log = logging.getLogger("training.components.validation")
 
-VALIDATION_DIR = f"/opt/ml/input/data/{VALIDATION_CHANNEL}"
+VALIDATION_DIR = channel_dir(VALIDATION_CHANNEL)
 
 
 def validation_dir() -> Path:

@@ -1,0 +1,169 @@
+"""What SageMaker would reject in a pipeline definition, checked before anything is deployed or run.
+
+Each Training step's arguments against botocore's CreateTrainingJob input shape (CDK tokens and
+pipeline expressions replaced by placeholders of the right type), the names, the references between
+steps, parameters and execution variables, and the size of the body. ``validate_definition`` returns
+the problems; an empty list means SageMaker would accept it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+from tiered_training.pipeline.definition import (
+    EXECUTION_VARIABLES,
+    MAX_BODY_CHARS,
+    MAX_ENVIRONMENT,
+    MAX_METRIC_DEFINITIONS,
+    PARAMETER_NAME_PATTERN,
+    SCHEMA_VERSION,
+    STEP_NAME_PATTERN,
+    iter_steps,
+    to_json,
+)
+
+
+def _expressions(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        if set(value) == {"Get"} and isinstance(value["Get"], str):
+            yield value["Get"]
+        for child in value.values():
+            yield from _expressions(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _expressions(child)
+
+
+def _is_expression(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in ("Get", "Std:Join", "Std:JsonGet")
+
+
+@cache
+def _create_training_job_shape():
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return model.operation_model("CreateTrainingJob").input_shape
+
+
+def cdk_token(value: Any) -> bool:
+    """A CDK token encoded in a string (a role ARN, a bucket name): known only at deploy time."""
+    return isinstance(value, str) and "${Token[" in value
+
+
+def placeholder_arguments(args: dict[str, Any], is_placeholder: Callable[[Any], bool] = cdk_token) -> dict[str, Any]:
+    """Training arguments with every pipeline expression (and deploy-time token) replaced by a
+    value of the member's type."""
+    request = {"TrainingJobName": "pipelines-placeholder", **args}
+    return _concretise(request, _create_training_job_shape(), is_placeholder)
+
+
+def _concretise(value: Any, shape, is_placeholder: Callable[[Any], bool]) -> Any:
+    if _is_expression(value) or is_placeholder(value):
+        return _placeholder(shape)
+    if shape is None:
+        return value
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return {k: _concretise(v, shape.members.get(k), is_placeholder) for k, v in value.items()}
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_concretise(v, shape.member, is_placeholder) for v in value]
+    if shape.type_name == "map" and isinstance(value, dict):
+        return {k: _concretise(v, shape.value, is_placeholder) for k, v in value.items()}
+    return value
+
+
+def _placeholder(shape) -> Any:
+    kind = shape.type_name if shape is not None else "string"
+    if kind == "string":
+        return "x" * max(1, shape.metadata.get("min", 1)) if shape is not None else "x"
+    if kind in ("integer", "long"):
+        return max(1, shape.metadata.get("min", 1))
+    if kind in ("float", "double"):
+        return 1.0
+    if kind == "boolean":
+        return True
+    if kind == "list":
+        return []
+    return {}
+
+
+def validate_training_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
+    """Problems in one Training step's arguments, each naming the field."""
+    from botocore.validate import ParamValidator
+
+    where = f"step {step_name}: " if step_name else ""
+    problems: list[str] = []
+    report = ParamValidator().validate(placeholder_arguments(args), _create_training_job_shape())
+    if report.has_errors():
+        text = report.generate_report()
+        problems += [f"{where}CreateTrainingJob {line.strip()}" for line in text.splitlines() if line.strip()]
+    hp = args.get("HyperParameters") or {}
+    if len(hp) > 100:
+        problems.append(f"{where}HyperParameters: {len(hp)} keys; SageMaker allows 100")
+    for key, text in hp.items():
+        if isinstance(text, str) and len(text) > 2500:
+            problems.append(f"{where}HyperParameters.{key}: {len(text)} characters; the limit is 2500")
+    env = args.get("Environment") or {}
+    if len(env) > MAX_ENVIRONMENT:
+        problems.append(f"{where}Environment: {len(env)} entries; SageMaker allows {MAX_ENVIRONMENT}")
+    for key, text in env.items():
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]{0,511}", key):
+            problems.append(f"{where}Environment.{key}: not a valid variable name")
+        if isinstance(text, str) and len(text) > 512:
+            problems.append(f"{where}Environment.{key}: {len(text)} characters; the limit is 512")
+    definitions = (args.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+    if len(definitions) > MAX_METRIC_DEFINITIONS:
+        problems.append(f"{where}AlgorithmSpecification.MetricDefinitions: {len(definitions)}; the limit is 40")
+    for number, definition in enumerate(definitions):
+        try:
+            re.compile(definition.get("Regex", ""))
+        except re.error as error:
+            problems.append(f"{where}AlgorithmSpecification.MetricDefinitions[{number}].Regex: {error}")
+    return problems
+
+
+def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
+    """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
+    problems: list[str] = []
+    if definition.get("Version") != SCHEMA_VERSION:
+        problems.append(f"Version: {definition.get('Version')!r}, expected {SCHEMA_VERSION!r}")
+    names = []
+    for parameter in definition.get("Parameters", []):
+        name = parameter.get("Name", "")
+        names.append(name)
+        if not re.fullmatch(PARAMETER_NAME_PATTERN, name):
+            problems.append(f"parameter {name!r}: does not match {PARAMETER_NAME_PATTERN}")
+        if parameter.get("Type") not in ("String", "Integer", "Boolean", "Float"):
+            problems.append(f"parameter {name}: unknown type {parameter.get('Type')!r}")
+    if len(set(names)) != len(names):
+        problems.append(f"parameters: duplicate names in {names}")
+    steps = list(iter_steps(definition.get("Steps", [])))
+    step_names = [s.get("Name", "") for s in steps]
+    if len(set(step_names)) != len(step_names):
+        problems.append(f"steps: duplicate names in {step_names}")
+    for step in steps:
+        name = step.get("Name", "")
+        if not re.fullmatch(STEP_NAME_PATTERN, name):
+            problems.append(f"step {name!r}: does not match {STEP_NAME_PATTERN}")
+        if step.get("Type") == "Training":
+            problems += validate_training_arguments(step.get("Arguments", {}), name)
+        for ref in _expressions(step.get("Arguments", {})):
+            head, _, rest = ref.partition(".")
+            target = rest.split(".")[0].split("[")[0]
+            if head == "Parameters" and target not in names:
+                problems.append(f"step {name}: references unknown parameter {target!r}")
+            elif head == "Steps" and target not in step_names:
+                problems.append(f"step {name}: references unknown step {target!r}")
+            elif head == "Execution" and rest not in EXECUTION_VARIABLES:
+                problems.append(f"step {name}: references unknown execution variable {rest!r}")
+        for dependency in step.get("DependsOn", []):
+            if dependency not in step_names:
+                problems.append(f"step {name}: DependsOn names no step {dependency!r}")
+    if body is None:
+        body = to_json(definition)
+    if len(body) > MAX_BODY_CHARS:
+        problems.append(f"definition body: {len(body)} characters; the limit is {MAX_BODY_CHARS}")
+    return problems
