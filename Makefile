@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test determinism snapshots mutation plan bench suite-cost calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
+.PHONY: synth test lint determinism snapshots mutation plan bench suite-cost calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,8 +61,14 @@ synth: $(SYNTH_STAMP) $(NODE_STAMP)
 # Two pytest-xdist workers share the CPUs: a module (or tests/constructs) is one unit, heaviest first
 # (tests/conftest.py). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: $(TEST_STAMP) $(NODE_STAMP)
+test: $(TEST_STAMP) $(NODE_STAMP) lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
+# The layers (import-linter's contracts), lint and types, as configured in pyproject.toml.
+lint: $(TEST_STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The float comparisons with derived tolerances, with 1 and 2 threads per worker and on a single CPU:
 # each must hold on any machine, not only on the one where it was written.

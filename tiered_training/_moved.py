@@ -11,7 +11,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 REMOVED_IN = "0.3"
 MOVED = {
@@ -55,12 +55,14 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         """The module was imported at its new path already."""
 
-    def get_code(self, fullname: str):
-        """``python -m <old path>`` runs the new module's code (runpy asks for it)."""
+    def get_code(self, fullname: str) -> CodeType | None:
+        """``python -m <old path>`` runs the new module's code (runpy asks for it), after a note on stderr:
+        Python hides a DeprecationWarning outside ``__main__``, and a person typed this command."""
         new = MOVED[fullname]
-        warnings.warn(f"{fullname} moved to {new}; the old path goes in {REMOVED_IN}", DeprecationWarning, stacklevel=2)
+        print(f"note: {fullname} moved to {new}; the old path goes in {REMOVED_IN}", file=sys.stderr)
         spec = importlib.util.find_spec(new)
-        return spec.loader.get_code(new)
+        loader = spec.loader if spec else None
+        return loader.get_code(new) if isinstance(loader, importlib.abc.InspectLoader) else None
 
 
 def install() -> None:

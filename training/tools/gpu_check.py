@@ -48,7 +48,7 @@ from tiered_training.catalog import instances, models
 from tiered_training.planning.memory import GIB, estimate
 from tiered_training.contract.runconfig import RunConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"1b": "llama-3.2-1b", "3b": "llama-3.2-3b"}
 # A Llama-shaped model for --cpu-smoke: the code path of the GPU runs in seconds on a CPU.
 SMOKE_MODEL = {"layers": 2, "hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352,

@@ -17,7 +17,7 @@
 # there. typing_extensions is the one exception: pydantic needs a recent one, so when the
 # image's is older the carried copy goes in front ($TMPDIR/tt-gpu-deps/front), alone.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
 deps="${TT_GPU_DEPS:-${TMPDIR:-/tmp}/tt-gpu-deps}"  # outside the repository
 wheels="$PWD/.whl"
