@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tiered_training import _moved
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # name -> the module that defines it, imported on first use: the training container's processes
 # read only ``tiered_training.contract.runconfig`` and need not load the recipe loader and the planner.
