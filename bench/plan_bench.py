@@ -61,10 +61,10 @@ def main() -> None:
             paths = make_recipes(directory, count)
             plan_file(paths[0])  # catalogues loaded and cached once, as in any process
             loaded = [load_recipe_with_lines(p) for p in paths]
-            in_process = timed(lambda: [plan_file(p) for p in paths])
-            search_only = timed(lambda: [resolve(recipe, lines=lines) for recipe, lines in loaded])
+            in_process = timed(lambda paths=paths: [plan_file(p) for p in paths])
+            search_only = timed(lambda loaded=loaded: [resolve(recipe, lines=lines) for recipe, lines in loaded])
             cli = [str(ROOT / ".venv/bin/tiered-training"), "plan", "--format", "json", str(directory)]
-            process = timed(lambda: subprocess.run(cli, capture_output=True))
+            process = timed(lambda cli=cli: subprocess.run(cli, capture_output=True))
             rows.append(
                 {
                     "recipes": count,

@@ -227,7 +227,7 @@ def typed_mutations(text: str) -> Iterator[tuple[str, str, str]]:
         if indent and parents and parents[-1] == "tags":
             continue  # free-form keys and text values
 
-        def edit(new_key: str, new_value: str) -> str:
+        def edit(new_key: str, new_value: str, index: int = index, indent: str = indent) -> str:
             return "\n".join(lines[:index] + [f"{indent}{new_key}: {new_value}".rstrip()] + lines[index + 1 :]) + "\n"
 
         where = f"line {index + 1} ({key.strip()})"

@@ -278,7 +278,7 @@ def simulation(world: World, request: Request) -> dict:
             "principal": request.principal,
             "action": request.action,
             "resource": {"resource": request.resource, "accountId": arn_account or world.account},
-            "contextVariables": {k: v for k, v in request.context.items()},
+            "contextVariables": dict(request.context),
         },
         "identityPolicies": identity,
     }

@@ -104,7 +104,7 @@ def test_a_failure_fires_its_alarm_alone_within_the_stated_time(recipes, scenari
     for name, (plan, alarms) in recipes.items():
         if conditions is None:  # the last node's GPUs idle
             last = plan.nodes - 1
-            make = lambda onset: Conditions(idle_node=lambda t: last if t >= onset else None)  # noqa: E731
+            make = lambda onset, last=last: Conditions(idle_node=lambda t: last if t >= onset else None)  # noqa: E731
         else:
             make = conditions
         took, found, stated = _failure(plan, alarms, make, alarm_name)
@@ -121,7 +121,7 @@ def test_diverging_loss_fires_within_the_stated_time_of_crossing_the_ceiling(rec
         rise = 600.0  # the loss grows e-fold every 10 minutes
         crossing = {}
 
-        def conditions(onset):
+        def conditions(onset, ceiling=ceiling, rise=rise, crossing=crossing):
             def loss(t, healthy):
                 if t < onset:
                     return healthy

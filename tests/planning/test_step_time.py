@@ -151,7 +151,7 @@ def test_overlap_hides_communication_behind_all_compute_recomputation_included()
     slow = dataclasses.replace(HW, nvlink_bytes_per_s=4e8)
     got = step(setting(checkpointing="full"), p=p, hw=slow)
     compute = got.gemm + got.attention + got.memory_bound + got.recompute
-    layer, root = ARCH.layer_parameters, ARCH.root_parameters
+    layer = ARCH.layer_parameters
     bw = 4e8 * 0.5
     total = fsdp(2, layer * 2, 8, bw)
     first = first_unit(2, layer * 2, 8, bw)

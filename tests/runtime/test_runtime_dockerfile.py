@@ -91,6 +91,7 @@ def test_build_context_sends_only_the_core_and_the_trainer():
     rules = [line.strip() for line in IGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert rules[0] == "*"
     assert {"!tiered_training/", "!training/"} <= set(rules)
+    assert "training/tools/" in rules  # GPU checks and data tools run beside the trainer, not in the image
     for source in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", DOCKERFILE.read_text(), re.M):
         for path in source.split():
             if "*" not in path:
