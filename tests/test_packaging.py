@@ -136,7 +136,8 @@ def test_example_image_is_built_from_the_packaged_container(example_assembly):
     assert image["source"]["dockerFile"] == "training/Dockerfile"
     context = example_assembly / image["source"]["directory"]
     assert (context / "training" / "launcher.py").is_file() and (context / "training" / "Dockerfile").is_file()
-    assert (context / "tiered_training" / "runconfig.py").is_file()
+    assert (context / "tiered_training" / "contract" / "runconfig.py").is_file()
+    assert not (context / "training" / "tools").exists()  # GPU checks and data tools stay out of the image
     assert not (context / "tiered_training" / "container").exists()  # the trainer is sent once
 
 

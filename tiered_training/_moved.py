@@ -32,9 +32,11 @@ MOVED = {
     "tiered_training.preflight": "tiered_training.aws.preflight",
     "tiered_training.quotas": "tiered_training.planning.quotas",
     "tiered_training.runconfig": "tiered_training.contract.runconfig",
+    "tiered_training.run_list": "tiered_training.aws.run_list",
     "tiered_training.runs": "tiered_training.aws.runs",
     "tiered_training.schema": "tiered_training.recipe.schema",
     "tiered_training.segments": "tiered_training.planning.segments",
+    "tiered_training.start": "tiered_training.aws.start",
     "tiered_training.world": "tiered_training.contract.world",
 }
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from tiered_training.contract.runconfig import RunConfig
-
 from training.paths import HYPERPARAMETERS_FILE, Paths
 
 
@@ -33,12 +31,19 @@ def load_config(path: str | Path) -> RunConfig:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help=f"RunConfig JSON or hyperparameters JSON (default: {HYPERPARAMETERS_FILE})")
-    parser.add_argument("--data-dir", help="token shards (default: $TT_DATA_DIR, $SM_CHANNEL_TRAIN, /opt/ml/input/data/train)")
+    parser.add_argument(
+        "--data-dir", help="token shards (default: $TT_DATA_DIR, $SM_CHANNEL_TRAIN, /opt/ml/input/data/train)"
+    )
     parser.add_argument("--checkpoint-dir", help="checkpoints (default: $TT_CHECKPOINT_DIR, /opt/ml/checkpoints)")
     parser.add_argument("--model-dir", help="final HF model (default: $TT_MODEL_DIR, $SM_MODEL_DIR, /opt/ml/model)")
-    parser.add_argument("--init-dir", help="HF checkpoint to start from (default: $TT_INIT_DIR, $SM_CHANNEL_MODEL, /opt/ml/input/data/model)")
+    parser.add_argument(
+        "--init-dir",
+        help="HF checkpoint to start from (default: $TT_INIT_DIR, $SM_CHANNEL_MODEL, /opt/ml/input/data/model)",
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in this run")
-    parser.add_argument("--probe", action="store_true", help="run a probe (training.probe.run_probe) instead of training")
+    parser.add_argument(
+        "--probe", action="store_true", help="run a probe (training.probe.run_probe) instead of training"
+    )
     return parser.parse_args(argv)
 
 
@@ -71,16 +76,15 @@ def _main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir, checkpoint_dir=args.checkpoint_dir, model_dir=args.model_dir, init_dir=args.init_dir
     )
     if args.probe:
-        from training.probe import run_probe
-
         from training.distributed.dist import shut_down
+        from training.probe import run_probe
 
         run_probe(cfg, paths)
         shut_down()
         return 0
-    from training.distributed.dist import shut_down
     from training.components.metrics import MetricsHook
     from training.components.tracking import build_sinks
+    from training.distributed.dist import shut_down
     from training.trainer import run
 
     metrics = MetricsHook(cfg, sinks=build_sinks(cfg, int(os.environ.get("RANK", "0")))).start()

@@ -69,9 +69,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tiered_training.catalog.environment import family_environment
 from tiered_training.contract.container import MODE_VARIABLE
@@ -85,6 +86,7 @@ OPT_ML_VARIABLE = "TIERED_TRAINING_OPT_ML"
 FAILURE_DIR_VARIABLE = "TIERED_TRAINING_FAILURE_DIR"
 MODES = ("train", "probe")
 EXIT_USAGE = 2
+
 
 class LaunchError(Exception):
     """A problem with SageMaker's files or environment; reported as one line, exit 2."""
@@ -194,8 +196,8 @@ def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
     a leftover marker or a misnamed copy is not read."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("step-*")):
         return
-    from training.components.checkpoint_files import find_resumable, read_manifest, step_dir
     from tiered_training.contract.world import WorldSizeError, resume_accumulation
+    from training.components.checkpoint_files import find_resumable, read_manifest, step_dir
 
     step, _ = find_resumable(checkpoint_dir, checksums=False, metadata=False)  # no torch in the launcher
     if step is None:
@@ -234,7 +236,11 @@ def _check_run(cfg, world: int, hosts: int, checkpoint_dir: Path | None, data_di
         raise LaunchError(
             f"InstanceCount {hosts} ({world} GPUs) cannot run the plan as planned: the global batch of "
             f"{cfg.batch.global_batch_tokens:,} tokens per step, planned on {planned} GPUs, "
-            + ("would not stay whole" if not exact else "would need more memory per GPU (full sharding over fewer GPUs)")
+            + (
+                "would not stay whole"
+                if not exact
+                else "would need more memory per GPU (full sharding over fewer GPUs)"
+            )
             + f"; instance counts this plan supports: {', '.join(map(str, counts)) or 'only the planned one'}"
         )
 
@@ -307,14 +313,23 @@ def opt_ml_paths(root: Path) -> tuple[dict[str, str], list[str]]:
 
 
 def launch_from_files(
-    config_dir: Path = CONFIG_DIR, environ: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
-    checkpoint_dir: Path | None = None, data_dir: Path | None = None,
+    config_dir: Path = CONFIG_DIR,
+    environ: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    checkpoint_dir: Path | None = None,
+    data_dir: Path | None = None,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     resourceconfig = read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
     hyperparameters = read_json(config_dir / "hyperparameters.json", "hyperparameters.json")
-    return build_launch(resourceconfig, hyperparameters, environ, extra_args=extra_args, checkpoint_dir=checkpoint_dir,
-                        data_dir=data_dir)
+    return build_launch(
+        resourceconfig,
+        hyperparameters,
+        environ,
+        extra_args=extra_args,
+        checkpoint_dir=checkpoint_dir,
+        data_dir=data_dir,
+    )
 
 
 # -- running torchrun: signals and the failure file --------------------------------------
@@ -351,8 +366,10 @@ def failure_reason(failure_dir: Path, status: int, host: str) -> str:
         return causes_first(list(lines))[0][:1000]
     if status < 0:
         return f"{host}: torchrun was killed by signal {signal.Signals(-status).name}"
-    return (f"{host}: training exited with status {status} and no worker recorded an error "
-            "(a worker killed by a signal, or out of host memory?)")
+    return (
+        f"{host}: training exited with status {status} and no worker recorded an error "
+        "(a worker killed by a signal, or out of host memory?)"
+    )
 
 
 def write_failure(output_dir: Path, reason: str) -> None:
@@ -409,10 +426,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = paths_args + extra
     config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR") or root / "input/config")
     try:
-        launch = launch_from_files(config_dir, environ, extra,
-                                   checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"),
-                                   data_dir=Path(environ.get("TT_DATA_DIR") or environ.get("SM_CHANNEL_TRAIN")
-                                                 or root / "input/data/train"))
+        launch = launch_from_files(
+            config_dir,
+            environ,
+            extra,
+            checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"),
+            data_dir=Path(environ.get("TT_DATA_DIR") or environ.get("SM_CHANNEL_TRAIN") or root / "input/data/train"),
+        )
     except LaunchError as error:
         print(f"launcher: error: {error}", file=sys.stderr)
         write_failure(root / "output", f"launcher: {error}")

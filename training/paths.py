@@ -36,7 +36,7 @@ class Paths:
     init_dir: Path | None = None  # a Hugging Face checkpoint to start from (config.json + safetensors)
 
     @classmethod
-    def resolve(cls, **overrides: str | os.PathLike | None) -> "Paths":
+    def resolve(cls, **overrides: str | os.PathLike | None) -> Paths:
         """Flag value, else ``TT_*`` environment variable, else SageMaker's variable, else the default."""
         values = {}
         for field, (env, sm_env, default) in DEFAULTS.items():

@@ -52,8 +52,9 @@ import gc
 import os
 import resource
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO
 
 from tiered_training.contract.metrics import PROBE_METRICS
 from tiered_training.contract.runconfig import RunConfig
@@ -210,10 +211,18 @@ def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: 
         cpu = bool(collected) and not peaks and run_fn_is_real
         oom, peak = _agree(oom, max(peaks) if peaks else (_resident_peak() if cpu else None))
         if oom:
-            result = CandidateResult(micro_batch, OOM, steps=len(collected), error=error or "out of memory on another rank")
+            result = CandidateResult(
+                micro_batch, OOM, steps=len(collected), error=error or "out of memory on another rank"
+            )
         else:
-            result = CandidateResult(micro_batch, OK, _steady_tokens_per_second(collected), peak, steps=len(collected),
-                                     gpu_memory=bool(peaks))
+            result = CandidateResult(
+                micro_batch,
+                OK,
+                _steady_tokens_per_second(collected),
+                peak,
+                steps=len(collected),
+                gpu_memory=bool(peaks),
+            )
         report.candidates.append(result)
         if _rank() == 0:
             _print_candidate(result, report.hbm_bytes, out)

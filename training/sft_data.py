@@ -74,6 +74,7 @@ def sft_files(base: Path) -> tuple[Path, Path, Path]:
 
 # ---- reading and checking examples -------------------------------------------------------------
 
+
 @dataclass
 class Example:
     where: str  # "file:line"
@@ -96,7 +97,9 @@ class HashedLines:
                 try:
                     text = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte order mark is allowed
                 except UnicodeDecodeError as error:
-                    raise BadData(f"{self.path}:{number}: not UTF-8 text ({error.reason} at byte offset {error.start})") from None
+                    raise BadData(
+                        f"{self.path}:{number}: not UTF-8 text ({error.reason} at byte offset {error.start})"
+                    ) from None
                 yield number, text
 
 
@@ -132,11 +135,11 @@ def parse_example(data, where: str, *, loss_on: str) -> Example:
 
 def _messages(messages, where: str, *, loss_on: str) -> list[dict]:
     if not isinstance(messages, list) or not messages:
-        raise BadData(f"{where}: messages: expected a non-empty list of {{\"role\": ..., \"content\": ...}}")
+        raise BadData(f'{where}: messages: expected a non-empty list of {{"role": ..., "content": ...}}')
     for i, message in enumerate(messages):
         field_ = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise BadData(f"{where}: {field_}: a {type(message).__name__}, expected {{\"role\": ..., \"content\": ...}}")
+            raise BadData(f'{where}: {field_}: a {type(message).__name__}, expected {{"role": ..., "content": ...}}')
         role = message.get("role")
         if role not in ROLES:
             found = "missing" if "role" not in message else repr(role)
@@ -153,6 +156,7 @@ def _messages(messages, where: str, *, loss_on: str) -> list[dict]:
 
 # ---- tokenising ---------------------------------------------------------------------------------
 
+
 class SftTokenizer:
     """A Hugging Face tokenizer from a local directory, with its chat template."""
 
@@ -160,8 +164,9 @@ class SftTokenizer:
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise BadData("preparing SFT data needs transformers: install the train extra "
-                          "(pip install 'tiered-training[train]')") from None
+            raise BadData(
+                "preparing SFT data needs transformers: install the train extra (pip install 'tiered-training[train]')"
+            ) from None
 
         if not Path(path).is_dir():
             raise BadData(f"{path}: no such directory; --tokenizer is a local directory holding the model's tokenizer")
@@ -172,7 +177,9 @@ class SftTokenizer:
         if self.tok.eos_token_id is None:
             raise BadData(f"{path}: the tokenizer has no eos_token; it ends each prompt/completion example")
         if not getattr(self.tok, "is_fast", False):
-            raise BadData(f"{path}: a slow tokenizer; the loss masks need a fast one (tokenizer.json) for character offsets")
+            raise BadData(
+                f"{path}: a slow tokenizer; the loss masks need a fast one (tokenizer.json) for character offsets"
+            )
         self.path = str(path)
         self.vocab_size = len(self.tok)
         self.eos_token_id = self.tok.eos_token_id
@@ -183,17 +190,24 @@ class SftTokenizer:
     def fingerprint_material(self) -> bytes:
         """What decides the tokens: the tokenizer's full definition, its chat template and special ids."""
         special = {"eos": self.eos_token_id, "pad": self.pad_token_id, "bos": self.tok.bos_token_id}
-        return b"\0".join([self.tok.backend_tokenizer.to_str().encode(), json.dumps(self.tok.chat_template).encode(),
-                           json.dumps(special, sort_keys=True).encode()])
+        return b"\0".join(
+            [
+                self.tok.backend_tokenizer.to_str().encode(),
+                json.dumps(self.tok.chat_template).encode(),
+                json.dumps(special, sort_keys=True).encode(),
+            ]
+        )
 
     def encode(self, example: Example, loss_on: str) -> tuple[list[int], list[int]]:
         """The example's token ids and their loss mask (1: a target)."""
         if example.messages is None:
             return self._pair(example, loss_on)
         if self.template is None:
-            raise BadData(f"{example.where}: messages: the tokenizer in {self.path} has no chat template; use a "
-                          "checkpoint whose tokenizer ships one (tokenizer_config.json or chat_template.jinja), "
-                          "or give the examples as prompt/completion")
+            raise BadData(
+                f"{example.where}: messages: the tokenizer in {self.path} has no chat template; use a "
+                "checkpoint whose tokenizer ships one (tokenizer_config.json or chat_template.jinja), "
+                "or give the examples as prompt/completion"
+            )
         if loss_on == "all":
             ids, _ = self._tokens_with_mask(self._render(example, example.messages, tokenize=False), [])
             return ids, [1] * len(ids)
@@ -226,13 +240,19 @@ class SftTokenizer:
 
         text = self._render(example, example.messages, tokenize=False)
         try:
-            rendered, spans = render_jinja_template(conversations=[example.messages], chat_template=self.template,
-                                                    return_assistant_tokens_mask=True, **self.tok.special_tokens_map)
+            rendered, spans = render_jinja_template(
+                conversations=[example.messages],
+                chat_template=self.template,
+                return_assistant_tokens_mask=True,
+                **self.tok.special_tokens_map,
+            )
         except Exception as error:
             raise BadData(f"{example.where}: messages: the chat template refused the conversation: {error}") from None
         if rendered[0] != text:
-            raise BadData(f"{example.where}: messages: the chat template renders differently with its {{% generation %}} "
-                          "markers; use --loss-on all")
+            raise BadData(
+                f"{example.where}: messages: the chat template renders differently with its {{% generation %}} "
+                "markers; use --loss-on all"
+            )
         return self._tokens_with_mask(text, spans[0])
 
     def _chat_by_prefix(self, example: Example) -> tuple[list[int], list[int]]:
@@ -250,9 +270,11 @@ class SftTokenizer:
                 start = ""  # a conversation that opens with the assistant, and a template that needs a message
             end = self._render(example, messages[: i + 1], tokenize=False)
             if not (text.startswith(start) and text.startswith(end) and len(start) < len(end)):
-                raise BadData(f"{example.where}: messages[{i}]: the chat template of {self.path} does not render the "
-                              "conversation prefix by prefix, so its assistant tokens cannot be found; use a template "
-                              "with {% generation %} markers or --loss-on all")
+                raise BadData(
+                    f"{example.where}: messages[{i}]: the chat template of {self.path} does not render the "
+                    "conversation prefix by prefix, so its assistant tokens cannot be found; use a template "
+                    "with {% generation %} markers or --loss-on all"
+                )
             spans.append((len(start), len(end)))
         return self._tokens_with_mask(text, spans)
 
@@ -264,6 +286,7 @@ class SftTokenizer:
 
 
 # ---- packing and writing ------------------------------------------------------------------------
+
 
 def token_dtype(vocab_size: int, sequence_length: int) -> str:
     """uint16 when both the token ids and the positions (up to ``sequence_length``) fit, else uint32."""
@@ -306,7 +329,9 @@ class ShardWriter:
             return
         for handle in self._files:
             handle.close()
-        self.shards.append({"file": f"shard-{len(self.shards):05d}.bin", "sequences": self._count, "max_token": self._max})
+        self.shards.append(
+            {"file": f"shard-{len(self.shards):05d}.bin", "sequences": self._count, "max_token": self._max}
+        )
         self._files, self._count, self._max = None, 0, 0
 
 
@@ -320,7 +345,7 @@ class Packer:
         self.used: list[int] = []
 
     def add(self, ids: list[int], mask: list[int]) -> None:
-        for i, used in enumerate(self.used):
+        for i, used in enumerate(self.used):  # noqa: B007 (i is the sequence the loop found)
             if used + len(ids) <= self.width:
                 break
         else:
@@ -375,9 +400,11 @@ class Split:
         width = settings.sequence_length + 1
         if len(ids) > width:
             if settings.overlong == "error":
-                raise BadData(f"{example.where}: {'messages' if example.messages is not None else 'prompt'}: "
-                              f"{len(ids)} tokens, longer than sequence length {settings.sequence_length} allows "
-                              f"({width} tokens); pass --overlong drop or --overlong truncate")
+                raise BadData(
+                    f"{example.where}: {'messages' if example.messages is not None else 'prompt'}: "
+                    f"{len(ids)} tokens, longer than sequence length {settings.sequence_length} allows "
+                    f"({width} tokens); pass --overlong drop or --overlong truncate"
+                )
             if settings.overlong == "drop" or not any(mask[1:width]):
                 self.counts.dropped += 1
                 return
@@ -391,17 +418,32 @@ class Split:
     def close(self, settings: Settings, tokenizer: SftTokenizer, dtype: str, fingerprint: str) -> dict:
         self.packer.close()
         if not self.writer.shards:
-            why = (f"all {self.counts.dropped} dropped as longer than sequence length {settings.sequence_length}"
-                   if self.counts.dropped else "the input has none" if self.name == "train" else
-                   f"--validation-fraction {settings.validation_fraction} of the examples is less than one")
+            why = (
+                f"all {self.counts.dropped} dropped as longer than sequence length {settings.sequence_length}"
+                if self.counts.dropped
+                else "the input has none"
+                if self.name == "train"
+                else f"--validation-fraction {settings.validation_fraction} of the examples is less than one"
+            )
             raise BadData(f"{self.name}: no examples to pack ({why})")
         c = self.counts
         manifest = {
-            "kind": SFT_KIND, "split": self.name, "sequence_length": settings.sequence_length, "token_dtype": dtype,
-            "fingerprint": fingerprint, "loss_on": settings.loss_on, "overlong": settings.overlong,
-            "examples": c.examples, "dropped": c.dropped, "truncated": c.truncated,
-            "tokens": c.tokens, "target_tokens": c.targets, "padding_tokens": c.padding,
-            "tokenizer": tokenizer.path, "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id,
+            "kind": SFT_KIND,
+            "split": self.name,
+            "sequence_length": settings.sequence_length,
+            "token_dtype": dtype,
+            "fingerprint": fingerprint,
+            "loss_on": settings.loss_on,
+            "overlong": settings.overlong,
+            "examples": c.examples,
+            "dropped": c.dropped,
+            "truncated": c.truncated,
+            "tokens": c.tokens,
+            "target_tokens": c.targets,
+            "padding_tokens": c.padding,
+            "tokenizer": tokenizer.path,
+            "vocab_size": tokenizer.vocab_size,
+            "pad_token_id": tokenizer.pad_token_id,
             "shards": self.writer.shards,
         }
         (self.out / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -412,8 +454,15 @@ def in_validation(index: int, fraction: float) -> bool:
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def prepare(inputs: list[Path], tokenizer: SftTokenizer, out: Path, settings: Settings, *,
-            validation_files: list[Path] = (), log=print) -> dict[str, dict]:
+def prepare(
+    inputs: list[Path],
+    tokenizer: SftTokenizer,
+    out: Path,
+    settings: Settings,
+    *,
+    validation_files: list[Path] = (),
+    log=print,
+) -> dict[str, dict]:
     """Tokenise, check and pack ``inputs`` into ``out/train`` (and ``out/validation``); returns the manifests.
 
     Everything is written to ``out/.partial`` first and moved into place only when all of it is
@@ -439,17 +488,30 @@ def prepare(inputs: list[Path], tokenizer: SftTokenizer, out: Path, settings: Se
                 hashed.append((role, lines))
                 for example in read_examples(lines, loss_on=settings.loss_on):
                     ids, mask = tokenizer.encode(example, settings.loss_on)
-                    split = role if role == "validation" or not in_validation(index, settings.validation_fraction) \
+                    split = (
+                        role
+                        if role == "validation" or not in_validation(index, settings.validation_fraction)
                         else "validation"
+                    )
                     splits[split].add(example, ids, mask, settings)
                     index += 1
                     if index % PROGRESS_EVERY == 0:
                         log(f"{index:,} examples read ({example.where})", file=sys.stderr)
         digest = hashlib.sha256(FORMAT_VERSION.encode())
-        digest.update(json.dumps({"sequence_length": settings.sequence_length, "loss_on": settings.loss_on,
-                                  "overlong": settings.overlong, "validation_fraction": settings.validation_fraction,
-                                  "token_dtype": dtype, "open_sequences": OPEN_SEQUENCES, "width": width},
-                                 sort_keys=True).encode())
+        digest.update(
+            json.dumps(
+                {
+                    "sequence_length": settings.sequence_length,
+                    "loss_on": settings.loss_on,
+                    "overlong": settings.overlong,
+                    "validation_fraction": settings.validation_fraction,
+                    "token_dtype": dtype,
+                    "open_sequences": OPEN_SEQUENCES,
+                    "width": width,
+                },
+                sort_keys=True,
+            ).encode()
+        )
         digest.update(tokenizer.fingerprint_material())
         for role, lines in hashed:
             digest.update(f"\0{role}\0".encode() + lines.digest.digest())
@@ -475,13 +537,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
     parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
     parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
-    parser.add_argument("--loss-on", choices=["assistant", "all"], default="assistant",
-                        help="assistant (default): loss on assistant turns / completions only; all: on every token")
-    parser.add_argument("--overlong", choices=["error", "drop", "truncate"], default="error",
-                        help="an example longer than the sequence length: error (default), drop it, or truncate it")
+    parser.add_argument(
+        "--loss-on",
+        choices=["assistant", "all"],
+        default="assistant",
+        help="assistant (default): loss on assistant turns / completions only; all: on every token",
+    )
+    parser.add_argument(
+        "--overlong",
+        choices=["error", "drop", "truncate"],
+        default="error",
+        help="an example longer than the sequence length: error (default), drop it, or truncate it",
+    )
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the examples")
-    split.add_argument("--validation", type=Path, action="append", default=[], help="a JSONL file of validation examples")
+    split.add_argument(
+        "--validation", type=Path, action="append", default=[], help="a JSONL file of validation examples"
+    )
     parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
     parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
     args = parser.parse_args(argv)
@@ -489,8 +561,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sequence-length must be at least 1")
     if not 0 <= args.validation_fraction < 1:
         parser.error("--validation-fraction must be in [0, 1)")
-    settings = Settings(args.sequence_length, args.loss_on, args.overlong, args.validation_fraction, args.dtype,
-                        args.sequences_per_shard)
+    settings = Settings(
+        args.sequence_length,
+        args.loss_on,
+        args.overlong,
+        args.validation_fraction,
+        args.dtype,
+        args.sequences_per_shard,
+    )
     try:
         for path in [*args.inputs, *args.validation]:
             if not path.is_file():
@@ -501,10 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for name, m in manifests.items():
-        print(f"{name}: {m['examples']:,} examples ({m['dropped']:,} dropped, {m['truncated']:,} truncated as longer "
-              f"than {m['sequence_length']} tokens) in {sum(s['sequences'] for s in m['shards']):,} sequences of "
-              f"{m['sequence_length'] + 1} {m['token_dtype']} tokens, {m['padding_tokens']:,} of them padding, "
-              f"{m['target_tokens']:,} loss targets, under {args.out / name}")
+        print(
+            f"{name}: {m['examples']:,} examples ({m['dropped']:,} dropped, {m['truncated']:,} truncated as longer "
+            f"than {m['sequence_length']} tokens) in {sum(s['sequences'] for s in m['shards']):,} sequences of "
+            f"{m['sequence_length'] + 1} {m['token_dtype']} tokens, {m['padding_tokens']:,} of them padding, "
+            f"{m['target_tokens']:,} loss targets, under {args.out / name}"
+        )
     return 0
 
 

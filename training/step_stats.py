@@ -20,7 +20,9 @@ class StepStats:
     checkpoint_save_s: float | None = None  # blocking part of a checkpoint save started at this step
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated() this step (CUDA only)
     world_size: int = 1
-    skipped: bool = False  # non-finite loss or gradient norm on some rank: no update was applied, ``step`` did not advance
+    skipped: bool = (
+        False  # non-finite loss or gradient norm on some rank: no update was applied, ``step`` did not advance
+    )
 
     @property
     def tokens_per_second_per_device(self) -> float:

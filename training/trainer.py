@@ -21,6 +21,10 @@ with ``skipped=True`` (the NonFiniteLoss metric counts it) and logged. More than
 ``optimizer.max_nonfinite_skips`` skips in a row raise :class:`NonFiniteError` after the
 save in flight (a healthy state) is committed, so the last healthy checkpoint is never
 pruned by a checkpoint of a broken state.
+
+The loop (``_loop``) orchestrates: :func:`train_step` does one optimiser step (forward, backward,
+clipping, the all-reduced non-finite check, the update or its skip); :class:`SaveStopPolicy` votes
+across ranks, after every step, on stopping and saving, and counts the non-finite steps in a row.
 """
 
 from __future__ import annotations
@@ -49,25 +53,25 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from tiered_training.contract.runconfig import RunConfig
-
+from tiered_training.contract.world import accumulation, resume_accumulation
 from training.components import float8
 from training.components.ac import apply_ac
 from training.components.checkpoint import CheckpointManager
-from training.components.identity import identity as run_identity, same_run
 from training.components.compile import apply_compile
-from training.distributed.context_parallel import ContextParallel, apply_context_parallel
 from training.components.data import build_dataloader, build_sft_dataloader, split_batch
-from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
-from training.components.export import export_hf, load_hf_weights, plain_tensor
-from training.models.lora import apply_lora, export_adapter, has_lora
+from training.components.identity import identity as run_identity
+from training.components.identity import same_run
 from training.components.loss import valid_tokens
-from training.models.decoder import CausalLMLoss, build_model, materialize
 from training.components.optim import build_optimizer, build_scheduler, clip_grad_norm
 from training.components.packing import check_attention, split_sft_batch
+from training.distributed.context_parallel import ContextParallel, apply_context_parallel
+from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
 from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
+from training.export import export_hf, load_hf_weights, plain_tensor
+from training.models.decoder import CausalLMLoss, build_model, materialize
+from training.models.lora import apply_lora, export_adapter, has_lora
 from training.paths import Paths
 from training.step_stats import StepStats
-from tiered_training.contract.world import accumulation, resume_accumulation
 
 log = logging.getLogger("training")
 
@@ -94,7 +98,9 @@ class RunResult:
     checkpoint_step: int | None = None  # last committed checkpoint
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
     exported_to: Path | None = None
-    trainer: "Trainer | None" = field(default=None, repr=False)  # the built model and optimiser, for callers that inspect them
+    trainer: Trainer | None = field(
+        default=None, repr=False
+    )  # the built model and optimiser, for callers that inspect them
 
 
 class _StopSignal:
@@ -125,8 +131,110 @@ class _StopSignal:
             self._timer.start()
 
     def _late(self) -> None:
-        log.error("the shutdown deadline of %d s has passed and the final save is not done; "
-                  "the newest committed checkpoint will be used on restart", self.deadline_s)
+        log.error(
+            "the shutdown deadline of %d s has passed and the final save is not done; "
+            "the newest committed checkpoint will be used on restart",
+            self.deadline_s,
+        )
+
+
+@dataclass(frozen=True)
+class StepVote:
+    """What every rank does after a step, decided together (:meth:`SaveStopPolicy.vote`)."""
+
+    stopping: bool  # SIGTERM reached some rank: save, wait for the save, return
+    out_of_time: bool  # the segment's time ran out before the run's last step: save, wait, hand over
+    final: bool  # the run's or the segment's last step, or out of time: wait for the save
+    save: bool  # save the state after this step now
+
+
+class SaveStopPolicy:
+    """When to save and when to stop, decided alike on every rank, and how many non-finite steps in a row pass.
+
+    ``stopped_before_start`` (once) and ``vote`` (after every step) are each one small all-reduce on ``group``:
+    every rank calls them at the same points. The clocks of the checkpoint interval and of the segment's time
+    limit start when the policy is made."""
+
+    def __init__(self, cfg: RunConfig, stop: _StopSignal, group, *, saved_at: int | None, save_checkpoints: bool):
+        self.cfg, self.stop, self.group = cfg, stop, group
+        self.save_checkpoints = save_checkpoints
+        self.max_skips = cfg.optimizer.max_nonfinite_skips
+        self.segment_end = cfg.run.end_step(cfg.batch.total_steps)
+        self.interval_s = cfg.checkpoint.interval_minutes * 60.0
+        self.loop_started = time.monotonic()
+        self.last_save = time.monotonic()
+        self.saved_at = saved_at  # the step whose state the newest save holds
+        self.in_a_row = 0  # non-finite steps in a row
+
+    def stopped_before_start(self) -> bool:
+        """Whether SIGTERM reached any rank before the first step."""
+        early = torch.tensor([1 if self.stop.received_at is not None else 0])
+        dist.all_reduce(early, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(early.item())
+
+    def count(self, skipped: bool) -> bool:
+        """Count a step as skipped (non-finite) or applied; True when it is one skip in a row too many."""
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        return skipped and self.in_a_row > self.max_skips
+
+    def vote(self, step: int, skipped: bool) -> StepVote:
+        """Whether to stop or save after ``step`` (the steps done so far): one small all-reduce decides, for all
+        ranks together."""
+        cfg = self.cfg
+        total_steps = cfg.batch.total_steps
+        flags = torch.tensor(
+            [
+                1 if self.stop.received_at is not None else 0,
+                1 if self.interval_s > 0 and time.monotonic() - self.last_save >= self.interval_s else 0,
+                1
+                if cfg.run.segment_seconds > 0 and time.monotonic() - self.loop_started >= cfg.run.segment_seconds
+                else 0,
+            ]
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        stopping = bool(flags[0])
+        out_of_time = bool(flags[2]) and step < total_steps
+        due = bool(flags[1]) or (cfg.checkpoint.interval_steps > 0 and step % cfg.checkpoint.interval_steps == 0)
+        due = due and not skipped  # a skipped step changed no state: nothing new to save
+        final = (step >= total_steps or step >= self.segment_end) and not skipped or out_of_time
+        save = self.save_checkpoints and (due or final or stopping) and step != self.saved_at
+        return StepVote(stopping=stopping, out_of_time=out_of_time, final=final, save=save)
+
+    def log_skipped(self, step: int, done: StepOutcome, skipped_steps: int) -> None:
+        log.warning(
+            "non-finite loss %s or gradient norm %s on some rank after step %d: update skipped "
+            "(%d in a row, %d in this run; at most %d in a row)",
+            done.loss,
+            done.grad_norm,
+            step,
+            self.in_a_row,
+            skipped_steps,
+            self.max_skips,
+        )
+
+    def too_many_skips(self, step: int, done: StepOutcome, last_healthy: str) -> NonFiniteError:
+        """The error that ends the run when ``count`` says so (raised after the save in flight is committed)."""
+        return NonFiniteError(
+            f"{self.in_a_row} steps in a row after step {step} had a non-finite loss or gradient norm "
+            f"(last: loss {done.loss}, grad norm {done.grad_norm}; optimizer.max_nonfinite_skips is "
+            f"{self.max_skips}); no update was applied; {last_healthy}; "
+            "lower optimizer.lr or raise optimizer.warmup_tokens, or check the data after that position"
+        )
+
+    def saved(self, step: int) -> None:
+        """A save of the state after ``step`` started: the checkpoint interval starts again."""
+        self.last_save = time.monotonic()
+        self.saved_at = step
+
+    def log_stopped(self, step: int) -> None:
+        elapsed = time.monotonic() - self.stop.received_at if self.stop.received_at is not None else 0.0
+        deadline = self.cfg.checkpoint.shutdown_deadline_seconds
+        log.warning(
+            "stopped by SIGTERM after step %d; checkpoint saved %.1f s after the signal (deadline %d s)",
+            step,
+            elapsed,
+            deadline,
+        )
 
 
 @dataclass
@@ -155,7 +263,9 @@ def setup_logging(rank: int) -> None:
     root.setLevel(level)
 
 
-def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None = None, emulate_fp8: bool | None = None) -> Trainer:
+def build(
+    cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None = None, emulate_fp8: bool | None = None
+) -> Trainer:
     """Model, sharding, precision, checkpointing and optimiser, as the RunConfig says."""
     info = info or init_distributed()
     precision = cfg.precision
@@ -171,7 +281,9 @@ def build(cfg: RunConfig, paths: Paths | None = None, *, info: DistInfo | None =
     lora = lora_config(cfg)
     if lora is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
         apply_lora(lm, lora)
-    converted = float8.apply_float8(lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8)
+    converted = float8.apply_float8(
+        lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8
+    )
     layers = lm.model.layers
     apply_context_parallel(lm, cp)
     apply_ac(layers, precision.activation_checkpointing, preserve_rng_state=lora is not None and lora.dropout > 0)
@@ -207,9 +319,16 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     from training.components.validation import Validator
 
     try:
-        validator = Validator.build(cfg, paths.data_dir, trainer.model, trainer.info.device,
-                                    rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks, group=group,
-                                    shard=trainer.cp.shard)
+        validator = Validator.build(
+            cfg,
+            paths.data_dir,
+            trainer.model,
+            trainer.info.device,
+            rank=trainer.cp.data_rank,
+            world_size=trainer.cp.data_ranks,
+            group=group,
+            shard=trainer.cp.shard,
+        )
     except (FileNotFoundError, ValueError) as error:
         log.warning("no validation loss in this run: %s", error)
         validator = None
@@ -232,16 +351,21 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     shards' manifest must name the RunConfig's ``data.token_dtype``: a mismatch is refused (DataError)."""
     batch, info = cfg.batch, trainer.info
     common = dict(
-        rank=trainer.cp.data_rank, world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
-        seed=cfg.data.seed, pin_memory=info.device.type == "cuda",
-        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")), vocab_size=cfg.model.vocab_size,
+        rank=trainer.cp.data_rank,
+        world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
+        seed=cfg.data.seed,
+        pin_memory=info.device.type == "cuda",
+        num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
+        vocab_size=cfg.model.vocab_size,
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
     )
     if cfg.sft is not None:
-        return build_sft_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length,
-                                    batch.micro_batch_size, **common)
-    return build_dataloader(paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size,
-                            **common)
+        return build_sft_dataloader(
+            paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+        )
+    return build_dataloader(
+        paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+    )
 
 
 def micro_batch(trainer: Trainer, batch, device: torch.device) -> tuple:
@@ -271,6 +395,63 @@ def forward_backward(trainer: Trainer, micro_batches: list[tuple]) -> torch.Tens
     return loss_sum
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What :func:`train_step` did: the step's global loss and gradient norm, and whether it was applied."""
+
+    loss: float  # summed over ranks
+    grad_norm: float
+    lr: float  # the learning rate the step used
+    skipped: bool  # non-finite loss or gradient norm on some rank: no update (see the module docstring)
+    accum: int  # micro-batches
+    data_wait_s: float  # time spent waiting for them
+
+
+def next_micro_batches(trainer: Trainer, data_iter, accum: int) -> tuple[list[tuple], float]:
+    """``accum`` micro-batches from ``data_iter`` (this rank's part, on its device), and the seconds spent waiting
+    for the data."""
+    data_wait = 0.0
+    micro_batches = []
+    for _ in range(accum):
+        waited = time.perf_counter()
+        tokens = next(data_iter)
+        data_wait += time.perf_counter() - waited
+        micro_batches.append(micro_batch(trainer, tokens, trainer.info.device))
+    return micro_batches, data_wait
+
+
+def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bool) -> StepOutcome:
+    """One optimiser step over ``accum`` micro-batches: forward, backward, gradient clipping, then the update, or
+    no update when the loss or the gradient norm is non-finite on any rank. ``group``: the CPU group of the one
+    all-reduce that sums the loss and counts those ranks. ``precompute``: FP8 scales recomputed after the update."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
+    micro_batches, data_wait = next_micro_batches(trainer, data_iter, accum)
+    loss_sum = forward_backward(trainer, micro_batches)
+    grad_norm = clip_grad_norm(model, trainer.cfg.optimizer.grad_clip)
+    lr = float(scheduler.get_last_lr()[0])  # a float already (AdamW's lr is the config's float)
+    # The step's one wait for the GPU: this rank's loss and the gradient norm, copied together.
+    # One CPU all-reduce then sums the loss over ranks and counts the ranks with a NaN or an
+    # inf, so that a NaN on one rank skips the step on every rank. The optimiser step is queued
+    # behind it, and the next step's batch is read while the GPU runs it.
+    loss_local, grad_norm_value = torch.stack([loss_sum.detach().float(), grad_norm.detach().float()]).cpu().tolist()
+    finite = math.isfinite(loss_local) and math.isfinite(grad_norm_value)
+    reduced = torch.tensor([loss_local, 0.0 if finite else 1.0], dtype=torch.float64)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
+    loss_value, bad_ranks = reduced.tolist()
+    skipped = bad_ranks > 0
+    if skipped:  # no update, no schedule step; the batch is consumed
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if precompute:
+            float8.precompute_scales(model)
+    return StepOutcome(
+        loss=loss_value, grad_norm=grad_norm_value, lr=lr, skipped=skipped, accum=accum, data_wait_s=data_wait
+    )
+
+
 def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
     """What a checkpoint holds. The data position is global (the same on every rank), so a
     checkpoint resumes on any number of ranks; only the RNG state is per rank."""
@@ -279,11 +460,19 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
         rng["cuda"] = torch.cuda.get_rng_state()
     return {
         # float8 weights as the plain tensors they wrap: DCP reads into (and writes from) their storage
-        "model": {key: plain_tensor(value)
-                  for key, value in get_model_state_dict(trainer.model, options=_model_state_options(trainer)).items()},
+        "model": {
+            key: plain_tensor(value)
+            for key, value in get_model_state_dict(trainer.model, options=_model_state_options(trainer)).items()
+        },
         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer),
-        "train": pickle.dumps({"step": step, "scheduler": trainer.scheduler.state_dict(),
-                               "data": dataloader.state_dict(), "world_size": trainer.info.world_size}),
+        "train": pickle.dumps(
+            {
+                "step": step,
+                "scheduler": trainer.scheduler.state_dict(),
+                "data": dataloader.state_dict(),
+                "world_size": trainer.info.world_size,
+            }
+        ),
         f"rng_rank{rank}": pickle.dumps(rng),
     }
 
@@ -302,7 +491,11 @@ def _finite_everywhere(weights: dict, group) -> bool:
 
 def _last_healthy(ckpt: CheckpointManager, saved_at: int | None) -> str:
     newest = ckpt.last_committed if ckpt.last_committed is not None else saved_at
-    return f"the newest checkpoint (step-{newest}) holds the last healthy state" if newest is not None else "no checkpoint was saved"
+    return (
+        f"the newest checkpoint (step-{newest}) holds the last healthy state"
+        if newest is not None
+        else "no checkpoint was saved"
+    )
 
 
 def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
@@ -321,8 +514,12 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     else:  # saved on another number of ranks: this rank had no state
         torch.manual_seed(trainer.cfg.data.seed + rank + int(train["step"]))
     if train.get("world_size", trainer.info.world_size) != trainer.info.world_size:
-        log.warning("resuming a checkpoint of %d ranks on %d: the state is resharded, the data continues from its "
-                    "global position, and the accumulation keeps the global batch", train["world_size"], trainer.info.world_size)
+        log.warning(
+            "resuming a checkpoint of %d ranks on %d: the state is resharded, the data continues from its "
+            "global position, and the accumulation keeps the global batch",
+            train["world_size"],
+            trainer.info.world_size,
+        )
     return int(train["step"])
 
 
@@ -367,70 +564,109 @@ def run(
 def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
     accum_at, exact = accumulation(cfg, info.world_size)
     if not exact and info.rank == 0:
-        log.warning("%d ranks cannot keep the plan's global batch of %d tokens; running the plan's accumulation as it is",
-                    info.world_size, cfg.batch.global_batch_tokens)
+        log.warning(
+            "%d ranks cannot keep the plan's global batch of %d tokens; running the plan's accumulation as it is",
+            info.world_size,
+            cfg.batch.global_batch_tokens,
+        )
     torch.manual_seed(cfg.data.seed + info.rank)
     trainer = build(cfg, paths, info=info)
     dataloader = build_train_dataloader(cfg, paths, trainer)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
-    ckpt = CheckpointManager(paths.checkpoint_dir, keep_last=cfg.checkpoint.keep_last, rank=info.rank,
-                             save_group=save_group, control_group=control_group, identity=identity,
-                             accept=same_run(identity) if identity else None)
+    ckpt = CheckpointManager(
+        paths.checkpoint_dir,
+        keep_last=cfg.checkpoint.keep_last,
+        rank=info.rank,
+        save_group=save_group,
+        control_group=control_group,
+        identity=identity,
+        accept=same_run(identity) if identity else None,
+    )
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
     # without its COMMITTED marker a restart skips it.
     validator = build_validator(cfg, paths, trainer, control_group)
-    result = _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
-                   accum_at, validator)
+    resumed_from = None
+    if resume:
+        resumed_from, accum_at = _resume(trainer, dataloader, ckpt, accum_at)
+    step = resumed_from if resumed_from is not None else 0
+    end = _end_step(cfg, step, max_steps, info.is_main)
+    result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
+    policy = SaveStopPolicy(cfg, stop, control_group, saved_at=resumed_from, save_checkpoints=save_checkpoints)
+    if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at):
+        _finish(trainer, ckpt, result, paths.model_dir, export)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
 
 
-def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume, save_checkpoints, export,
-          accum_at=None, validator=None) -> RunResult:
-    info, model, optimizer, scheduler = trainer.info, trainer.model, trainer.optimizer, trainer.scheduler
-    batch, device = cfg.batch, info.device
-    step, resumed_from = 0, None
-    if resume:
-        found = ckpt.resumable_step()
-        if found is not None:
-            state = _train_state(trainer, 0, dataloader, info.rank)
-            saved = ckpt.saved_keys(found)
-            state = {key: value for key, value in state.items() if key in saved}  # per-rank keys of another world
-            ckpt.load(found, state)
-            accum_at = _resume_accumulation(cfg, state, info.world_size)
-            step = resumed_from = _restore(trainer, state, dataloader, info.rank)
-            if step != found:  # the manifest said `found`; the state inside says otherwise
-                raise ValueError(f"checkpoint step-{found} holds the training state of step {step}: "
-                                 "its files were copied from another checkpoint; delete the directory")
-            log.info("resumed at step %d", step)
+def _resume(trainer: Trainer, dataloader, ckpt: CheckpointManager, accum_at):
+    """Load the newest resumable checkpoint: ``(its step, the accumulation that keeps its global batch here)``,
+    or ``(None, accum_at)`` when there is none."""
+    cfg, info = trainer.cfg, trainer.info
+    found = ckpt.resumable_step()
+    if found is None:
+        return None, accum_at
+    state = _train_state(trainer, 0, dataloader, info.rank)
+    saved = ckpt.saved_keys(found)
+    state = {key: value for key, value in state.items() if key in saved}  # per-rank keys of another world
+    ckpt.load(found, state)
+    accum_at = _resume_accumulation(cfg, state, info.world_size)
+    step = _restore(trainer, state, dataloader, info.rank)
+    if step != found:  # the manifest said `found`; the state inside says otherwise
+        raise ValueError(
+            f"checkpoint step-{found} holds the training state of step {step}: "
+            "its files were copied from another checkpoint; delete the directory"
+        )
+    log.info("resumed at step %d", step)
+    return step, accum_at
+
+
+def _end_step(cfg: RunConfig, step: int, max_steps: int | None, is_main: bool) -> int:
+    """The step this call trains to: ``total_steps``, or fewer for ``max_steps`` or this segment's share."""
+    batch = cfg.batch
     end = batch.total_steps if max_steps is None else min(batch.total_steps, step + max_steps)
     segment_end = cfg.run.end_step(batch.total_steps)  # a segment of a longer run trains its share, then hands over
     if segment_end < end:
         end = segment_end
-        if info.is_main:
-            log.info("segment %d of %d: trains to step %d of %d, then saves for the next segment",
-                     cfg.run.segment, cfg.run.segments, segment_end, batch.total_steps)
-    loop_started = time.monotonic()
-    result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
-    interval_s = cfg.checkpoint.interval_minutes * 60.0
-    last_save = time.monotonic()
-    saved_at = resumed_from  # the step whose state the newest save holds
-    in_a_row = 0  # non-finite steps in a row
+        if is_main:
+            log.info(
+                "segment %d of %d: trains to step %d of %d, then saves for the next segment",
+                cfg.run.segment,
+                cfg.run.segments,
+                segment_end,
+                batch.total_steps,
+            )
+    return end
+
+
+def _loop(
+    trainer: Trainer,
+    dataloader,
+    ckpt: CheckpointManager,
+    policy: SaveStopPolicy,
+    hooks: list[Hook],
+    validator,
+    result: RunResult,
+    end: int,
+    accum_at: Callable[[int], int],
+) -> bool:
+    """Train from ``result.step`` to ``end``, recording into ``result``. True when ``end`` is reached; False when
+    the run stops before it (SIGTERM, the segment's time limit)."""
+    cfg, info = trainer.cfg, trainer.info
+    device = info.device
+    step = result.step
     data_iter = iter(dataloader)
     precompute = float8.needs_precompute(cfg.precision)
     if precompute:
-        float8.precompute_scales(model)
+        float8.precompute_scales(trainer.model)
     cuda = device.type == "cuda"
 
-    early = torch.tensor([1 if stop.received_at is not None else 0])
-    dist.all_reduce(early, op=dist.ReduceOp.MAX, group=ckpt.control_group)
-    if early.item():
+    if policy.stopped_before_start():
         log.warning("SIGTERM before the first step: nothing new to save, stopping")
         result.stopped = True
-        return result
+        return False
 
     while step < end:
         if step > 0 and step % GC_EVERY_STEPS == 0:
@@ -438,123 +674,121 @@ def _loop(cfg, paths, trainer, dataloader, ckpt, stop, hooks, max_steps, resume,
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
-        accum = (accum_at or batch.accum_steps_at)(step)
-        data_wait = 0.0
-        micro_batches = []
-        for _ in range(accum):
-            waited = time.perf_counter()
-            tokens = next(data_iter)
-            data_wait += time.perf_counter() - waited
-            micro_batches.append(micro_batch(trainer, tokens, device))
-        loss_sum = forward_backward(trainer, micro_batches)
-        grad_norm = clip_grad_norm(model, cfg.optimizer.grad_clip)
-        lr = scheduler.get_last_lr()[0]
-        # The step's one wait for the GPU: this rank's loss and the gradient norm, copied together.
-        # One CPU all-reduce then sums the loss over ranks and counts the ranks with a NaN or an
-        # inf, so that a NaN on one rank skips the step on every rank. The optimiser step is queued
-        # behind it, and the next step's batch is read while the GPU runs it.
-        loss_local, grad_norm_value = torch.stack([loss_sum.detach().float(), grad_norm.detach().float()]).cpu().tolist()
-        finite = math.isfinite(loss_local) and math.isfinite(grad_norm_value)
-        reduced = torch.tensor([loss_local, 0.0 if finite else 1.0], dtype=torch.float64)
-        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=ckpt.control_group)
-        loss_value, bad_ranks = reduced.tolist()
-        skipped = bad_ranks > 0
-        if skipped:  # no update, no schedule step, no step count; the batch is consumed
-            optimizer.zero_grad(set_to_none=True)
-            in_a_row += 1
+        done = train_step(trainer, data_iter, accum_at(step), ckpt.control_group, precompute=precompute)
+        if done.skipped:
             result.skipped_steps += 1
         else:
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if precompute:
-                float8.precompute_scales(model)
             step += 1
-            in_a_row = 0
-
+        give_up = policy.count(done.skipped)
         step_time = time.perf_counter() - started
 
-        # One small all-reduce decides, for all ranks together, whether to stop or save now.
-        flags = torch.tensor([
-            1 if stop.received_at is not None else 0,
-            1 if interval_s > 0 and time.monotonic() - last_save >= interval_s else 0,
-            1 if cfg.run.segment_seconds > 0 and time.monotonic() - loop_started >= cfg.run.segment_seconds else 0,
-        ])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=ckpt.control_group)
-        stopping = bool(flags[0])
-        out_of_time = bool(flags[2]) and step < batch.total_steps
-        due = bool(flags[1]) or (cfg.checkpoint.interval_steps > 0 and step % cfg.checkpoint.interval_steps == 0)
-        due = due and not skipped  # a skipped step changed no state: nothing new to save
-        final = (step >= batch.total_steps or step >= segment_end) and not skipped or out_of_time
-        save_s = None
-        committed = ckpt.poll()
-        if save_checkpoints and (due or final or stopping) and step != saved_at:
-            state = _train_state(trainer, step, dataloader, info.rank)
-            if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
-                ckpt.wait()
-                raise NonFiniteError(f"the weights after step {step} are not finite although its loss and gradient "
-                                     f"norm were; they were not saved; {_last_healthy(ckpt, saved_at)}")
-            save_s = ckpt.save(step, state, tokens_seen=_tokens_seen(cfg, step))
-            last_save = time.monotonic()
-            saved_at = step
-        if stopping or final:
-            committed = ckpt.wait() or committed
-        if committed is not None:
-            result.checkpoint_step = committed
+        vote = policy.vote(step, done.skipped)
+        save_s = _checkpoint(trainer, dataloader, ckpt, policy, vote, step, result)
 
-        tokens_global = accum * batch.micro_batch_size * batch.sequence_length * trainer.cp.data_ranks
-        stats = StepStats(
-            step=step, loss=loss_value, grad_norm=grad_norm_value, lr=lr, tokens=tokens_global,
-            step_time_s=step_time, data_wait_s=data_wait, tokens_per_second=tokens_global / step_time,
-            micro_batch_size=batch.micro_batch_size, grad_accum_steps=accum, checkpoint_save_s=save_s,
-            peak_memory_bytes=torch.cuda.max_memory_allocated(device) if cuda else None, world_size=info.world_size,
-            skipped=skipped,
-        )
-        if not skipped:
-            result.losses[step] = loss_value
-            result.final_loss = loss_value
+        stats = _step_stats(trainer, step, done, step_time, save_s)
+        if not done.skipped:
+            result.losses[step] = done.loss
+            result.final_loss = done.loss
         result.step = step
         if info.is_main:
             log.info(stats.log_line())
-            if skipped:
-                log.warning("non-finite loss %s or gradient norm %s on some rank after step %d: update skipped "
-                            "(%d in a row, %d in this run; at most %d in a row)", loss_value, grad_norm_value, step,
-                            in_a_row, result.skipped_steps, cfg.optimizer.max_nonfinite_skips)
+            if done.skipped:
+                policy.log_skipped(step, done, result.skipped_steps)
         for hook in hooks:
             hook(stats)
-        if skipped and in_a_row > cfg.optimizer.max_nonfinite_skips:
-            committed = ckpt.wait()  # the save in flight holds a healthy state: commit it
-            if committed is not None:
-                result.checkpoint_step = committed
-            raise NonFiniteError(
-                f"{in_a_row} steps in a row after step {step} had a non-finite loss or gradient norm "
-                f"(last: loss {loss_value}, grad norm {grad_norm_value}; optimizer.max_nonfinite_skips is "
-                f"{cfg.optimizer.max_nonfinite_skips}); no update was applied; {_last_healthy(ckpt, saved_at)}; "
-                "lower optimizer.lr or raise optimizer.warmup_tokens, or check the data after that position")
-        if validator is not None and not stopping and not skipped:
-            validator.maybe_run(lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")])
+        if give_up:
+            _wait_for_save(ckpt, result)  # the save in flight holds a healthy state: commit it
+            raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
+        if validator is not None and not vote.stopping and not done.skipped:
+            validator.maybe_run(
+                lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")]
+            )
 
-        if out_of_time and not stopping:
+        if vote.out_of_time and not vote.stopping:
             _segment_out_of_time(cfg, step, result.checkpoint_step)
-            return result
-        if stopping:
-            elapsed = time.monotonic() - stop.received_at if stop.received_at is not None else 0.0
-            deadline = cfg.checkpoint.shutdown_deadline_seconds
-            log.warning("stopped by SIGTERM after step %d; checkpoint saved %.1f s after the signal (deadline %d s)",
-                        step, elapsed, deadline)
+            return False
+        if vote.stopping:
+            policy.log_stopped(step)
             result.stopped = True
-            return result
+            return False
+    return True
 
+
+def _checkpoint(
+    trainer: Trainer,
+    dataloader,
+    ckpt: CheckpointManager,
+    policy: SaveStopPolicy,
+    vote: StepVote,
+    step: int,
+    result: RunResult,
+) -> float | None:
+    """The checkpoints after ``step``, as ``vote`` says: a finished save committed, the state saved (its weights
+    checked finite on every rank first), the save waited for when stopping or at the end. Returns the seconds the
+    save blocked training, or None without a save."""
+    save_s = None
+    committed = ckpt.poll()
+    if vote.save:
+        state = _train_state(trainer, step, dataloader, trainer.info.rank)
+        if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
+            ckpt.wait()
+            raise NonFiniteError(
+                f"the weights after step {step} are not finite although its loss and gradient "
+                f"norm were; they were not saved; {_last_healthy(ckpt, policy.saved_at)}"
+            )
+        save_s = ckpt.save(step, state, tokens_seen=_tokens_seen(trainer.cfg, step))
+        policy.saved(step)
+    if vote.stopping or vote.final:
+        committed = ckpt.wait() or committed
+    if committed is not None:
+        result.checkpoint_step = committed
+    return save_s
+
+
+def _wait_for_save(ckpt: CheckpointManager, result: RunResult) -> None:
+    """Wait for the save in flight and commit it."""
+    committed = ckpt.wait()
+    if committed is not None:
+        result.checkpoint_step = committed
+
+
+def _step_stats(trainer: Trainer, step: int, done: StepOutcome, step_time: float, save_s: float | None) -> StepStats:
+    """What the hooks receive after a step (this rank's peak memory; the other values are global)."""
+    batch, info = trainer.cfg.batch, trainer.info
+    cuda = info.device.type == "cuda"
+    tokens_global = done.accum * batch.micro_batch_size * batch.sequence_length * trainer.cp.data_ranks
+    return StepStats(
+        step=step,
+        loss=done.loss,
+        grad_norm=done.grad_norm,
+        lr=done.lr,
+        tokens=tokens_global,
+        step_time_s=step_time,
+        data_wait_s=done.data_wait_s,
+        tokens_per_second=tokens_global / step_time,
+        micro_batch_size=batch.micro_batch_size,
+        grad_accum_steps=done.accum,
+        checkpoint_save_s=save_s,
+        peak_memory_bytes=torch.cuda.max_memory_allocated(info.device) if cuda else None,
+        world_size=info.world_size,
+        skipped=done.skipped,
+    )
+
+
+def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_dir: Path, export: bool | None) -> None:
+    """After the last step: commit the save in flight, then export (by default when ``total_steps`` is reached)."""
+    cfg = trainer.cfg
     if ckpt.in_flight is not None:
-        committed = ckpt.wait()
-        if committed is not None:
-            result.checkpoint_step = committed
-    if export if export is not None else step >= batch.total_steps:
+        _wait_for_save(ckpt, result)
+    if export if export is not None else result.step >= cfg.batch.total_steps:
         started = time.perf_counter()
-        result.exported_to = export_model(trainer, paths.model_dir)
-        log.info("exported %s to %s in %.1f s", "the LoRA adapter" if cfg.export.format == "adapter" else
-                 "Hugging Face weights", paths.model_dir, time.perf_counter() - started)
-    return result
+        result.exported_to = export_model(trainer, model_dir)
+        log.info(
+            "exported %s to %s in %.1f s",
+            "the LoRA adapter" if cfg.export.format == "adapter" else "Hugging Face weights",
+            model_dir,
+            time.perf_counter() - started,
+        )
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:
@@ -562,10 +796,11 @@ def export_model(trainer: Trainer, model_dir: Path) -> Path:
     or the adapter alone in peft's format; collective."""
     cfg = trainer.cfg
     if cfg.export.format == "adapter":
-        from training.components.export import hf_state_dict
+        from training.export import hf_state_dict
 
-        return export_adapter(trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir,
-                              base_model=cfg.model.init_checkpoint)
+        return export_adapter(
+            trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir, base_model=cfg.model.init_checkpoint
+        )
     return export_hf(trainer.lm, model_dir, dtype=_export_dtype(cfg), max_shard_bytes=cfg.export.max_shard_bytes)
 
 
@@ -581,13 +816,17 @@ def _segment_out_of_time(cfg: RunConfig, step: int, committed: int | None) -> No
     """The segment's time ran out before its share of the steps: the next segment resumes from the checkpoint
     just saved; in the last segment the run is unfinished, and the job fails saying how to resume it."""
     run = cfg.run
-    message = (f"segment {run.segment} of {run.segments} of run {run.id!r} reached its time limit of "
-               f"{run.segment_seconds:.0f} s at step {step} of {cfg.batch.total_steps} (checkpoint step-{committed})")
+    message = (
+        f"segment {run.segment} of {run.segments} of run {run.id!r} reached its time limit of "
+        f"{run.segment_seconds:.0f} s at step {step} of {cfg.batch.total_steps} (checkpoint step-{committed})"
+    )
     if run.segment < run.segments:
         log.warning("%s; the next segment resumes from it", message)
         return
-    raise RuntimeError(f"{message}: the run is unfinished; resume it with RunId={run.id} "
-                       f"(`tiered-training start RECIPE --resume {run.id}`)")
+    raise RuntimeError(
+        f"{message}: the run is unfinished; resume it with RunId={run.id} "
+        f"(`tiered-training start RECIPE --resume {run.id}`)"
+    )
 
 
 def _export_dtype(cfg: RunConfig) -> torch.dtype:

@@ -21,13 +21,13 @@ import json
 import zlib
 
 import pytest
+from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from tiered_training import catalog as catalogs
-from tiered_training.pipeline import definition as d
-from tiered_training.cli.app import app
 from tiered_training.catalog.images import base_image_uri
+from tiered_training.cli.app import app
+from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 
 ACCOUNT = "123456789012"

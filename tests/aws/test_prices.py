@@ -6,9 +6,9 @@ import json
 import re
 
 import pytest
+from support import recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from support import recipe_dict, write_yaml
 from tiered_training import catalog as catalogs
 from tiered_training.cli.app import app
 from tiered_training.planning.planner import plan_file

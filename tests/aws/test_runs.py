@@ -17,18 +17,19 @@ import io
 import json
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from support import free_port, moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from support import free_port, moto_server, offline_aws_env, recipe_dict, write_yaml
-from tiered_training.pipeline import definition as d
-from tiered_training.contract import metrics as catalogue
-from tiered_training.cli.app import app
-from tiered_training.planning.planner import plan_file
 from tiered_training.aws.runs import LOG_GROUP
-from tiered_training.aws.start import ParameterError, start
+from tiered_training.aws.session import ParameterError
+from tiered_training.aws.start import start
+from tiered_training.cli.app import app
+from tiered_training.contract import metrics as catalogue
+from tiered_training.pipeline import definition as d
+from tiered_training.planning.planner import plan_file
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -109,7 +110,7 @@ def moto_execution(arn: str):
 
 
 def ran(arn: str, *steps: tuple[str, str], started: dict[str, datetime] | None = None) -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     STEPS[arn] = [
         {
             "StepName": name, "StepStatus": status, "StartTime": (started or {}).get(name, now),
@@ -124,7 +125,7 @@ def put_metrics(endpoint: str, recipe_name: str, at: datetime | None = None, **v
     client("cloudwatch", endpoint).put_metric_data(
         Namespace=catalogue.NAMESPACE,
         MetricData=[
-            {"MetricName": names[key].name, "Dimensions": [{"Name": "Recipe", "Value": recipe_name}], "Value": value, "Timestamp": at or datetime.now(timezone.utc)}
+            {"MetricName": names[key].name, "Dimensions": [{"Name": "Recipe", "Value": recipe_name}], "Value": value, "Timestamp": at or datetime.now(UTC)}
             for key, value in values.items()
         ],
     )
@@ -270,7 +271,7 @@ def test_follow_shows_step_loss_throughput_against_the_plan_and_eta(endpoint, tm
     rate = plan.estimates.tokens_per_second_per_gpu
     world = {"polls": 0}
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     # The run as minutes of it would look: created 10 min ago, the probe from -6 min, training from -90 s.
     started = {"Probe": now - timedelta(minutes=6), "Gate": now - timedelta(minutes=2), "Train": now - timedelta(seconds=90)}
 
@@ -412,7 +413,7 @@ def test_follow_survives_a_throttle_or_expired_credentials_and_keeps_following(c
 
 def test_follow_stops_on_an_error_that_will_not_pass():
     from tiered_training.aws import runs
-    from tiered_training.aws.start import StartError
+    from tiered_training.aws.session import StartError
 
     sm, stubber = stubbed_sagemaker()
     stubber.add_client_error("describe_pipeline_execution", service_error_code="AccessDeniedException", http_status_code=400)
@@ -421,7 +422,7 @@ def test_follow_stops_on_an_error_that_will_not_pass():
 
 
 def test_every_client_uses_the_standard_retry_mode(monkeypatch):
-    from tiered_training.aws.start import aws_client
+    from tiered_training.aws.session import aws_client
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
@@ -443,7 +444,7 @@ def test_no_client_in_the_package_leaves_the_retry_mode_to_chance():
         text = path.read_text()
         for match in regex.finditer(r"\bConfig\((.*)", text):
             assert "RETRIES" in match.group(1) or '"mode": "standard"' in match.group(1), f"{path.name}: {match.group(0)}"
-        if "boto3.client(" in text or ".client(" in text and "_session(" in text:
+        if "boto3.client(" in text or ".client(" in text and "session(" in text:
             assert "Config(" in text, path.name
 
 

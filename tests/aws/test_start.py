@@ -5,13 +5,24 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from support import RECIPES, moto_server
+
+from tiered_training.aws.session import StartError
+from tiered_training.aws.start import pipeline_parameters, start
+from tiered_training.cli.app import main as cli_main
 from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
-from tiered_training.aws.start import StartError, main, pipeline_parameters, start
 
 REGION = "us-east-1"
+
+
+def main(argv: list[str]) -> int:
+    """``tiered-training start ARGV...`` in this process: its exit code."""
+    try:
+        cli_main(["start", *argv])
+    except SystemExit as done:
+        return done.code or 0
+    return 0
 
 
 @pytest.fixture(scope="module")

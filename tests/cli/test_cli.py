@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-from support import CLI, RECIPES, ROOT, recipe_dict, write_yaml
+from support import RECIPES, ROOT, recipe_dict, write_yaml
 from support import run_cli as run
 from support import run_cli_process as run_process
-
 
 
 def test_plan_table_over_all_templates():

@@ -8,9 +8,9 @@ import re
 
 import pytest
 import yaml
+from support import RECIPES, ROOT, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from support import RECIPES, ROOT, recipe_dict, write_yaml
 from tiered_training import catalog as catalogs
 from tiered_training import report
 from tiered_training.cli.app import app

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import ROOT, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from support import ROOT, recipe_dict, write_yaml
 from tiered_training.cli.app import app
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import MAX_DEPTH, find_recipes, parse_recipe
@@ -257,8 +257,8 @@ def test_fifo_dangling_link_and_directory_are_errors_in_validate_and_synth(tmp_p
 
 
 def test_unreadable_file_is_an_error_in_validate_and_synth(tmp_path, monkeypatch):
-    from tiered_training.recipe import loader
     from tiered_training.constructs.app import RecipeProblems, load_plans
+    from tiered_training.recipe import loader
 
     folder = recipes_dir(tmp_path)
     secret = write_yaml(folder / "secret.yaml", recipe_dict(name="secret"))
@@ -440,11 +440,11 @@ def test_every_command_has_json_and_reports_usage_errors_in_it():
 
 
 def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monkeypatch):
-    from tiered_training.aws import start
+    from tiered_training.aws import session
 
     recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
-    start._session.cache_clear()
+    session.session.cache_clear()
     for command in ("start", "status", "logs", "stop"):
         result, _ = invoke(command, recipe, "--endpoint-url", aws_sandbox)
         assert result.exit_code == 1, result.output
@@ -452,7 +452,7 @@ def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monk
             f"error: tiered-training {command} calls AWS and needs boto3, which the 'aws' extra installs: "
             "pip install 'tiered-training[aws]'"
         )
-    start._session.cache_clear()
+    session.session.cache_clear()
 
 
 def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):

@@ -19,8 +19,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from transformers import LlamaForCausalLM
 
 from tiered_training.contract.runconfig import RunConfig
-from training.components.export import export_hf, plain_tensor
 from training.distributed.dist import init_distributed
+from training.export import export_hf, plain_tensor
 from training.trainer import build
 
 

@@ -69,7 +69,7 @@ def test_gpu_check_cpu_smoke_writes_calibration_rows(tmp_path):
 
 
 def test_gpu_check_shell_script_parses():
-    script = REPO / "training" / "gpu_check.sh"
+    script = REPO / "training" / "tools" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     text = script.read_text()
     assert "timeout" in text and "training.tools.gpu_check" in text

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from support import RECIPES
 
+from tiered_training.contract.runconfig import LoraConfig, SftConfig
+from tiered_training.planning.planner import plan_file
 from training.components.identity import data_fingerprint, identity
 from training.launcher import LaunchError, build_launch
-
-from support import RECIPES
-from tiered_training.planning.planner import plan_file
-from tiered_training.contract.runconfig import LoraConfig, SftConfig
 
 DATA = "s3://example-training-data/fineweb-edu/llama3-tokens/"
 

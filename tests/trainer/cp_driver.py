@@ -32,16 +32,15 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from tiny import tiny_config, write_learnable_shards  # noqa: E402
 from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _HeadTailLoadBalancer  # noqa: E402
 
-from tiny import tiny_config, write_learnable_shards  # noqa: E402
+import training.trainer  # noqa: E402
+from training.components.loss import IGNORE_INDEX, chunked_cross_entropy  # noqa: E402
 from training.distributed.context_parallel import ContextParallel, enable_ring_attention, ring_attention_forward  # noqa: E402
 from training.distributed.dist import exit_process, init_distributed, shut_down  # noqa: E402
-from training.components.loss import IGNORE_INDEX, chunked_cross_entropy  # noqa: E402
-from training.distributed.parallel import build_mesh  # noqa: E402
-from training.distributed.parallel import shard_group_size  # noqa: E402
+from training.distributed.parallel import build_mesh, shard_group_size  # noqa: E402
 from training.paths import Paths  # noqa: E402
-import training.trainer  # noqa: E402
 from training.trainer import run  # noqa: E402
 
 CHECKPOINT_EVERY = 3

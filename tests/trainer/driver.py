@@ -21,9 +21,9 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from tiny import tiny_config, write_learnable_shards  # noqa: E402
 
 from tiered_training.planning.memory import sharded_state_bytes  # noqa: E402
-from tiny import tiny_config, write_learnable_shards  # noqa: E402
 from training.distributed.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
 from training.trainer import run  # noqa: E402

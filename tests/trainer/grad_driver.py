@@ -24,8 +24,8 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
+
 from training import trainer as trainer_module  # noqa: E402
 from training.components.data import split_batch  # noqa: E402
 from training.distributed.dist import exit_process, init_distributed, shut_down  # noqa: E402
@@ -161,8 +161,8 @@ def _masked_step(cfg, info) -> dict:
     """One step with unequal label masks: the trainer's gradient against the full batch's
     (every rank's micro-batches in one forward, mean over the valid labels), on rank 0."""
     import torch.nn.functional as F
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from tiny import hf_model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     torch.manual_seed(cfg.data.seed)
     built = trainer_module.build(cfg, info=info)

@@ -15,10 +15,9 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from tiny import tiny_config  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 
-from tiny import tiny_config  # noqa: E402
 from training.distributed.dist import exit_process, init_distributed, shut_down  # noqa: E402
 from training.paths import Paths  # noqa: E402
 from training.trainer import build  # noqa: E402

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from tiny import tiny_config  # noqa: E402
+
 from training.components.checkpoint import CheckpointManager, find_resumable, plan_pruning, step_dir  # noqa: E402
 from training.launcher import LaunchError, build_launch  # noqa: E402
 

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
-from training.tools import tokenize_to_shards as tts  # noqa: E402
 from training.components.data import PackedTokenWindows, build_dataloader, find_shards  # noqa: E402
+from training.tools import tokenize_to_shards as tts  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park and the cat sat", "héllo wörld"]
 

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tiny import tiny_config  # noqa: E402
+
 from training.models.decoder import build_model, check_keys, check_matches, lm_config, read_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

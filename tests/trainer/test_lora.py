@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from tiny import hf_config, hf_model, tiny_config  # noqa: E402
-from training.models.lora import apply_lora, is_adapter, trainable_parameters  # noqa: E402
+
 from training.models.decoder import build_model, materialize  # noqa: E402
+from training.models.lora import apply_lora, is_adapter  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -28,6 +29,12 @@ def _lora(**overrides):
     from tiered_training.contract.runconfig import LoraConfig
 
     return LoraConfig(**{**LORA, **overrides})
+
+
+def trainable_parameters(model, lora) -> int:
+    """Adapter parameters of the model the trainer builds for ``model`` with ``lora`` (counted on the meta device)."""
+    lm = apply_lora(build_model(model), lora)
+    return sum(param.numel() for param in lm.parameters() if param.requires_grad)
 
 
 def _peft_lora(lm, **overrides):
@@ -255,9 +262,9 @@ def test_float8_converts_the_frozen_base_and_leaves_the_adapters_in_high_precisi
     """FP8 after LoRA: the base projections inside peft's layers become Float8Linear; the adapters
     (rank 16: aligned, so only the filter keeps them) stay plain Linear and alone get gradients."""
     pytest.importorskip("torchao")
+    from tiny import lm_loss, tiny_lm
     from torch import nn
     from torchao.float8.float8_linear import Float8Linear
-    from tiny import lm_loss, tiny_lm
 
     from tiered_training.contract.runconfig import PrecisionConfig
     from training.components import float8
@@ -282,8 +289,8 @@ def test_merged_qwen2_weights_keep_the_biases_and_give_the_adapted_models_logits
     from peft import PeftModel
     from transformers import Qwen2ForCausalLM
 
-    from training.models.lora import export_adapter, merged_weights
     from training.models.decoder import CausalLM, read_config
+    from training.models.lora import export_adapter, merged_weights
 
     config = hf_config(tiny_config(model={"name": "tiny-qwen", "qkv_bias": True}).model)
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tiny import hf_model, tiny_config  # noqa: E402
+
 from training.models.decoder import CausalLM, lm_config, read_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,10 @@ np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
 from tiny import tiny_config, write_learnable_shards  # noqa: E402
+
+from tiered_training.contract.world import WorldSizeError, accumulation, resume_accumulation  # noqa: E402
 from training.components.checkpoint import plan_pruning  # noqa: E402
 from training.components.data import DataError, PackedTokenWindows  # noqa: E402
-from tiered_training.contract.world import WorldSizeError, accumulation, resume_accumulation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

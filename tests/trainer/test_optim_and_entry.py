@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiny import tiny_config  # noqa: E402
+
 from training.components.optim import lr_factor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

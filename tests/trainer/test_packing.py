@@ -23,9 +23,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
+from tiny import VOCAB, tiny_config  # noqa: E402
 from torch.utils.data import default_collate as collate  # noqa: E402
 
-from tiny import VOCAB, tiny_config  # noqa: E402
 from training.components.data import sft_sample as sample  # noqa: E402
 from training.components.loss import IGNORE_INDEX  # noqa: E402
 from training.models.decoder import CausalLMLoss, build_model, materialize  # noqa: E402
@@ -264,13 +264,13 @@ def test_an_sft_run_starts_from_the_checkpoint_with_masked_labels_and_records_th
     import logging
 
     import torch.nn.functional as F
+    from tiny import tiny_chat_jsonl, tiny_chat_tokenizer
     from transformers import LlamaForCausalLM
 
-    from tiny import tiny_chat_jsonl, tiny_chat_tokenizer
     from training import sft_data
     from training.components.data import build_sft_dataloader
-    from training.paths import Paths
     from training.models.random_checkpoint import write_random_checkpoint
+    from training.paths import Paths
     from training.trainer import run
 
     logger = logging.getLogger("training")  # run() sets up its own logging: give it back to pytest after

@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("torch")
 
 from support import RECIPES  # noqa: E402
+
 from tiered_training.planning.planner import plan_file  # noqa: E402
 from training.trainer import _segment_out_of_time, _tokens_seen  # noqa: E402
 

@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("transformers")
 
+from tiny import CHAT_TEMPLATE_MARKED, tiny_chat_examples, tiny_chat_jsonl, tiny_chat_tokenizer  # noqa: E402
+
 from training import sft_data  # noqa: E402
 from training.components.data import DataError, SftSequences, build_sft_dataloader, sft_validation_batches  # noqa: E402
 from training.sft_data import sft_files  # noqa: E402
-
-from tiny import CHAT_TEMPLATE_MARKED, tiny_chat_examples, tiny_chat_jsonl, tiny_chat_tokenizer  # noqa: E402
 
 SEQ = 64
 SHORT = 56  # the packed fixture: all of its examples fit
@@ -95,10 +95,9 @@ def test_masks_cover_exactly_the_assistant_tokens(tokenizers, hf, template):
 def test_masks_of_a_byte_level_tokenizer_cover_the_turns_and_their_end(tmp_path):
     """Byte-level BPE (as Llama 3 and Qwen2 use) makes tokens of the newlines too: the assistant's
     turn is its text, the end-of-turn token and the newline the template puts after it."""
+    from tiny import CHAT_TEMPLATE, CHAT_WORDS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from tiny import CHAT_TEMPLATE, CHAT_WORDS
 
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -111,6 +111,13 @@ def read_json(path: Path):
 # ---- supervised fine-tuning: a tiny chat dataset and a tokenizer for it (training.tools.tiny_chat) -------
 
 from training.tools.tiny_chat import (  # noqa: E402,F401
-    CHAT_ROLES, CHAT_SPECIALS, CHAT_TEMPLATE, CHAT_TEMPLATE_MARKED, CHAT_TEXT, CHAT_WORDS, tiny_chat_examples,
-    tiny_chat_jsonl, tiny_chat_tokenizer,
+    CHAT_ROLES,
+    CHAT_SPECIALS,
+    CHAT_TEMPLATE,
+    CHAT_TEMPLATE_MARKED,
+    CHAT_TEXT,
+    CHAT_WORDS,
+    tiny_chat_examples,
+    tiny_chat_jsonl,
+    tiny_chat_tokenizer,
 )

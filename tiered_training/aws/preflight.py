@@ -16,7 +16,7 @@ Each check passes, fails with a fix, or is skipped where it does not apply:
   training jobs on the recipe's instance type and holds ``compute.instance_count`` instances.
 
 An AWS error inside a check fails that check (its code and message, and what to allow); no
-credentials or no region stops the command (:class:`start.StartError`, exit 1). boto3 is
+credentials or no region stops the command (:class:`session.StartError`, exit 1). boto3 is
 imported only here, when the command runs.
 """
 
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tiered_training.planning import quotas as quota_needs
 from tiered_training.text import clip
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
-ECR_URI = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/(?P<repo>[^:@]+)(:(?P<tag>[^@]+))?(@(?P<digest>sha256:[0-9a-f]{64}))?$")
+ECR_URI = re.compile(
+    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?/(?P<repo>[^:@]+)(:(?P<tag>[^@]+))?(@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
 MLFLOW_RUNNING = {"Created", "Updated", "Started", "MaintenanceComplete"}
 TRAINING_PLAN_USABLE = {"Active", "Scheduled"}
 SERVICES = ("sagemaker", "service-quotas", "ecr", "s3", "iam")
@@ -83,27 +86,55 @@ class Deployed:
 # -- the checks ----------------------------------------------------------------------------
 
 
-def run(plan: "Plan", clients: dict[str, Any], *, region: str | None, image_uri: str | None = None,
-        role_arn: str | None = None, client_for: Callable[[str, str], Any] | None = None, stage: str | None = None) -> Report:
+def run(
+    plan: Plan,
+    clients: dict[str, Any],
+    *,
+    region: str | None,
+    image_uri: str | None = None,
+    role_arn: str | None = None,
+    client_for: Callable[[str, str], Any] | None = None,
+    stage: str | None = None,
+) -> Report:
     """Every check, in order. ``clients`` maps each of :data:`SERVICES` to a boto3 client;
     ``client_for(service, region)`` makes one for another region (an image in another region's ECR);
     ``stage``: the stage the app was deployed with (its pipeline is ``<stage>-<recipe>``)."""
     recipe = plan.recipe
     checks: list[Check] = []
     deployed = Deployed()
-    checks.append(_guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed, region, stage)))
+    checks.append(
+        _guard("pipeline", recipe.name, lambda: check_pipeline(clients["sagemaker"], plan, deployed, region, stage))
+    )
     checks.extend(check_quotas(clients["service-quotas"], plan))
     image = image_uri or deployed.image_uri
-    checks.append(_guard("image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)))
+    checks.append(
+        _guard(
+            "image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)
+        )
+    )
     checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn))
     if recipe.task == "sft":
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
-    checks.append(_guard("mlflow", recipe.tracking.mlflow_tracking_server_arn or "-", lambda: check_mlflow(clients["sagemaker"], plan)))
-    checks.append(_guard("training-plan", recipe.compute.training_plan_arn or "-", lambda: check_training_plan(clients["sagemaker"], plan)))
+    checks.append(
+        _guard(
+            "mlflow",
+            recipe.tracking.mlflow_tracking_server_arn or "-",
+            lambda: check_mlflow(clients["sagemaker"], plan),
+        )
+    )
+    checks.append(
+        _guard(
+            "training-plan",
+            recipe.compute.training_plan_arn or "-",
+            lambda: check_training_plan(clients["sagemaker"], plan),
+        )
+    )
     return Report(recipe=recipe.name, region=region, checks=checks)
 
 
-def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed, region: str | None = None, stage: str | None = None) -> Check:
+def check_pipeline(
+    sm: Any, plan: Plan, deployed: Deployed, region: str | None = None, stage: str | None = None
+) -> Check:
     from tiered_training.recipe.names import pipeline_name, stack_name
 
     name = pipeline_name(plan.recipe.name, stage)
@@ -111,14 +142,22 @@ def check_pipeline(sm: Any, plan: "Plan", deployed: Deployed, region: str | None
         described = sm.describe_pipeline(PipelineName=name)
     except _client_error() as error:
         if _code(error) in ("ResourceNotFound", "ValidationException") or "does not exist" in _message(error):
-            return Check("pipeline", name, FAIL, "not deployed in this account and region",
-                         f"deploy it: cdk deploy {stack_name(plan.recipe.name, stage)} -c region={region or '<region>'}"
-                         + (f" -c stage={stage}" if stage else "") + " (README, Deploy)")
+            return Check(
+                "pipeline",
+                name,
+                FAIL,
+                "not deployed in this account and region",
+                f"deploy it: cdk deploy {stack_name(plan.recipe.name, stage)} -c region={region or '<region>'}"
+                + (f" -c stage={stage}" if stage else "")
+                + " (README, Deploy)",
+            )
         raise
     status = described.get("PipelineStatus", "unknown")
     _read_definition(described.get("PipelineDefinition") or "{}", deployed)
     if status != "Active":
-        return Check("pipeline", name, FAIL, f"status {status}", f"redeploy: cdk deploy {stack_name(plan.recipe.name, stage)}")
+        return Check(
+            "pipeline", name, FAIL, f"status {status}", f"redeploy: cdk deploy {stack_name(plan.recipe.name, stage)}"
+        )
     return Check("pipeline", name, PASS, "deployed (Active)")
 
 
@@ -153,7 +192,7 @@ class _Quotas:
         self.client = client
         self._listed: dict[str, dict[str, dict]] = {}
 
-    def value(self, quota: "Quota") -> tuple[float, str]:
+    def value(self, quota: Quota) -> tuple[float, str]:
         """(value, where it came from). Raises LookupError when the account has no such quota."""
         if quota.code:
             try:
@@ -162,17 +201,26 @@ class _Quotas:
             except _client_error() as error:
                 if _code(error) != "NoSuchResourceException":
                     raise
-                found = self.client.get_aws_default_service_quota(ServiceCode=quota.service, QuotaCode=quota.code)["Quota"]
+                found = self.client.get_aws_default_service_quota(ServiceCode=quota.service, QuotaCode=quota.code)[
+                    "Quota"
+                ]
                 source = "AWS default"
             name = found.get("QuotaName")
             if name and name != quota.title:
-                raise LookupError(f"code {quota.code} names '{name}', not '{quota.title}' (tiered_training/catalog/quotas.yaml is wrong)")
+                raise LookupError(
+                    f"code {quota.code} names '{name}', not '{quota.title}' (tiered_training/catalog/quotas.yaml is wrong)"
+                )
             return float(found["Value"]), source
-        for operation, source in (("list_service_quotas", "applied"), ("list_aws_default_service_quotas", "AWS default")):
+        for operation, source in (
+            ("list_service_quotas", "applied"),
+            ("list_aws_default_service_quotas", "AWS default"),
+        ):
             found = self._listing(operation, quota.service).get(quota.title)
             if found is not None:
                 return float(found["Value"]), f"{source} (the account's code: {found.get('QuotaCode', '?')})"
-        raise LookupError(f"no quota named '{quota.title}' in this region (is {quota.instance_type or 'it'} offered here?)")
+        raise LookupError(
+            f"no quota named '{quota.title}' in this region (is {quota.instance_type or 'it'} offered here?)"
+        )
 
     def _listing(self, operation: str, service: str) -> dict[str, dict]:
         key = f"{operation}:{service}"
@@ -182,7 +230,7 @@ class _Quotas:
         return self._listed[key]
 
 
-def check_quotas(client: Any, plan: "Plan") -> list[Check]:
+def check_quotas(client: Any, plan: Plan) -> list[Check]:
     account = _Quotas(client)
     out = []
     for need in quota_needs.needs(plan.recipe):
@@ -191,13 +239,30 @@ def check_quotas(client: Any, plan: "Plan") -> list[Check]:
         try:
             value, source = account.value(quota)
         except LookupError as error:
-            out.append(Check("quota", subject, FAIL, str(error), "check the region, or the quota's title and code in the Service Quotas console"))
+            out.append(
+                Check(
+                    "quota",
+                    subject,
+                    FAIL,
+                    str(error),
+                    "check the region, or the quota's title and code in the Service Quotas console",
+                )
+            )
             continue
         except _client_error() as error:
-            out.append(_aws_failure("quota", subject, error, "servicequotas:GetServiceQuota, servicequotas:GetAWSDefaultServiceQuota and servicequotas:ListServiceQuotas"))
+            out.append(
+                _aws_failure(
+                    "quota",
+                    subject,
+                    error,
+                    "servicequotas:GetServiceQuota, servicequotas:GetAWSDefaultServiceQuota and servicequotas:ListServiceQuotas",
+                )
+            )
             continue
         kind, _, code = source.partition(" (")
-        detail = f"{kind} {quota_needs.amount(quota, value)}; needs {quota_needs.amount(quota, need.needed)} for {need.why}"
+        detail = (
+            f"{kind} {quota_needs.amount(quota, value)}; needs {quota_needs.amount(quota, need.needed)} for {need.why}"
+        )
         detail += f" ({code}" if code else ""
         if value >= need.needed:
             out.append(Check("quota", subject, PASS, detail))
@@ -208,7 +273,9 @@ def check_quotas(client: Any, plan: "Plan") -> list[Check]:
     return out
 
 
-def check_image(ecr: Any, image_uri: str | None, region: str | None, client_for: Callable[[str, str], Any] | None = None) -> Check:
+def check_image(
+    ecr: Any, image_uri: str | None, region: str | None, client_for: Callable[[str, str], Any] | None = None
+) -> Check:
     """The deployed image in ECR; before a deploy, the region's base image and the right to pull it."""
     from tiered_training.catalog.images import base_image_uri
 
@@ -218,8 +285,13 @@ def check_image(ecr: Any, image_uri: str | None, region: str | None, client_for:
         try:
             subject, before_deploy = base_image_uri(region or ""), True
         except ValueError as error:
-            return Check("image", f"base image in {region}", FAIL, str(error).split(";")[0],
-                         "deploy to a region in tiered_training/catalog/base_images.yaml, or pass -c image_uri=<your image>")
+            return Check(
+                "image",
+                f"base image in {region}",
+                FAIL,
+                str(error).split(";")[0],
+                "deploy to a region in tiered_training/catalog/base_images.yaml, or pass -c image_uri=<your image>",
+            )
     match = ECR_URI.match(subject)
     if not match:
         return Check("image", subject, SKIP, "not an ECR image URI; the preflight checks ECR images only")
@@ -230,41 +302,78 @@ def check_image(ecr: Any, image_uri: str | None, region: str | None, client_for:
         got = client.batch_get_image(registryId=match["account"], repositoryName=match["repo"], imageIds=[image_id])
     except _client_error() as error:
         if _code(error) == "RepositoryNotFoundException":
-            return Check("image", subject, FAIL, f"no repository {match['repo']} in registry {match['account']}",
-                         "deploy the platform stack, which builds and pushes the image" if not before_deploy else
-                         "regenerate tiered_training/catalog/base_images.yaml (scripts/regenerate_base_images.py)")
-        return _aws_failure("image", subject, error, f"ecr:BatchGetImage on arn:aws:ecr:{match['region']}:{match['account']}:repository/{match['repo']}")
+            return Check(
+                "image",
+                subject,
+                FAIL,
+                f"no repository {match['repo']} in registry {match['account']}",
+                "deploy the platform stack, which builds and pushes the image"
+                if not before_deploy
+                else "regenerate tiered_training/catalog/base_images.yaml (scripts/regenerate_base_images.py)",
+            )
+        return _aws_failure(
+            "image",
+            subject,
+            error,
+            f"ecr:BatchGetImage on arn:aws:ecr:{match['region']}:{match['account']}:repository/{match['repo']}",
+        )
     if got.get("images"):
         where = f"pullable; before cdk deploy log Docker in: {login}" if before_deploy else "in ECR"
         return Check("image", subject, PASS, where)
     reason = (got.get("failures") or [{}])[0]
     detail = f"{reason.get('failureCode', 'ImageNotFound')}: {reason.get('failureReason', 'not found')}"
-    fix = ("no such base tag in this region: deploy to another region, or regenerate "
-           "tiered_training/catalog/base_images.yaml (scripts/regenerate_base_images.py)") if before_deploy else \
-        "cdk deploy builds and pushes it (README, Deploy), or push it yourself and pass -c image_uri=..."
+    fix = (
+        (
+            "no such base tag in this region: deploy to another region, or regenerate "
+            "tiered_training/catalog/base_images.yaml (scripts/regenerate_base_images.py)"
+        )
+        if before_deploy
+        else "cdk deploy builds and pushes it (README, Deploy), or push it yourself and pass -c image_uri=..."
+    )
     return Check("image", subject, FAIL, detail, fix)
 
 
 def image_login_command(region: str, account: str) -> str:
-    return (f"aws ecr get-login-password --region {region} | docker login --username AWS "
-            f"--password-stdin {account}.dkr.ecr.{region}.amazonaws.com")
+    return (
+        f"aws ecr get-login-password --region {region} | docker login --username AWS "
+        f"--password-stdin {account}.dkr.ecr.{region}.amazonaws.com"
+    )
 
 
-def check_data(s3: Any, iam: Any, plan: "Plan", role_arn: str | None) -> list[Check]:
+def check_data(s3: Any, iam: Any, plan: Plan, role_arn: str | None) -> list[Check]:
     uri = plan.recipe.data.uri
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     try:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except _client_error() as error:
         if _code(error) == "NoSuchBucket":
-            return [Check("data", uri, FAIL, f"no bucket {bucket}", "fix data.uri, or create the bucket and upload the shards")]
+            return [
+                Check(
+                    "data", uri, FAIL, f"no bucket {bucket}", "fix data.uri, or create the bucket and upload the shards"
+                )
+            ]
         return [_aws_failure("data", uri, error, f"s3:ListBucket on arn:aws:s3:::{bucket} (for this identity)")]
     objects = listed.get("Contents") or []
     if not objects:
-        return [Check("data", uri, FAIL, "no objects under this prefix", "upload the token shards (training/README.md), or fix data.uri")]
+        return [
+            Check(
+                "data",
+                uri,
+                FAIL,
+                "no objects under this prefix",
+                "upload the token shards (training/README.md), or fix data.uri",
+            )
+        ]
     out = [Check("data", uri, PASS, f"holds objects (first: s3://{bucket}/{objects[0]['Key']})")]
     if not role_arn:
-        out.append(Check("data", f"{uri} by the execution role", SKIP, "the role is known once the stack is deployed (or pass --role-arn)"))
+        out.append(
+            Check(
+                "data",
+                f"{uri} by the execution role",
+                SKIP,
+                "the role is known once the stack is deployed (or pass --role-arn)",
+            )
+        )
         return out
     partition = role_arn.split(":")[1] if role_arn.count(":") >= 5 else "aws"
     resources = {
@@ -274,18 +383,36 @@ def check_data(s3: Any, iam: Any, plan: "Plan", role_arn: str | None) -> list[Ch
     denied = []
     try:
         for action, resource in resources.items():
-            result = iam.simulate_principal_policy(PolicySourceArn=role_arn, ActionNames=[action], ResourceArns=[resource])
+            result = iam.simulate_principal_policy(
+                PolicySourceArn=role_arn, ActionNames=[action], ResourceArns=[resource]
+            )
             decision = result["EvaluationResults"][0]["EvalDecision"]
             if decision != "allowed":
                 denied.append(f"{action} on {resource}: {decision}")
     except _client_error() as error:
-        out.append(_aws_failure("data", f"{uri} by {role_arn}", error, "iam:SimulatePrincipalPolicy on the execution role"))
+        out.append(
+            _aws_failure("data", f"{uri} by {role_arn}", error, "iam:SimulatePrincipalPolicy on the execution role")
+        )
         return out
     if denied:
-        out.append(Check("data", f"{uri} by {role_arn}", FAIL, "; ".join(denied),
-                         "list the prefix in data.allowed_uris and redeploy; a bucket in another account must also allow the role in its bucket policy"))
+        out.append(
+            Check(
+                "data",
+                f"{uri} by {role_arn}",
+                FAIL,
+                "; ".join(denied),
+                "list the prefix in data.allowed_uris and redeploy; a bucket in another account must also allow the role in its bucket policy",
+            )
+        )
     else:
-        out.append(Check("data", f"{uri} by {role_arn}", PASS, "its policies allow s3:ListBucket and s3:GetObject (IAM policy simulator; a bucket policy may still deny)"))
+        out.append(
+            Check(
+                "data",
+                f"{uri} by {role_arn}",
+                PASS,
+                "its policies allow s3:ListBucket and s3:GetObject (IAM policy simulator; a bucket policy may still deny)",
+            )
+        )
     return out
 
 
@@ -293,15 +420,17 @@ PACKED_MANIFEST = "shards.json"  # training/sft_data.py writes it beside the pac
 MAX_MANIFEST_BYTES = 1 << 22
 
 
-def check_packed_data(s3: Any, plan: "Plan") -> Check:
+def check_packed_data(s3: Any, plan: Plan) -> Check:
     """Task sft: the data prefix holds packed example shards made for this recipe (their manifest)."""
     recipe = plan.recipe
     uri = recipe.data.uri
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     key = (prefix.rstrip("/") + "/" if prefix.strip("/") else "") + PACKED_MANIFEST
     where = f"s3://{bucket}/{key}"
-    prepare = ("pack the JSONL examples with `python -m training.sft_data --tokenizer DIR --sequence-length "
-               f"{recipe.sequence_length} --out OUT FILE.jsonl` and upload OUT/train to data.uri")
+    prepare = (
+        "pack the JSONL examples with `python -m training.sft_data --tokenizer DIR --sequence-length "
+        f"{recipe.sequence_length} --out OUT FILE.jsonl` and upload OUT/train to data.uri"
+    )
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_MANIFEST_BYTES)
     except _client_error() as error:
@@ -313,23 +442,47 @@ def check_packed_data(s3: Any, plan: "Plan") -> Check:
     except (ValueError, UnicodeDecodeError):
         return Check("data", uri, FAIL, f"{where} is not JSON", prepare)
     if not isinstance(manifest, dict) or manifest.get("kind") != "sft-packed":
-        return Check("data", uri, FAIL, f"{where} does not describe packed SFT shards (kind {manifest.get('kind') if isinstance(manifest, dict) else None!r})", prepare)
-    expected = {"sequence_length": recipe.sequence_length, "token_dtype": recipe.data.token_dtype,
-                "loss_on": recipe.data.loss_on, "overlong": recipe.data.overlong}
-    wrong = [f"{key} {manifest.get(key)!r}, the recipe {value!r}" for key, value in expected.items()
-             if value is not None and manifest.get(key) != value]
+        return Check(
+            "data",
+            uri,
+            FAIL,
+            f"{where} does not describe packed SFT shards (kind {manifest.get('kind') if isinstance(manifest, dict) else None!r})",
+            prepare,
+        )
+    expected = {
+        "sequence_length": recipe.sequence_length,
+        "token_dtype": recipe.data.token_dtype,
+        "loss_on": recipe.data.loss_on,
+        "overlong": recipe.data.overlong,
+    }
+    wrong = [
+        f"{key} {manifest.get(key)!r}, the recipe {value!r}"
+        for key, value in expected.items()
+        if value is not None and manifest.get(key) != value
+    ]
     if wrong:
-        return Check("data", uri, FAIL, f"{where} was packed otherwise: {'; '.join(wrong)}",
-                     "pack the data again with the recipe's settings, or set the recipe to the data's")
+        return Check(
+            "data",
+            uri,
+            FAIL,
+            f"{where} was packed otherwise: {'; '.join(wrong)}",
+            "pack the data again with the recipe's settings, or set the recipe to the data's",
+        )
     shards = manifest.get("shards") or []
     sequences = sum(s.get("sequences", 0) for s in shards if isinstance(s, dict))
-    return Check("data", uri, PASS, (
-        f"packed SFT shards: {manifest.get('examples', 0):,} examples in {sequences:,} sequences of {recipe.sequence_length:,} tokens, "
-        f"loss on {manifest.get('loss_on')}, overlong {manifest.get('overlong')} ({manifest.get('dropped', 0):,} dropped, "
-        f"{manifest.get('truncated', 0):,} truncated)"))
+    return Check(
+        "data",
+        uri,
+        PASS,
+        (
+            f"packed SFT shards: {manifest.get('examples', 0):,} examples in {sequences:,} sequences of {recipe.sequence_length:,} tokens, "
+            f"loss on {manifest.get('loss_on')}, overlong {manifest.get('overlong')} ({manifest.get('dropped', 0):,} dropped, "
+            f"{manifest.get('truncated', 0):,} truncated)"
+        ),
+    )
 
 
-def check_mlflow(sm: Any, plan: "Plan") -> Check:
+def check_mlflow(sm: Any, plan: Plan) -> Check:
     arn = plan.recipe.tracking.mlflow_tracking_server_arn
     if not arn:
         return Check("mlflow", "-", SKIP, "the recipe sets no tracking.mlflow_tracking_server_arn")
@@ -338,16 +491,27 @@ def check_mlflow(sm: Any, plan: "Plan") -> Check:
         server = sm.describe_mlflow_tracking_server(TrackingServerName=name)
     except _client_error() as error:
         if _code(error) in ("ResourceNotFound", "ValidationException"):
-            return Check("mlflow", arn, FAIL, "no such tracking server in this account and region",
-                         f"create it (aws sagemaker create-mlflow-tracking-server --tracking-server-name {name} ...), or remove tracking.mlflow_tracking_server_arn")
+            return Check(
+                "mlflow",
+                arn,
+                FAIL,
+                "no such tracking server in this account and region",
+                f"create it (aws sagemaker create-mlflow-tracking-server --tracking-server-name {name} ...), or remove tracking.mlflow_tracking_server_arn",
+            )
         raise
     status = server.get("TrackingServerStatus", "unknown")
     if status in MLFLOW_RUNNING:
         return Check("mlflow", arn, PASS, f"status {status}")
-    return Check("mlflow", arn, FAIL, f"status {status}", f"start it: aws sagemaker start-mlflow-tracking-server --tracking-server-name {name}")
+    return Check(
+        "mlflow",
+        arn,
+        FAIL,
+        f"status {status}",
+        f"start it: aws sagemaker start-mlflow-tracking-server --tracking-server-name {name}",
+    )
 
 
-def check_training_plan(sm: Any, plan: "Plan") -> Check:
+def check_training_plan(sm: Any, plan: Plan) -> Check:
     compute = plan.recipe.compute
     arn = compute.training_plan_arn
     if not arn:
@@ -357,8 +521,13 @@ def check_training_plan(sm: Any, plan: "Plan") -> Check:
         described = sm.describe_training_plan(TrainingPlanName=name)
     except _client_error() as error:
         if _code(error) in ("ResourceNotFound", "ValidationException"):
-            return Check("training-plan", arn, FAIL, "no such training plan in this account and region",
-                         "fix compute.training_plan_arn, or create a plan (aws sagemaker search-training-plan-offerings, create-training-plan)")
+            return Check(
+                "training-plan",
+                arn,
+                FAIL,
+                "no such training plan in this account and region",
+                "fix compute.training_plan_arn, or create a plan (aws sagemaker search-training-plan-offerings, create-training-plan)",
+            )
         raise
     problems = []
     status = described.get("Status", "unknown")
@@ -375,8 +544,13 @@ def check_training_plan(sm: Any, plan: "Plan") -> Check:
         problems.append(f"holds {total} instances; the recipe needs {compute.instance_count}")
     detail = f"status {status}, {total} instances" + (f" of {', '.join(sorted(types))}" if types else "")
     if problems:
-        return Check("training-plan", arn, FAIL, "; ".join(problems),
-                     "use a plan that is active or scheduled, for training jobs, with enough instances of the recipe's type")
+        return Check(
+            "training-plan",
+            arn,
+            FAIL,
+            "; ".join(problems),
+            "use a plan that is active or scheduled, for training jobs, with enough instances of the recipe's type",
+        )
     return Check("training-plan", arn, PASS, detail)
 
 
@@ -414,10 +588,18 @@ def _guard(check: str, subject: str, body: Callable[[], Check]) -> Check:
 # -- the command ----------------------------------------------------------------------------
 
 
-def preflight(plan: "Plan", *, region: str | None = None, endpoint_url: str | None = None, profile: str | None = None,
-              image_uri: str | None = None, role_arn: str | None = None, stage: str | None = None) -> Report:
-    """Create the clients (errors become :class:`start.StartError`) and run every check."""
-    from tiered_training.aws.start import StartError, aws_client, aws_errors, resolve_region
+def preflight(
+    plan: Plan,
+    *,
+    region: str | None = None,
+    endpoint_url: str | None = None,
+    profile: str | None = None,
+    image_uri: str | None = None,
+    role_arn: str | None = None,
+    stage: str | None = None,
+) -> Report:
+    """Create the clients (errors become :class:`session.StartError`) and run every check."""
+    from tiered_training.aws.session import StartError, aws_client, aws_errors, resolve_region
 
     region = resolve_region(region, plan.recipe.compute.region)
     clients = {s: aws_client(s, region=region, endpoint_url=endpoint_url, profile=profile) for s in SERVICES}
@@ -425,5 +607,14 @@ def preflight(plan: "Plan", *, region: str | None = None, endpoint_url: str | No
     if not region:
         raise StartError("no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION")
     with aws_errors("run the preflight"):
-        return run(plan, clients, region=region, image_uri=image_uri, role_arn=role_arn, stage=stage,
-                   client_for=lambda service, where: aws_client(service, region=where, endpoint_url=endpoint_url, profile=profile))
+        return run(
+            plan,
+            clients,
+            region=region,
+            image_uri=image_uri,
+            role_arn=role_arn,
+            stage=stage,
+            client_for=lambda service, where: aws_client(
+                service, region=where, endpoint_url=endpoint_url, profile=profile
+            ),
+        )

@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tiered_training.aws.session import StartError, aws_errors
 from tiered_training.pipeline.definition import S_TRAIN, find_step
-from tiered_training.aws.start import StartError, aws_errors
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,9 @@ def runs_uri(sm: Any, pipeline_name: str) -> str:
         uri = find_step(json.loads(body), S_TRAIN)["Arguments"]["CheckpointConfig"]["S3Uri"]
         head = uri["Std:Join"]["Values"][0]
     except (KeyError, TypeError, IndexError, ValueError):
-        raise StartError(f"pipeline {pipeline_name} has no per-run checkpoint prefix (deployed before runs had ids?); "
-                         "redeploy it") from None
+        raise StartError(
+            f"pipeline {pipeline_name} has no per-run checkpoint prefix (deployed before runs had ids?); redeploy it"
+        ) from None
     if not isinstance(head, str) or not head.startswith("s3://"):
         raise StartError(f"pipeline {pipeline_name}: cannot read the runs' prefix from {head!r}")
     return head
@@ -54,12 +55,12 @@ def runs_uri(sm: Any, pipeline_name: str) -> str:
 
 def list_runs(s3: Any, uri: str) -> list[RunSummary]:
     """Every run under ``uri`` with its last checkpoint, the most recently committed first."""
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
     runs: dict[str, list[str]] = {}
     with aws_errors(f"list {uri}"):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
-                rest = item["Key"][len(prefix):]
+                rest = item["Key"][len(prefix) :]
                 run, _, tail = rest.partition("/")
                 markers = runs.setdefault(run, [])
                 if tail.startswith("step-") and tail.endswith("/COMMITTED"):
@@ -78,6 +79,14 @@ def list_runs(s3: Any, uri: str) -> list[RunSummary]:
                 manifests.append(manifest)
         last = max(manifests, key=lambda m: m["step"], default=None)
         entry = (last or {}).get("run") or {}
-        found.append(RunSummary(run, len(manifests), last["step"] if last else None, entry.get("tokens_seen"),
-                                entry.get("data_uri"), (last or {}).get("committed_at")))
-    return sorted(found, key=lambda r: (r.committed_at or 0), reverse=True)
+        found.append(
+            RunSummary(
+                run,
+                len(manifests),
+                last["step"] if last else None,
+                entry.get("tokens_seen"),
+                entry.get("data_uri"),
+                (last or {}).get("committed_at"),
+            )
+        )
+    return sorted(found, key=lambda r: r.committed_at or 0, reverse=True)

@@ -9,7 +9,7 @@
   per host, ``<job>/algo-N-<epoch>``; the job names come from the steps' metadata.
 - **Stop**: ``StopPipelineExecution``.
 
-Every AWS call goes through :func:`tiered_training.aws.start.aws_errors`: one line, no traceback.
+Every AWS call goes through :func:`tiered_training.aws.session.aws_errors`: one line, no traceback.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TextIO
 
+from tiered_training.aws.session import EXPIRED, TERMINAL, ExecutionResult, StartError, aws_errors
 from tiered_training.contract import metrics as catalogue
 from tiered_training.pipeline.definition import S_PROBE, TRAINING_STEPS
 from tiered_training.text import clip
-from tiered_training.aws.start import EXPIRED, TERMINAL, ExecutionResult, StartError, aws_errors
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
@@ -48,7 +49,9 @@ class Target:
     namespace: str = catalogue.NAMESPACE
 
     @classmethod
-    def of(cls, recipe: "Recipe", plan: "Plan | None", *, instance_count: int | None = None, max_steps: int | None = None) -> "Target":
+    def of(
+        cls, recipe: Recipe, plan: Plan | None, *, instance_count: int | None = None, max_steps: int | None = None
+    ) -> Target:
         est = plan.to_dict().get("estimates") if plan is not None else None
         total = max_steps or (est or {}).get("total_steps")
         return cls(
@@ -107,7 +110,10 @@ class Snapshot:
 
     def result(self) -> ExecutionResult:
         return ExecutionResult(
-            arn=self.arn, status=self.status, failure_reason=self.failure_reason, steps=self.steps or [],
+            arn=self.arn,
+            status=self.status,
+            failure_reason=self.failure_reason,
+            steps=self.steps or [],
             progress=self.progress.to_dict() if self.progress else None,
         )
 
@@ -134,13 +140,15 @@ def latest_execution(sm: Any, pipeline_name: str) -> str:
     if not summaries:
         raise StartError(f"pipeline {pipeline_name} has no executions (start one: tiered-training start RECIPE)")
     # The first page holds the newest; pick by start time rather than trust the order.
-    newest = max(summaries, key=lambda s: s.get("StartTime") or datetime.min.replace(tzinfo=timezone.utc))
+    newest = max(summaries, key=lambda s: s.get("StartTime") or datetime.min.replace(tzinfo=UTC))
     return newest["PipelineExecutionArn"]
 
 
 def execution_steps(sm: Any, arn: str) -> list[dict[str, Any]]:
     with aws_errors("list the execution's steps"):
-        pages = sm.get_paginator("list_pipeline_execution_steps").paginate(PipelineExecutionArn=arn, SortOrder="Ascending")
+        pages = sm.get_paginator("list_pipeline_execution_steps").paginate(
+            PipelineExecutionArn=arn, SortOrder="Ascending"
+        )
         return [step for page in pages for step in page.get("PipelineExecutionSteps", [])]
 
 
@@ -164,7 +172,15 @@ def training_jobs(steps: list[dict[str, Any]]) -> list[str]:
     return [s["training_job"] for s in steps if s.get("training_job")]
 
 
-def snapshot(sm: Any, arn: str, *, target: Target | None = None, cloudwatch: Any = None, can_list: bool = True, now: datetime | None = None) -> Snapshot:
+def snapshot(
+    sm: Any,
+    arn: str,
+    *,
+    target: Target | None = None,
+    cloudwatch: Any = None,
+    can_list: bool = True,
+    now: datetime | None = None,
+) -> Snapshot:
     with aws_errors("describe the execution"):
         described = sm.describe_pipeline_execution(PipelineExecutionArn=arn)
     steps: list[dict[str, Any]] | None = None
@@ -178,7 +194,9 @@ def snapshot(sm: Any, arn: str, *, target: Target | None = None, cloudwatch: Any
     progress = None
     if cloudwatch is not None and target is not None:
         progress = read_progress(cloudwatch, target, steps or [], since=described.get("CreationTime"), now=now)
-    return Snapshot(arn, described.get("PipelineExecutionStatus", "Unknown"), described.get("FailureReason"), steps, progress)
+    return Snapshot(
+        arn, described.get("PipelineExecutionStatus", "Unknown"), described.get("FailureReason"), steps, progress
+    )
 
 
 def stop(sm: Any, arn: str) -> str:
@@ -196,9 +214,11 @@ def stop(sm: Any, arn: str) -> str:
 # -- CloudWatch metrics ------------------------------------------------------------------
 
 
-def read_progress(cw: Any, target: Target, steps: list[dict[str, Any]], *, since: datetime | None = None, now: datetime | None = None) -> Progress:
+def read_progress(
+    cw: Any, target: Target, steps: list[dict[str, Any]], *, since: datetime | None = None, now: datetime | None = None
+) -> Progress:
     """The latest value of each training metric for the recipe, and the ETA they imply."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     start = now - METRIC_WINDOW
     running = [s for s in steps if s.get("name") in TRAINING_STEPS and s.get("started")]
     step_start = running[-1]["started"] if running else None
@@ -230,7 +250,9 @@ def read_progress(cw: Any, target: Target, steps: list[dict[str, Any]], *, since
         for key, (metric, stat) in wanted.items()
     ]
     with aws_errors("read the run's metrics from CloudWatch"):
-        answer = cw.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=now + timedelta(minutes=1), ScanBy="TimestampDescending")
+        answer = cw.get_metric_data(
+            MetricDataQueries=queries, StartTime=start, EndTime=now + timedelta(minutes=1), ScanBy="TimestampDescending"
+        )
     latest: dict[str, float] = {}
     for result in answer.get("MetricDataResults", []):
         pairs = sorted(zip(result.get("Timestamps", []), result.get("Values", [])), key=lambda p: p[0])
@@ -263,7 +285,9 @@ def tail_logs(logs: Any, jobs: list[str], *, lines: int = 50) -> list[dict[str, 
     for job in jobs:
         with aws_errors(f"list the log streams of training job {job}"):
             try:
-                streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job}/").get("logStreams", [])
+                streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job}/").get(
+                    "logStreams", []
+                )
             except logs.exceptions.ResourceNotFoundException:
                 streams = []
         for stream in streams:
@@ -271,13 +295,21 @@ def tail_logs(logs: Any, jobs: list[str], *, lines: int = 50) -> list[dict[str, 
             with aws_errors(f"read log stream {name}"):
                 got = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=name, limit=lines, startFromHead=False)
             host = name.split("/", 1)[1] if "/" in name else name
-            events += [{"timestamp": e.get("timestamp", 0), "job": job, "host": host, "message": e.get("message", "").rstrip("\n")} for e in got.get("events", [])]
+            events += [
+                {
+                    "timestamp": e.get("timestamp", 0),
+                    "job": job,
+                    "host": host,
+                    "message": e.get("message", "").rstrip("\n"),
+                }
+                for e in got.get("events", [])
+            ]
     events.sort(key=lambda e: e["timestamp"])
     return events[-lines:] if lines else events
 
 
 def format_event(event: dict[str, Any]) -> str:
-    when = datetime.fromtimestamp(event["timestamp"] / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    when = datetime.fromtimestamp(event["timestamp"] / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
     match = re.match(r"algo-\d+", event["host"])
     host = match.group(0) if match else event["host"]
     return f"{when} {event['job']} {host}: {clip(event['message'], 2000)}"
@@ -293,7 +325,7 @@ class LineReporter:
         self.out = out
         self.seen: dict[str, str] = {}
 
-    def __enter__(self) -> "LineReporter":
+    def __enter__(self) -> LineReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -306,7 +338,10 @@ class LineReporter:
             self.out.flush()
 
     def update(self, snap: Snapshot) -> None:
-        self._emit("execution", f"execution {snap.status}" + (f": {clip(snap.failure_reason, 300)}" if snap.failure_reason else ""))
+        self._emit(
+            "execution",
+            f"execution {snap.status}" + (f": {clip(snap.failure_reason, 300)}" if snap.failure_reason else ""),
+        )
         for step in snap.steps or []:
             detail = step["status"] or ""
             if step.get("failure_reason"):
@@ -321,7 +356,11 @@ class LineReporter:
         self.out.flush()
 
     def finish(self, snap: Snapshot) -> None:
-        self.out.write(f"{snap.status}: {snap.arn}" + (f" ({clip(snap.failure_reason, 300)})" if snap.failure_reason else "") + "\n")
+        self.out.write(
+            f"{snap.status}: {snap.arn}"
+            + (f" ({clip(snap.failure_reason, 300)})" if snap.failure_reason else "")
+            + "\n"
+        )
         self.out.flush()
 
 
@@ -330,7 +369,8 @@ class LiveReporter:
 
     def __init__(self, out: TextIO):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
 
         self.console = Console(file=out, highlight=False, markup=False)
         self.bar = Bar(
@@ -344,7 +384,7 @@ class LiveReporter:
         )
         self.tasks: dict[str, Any] = {}
 
-    def __enter__(self) -> "LiveReporter":
+    def __enter__(self) -> LiveReporter:
         self.bar.__enter__()
         return self
 
@@ -363,7 +403,13 @@ class LiveReporter:
             self._task(f"step:{step['name']}", f"  {step['name']} {step['status']}", detail)
         p = snap.progress
         if p is not None and p.step is not None:
-            self._task("progress", "  training", p.describe(), total=p.total_steps, completed=min(p.step, p.total_steps or p.step))
+            self._task(
+                "progress",
+                "  training",
+                p.describe(),
+                total=p.total_steps,
+                completed=min(p.step, p.total_steps or p.step),
+            )
 
     def warn(self, text: str) -> None:
         self.console.print(f"warning: {clip(text, 400)}")
@@ -373,13 +419,15 @@ class LiveReporter:
             if task.total is None:
                 self.bar.update(task.id, total=1, completed=1)
         self.bar.stop()
-        self.console.print(f"{snap.status}: {snap.arn}" + (f" ({clip(snap.failure_reason, 300)})" if snap.failure_reason else ""))
+        self.console.print(
+            f"{snap.status}: {snap.arn}" + (f" ({clip(snap.failure_reason, 300)})" if snap.failure_reason else "")
+        )
 
 
 class QuietReporter:
     """For ``--format json``: nothing until the end (the caller prints the result)."""
 
-    def __enter__(self) -> "QuietReporter":
+    def __enter__(self) -> QuietReporter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -445,7 +493,10 @@ def follow(
                     except StartError as again:
                         _warn(reporter, f"cannot renew the AWS clients: {again}")
                 pause = min(MAX_BACKOFF, max(poll_seconds, 1.0) * 2 ** min(failures - 1, 6))
-                _warn(reporter, f"{error}; still following, next try in {format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}")
+                _warn(
+                    reporter,
+                    f"{error}; still following, next try in {format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}",
+                )
                 if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
                     break
                 sleep(pause)

@@ -64,8 +64,7 @@ def load_plans(directory: str | Path) -> list[Plan]:
     plans, reports = [], []
     for path in recipe_files(directory):
         try:
-            plan = plan_file(path)
-            plan.require_ok()
+            plan = plan_file(path).require_ok()
         except (RecipeError, PlanError) as error:
             reports.append(str(error))
             continue

@@ -46,6 +46,8 @@ from tiered_training.planning import alarms as fitting
 from tiered_training.recipe import names
 
 if TYPE_CHECKING:
+    from aws_cdk.interfaces.aws_events import IRuleRef
+
     from tiered_training.constructs.pipeline import TrainingPipeline
     from tiered_training.planning.plan import Plan
 
@@ -145,7 +147,7 @@ class _TopicTarget:
     def __init__(self, topic: sns.ITopic, message: events.RuleTargetInput) -> None:
         self.topic, self.message = topic, message
 
-    def bind(self, _rule: events.IRule, _id: str | None = None) -> events.RuleTargetConfig:
+    def bind(self, _rule: IRuleRef, _id: str | None = None) -> events.RuleTargetConfig:
         return events.RuleTargetConfig(arn=self.topic.topic_arn, input=self.message)
 
 

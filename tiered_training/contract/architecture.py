@@ -30,7 +30,7 @@ class Architecture(BaseModel):
     norm_eps: float = Field(default=1e-5, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _heads_divide(self):
+    def _heads_divide(self) -> Architecture:
         if self.hidden_size % self.attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of attention_heads {self.attention_heads}"

@@ -53,7 +53,7 @@ def read(path: str | Path, base: Path | None = None) -> tuple[str, Architecture]
     return _name(config, file), architecture(config, file)
 
 
-def _name(config: dict, file: Path) -> str:
+def _name(config: dict[str, Any], file: Path) -> str:
     name = config.get("_name_or_path")
     return str(name) if isinstance(name, str) and name else file.parent.name or "hf-config"
 
@@ -83,7 +83,8 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
     check_buildable(config, file)
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
-    rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    rope_parameters = config.get("rope_parameters")
+    rope = rope_parameters if isinstance(rope_parameters, dict) else {}
     theta = config.get("rope_theta", rope.get("rope_theta", default_theta))
     fields = {
         "layers": need("num_hidden_layers"),

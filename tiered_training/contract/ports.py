@@ -43,7 +43,8 @@ def loopback_port(attempts: int = 100) -> int:
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        free: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return free
 
 
 def serve_on_free_port(start: Callable[[int], T], attempts: int = 5) -> tuple[T, int]:

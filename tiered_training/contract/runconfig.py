@@ -163,7 +163,7 @@ class ProbeConfig(_Frozen):
 
 
 class ExportConfig(_Frozen):
-    """The Hugging Face model written at the end (``training/components/export.py``)."""
+    """The Hugging Face model written at the end (``training/export.py``)."""
 
     dtype: Literal["bf16", "fp32"] = Field(default="bf16", description="dtype of the exported weights")
     max_shard_bytes: int = Field(

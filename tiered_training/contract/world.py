@@ -15,15 +15,34 @@ built, with the world sizes that would work.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from tiered_training.contract.runconfig import RunConfig
+from tiered_training.contract.runconfig import BatchConfig, ParallelConfig, RunConfig
 
 
 class WorldSizeError(ValueError):
     """This world size cannot run the plan's global batch (or its sharding)."""
 
 
-def planned_world(cfg: RunConfig) -> int:
+class _Node(Protocol):
+    @property
+    def gpus_per_node(self) -> int: ...
+
+
+class RunShape(Protocol):
+    """The parts of a :class:`RunConfig` that the world-size checks read (the planner has only these)."""
+
+    @property
+    def batch(self) -> BatchConfig: ...
+
+    @property
+    def parallel(self) -> ParallelConfig: ...
+
+    @property
+    def hardware(self) -> _Node: ...
+
+
+def planned_world(cfg: RunShape) -> int:
     """The GPUs the plan's global batch is for: data-parallel ranks (each a context-parallel group) x cp."""
     batch = cfg.batch
     per_rank = batch.micro_batch_size * batch.sequence_length * batch.grad_accum_steps
@@ -36,7 +55,7 @@ def planned_world(cfg: RunConfig) -> int:
     return data_ranks * cfg.parallel.context_parallel
 
 
-def _accumulations(cfg: RunConfig) -> set[int]:
+def _accumulations(cfg: RunShape) -> set[int]:
     """Every accumulation the run uses: the ramp's and the full one."""
     batch = cfg.batch
     start, full, ramp = batch.ramp_start_accum_steps, batch.grad_accum_steps, max(batch.ramp_steps, 0)
@@ -45,7 +64,7 @@ def _accumulations(cfg: RunConfig) -> set[int]:
     return {batch.accum_steps_at(step) for step in range(ramp + 1)}
 
 
-def _fits(cfg: RunConfig, world: int, planned: int) -> str | None:
+def _fits(cfg: RunShape, world: int, planned: int) -> str | None:
     """Why ``world`` ranks cannot run the plan, or None."""
     parallel = cfg.parallel
     if world % parallel.context_parallel:
@@ -114,7 +133,7 @@ def resume_accumulation(cfg: RunConfig, saved_world: int, world: int) -> Callabl
     return lambda step: saved(step) * saved_world // world
 
 
-def supported_instance_counts(cfg: RunConfig, *, limit: int | None = None) -> list[int]:
+def supported_instance_counts(cfg: RunShape, *, limit: int | None = None) -> list[int]:
     """Host counts that run the plan as planned: the global batch kept at every step of the ramp, the
     sharding and context parallelism intact, and no more memory per GPU than planned (with full
     sharding, fewer GPUs hold bigger shards, so only counts at least the planned one).

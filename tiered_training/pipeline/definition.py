@@ -334,7 +334,7 @@ def training_arguments(
     }
     if compute.spot:
         args["EnableManagedSpotTraining"] = True
-    if not probe:
+    if not probe and segment is not None:  # a run's segment, set above when not given
         # Checkpoints only for the real run: the probe must not touch them (a local delete deletes in S3).
         args["CheckpointConfig"] = {
             "S3Uri": run_checkpoint_uri(resources, segment.run_id),

@@ -296,6 +296,9 @@ if __name__ == "__main__":
 
     print(
         markdown_table(
-            [plan_file(path) for path in find_recipes([Path(arg) for arg in sys.argv[1:] or ["recipes"]])[0]]
+            [
+                plan_file(path).require_ok()
+                for path in find_recipes([Path(arg) for arg in sys.argv[1:] or ["recipes"]])[0]
+            ]
         )
     )

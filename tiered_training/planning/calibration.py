@@ -23,6 +23,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -137,8 +138,8 @@ def source_key(row: Row | LinearRow) -> str:
 @dataclass(frozen=True)
 class Calibration:
     rows: list[Row]
-    systems: dict[str, dict]
-    frameworks: dict[str, dict]
+    systems: dict[str, dict[str, Any]]  # calibration.yaml's, by name
+    frameworks: dict[str, dict[str, Any]]
     linear_rows: list[LinearRow]
     machines: dict[str, tuple[Hardware, float]] = field(default_factory=dict, compare=False)  # hardware() cache
 
@@ -196,7 +197,7 @@ def _machine(row: Row | LinearRow, cal: Calibration) -> tuple[Hardware, float]:
             f"row {row.id}: hardware {row.hardware!r} is neither an instance type nor a system of calibration.yaml"
         )
     base = instances[system["like"]]
-    overrides = {
+    overrides: dict[str, Any] = {
         k: system[k]
         for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib", "efa_gbps")
         if k in system
@@ -270,13 +271,14 @@ FITTED = (
 )
 RECIPES = ("rowwise", "mxfp8")
 # Parameter -> (to the fit's unbounded space, back)
-_UNIT = (lambda v: math.log(v / (1 - v)), lambda x: 1 / (1 + math.exp(-x)))
-_POSITIVE = (math.log, math.exp)
-_ABOVE_ONE = (lambda v: math.log(v - 1 + 1e-12), lambda x: 1 + math.exp(x))
+Transform = tuple[Callable[[float], float], Callable[[float], float]]
+_UNIT: Transform = (lambda v: math.log(v / (1 - v)), lambda x: 1 / (1 + math.exp(-x)))
+_POSITIVE: Transform = (math.log, math.exp)
+_ABOVE_ONE: Transform = (lambda v: math.log(v - 1 + 1e-12), lambda x: 1 + math.exp(x))
 
 
-def _transforms(names: list[str]) -> list[tuple]:
-    out = []
+def _transforms(names: list[str]) -> list[Transform]:
+    out: list[Transform] = []
     for name in names:
         if name in ("megatron_te", "fp8_cast_factor", "ring_step_overhead"):
             out.append(_POSITIVE)
@@ -336,15 +338,20 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
             )
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")
-    for r in linear:
-        names |= _factor_names(r, cal) | {"fp8_gemm_efficiency", "fp8_cast_factor"}
-        if r.fp8_recipe in RECIPES:
-            names.add(f"recipe_{r.fp8_recipe}")
+    for linear_row in linear:
+        names |= _factor_names(linear_row, cal) | {"fp8_gemm_efficiency", "fp8_cast_factor"}
+        if linear_row.fp8_recipe in RECIPES:
+            names.add(f"recipe_{linear_row.fp8_recipe}")
     return names
 
 
 def nelder_mead(
-    fn, x0: list[float], *, step: float = 0.3, iterations: int = 3000, tolerance: float = 1e-10
+    fn: Callable[[list[float]], float],
+    x0: list[float],
+    *,
+    step: float = 0.3,
+    iterations: int = 3000,
+    tolerance: float = 1e-10,
 ) -> list[float]:
     """Minimise ``fn`` from ``x0`` (the standard simplex method; pure Python)."""
     n = len(x0)
@@ -566,7 +573,7 @@ def write_parameters(
     head = text.split("\nfitted:", 1)[0]
     fixed_block = "fixed:" + text.split("\nfixed:", 1)[1].split("\n# Written by", 1)[0]
     tail_comment = "# Written by" + text.split("\n# Written by", 1)[1].split("\nsummary:", 1)[0]
-    fitted = {k: _round(getattr(params, k)) for k in FITTED}
+    fitted: dict[str, float | dict[str, float]] = {k: _round(getattr(params, k)) for k in FITTED}
     fitted["fp8_recipe_efficiency"] = {k: _round(v) for k, v in params.fp8_recipe_efficiency.items()}
     body = yaml.safe_dump(
         {"fitted": fitted, "calibration_only": {k: _round(v) for k, v in factors.items()}}, sort_keys=False
@@ -636,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("Leave one source out: each source's rows predicted by the model refitted without them")
         print(loso_table(cal, loso))
-    if args.write:
+    if args.write and loso is not None:  # --write without the held-out errors stopped above
         write_parameters(params, factors, summary(cal, loso))
         print(f"wrote {catalogs.CATALOG_DIR / 'performance.yaml'}")
     return 0

@@ -351,7 +351,7 @@ def estimate(
 
     trained = arch.layer_shapes() if lora is None else arch.lora_shapes(lora.rank, lora.targets)
     layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
-    best = None
+    peaks = []
     for phase, (in_flight, activations, logits, reduced) in _phases(
         arch,
         precision,
@@ -369,9 +369,9 @@ def estimate(
         else:
             grads = int(reduced * layer_grads)
         allocated = states["param"] + states["optimizer"] + grads + in_flight + activations + logits
-        if best is None or allocated > best[0]:
-            best = (allocated, phase, grads, in_flight, activations, logits)
-    _, phase, grads, in_flight, activations, logits = best
+        peaks.append((allocated, phase, grads, in_flight, activations, logits))
+    # The phase of the highest peak (the first, on a tie).
+    _, phase, grads, in_flight, activations, logits = max(peaks, key=lambda peak: peak[0])
 
     # With one micro-batch per step the gradients are allocated only as backward reduces
     # them, but the caching allocator keeps their blocks reserved from one step to the

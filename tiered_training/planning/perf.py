@@ -47,8 +47,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
-from tiered_training.catalog import PerformanceModel, performance_model
+from tiered_training.catalog import Instance, PerformanceModel, performance_model
 from tiered_training.contract.architecture import Architecture, Lora
 
 # The selective checkpointing policy saves attention and every other matmul output:
@@ -76,7 +77,7 @@ class Hardware:
     compute_factor: float = 1.0  # < 1 for power-limited GPUs
 
     @classmethod
-    def of(cls, instance) -> Hardware:
+    def of(cls, instance: Instance) -> Hardware:
         """From a :class:`catalogs.Instance`."""
         return cls(
             gpu=instance.gpu,
@@ -462,7 +463,10 @@ def _replicate_all_reduce(
 
 def parameters_of(model: PerformanceModel) -> Parameters:
     """The :class:`Parameters` of a performance model (its fitted and fixed values)."""
-    return Parameters(**model.fitted, **model.fixed)
+    # YAML: floats by name, and fp8_recipe_efficiency's mapping among the fitted ones.
+    fitted: dict[str, Any] = model.fitted
+    fixed: dict[str, Any] = model.fixed
+    return Parameters(**fitted, **fixed)
 
 
 @lru_cache(maxsize=1)

@@ -8,12 +8,12 @@ its findings, no estimates. It never reaches the constructs (``require_ok``).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.container import TENSORBOARD_DIR
 from tiered_training.contract.runconfig import (
-    TENSORBOARD_DIR,
     BatchConfig,
     CheckpointConfig,
     DataConfig,
@@ -40,6 +40,8 @@ from tiered_training.text import escape
 # "account": what the AWS account must allow (a quota to raise); shown like a warning, but never
 # blocks `validate --strict`, which judges the recipe (`preflight` judges the account).
 Severity = Literal["error", "warning", "account", "info"]
+# Where a decided value came from: the search (for an ``auto``), the recipe, or derived from other fields.
+DecisionSource = Literal["auto", "recipe", "derived"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Decision:
     field: str  # recipe path, for example "tuning.precision"
     value: Any
     reason: str
-    source: Literal["auto", "recipe", "derived"]
+    source: DecisionSource
 
 
 @dataclass(frozen=True)
@@ -150,11 +152,6 @@ class _Result:
     def ok(self) -> bool:
         return not self.errors
 
-    def require_ok(self):
-        if not self.ok:
-            raise PlanError(self)
-        return self
-
     def decision(self, field_path: str) -> Decision:
         for decision in self.decisions:
             if decision.field == field_path:
@@ -181,6 +178,11 @@ class FailedPlan(_Result):
     @property
     def nodes(self) -> int:
         return self.recipe.compute.instance_count
+
+    def require_ok(self) -> NoReturn:
+        if not self.ok:
+            raise PlanError(self)
+        raise AssertionError("a FailedPlan always has errors")
 
     def run_config(self) -> RunConfig:
         self.require_ok()
@@ -296,6 +298,11 @@ class Plan(_Result):
     @property
     def parameters(self) -> int:
         return self.architecture.parameters
+
+    def require_ok(self) -> Plan:
+        if not self.ok:
+            raise PlanError(self)
+        return self
 
     def run_config(self) -> RunConfig:
         """The slice the training container needs. Only for a Plan without errors."""
@@ -444,7 +451,7 @@ class Plan(_Result):
 PlanResult = Plan | FailedPlan
 
 
-def finding_line(plan: Plan, finding: Finding) -> int | None:
+def finding_line(plan: PlanResult, finding: Finding) -> int | None:
     """The recipe line a finding points at: its field's, or the nearest parent's."""
     line = plan.locations.get(finding.field) if finding.field else None
     if line is None and finding.field:
@@ -456,7 +463,7 @@ def finding_line(plan: Plan, finding: Finding) -> int | None:
     return line
 
 
-def format_finding(plan: Plan, finding: Finding) -> str:
+def format_finding(plan: PlanResult, finding: Finding) -> str:
     line = finding_line(plan, finding)
     where = escape(plan.source or plan.name)
     if line:
@@ -469,7 +476,7 @@ def format_finding(plan: Plan, finding: Finding) -> str:
 class PlanError(Exception):
     """A recipe that loads but cannot work: the plan has hard errors."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: PlanResult):
         self.plan = plan
         super().__init__(str(self))
 

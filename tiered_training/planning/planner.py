@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from tiered_training import catalog as catalogs
 from tiered_training.catalog import Instance, Tier
@@ -26,6 +27,7 @@ from tiered_training.planning import memory, perf
 from tiered_training.planning.plan import (
     Alternative,
     Decision,
+    DecisionSource,
     Departure,
     Estimates,
     FailedPlan,
@@ -80,24 +82,18 @@ def plan_file(path: str | Path) -> PlanResult:
 
 
 @dataclass
-class _Run:
-    """The planner's working state for one recipe: what is known so far, and what it decided."""
+class _Log:
+    """The planner's working state for one recipe before its model and instance are known: what it decided
+    and found so far."""
 
     recipe: Recipe
     decisions: list[Decision] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     model_name: str = ""
-    arch: Architecture | None = None
-    instance: Instance | None = None
-    tier: Tier | None = None
-    departures: list[Departure] = field(default_factory=list)
-    alternatives: list[Alternative] = field(default_factory=list)
-    lora: Lora | None = None  # task sft with LoRA adapters
-    lora_section: LoraSection | None = None
     source: str | None = None
 
-    def decide(self, field_path: str, value, reason: str, requested) -> None:
-        source = "auto" if requested == AUTO else ("derived" if requested is None else "recipe")
+    def decide(self, field_path: str, value: object, reason: str, requested: object) -> None:
+        source: DecisionSource = "auto" if requested == AUTO else ("derived" if requested is None else "recipe")
         self.decisions.append(Decision(field_path, value, reason, source))
 
     def error(self, code: str, message: str, fix: str, field_path: str = "") -> None:
@@ -113,11 +109,42 @@ class _Run:
     def failed(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
 
-    # Derived facts, valid once arch, instance and tier are known.
     @property
     def nodes(self) -> int:
         return self.recipe.compute.instance_count
 
+    def failure(
+        self,
+        source: str | None,
+        lines: dict[str, int] | None,
+        arch: Architecture | None = None,
+        tier: Tier | None = None,
+    ) -> FailedPlan:
+        return FailedPlan(
+            recipe=self.recipe,
+            source=source,
+            model_name=self.model_name,
+            tier=tier,
+            parameters=arch.parameters if arch else None,
+            decisions=tuple(self.decisions),
+            findings=tuple(self.findings),
+            locations=dict(lines or {}),
+        )
+
+
+@dataclass(kw_only=True)
+class _Run(_Log):
+    """The planner's working state once the model, the instance and the tier are known."""
+
+    arch: Architecture
+    instance: Instance
+    tier: Tier
+    departures: list[Departure] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+    lora: Lora | None = None  # task sft with LoRA adapters
+    lora_section: LoraSection | None = None
+
+    # Derived facts.
     @property
     def gpus(self) -> int:
         return self.nodes * self.instance.gpus
@@ -143,18 +170,6 @@ class _Run:
     def min_nodes(self) -> int:
         return self.tier.min_nodes_for(self.lora is not None)
 
-    def failure(self, source, lines) -> FailedPlan:
-        return FailedPlan(
-            recipe=self.recipe,
-            source=source,
-            model_name=self.model_name,
-            tier=self.tier,
-            parameters=self.arch.parameters if self.arch else None,
-            decisions=tuple(self.decisions),
-            findings=tuple(self.findings),
-            locations=dict(lines or {}),
-        )
-
 
 # -- the search space and its evaluation --------------------------------------------------
 
@@ -175,8 +190,15 @@ class Option:
     fits: bool
 
     @property
+    def step_time(self) -> perf.StepTime:
+        """The predicted step time; the search predicts none for a configuration that does not fit."""
+        if self.time is None:
+            raise ValueError(f"no step time predicted for {self.setting}: it does not fit")
+        return self.time
+
+    @property
     def speed(self) -> float:
-        return self.time.tokens_per_second_per_gpu
+        return self.step_time.tokens_per_second_per_gpu
 
     def alternative(self) -> Alternative:
         s = self.setting
@@ -401,7 +423,7 @@ def _precisions(run: _Run) -> tuple[tuple[str, str | None], ...]:
         precisions = ["bf16", "fp8"] if instance.fp8 else ["bf16"]
         if tier.precision == "fp32":
             precisions.append("fp32")
-    out = []
+    out: list[tuple[str, str | None]] = []
     for precision in precisions:
         if precision != "fp8":
             out.append((precision, None))
@@ -460,23 +482,32 @@ def tier_choice(run: _Run, options: list[Option]) -> Option | None:
 
 
 def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> PlanResult:
-    run = _Run(recipe, source=source)
-    run.model_name, run.arch = _model(recipe, run)
-    run.instance = _instance(recipe, run)
-    if run.arch is None or run.instance is None:
-        return run.failure(source, lines)
-    if run.nodes < 1:  # a Recipe built without validation (model_construct, model_copy)
-        run.error(
+    log = _Log(recipe, source=source)
+    log.model_name, arch = _model(recipe, log)
+    instance = _instance(recipe, log)
+    if arch is None or instance is None:
+        return log.failure(source, lines, arch)
+    if log.nodes < 1:  # a Recipe built without validation (model_construct, model_copy)
+        log.error(
             "no-nodes",
-            f"compute.instance_count {run.nodes}: a run needs at least one node",
+            f"compute.instance_count {log.nodes}: a run needs at least one node",
             "set compute.instance_count to 1 or more",
             "compute.instance_count",
         )
-        return run.failure(source, lines)
+        return log.failure(source, lines, arch)
 
-    params = run.arch.parameters
-    run.tier, inside = catalogs.tier_for(params)
-    tier = run.tier
+    params = arch.parameters
+    tier, inside = catalogs.tier_for(params)
+    run = _Run(
+        recipe,
+        decisions=log.decisions,
+        findings=log.findings,
+        model_name=log.model_name,
+        source=source,
+        arch=arch,
+        instance=instance,
+        tier=tier,
+    )
     run.decide("tier", tier.name, _tier_reason(params, tier), None)
     _adapter(recipe, run)
     if not inside:
@@ -515,7 +546,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
 
     chosen = _choose(run)
     if chosen is None or run.failed:
-        return run.failure(source, lines)
+        return run.failure(source, lines, run.arch, run.tier)
 
     setting = chosen.setting
     gpus, cp = run.gpus, setting.context_parallel
@@ -532,7 +563,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     segments = _segments(run, estimates)
     instance_counts = _instance_counts(run, chosen, total_steps, ramp_start, ramp_steps, warmup_steps)
     if run.failed:
-        return run.failure(source, lines)
+        return run.failure(source, lines, run.arch, run.tier)
 
     return Plan(
         recipe=recipe,
@@ -659,7 +690,7 @@ def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list
     the chosen one splits sequences, the fastest at every other context-parallel degree
     that fits, so that the degrees can be compared side by side."""
 
-    def key(o: Option):
+    def key(o: Option) -> tuple[str, str | None, str, int]:
         s = o.setting
         return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
 
@@ -700,9 +731,9 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     speeds = f"{chosen.speed:,.0f} vs {by_tier.speed:,.0f} tokens/s per GPU" if by_tier else ""
     fit_text = f"{chosen.memory.fraction:.0%} of HBM, {margin:,.1f} GiB under the {tier.memory_headroom:.0%} headroom"
 
-    def departure(field_path: str, attribute: str, tier_value, value, what: str) -> str:
+    def departure(field_path: str, attribute: str, tier_value: str, value: str, what: str) -> str:
         # The gain of this one change: against the same configuration with the tier's value.
-        changed = {attribute: tier_value} | (
+        changed: dict[str, Any] = {attribute: tier_value} | (
             {"fp8_recipe": None if tier_value != "fp8" else "tensorwise"} if attribute == "precision" else {}
         )
         same = [o for o in fitting if o.setting == replace(s, **changed, micro_batch=o.setting.micro_batch)]
@@ -817,7 +848,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     )
     run.decide("tuning.micro_batch_size", s.micro_batch, f"{head}; {fit_text}", tuning.micro_batch_size)
 
-    if run.departures:
+    if run.departures and by_tier is not None:  # departures are from the tier's choice
         changes = ", ".join(f"{d.field.split('.')[-1]} {d.tier_value} -> {d.value}" for d in run.departures)
         run.info(
             "departs-from-tier",
@@ -1035,7 +1066,7 @@ def _tier_reason(params: int, tier: Tier) -> str:
     return f"{params / 1e9:.2f}B parameters; the '{tier.name}' tier reaches {tier.max_parameters / 1e9:g}B"
 
 
-def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
+def _model(recipe: Recipe, run: _Log) -> tuple[str, Architecture | None]:
     section = recipe.model
     if section.hf_config is not None:
         from tiered_training.contract import hf_config
@@ -1062,6 +1093,8 @@ def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
         name = section.name or "custom"
         run.decide("model", name, f"explicit dimensions: {section.dimensions.parameters / 1e9:.2f}B parameters", "set")
         return name, section.dimensions
+    if section.catalog is None:  # a ModelSection built without validation, with no source at all
+        raise TypeError("model: give one of catalog, dimensions or hf_config")
     catalog = catalogs.models()
     entry = catalog.get(section.catalog)
     if entry is None:
@@ -1082,7 +1115,7 @@ def _model(recipe: Recipe, run: _Run) -> tuple[str, Architecture | None]:
     return entry.display_name, entry.architecture
 
 
-def _instance(recipe: Recipe, run: _Run) -> Instance | None:
+def _instance(recipe: Recipe, run: _Log) -> Instance | None:
     catalog = catalogs.instances()
     instance = catalog.get(recipe.compute.instance_type)
     if instance is None:
@@ -1198,7 +1231,9 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
     return segments
 
 
-def _instance_counts(run: _Run, chosen, total_steps: int, ramp_start, ramp_steps: int, warmup_steps: int) -> list[int]:
+def _instance_counts(
+    run: _Run, chosen: Option, total_steps: int, ramp_start: int | None, ramp_steps: int, warmup_steps: int
+) -> list[int]:
     """The InstanceCount values that keep the planned global batch and memory (tiered_training/contract/world.py)."""
     from tiered_training.contract.runconfig import BatchConfig, ParallelConfig
     from tiered_training.contract.world import supported_instance_counts
@@ -1386,7 +1421,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         / instance.peak_bf16_flops,
         throughput_source=f"performance model {summary.wording()} (make calibrate)",
         step_time_seconds=recipe.budget.global_batch_tokens / total,
-        step_terms=tuple(chosen.time.terms()),
+        step_terms=tuple(chosen.step_time.terms()),
         total_steps=total_steps,
         wall_time_hours=wall_hours,
         price_per_hour=price,

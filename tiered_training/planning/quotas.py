@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tiered_training.catalog import Quota, quotas
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tiered_training.recipe import Recipe
 
 FINDING_CODE = "quota-needed"
+_PlanT = TypeVar("_PlanT", bound="PlanResult")
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
     return out
 
 
-def with_account(plan: PlanResult, account: Mapping[str, float]) -> PlanResult:
+def with_account(plan: _PlanT, account: Mapping[str, float]) -> _PlanT:
     """The plan with its quota findings recomputed against the app's applied quotas."""
     if not account:
         return plan

@@ -7,14 +7,14 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Final, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tiered_training.contract.architecture import Architecture
 from tiered_training.recipe.names import name_problem
 
-AUTO = "auto"
+AUTO: Final = "auto"
 # A cross-field error names its field with this prefix; the loader points at that field.
 AT = "at "
 Auto = Literal["auto"]

@@ -23,7 +23,7 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -34,8 +34,13 @@ from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.yaml12 import Loader, yaml11_reading
 from tiered_training.text import clip
 
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
 _Loader = Loader
 Lines = dict[str, int]
+# A place in the document: mapping keys and sequence indexes (pydantic's error locations too).
+Loc = tuple[int | str, ...]
 # Errors pydantic reports for the branches of a union that the value did not take.
 UNION_ALTERNATIVES = frozenset(
     {"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"}
@@ -175,7 +180,7 @@ def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never a traceback for bad input
         problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
         recipe = None
-    if problems:
+    if problems or recipe is None:  # a recipe that failed validation always left a problem
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise RecipeError(problems)
     return recipe, lines
@@ -223,12 +228,12 @@ def _check_events(text: str, name: str) -> None:
     size, so the count is what the document would hold with every alias expanded.
     """
     loader = _Loader(text)
-    sizes: dict[str, int] = {}
-    stack: list[list] = [[0, None]]  # per open collection: expanded node count, anchor
+    sizes: dict[str | None, int] = {}  # an alias event's anchor is never None
+    stack: list[list[Any]] = [[0, None]]  # per open collection: expanded node count, anchor
     total = 0
     try:
         while loader.check_event():
-            event = loader.get_event()
+            event: yaml.Event = loader.get_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
             added = 0
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) > MAX_DEPTH:
@@ -236,7 +241,7 @@ def _check_events(text: str, name: str) -> None:
                         [
                             Problem(
                                 name,
-                                event.start_mark.line + 1,
+                                _start_line(event),
                                 "",
                                 f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4",
                             )
@@ -263,7 +268,7 @@ def _check_events(text: str, name: str) -> None:
                     [
                         Problem(
                             name,
-                            event.start_mark.line + 1,
+                            _start_line(event),
                             "",
                             f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100",
                         )
@@ -273,7 +278,12 @@ def _check_events(text: str, name: str) -> None:
         loader.dispose()
 
 
-def _index(node: yaml.Node, path: tuple, lines: Lines, problems: list[Problem], name: str) -> None:
+def _start_line(event: yaml.Event) -> int | None:
+    """The 1-based line an event starts on (the parser marks every event it makes)."""
+    return event.start_mark.line + 1 if event.start_mark else None
+
+
+def _index(node: yaml.Node, path: Loc, lines: Lines, problems: list[Problem], name: str) -> None:
     """Record the line of every key; report duplicate keys, which YAML would silently overwrite.
 
     A merge key (``<<: *base``) brings in the keys of the merged mappings that the
@@ -292,9 +302,11 @@ def _index(node: yaml.Node, path: tuple, lines: Lines, problems: list[Problem], 
             _index(item, child, lines, problems, name)
 
 
-def _entries(node: yaml.MappingNode, path: tuple, problems: list[Problem] | None, name: str) -> dict[str, tuple]:
+def _entries(
+    node: yaml.MappingNode, path: Loc, problems: list[Problem] | None, name: str
+) -> dict[str, tuple[yaml.Node, yaml.Node]]:
     """A mapping's keys as YAML resolves them: its own keys, then merged keys it does not set."""
-    own: dict[str, tuple] = {}
+    own: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     merged: list[yaml.Node] = []
     for key_node, value_node in node.value:
         if key_node.tag == MERGE_TAG:
@@ -312,14 +324,14 @@ def _entries(node: yaml.MappingNode, path: tuple, problems: list[Problem] | None
     return own
 
 
-def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:
+def _real_path(loc: Loc, data: Any) -> tuple[Loc, bool]:
     """Split pydantic's location into the path that exists in the document.
 
     Union branches add labels such as ``literal['auto']``, ``int`` or a model's class
     name; they are neither document keys nor fields. Returns the document path and
     whether it reached a value (False for a missing field).
     """
-    path: list = []
+    path: list[int | str] = []
     node = data
     for part in loc:
         if isinstance(node, dict) and part in node:
@@ -334,12 +346,12 @@ def _real_path(loc: tuple, data: Any) -> tuple[tuple, bool]:
     return tuple(path), True
 
 
-def _is_field(path: tuple, name: Any) -> bool:
+def _is_field(path: Loc, name: Any) -> bool:
     model = _model_at(path)
     return model is not None and name in model.model_fields
 
 
-def _value_at(data: Any, path: tuple) -> tuple[Any, bool]:
+def _value_at(data: Any, path: Loc) -> tuple[Any, bool]:
     node = data
     for part in path:
         try:
@@ -349,12 +361,12 @@ def _value_at(data: Any, path: tuple) -> tuple[Any, bool]:
     return node, True
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
+def _model_at(path: Loc) -> type[BaseModel] | None:
     model: Any = Recipe
     for part in path:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
-        field = model.model_fields.get(part)
+        field = model.model_fields.get(part) if isinstance(part, str) else None  # a list index is no field
         if field is None:
             return None
         model = _submodel(field.annotation)
@@ -371,7 +383,7 @@ def _submodel(annotation: Any) -> Any:
     return None
 
 
-def _problems(exc: ValidationError, data: dict, lines: Lines, name: str) -> list[Problem]:
+def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: str) -> list[Problem]:
     grouped: dict[str, dict[str, Any]] = {}
     for error in exc.errors(include_url=False):
         path, reached = _real_path(tuple(error["loc"]), data)
@@ -446,7 +458,7 @@ def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
             del grouped[sibling]
 
 
-def _line_for(path: tuple, lines: Lines) -> int | None:
+def _line_for(path: Loc, lines: Lines) -> int | None:
     for end in range(len(path), 0, -1):
         line = lines.get(".".join(map(str, path[:end])))
         if line:
@@ -454,7 +466,7 @@ def _line_for(path: tuple, lines: Lines) -> int | None:
     return 1 if path else None
 
 
-def _message(error: dict, path: tuple) -> str:
+def _message(error: ErrorDetails, path: Loc) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":

@@ -15,11 +15,14 @@ field expecting a number or a boolean can say why ``1:30`` or ``yes`` is refused
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-_Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:  # the C loader where libyaml is built in; both have the methods used here
+    _Base = yaml.SafeLoader
+else:
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
@@ -39,7 +42,7 @@ SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
 class Loader(_Base):
     """PyYAML's safe loader with the YAML 1.2 core schema's implicit types."""
 
-    yaml_implicit_resolvers: dict = {}
+    yaml_implicit_resolvers: dict[str | None, list[tuple[str, re.Pattern[str]]]] = {}
 
 
 for _tag, _pattern, _first in (
@@ -52,18 +55,18 @@ for _tag, _pattern, _first in (
     Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", _pattern, list(_first))
 
 
-def _scalar(loader: Loader, node: yaml.Node) -> str:
+def _scalar(loader: Loader, node: yaml.ScalarNode) -> str:
     return loader.construct_scalar(node)
 
 
-def _bool(loader: Loader, node: yaml.Node) -> bool:
+def _bool(loader: Loader, node: yaml.ScalarNode) -> bool:
     value = _scalar(loader, node)
     if not BOOL.match(value):
         raise ValueError(f"{value!r} is not a YAML 1.2 boolean (true or false)")
     return value.lower() == "true"
 
 
-def _int(loader: Loader, node: yaml.Node) -> int:
+def _int(loader: Loader, node: yaml.ScalarNode) -> int:
     value = _scalar(loader, node)
     if not INT.match(value):
         raise ValueError(f"{value!r} is not a YAML 1.2 integer")
@@ -72,7 +75,7 @@ def _int(loader: Loader, node: yaml.Node) -> int:
     return int(value, 10)
 
 
-def _float(loader: Loader, node: yaml.Node) -> float:
+def _float(loader: Loader, node: yaml.ScalarNode) -> float:
     value = _scalar(loader, node)
     if not FLOAT.match(value):
         raise ValueError(f"{value!r} is not a YAML 1.2 number")

@@ -19,10 +19,19 @@ import subprocess
 import sys
 from array import array
 from pathlib import Path
+from typing import TypedDict
 
 from tiered_training.rehearse.s3 import split_uri
 
 VOCAB = 256
+
+
+class ShardEntry(TypedDict):
+    """One token file in a manifest."""
+
+    file: str
+    tokens: int
+    max_token_id: int
 
 
 def bigram_tokens(count: int, seed: int = 0) -> list[int]:
@@ -40,7 +49,7 @@ def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, sha
     typecode = {"uint16": "H", "uint32": "I"}[token_dtype]
     stream = bigram_tokens(tokens, seed)
     size = len(stream) // shards
-    entries = []
+    entries: list[ShardEntry] = []
     for index in range(shards):
         chunk = stream[index * size : (index + 1) * size]
         data = array(typecode, chunk)

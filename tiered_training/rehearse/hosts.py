@@ -84,7 +84,7 @@ class Interrupt:
 
     def unreachable(self, steps: int, interval: int) -> str | None:
         """Why a run of ``steps`` steps with a checkpoint every ``interval`` never reaches this interrupt, or None."""
-        if self.kind == "sigterm":
+        if self.kind == "sigterm" and self.step is not None:  # a sigterm always has its step
             return None if self.step < steps else f"a run of {steps} steps ends before step {self.step}"
         save = 2 * interval if self.step is None else -(-self.step // interval) * interval
         if save <= steps:
@@ -110,11 +110,18 @@ class Interrupt:
 class Host:
     name: str
     root: Path  # this host's /opt/ml
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[str] | None = None
     lines: list[tuple[float, str]] = field(default_factory=list)
     reader: threading.Thread | None = None
     sync: CheckpointSync | None = None
     killed: str | None = None
+
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        """The host's training process, once JobRunner has started it."""
+        if self.proc is None:
+            raise RuntimeError(f"host {self.name} was never started")
+        return self.proc
 
 
 def descendants(pid: int) -> list[int]:
@@ -197,30 +204,31 @@ class JobRunner:
         watch = _Watch(interrupt, hosts) if interrupt else None
         first_failure: float | None = None
         while True:
-            running = [h for h in hosts if h.proc.poll() is None]
+            running = [h for h in hosts if h.process.poll() is None]
             if not running:
                 break
             if watch is not None and interrupted_by is None:
                 interrupted_by = watch.check(self.say)
                 if interrupted_by:
                     self.interrupted = interrupted_by
-            failed = [h for h in hosts if h.proc.poll() not in (None, 0) or h.killed]
+            failed = [h for h in hosts if h.process.poll() not in (None, 0) or h.killed]
             if failed and first_failure is None:
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > GRACE_S:
                 for h in running:  # SageMaker stops the job
                     h.killed = h.killed or "stopped: another host failed"
-                    kill_tree(h.proc.pid, signal.SIGTERM)
+                    kill_tree(h.process.pid, signal.SIGTERM)
                 time.sleep(5)
                 for h in running:
-                    kill_tree(h.proc.pid, signal.SIGKILL)
+                    kill_tree(h.process.pid, signal.SIGKILL)
             if time.monotonic() - started > JOB_TIMEOUT_S:
                 for h in running:
                     h.killed = f"the rehearsal's job timeout of {JOB_TIMEOUT_S:.0f} s"
-                    kill_tree(h.proc.pid, signal.SIGKILL)
+                    kill_tree(h.process.pid, signal.SIGKILL)
             time.sleep(0.05)
         for host in hosts:
-            host.reader.join(timeout=10)
+            if host.reader is not None:  # every host was started
+                host.reader.join(timeout=10)
         stats = {}
         for host in hosts:
             if host.sync is not None:
@@ -320,7 +328,7 @@ class JobRunner:
 
         def read() -> None:
             with log:
-                for line in host.proc.stdout:
+                for line in host.process.stdout or ():  # stdout=PIPE: never None
                     line = line.rstrip("\n")
                     host.lines.append((time.time(), line))
                     log.write(line + "\n")
@@ -335,7 +343,7 @@ class JobRunner:
     def _result(
         self, step, job_name, args, hosts: list[Host], stats, interrupted_by, seconds, checkpoint_uri
     ) -> JobAttempt:
-        codes = {h.name: h.proc.returncode for h in hosts}
+        codes = {h.name: h.process.returncode for h in hosts}
         reasons = {}
         for h in hosts:
             failure = h.root / "output/failure"
@@ -426,11 +434,11 @@ class _Watch:
         self.saves: list[str] = []
 
     def check(self, say) -> str | None:
-        if self.interrupt.kind == "sigterm":
+        if self.interrupt.kind == "sigterm" and self.interrupt.step is not None:  # a sigterm always has its step
             if any(_step_of(line) >= self.interrupt.step for _, line in list(self.hosts[0].lines)):
                 for host in self.hosts:
-                    if host.proc.poll() is None:
-                        os.kill(host.proc.pid, signal.SIGTERM)  # SageMaker signals each container's entry point
+                    if host.process.poll() is None:
+                        os.kill(host.process.pid, signal.SIGTERM)  # SageMaker signals each container's entry point
                 say(f"    >>> interrupt: SIGTERM to every host after step {self.interrupt.step}")
                 return f"SIGTERM after step {self.interrupt.step}"
             return None
@@ -446,7 +454,7 @@ class _Watch:
             number = int(entry.name.split("-")[1])
             due = len(self.saves) == 2 if self.interrupt.step is None else number >= self.interrupt.step
             if due and not (entry / "COMMITTED").exists():
-                kill_tree(self.target.proc.pid, signal.SIGKILL)
+                kill_tree(self.target.process.pid, signal.SIGKILL)
                 self.target.killed = f"SIGKILL while writing checkpoint {entry.name}"
                 say(f"    >>> interrupt: SIGKILL of {self.target.name} while it writes {entry.name}")
                 return f"SIGKILL of {self.target.name} during the save of {entry.name}"

@@ -252,7 +252,7 @@ class Interpreter:
 
     def _steps(self, steps: list[dict[str, Any]]) -> None:
         for step in steps:
-            kind = step.get("Type")
+            kind: Any = step.get("Type")  # the definition's JSON: any value, or none
             handler = {"Condition": self._condition_step, "Fail": self._fail_step, "Training": self._training_step}.get(
                 kind
             )

@@ -177,7 +177,7 @@ def steps_for(interrupt: Interrupt | None, interval: int) -> int:
     """Steps enough for a checkpoint every ``interval`` steps to be saved, and for the interrupt to happen."""
     if interrupt is None:
         return max(MIN_STEPS, interval + 1)
-    if interrupt.kind == "sigterm":
+    if interrupt.kind == "sigterm" and interrupt.step is not None:  # a sigterm always has its step
         return max(MIN_STEPS, interrupt.step + 2, interval + 1)
     save = 2 * interval if interrupt.step is None else -(-interrupt.step // interval) * interval
     return max(MIN_STEPS, save + 1)
@@ -289,14 +289,15 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         out.write(text + "\n")
         out.flush()
 
+    from tiered_training.planning.plan import Plan
     from tiered_training.planning.planner import plan_file
 
     interrupt = check_options(options)
     check_installed()
     parse_params([f"{k}={v}" for k, v in options.params.items()])
     if options.then is not None:
-        for later in [Then(dict(options.then))] if isinstance(options.then, dict) else options.then:
-            parse_params([f"{k}={v}" for k, v in later.params.items()], "--restart-with")
+        for then in [Then(dict(options.then))] if isinstance(options.then, dict) else options.then:
+            parse_params([f"{k}={v}" for k, v in then.params.items()], "--restart-with")
     plan = plan_file(options.recipe)
     if not plan.ok:
         from tiered_training.planning.plan import PlanError
@@ -442,11 +443,13 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         step.before(client, result)
                     later_plan, later_definition = plan, definition
                     if step.recipe is not None:
-                        later_plan = plan_file(step.recipe)
-                        if not later_plan.ok or later_plan.name != plan.name:
+                        found = plan_file(step.recipe)
+                        # A FailedPlan is never ok.
+                        if not isinstance(found, Plan) or not found.ok or found.name != plan.name:
                             raise RehearsalError(
                                 f"{step.recipe}: a later execution needs a valid recipe named {plan.name}"
                             )
+                        later_plan = found
                         later_definition = build_definition(later_plan, resources)
                     values = {**params, **({"RunId": execution.execution_id} if step.resume else {}), **step.params}
                     uri = values.get("DataUri", plan.recipe.data.uri)

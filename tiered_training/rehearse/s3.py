@@ -17,14 +17,17 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tiered_training.contract.ports import serve_on_free_port
+
+if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
 
 STEP = re.compile(r"(?:^|/)(step-\d+)/")
 
 
-def start_moto(port: int):
+def start_moto(port: int) -> ThreadedMotoServer:
     """A started moto server on 127.0.0.1:``port``; OSError (EADDRINUSE) when the port is taken.
     moto's own ``ThreadedMotoServer.start`` would wait forever: werkzeug's failed bind ends the
     server's thread with ``sys.exit(1)`` (after printing the reason on stderr)."""
@@ -70,8 +73,8 @@ class LocalS3:
     """
 
     _lock = threading.Lock()
-    _server = None
-    _port: int | None = None
+    _server: ThreadedMotoServer | None = None
+    _port: int | None = None  # set with _server
     _users = 0
 
     def __init__(self) -> None:
@@ -83,7 +86,7 @@ class LocalS3:
         import logging
 
         with LocalS3._lock:
-            if LocalS3._server is None:
+            if LocalS3._server is None or LocalS3._port is None:
                 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
                 os.environ.setdefault("AWS_ACCESS_KEY_ID", "rehearsal")
                 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "rehearsal")
@@ -106,7 +109,8 @@ class LocalS3:
             last = LocalS3._users == 0
             if last:
                 self.reset()
-                LocalS3._server.stop()
+                if LocalS3._server is not None:  # the first to enter started it
+                    LocalS3._server.stop()
                 LocalS3._server = LocalS3._port = None
         if not last:
             self._delete_created()

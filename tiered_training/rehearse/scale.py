@@ -14,8 +14,11 @@ parallelism is kept where the trainer has it, and rehearsed as 1 (and listed) wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tiered_training.contract.runconfig import RunConfig
+
+_T = TypeVar("_T")
 
 LAYERS = 2
 HIDDEN = 64
@@ -65,7 +68,7 @@ def scale(
     """
     changes: list[Change] = []
 
-    def change(field: str, plan: object, rehearsal: object, why: str) -> object:
+    def change(field: str, plan: object, rehearsal: _T, why: str) -> _T:
         if plan != rehearsal:
             changes.append(Change(field, plan, rehearsal, why))
         return rehearsal

@@ -30,7 +30,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         }
     est = plan.estimates
     precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
-    task = {"none": ", SFT", "lora": ", LoRA"}.get(plan.adapter, "")
+    task = {"none": ", SFT", "lora": ", LoRA"}.get(plan.adapter or "", "")
     return {
         "recipe": plan.name,
         "model": f"{plan.model_name} ({plan.parameters / 1e9:.1f}B{task})",

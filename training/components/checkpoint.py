@@ -97,8 +97,17 @@ def _local_world() -> int:
 class CheckpointManager:
     """Saves, commits, prunes and finds checkpoints under ``root`` (all ranks call every method)."""
 
-    def __init__(self, root: Path, *, keep_last: int, rank: int, save_group: dist.ProcessGroup, control_group: dist.ProcessGroup,
-                 accept: Acceptor | None = None, identity: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep_last: int,
+        rank: int,
+        save_group: dist.ProcessGroup,
+        control_group: dist.ProcessGroup,
+        accept: Acceptor | None = None,
+        identity: dict[str, Any] | None = None,
+    ):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
         checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
         run's identity (training/components/identity.py), recorded in every manifest."""
@@ -116,7 +125,9 @@ class CheckpointManager:
 
     # -- saving ------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], *, blocking: bool = False, tokens_seen: int | None = None) -> float:
+    def save(
+        self, step: int, state: dict[str, Any], *, blocking: bool = False, tokens_seen: int | None = None
+    ) -> float:
         """Start saving ``state`` as ``step-N``; returns the seconds training was blocked.
 
         A save still in flight is finished (and committed) first.
@@ -186,8 +197,12 @@ class CheckpointManager:
             if issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
             else:
-                manifest = {"step": flight.step, "committed_at": round(time.time(), 3),
-                            "world_size": dist.get_world_size(), "files": dict(sorted(files.items()))}
+                manifest = {
+                    "step": flight.step,
+                    "committed_at": round(time.time(), 3),
+                    "world_size": dist.get_world_size(),
+                    "files": dict(sorted(files.items())),
+                }
                 manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
                 marker = path / COMMITTED
                 tmp = path / (COMMITTED + ".tmp")
@@ -195,16 +210,20 @@ class CheckpointManager:
                 os.replace(tmp, marker)
                 _fsync_dir(path)
                 committed = True
-                log.info("checkpoint step-%d committed (%.1f s after the save started)",
-                         flight.step, time.monotonic() - flight.started)
+                log.info(
+                    "checkpoint step-%d committed (%.1f s after the save started)",
+                    flight.step,
+                    time.monotonic() - flight.started,
+                )
                 self.verified.add(flight.step)
                 for step, reason in misnamed(self.root, self.accept).items():
                     if step not in self.damaged:
                         log.warning("checkpoint step-%d is not this run's (%s): pruned as damaged", step, reason)
                     self.damaged.add(step)
                     self.verified.discard(step)
-                doomed = plan_pruning(list_steps(self.root), self.verified, self.damaged, self.keep_last,
-                                      committed=flight.step)
+                doomed = plan_pruning(
+                    list_steps(self.root), self.verified, self.damaged, self.keep_last, committed=flight.step
+                )
         # Rank 0 decides; the first rank of every host deletes its local copies.
         shared = [committed, doomed]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 COMMITTED = "COMMITTED"
 METADATA = ".metadata"
@@ -103,8 +104,14 @@ def check_file(path: Path, name: str, size: int, checksum: str | None) -> str | 
     return None
 
 
-def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, metadata: bool = True,
-             accept: Acceptor | None = None) -> list[str]:
+def problems(
+    path: Path,
+    *,
+    need_marker: bool = True,
+    checksums: bool = True,
+    metadata: bool = True,
+    accept: Acceptor | None = None,
+) -> list[str]:
     """Why ``path`` is not a complete checkpoint on this host ([] if it is): its manifest names
     its step, and every file that ``.metadata`` lists (and the manifest, when there is one) is
     here, whole, unchanged. ``metadata=False`` trusts a manifest's file list without reading
@@ -120,8 +127,11 @@ def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, me
     files = (manifest or {}).get("files") or {}
 
     def manifest_issues() -> list[str]:
-        return [issue for name, entry in sorted(files.items())
-                if (issue := check_file(path, name, int(entry["bytes"]), entry.get("sha256") if checksums else None))]
+        return [
+            issue
+            for name, entry in sorted(files.items())
+            if (issue := check_file(path, name, int(entry["bytes"]), entry.get("sha256") if checksums else None))
+        ]
 
     if files and not metadata:
         return manifest_issues()
@@ -130,8 +140,9 @@ def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, me
     except Exception as exc:  # noqa: BLE001 - a damaged file is a reason, not a crash
         return [f"{METADATA} is unreadable ({type(exc).__name__}: {exc})"]
     if files:
-        return manifest_issues() + [f"{name} is listed in {METADATA} but not in the manifest"
-                                    for name in sorted(set(needed) - set(files))]
+        return manifest_issues() + [
+            f"{name} is listed in {METADATA} but not in the manifest" for name in sorted(set(needed) - set(files))
+        ]
     found = []
     for name, size in sorted(needed.items()):
         file = path / name
@@ -142,8 +153,9 @@ def problems(path: Path, *, need_marker: bool = True, checksums: bool = True, me
     return found
 
 
-def find_resumable(root: Path, *, checksums: bool = True, metadata: bool = True,
-                   accept: Acceptor | None = None) -> tuple[int | None, list[str]]:
+def find_resumable(
+    root: Path, *, checksums: bool = True, metadata: bool = True, accept: Acceptor | None = None
+) -> tuple[int | None, list[str]]:
     """On one host: the newest complete checkpoint's step (or None), and a reason for each one skipped.
 
     ``checksums=False, metadata=False`` checks the manifest's files by size only (the launcher's
@@ -167,8 +179,14 @@ def misnamed(root: Path, accept: Acceptor | None = None) -> dict[int, str]:
     return found
 
 
-def plan_pruning(steps: list[int], verified: set[int], damaged: set[int], keep_last: int,
-                 in_flight: int | None = None, committed: int | None = None) -> list[int]:
+def plan_pruning(
+    steps: list[int],
+    verified: set[int],
+    damaged: set[int],
+    keep_last: int,
+    in_flight: int | None = None,
+    committed: int | None = None,
+) -> list[int]:
     """Steps to delete: everything older than the kept checkpoints (once there are ``keep_last``),
     and the damaged ones.
 

@@ -89,8 +89,10 @@ def _manifest_entries(data_dir: Path) -> dict[Path, dict]:
         except (ValueError, OSError, AttributeError):
             continue  # informational; every window is checked anyway
         if content.get("kind") == SFT_KIND:
-            raise DataError(f"{manifest}: packed SFT shards (with loss masks), not flat token shards: fine-tune on "
-                            "them (sft), or tokenise text for pretraining with training.tools.tokenize_to_shards")
+            raise DataError(
+                f"{manifest}: packed SFT shards (with loss masks), not flat token shards: fine-tune on "
+                "them (sft), or tokenise text for pretraining with training.tools.tokenize_to_shards"
+            )
         for entry in shards:
             if isinstance(entry, dict) and "file" in entry:
                 entries[(manifest.parent / entry["file"]).resolve()] = entry
@@ -108,7 +110,9 @@ SCAN_CHUNK = 1 << 24  # tokens per vectorised max (64 MiB of uint32)
 _scanned: set[tuple] = set()  # shards found clean in this process (the validation data opens them again)
 
 
-def scan_vocabulary(shards: list[Shard], token_dtype: str, vocab_size: int, *, rank: int = 0, world_size: int = 1) -> None:
+def scan_vocabulary(
+    shards: list[Shard], token_dtype: str, vocab_size: int, *, rank: int = 0, world_size: int = 1
+) -> None:
     """Refuse the first token id outside the vocabulary in the shards without a manifest entry,
     naming the shard and the token's offset. Rank ``r`` scans every ``world_size``-th such shard."""
     unlisted = [shard for shard in shards if shard.max_token_id is None]
@@ -127,8 +131,10 @@ def scan_vocabulary(shards: list[Shard], token_dtype: str, vocab_size: int, *, r
 
 
 def _oov_message(path: Path, token: int, vocab_size: int, where: str) -> str:
-    return (f"{path}: {where} token id {token}, outside the model's vocabulary of {vocab_size} ids "
-            f"(0-{vocab_size - 1}); tokenise the data with the model's tokenizer, or fix model.vocab_size")
+    return (
+        f"{path}: {where} token id {token}, outside the model's vocabulary of {vocab_size} ids "
+        f"(0-{vocab_size - 1}); tokenise the data with the model's tokenizer, or fix model.vocab_size"
+    )
 
 
 class GlobalStream(IterableDataset):
@@ -136,16 +142,19 @@ class GlobalStream(IterableDataset):
     epoch ``e`` permutes the items with ``(seed, e)``; rank ``r`` takes every ``world_size``-th of each
     micro-step's ``micro_batch_size x world_size``. Subclasses call ``_start`` and implement ``_read(index)``."""
 
-    def _start(self, total: int, *, rank: int, world_size: int, seed: int, micro_batch_size: int, holdout_every: int,
-               what: str) -> None:
+    def _start(
+        self, total: int, *, rank: int, world_size: int, seed: int, micro_batch_size: int, holdout_every: int, what: str
+    ) -> None:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.micro_batch_size = micro_batch_size
         # With holdout_every = k, every k-th item (k-1, 2k-1, ...) is held out for validation.
         self.index = held_out_windows(total, holdout_every, held_out=False) if holdout_every else None
         self.windows = total if self.index is None else len(self.index)
         if self.windows < micro_batch_size * world_size:
-            raise DataError(f"{self.windows} {what} are fewer than one micro-step of the job "
-                            f"({micro_batch_size} x {world_size} ranks)")
+            raise DataError(
+                f"{self.windows} {what} are fewer than one micro-step of the job "
+                f"({micro_batch_size} x {world_size} ranks)"
+            )
         self.position = 0  # items of the global stream consumed by the whole job
         self._order: tuple[int, np.ndarray] | None = None
 
@@ -181,8 +190,9 @@ class GlobalStream(IterableDataset):
             raise DataError("the checkpoint's data position is per rank (an older format); it cannot be resumed")
         if state.get("windows") != self.windows or state.get("seed", self.seed) != self.seed:
             raise DataError(
-                f"the checkpoint was saved for {state.get('windows')} windows (seed {state.get('seed')}); this data has "
-                f"{self.windows} windows (seed {self.seed}): the data changed, so its position does not carry over"
+                f"the checkpoint was saved for {state.get('windows')} windows (seed {state.get('seed')}); "
+                f"this data has {self.windows} windows (seed {self.seed}): the data changed, "
+                "so its position does not carry over"
             )
         self.position = int(state["position"])
 
@@ -190,8 +200,19 @@ class GlobalStream(IterableDataset):
 class PackedTokenWindows(GlobalStream):
     """An endless, resumable stream of ``[sequence_length + 1]`` int64 windows for one rank."""
 
-    def __init__(self, data_dir: Path, token_dtype: str, sequence_length: int, *, rank: int, world_size: int, seed: int,
-                 holdout_every: int = 0, micro_batch_size: int = 1, vocab_size: int | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        token_dtype: str,
+        sequence_length: int,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        holdout_every: int = 0,
+        micro_batch_size: int = 1,
+        vocab_size: int | None = None,
+    ):
         self.shards = find_shards(data_dir, token_dtype)
         if vocab_size is not None:
             check_vocabulary(self.shards, vocab_size)
@@ -202,8 +223,15 @@ class PackedTokenWindows(GlobalStream):
         counts = [max(0, (s.tokens - 1) // sequence_length) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._maps: dict[int, np.memmap] = {}
-        self._start(int(self.starts[-1]), rank=rank, world_size=world_size, seed=seed, micro_batch_size=micro_batch_size,
-                    holdout_every=holdout_every, what=f"windows of {sequence_length + 1} tokens in {data_dir}")
+        self._start(
+            int(self.starts[-1]),
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            micro_batch_size=micro_batch_size,
+            holdout_every=holdout_every,
+            what=f"windows of {sequence_length + 1} tokens in {data_dir}",
+        )
 
     def _read(self, index: int) -> torch.Tensor:
         shard = int(np.searchsorted(self.starts, index, side="right") - 1)
@@ -227,8 +255,18 @@ def held_out_windows(windows: int, every: int, *, held_out: bool = True) -> np.n
 
 
 def build_dataloader(
-    data_dir: Path, token_dtype: str, sequence_length: int, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
-    num_workers: int = 0, pin_memory: bool = False, holdout_every: int = 0, vocab_size: int | None = None,
+    data_dir: Path,
+    token_dtype: str,
+    sequence_length: int,
+    micro_batch_size: int,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    holdout_every: int = 0,
+    vocab_size: int | None = None,
 ) -> StatefulDataLoader:
     """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows.
 
@@ -237,12 +275,25 @@ def build_dataloader(
     """
     if num_workers not in (0, 1):
         raise ValueError(f"num_workers must be 0 or 1 for the packed token stream, not {num_workers}")
-    dataset = PackedTokenWindows(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed,
-                                 holdout_every=holdout_every, micro_batch_size=micro_batch_size, vocab_size=vocab_size)
+    dataset = PackedTokenWindows(
+        data_dir,
+        token_dtype,
+        sequence_length,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        holdout_every=holdout_every,
+        micro_batch_size=micro_batch_size,
+        vocab_size=vocab_size,
+    )
     # A generator of its own: without one, every iter() draws a worker seed from the global RNG, which
     # then differs between a resumed run and an uninterrupted one (LoRA dropout draws from it).
     return StatefulDataLoader(
-        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        dataset,
+        batch_size=micro_batch_size,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
     )
 
@@ -258,8 +309,19 @@ class SftSequences(GlobalStream):
     ``input_ids``, ``labels`` (-100 where no loss is taken) and ``position_ids`` (restarting per example).
     ``token_dtype`` None: as the manifest says; else the manifest must say the same."""
 
-    def __init__(self, data_dir: Path, token_dtype: str | None, sequence_length: int, *, rank: int, world_size: int, seed: int,
-                 holdout_every: int = 0, micro_batch_size: int = 1, vocab_size: int | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        token_dtype: str | None,
+        sequence_length: int,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        holdout_every: int = 0,
+        micro_batch_size: int = 1,
+        vocab_size: int | None = None,
+    ):
         self.data_dir = Path(data_dir)
         self.manifest = read_sft_manifest(self.data_dir, token_dtype, sequence_length, vocab_size=vocab_size)
         self.dtype = DTYPES[self.manifest["token_dtype"]]
@@ -268,22 +330,37 @@ class SftSequences(GlobalStream):
         counts = [entry["sequences"] for entry in self.manifest["shards"]]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._maps: dict[int, tuple[np.memmap, np.memmap, np.memmap]] = {}
-        self._start(int(self.starts[-1]), rank=rank, world_size=world_size, seed=seed, micro_batch_size=micro_batch_size,
-                    holdout_every=holdout_every, what=f"packed sequences of {sequence_length + 1} tokens in {data_dir}")
+        self._start(
+            int(self.starts[-1]),
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            micro_batch_size=micro_batch_size,
+            holdout_every=holdout_every,
+            what=f"packed sequences of {sequence_length + 1} tokens in {data_dir}",
+        )
 
     def _read(self, index: int) -> dict[str, torch.Tensor]:
         shard = int(np.searchsorted(self.starts, index, side="right") - 1)
         if shard not in self._maps:
             base = self.data_dir / self.manifest["shards"][shard]["file"]
-            self._maps[shard] = tuple(np.memmap(path, dtype=dtype, mode="r") for path, dtype in
-                                      zip(sft_files(base), (self.dtype, np.uint8, self.dtype)))
+            self._maps[shard] = tuple(
+                np.memmap(path, dtype=dtype, mode="r")
+                for path, dtype in zip(sft_files(base), (self.dtype, np.uint8, self.dtype))
+            )
         width = self.sequence_length + 1
         start = (index - int(self.starts[shard])) * width
         tokens, mask, pos = (np.asarray(m[start : start + width]).astype(np.int64) for m in self._maps[shard])
         if self.vocab_size is not None and int(tokens.max()) >= self.vocab_size:
             where = f"at token {start + int(np.argmax(tokens >= self.vocab_size))}:"
-            raise DataError(_oov_message(sft_files(self.data_dir / self.manifest["shards"][shard]["file"])[0],
-                                         int(tokens.max()), self.vocab_size, where))
+            raise DataError(
+                _oov_message(
+                    sft_files(self.data_dir / self.manifest["shards"][shard]["file"])[0],
+                    int(tokens.max()),
+                    self.vocab_size,
+                    where,
+                )
+            )
         return sft_sample(tokens, mask, pos)
 
 
@@ -292,12 +369,16 @@ def sft_sample(tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> dict[st
     ``tokens[1:]`` where ``mask[1:]`` is 1 and no example starts (``pos[1:] != 0``), else -100."""
     valid = (mask[1:] == 1) & (pos[1:] != 0)
     labels = np.where(valid, tokens[1:], -100)
-    return {"input_ids": torch.from_numpy(np.ascontiguousarray(tokens[:-1])),
-            "labels": torch.from_numpy(labels.astype(np.int64)),
-            "position_ids": torch.from_numpy(np.ascontiguousarray(pos[:-1]))}
+    return {
+        "input_ids": torch.from_numpy(np.ascontiguousarray(tokens[:-1])),
+        "labels": torch.from_numpy(labels.astype(np.int64)),
+        "position_ids": torch.from_numpy(np.ascontiguousarray(pos[:-1])),
+    }
 
 
-def read_sft_manifest(data_dir: Path, token_dtype: str | None, sequence_length: int, *, vocab_size: int | None = None) -> dict:
+def read_sft_manifest(
+    data_dir: Path, token_dtype: str | None, sequence_length: int, *, vocab_size: int | None = None
+) -> dict:
     """The ``shards.json`` of a packed SFT directory, checked against what the run asks for; the
     shard files' sizes are checked too. Raises DataError naming the directory and what to do."""
     data_dir = Path(data_dir)
@@ -305,7 +386,9 @@ def read_sft_manifest(data_dir: Path, token_dtype: str | None, sequence_length: 
     prepare = "prepare the data with python -m training.sft_data (training/README.md)"
     if not path.is_file():
         nested = sorted(str(p.parent) for p in data_dir.rglob(MANIFEST)) if data_dir.is_dir() else []
-        hint = f"; manifests found in {', '.join(nested[:3])}: point the data at one of them" if nested else f"; {prepare}"
+        hint = (
+            f"; manifests found in {', '.join(nested[:3])}: point the data at one of them" if nested else f"; {prepare}"
+        )
         raise DataError(f"{data_dir}: no {MANIFEST}, so no packed SFT shards{hint}")
     try:
         manifest = json.loads(path.read_text())
@@ -313,17 +396,23 @@ def read_sft_manifest(data_dir: Path, token_dtype: str | None, sequence_length: 
         raise DataError(f"{path}: not JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != SFT_KIND:
         kind = manifest.get("kind") if isinstance(manifest, dict) else None
-        raise DataError(f"{path}: kind is {kind!r}, not {SFT_KIND!r}: these are not packed SFT shards "
-                        f"(token shards for pretraining are read without sft); {prepare}")
+        raise DataError(
+            f"{path}: kind is {kind!r}, not {SFT_KIND!r}: these are not packed SFT shards "
+            f"(token shards for pretraining are read without sft); {prepare}"
+        )
     if manifest.get("sequence_length") != sequence_length:
-        raise DataError(f"{path}: sequence_length is {manifest.get('sequence_length')}, but the run trains on "
-                        f"{sequence_length}; prepare the data again with --sequence-length {sequence_length}")
+        raise DataError(
+            f"{path}: sequence_length is {manifest.get('sequence_length')}, but the run trains on "
+            f"{sequence_length}; prepare the data again with --sequence-length {sequence_length}"
+        )
     if manifest.get("token_dtype") not in DTYPES:
         raise DataError(f"{path}: token_dtype is {manifest.get('token_dtype')!r}, not one of {', '.join(DTYPES)}")
     if token_dtype is not None and manifest["token_dtype"] != token_dtype:
-        raise DataError(f"{path}: token_dtype is {manifest['token_dtype']}, but the run reads {token_dtype} "
-                        f"(data.token_dtype): set data.token_dtype: {manifest['token_dtype']} in the recipe, or "
-                        f"prepare the data again with --dtype {token_dtype}")
+        raise DataError(
+            f"{path}: token_dtype is {manifest['token_dtype']}, but the run reads {token_dtype} "
+            f"(data.token_dtype): set data.token_dtype: {manifest['token_dtype']} in the recipe, or "
+            f"prepare the data again with --dtype {token_dtype}"
+        )
     token_dtype = manifest["token_dtype"]
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
@@ -337,33 +426,67 @@ def read_sft_manifest(data_dir: Path, token_dtype: str | None, sequence_length: 
             size = file.stat().st_size if file.is_file() else None
             if size != expected:
                 found = "missing" if size is None else f"{size} bytes"
-                raise DataError(f"{file}: {found}, expected {expected} bytes ({entry['sequences']} sequences of {width} "
-                                f"{dtype}) as {path} says; the upload is incomplete or the files are from another run")
+                raise DataError(
+                    f"{file}: {found}, expected {expected} bytes ({entry['sequences']} sequences of {width} "
+                    f"{dtype}) as {path} says; the upload is incomplete or the files are from another run"
+                )
         if vocab_size is not None and entry.get("max_token", 0) >= vocab_size:
             raise DataError(_oov_message(data_dir / entry["file"], entry["max_token"], vocab_size, "its manifest says"))
     return manifest
 
 
 def build_sft_dataloader(
-    data_dir: Path, token_dtype: str | None, sequence_length: int, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
-    num_workers: int = 0, pin_memory: bool = False, holdout_every: int = 0, vocab_size: int | None = None,
+    data_dir: Path,
+    token_dtype: str | None,
+    sequence_length: int,
+    micro_batch_size: int,
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    holdout_every: int = 0,
+    vocab_size: int | None = None,
 ) -> StatefulDataLoader:
     """Batches of packed SFT sequences: dicts of ``[micro_batch_size, sequence_length]`` int64 tensors
     (``input_ids``, ``labels``, ``position_ids``); the arguments are those of :func:`build_dataloader`."""
     if num_workers not in (0, 1):
         raise ValueError(f"num_workers must be 0 or 1 for the packed sequence stream, not {num_workers}")
-    dataset = SftSequences(data_dir, token_dtype, sequence_length, rank=rank, world_size=world_size, seed=seed,
-                           holdout_every=holdout_every, micro_batch_size=micro_batch_size, vocab_size=vocab_size)
+    dataset = SftSequences(
+        data_dir,
+        token_dtype,
+        sequence_length,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        holdout_every=holdout_every,
+        micro_batch_size=micro_batch_size,
+        vocab_size=vocab_size,
+    )
     # A generator of its own, as build_dataloader: iter() draws no seed from the global RNG (LoRA dropout's)
     return StatefulDataLoader(
-        dataset, batch_size=micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=True,
+        dataset,
+        batch_size=micro_batch_size,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
     )
 
 
-def sft_validation_batches(data_dir: Path, token_dtype: str | None, sequence_length: int, micro_batch_size: int, *, rank: int,
-                           world_size: int, count: int, holdout_every: int = 0,
-                           vocab_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+def sft_validation_batches(
+    data_dir: Path,
+    token_dtype: str | None,
+    sequence_length: int,
+    micro_batch_size: int,
+    *,
+    rank: int,
+    world_size: int,
+    count: int,
+    holdout_every: int = 0,
+    vocab_size: int | None = None,
+) -> list[dict[str, torch.Tensor]]:
     """This rank's fixed validation batches of packed SFT sequences, in the data's order: rank ``r``
     takes every ``world_size``-th sequence (of the held-out ones with ``holdout_every``), ``count`` in all."""
     data = SftSequences(data_dir, token_dtype, sequence_length, rank=0, world_size=1, seed=0, vocab_size=vocab_size)
@@ -371,7 +494,11 @@ def sft_validation_batches(data_dir: Path, token_dtype: str | None, sequence_len
     index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
     mine = index[rank::world_size][:count]
     if len(mine) < micro_batch_size:
-        raise DataError(f"no validation batch of {micro_batch_size} sequences for rank {rank} of {world_size} in {data_dir}")
+        raise DataError(
+            f"no validation batch of {micro_batch_size} sequences for rank {rank} of {world_size} in {data_dir}"
+        )
     samples = [data._read(int(i)) for i in mine]
-    return [{key: torch.stack([s[key] for s in samples[i : i + micro_batch_size]]) for key in samples[0]}
-            for i in range(0, len(samples) - micro_batch_size + 1, micro_batch_size)]
+    return [
+        {key: torch.stack([s[key] for s in samples[i : i + micro_batch_size]]) for key in samples[0]}
+        for i in range(0, len(samples) - micro_batch_size + 1, micro_batch_size)
+    ]

@@ -36,7 +36,9 @@ def module_filter(module: nn.Module, fqn: str) -> bool:
     return module.in_features % ALIGNMENT == 0 and module.out_features % ALIGNMENT == 0
 
 
-def validate(precision: PrecisionConfig, *, sharding: str = "full", device: torch.device | None = None, emulate: bool = False) -> None:
+def validate(
+    precision: PrecisionConfig, *, sharding: str = "full", device: torch.device | None = None, emulate: bool = False
+) -> None:
     """Raise :class:`Float8ConfigError` with a reason for a combination that cannot run."""
     if precision.precision != "fp8":
         if precision.fp8_all_gather:
@@ -63,7 +65,14 @@ def validate(precision: PrecisionConfig, *, sharding: str = "full", device: torc
         raise Float8ConfigError("mxfp8 needs a Blackwell GPU (sm_100); none is present (emulation is for tests only)")
 
 
-def apply_float8(model: nn.Module, precision: PrecisionConfig, *, sharding: str = "full", device: torch.device | None = None, emulate: bool = False) -> list[str]:
+def apply_float8(
+    model: nn.Module,
+    precision: PrecisionConfig,
+    *,
+    sharding: str = "full",
+    device: torch.device | None = None,
+    emulate: bool = False,
+) -> list[str]:
     """Swap the filtered Linear layers of ``model`` in place; returns the converted FQNs.
 
     Call before activation checkpointing and sharding.
@@ -95,7 +104,11 @@ def apply_float8(model: nn.Module, precision: PrecisionConfig, *, sharding: str 
 
 
 def needs_precompute(precision: PrecisionConfig) -> bool:
-    return precision.precision == "fp8" and precision.fp8_all_gather and (precision.fp8_recipe or "tensorwise") == "tensorwise"
+    return (
+        precision.precision == "fp8"
+        and precision.fp8_all_gather
+        and (precision.fp8_recipe or "tensorwise") == "tensorwise"
+    )
 
 
 def precompute_scales(model: nn.Module) -> None:

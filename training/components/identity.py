@@ -106,30 +106,49 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     run = current.get("run_id") or "?"
     new_run = "start a new run (leave RunId at 'new'; `tiered-training start` without --resume)"
     if saved.get("run_id") and current.get("run_id") and saved["run_id"] != current["run_id"]:
-        found.append(f"the checkpoint belongs to run {saved['run_id']!r}, not {run!r}: the prefix holds another run's "
-                     "checkpoints; resume that run by its own name")
+        found.append(
+            f"the checkpoint belongs to run {saved['run_id']!r}, not {run!r}: the prefix holds another run's "
+            "checkpoints; resume that run by its own name"
+        )
     if saved.get("recipe") and current.get("recipe") and saved["recipe"] != current["recipe"]:
         found.append(f"the checkpoint is of recipe {saved['recipe']!r}, not {current['recipe']!r}; {new_run}")
     saved_parts, parts = saved.get("plan_parts") or {}, current.get("plan_parts") or {}
-    changed = [name for name in PART_NAMES if (name in saved_parts or name == "sft" and name in parts)
-               and saved_parts.get(name) != parts.get(name)]
+    changed = [
+        name
+        for name in PART_NAMES
+        if (name in saved_parts or name == "sft" and name in parts) and saved_parts.get(name) != parts.get(name)
+    ]
     for name in changed:
-        found.append(f"{PART_NAMES[name]} changed since run {run!r} started (plan {saved.get('plan_hash')} -> "
-                     f"{current.get('plan_hash')}): its checkpoint cannot carry over; {new_run}, or restore the recipe")
+        found.append(
+            f"{PART_NAMES[name]} changed since run {run!r} started (plan {saved.get('plan_hash')} -> "
+            f"{current.get('plan_hash')}): its checkpoint cannot carry over; {new_run}, or restore the recipe"
+        )
     if saved.get("data_uri") and current.get("data_uri") and saved["data_uri"] != current["data_uri"]:
-        found.append(f"the data changed: run {run!r} trains on {saved['data_uri']}, this execution gives "
-                     f"{current['data_uri']}; resume with DataUri={saved['data_uri']}, or {new_run}")
-    elif (saved.get("sft_data_fingerprint") and current.get("sft_data_fingerprint")
-          and saved["sft_data_fingerprint"] != current["sft_data_fingerprint"]):
-        found.append(f"the fine-tuning data at {current.get('data_uri') or 'the train channel'} is not the data run "
-                     f"{run!r} was trained on (packed-shard fingerprint {saved['sft_data_fingerprint'][:12]} -> "
-                     f"{current['sft_data_fingerprint'][:12]}: other examples, tokenizer or packing settings), so the "
-                     f"run's data position does not carry over; restore that data, or {new_run}")
-    elif (saved.get("data_fingerprint") and current.get("data_fingerprint")
-          and saved["data_fingerprint"] != current["data_fingerprint"]):
-        found.append(f"the data at {current.get('data_uri') or 'the train channel'} changed since run {run!r} saved "
-                     f"step {saved.get('step')} (its shards' names or sizes differ), so the run's data position does not "
-                     f"carry over; restore the data, or {new_run}")
+        found.append(
+            f"the data changed: run {run!r} trains on {saved['data_uri']}, this execution gives "
+            f"{current['data_uri']}; resume with DataUri={saved['data_uri']}, or {new_run}"
+        )
+    elif (
+        saved.get("sft_data_fingerprint")
+        and current.get("sft_data_fingerprint")
+        and saved["sft_data_fingerprint"] != current["sft_data_fingerprint"]
+    ):
+        found.append(
+            f"the fine-tuning data at {current.get('data_uri') or 'the train channel'} is not the data run "
+            f"{run!r} was trained on (packed-shard fingerprint {saved['sft_data_fingerprint'][:12]} -> "
+            f"{current['sft_data_fingerprint'][:12]}: other examples, tokenizer or packing settings), so the "
+            f"run's data position does not carry over; restore that data, or {new_run}"
+        )
+    elif (
+        saved.get("data_fingerprint")
+        and current.get("data_fingerprint")
+        and saved["data_fingerprint"] != current["data_fingerprint"]
+    ):
+        found.append(
+            f"the data at {current.get('data_uri') or 'the train channel'} changed since run {run!r} saved "
+            f"step {saved.get('step')} (its shards' names or sizes differ), so the run's data position does not "
+            f"carry over; restore the data, or {new_run}"
+        )
     return found
 
 
@@ -138,12 +157,16 @@ def check_resume(cfg: RunConfig, checkpoint_dir: Path | None, data_dir: Path | N
     prefix, a resume of a run without a committed checkpoint, or a checkpoint of another run."""
     run = cfg.run
     if run.id and not re.fullmatch(RUN_ID_PATTERN, run.id):
-        return (f"RunId {run.id!r} is not a run id (letters, digits, '.', '_' and '-', at most 128); "
-                "`tiered-training status RECIPE` lists the recipe's runs")
+        return (
+            f"RunId {run.id!r} is not a run id (letters, digits, '.', '_' and '-', at most 128); "
+            "`tiered-training status RECIPE` lists the recipe's runs"
+        )
     manifests = committed_manifests(checkpoint_dir) if checkpoint_dir is not None else []
     if run.resume and not manifests:
-        return (f"run {run.id!r} has no committed checkpoint to resume (its prefix is empty or holds only unfinished "
-                "saves); `tiered-training status RECIPE` lists the recipe's runs, or start a new run (RunId=new)")
+        return (
+            f"run {run.id!r} has no committed checkpoint to resume (its prefix is empty or holds only unfinished "
+            "saves); `tiered-training status RECIPE` lists the recipe's runs, or start a new run (RunId=new)"
+        )
     for _step, _path, manifest in manifests:
         saved = manifest.get("run")
         if isinstance(saved, dict):

@@ -22,8 +22,13 @@ def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Te
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int,
-    *, group: dist.ProcessGroup | None = None, divisor: torch.Tensor | None = None,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_tokens: int,
+    *,
+    group: dist.ProcessGroup | None = None,
+    divisor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean token cross-entropy of ``hidden @ weight.T`` against ``labels``.
 

@@ -45,6 +45,7 @@ The same job values go to the ``sinks`` (MLflow, TensorBoard: :mod:`training.com
 Emission never stops training: an error is reported once on stderr and the hook
 carries on.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,16 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import IO, Any, Callable, Protocol, Sequence
+from datetime import UTC, datetime
+from typing import IO, Any, Protocol
 
 from aws_embedded_metrics.environment import Environment
 from aws_embedded_metrics.logger.metrics_context import MetricsContext
 from aws_embedded_metrics.logger.metrics_logger import MetricsLogger
 from aws_embedded_metrics.serializers.log_serializer import LogSerializer
-from aws_embedded_metrics.sinks import Sink
+from aws_embedded_metrics.sinks import Sink as EmfSink
 
 from tiered_training.contract import metrics as catalogue
 from tiered_training.contract.metrics import MetricSpec
@@ -90,7 +92,7 @@ class StepStatsLike(Protocol):
 # -- EMF plumbing: a stdout sink without environment detection ------------------------------
 
 
-class StreamSink(Sink):
+class StreamSink(EmfSink):
     """aws-embedded-metrics' stdout sink, writing to a chosen stream (stdout by default) and flushing."""
 
     def __init__(self, stream: IO[str] | None = None):
@@ -112,7 +114,7 @@ class StreamSink(Sink):
 class _StdoutEnvironment(Environment):
     """No probing of EC2/Lambda metadata endpoints: the job may run under network isolation."""
 
-    def __init__(self, sink: Sink):
+    def __init__(self, sink: EmfSink):
         self.sink = sink
 
     async def probe(self) -> bool:
@@ -130,7 +132,7 @@ class _StdoutEnvironment(Environment):
     def configure_context(self, context: MetricsContext) -> None:
         pass
 
-    def get_sink(self) -> Sink:
+    def get_sink(self) -> EmfSink:
         return self.sink
 
 
@@ -153,7 +155,7 @@ def emit_emf(
     logger.set_namespace(namespace)
     logger.set_dimensions(dimensions, use_default=False)
     if timestamp is not None:
-        logger.set_timestamp(datetime.fromtimestamp(timestamp, tz=timezone.utc))
+        logger.set_timestamp(datetime.fromtimestamp(timestamp, tz=UTC))
     for key, value in (properties or {}).items():
         logger.set_property(key, value)
     for spec, value in values:
@@ -318,7 +320,7 @@ class MetricsHook:
         with self._lock:
             self._job.validation_loss = float(loss)
 
-    def start(self, every_seconds: float | None = None) -> "MetricsHook":
+    def start(self, every_seconds: float | None = None) -> MetricsHook:
         """Start the background :class:`Heartbeat` (on the ranks that emit)."""
         if self.active and self._heartbeat is None:
             self._heartbeat = Heartbeat(self, every_seconds or min(5.0, self.interval / 4))
@@ -494,8 +496,14 @@ class MetricsHook:
         since = now - self._last_step_at if self._last_step_at is not None else 0.0
         properties = {**self._properties(), "Heartbeat": True, "SecondsSinceStep": round(since, 1)}
         recipe = {"Recipe": self.cfg.recipe_name}
-        emit_emf(self.namespace, _dims(catalogue.DIMENSIONS, recipe), [(catalogue.PROGRESS, float(self._last_step))],
-                 properties, self.stream, timestamp=now)
+        emit_emf(
+            self.namespace,
+            _dims(catalogue.DIMENSIONS, recipe),
+            [(catalogue.PROGRESS, float(self._last_step))],
+            properties,
+            self.stream,
+            timestamp=now,
+        )
         self._last_emit = now
 
     def _emit_node(self, now: float) -> None:

@@ -39,9 +39,13 @@ def split_sft_batch(batch: dict[str, torch.Tensor], device: torch.device) -> tup
 def check_attention(lm: torch.nn.Module, context_parallel: int) -> None:
     """Packed examples must not attend to each other: refuse attention without a document mask."""
     if context_parallel > 1:
-        raise ValueError(f"context_parallel {context_parallel}: ring attention has no document mask for packed "
-                         "SFT sequences; run fine-tuning with context_parallel 1")
+        raise ValueError(
+            f"context_parallel {context_parallel}: ring attention has no document mask for packed "
+            "SFT sequences; run fine-tuning with context_parallel 1"
+        )
     implementation = lm.config.attn_implementation
     if implementation not in DOCUMENT_MASKED:
-        raise ValueError(f"attention {implementation!r} does not mask packed examples from each other "
-                         f"(one of {', '.join(DOCUMENT_MASKED)} does)")
+        raise ValueError(
+            f"attention {implementation!r} does not mask packed examples from each other "
+            f"(one of {', '.join(DOCUMENT_MASKED)} does)"
+        )

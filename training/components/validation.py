@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from tiered_training.contract.container import VALIDATION_CHANNEL, channel_dir
 from tiered_training.contract.runconfig import RunConfig
-
 from training.components.data import DTYPES, find_shards, held_out_windows, sft_validation_batches, split_batch
 from training.components.loss import IGNORE_INDEX
 from training.components.packing import split_sft_batch
@@ -51,8 +50,17 @@ def validation_dir() -> Path:
 class HeldOutWindows:
     """This rank's fixed validation windows: ``count`` of them, ``[sequence_length + 1]`` tokens each."""
 
-    def __init__(self, data_dir: Path, token_dtype: str, sequence_length: int, *, rank: int, world_size: int,
-                 count: int, holdout_every: int = 0):
+    def __init__(
+        self,
+        data_dir: Path,
+        token_dtype: str,
+        sequence_length: int,
+        *,
+        rank: int,
+        world_size: int,
+        count: int,
+        holdout_every: int = 0,
+    ):
         shards = find_shards(data_dir, token_dtype)
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
@@ -80,8 +88,19 @@ class HeldOutWindows:
 class Validator:
     """Runs a validation pass when its interval has passed; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, data_dir: Path, model: torch.nn.Module, device: torch.device, *,
-                 rank: int, world_size: int, group=None, clock: Callable[[], float] = time.monotonic, shard=None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data_dir: Path,
+        model: torch.nn.Module,
+        device: torch.device,
+        *,
+        rank: int,
+        world_size: int,
+        group=None,
+        clock: Callable[[], float] = time.monotonic,
+        shard=None,
+    ):
         """rank, world_size: the data-parallel rank (with context parallelism, its CP group);
         shard: ``ContextParallel.shard``, this rank's part of each batch and its positions."""
         v = cfg.validation
@@ -95,20 +114,35 @@ class Validator:
         count = v.batches * batch.micro_batch_size
         if self.sft:
             self.batches = sft_validation_batches(
-                directory, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, rank=rank,
-                world_size=world_size, count=count, holdout_every=holdout_every, vocab_size=cfg.model.vocab_size,
+                directory,
+                cfg.data.token_dtype,
+                batch.sequence_length,
+                batch.micro_batch_size,
+                rank=rank,
+                world_size=world_size,
+                count=count,
+                holdout_every=holdout_every,
+                vocab_size=cfg.model.vocab_size,
             )
         else:
-            self.batches = list(HeldOutWindows(
-                directory, cfg.data.token_dtype, batch.sequence_length, rank=rank, world_size=world_size,
-                count=count, holdout_every=holdout_every,
-            ).batches(batch.micro_batch_size))
+            self.batches = list(
+                HeldOutWindows(
+                    directory,
+                    cfg.data.token_dtype,
+                    batch.sequence_length,
+                    rank=rank,
+                    world_size=world_size,
+                    count=count,
+                    holdout_every=holdout_every,
+                ).batches(batch.micro_batch_size)
+            )
         self._one = torch.ones((), device=device, dtype=torch.int64)
         self.last = clock()
 
     @classmethod
-    def build(cls, cfg: RunConfig, data_dir: Path, model, device, *, rank: int, world_size: int, group=None,
-              shard=None) -> "Validator | None":
+    def build(
+        cls, cfg: RunConfig, data_dir: Path, model, device, *, rank: int, world_size: int, group=None, shard=None
+    ) -> Validator | None:
         """A Validator, or None when the RunConfig asks for no validation loss."""
         if cfg.validation.source == "none":
             return None
@@ -146,8 +180,13 @@ class Validator:
             dist.all_reduce(stats, op=dist.ReduceOp.SUM)
         self.last = self.clock()
         loss = (stats[0] / stats[1].clamp(min=1)).item()
-        log.info("validation loss %.4f over %d %s per rank (%.1f s)", loss, count, "labels" if self.sft else "batches",
-                 time.perf_counter() - started)
+        log.info(
+            "validation loss %.4f over %d %s per rank (%.1f s)",
+            loss,
+            count,
+            "labels" if self.sft else "batches",
+            time.perf_counter() - started,
+        )
         return loss
 
     def maybe_run(self, on_result: Callable[[float], None] | None = None) -> float | None:

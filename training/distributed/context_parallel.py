@@ -8,8 +8,8 @@ uses it) does the work:
   into ``2 x cp`` chunks; rank ``r`` keeps chunks ``r`` and ``2 x cp - 1 - r``, so every
   rank does the same share of the causal mask's work) and each rank keeps its part.
 - ``apply_context_parallel``: attention runs through an attention function of the decoder
-  (``model.ATTENTION_FUNCTIONS``) that marks q, k, v as sequence-sharded DTensors (``Shard(2)`` on the CP mesh) and calls
-  SDPA; PyTorch's CP dispatcher turns that into ring attention: K/V blocks travel the
+  (``model.ATTENTION_FUNCTIONS``) that marks q, k, v as sequence-sharded DTensors (``Shard(2)`` on
+  the CP mesh) and calls SDPA; PyTorch's CP dispatcher turns that into ring attention: K/V blocks travel the
   ring (all-gather by default) and partial results are merged with their log-sum-exp.
   Every other layer (norms, MLP, projections, RoPE) is per token and runs on the local part.
 - The loss is summed over local tokens and divided by a count of tokens over the ranks:
@@ -62,7 +62,7 @@ class ContextParallel:
     data_ranks: int  # world size / context_parallel: ranks that read distinct sequences
 
     @classmethod
-    def from_mesh(cls, mesh: DeviceMesh, rank: int, world_size: int) -> "ContextParallel":
+    def from_mesh(cls, mesh: DeviceMesh, rank: int, world_size: int) -> ContextParallel:
         names = mesh.mesh_dim_names or ()
         if "cp" not in names or mesh["cp"].size() == 1:
             return cls(None, rank, world_size)
@@ -77,7 +77,9 @@ class ContextParallel:
     def group(self) -> dist.ProcessGroup | None:
         return None if self.mesh is None else self.mesh.get_group()
 
-    def shard(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def shard(
+        self, inputs: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """This rank's part of ``[batch, sequence]`` inputs and labels, with their RoPE positions."""
         if self.mesh is None:
             return inputs, labels, None
@@ -171,19 +173,37 @@ def _cpu_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, *, att
     if attn_mask is not None:
         raise NotImplementedError("context-parallel attention does not take an attention mask")
     return _ring()[0](
-        mesh.get_group(), SEQ_DIM, _aten._scaled_dot_product_flash_attention_for_cpu,
-        query=query, key=key, value=value, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+        mesh.get_group(),
+        SEQ_DIM,
+        _aten._scaled_dot_product_flash_attention_for_cpu,
+        query=query,
+        key=key,
+        value=value,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
     )
 
 
-def _cpu_flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
-                        scale=None, mesh):
+def _cpu_flash_backward(
+    grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None, mesh
+):
     if attn_mask is not None:
         raise NotImplementedError("context-parallel attention does not take an attention mask")
     return _ring()[1](
-        mesh.get_group(), SEQ_DIM, _aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-        grad_out=grad_out, grad_out_name="grad_out", query=query, key=key, value=value, out=out,
-        logsumexp=logsumexp, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+        mesh.get_group(),
+        SEQ_DIM,
+        _aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        grad_out=grad_out,
+        grad_out_name="grad_out",
+        query=query,
+        key=key,
+        value=value,
+        out=out,
+        logsumexp=logsumexp,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        scale=scale,
     )
 
 

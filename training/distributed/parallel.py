@@ -36,8 +36,12 @@ def build_mesh(parallel: ParallelConfig, world_size: int, device_type: str) -> D
         return _build_cp_mesh(parallel, world_size, device_type)
     if parallel.sharding == "full":
         if parallel.shard_group_size != world_size:
-            log.warning("sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
-                        "estimate does not describe this run", world_size, parallel.shard_group_size)
+            log.warning(
+                "sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
+                "estimate does not describe this run",
+                world_size,
+                parallel.shard_group_size,
+            )
         return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
     group = 1 if parallel.sharding == "none" else parallel.shard_group_size
     if world_size % group:
@@ -51,11 +55,17 @@ def _build_cp_mesh(parallel: ParallelConfig, world_size: int, device_type: str) 
         raise ValueError(f"context_parallel {cp} does not divide the world size {world_size}")
     group = world_size if parallel.sharding == "full" else parallel.shard_group_size
     if parallel.sharding == "full" and parallel.shard_group_size != world_size:
-        log.warning("sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
-                    "estimate does not describe this run", world_size, parallel.shard_group_size)
+        log.warning(
+            "sharding full over %d ranks, but the plan assumed a shard group of %d: its memory "
+            "estimate does not describe this run",
+            world_size,
+            parallel.shard_group_size,
+        )
     if world_size % group:
         raise ValueError(f"hybrid sharding: world size {world_size} is not a multiple of shard_group_size {group}")
-    mesh = init_device_mesh(device_type, (world_size // group, group // cp, cp), mesh_dim_names=("replicate", "shard", "cp"))
+    mesh = init_device_mesh(
+        device_type, (world_size // group, group // cp, cp), mesh_dim_names=("replicate", "shard", "cp")
+    )
     mesh["shard", "cp"]._flatten("shard_cp")
     return mesh
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,9 @@ class LMConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
-    attn_implementation: str = "sdpa"  # or "context_parallel" (ring attention, training/distributed/context_parallel.py)
+    attn_implementation: str = (
+        "sdpa"  # or "context_parallel" (ring attention, training/distributed/context_parallel.py)
+    )
     source: dict = field(default_factory=dict)
 
     @property
@@ -69,15 +72,28 @@ class LMConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config.json: the source's fields, with this shape (peft reads it too)."""
         rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
-        out = {key: value for key, value in self.source.items() if key not in ("rope_scaling", "rope_parameters", "rope_theta")}
+        out = {
+            key: value
+            for key, value in self.source.items()
+            if key not in ("rope_scaling", "rope_parameters", "rope_theta")
+        }
         out.update(
-            architectures=[MODEL_TYPES[self.model_type]], model_type=self.model_type, vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
-            rope_parameters=rope, tie_word_embeddings=self.tie_word_embeddings, hidden_act="silu",
-            initializer_range=out.get("initializer_range", INITIALIZER_RANGE), attention_dropout=0.0,
+            architectures=[MODEL_TYPES[self.model_type]],
+            model_type=self.model_type,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=rope,
+            tie_word_embeddings=self.tie_word_embeddings,
+            hidden_act="silu",
+            initializer_range=out.get("initializer_range", INITIALIZER_RANGE),
+            attention_dropout=0.0,
         )
         if self.model_type == "llama":
             out.update(attention_bias=self.qkv_bias, mlp_bias=False)
@@ -104,11 +120,19 @@ def model_type(model: ModelConfig) -> str:
 def lm_config(model: ModelConfig) -> LMConfig:
     """The decoder of the RunConfig's architecture."""
     return LMConfig(
-        model_type=model_type(model), vocab_size=model.vocab_size, hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_size, num_hidden_layers=model.layers, num_attention_heads=model.attention_heads,
-        num_key_value_heads=model.kv_heads, max_position_embeddings=model.max_sequence_length,
-        rms_norm_eps=model.norm_eps, rope_theta=model.rope_theta, tie_word_embeddings=model.tied_embeddings,
-        qkv_bias=model.qkv_bias, o_bias=False,
+        model_type=model_type(model),
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_size,
+        num_hidden_layers=model.layers,
+        num_attention_heads=model.attention_heads,
+        num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.max_sequence_length,
+        rms_norm_eps=model.norm_eps,
+        rope_theta=model.rope_theta,
+        tie_word_embeddings=model.tied_embeddings,
+        qkv_bias=model.qkv_bias,
+        o_bias=False,
     )
 
 
@@ -169,12 +193,21 @@ def read_config(init_dir: Path) -> LMConfig:
     else:
         qkv_bias = o_bias = bool(raw.get("attention_bias", False))
     return LMConfig(
-        model_type=kind, vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
-        num_attention_heads=heads, num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        max_position_embeddings=raw["max_position_embeddings"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta), rope_scaling=rope if rope_type != "default" else None,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=qkv_bias, o_bias=o_bias, source=raw,
+        model_type=kind,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        max_position_embeddings=raw["max_position_embeddings"],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
+        rope_scaling=rope if rope_type != "default" else None,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        source=raw,
     )
 
 
@@ -232,8 +265,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
     """Causal SDPA on ``[batch, heads, sequence, head_dim]``; a boolean ``mask`` (packed examples) replaces
     causality. GQA runs in the kernel without a mask; with one, K/V heads are repeated. Returns
     ``[batch, sequence, heads, head_dim]``."""
@@ -244,8 +283,9 @@ def sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
             kwargs["enable_gqa"] = True
         else:
             key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                         is_causal=mask is None and query.shape[2] > 1, **kwargs)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scale, is_causal=mask is None and query.shape[2] > 1, **kwargs
+    )
     return out.transpose(1, 2).contiguous()
 
 
@@ -258,14 +298,16 @@ class Attention(nn.Module):
         super().__init__()
         self.config = config
         self.head_dim = config.head_dim
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         kv = config.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_bias)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, self.head_dim)
         q = self.q_proj(x).view(shape).transpose(1, 2)
         k = self.k_proj(x).view(shape).transpose(1, 2)
@@ -298,7 +340,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -366,11 +410,15 @@ def check_keys(expected: set[str], found: set[str], init_dir: Path, *, tied: boo
     missing, unused = sorted(expected - found), sorted(found - expected)
     problems = []
     if missing:
-        problems.append(f"{len(missing)} tensor(s) the model needs are missing ({', '.join(missing[:4])}"
-                        f"{', ...' if len(missing) > 4 else ''})")
+        problems.append(
+            f"{len(missing)} tensor(s) the model needs are missing ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''})"
+        )
     if unused:
-        problems.append(f"{len(unused)} tensor(s) the model does not use ({', '.join(unused[:4])}"
-                        f"{', ...' if len(unused) > 4 else ''})")
+        problems.append(
+            f"{len(unused)} tensor(s) the model does not use ({', '.join(unused[:4])}"
+            f"{', ...' if len(unused) > 4 else ''})"
+        )
     if problems:
         raise ValueError(f"the init checkpoint {init_dir} does not fit the model: {'; '.join(problems)}")
 
@@ -419,8 +467,15 @@ def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
     reset_rope(lm, device)
 
 
-def _init_parameter(name: str, param: torch.Tensor, layers: int, generator: torch.Generator | None = None, *,
-                    std: float = INITIALIZER_RANGE, scale_outputs: bool = True) -> None:
+def _init_parameter(
+    name: str,
+    param: torch.Tensor,
+    layers: int,
+    generator: torch.Generator | None = None,
+    *,
+    std: float = INITIALIZER_RANGE,
+    scale_outputs: bool = True,
+) -> None:
     """Norms one, biases zero, every other weight N(0, ``std``); with ``scale_outputs`` (the trainer's
     initialisation) each block's output projections take std / sqrt(2 * layers), without it (transformers')
     they do not."""
@@ -481,14 +536,21 @@ class CausalLMLoss(nn.Module):
         self.loss_chunk_tokens = loss_chunk_tokens
         self.loss_group = loss_group  # context parallelism: the ranks sharing each sequence
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None = None,
-                divisor: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        divisor: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """position_ids: RoPE positions of ``input_ids`` when they are a part of each sequence
         (context parallelism), or positions restarting at 0 per example in packed SFT sequences
-        (the decoder then masks attention per example, ``training/components/packing.py``); default ``0 .. len - 1``. divisor: the step's global count of
-        valid labels (training); without it, the mean over these labels (validation)."""
+        (the decoder then masks attention per example, ``training/components/packing.py``); default
+        ``0 .. len - 1``. divisor: the step's global count of valid labels (training); without it, the
+        mean over these labels (validation)."""
         from training.components.loss import chunked_cross_entropy
 
         hidden = self.lm.model(input_ids, position_ids)
-        return chunked_cross_entropy(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens, group=self.loss_group,
-                                     divisor=divisor)
+        return chunked_cross_entropy(
+            hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens, group=self.loss_group, divisor=divisor
+        )

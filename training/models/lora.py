@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from tiered_training.contract.runconfig import LoraConfig, ModelConfig
+from tiered_training.contract.runconfig import LoraConfig
 
 ADAPTER = "default"  # peft's adapter name; the one adapter this trainer trains
 ADAPTER_CONFIG = "adapter_config.json"
@@ -67,10 +67,19 @@ class LoraLinear(nn.Module):
 def adapter_config(lora: LoraConfig, base_model: str | None = None) -> dict:
     """peft's ``adapter_config.json`` for the RunConfig's LoRA: no bias training, peft's initialisation."""
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-        "target_modules": sorted(lora.target_modules), "bias": "none", "fan_in_fan_out": False,
-        "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": sorted(lora.target_modules),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
         "inference_mode": False,
     }
 
@@ -82,13 +91,19 @@ def apply_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
     missing = sorted(set(lora.target_modules) - linear)
     if missing:
         kind = getattr(getattr(lm, "config", None), "model_type", type(lm).__name__)
-        raise ValueError(f"sft.lora.target_modules: {', '.join(missing)} is not a linear layer of "
-                         f"the {kind} model (valid: {', '.join(sorted(linear))})")
+        raise ValueError(
+            f"sft.lora.target_modules: {', '.join(missing)} is not a linear layer of "
+            f"the {kind} model (valid: {', '.join(sorted(linear))})"
+        )
     targets = set(lora.target_modules)
     for name, module in list(lm.named_modules()):
         if type(module) is nn.Linear and name.rsplit(".", 1)[-1] in targets:
             parent, _, child = name.rpartition(".")
-            setattr(lm.get_submodule(parent) if parent else lm, child, LoraLinear(module, lora.rank, lora.alpha, lora.dropout))
+            setattr(
+                lm.get_submodule(parent) if parent else lm,
+                child,
+                LoraLinear(module, lora.rank, lora.alpha, lora.dropout),
+            )
     for name, param in lm.named_parameters():
         param.requires_grad_(is_adapter(name))
     return lm
@@ -100,7 +115,9 @@ def is_adapter(name: str) -> bool:
 
 
 def base_name(name: str) -> str:
-    """The Hugging Face name of a base weight inside a LoRA layer (``q_proj.base_layer.weight`` -> ``q_proj.weight``)."""
+    """The Hugging Face name of a base weight inside a LoRA layer.
+
+    ``q_proj.base_layer.weight`` -> ``q_proj.weight``."""
     return name.replace(".base_layer.", ".")
 
 
@@ -114,14 +131,6 @@ def init_adapter(name: str, param: torch.Tensor, generator: torch.Generator | No
         nn.init.zeros_(param)
     else:
         nn.init.kaiming_uniform_(param, a=math.sqrt(5), generator=generator)
-
-
-def trainable_parameters(model: ModelConfig, lora: LoraConfig) -> int:
-    """Adapter parameters of the model the trainer builds for ``model`` with ``lora`` (counted on the meta device)."""
-    from training.models.decoder import build_model
-
-    lm = apply_lora(build_model(model), lora)
-    return sum(param.numel() for param in lm.parameters() if param.requires_grad)
 
 
 def _lora_layers(lm: nn.Module) -> dict[str, LoraLinear]:
@@ -181,8 +190,9 @@ def adapter_weights(lm: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def export_adapter(lm: nn.Module, state: dict[str, torch.Tensor], lora: LoraConfig, adapter_dir: Path,
-                   base_model: str | None = None) -> Path:
+def export_adapter(
+    lm: nn.Module, state: dict[str, torch.Tensor], lora: LoraConfig, adapter_dir: Path, base_model: str | None = None
+) -> Path:
     """Write the adapter in peft's format to ``adapter_dir`` (rank 0 writes); collective."""
     from safetensors.torch import save_file
 

@@ -38,8 +38,11 @@ def write_random_checkpoint(model: ModelConfig, out_dir: Path, *, seed: int = 0,
     state = lm.state_dict()
     if lm.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # as transformers saves a tied head
-    save_file({name: value.to(torch.bfloat16).contiguous() for name, value in state.items()},
-              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {name: value.to(torch.bfloat16).contiguous() for name, value in state.items()},
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     lm.config.save_pretrained(out_dir, dtype=torch.bfloat16)
     return out_dir
 

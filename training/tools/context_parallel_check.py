@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from training.distributed.dist import exit_process, shut_down
 
 
-def init() -> "DistInfo":  # noqa: F821
+def init() -> DistInfo:  # noqa: F821
     from training.distributed.dist import init_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -66,8 +66,9 @@ def attention_case(cp, device: torch.device, dtype: torch.dtype, kv_heads: int, 
 
     reference, same_dtype = full(torch.float32), full(dtype)
     balancer = _HeadTailLoadBalancer(seq, cp.size, device)
-    parts = _context_parallel_shard(cp.mesh, [q.to(dtype), k.to(dtype), v.to(dtype), grad.to(dtype)], [2, 2, 2, 1],
-                                    load_balancer=balancer)
+    parts = _context_parallel_shard(
+        cp.mesh, [q.to(dtype), k.to(dtype), v.to(dtype), grad.to(dtype)], [2, 2, 2, 1], load_balancer=balancer
+    )
     leaves = [t.clone().requires_grad_() for t in parts[:3]]
     enable_ring_attention(cp.mesh)
     started = time.perf_counter()
@@ -77,10 +78,18 @@ def attention_case(cp, device: torch.device, dtype: torch.dtype, kv_heads: int, 
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     ring = [out.detach().float(), *(t.grad.float() for t in leaves)]
-    row = {"dtype": str(dtype).removeprefix("torch."), "kv_heads": kv_heads, "heads": heads, "seq": seq, "ring_s": round(seconds, 3)}
+    row = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "kv_heads": kv_heads,
+        "heads": heads,
+        "seq": seq,
+        "ring_s": round(seconds, 3),
+    }
     ok = True
     for name, got, one_call, ref in zip(("out", "dq", "dk", "dv"), ring, same_dtype, reference):
-        expected = _context_parallel_shard(cp.mesh, [ref, one_call], [1 if name == "out" else 2] * 2, load_balancer=balancer)
+        expected = _context_parallel_shard(
+            cp.mesh, [ref, one_call], [1 if name == "out" else 2] * 2, load_balancer=balancer
+        )
         ring_err = (got - expected[0]).abs().max().item()
         sdpa_err = (expected[1] - expected[0]).abs().max().item()
         row[f"{name}_ring_err"], row[f"{name}_sdpa_err"] = ring_err, sdpa_err
@@ -93,7 +102,6 @@ def trainer_cases(info, root: Path, seq: int, steps: int) -> list[dict]:
     import numpy as np
 
     from tiered_training.contract.runconfig import RunConfig
-
     from training.paths import Paths
     from training.trainer import run
 
@@ -105,38 +113,78 @@ def trainer_cases(info, root: Path, seq: int, steps: int) -> list[dict]:
 
     def config(cp: int, micro_batch: int, compiled: bool) -> RunConfig:
         world = info.world_size
-        return RunConfig.model_validate({
-            "recipe_name": "cp-check",
-            "model": {"name": "cp-check", "layers": 4, "hidden_size": 1024, "attention_heads": 16, "kv_heads": 4,
-                      "ffn_size": 4096, "vocab_size": 32000, "max_sequence_length": seq, "rope_theta": 500000.0},
-            "parallel": {"sharding": "full", "shard_group_size": world, "context_parallel": cp},
-            "precision": {"precision": "bf16", "activation_checkpointing": "selective", "compile": compiled},
-            "batch": {"sequence_length": seq, "micro_batch_size": micro_batch, "grad_accum_steps": 1,
-                      "global_batch_tokens": micro_batch * seq * world // cp, "total_steps": steps},
-            "optimizer": {"lr": 3e-4, "min_lr_ratio": 0.1, "warmup_steps": 2, "schedule": "cosine",
-                          "weight_decay": 0.1, "grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95},
-            "data": {"token_dtype": "uint32", "seed": 0},
-            "checkpoint": {"interval_minutes": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
-            "hardware": {"instance_type": "check", "gpus_per_node": world, "peak_bf16_flops": 1e15, "hbm_bytes": 2**37},
-            "probe": {"steps": steps, "micro_batch_candidates": [micro_batch]},
-        })
+        return RunConfig.model_validate(
+            {
+                "recipe_name": "cp-check",
+                "model": {
+                    "name": "cp-check",
+                    "layers": 4,
+                    "hidden_size": 1024,
+                    "attention_heads": 16,
+                    "kv_heads": 4,
+                    "ffn_size": 4096,
+                    "vocab_size": 32000,
+                    "max_sequence_length": seq,
+                    "rope_theta": 500000.0,
+                },
+                "parallel": {"sharding": "full", "shard_group_size": world, "context_parallel": cp},
+                "precision": {"precision": "bf16", "activation_checkpointing": "selective", "compile": compiled},
+                "batch": {
+                    "sequence_length": seq,
+                    "micro_batch_size": micro_batch,
+                    "grad_accum_steps": 1,
+                    "global_batch_tokens": micro_batch * seq * world // cp,
+                    "total_steps": steps,
+                },
+                "optimizer": {
+                    "lr": 3e-4,
+                    "min_lr_ratio": 0.1,
+                    "warmup_steps": 2,
+                    "schedule": "cosine",
+                    "weight_decay": 0.1,
+                    "grad_clip": 1.0,
+                    "beta1": 0.9,
+                    "beta2": 0.95,
+                },
+                "data": {"token_dtype": "uint32", "seed": 0},
+                "checkpoint": {"interval_minutes": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
+                "hardware": {
+                    "instance_type": "check",
+                    "gpus_per_node": world,
+                    "peak_bf16_flops": 1e15,
+                    "hbm_bytes": 2**37,
+                },
+                "probe": {"steps": steps, "micro_batch_candidates": [micro_batch]},
+            }
+        )
 
     rows, losses = [], {}
     for name, cp, micro_batch, compiled, against in (
-        ("cp1", 1, 1, False, None), ("cp2", 2, 2, False, "cp1"), ("cp2-compile", 2, 2, True, "cp2"),
+        ("cp1", 1, 1, False, None),
+        ("cp2", 2, 2, False, "cp1"),
+        ("cp2-compile", 2, 2, True, "cp2"),
     ):
         row = {"run": name, "context_parallel": cp, "micro_batch": micro_batch, "compile": compiled, "seq": seq}
         try:
             stats = []
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            result = run(config(cp, micro_batch, compiled), Paths(data, root / f"ckpt-{name}", root / f"model-{name}"),
-                         hooks=[stats.append], resume=False, save_checkpoints=False, export=False)
+            result = run(
+                config(cp, micro_batch, compiled),
+                Paths(data, root / f"ckpt-{name}", root / f"model-{name}"),
+                hooks=[stats.append],
+                resume=False,
+                save_checkpoints=False,
+                export=False,
+            )
             losses[name] = [result.losses[s] for s in sorted(result.losses)]
             timed = stats[2:] or stats  # leave out warm-up (and compile) steps
-            row.update(status="ok", losses=[round(x, 4) for x in losses[name]],
-                       tokens_per_second=round(sum(s.tokens for s in timed) / sum(s.step_time_s for s in timed), 1),
-                       peak_gib=round(max(s.peak_memory_bytes or 0 for s in stats) / 2**30, 2))
+            row.update(
+                status="ok",
+                losses=[round(x, 4) for x in losses[name]],
+                tokens_per_second=round(sum(s.tokens for s in timed) / sum(s.step_time_s for s in timed), 1),
+                peak_gib=round(max(s.peak_memory_bytes or 0 for s in stats) / 2**30, 2),
+            )
             if against in losses:
                 diff = max(abs(a - b) for a, b in zip(losses[name], losses[against]))
                 row.update(against=against, max_loss_diff=round(diff, 5), status="ok" if diff <= 0.05 else "mismatch")
@@ -148,31 +196,50 @@ def trainer_cases(info, root: Path, seq: int, steps: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.tools.context_parallel_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m training.tools.context_parallel_check", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "context_parallel_check.json")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: 8192 on GPUs, 256 on the CPU)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--no-trainer", action="store_true", help="only the attention check")
     args = parser.parse_args(argv)
 
+    from tiered_training.contract.runconfig import ParallelConfig
     from training.distributed.context_parallel import ContextParallel
     from training.distributed.parallel import build_mesh
-    from tiered_training.contract.runconfig import ParallelConfig
 
     info = init()
     seq = args.seq or (8192 if info.device.type == "cuda" else 256)
     cp = ContextParallel.from_mesh(
-        build_mesh(ParallelConfig(sharding="full", shard_group_size=info.world_size, context_parallel=info.world_size),
-                   info.world_size, info.device.type), info.rank, info.world_size)
-    env = {"torch": torch.__version__, "world_size": info.world_size, "device": str(info.device),
-           "backend": str(dist.get_backend()), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+        build_mesh(
+            ParallelConfig(sharding="full", shard_group_size=info.world_size, context_parallel=info.world_size),
+            info.world_size,
+            info.device.type,
+        ),
+        info.rank,
+        info.world_size,
+    )
+    env = {
+        "torch": torch.__version__,
+        "world_size": info.world_size,
+        "device": str(info.device),
+        "backend": str(dist.get_backend()),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     attention = []
     for dtype, kv_heads in ((torch.bfloat16, 4), (torch.bfloat16, 16), (torch.float32, 4)):
         try:
             attention.append(attention_case(cp, info.device, dtype, kv_heads, seq))
         except Exception as error:  # noqa: BLE001 - record and carry on
-            attention.append({"dtype": str(dtype), "kv_heads": kv_heads, "status": "error",
-                              "error": f"{type(error).__name__}: {error}"[:500]})
+            attention.append(
+                {
+                    "dtype": str(dtype),
+                    "kv_heads": kv_heads,
+                    "status": "error",
+                    "error": f"{type(error).__name__}: {error}"[:500],
+                }
+            )
             traceback.print_exc()
     trainer = []
     if not args.no_trainer:
@@ -182,8 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         if info.rank == 0:
             shutil.rmtree(root[0], ignore_errors=True)
-    result = {"environment": env, "attention": attention, "trainer": trainer,
-              "passed": all(r.get("status") == "ok" for r in attention + trainer)}
+    result = {
+        "environment": env,
+        "attention": attention,
+        "trainer": trainer,
+        "passed": all(r.get("status") == "ok" for r in attention + trainer),
+    }
     if info.rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

@@ -19,8 +19,8 @@ It writes one JSON document: ``rows`` are calibration rows that ``make calibrate
 
 First, a packed-sequence case (``packing_case``: SFT examples packed in one sequence against
 each alone on the device's SDPA kernels, which kernels ran, and the document mask's cost; see
-``training/tools/packing_check.py``; seconds). Then a context-parallel case (``context_parallel_case``: ring attention on the CUDA SDPA
-kernels and the trainer with context parallelism 2 against 1, two ranks under torchrun;
+``training/tools/packing_check.py``; seconds). Then a context-parallel case (``context_parallel_case``:
+ring attention on the CUDA SDPA kernels and the trainer with context parallelism 2 against 1, two ranks under torchrun;
 see ``training/tools/context_parallel_check.py``; at most ``--cp-timeout-s``, counted in the
 budget). Runs are ordered so that the most informative come first; once ``--budget-s`` is spent
 the rest are recorded as skipped, so the whole check stays under eight minutes. A run
@@ -41,27 +41,59 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tiered_training.catalog import instances, models
-from tiered_training.planning.memory import GIB, estimate
 from tiered_training.contract.runconfig import RunConfig
+from tiered_training.planning.memory import GIB, estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"1b": "llama-3.2-1b", "3b": "llama-3.2-3b"}
 # A Llama-shaped model for --cpu-smoke: the code path of the GPU runs in seconds on a CPU.
-SMOKE_MODEL = {"layers": 2, "hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352,
-               "vocab_size": 512, "max_sequence_length": 256}
+SMOKE_MODEL = {
+    "layers": 2,
+    "hidden_size": 128,
+    "attention_heads": 4,
+    "kv_heads": 2,
+    "ffn_size": 352,
+    "vocab_size": 512,
+    "max_sequence_length": 256,
+}
 PRECISIONS = {"bf16": ("bf16", None), "fp8-tensorwise": ("fp8", "tensorwise"), "fp8-rowwise": ("fp8", "rowwise")}
 # GPU name (torch.cuda.get_device_name) to a catalogue instance with that GPU, for its BF16 peak.
-GPU_INSTANCES = {"H200": "ml.p5en.48xlarge", "H100": "ml.p5.48xlarge", "B200": "ml.p6-b200.48xlarge",
-                 "B300": "ml.p6-b300.48xlarge", "A100": "ml.p4de.24xlarge"}
+GPU_INSTANCES = {
+    "H200": "ml.p5en.48xlarge",
+    "H100": "ml.p5.48xlarge",
+    "B200": "ml.p6-b200.48xlarge",
+    "B300": "ml.p6-b300.48xlarge",
+    "A100": "ml.p4de.24xlarge",
+}
 # The calibration row: exactly these keys (``make calibrate`` reads them; bench/gpu/README.md).
-ROW_KEYS = ("id", "source", "date", "hardware", "gpu", "gpus", "framework", "model", "sequence_length",
-            "micro_batch_size", "grad_accum_steps", "precision", "fp8_recipe", "activation_checkpointing", "sharding", "shard_group_size",
-            "context_parallel", "compile", "tokens_per_second_per_gpu", "peak_memory_gib_allocated",
-            "peak_memory_gib_reserved", "notes")
+ROW_KEYS = (
+    "id",
+    "source",
+    "date",
+    "hardware",
+    "gpu",
+    "gpus",
+    "framework",
+    "model",
+    "sequence_length",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "precision",
+    "fp8_recipe",
+    "activation_checkpointing",
+    "sharding",
+    "shard_group_size",
+    "context_parallel",
+    "compile",
+    "tokens_per_second_per_gpu",
+    "peak_memory_gib_allocated",
+    "peak_memory_gib_reserved",
+    "notes",
+)
 LOSS_CHUNK_TOKENS = 4096
 
 
@@ -100,29 +132,59 @@ def model_dimensions(case: Case) -> dict:
 def run_config(case: Case, *, steps: int, instance: str, hbm_bytes: int) -> RunConfig:
     precision, recipe = PRECISIONS[case.precision]
     peak = instances()[instance].peak_bf16_flops if instance in instances() else 1e12
-    return RunConfig.model_validate({
-        "recipe_name": f"gpu-check-{case.name}",
-        "model": model_dimensions(case),
-        "parallel": {"sharding": "full", "shard_group_size": 1},
-        "precision": {"precision": precision, "fp8_recipe": recipe, "activation_checkpointing": case.checkpointing,
-                      "compile": case.compile, "loss_chunk_tokens": LOSS_CHUNK_TOKENS},
-        "batch": {"sequence_length": case.sequence_length, "micro_batch_size": case.micro_batch, "grad_accum_steps": 1,
-                  "global_batch_tokens": case.sequence_length * case.micro_batch, "total_steps": 1000},
-        "optimizer": {"lr": 3e-4, "min_lr_ratio": 0.1, "warmup_steps": 10, "schedule": "cosine", "weight_decay": 0.1,
-                      "grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95},
-        "data": {"token_dtype": "uint32", "seed": 0},
-        "checkpoint": {"interval_minutes": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
-        "hardware": {"instance_type": instance, "gpus_per_node": 1, "peak_bf16_flops": peak, "hbm_bytes": hbm_bytes},
-        "probe": {"steps": steps, "micro_batch_candidates": [case.micro_batch]},
-    })
+    return RunConfig.model_validate(
+        {
+            "recipe_name": f"gpu-check-{case.name}",
+            "model": model_dimensions(case),
+            "parallel": {"sharding": "full", "shard_group_size": 1},
+            "precision": {
+                "precision": precision,
+                "fp8_recipe": recipe,
+                "activation_checkpointing": case.checkpointing,
+                "compile": case.compile,
+                "loss_chunk_tokens": LOSS_CHUNK_TOKENS,
+            },
+            "batch": {
+                "sequence_length": case.sequence_length,
+                "micro_batch_size": case.micro_batch,
+                "grad_accum_steps": 1,
+                "global_batch_tokens": case.sequence_length * case.micro_batch,
+                "total_steps": 1000,
+            },
+            "optimizer": {
+                "lr": 3e-4,
+                "min_lr_ratio": 0.1,
+                "warmup_steps": 10,
+                "schedule": "cosine",
+                "weight_decay": 0.1,
+                "grad_clip": 1.0,
+                "beta1": 0.9,
+                "beta2": 0.95,
+            },
+            "data": {"token_dtype": "uint32", "seed": 0},
+            "checkpoint": {"interval_minutes": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
+            "hardware": {
+                "instance_type": instance,
+                "gpus_per_node": 1,
+                "peak_bf16_flops": peak,
+                "hbm_bytes": hbm_bytes,
+            },
+            "probe": {"steps": steps, "micro_batch_candidates": [case.micro_batch]},
+        }
+    )
 
 
 def prediction(cfg: RunConfig) -> dict:
     """The planner's peak for this run (one micro-batch per step, one GPU)."""
     memory = estimate(
-        cfg.model, precision=cfg.precision.precision, checkpointing=cfg.precision.activation_checkpointing,
-        sequence_length=cfg.batch.sequence_length, micro_batch=cfg.batch.micro_batch_size, shard_group=1,
-        hbm_bytes=cfg.hardware.hbm_bytes, loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
+        cfg.model,
+        precision=cfg.precision.precision,
+        checkpointing=cfg.precision.activation_checkpointing,
+        sequence_length=cfg.batch.sequence_length,
+        micro_batch=cfg.batch.micro_batch_size,
+        shard_group=1,
+        hbm_bytes=cfg.hardware.hbm_bytes,
+        loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
         grad_accum_steps=cfg.batch.grad_accum_steps,
     )
     return {
@@ -173,8 +235,13 @@ def _measure(cfg: RunConfig, root: Path, steps: int) -> dict:
     allocated = max((s.peak_memory_bytes or 0) for s in stats[1:] or stats) if cuda else None
     peak_reserved = max(reserved[1:] or reserved) if cuda else None
     return {
-        "status": "ok", "steps": len(stats), "warmup_steps": len(stats) - len(steady), "wall_s": round(wall, 1), "first_step_s": round(stats[0].step_time_s, 2),
-        "tokens_per_second": round(tps, 1), "mfu_percent": round(100.0 * cfg.mfu(tps), 2),
+        "status": "ok",
+        "steps": len(stats),
+        "warmup_steps": len(stats) - len(steady),
+        "wall_s": round(wall, 1),
+        "first_step_s": round(stats[0].step_time_s, 2),
+        "tokens_per_second": round(tps, 1),
+        "mfu_percent": round(100.0 * cfg.mfu(tps), 2),
         "measured_allocated_gib": round(allocated / GIB, 3) if cuda else None,
         "measured_reserved_gib": round(peak_reserved / GIB, 3) if cuda else None,
         "final_loss": round(stats[-1].loss, 4),
@@ -207,10 +274,12 @@ def calibration_row(case: Case, cfg: RunConfig, run: dict, env: dict) -> dict:
         "tokens_per_second_per_gpu": run["tokens_per_second"],
         "peak_memory_gib_allocated": run["measured_allocated_gib"],
         "peak_memory_gib_reserved": run["measured_reserved_gib"],
-        "notes": (f"MFU {run['mfu_percent']}% (BF16-equivalent); {run['steps']} steps, {run['warmup_steps']} of "
-                  f"warm-up left out; random weights and tokens; one GPU (FSDP2 over 1 rank); torch {env['torch']}, "
-                  f"torchao {env['torchao']}; loss chunk {LOSS_CHUNK_TOKENS} tokens"
-                  + ("; CPU smoke run, not a measurement" if env["cpu_smoke"] else "")),
+        "notes": (
+            f"MFU {run['mfu_percent']}% (BF16-equivalent); {run['steps']} steps, {run['warmup_steps']} of "
+            f"warm-up left out; random weights and tokens; one GPU (FSDP2 over 1 rank); torch {env['torch']}, "
+            f"torchao {env['torchao']}; loss chunk {LOSS_CHUNK_TOKENS} tokens"
+            + ("; CPU smoke run, not a measurement" if env["cpu_smoke"] else "")
+        ),
     }
     assert tuple(row) == ROW_KEYS
     return row
@@ -220,8 +289,18 @@ def context_parallel_case(out_dir: Path, timeout_s: float) -> dict:
     """Context parallelism 2 (ring attention on the CUDA SDPA kernels, then the trainer against
     context parallelism 1): ``training.tools.context_parallel_check`` under torchrun with 2 ranks."""
     out = out_dir / "context_parallel_check.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "training.tools.context_parallel_check", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "training.tools.context_parallel_check",
+        "--out",
+        str(out),
+    ]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -276,14 +355,22 @@ def environment(cpu_smoke: bool, instance_arg: str | None) -> dict:
     """What runs where: the GPU, the instance it stands for, and where each package comes from."""
     import torch
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     gpu = "cpu" if cpu_smoke else torch.cuda.get_device_name(0)
-    instance = instance_arg or ("cpu" if cpu_smoke else next(
-        (inst for key, inst in GPU_INSTANCES.items() if key in gpu), "ml.p5en.48xlarge"))
-    env = {"gpu": gpu, "gpu_slug": "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-"),
-           "instance": instance, "cpu_smoke": cpu_smoke, "date": now.date().isoformat(),
-           "stamp": now.strftime("%Y%m%dT%H%M%S"), "python": sys.version.split()[0], "torch": torch.__version__,
-           "cuda": torch.version.cuda}
+    instance = instance_arg or (
+        "cpu" if cpu_smoke else next((inst for key, inst in GPU_INSTANCES.items() if key in gpu), "ml.p5en.48xlarge")
+    )
+    env = {
+        "gpu": gpu,
+        "gpu_slug": "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-"),
+        "instance": instance,
+        "cpu_smoke": cpu_smoke,
+        "date": now.date().isoformat(),
+        "stamp": now.strftime("%Y%m%dT%H%M%S"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     if instance in instances():
         env["peak_bf16_tflops"] = instances()[instance].peak_bf16_tflops
     if not cpu_smoke:
@@ -308,8 +395,10 @@ def environment(cpu_smoke: bool, instance_arg: str | None) -> dict:
 
 
 def _table(runs: list[dict]) -> str:
-    head = (f"{'run':<26} {'status':<7} {'tok/s':>9} {'MFU%':>6} {'alloc GiB':>10} {'plan':>7} {'err%':>6}"
-            f" {'resv GiB':>9} {'plan':>7} {'err%':>6}")
+    head = (
+        f"{'run':<26} {'status':<7} {'tok/s':>9} {'MFU%':>6} {'alloc GiB':>10} {'plan':>7} {'err%':>6}"
+        f" {'resv GiB':>9} {'plan':>7} {'err%':>6}"
+    )
     lines = [head, "-" * len(head)]
 
     def err(measured, predicted):
@@ -318,7 +407,8 @@ def _table(runs: list[dict]) -> str:
     for run in runs:
         alloc, resv = run.get("measured_allocated_gib"), run.get("measured_reserved_gib")
         lines.append(
-            f"{run['run']:<26} {run['status']:<7} {run.get('tokens_per_second', '-'):>9} {run.get('mfu_percent', '-'):>6} "
+            f"{run['run']:<26} {run['status']:<7} {run.get('tokens_per_second', '-'):>9} "
+            f"{run.get('mfu_percent', '-'):>6} "
             f"{alloc if alloc is not None else '-':>10} {run['predicted_allocated_gib']:>7} "
             f"{err(alloc, run['predicted_allocated_gib']):>6} {resv if resv is not None else '-':>9} "
             f"{run['predicted_reserved_gib']:>7} {err(resv, run['predicted_reserved_gib']):>6}"
@@ -329,22 +419,39 @@ def _table(runs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.tools.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the runs and the planner's predictions, run nothing")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="run the same code on the CPU with a tiny model (bf16 and emulated fp8, no compile)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON results (default: bench/gpu/gpu-check-<gpu>-<time>.json; a copy goes to $OUT if set)")
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="run the same code on the CPU with a tiny model (bf16 and emulated fp8, no compile)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON results (default: bench/gpu/gpu-check-<gpu>-<time>.json; a copy goes to $OUT if set)",
+    )
     parser.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS), help="comma list of 1b,3b")
     parser.add_argument("--precisions", type=lambda s: s.split(","), default=None)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 30; 4 with --cpu-smoke)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default 4096; 128 with --cpu-smoke)")
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--ac", default="selective", choices=["none", "selective", "full"])
-    parser.add_argument("--compile", default="both", choices=["both", "off", "on"],
-                        help="eager runs, compiled runs, or both (eager first; default both)")
+    parser.add_argument(
+        "--compile",
+        default="both",
+        choices=["both", "off", "on"],
+        help="eager runs, compiled runs, or both (eager first; default both)",
+    )
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip the remaining runs after this many seconds")
-    parser.add_argument("--instance", default=None, help="catalogue instance for the BF16 peak (default: from the GPU name)")
-    parser.add_argument("--cp-timeout-s", type=float, default=180.0,
-                        help="the context-parallel case (first, 2 ranks under torchrun); 0 skips it")
+    parser.add_argument(
+        "--instance", default=None, help="catalogue instance for the BF16 peak (default: from the GPU name)"
+    )
+    parser.add_argument(
+        "--cp-timeout-s",
+        type=float,
+        default=180.0,
+        help="the context-parallel case (first, 2 ranks under torchrun); 0 skips it",
+    )
     args = parser.parse_args(argv)
     if args.precisions is None:
         args.precisions = ["bf16", "fp8-tensorwise"] if args.cpu_smoke else list(PRECISIONS)
@@ -363,9 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {len(cases(args))} runs, {args.steps} steps each, on {instance} ({hbm / GIB:.1f} GiB)")
         for case in cases(args):
             pred = prediction(run_config(case, steps=args.steps, instance=instance, hbm_bytes=hbm))
-            print(f"  {case.name:<28} params {pred['parameters'] / 1e9:5.2f}B  flops/token {pred['flops_per_token']:.3e}"
-                  f"  predicted peak {pred['predicted_allocated_gib']:7.2f} GiB allocated,"
-                  f" {pred['predicted_reserved_gib']:7.2f} GiB reserved")
+            print(
+                f"  {case.name:<28} params {pred['parameters'] / 1e9:5.2f}B  flops/token {pred['flops_per_token']:.3e}"
+                f"  predicted peak {pred['predicted_allocated_gib']:7.2f} GiB allocated,"
+                f" {pred['predicted_reserved_gib']:7.2f} GiB reserved"
+            )
         return 0
 
     import torch
@@ -383,13 +492,29 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     document: dict = {"rows": [], "environment": env, "runs": []}
     document["packing"] = packing_case(args.cpu_smoke)
-    print("gpu_check: packing: " + json.dumps({k: document["packing"].get(k) for k in (
-        "status", "kernels", "relative_error", "tolerance", "leak", "packed_ms", "causal_ms", "error")}), flush=True)
+    print(
+        "gpu_check: packing: "
+        + json.dumps(
+            {
+                k: document["packing"].get(k)
+                for k in ("status", "kernels", "relative_error", "tolerance", "leak", "packed_ms", "causal_ms", "error")
+            }
+        ),
+        flush=True,
+    )
     if args.cp_timeout_s > 0 and not args.cpu_smoke:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         document["context_parallel"] = context_parallel_case(out_path.parent, args.cp_timeout_s)
-        print("gpu_check: context parallel: " + json.dumps({k: document["context_parallel"].get(k) for k in (
-            "status", "reason", "seconds", "attention", "trainer")}), flush=True)
+        print(
+            "gpu_check: context parallel: "
+            + json.dumps(
+                {
+                    k: document["context_parallel"].get(k)
+                    for k in ("status", "reason", "seconds", "attention", "trainer")
+                }
+            ),
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         root = Path(tmp)
         vocab = max(model_dimensions(case)["vocab_size"] for case in cases(args))
@@ -412,15 +537,33 @@ def main(argv: list[str] | None = None) -> int:
             document["runs"].append(run)
             if run["status"] == "ok":
                 document["rows"].append(calibration_row(case, cfg, run, env))
-            print(f"gpu_check: {case.name}: " + json.dumps({k: run.get(k) for k in (
-                "status", "tokens_per_second", "mfu_percent", "measured_allocated_gib", "predicted_allocated_gib",
-                "measured_reserved_gib", "predicted_reserved_gib", "error")}), flush=True)
+            print(
+                f"gpu_check: {case.name}: "
+                + json.dumps(
+                    {
+                        k: run.get(k)
+                        for k in (
+                            "status",
+                            "tokens_per_second",
+                            "mfu_percent",
+                            "measured_allocated_gib",
+                            "predicted_allocated_gib",
+                            "measured_reserved_gib",
+                            "predicted_reserved_gib",
+                            "error",
+                        )
+                    }
+                ),
+                flush=True,
+            )
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(document, indent=2))  # partial results survive a kill
     if os.environ.get("OUT") and Path(os.environ["OUT"]).resolve() != out_path.parent.resolve():
         shutil.copy(out_path, Path(os.environ["OUT"]) / out_path.name)  # what comes back from a device machine
     print(_table(document["runs"]))
-    print(f"gpu_check: wrote {out_path} ({len(document['rows'])} calibration rows) in {time.monotonic() - started:.0f} s")
+    print(
+        f"gpu_check: wrote {out_path} ({len(document['rows'])} calibration rows) in {time.monotonic() - started:.0f} s"
+    )
     return 0 if document["rows"] else 1
 
 

@@ -33,13 +33,26 @@ from pathlib import Path
 import torch
 
 from tiered_training.contract.runconfig import ModelConfig
-
 from training.models.decoder import build_model, materialize
 
-GPU_MODEL = {"layers": 2, "hidden_size": 2048, "attention_heads": 16, "kv_heads": 8, "ffn_size": 8192,
-             "vocab_size": 32768, "max_sequence_length": 8192}
-CPU_MODEL = {"layers": 2, "hidden_size": 64, "attention_heads": 4, "kv_heads": 2, "ffn_size": 128,
-             "vocab_size": 256, "max_sequence_length": 256}
+GPU_MODEL = {
+    "layers": 2,
+    "hidden_size": 2048,
+    "attention_heads": 16,
+    "kv_heads": 8,
+    "ffn_size": 8192,
+    "vocab_size": 32768,
+    "max_sequence_length": 8192,
+}
+CPU_MODEL = {
+    "layers": 2,
+    "hidden_size": 64,
+    "attention_heads": 4,
+    "kv_heads": 2,
+    "ffn_size": 128,
+    "vocab_size": 256,
+    "max_sequence_length": 256,
+}
 GPU_LENGTHS = (1500, 700, 1200, 596)  # 3996 tokens of 4 examples, then padding to 4096
 CPU_LENGTHS = (9, 6, 11, 3)
 
@@ -71,8 +84,9 @@ def _timed(run, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats * 1000
 
 
-def check(device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[int, ...], sequence: int,
-          repeats: int = 3) -> dict:
+def check(
+    device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[int, ...], sequence: int, repeats: int = 3
+) -> dict:
     lm = _model(dims, device, dtype)
     generator = torch.Generator().manual_seed(1)
     examples = [torch.randint(1, dims["vocab_size"], (n,), generator=generator) for n in lengths]
@@ -89,8 +103,12 @@ def check(device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[i
         errors = []
         for start, example in zip(starts, examples):
             alone = logits(example[None].to(device))[0]
-            errors.append(float(torch.linalg.vector_norm(packed[0, start:start + len(example)] - alone)
-                                / torch.linalg.vector_norm(alone)))
+            errors.append(
+                float(
+                    torch.linalg.vector_norm(packed[0, start : start + len(example)] - alone)
+                    / torch.linalg.vector_norm(alone)
+                )
+            )
         return max(errors)
 
     def step(pos):
@@ -98,16 +116,22 @@ def check(device: torch.device, dtype: torch.dtype, dims: dict, lengths: tuple[i
             loss = lm(tokens, pos).float().square().mean()
             loss.backward()
             lm.zero_grad(set_to_none=True)
+
         return run
 
     depth = 2 * dims["layers"] + 2
     tolerance = depth * torch.finfo(dtype).eps
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": str(dtype).removeprefix("torch."), "sequence": sequence, "examples": list(lengths),
-        "model": dims, "torch": torch.__version__,
-        "kernels": {"packed": _kernels(lambda: logits(tokens, positions)),
-                    "single": _kernels(lambda: logits(examples[0][None].to(device)))},
+        "dtype": str(dtype).removeprefix("torch."),
+        "sequence": sequence,
+        "examples": list(lengths),
+        "model": dims,
+        "torch": torch.__version__,
+        "kernels": {
+            "packed": _kernels(lambda: logits(tokens, positions)),
+            "single": _kernels(lambda: logits(examples[0][None].to(device))),
+        },
         "relative_error": worst(logits(tokens, positions)),
         "leak": worst(logits(tokens)),
         "tolerance": tolerance,

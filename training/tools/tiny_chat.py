@@ -17,20 +17,25 @@ from pathlib import Path
 
 import numpy as np
 
-
-CHAT_WORDS = ("red green blue black white gray pink brown cat dog fox owl bee ant cow pig "
-              "one two three four five six seven eight nine ten up down left right in out").split()
+CHAT_WORDS = (
+    "red green blue black white gray pink brown cat dog fox owl bee ant cow pig "
+    "one two three four five six seven eight nine ten up down left right in out"
+).split()
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 CHAT_SPECIALS = ("<unk>", "<pad>", "<eos>", "<|im_start|>", "<|im_end|>")
 CHAT_TEXT = ("reverse", "please", "you", "reverse", "words", "and", "then", "again")
 # ChatML-style: each turn is <|im_start|>role\ncontent<|im_end|>\n; the generation prompt opens an assistant turn.
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # The same rendering, with the assistant text and its end-of-turn marked for return_assistant_tokens_mask.
-CHAT_TEMPLATE_MARKED = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
-                        "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
-                        "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE_MARKED = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+    "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tiny_chat_tokenizer(path: Path, *, template: str | None = CHAT_TEMPLATE) -> Path:
@@ -43,8 +48,13 @@ def tiny_chat_tokenizer(path: Path, *, template: str | None = CHAT_TEMPLATE) -> 
     vocab = {token: i for i, token in enumerate([*CHAT_SPECIALS, *words])}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<eos>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
     if template is not None:
         tok.chat_template = template
     tok.save_pretrained(path)
@@ -60,7 +70,9 @@ def tiny_chat_examples(n: int, *, seed: int = 0) -> list[dict]:
         messages = [{"role": "system", "content": "you reverse words"}] if i % 3 == 0 else []
         for turn in range(1 + (i % 4 == 1)):
             words = [str(w) for w in rng.choice(CHAT_WORDS, size=int(rng.integers(2, 9)))]
-            messages.append({"role": "user", "content": ("please reverse " if turn == 0 else "again ") + " ".join(words)})
+            messages.append(
+                {"role": "user", "content": ("please reverse " if turn == 0 else "again ") + " ".join(words)}
+            )
             messages.append({"role": "assistant", "content": " ".join(reversed(words))})
         examples.append({"messages": messages})
     return examples
@@ -86,9 +98,22 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = tiny_chat_tokenizer(args.out / "tokenizer")
     chat = tiny_chat_jsonl(args.out / "chat.jsonl", args.examples, seed=args.seed)
-    return prepare([str(chat), "--tokenizer", str(tokenizer), "--out", str(args.out / "prepared"), "--sequence-length",
-                    str(args.sequence_length), "--loss-on", args.loss_on, "--overlong", args.overlong,
-                    *(["--dtype", args.dtype] if args.dtype else [])])
+    return prepare(
+        [
+            str(chat),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(args.out / "prepared"),
+            "--sequence-length",
+            str(args.sequence_length),
+            "--loss-on",
+            args.loss_on,
+            "--overlong",
+            args.overlong,
+            *(["--dtype", args.dtype] if args.dtype else []),
+        ]
+    )
 
 
 if __name__ == "__main__":

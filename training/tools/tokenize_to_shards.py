@@ -8,8 +8,8 @@ is followed by the end-of-text token. Tokens are written as flat little-endian u
 (vocabularies up to 65,536) or uint32 files of at most ``--tokens-per-shard`` tokens,
 named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
 lists each shard's token count and largest token id (the trainer refuses a shard whose
-largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from a local directory with
-``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
+largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from
+a local directory with ``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
 tokenizer: token = byte value (0-255), end-of-text = 256.
 """
 
@@ -65,8 +65,9 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
-def write_shards(docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_shard: int = 100_000_000,
-                 dtype: str | None = None) -> dict:
+def write_shards(
+    docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_shard: int = 100_000_000, dtype: str | None = None
+) -> dict:
     """Tokenise ``docs`` into ``out_dir``; returns the manifest."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +107,9 @@ def write_shards(docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_sh
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.tools.tokenize_to_shards", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m training.tools.tokenize_to_shards", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("inputs", nargs="+", type=Path, help="UTF-8 text files")
     parser.add_argument("--out", required=True, type=Path, help="output directory for shard-*.bin")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -117,10 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["uint16", "uint32"], help="default: uint16 if the vocabulary fits")
     args = parser.parse_args(argv)
     tokenizer = ByteTokenizer() if args.byte_level else HFTokenizer(args.tokenizer)
-    manifest = write_shards(documents(args.inputs, lines=args.lines), tokenizer, args.out,
-                            tokens_per_shard=args.tokens_per_shard, dtype=args.dtype)
-    print(f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents in {len(manifest['shards'])} "
-          f"{manifest['dtype']} shards under {args.out}")
+    manifest = write_shards(
+        documents(args.inputs, lines=args.lines),
+        tokenizer,
+        args.out,
+        tokens_per_shard=args.tokens_per_shard,
+        dtype=args.dtype,
+    )
+    print(
+        f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents in {len(manifest['shards'])} "
+        f"{manifest['dtype']} shards under {args.out}"
+    )
     return 0
 
 

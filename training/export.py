@@ -35,8 +35,14 @@ def plain_tensor(value: torch.Tensor) -> torch.Tensor:
     if isinstance(value, DTensor):
         local = value.to_local()
         if type(local) is not torch.Tensor and hasattr(local, "_tensor"):
-            return DTensor.from_local(local._tensor, value.device_mesh, value.placements, run_check=False,
-                                      shape=value.shape, stride=value.stride())
+            return DTensor.from_local(
+                local._tensor,
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
+            )
         return value
     if type(value) is not torch.Tensor and hasattr(value, "_tensor"):
         return value._tensor
@@ -47,8 +53,13 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def export_hf(lm: torch.nn.Module, model_dir: Path, *, dtype: torch.dtype | None = torch.bfloat16,
-              max_shard_bytes: int = 5 * 10**9) -> Path:
+def export_hf(
+    lm: torch.nn.Module,
+    model_dir: Path,
+    *,
+    dtype: torch.dtype | None = torch.bfloat16,
+    max_shard_bytes: int = 5 * 10**9,
+) -> Path:
     """Write ``lm`` (any sharding, any number of hosts) to ``model_dir`` as config.json + safetensors; collective."""
     from safetensors.torch import save_file
 
@@ -107,7 +118,7 @@ def _name_files(model_dir: Path, total: int) -> None:
     for number, part in enumerate(parts, start=1):
         name = f"model-{number:05d}-of-{len(parts):05d}.safetensors"
         with safe_open(str(part), framework="pt") as handle:
-            weight_map.update({key: name for key in handle.keys()})
+            weight_map.update(dict.fromkeys(handle.keys(), name))
         part.rename(model_dir / name)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (model_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
@@ -118,8 +129,8 @@ def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
     Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
     from safetensors import safe_open
 
-    from training.models.lora import base_name, is_adapter
     from training.models.decoder import check_keys
+    from training.models.lora import base_name, is_adapter
 
     state = hf_state_dict(lm)
     # With LoRA the checkpoint holds the base: its names are the base layers' (q_proj.base_layer.weight

@@ -1,0 +1,369 @@
+"""The review commands: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
+``instances``, ``run-config`` and ``schema``. They read recipes and the catalogues and call no AWS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tiered_training.cli.base import (
+    EXIT_INVALID,
+    Commands,
+    Failure,
+    Format,
+    JsonFormat,
+    TextFormat,
+    _err,
+    _out,
+    _print,
+    _recipe_path,
+    _reports_failures,
+    _run_recipe,
+)
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.text import escape
+
+commands = Commands()
+
+
+def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
+    """Plans of the recipes ``paths`` name, and the recipes that failed to load.
+
+    No recipe at all is a failure too ("no recipes found").
+    """
+    from tiered_training.planning.planner import plan_file
+    from tiered_training.planning.quotas import with_account
+    from tiered_training.recipe.loader import find_recipes
+
+    named, failures = [], []
+    for path in paths:
+        try:
+            named.append(_recipe_path(path))
+        except RecipeError as exc:
+            failures.append(exc)
+    files, unreadable = find_recipes(named)
+    failures += unreadable
+    account = _account_quotas(failures)
+    plans = []
+    for path in files:
+        try:
+            plans.append(with_account(plan_file(path), account))
+        except RecipeError as exc:
+            failures.append(exc)
+    if not plans and not failures:
+        where = ", ".join(map(str, paths)) or "."
+        failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))
+    return plans, failures
+
+
+def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
+    """The applied quotas in ./cdk.json's context (``"quotas": {name: value}``), shared by every recipe."""
+    from tiered_training.planning.alarms import app_context
+    from tiered_training.planning.quotas import parse_account
+
+    try:
+        return parse_account(app_context().get("quotas"), "cdk.json: context.quotas")
+    except ValueError as exc:
+        failures.append(RecipeError([Problem("cdk.json", None, "context.quotas", str(exc).split(": ", 2)[-1])]))
+        return {}
+
+
+def _report_failures(failures: list[RecipeError]) -> None:
+    from tiered_training.report.render import print_lines
+
+    err = _err()
+    lines = []
+    for failure in failures:
+        text = str(failure).splitlines()
+        lines += [f"error: {text[0]}"] + text[1:]
+    print_lines(err, lines)
+
+
+def _report_findings(plans: list, *, strict: bool = False) -> None:
+    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout."""
+    from tiered_training import report
+    from tiered_training.report.render import print_lines
+
+    out, err = _out(), _err()
+    for plan in plans:
+        blocking = plan.errors + (plan.warnings if strict else [])
+        for finding in plan.findings:
+            if finding.severity != "info":
+                print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
+
+
+def _exit_for(plans: list, failures: list) -> None:
+    if failures or any(not p.ok for p in plans):
+        raise typer.Exit(EXIT_INVALID)
+
+
+@commands.command()
+def plan(
+    recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
+    format: Format = typer.Option(Format.table, "--format", "-f", help="table, markdown (for a pull request) or json"),
+    chart: Path | None = typer.Option(
+        None, help="draw the per-GPU memory breakdown to this PNG (needs the 'plot' extra)"
+    ),
+) -> None:
+    """Resolve recipes into plans and print them."""
+    from tiered_training import report
+    from tiered_training.report.render import print_json
+
+    plans, failures = _load_plans(recipes)
+    if format is Format.json:
+        print_json(report.plans_data(plans, failures))
+    elif format is Format.markdown:
+        _print(report.plans_markdown(plans))
+    else:
+        _print_table(plans)
+    if chart is not None and plans:
+        from tiered_training.report.chart import memory_chart
+
+        memory_chart(plans, chart)
+        _err().print(f"memory chart written to {chart}")
+    if format is not Format.json:
+        _report_failures(failures)
+    _exit_for(plans, failures)
+
+
+def _print_table(plans: list) -> None:
+    from tiered_training import report
+    from tiered_training.report.render import print_lines, print_table
+
+    if not plans:
+        return
+    out = _out()
+    print_table(out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS)
+    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity != "info"]
+    print_lines(out, lines)
+
+
+@commands.command()
+def validate(
+    recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
+    strict: bool = typer.Option(False, help="treat warnings as errors"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
+    from tiered_training import report
+    from tiered_training.planning.alarms import with_routing_findings
+    from tiered_training.report.render import print_json, print_lines
+
+    plans, failures = _load_plans(recipes)
+    plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
+    data = report.validate_data(plans, failures, strict)
+    if format is TextFormat.json:
+        print_json(data)
+    else:
+        _report_failures(failures)
+        _report_findings(plans, strict=strict)
+        print_lines(
+            _out(),
+            [
+                f"{escape(p.source)}: ok"
+                for p in plans
+                if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]
+            ],
+        )
+        bad = sum(not r["ok"] for r in data["recipes"])
+        if bad and len(data["recipes"]) > 1:
+            print_lines(_err(), [f"{bad} of {len(data['recipes'])} recipes invalid"])
+    if not data["ok"]:
+        raise typer.Exit(EXIT_INVALID)
+
+
+@commands.command()
+def explain(
+    recipe: Path = typer.Argument(..., help="a recipe file"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Show every decision with its reason, the memory proof, the estimates and every finding."""
+    from tiered_training import report
+    from tiered_training.report.render import print_json, print_lines
+
+    plans, failures = _load_plans([recipe])
+    if format is TextFormat.json:
+        print_json(report.plans_data(plans, failures))
+    else:
+        _report_failures(failures)
+        out = _out()
+        for plan in plans:
+            print_lines(out, report.explain_lines(plan))
+    _exit_for(plans, failures)
+
+
+@commands.command()
+def diff(
+    old: Path = typer.Argument(..., help="the recipe before the change"),
+    new: Path = typer.Argument(..., help="the recipe after the change"),
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+) -> None:
+    """Compare two resolved plans: changed decisions and memory, throughput, time and cost deltas.
+
+    Exit 2, and no comparison, when either recipe is invalid or its plan has errors.
+    """
+    from tiered_training import report
+    from tiered_training.report.render import dumps, print_lines
+
+    plans, failures = _load_plans([old, new])
+    broken = [p for p in plans if not p.ok]
+    if failures or broken or len(plans) != 2:
+        if format is Format.json:
+            _print(dumps(report.plans_data(plans, failures) | {"diff": None}))
+        else:
+            _report_failures(failures)
+            _report_findings(broken)
+        raise typer.Exit(EXIT_INVALID)
+    result = report.diff(plans[0], plans[1])
+    if format is Format.json:
+        _print(dumps(result))
+    elif format is Format.markdown:
+        _print(report.diff_markdown(result))
+    else:
+        print_lines(_out(), report.diff_text(result).splitlines())
+
+
+@commands.command()
+def tiers(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
+    """Print the size-tiered guidance the planner applies."""
+    from tiered_training import report
+    from tiered_training.report.render import print_json, print_table
+
+    if format is Format.json:
+        print_json(report.tiers_data())
+    elif format is Format.markdown:
+        _print(report.markdown_table(report.tier_rows(), report.TIER_COLUMNS))
+    else:
+        print_table(_out(), report.tier_rows(), report.TIER_COLUMNS, show_lines=True)
+
+
+MODEL_COLUMNS = ("id", "parameters", "layers", "hidden", "context", "name")
+INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "spot (est.)", "price source")
+
+
+@commands.command()
+@_reports_failures
+def models(
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+    from_config: Path | None = typer.Option(
+        None,
+        "--from-config",
+        help="a Hugging Face checkpoint directory or its config.json: print the catalogue entry it gives (YAML)",
+    ),
+) -> None:
+    """List the model catalogue, or (--from-config) print the catalogue entry a Hugging Face config gives."""
+    from tiered_training import report
+    from tiered_training.report.render import print_json, print_table
+
+    if from_config is not None:
+        from tiered_training.contract import hf_config
+
+        try:
+            text = hf_config.catalog_entry(from_config)
+        except hf_config.ConfigError as exc:
+            raise Failure([str(exc)], EXIT_INVALID) from None
+        if format is Format.json:
+            import yaml
+
+            print_json({"schema_version": report.SCHEMA_VERSION, "models": yaml.safe_load(text)})
+        else:
+            _print(text.rstrip("\n"))
+        return
+    data = report.models_data()
+    if format is Format.json:
+        print_json(data)
+        return
+    rows = [
+        {
+            "id": m["id"],
+            "parameters": f"{m['parameters'] / 1e9:,.2f}B",
+            "layers": str(m["architecture"]["layers"]),
+            "hidden": str(m["architecture"]["hidden_size"]),
+            "context": f"{m['architecture']['max_sequence_length']:,}",
+            "name": m["display_name"],
+        }
+        for m in data["models"]
+    ]
+    if format is Format.markdown:
+        _print(report.markdown_table(rows, MODEL_COLUMNS))
+    else:
+        print_table(_out(), rows, MODEL_COLUMNS, numeric=("parameters", "layers", "hidden", "context"))
+
+
+def _price_region(value: str | None) -> str | None:
+    import re
+
+    from tiered_training.aws.session import REGION_PATTERN
+
+    if value is not None and (len(value) > 32 or not re.match(REGION_PATTERN, value)):
+        raise typer.BadParameter(f"{value[:40]!r}: not an AWS region name (like us-east-1)")
+    return value
+
+
+@commands.command("instances")
+def list_instances(
+    format: Format = typer.Option(Format.table, "--format", "-f"),
+    region: str | None = typer.Option(
+        None,
+        callback=_price_region,
+        help="the region whose SageMaker training prices to show (default: the price catalogue's, us-east-1)",
+    ),
+) -> None:
+    """List the instance catalogue with SageMaker training prices (spot: the catalogue's expected discount,
+    an estimate)."""
+    from tiered_training import report
+    from tiered_training.report.render import print_json, print_table
+
+    data = report.instances_data(region)
+    if format is Format.json:
+        print_json(data)
+        return
+    rows = [
+        {
+            "instance": i["name"],
+            "GPUs": f"{i['gpus']}x {i['gpu']}",
+            "HBM/GPU": f"{i['usable_hbm_gib']:g} GiB",
+            "FP8": "FP8+MXFP8" if i["mxfp8"] else ("FP8" if i["peak_fp8_tflops"] else "-"),
+            "EFA": f"{i['efa_gbps']:,} Gbps",
+            "on-demand": "-" if i["price_per_hour"] is None else f"${i['price_per_hour']:,.2f}/h",
+            "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
+            "price source": i["price_source"]
+            if i["price_per_hour"] is not None
+            else f"no SageMaker training price for {data['region']} in the catalogue",
+        }
+        for i in data["instances"]
+    ]
+    if format is Format.markdown:
+        _print(report.markdown_table(rows, INSTANCE_COLUMNS))
+    else:
+        print_table(_out(), rows, INSTANCE_COLUMNS, numeric=("HBM/GPU", "EFA", "on-demand", "spot (est.)"))
+
+
+@commands.command("run-config")
+def run_config(
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
+    hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of the RunConfig"),
+    format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
+) -> None:
+    """Print the RunConfig the training container receives (to run it outside SageMaker)."""
+    from tiered_training.planning.plan import PlanError
+    from tiered_training.report.render import dumps
+
+    plan = _run_recipe(recipe)
+    try:
+        config = plan.run_config()
+    except PlanError as exc:
+        raise Failure.of(exc, EXIT_INVALID) from None
+    _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+
+
+@commands.command()
+def schema(
+    format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
+) -> None:
+    """Print the recipe's JSON Schema (docs/recipe.schema.json; the templates name it for editor completion)."""
+    from tiered_training.recipe.schema import schema_text
+
+    _print(schema_text())

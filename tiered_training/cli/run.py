@@ -1,0 +1,394 @@
+"""The run commands: ``start``, ``rehearse``, ``status``, ``logs``, ``stop`` and ``preflight``.
+
+All but ``rehearse`` call AWS, through :mod:`tiered_training.aws` (the clients come from
+:func:`_clients`, after the options are checked here, with no call, exit 2 for a bad one).
+``rehearse`` runs the recipe's pipeline on this machine as SageMaker would, a run too.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from tiered_training.cli.base import (
+    _EXECUTION,
+    _RUN_RECIPE,
+    _STAGE,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    PROG,
+    AwsOptions,
+    Commands,
+    Failure,
+    TextFormat,
+    _err,
+    _out,
+    _recipe_path,
+    _run_recipe,
+)
+from tiered_training.recipe.errors import RecipeError
+from tiered_training.recipe.names import pipeline_name
+
+commands = Commands()
+
+
+def _aws_failure(exc: Exception) -> Failure:
+    from tiered_training.aws.session import StartError
+
+    return Failure.of(exc, exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED)
+
+
+def _clients(
+    plan,
+    aws: AwsOptions,
+    *services: str,
+    execution: str | None = None,
+    services_for: str = "this command",
+    stage: str | None = None,
+) -> list:
+    """Clients for ``services``, after the options are checked locally (exit 2, no call, for a bad one)."""
+    from tiered_training.aws.session import (
+        ParameterError,
+        StartError,
+        aws_client,
+        check_aws_options,
+        check_region,
+        require_boto3,
+        resolve_region,
+    )
+
+    try:
+        require_boto3(f"{PROG} {services_for}")
+        check_aws_options(
+            region=aws.region,
+            endpoint_url=aws.endpoint_url,
+            profile=aws.profile,
+            execution=execution,
+            pipeline=pipeline_name(plan.name, stage),
+        )
+        resolved = resolve_region(aws.region, plan.recipe.compute.region)
+        if aws.region is None and resolved is not None:
+            source = (
+                "compute.region"
+                if plan.recipe.compute.region
+                else "AWS_REGION"
+                if resolved == _env("AWS_REGION")
+                else "AWS_DEFAULT_REGION"
+            )
+            check_region(resolved, source)
+        arn_region = execution.split(":")[3] if execution else ""
+        if arn_region and resolved and arn_region != resolved:
+            raise ParameterError(
+                f"--execution: an execution in {arn_region}, but the region is {resolved}; pass --region {arn_region}"
+            )
+        return [aws_client(s, region=resolved, endpoint_url=aws.endpoint_url, profile=aws.profile) for s in services]
+    except StartError as exc:  # ParameterError (exit 2) included
+        raise _aws_failure(exc) from None
+
+
+def _renewed(plan, aws: AwsOptions) -> tuple:
+    """New sagemaker and cloudwatch clients, from a new session: they read the credentials again."""
+    from tiered_training.aws.session import StartError, session
+
+    session.cache_clear()
+    try:
+        sm, cw = _clients(plan, aws, "sagemaker", "cloudwatch", services_for="start")
+    except Failure as failure:
+        raise StartError(str(failure)) from None
+    return sm, cw
+
+
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name) or None
+
+
+@commands.command()
+def start(
+    recipe: Path = _RUN_RECIPE,
+    follow: bool = typer.Option(
+        True, help="follow the execution until it ends: steps, loss, tokens/s against the plan, ETA"
+    ),
+    skip_probe: bool | None = typer.Option(None, "--skip-probe/--probe", help="start the full run without the probe"),
+    max_steps: int | None = typer.Option(None, help="override the number of optimiser steps"),
+    instance_count: int | None = typer.Option(None, help="override the number of instances"),
+    data_uri: str | None = typer.Option(
+        None, help="override the data's S3 URI (one of the recipe's data.allowed_uris)"
+    ),
+    resume: str | None = typer.Option(
+        None, "--resume", metavar="RUN", help="resume this run (its id, from `status`) instead of starting a new one"
+    ),
+    aws: AwsOptions = AwsOptions(),
+    poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
+    stage: str | None = _STAGE,
+) -> None:
+    """Start the recipe's SageMaker pipeline (a new run, or --resume RUN; the pipeline is named by the recipe's
+    name: field), print the execution ARN and follow it."""
+    from tiered_training.aws import runs
+    from tiered_training.aws.session import StartError
+    from tiered_training.aws.start import check_parameters
+    from tiered_training.aws.start import start as start_pipeline
+    from tiered_training.report.render import print_json
+
+    plan = _run_recipe(recipe)
+    try:
+        check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+        sm, *rest = _clients(plan, aws, "sagemaker", *(["cloudwatch"] if follow else []), services_for="start")
+        result = start_pipeline(
+            plan,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            skip_probe=skip_probe,
+            resume=resume,
+            follow=follow,
+            poll_seconds=poll_seconds,
+            client=sm,
+            cloudwatch=rest[0] if rest else None,
+            reporter=runs.QuietReporter() if format is TextFormat.json else None,
+            stage=stage,
+            renew=lambda: _renewed(plan, aws),
+        )
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    if format is TextFormat.json:
+        print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
+    if follow and not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@commands.command()
+def rehearse(
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
+    hosts: int = typer.Option(2, help="simulated hosts (the plan's InstanceCount is scaled to this); 1 to 8"),
+    workers: int = typer.Option(2, help="CPU workers per simulated host (its 'GPUs'); 1 to 8"),
+    steps: int | None = typer.Option(
+        None,
+        help="optimiser steps of the full run (the MaxSteps parameter), "
+        "2 to 1000; default: enough for two checkpoints and the interrupt, "
+        "at least 12",
+    ),
+    param: list[str] = typer.Option([], "--param", help="a pipeline parameter, Name=Value (repeatable)"),
+    interrupt: str | None = typer.Option(
+        None, help="sigterm@STEP, kill-host@save or kill-host@STEP (STEP within the run)"
+    ),
+    workdir: Path | None = typer.Option(None, help="keep each host's /opt/ml tree and logs here (a directory)"),
+    restart_with: list[str] = typer.Option(
+        [],
+        "--restart-with",
+        help="then resume the same run in a second execution with this parameter, Name=Value (e.g. InstanceCount=1)",
+    ),
+    format: TextFormat = typer.Option(
+        TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"
+    ),
+) -> None:
+    """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on
+    success)."""
+    from tiered_training.planning.plan import PlanError
+    from tiered_training.rehearse.run import (
+        MissingExtra,
+        Options,
+        RehearsalError,
+        parse_params,
+    )
+    from tiered_training.rehearse.run import (
+        rehearse as run_rehearsal,
+    )
+    from tiered_training.report.render import print_json
+
+    as_json = format is TextFormat.json
+    try:
+        options = Options(
+            _recipe_path(recipe),
+            hosts=hosts,
+            workers=workers,
+            steps=steps,
+            params=parse_params(param),
+            interrupt=interrupt,
+            workdir=workdir,
+            then=parse_params(restart_with, "--restart-with") if restart_with else None,
+        )
+        result = run_rehearsal(options, out=sys.stderr if as_json else None)
+    except MissingExtra as exc:
+        raise Failure.of(exc, EXIT_FAILED) from None
+    except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
+        raise Failure.of(exc, EXIT_INVALID) from None
+    if as_json:
+        print_json(result.to_dict())
+    if not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@commands.command()
+def status(
+    recipe: Path = _RUN_RECIPE,
+    execution: str | None = _EXECUTION,
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """The status of the recipe's latest execution (or --execution), its steps, its training progress, and the
+    recipe's runs with their last checkpoints."""
+    from tiered_training.aws import runs
+    from tiered_training.aws.run_list import list_runs, runs_uri
+    from tiered_training.aws.session import StartError
+    from tiered_training.report.render import print_json, print_lines
+
+    plan = _run_recipe(recipe)
+    sm, cw, s3 = _clients(
+        plan, aws, "sagemaker", "cloudwatch", "s3", execution=execution, services_for="status", stage=stage
+    )
+    try:
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
+        snap = runs.snapshot(sm, arn, target=runs.Target.of(plan.recipe, plan if plan.ok else None), cloudwatch=cw)
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    result = snap.result()
+    try:  # the recipe's runs: a store the caller may not read is a line, not a failure
+        uri = runs_uri(sm, pipeline_name(plan.name, stage))
+        listed, runs_problem = list_runs(s3, uri), None
+    except StartError as exc:
+        uri, listed, runs_problem = None, None, str(exc)
+    if format is TextFormat.json:
+        print_json(
+            {
+                **result.to_dict(),
+                "ok": True,
+                "pipeline": pipeline_name(plan.name, stage),
+                "runs_uri": uri,
+                "runs": [r.to_dict() for r in listed] if listed is not None else None,
+                "runs_error": runs_problem,
+            }
+        )
+        return
+    lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
+    for step in snap.steps or []:
+        job = f" ({step['training_job']})" if step.get("training_job") else ""
+        reason = f": {step['failure_reason']}" if step.get("failure_reason") else ""
+        lines.append(f"  {step['name']}: {step['status']}{job}{reason}")
+    if snap.steps is None:
+        lines.append("  (the endpoint could not list the steps)")
+    if snap.progress is not None:
+        lines.append(f"training: {snap.progress.describe()}")
+    if listed is not None:
+        lines.append(
+            f"runs ({uri}; resume one with `start --resume RUN`):" if listed else f"runs: none yet under {uri}"
+        )
+        lines += [f"  {run.describe()}" for run in listed]
+    else:
+        lines.append(f"runs: cannot list them: {runs_problem}")
+    print_lines(_out(), lines)
+
+
+@commands.command()
+def logs(
+    recipe: Path = _RUN_RECIPE,
+    execution: str | None = _EXECUTION,
+    stage: str | None = _STAGE,
+    lines: int = typer.Option(50, "--lines", "-n", min=1, max=10_000, help="how many of the last log lines"),
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """The last log lines of the training jobs of the recipe's latest execution (or --execution)."""
+    from tiered_training.aws import runs
+    from tiered_training.aws.session import StartError
+    from tiered_training.report.render import print_json, print_lines
+
+    plan = _run_recipe(recipe)
+    sm, cwl = _clients(plan, aws, "sagemaker", "logs", execution=execution, services_for="logs", stage=stage)
+    try:
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
+        steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
+        jobs = runs.training_jobs(steps)
+        events = runs.tail_logs(cwl, jobs, lines=lines)
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    if format is TextFormat.json:
+        print_json(
+            {"ok": True, "execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events}
+        )
+        return
+    if not jobs:
+        print_lines(_err(), [f"{arn}: no training job has started yet"])
+        return
+    if not events:
+        print_lines(_err(), [f"no log lines yet in {runs.LOG_GROUP} for {', '.join(jobs)}"])
+        return
+    print_lines(_out(), [runs.format_event(e) for e in events])
+
+
+@commands.command()
+def stop(
+    recipe: Path = _RUN_RECIPE,
+    execution: str | None = _EXECUTION,
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Stop the recipe's latest execution (or --execution). Training jobs get SIGTERM and save a checkpoint."""
+    from tiered_training.aws import runs
+    from tiered_training.aws.session import StartError
+    from tiered_training.report.render import print_json, print_lines
+
+    plan = _run_recipe(recipe)
+    (sm,) = _clients(plan, aws, "sagemaker", execution=execution, services_for="stop", stage=stage)
+    try:
+        arn = execution or runs.latest_execution(sm, pipeline_name(plan.name, stage))
+        state = runs.stop(sm, arn)
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    if format is TextFormat.json:
+        print_json({"ok": True, "execution_arn": arn, "status": state})
+    else:
+        print_lines(_out(), [f"{state}: {arn}"])
+
+
+@commands.command()
+def preflight(
+    recipe: Path = _RUN_RECIPE,
+    image_uri: str | None = typer.Option(
+        None,
+        help="the training image to look for in ECR (default: the deployed "
+        "pipeline's; before a deploy, the region's base image)",
+    ),
+    role_arn: str | None = typer.Option(
+        None, help="the execution role whose read of data.uri to check (default: the deployed pipeline's)"
+    ),
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Check the AWS account for the recipe: quotas, image, data, MLflow, training plan, pipeline
+    (exit 0 when all pass)."""
+    from tiered_training.aws.preflight import preflight as run_preflight
+    from tiered_training.aws.session import StartError, check_aws_options, require_boto3
+    from tiered_training.report.render import print_json, print_lines
+
+    plan = _run_recipe(recipe)
+    try:
+        require_boto3(f"{PROG} preflight")
+        check_aws_options(region=aws.region, endpoint_url=aws.endpoint_url, profile=aws.profile)
+        report = run_preflight(
+            plan,
+            region=aws.region,
+            endpoint_url=aws.endpoint_url,
+            profile=aws.profile,
+            image_uri=image_uri,
+            role_arn=role_arn,
+            stage=stage,
+        )
+    except StartError as exc:  # ParameterError (exit 2) included
+        raise _aws_failure(exc) from None
+    if format is TextFormat.json:
+        print_json(report.to_dict())
+    else:
+        failed = sum(c.failed for c in report.checks)
+        lines = [f"preflight {report.recipe} in {report.region}"] + [c.line() for c in report.checks]
+        lines.append("all checks pass" if report.ok else f"{failed} of {len(report.checks)} checks failed")
+        print_lines(_out(), lines)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
