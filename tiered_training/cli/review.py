@@ -94,6 +94,11 @@ def _report_failures(failures: list[RecipeError]) -> None:
     from tiered_training.report.render import print_lines
 
     err = _err()
+    if format is TextFormat.json:
+        from tiered_training.report.render import print_json
+
+        print_json({"ok": True, "path": str(target), "template": found.id, "name": name})
+        return
     lines = []
     for failure in failures:
         text = str(failure).splitlines()
@@ -462,6 +467,7 @@ def init(
     template: str = typer.Option(..., "--from", help="a template (tiered-training templates lists them)"),
     directory: Path = typer.Option(Path("recipes"), "--dir", help="where to write NAME.yaml"),
     force: bool = typer.Option(False, help="overwrite an existing file"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
 ) -> None:
     """Write a new recipe from a template: its name set, its editor schema line kept, checked before it is written.
 
