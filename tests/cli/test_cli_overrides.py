@@ -7,7 +7,6 @@ import json
 import subprocess
 
 import yaml
-
 from support import CLI, RECIPES, ROOT, recipe_dict, write_yaml
 from support import run_cli as run
 

@@ -94,11 +94,6 @@ def _report_failures(failures: list[RecipeError]) -> None:
     from tiered_training.report.render import print_lines
 
     err = _err()
-    if format is TextFormat.json:
-        from tiered_training.report.render import print_json
-
-        print_json({"ok": True, "path": str(target), "template": found.id, "name": name})
-        return
     lines = []
     for failure in failures:
         text = str(failure).splitlines()
@@ -496,6 +491,11 @@ def init(
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise Failure([f"cannot write {escape(str(target))}: {exc.strerror or exc}"], EXIT_INVALID) from None
+    if format is TextFormat.json:
+        from tiered_training.report.render import print_json
+
+        print_json({"ok": True, "path": str(target), "template": found.id, "name": name})
+        return
     lines = [
         f"wrote {escape(str(target))} from the template {found.id}",
         f"next: tiered-training plan {escape(str(target))}",
