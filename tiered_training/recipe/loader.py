@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tiered_training.recipe import AT, Recipe
+from tiered_training.recipe import AT, PATTERN_MEANING, Recipe
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
@@ -513,6 +513,9 @@ def _message(error: ErrorDetails, path: Loc) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
     if kind == "string_pattern_mismatch":
-        return f"does not match the required pattern {ctx.get('pattern', '')}"
+        meaning = PATTERN_MEANING.get(str(ctx.get("pattern", "")))
+        return (
+            f"must be {meaning}" if meaning else "has the wrong form for this field (tiered-training schema shows it)"
+        )
     msg = error["msg"].removeprefix("Value error, ")
     return msg[0].lower() + msg[1:] if msg else kind
