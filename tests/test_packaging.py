@@ -21,7 +21,7 @@ import pytest
 from support import ROOT
 
 EXAMPLE = ROOT / "examples" / "platform-repo"
-SOURCES = ["pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "tiered_training", "training"]
+SOURCES = ["pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "tiered_training", "training", "recipes"]
 
 
 def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -54,6 +54,8 @@ def test_wheel_holds_every_package_the_container_and_the_metadata(wheel):
         rel = init.relative_to(ROOT).as_posix()
         assert rel in names, f"{rel} is missing from the wheel: list its package in pyproject.toml"
     assert {"tiered_training/py.typed", "tiered_training/catalog/models.yaml"} <= names
+    templates = {f"tiered_training/templates/{p.name}" for p in (ROOT / "recipes").glob("*.yaml")}
+    assert templates and templates <= names  # tiered-training templates and init read them
     # The container's build context: every file of training/ that the image gets.
     for path in (ROOT / "training").rglob("*"):
         if path.is_file() and "__pycache__" not in path.parts:

@@ -46,7 +46,8 @@ def test_unknown_key_is_an_error_with_suggestion_and_line(write_recipe):
 
 def test_pipeline_name_pattern(write_recipe):
     p = only(problems_of(write_recipe, recipe_dict(name="my_recipe")), "name")
-    assert "pattern" in p.message and p.value == "my_recipe"
+    assert p.message == "must be letters, digits and hyphens, starting and ending with a letter or digit, such as my-8b"
+    assert p.value == "my_recipe"
 
 
 @pytest.mark.parametrize("length", [127, 131073])

@@ -78,7 +78,7 @@ def test_an_unknown_field_suggests_the_closest_and_lists_the_valid_ones():
 def test_a_pattern_mismatch_names_the_pattern():
     with pytest.raises(RecipeError) as info:
         parse_recipe(yaml.safe_dump(recipe_dict(**{"compute.region": "Mars"})), "r.yaml")
-    assert info.value.problems[0].message == r"does not match the required pattern ^[a-z]{2}(-gov)?-[a-z]+-\d$"
+    assert info.value.problems[0].message == "must be an AWS region name, such as us-east-1"
 
 
 def test_merge_keys_bring_in_what_a_mapping_does_not_set():
@@ -91,3 +91,27 @@ def test_merge_keys_bring_in_what_a_mapping_does_not_set():
     several = body + "checkpointing:\n  <<: [{interval_minutes: 20}, {interval_minutes: 40, keep_last: 4}]\n"
     recipe, _ = parse_recipe(several, "r.yaml")
     assert (recipe.checkpointing.interval_minutes, recipe.checkpointing.keep_last) == (20, 4)
+
+
+def test_no_message_quotes_a_regular_expression():
+    """Every pattern a recipe field has is said in words, with an example that the pattern accepts."""
+    import re
+
+    from tiered_training.recipe import PATTERN_MEANING, Recipe
+
+    def patterns(model) -> set[str]:
+        found = set()
+        for field in model.model_fields.values():
+            for meta in field.metadata:
+                if getattr(meta, "pattern", None):
+                    found.add(meta.pattern)
+            for arg in getattr(field.annotation, "__args__", ()):
+                if isinstance(arg, type) and hasattr(arg, "model_fields"):
+                    found |= patterns(arg)
+        return found
+
+    every = patterns(Recipe)
+    assert every and every <= set(PATTERN_MEANING), every - set(PATTERN_MEANING)
+    for pattern, meaning in PATTERN_MEANING.items():
+        example = meaning.rsplit("such as ", 1)[1]
+        assert re.fullmatch(pattern, example), (pattern, example)

@@ -167,7 +167,13 @@ def _recipe_path(recipe: Path) -> Path:
     """``recipe`` itself, or the recipe in ./recipes that ``recipe`` names (its pipeline name or file stem)."""
     from tiered_training.recipe.loader import recipe_by_name
 
-    if recipe.exists() or recipe.is_symlink() or recipe.suffix in (".yaml", ".yml") or len(recipe.parts) != 1:
+    if (
+        str(recipe) == "-"
+        or recipe.exists()
+        or recipe.is_symlink()
+        or recipe.suffix in (".yaml", ".yml")
+        or len(recipe.parts) != 1
+    ):
         return recipe
     found, names = recipe_by_name(str(recipe), RECIPES_DIR)
     if found is not None:
@@ -176,12 +182,22 @@ def _recipe_path(recipe: Path) -> Path:
     raise RecipeError([Problem(str(recipe), None, "", f"no such recipe file, nor a recipe of that name ({known})")])
 
 
-def _run_recipe(recipe: Path):
+SET_HELP = (
+    "override a recipe field, key.path=value, checked as the file is (repeatable); '-' reads the recipe from stdin"
+)
+
+
+def set_option() -> Any:
+    """``--set key.path=value`` (repeatable): a recipe field overridden for this command."""
+    return typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP)
+
+
+def _run_recipe(recipe: Path, overrides: list[str] | None = None):
     """The recipe's plan (or RecipeError, reported as invalid input)."""
     from tiered_training.planning.planner import plan_file
 
     try:
-        return plan_file(_recipe_path(recipe))
+        return plan_file(_recipe_path(recipe), overrides or ())
     except RecipeError as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
 

@@ -21,6 +21,7 @@ from tiered_training.cli.base import (
     _recipe_path,
     _reports_failures,
     _run_recipe,
+    set_option,
 )
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.text import escape
@@ -28,10 +29,12 @@ from tiered_training.text import escape
 commands = Commands()
 
 
-def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
-    """Plans of the recipes ``paths`` name, and the recipes that failed to load.
+def _load_plans(
+    paths: list[Path], overrides: list[str] | None = None, *, unique: bool = True
+) -> tuple[list, list[RecipeError]]:
+    """Plans of the recipes ``paths`` name (with ``--set`` overrides), and the recipes that failed to load.
 
-    No recipe at all is a failure too ("no recipes found").
+    No recipe at all is a failure too ("no recipes found"); so is a name that two recipes share.
     """
     from tiered_training.planning.planner import plan_file
     from tiered_training.planning.quotas import with_account
@@ -49,13 +52,30 @@ def _load_plans(paths: list[Path]) -> tuple[list, list[RecipeError]]:
     plans = []
     for path in files:
         try:
-            plans.append(with_account(plan_file(path), account))
+            plans.append(with_account(plan_file(path, overrides or ()), account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:
         where = ", ".join(map(str, paths)) or "."
         failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))
-    return plans, failures
+    return plans, failures + (_shared_names(plans) if unique else [])
+
+
+def _shared_names(plans: list) -> list[RecipeError]:
+    """A pipeline name that two recipes share: one stack and one pipeline per name, so both are refused."""
+    by_name: dict[str, list] = {}
+    for plan in plans:
+        by_name.setdefault(plan.name, []).append(plan)
+    errors = []
+    for name, same in by_name.items():
+        if len(same) > 1:
+            files = [escape(p.source or p.name) for p in same]
+            for plan in same:
+                others = ", ".join(f for f in files if f != escape(plan.source or plan.name)) or files[0]
+                line = plan.locations.get("name")
+                message = f"{name!r} is also the name of {others}: each recipe needs its own name (its pipeline's)"
+                errors.append(RecipeError([Problem(plan.source or plan.name, line, "name", message)]))
+    return errors
 
 
 def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
@@ -106,12 +126,13 @@ def plan(
     chart: Path | None = typer.Option(
         None, help="draw the per-GPU memory breakdown to this PNG (needs the 'plot' extra)"
     ),
+    overrides: list[str] = set_option(),
 ) -> None:
     """Resolve recipes into plans and print them."""
     from tiered_training import report
     from tiered_training.report.render import print_json
 
-    plans, failures = _load_plans(recipes)
+    plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:
         print_json(report.plans_data(plans, failures))
     elif format is Format.markdown:
@@ -145,13 +166,14 @@ def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
     strict: bool = typer.Option(False, help="treat warnings as errors"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+    overrides: list[str] = set_option(),
 ) -> None:
     """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
     from tiered_training import report
     from tiered_training.planning.alarms import with_routing_findings
     from tiered_training.report.render import print_json, print_lines
 
-    plans, failures = _load_plans(recipes)
+    plans, failures = _load_plans(recipes, overrides)
     plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
     data = report.validate_data(plans, failures, strict)
     if format is TextFormat.json:
@@ -176,14 +198,19 @@ def validate(
 
 @commands.command()
 def explain(
-    recipe: Path = typer.Argument(..., help="a recipe file"),
+    recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+    overrides: list[str] = set_option(),
 ) -> None:
     """Show every decision with its reason, the memory proof, the estimates and every finding."""
     from tiered_training import report
     from tiered_training.report.render import print_json, print_lines
 
-    plans, failures = _load_plans([recipe])
+    if recipe.is_dir():
+        message = "a directory: explain takes one recipe file or name (plan takes directories)"
+        plans, failures = [], [RecipeError([Problem(str(recipe), None, "", message)])]
+    else:
+        plans, failures = _load_plans([recipe], overrides)
     if format is TextFormat.json:
         print_json(report.plans_data(plans, failures))
     else:
@@ -196,18 +223,25 @@ def explain(
 
 @commands.command()
 def diff(
-    old: Path = typer.Argument(..., help="the recipe before the change"),
-    new: Path = typer.Argument(..., help="the recipe after the change"),
+    old: Path = typer.Argument(..., help="the recipe before the change (or a directory of them)"),
+    new: Path = typer.Argument(..., help="the recipe after the change (or a directory: recipes pair by name)"),
     format: Format = typer.Option(Format.table, "--format", "-f"),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="override a field of NEW (repeatable)"),
 ) -> None:
     """Compare two resolved plans: changed decisions and memory, throughput, time and cost deltas.
 
-    Exit 2, and no comparison, when either recipe is invalid or its plan has errors.
+    Two directories compare the recipes of the same name. Exit 2, and no comparison, when a recipe is
+    invalid or its plan has errors.
     """
     from tiered_training import report
     from tiered_training.report.render import dumps, print_lines
 
-    plans, failures = _load_plans([old, new])
+    if old.is_dir() or new.is_dir():
+        _diff_directories(old, new, overrides, format)
+        return
+    before, failures = _load_plans([old], unique=False)
+    after, more = _load_plans([new], overrides, unique=False)
+    plans, failures = before + after, failures + more
     broken = [p for p in plans if not p.ok]
     if failures or broken or len(plans) != 2:
         if format is Format.json:
@@ -223,6 +257,42 @@ def diff(
         _print(report.diff_markdown(result))
     else:
         print_lines(_out(), report.diff_text(result).splitlines())
+
+
+def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format) -> None:
+    """``diff DIR DIR``: the recipes of each name compared; those in one directory only are listed."""
+    from tiered_training import report
+    from tiered_training.report.render import dumps, print_lines
+
+    if not (old.is_dir() and new.is_dir()):
+        problem = Problem(f"{old} {new}", None, "", "diff takes two recipe files or two directories, not one of each")
+        before, after, failures = [], [], [RecipeError([problem])]
+    else:
+        before, failures = _load_plans([old])
+        after, more = _load_plans([new], overrides)
+        failures += more
+    olds, news = {p.name: p for p in before}, {p.name: p for p in after}
+    names = sorted(olds.keys() & news.keys())
+    broken = [p for name in names for p in (olds[name], news[name]) if not p.ok]
+    pairs = [(name, report.diff(olds[name], news[name])) for name in names if olds[name].ok and news[name].ok]
+    removed, added = sorted(olds.keys() - news.keys()), sorted(news.keys() - olds.keys())
+    if format is Format.json:
+        data = report.plans_data(before + after, failures)
+        data |= {"diff": None, "pairs": [{"name": n, "diff": d} for n, d in pairs], "added": added, "removed": removed}
+        data["ok"] = data["ok"] and not broken
+        _print(dumps(data))
+    else:
+        _report_failures(failures)
+        _report_findings(broken)
+        for name, result in pairs:
+            if format is Format.markdown:
+                _print(f"### {name}\n\n{report.diff_markdown(result)}")
+            else:
+                print_lines(_out(), [f"== {name}", *report.diff_text(result).splitlines(), ""])
+        lines = [f"only in {old}: {name}" for name in removed] + [f"only in {new}: {name}" for name in added]
+        print_lines(_out(), lines)
+    if failures or broken or not (pairs or added or removed):
+        raise typer.Exit(EXIT_INVALID)
 
 
 @commands.command()
@@ -346,12 +416,13 @@ def run_config(
     recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
     hyperparameters: bool = typer.Option(False, help="print SageMaker hyperparameters instead of the RunConfig"),
     format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
+    overrides: list[str] = set_option(),
 ) -> None:
     """Print the RunConfig the training container receives (to run it outside SageMaker)."""
     from tiered_training.planning.plan import PlanError
     from tiered_training.report.render import dumps
 
-    plan = _run_recipe(recipe)
+    plan = _run_recipe(recipe, overrides)
     try:
         config = plan.run_config()
     except PlanError as exc:
@@ -367,3 +438,71 @@ def schema(
     from tiered_training.recipe.schema import schema_text
 
     _print(schema_text())
+
+
+@commands.command("templates")
+def list_templates(
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """List the recipe templates, one line each (start one with: tiered-training init NAME --from TEMPLATE)."""
+    from tiered_training.recipe.templates import templates
+    from tiered_training.report.render import print_json, print_table
+
+    rows = [{"template": t.id, "about": t.about()} for t in templates()]
+    if format is TextFormat.json:
+        print_json({"templates": rows})
+        return
+    print_table(_out(), rows, ("template", "about"))
+    _out().print("start one: tiered-training init NAME --from TEMPLATE")
+
+
+@commands.command()
+def init(
+    name: str = typer.Argument(..., help="the new recipe's name (its pipeline's name)"),
+    template: str = typer.Option(..., "--from", help="a template (tiered-training templates lists them)"),
+    directory: Path = typer.Option(Path("recipes"), "--dir", help="where to write NAME.yaml"),
+    force: bool = typer.Option(False, help="overwrite an existing file"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Write a new recipe from a template: its name set, its editor schema line kept, checked before it is written.
+
+    Example: tiered-training init my-8b --from llama3-8b-fp8, then tiered-training plan recipes/my-8b.yaml
+    """
+    import os
+
+    from tiered_training.recipe.loader import parse_recipe
+    from tiered_training.recipe.templates import find_template, new_recipe_text, templates_dir
+
+    target = directory / f"{name}.yaml"
+    try:
+        found = find_template(template)
+        checkout = templates_dir().parent
+        schema_file = checkout / "docs" / "recipe.schema.json"
+        inside = directory.resolve().is_relative_to(checkout)
+        schema = os.path.relpath(schema_file, directory.resolve()) if schema_file.is_file() and inside else None
+        text = new_recipe_text(found, name, schema)
+        parse_recipe(text, str(target))
+    except RecipeError as exc:
+        raise Failure.of(exc, EXIT_INVALID) from None
+    if target.exists() and not force:
+        raise Failure([f"{escape(str(target))} exists: choose another NAME or --dir, or pass --force"], EXIT_INVALID)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise Failure([f"cannot write {escape(str(target))}: {exc.strerror or exc}"], EXIT_INVALID) from None
+    if format is TextFormat.json:
+        from tiered_training.report.render import print_json
+
+        print_json({"ok": True, "path": str(target), "template": found.id, "name": name})
+        return
+    lines = [
+        f"wrote {escape(str(target))} from the template {found.id}",
+        f"next: tiered-training plan {escape(str(target))}",
+    ]
+    if schema is None:
+        lines.append(
+            "editor checks: tiered-training schema > recipe.schema.json, then add to the recipe's first line "
+            "'# yaml-language-server: $schema=recipe.schema.json'"
+        )
+    _print("\n".join(lines))

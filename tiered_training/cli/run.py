@@ -27,6 +27,7 @@ from tiered_training.cli.base import (
     _out,
     _recipe_path,
     _run_recipe,
+    set_option,
 )
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.names import pipeline_name
@@ -185,6 +186,7 @@ def rehearse(
     format: TextFormat = typer.Option(
         TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"
     ),
+    overrides: list[str] = set_option(),
 ) -> None:
     """Run the recipe's pipeline on this machine as SageMaker would on N hosts (scaled-down model; exit 0 only on
     success)."""
@@ -211,6 +213,7 @@ def rehearse(
             interrupt=interrupt,
             workdir=workdir,
             then=parse_params(restart_with, "--restart-with") if restart_with else None,
+            overrides=tuple(overrides),
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
     except MissingExtra as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -71,12 +72,14 @@ FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.4
 GIB = memory.GIB
 
 
-def plan_file(path: str | Path) -> PlanResult:
-    """Load and resolve one recipe file. Raises :class:`errors.RecipeError` for a bad file."""
-    from tiered_training.recipe.loader import load_recipe_with_lines
+def plan_file(path: str | Path, overrides: Sequence[str] = ()) -> PlanResult:
+    """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides.
 
-    recipe, lines = load_recipe_with_lines(path)
-    return resolve(recipe, source=str(path), lines=lines)
+    Raises :class:`RecipeError` for a bad file or override."""
+    from tiered_training.recipe.loader import load_recipe_with_lines, source_name
+
+    recipe, lines = load_recipe_with_lines(path, overrides)
+    return resolve(recipe, source=source_name(path), lines=lines)
 
 
 # -- working state ---------------------------------------------------------------------

@@ -28,6 +28,22 @@ MLFLOW_SERVER_ARN_PATTERN = (
     r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}$"
 )
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
+REGION_PATTERN = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
+# What each pattern means, with an example: messages say this, never the regular expression.
+PATTERN_MEANING = {
+    PIPELINE_NAME_PATTERN: "letters, digits and hyphens, starting and ending with a letter or digit, such as my-8b",
+    S3_URI_PATTERN: "an S3 URI: s3://, a bucket name (3-63 lower-case letters, digits, dots, hyphens), "
+    "then a key, such as s3://my-bucket/tokens/",
+    SNS_ARN_PATTERN: "an SNS topic ARN, such as arn:aws:sns:us-east-1:123456789012:alarms",
+    TRAINING_PLAN_ARN_PATTERN: "a SageMaker training plan ARN, "
+    "such as arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan",
+    EMAIL_PATTERN: "an e-mail address, such as ml-team@example.com",
+    MLFLOW_SERVER_ARN_PATTERN: "a SageMaker MLflow tracking server ARN, "
+    "such as arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/my-server",
+    KMS_KEY_ARN_PATTERN: "a KMS key ARN, "
+    "such as arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    REGION_PATTERN: "an AWS region name, such as us-east-1",
+}
 # An S3 URI: s3:// (5), a bucket name (at most 63), / and a key (at most 1024).
 S3_URI_MAX = 5 + 63 + 1 + 1024
 # Upper bounds that catch a slip of the keyboard long before anything overflows.
@@ -202,7 +218,7 @@ class ComputeSection(_Strict):
         default=None, gt=0, le=100_000, description="overrides the catalogue price per node"
     )
     compile: bool = True
-    region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    region: str | None = Field(default=None, pattern=REGION_PATTERN)
     quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict,
         description=(

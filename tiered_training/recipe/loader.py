@@ -21,16 +21,18 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tiered_training.recipe import AT, Recipe
+from tiered_training.recipe import AT, PATTERN_MEANING, Recipe
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
+from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
 from tiered_training.recipe.yaml12 import Loader, yaml11_reading
 from tiered_training.text import clip
 
@@ -106,8 +108,14 @@ def _file_error(path: Path, message: str) -> RecipeError:
     return RecipeError([Problem(str(path), None, "", message)])
 
 
+STDIN = "-"  # a recipe path that means standard input
+STDIN_NAME = "<stdin>"
+
+
 def read_recipe_text(path: str | Path) -> str:
-    """The text of a recipe file; only a regular UTF-8 file of at most MAX_BYTES is read."""
+    """The text of a recipe file (``-``: standard input); only a regular UTF-8 file of at most MAX_BYTES is read."""
+    if str(path) == STDIN:
+        return _stdin_text()
     path = Path(path)
     name = str(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -144,6 +152,22 @@ def read_recipe_text(path: str | Path) -> str:
         raise RecipeError([Problem(name, line, "", "the file is not UTF-8 text")]) from None
 
 
+def _stdin_text() -> str:
+    """Standard input as a recipe's text, bounded as a file is."""
+    data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    if len(data) > MAX_BYTES:
+        raise RecipeError(
+            [Problem(STDIN_NAME, None, "", f"more than {MAX_BYTES:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")]
+        )
+    if not data.strip():
+        raise RecipeError([Problem(STDIN_NAME, None, "", "standard input is empty: pipe a recipe into the command")])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise RecipeError([Problem(STDIN_NAME, line, "", "the input is not UTF-8 text")]) from None
+
+
 def _kind(mode: int) -> str:
     for test, kind in (
         (stat.S_ISDIR, "a directory"),
@@ -157,20 +181,30 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    return load_recipe_with_lines(path)[0]
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    return load_recipe_with_lines(path, overrides)[0]
 
 
-def load_recipe_with_lines(path: str | Path) -> tuple[Recipe, Lines]:
-    """The recipe and a map from dotted field path to its 1-based line."""
-    return parse_recipe(read_recipe_text(path), str(path))
+def load_recipe_with_lines(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Recipe, Lines]:
+    """The recipe and a map from dotted field path to its 1-based line; ``overrides`` are ``--set`` values."""
+    return parse_recipe(read_recipe_text(path), source_name(path), overrides)
 
 
-def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
+def source_name(path: str | Path) -> str:
+    """How messages name a recipe: its path, or ``<stdin>`` for ``-``."""
+    return STDIN_NAME if str(path) == STDIN else str(path)
+
+
+def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = ()) -> tuple[Recipe, Lines]:
     node, data, lines, problems = _compose(text, name)
 
     if not isinstance(data, dict):
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
+    parsed = parse_overrides(overrides)
+    problems += apply_overrides(data, parsed)
+    for override in parsed:  # the file's line no longer holds the value
+        for field in [f for f in lines if override.covers(f)]:
+            del lines[field]
 
     try:
         recipe = Recipe.model_validate(data, strict=True)
@@ -181,6 +215,7 @@ def parse_recipe(text: str, name: str = "<recipe>") -> tuple[Recipe, Lines]:
         problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
         recipe = None
     if problems or recipe is None:  # a recipe that failed validation always left a problem
+        problems = attribute(problems, parsed)
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise RecipeError(problems)
     return recipe, lines
@@ -478,6 +513,9 @@ def _message(error: ErrorDetails, path: Loc) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
     if kind == "string_pattern_mismatch":
-        return f"does not match the required pattern {ctx.get('pattern', '')}"
+        meaning = PATTERN_MEANING.get(str(ctx.get("pattern", "")))
+        return (
+            f"must be {meaning}" if meaning else "has the wrong form for this field (tiered-training schema shows it)"
+        )
     msg = error["msg"].removeprefix("Value error, ")
     return msg[0].lower() + msg[1:] if msg else kind

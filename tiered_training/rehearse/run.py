@@ -57,6 +57,7 @@ class Options:
     workdir: Path | None = None  # kept when given; a temporary directory otherwise
     # Later executions on the same S3: parameters (a restart), or Then entries.
     then: dict[str, str] | list[Then] | None = None
+    overrides: tuple[str, ...] = ()  # --set key.path=value on the recipe
 
 
 @dataclass
@@ -299,7 +300,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     if options.then is not None:
         for then in [Then(dict(options.then))] if isinstance(options.then, dict) else options.then:
             parse_params([f"{k}={v}" for k, v in then.params.items()], "--restart-with")
-    plan = plan_file(options.recipe)
+    plan = plan_file(options.recipe, options.overrides)
     if not plan.ok:
         from tiered_training.planning.plan import PlanError
 

@@ -1,0 +1,98 @@
+"""Command-line overrides of a recipe's fields: ``--set key.path=value``, as Hydra's ``key=value``.
+
+The value is read as YAML 1.2, as the file's values are (``--set tuning.precision=bf16``,
+``--set compute.instance_count=2``, ``--set data.allowed_uris=[s3://a/, s3://b/]``), and set into the
+recipe's mapping before validation, so an override is checked as the file is; a problem with an
+overridden field names the override instead of a line of the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.recipe.yaml12 import Loader
+from tiered_training.text import clip
+
+KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class Override:
+    text: str  # as given: key.path=value
+    path: tuple[str, ...]
+    value: Any
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+    def covers(self, field: str) -> bool:
+        """Whether a problem with ``field`` is about this override (the field or one below it)."""
+        return field == self.dotted or field.startswith(self.dotted + ".")
+
+
+def parse_overrides(texts: list[str] | tuple[str, ...]) -> list[Override]:
+    """``key.path=value`` strings; a malformed one is a RecipeError naming it."""
+    overrides, problems = [], []
+    for text in texts:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        where = f"--set {clip(text, 100)}"
+        if not sep or not KEY.match(key):
+            problems.append(Problem(where, None, "", "expected key.path=value, for example tuning.precision=bf16"))
+            continue
+        try:
+            value = yaml.load(raw, Loader=Loader) if raw.strip() else None  # noqa: S506 (the project's safe YAML 1.2 loader)
+        except yaml.YAMLError as exc:
+            problems.append(Problem(where, None, "", f"the value is not YAML: {clip(str(exc).splitlines()[0])}"))
+            continue
+        overrides.append(Override(text, tuple(key.split(".")), value))
+    if problems:
+        raise RecipeError(problems)
+    return overrides
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[Override]) -> list[Problem]:
+    """Sets each override into ``data`` (creating mappings on the way); the problems of paths that cannot be set."""
+    problems = []
+    for override in overrides:
+        node: Any = data
+        for depth, key in enumerate(override.path[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                where = ".".join(override.path[: depth + 1])
+                problems.append(Problem(f"--set {clip(override.text, 100)}", None, "", f"{where} is not a section"))
+                break
+            node = child
+        else:
+            node[override.path[-1]] = override.value
+    return problems
+
+
+def attribute(problems: list[Problem], overrides: list[Override]) -> list[Problem]:
+    """Each problem with an overridden field, named by its override (``--set a.b=x: ...``) instead of a line."""
+    out = []
+    for problem in problems:
+        override = next((o for o in reversed(overrides) if problem.field and o.covers(problem.field)), None)
+        if override is None:
+            out.append(problem)
+            continue
+        below = problem.field[len(override.dotted) + 1 :]
+        out.append(
+            Problem(
+                file=f"--set {clip(override.text, 100)}",
+                line=None,
+                field=below,
+                message=problem.message,
+                value=problem.value,
+                has_value=problem.has_value,
+            )
+        )
+    return out
