@@ -140,6 +140,14 @@ def _print_table(plans: list) -> None:
     print_lines(out, lines)
 
 
+def _note_region_check(plans: list, format: TextFormat) -> None:
+    """Say so when recipes' regions were checked against the pattern only (no botocore)."""
+    from tiered_training.recipe.regions import WITHOUT_BOTOCORE, known_regions
+
+    if format is TextFormat.text and any(p.recipe.compute.region for p in plans) and known_regions() is None:
+        _err().print(f"note: {WITHOUT_BOTOCORE}", soft_wrap=True)
+
+
 @commands.command()
 def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
@@ -153,6 +161,7 @@ def validate(
 
     plans, failures = _load_plans(recipes)
     plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
+    _note_region_check(plans, format)
     data = report.validate_data(plans, failures, strict)
     if format is TextFormat.json:
         print_json(data)
@@ -293,12 +302,11 @@ def models(
 
 
 def _price_region(value: str | None) -> str | None:
-    import re
+    from tiered_training.recipe.regions import region_problem
 
-    from tiered_training.aws.session import REGION_PATTERN
-
-    if value is not None and (len(value) > 32 or not re.match(REGION_PATTERN, value)):
-        raise typer.BadParameter(f"{value[:40]!r}: not an AWS region name (like us-east-1)")
+    problem = value and region_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
     return value
 
 

@@ -203,6 +203,17 @@ class ComputeSection(_Strict):
         description="the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; default: AWS's defaults",
     )
 
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str | None) -> str | None:
+        """A region where SageMaker runs, from botocore's endpoint data (only the pattern without botocore)."""
+        from tiered_training.recipe.regions import region_problem
+
+        problem = value and region_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("quotas")
     @classmethod
     def _known_quotas(cls, values: dict[str, float]) -> dict[str, float]:
