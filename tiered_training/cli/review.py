@@ -137,7 +137,7 @@ def _print_table(plans: list) -> None:
     out = _out()
     print_table(out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS)
     lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity != "info"]
-    print_lines(out, lines)
+    print_lines(out, lines + report.price_lines(plans))
 
 
 def _note_region_check(plans: list, format: TextFormat) -> None:
@@ -322,9 +322,13 @@ def list_instances(
     """List the instance catalogue with SageMaker training prices (spot: the catalogue's expected discount,
     an estimate)."""
     from tiered_training import report
+    from tiered_training.catalog import PriceError
     from tiered_training.report.render import print_json, print_table
 
-    data = report.instances_data(region)
+    try:
+        data = report.instances_data(region)
+    except PriceError as error:
+        raise Failure([str(error)], EXIT_INVALID) from None
     if format is Format.json:
         print_json(data)
         return

@@ -45,13 +45,36 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": "no price"
-        if est.cost_usd is None
-        else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "cost": _table_cost(plan),
         "status": "ok"
         + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
         + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
+
+
+def _table_cost(plan: Plan) -> str:
+    est = plan.estimates
+    if est is None or est.cost_usd is None:
+        return "no price"
+    if est.spot_cost_usd_range is not None:
+        low, high = est.spot_cost_usd_range
+        return f"${low:,.0f}-${high:,.0f} spot est."
+    return f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else "")
+
+
+def price_lines(plans: list[Plan]) -> list[str]:
+    """Where the costs of a table come from, with their dates: one line per source, naming its recipes;
+    where there is no price, how to get one."""
+    by_source: dict[str, list[str]] = {}
+    for plan in plans:
+        est = plan.estimates if plan.ok else None
+        if est is None:
+            continue
+        priced = est.cost_usd is not None and est.price_per_hour is not None
+        spot = "spot estimate " if plan.recipe.compute.spot and plan.recipe.compute.price_per_hour is None else ""
+        key = f"{spot}${est.price_per_hour:,.2f} per node-hour, {est.price_source}" if priced else est.price_source
+        by_source.setdefault(key, []).append(plan.name)
+    return [f"cost of {', '.join(names)}: {key}" for key, names in by_source.items()]
 
 
 COLUMNS = (
@@ -230,6 +253,11 @@ def explain_lines(plan: Plan) -> list[str]:
                 f"  cost                   none: {e.price_source}"
                 if e.cost_usd is None or e.price_per_hour is None
                 else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"
+            ),
+            *(
+                [f"  spot cost (estimate)   ${e.spot_cost_usd_range[0]:,.0f}-${e.spot_cost_usd_range[1]:,.0f}"]
+                if e.spot_cost_usd_range is not None
+                else []
             ),
             "",
             f"Step time, term by term ({e.throughput_source})",
