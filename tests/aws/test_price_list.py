@@ -295,3 +295,16 @@ def test_a_bad_price_variable_is_an_error_naming_it_and_what_is_valid(monkeypatc
     assert run_cli("plan", priced).returncode == 0
     monkeypatch.setenv(variable, "97.5")
     assert json.loads(run_cli("plan", "-f", "json", path).stdout)["plans"][0]["estimates"]["price_per_hour"] == 97.5
+
+
+def test_diff_shows_each_cost_with_its_source(cached):
+    old, new = "recipes/llama3-8b-fp8.yaml", "recipes/llama3-8b-fp8-p5.yaml"  # B200 against P5
+    result = json.loads(run_cli("diff", "-f", "json", old, new).stdout)
+    cost, sources = result["metrics"]["cost_usd"], result["price_source"]
+    assert cost["old"] > 0 and cost["new"] > 0 and cost["delta"] == pytest.approx(cost["new"] - cost["old"])
+    assert "SKU B200SKU" in sources["old"] and "SKU P5SKU" in sources["new"]
+    text = run_cli("diff", old, new).stdout
+    assert re.search(r"^  old price: AWS Price List API .*SKU B200SKU, effective 2026-11-01", text, re.M)
+    assert re.search(r"^  new price: AWS Price List API .*SKU P5SKU, effective 2026-11-01", text, re.M)
+    same = run_cli("diff", "-f", "markdown", old, old).stdout
+    assert "price: AWS Price List API" in same and "old price" not in same

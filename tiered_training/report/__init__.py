@@ -343,6 +343,10 @@ def diff(old: Plan, new: Plan) -> dict[str, Any]:
         "new": new.name,
         "changed": changed,
         "metrics": metrics,
+        "price_source": {
+            "old": old.estimates.price_source if old.estimates else None,
+            "new": new.estimates.price_source if new.estimates else None,
+        },
         "findings_added": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(new_codes - old_codes)],
         "findings_removed": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(old_codes - new_codes)],
     }
@@ -381,10 +385,20 @@ def diff_markdown(result: dict[str, Any]) -> str:
     for key, m in result["metrics"].items():
         change = f"{m['ratio'] - 1:+.1%}" if m["ratio"] is not None else "-"
         out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {change} |")
+    out += [f"\n{line}" for line in _price_sources(result)]
     for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
         if result[key]:
             out += ["", f"**{title}**"] + [f"- {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
     return "\n".join(out) + "\n"
+
+
+def _price_sources(result: dict[str, Any]) -> list[str]:
+    """Where the costs of a diff come from: once when both plans share the source."""
+    sources = result.get("price_source") or {}
+    old, new = sources.get("old"), sources.get("new")
+    if old == new:
+        return [f"price: {old}"] if old else []
+    return [f"{side} price: {source}" for side, source in (("old", old), ("new", new)) if source]
 
 
 def diff_text(result: dict[str, Any]) -> str:
@@ -399,6 +413,7 @@ def diff_text(result: dict[str, Any]) -> str:
     for key, m in result["metrics"].items():
         change = f" ({m['ratio'] - 1:+.1%})" if m["ratio"] is not None else ""
         out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}{change}")
+    out += [f"  {line}" for line in _price_sources(result)]
     for title, key in (("new", "findings_added"), ("resolved", "findings_removed")):
         out += [f"  {title} {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
     return "\n".join(out) + "\n"
