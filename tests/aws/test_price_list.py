@@ -19,6 +19,7 @@ from support import RECIPES, recipe_dict, run_cli, write_yaml
 from tiered_training import catalog as catalogs
 from tiered_training.aws import prices as price_list
 from tiered_training.catalog import price_cache
+from tiered_training.planning.planner import plan_file
 
 B200, P5 = "ml.p6-b200.48xlarge", "ml.p5.48xlarge"
 PUBLISHED = "2026-11-20T18:03:11Z"
@@ -308,3 +309,24 @@ def test_diff_shows_each_cost_with_its_source(cached):
     assert re.search(r"^  new price: AWS Price List API .*SKU P5SKU, effective 2026-11-01", text, re.M)
     same = run_cli("diff", "-f", "markdown", old, old).stdout
     assert "price: AWS Price List API" in same and "old price" not in same
+
+
+def test_planning_reads_the_cache_and_loads_no_aws_sdk(cached, tmp_path):
+    """The planner stays offline: a plan priced from the cache, in a fresh process, imports neither boto3 nor
+    botocore."""
+    import os
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    code = (
+        "import sys\n"
+        "from tiered_training.planning.planner import plan_file\n"
+        f"plan = plan_file({str(RECIPES[0])!r})\n"
+        "print(plan.estimates.price_per_hour, sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=os.environ)
+    assert result.returncode == 0, result.stderr
+    instance = plan_file(RECIPES[0]).instance.name
+    assert result.stdout == f"{cached[instance].price_per_hour} []\n"

@@ -343,7 +343,7 @@ def list_instances(
             "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
             "price source": i["price_source"]
             if i["price_per_hour"] is not None
-            else f"no SageMaker training price for {data['region']} in the catalogue",
+            else f"none in {data['region']}: run `tiered-training prices --region {data['region']}`",
         }
         for i in data["instances"]
     ]
