@@ -78,3 +78,11 @@ def test_every_regions_registry_is_the_sdks_ap_east_2_included():
         assert registry_account(region) == registries[region], region
     comment = Path(regions.__file__).parents[1].joinpath("catalog", "base_images.yaml").read_text()
     assert re.search(r"ap-east-2 \(Taipei\) its own account,\n#\s+975050140332", comment)
+
+
+def test_preflight_refuses_an_unknown_region_from_the_environment(tmp_path, monkeypatch):
+    offline_aws_env(monkeypatch, tmp_path, "eu-moon-1")
+    path = write_yaml(tmp_path / "recipe.yaml", recipe_dict())
+    result = run_cli("preflight", path, "--endpoint-url", "http://127.0.0.1:9")
+    assert result.returncode == 2, result.stderr
+    assert "'eu-moon-1': not a region where SageMaker runs; did you mean 'eu-south-1'?" in result.stderr

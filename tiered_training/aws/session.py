@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiered_training.recipe import regions
 from tiered_training.recipe.regions import region_problem
 from tiered_training.text import clip
 
@@ -224,12 +223,6 @@ def check_region(region: str | None, source: str = "--region") -> None:
     problem = region_problem(region)
     if problem:
         raise ParameterError(f"{source} {problem}")
-
-
-def known_regions() -> frozenset[str]:
-    """The regions of SageMaker in every partition, from botocore's endpoint data (offline)."""
-    require_boto3()
-    return regions.known_regions() or frozenset()
 
 
 def check_profile(profile: str) -> None:
