@@ -330,3 +330,12 @@ def test_planning_reads_the_cache_and_loads_no_aws_sdk(cached, tmp_path):
     assert result.returncode == 0, result.stderr
     instance = plan_file(RECIPES[0]).instance.name
     assert result.stdout == f"{cached[instance].price_per_hour} []\n"
+
+
+def test_the_price_list_client_is_us_east_1s_whatever_the_prices_region(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    client = price_list.pricing_client()
+    assert client.meta.region_name == "us-east-1" and client.meta.service_model.api_version == "2017-10-15"
+    assert client.meta.endpoint_url == "https://api.pricing.us-east-1.amazonaws.com"
