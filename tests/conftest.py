@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,19 @@ def _piped_output(monkeypatch):
     messages. A test about widths sets COLUMNS itself."""
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("LINES", raising=False)
+
+
+# Fixtures wider than a test (a session's synth) see no user cache either.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tiered-training-cache-")
+
+
+@pytest.fixture(autouse=True)
+def _own_price_cache(monkeypatch, tmp_path_factory):
+    """No test reads the developer's price cache (``~/.cache/tiered-training``) or price variables: each test
+    starts with an empty cache directory of its own and no TIERED_TRAINING_PRICE_* set."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    for name in [n for n in os.environ if n.startswith("TIERED_TRAINING_PRICE_")]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture

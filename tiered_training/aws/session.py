@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tiered_training.recipe.regions import region_problem
 from tiered_training.text import clip
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Stopped"})
@@ -191,8 +192,6 @@ def session(profile: str | None) -> Any:
 
 # -- local checks: a bad option is exit 2 and never reaches AWS -----------------------------
 
-# https://docs.aws.amazon.com/general/latest/gr/rande.html: a partition's prefix, a place, a number.
-REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$"
 # PipelineExecutionArn in the SageMaker API reference (botocore's model carries the same pattern):
 # https://docs.aws.amazon.com/sagemaker/latest/APIReference/API_DescribePipelineExecution.html
 EXECUTION_ARN_PATTERN = r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:pipeline/([^/]+)/execution/[^/]+$"
@@ -221,35 +220,9 @@ def check_aws_options(
 def check_region(region: str | None, source: str = "--region") -> None:
     if region is None:
         return
-    known = known_regions()
-    if region in known:
-        return
-    if not re.match(REGION_PATTERN, region) or len(region) > 32:
-        raise ParameterError(f"{source} {clip(repr(region))}: not an AWS region name (like us-east-1)")
-    import difflib
-
-    import botocore
-
-    close = difflib.get_close_matches(region, sorted(known), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ParameterError(
-        f"{source} {region!r}: not a region where SageMaker runs; {hint}"
-        f"botocore {botocore.__version__} knows {len(known)} (a newer botocore may know more)"
-    )
-
-
-@functools.lru_cache(maxsize=1)
-def known_regions() -> frozenset[str]:
-    """The regions of SageMaker in every partition, from botocore's endpoint data (offline)."""
-    require_boto3()
-    import botocore.session
-
-    botocore_session = botocore.session.Session()
-    return frozenset(
-        r
-        for p in botocore_session.get_available_partitions()
-        for r in botocore_session.get_available_regions("sagemaker", p)
-    )
+    problem = region_problem(region)
+    if problem:
+        raise ParameterError(f"{source} {problem}")
 
 
 def check_profile(profile: str) -> None:

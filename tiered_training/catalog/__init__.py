@@ -59,38 +59,88 @@ class Instance(_Entry):
     def price(
         self, override: float | None = None, *, spot: bool = False, region: str | None = None
     ) -> tuple[float | None, str]:
-        """Price per node-hour and where it came from: recipe, environment or the price catalogue.
+        """Price per node-hour and where it came from, in this order: the recipe's
+        ``compute.price_per_hour``, the environment's ``TIERED_TRAINING_PRICE_<INSTANCE>``, the
+        user's cache of AWS's price list (``tiered-training prices``), the price catalogue.
 
-        The catalogue's price is SageMaker's training price in ``region`` (default: the
-        catalogue's documented region). Where it has none, the price is None and the source
-        says so. With ``spot``, an on-demand price (environment or catalogue) is cut by the
-        catalogue's expected spot discount, and the source says it is an estimate. A recipe's
+        Where none has a price, the price is None and the source says how to get one. A bad
+        environment value raises :class:`PriceError`. With ``spot``, an on-demand price is cut by
+        the catalogue's expected spot discount, and the source says it is an estimate. A recipe's
         own ``compute.price_per_hour`` is taken as the price paid.
         """
         if override is not None:
             return override, "recipe compute.price_per_hour"
-        table = prices()
-        region = region or table.default_region
-        var = price_variable(self.name)
-        price = table.regions.get(region, {}).get(self.name)
-        if price is not None:
-            source = f"SageMaker training, {region}, checked {table.checked}, {table.source}"
-        else:
-            source = (
-                f"no published SageMaker training price for {self.name} in {region} in the catalogue "
-                f"(checked {table.checked}); set compute.price_per_hour or {var}"
-            )
-        if var in os.environ:
-            try:
-                value = float(os.environ[var])
-            except ValueError:
-                value = float("nan")
-            if math.isfinite(value) and value > 0:
-                price, source = value, f"environment {var}"
+        price, source = self.on_demand_price(region)
         if spot and price is not None:
             price *= 1 - self.spot_discount
             source += f"; spot: expected {self.spot_discount:.0%} below on-demand (estimate)"
         return price, source
+
+    def on_demand_price(self, region: str | None = None) -> tuple[float | None, str]:
+        """The on-demand price per node-hour in ``region`` and its source: environment, cache or catalogue."""
+        from tiered_training.catalog import price_cache
+
+        table = prices()
+        region = region or table.default_region
+        var = price_variable(self.name)
+        if var in os.environ:
+            return environment_price(var), f"environment {var}"
+        cached, problem = price_cache.lookup(region, self.name)
+        if cached is not None:
+            return cached.price_per_hour, cached.source()
+        price = table.regions.get(region, {}).get(self.name)
+        if price is not None:
+            return price, f"SageMaker training, {region}, checked {table.checked}, {table.source}"
+        cache = problem or "nor in the price cache"
+        return None, (
+            f"no published SageMaker training price for {self.name} in {region} in the catalogue "
+            f"(checked {table.checked}), {cache}; run `tiered-training prices --region {region}` to read "
+            f"AWS's price list, or set compute.price_per_hour or {var}"
+        )
+
+    def spot_range(self, on_demand: float) -> tuple[float, float]:
+        """Spot's price per node-hour as a range: ``on_demand`` less the catalogue's smallest and largest
+        expected spot saving (:func:`spot_savings`). An estimate."""
+        low, high = spot_savings()
+        return on_demand * (1 - high), on_demand * (1 - low)
+
+
+MAX_PRICE = 100_000  # the bound of compute.price_per_hour
+
+
+class PriceError(ValueError):
+    """A ``TIERED_TRAINING_PRICE_<INSTANCE>`` value that is not a price."""
+
+    def __init__(self, variable: str, value: str):
+        self.variable, self.value = variable, value
+        super().__init__(
+            f"environment {variable}={value[:40]!r}: not a price; give US dollars per instance-hour, "
+            f"a number above 0 and at most {MAX_PRICE:,} (like 98.5), or unset it"
+        )
+
+
+def environment_price(variable: str) -> float:
+    """The price in the environment variable ``variable``; :class:`PriceError` for one that is not a price."""
+    text = os.environ[variable]
+    try:
+        value = float(text)
+    except ValueError:
+        raise PriceError(variable, text) from None
+    if not (math.isfinite(value) and 0 < value <= MAX_PRICE):
+        raise PriceError(variable, text)
+    return value
+
+
+def spot_savings() -> tuple[float, float]:
+    """The smallest and the largest expected spot saving in the instance catalogue (estimates)."""
+    discounts = [i.spot_discount for i in instances().values() if i.spot_discount > 0]
+    return (min(discounts), max(discounts)) if discounts else (0.0, 0.0)
+
+
+SPOT_RANGE_SOURCE = (
+    "an estimate: on-demand less {low:.0%}-{high:.0%}, the instance catalogue's expected spot savings "
+    "(tiered_training/catalog/instances.yaml; AWS quotes up to 90% for managed spot training)"
+)
 
 
 def price_variable(instance_type: str) -> str:

@@ -158,7 +158,15 @@ def _print_table(plans: list) -> None:
     out = _out()
     print_table(out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS)
     lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity != "info"]
-    print_lines(out, lines)
+    print_lines(out, lines + report.price_lines(plans))
+
+
+def _note_region_check(plans: list, format: TextFormat) -> None:
+    """Say so when recipes' regions were checked against the pattern only (no botocore)."""
+    from tiered_training.recipe.regions import WITHOUT_BOTOCORE, known_regions
+
+    if format is TextFormat.text and any(p.recipe.compute.region for p in plans) and known_regions() is None:
+        _err().print(f"note: {WITHOUT_BOTOCORE}", soft_wrap=True)
 
 
 @commands.command()
@@ -175,6 +183,7 @@ def validate(
 
     plans, failures = _load_plans(recipes, overrides)
     plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
+    _note_region_check(plans, format)
     data = report.validate_data(plans, failures, strict)
     if format is TextFormat.json:
         print_json(data)
@@ -363,12 +372,11 @@ def models(
 
 
 def _price_region(value: str | None) -> str | None:
-    import re
+    from tiered_training.recipe.regions import region_problem
 
-    from tiered_training.aws.session import REGION_PATTERN
-
-    if value is not None and (len(value) > 32 or not re.match(REGION_PATTERN, value)):
-        raise typer.BadParameter(f"{value[:40]!r}: not an AWS region name (like us-east-1)")
+    problem = value and region_problem(value)
+    if problem:
+        raise typer.BadParameter(problem)
     return value
 
 
@@ -384,9 +392,13 @@ def list_instances(
     """List the instance catalogue with SageMaker training prices (spot: the catalogue's expected discount,
     an estimate)."""
     from tiered_training import report
+    from tiered_training.catalog import PriceError
     from tiered_training.report.render import print_json, print_table
 
-    data = report.instances_data(region)
+    try:
+        data = report.instances_data(region)
+    except PriceError as error:
+        raise Failure([str(error)], EXIT_INVALID) from None
     if format is Format.json:
         print_json(data)
         return
@@ -401,7 +413,7 @@ def list_instances(
             "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
             "price source": i["price_source"]
             if i["price_per_hour"] is not None
-            else f"no SageMaker training price for {data['region']} in the catalogue",
+            else f"none in {data['region']}: run `tiered-training prices --region {data['region']}`",
         }
         for i in data["instances"]
     ]

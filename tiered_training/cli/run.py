@@ -1,4 +1,4 @@
-"""The run commands: ``start``, ``rehearse``, ``status``, ``logs``, ``stop`` and ``preflight``.
+"""The run commands: ``start``, ``rehearse``, ``status``, ``logs``, ``stop``, ``preflight`` and ``prices``.
 
 All but ``rehearse`` call AWS, through :mod:`tiered_training.aws` (the clients come from
 :func:`_clients`, after the options are checked here, with no call, exit 2 for a bad one).
@@ -395,3 +395,78 @@ def preflight(
         print_lines(_out(), lines)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+PRICE_COLUMNS = ("instance", "on-demand", "SKU", "effective", "read")
+
+
+@commands.command()
+def prices(
+    aws: AwsOptions = AwsOptions(),
+    refresh: bool = typer.Option(False, "--refresh", help="read AWS's price list again, even where it is cached"),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """SageMaker on-demand training prices in a region (--region; default: AWS_REGION, AWS_DEFAULT_REGION,
+    us-east-1) from AWS's Price List API (pricing:GetProducts), kept in the user's cache for plan, explain
+    and diff. Read once; --refresh reads them again."""
+    from tiered_training import catalog as catalogs
+    from tiered_training.catalog import price_cache
+    from tiered_training.report.render import print_json, print_lines
+
+    region = aws.region or _env("AWS_REGION") or _env("AWS_DEFAULT_REGION") or catalogs.prices().default_region
+    cached: dict = {}
+    try:
+        cached = price_cache.load().get(region, {})
+    except price_cache.PriceCacheError as error:
+        if not refresh:
+            raise Failure([f"{error}; pass --refresh to read the prices again"], EXIT_FAILED) from None
+    if refresh or not cached:
+        from tiered_training.aws import prices as price_list
+        from tiered_training.aws.session import StartError, check_aws_options, require_boto3
+
+        try:
+            require_boto3(f"{PROG} prices")
+            check_aws_options(region=region, endpoint_url=aws.endpoint_url, profile=aws.profile)
+            client = price_list.pricing_client(endpoint_url=aws.endpoint_url, profile=aws.profile)
+            found = price_list.read_prices(client, region)
+        except StartError as exc:  # ParameterError (exit 2) included
+            raise _aws_failure(exc) from None
+        price_cache.save_region(region, found)
+        cached, how = {p.instance: p for p in found}, "read from AWS's price list"
+    else:
+        how = "from the cache (--refresh reads them again)"
+    known = catalogs.instances()
+    shown = [p for name, p in sorted(cached.items()) if name in known]
+    if format is TextFormat.json:
+        print_json(
+            {
+                "ok": True,
+                "region": region,
+                "cache": str(price_cache.cache_path()),
+                "source": price_cache.SOURCE,
+                "prices": [vars(p) for p in sorted(cached.values(), key=lambda p: p.instance)],
+            }
+        )
+        return
+    from tiered_training.report.render import print_table
+
+    rows = [
+        {
+            "instance": p.instance,
+            "on-demand": f"${p.price_per_hour:,.2f}/h",
+            "SKU": p.sku,
+            "effective": p.effective[:10],
+            "read": p.read[:10],
+        }
+        for p in shown
+    ]
+    if rows:
+        print_table(_out(), rows, PRICE_COLUMNS, numeric=("on-demand",))
+    missing = sorted(set(known) - set(cached))
+    lines = [
+        f"SageMaker on-demand training prices in {region}, {how}: {len(cached)} instance types, "
+        f"{len(shown)} of them in the instance catalogue; {price_cache.SOURCE}; cached in {price_cache.cache_path()}"
+    ]
+    if missing:
+        lines.append(f"no price in {region} for {', '.join(missing)}")
+    print_lines(_out(), lines)

@@ -76,6 +76,13 @@ class Estimates:
     price_per_hour: float | None  # per node; None where the catalogue has no price for the region
     price_source: str
     cost_usd: float | None
+    spot_cost_usd_range: tuple[float, float] | None = None  # spot only, from a price list's on-demand price
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.spot_cost_usd_range is None:
+            del data["spot_cost_usd_range"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -436,7 +443,7 @@ class Plan(_Result):
             "memory_gib": self.memory.as_gib(),
             "memory_fraction": round(self.memory.fraction, 4),
             "memory_headroom": self.tier.memory_headroom,
-            "estimates": asdict(self.estimates),
+            "estimates": self.estimates.to_dict(),
             "run": {
                 "segments": self.segments,
                 "job_runtime_seconds": self.job_runtime_seconds,

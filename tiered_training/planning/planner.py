@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -498,6 +499,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     log = _Log(recipe, source=source)
     log.model_name, arch = _model(recipe, log)
     instance = _instance(recipe, log)
+    if instance is not None and recipe.compute.price_per_hour is None:
+        _check_environment_price(instance, source)
     if arch is None or instance is None:
         return log.failure(source, lines, arch)
     if log.nodes < 1:  # a Recipe built without validation (model_construct, model_copy)
@@ -1446,6 +1449,35 @@ def _warmup(run: _Run, chosen: Option, start: int | None, ramp_steps: int, total
     return steps
 
 
+def _check_environment_price(instance: Instance, source: str | None) -> None:
+    """A ``TIERED_TRAINING_PRICE_<INSTANCE>`` that is not a price is an error of the input, not a missing price."""
+    from tiered_training.recipe.errors import Problem, RecipeError
+
+    variable = catalogs.price_variable(instance.name)
+    try:
+        if variable in os.environ:
+            catalogs.environment_price(variable)
+    except catalogs.PriceError as error:
+        raise RecipeError([Problem(source or "recipe", None, "", str(error))]) from None
+
+
+def _spot_range(run: _Run, wall_hours: float) -> tuple[tuple[float, float] | None, str]:
+    """Spot's cost as a range (an estimate) from the on-demand price, and what it is; none without a price
+    or where the recipe gives its own price."""
+    recipe = run.recipe
+    if not recipe.compute.spot or recipe.compute.price_per_hour is not None:
+        return None, ""
+    on_demand, _ = run.instance.on_demand_price(recipe.compute.region)
+    if on_demand is None:
+        return None, ""
+    low, high = run.instance.spot_range(on_demand)
+    saving_low, saving_high = catalogs.spot_savings()
+    node_hours = wall_hours * run.nodes
+    return (node_hours * low, node_hours * high), "; spot range: " + catalogs.SPOT_RANGE_SOURCE.format(
+        low=saving_low, high=saving_high
+    )
+
+
 def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     recipe, instance = run.recipe, run.instance
     summary = catalogs.performance_model().summary
@@ -1456,6 +1488,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     price, price_source = instance.price(
         recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region
     )
+    spot_range, spot_note = _spot_range(run, wall_hours)
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
@@ -1470,6 +1503,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         total_steps=total_steps,
         wall_time_hours=wall_hours,
         price_per_hour=price,
-        price_source=price_source,
+        price_source=price_source + spot_note,
         cost_usd=None if price is None else wall_hours * run.nodes * price,
+        spot_cost_usd_range=spot_range,
     )

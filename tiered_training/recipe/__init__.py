@@ -227,6 +227,17 @@ class ComputeSection(_Strict):
         ),
     )
 
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str | None) -> str | None:
+        """A region where SageMaker runs, from botocore's endpoint data (only the pattern without botocore)."""
+        from tiered_training.recipe.regions import region_problem
+
+        problem = value and region_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("quotas")
     @classmethod
     def _known_quotas(cls, values: dict[str, float]) -> dict[str, float]:

@@ -44,13 +44,36 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
-        "cost": "no price"
-        if est.cost_usd is None
-        else f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else ""),
+        "cost": _table_cost(plan),
         "status": "ok"
         + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
         + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
     }
+
+
+def _table_cost(plan: Plan) -> str:
+    est = plan.estimates
+    if est is None or est.cost_usd is None:
+        return "no price"
+    if est.spot_cost_usd_range is not None:
+        low, high = est.spot_cost_usd_range
+        return f"${low:,.0f}-${high:,.0f} spot est."
+    return f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else "")
+
+
+def price_lines(plans: list[Plan]) -> list[str]:
+    """Where the costs of a table come from, with their dates: one line per source, naming its recipes;
+    where there is no price, how to get one."""
+    by_source: dict[str, list[str]] = {}
+    for plan in plans:
+        est = plan.estimates if plan.ok else None
+        if est is None:
+            continue
+        priced = est.cost_usd is not None and est.price_per_hour is not None
+        spot = "spot estimate " if plan.recipe.compute.spot and plan.recipe.compute.price_per_hour is None else ""
+        key = f"{spot}${est.price_per_hour:,.2f} per node-hour, {est.price_source}" if priced else est.price_source
+        by_source.setdefault(key, []).append(plan.name)
+    return [f"cost of {', '.join(names)}: {key}" for key, names in by_source.items()]
 
 
 COLUMNS = (
@@ -235,6 +258,11 @@ def explain_lines(plan: Plan) -> list[str]:
                     f"({e.price_source})"
                 )
             ),
+            *(
+                [f"  spot cost (estimate)   ${e.spot_cost_usd_range[0]:,.0f}-${e.spot_cost_usd_range[1]:,.0f}"]
+                if e.spot_cost_usd_range is not None
+                else []
+            ),
             "",
             f"Step time, term by term ({e.throughput_source})",
         ]
@@ -322,6 +350,10 @@ def diff(old: Plan, new: Plan) -> dict[str, Any]:
         "new": new.name,
         "changed": changed,
         "metrics": metrics,
+        "price_source": {
+            "old": old.estimates.price_source if old.estimates else None,
+            "new": new.estimates.price_source if new.estimates else None,
+        },
         "findings_added": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(new_codes - old_codes)],
         "findings_removed": [{"severity": s, "code": c, "message": m} for s, c, m in sorted(old_codes - new_codes)],
     }
@@ -360,10 +392,20 @@ def diff_markdown(result: dict[str, Any]) -> str:
     for key, m in result["metrics"].items():
         change = f"{m['ratio'] - 1:+.1%}" if m["ratio"] is not None else "-"
         out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {change} |")
+    out += [f"\n{line}" for line in _price_sources(result)]
     for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
         if result[key]:
             out += ["", f"**{title}**"] + [f"- {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
     return "\n".join(out) + "\n"
+
+
+def _price_sources(result: dict[str, Any]) -> list[str]:
+    """Where the costs of a diff come from: once when both plans share the source."""
+    sources = result.get("price_source") or {}
+    old, new = sources.get("old"), sources.get("new")
+    if old == new:
+        return [f"price: {old}"] if old else []
+    return [f"{side} price: {source}" for side, source in (("old", old), ("new", new)) if source]
 
 
 def diff_text(result: dict[str, Any]) -> str:
@@ -378,6 +420,7 @@ def diff_text(result: dict[str, Any]) -> str:
     for key, m in result["metrics"].items():
         change = f" ({m['ratio'] - 1:+.1%})" if m["ratio"] is not None else ""
         out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}{change}")
+    out += [f"  {line}" for line in _price_sources(result)]
     for title, key in (("new", "findings_added"), ("resolved", "findings_removed")):
         out += [f"  {title} {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
     return "\n".join(out) + "\n"
