@@ -217,7 +217,8 @@ def explain(
 
     if recipe.is_dir():
         message = "a directory: explain takes one recipe file or name (plan takes directories)"
-        plans, failures = [], [RecipeError([Problem(str(recipe), None, "", message)])]
+        plans: list = []
+        failures = [RecipeError([Problem(str(recipe), None, "", message)])]
     else:
         plans, failures = _load_plans([recipe], overrides)
     if format is TextFormat.json:
@@ -275,7 +276,9 @@ def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format
 
     if not (old.is_dir() and new.is_dir()):
         problem = Problem(f"{old} {new}", None, "", "diff takes two recipe files or two directories, not one of each")
-        before, after, failures = [], [], [RecipeError([problem])]
+        before: list = []
+        after: list = []
+        failures = [RecipeError([problem])]
     else:
         before, failures = _load_plans([old])
         after, more = _load_plans([new], overrides)

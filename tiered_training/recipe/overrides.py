@@ -9,6 +9,7 @@ overridden field names the override instead of a line of the file.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ class Override:
         return field == self.dotted or field.startswith(self.dotted + ".")
 
 
-def parse_overrides(texts: list[str] | tuple[str, ...]) -> list[Override]:
+def parse_overrides(texts: Sequence[str]) -> list[Override]:
     """``key.path=value`` strings; a malformed one is a RecipeError naming it."""
     overrides, problems = [], []
     for text in texts:
