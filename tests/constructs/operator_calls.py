@@ -1,74 +1,17 @@
-"""The AWS calls a command makes, recorded with botocore's event hooks, as IAM requests.
+"""The recorded calls of the commands (tests/aws_calls.py) as the IAM requests AWS evaluates.
 
-:func:`recording` registers a ``provide-client-params.*.*`` handler on every botocore client
-created inside the block: each API call (each page of a paginator too) is recorded with its
-service, operation, parameters and region. :func:`requests_for` turns the calls into the
-IAM requests AWS evaluates for them, after ``access/cli_calls.yaml``.
+:func:`requests_for` turns each call into its IAM request after ``access/cli_calls.yaml``; a
+call that reads an object of a bucket encrypted with KMS also makes S3 call ``kms:Decrypt``.
+:func:`simulate_with` evaluates requests for a principal with the given identity policies only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from access_world import Request, World, simulation
-
-CALLS = Path(__file__).parent / "access" / "cli_calls.yaml"
-
-
-@dataclass(frozen=True)
-class Call:
-    command: str
-    service: str  # botocore's service name (the client's)
-    operation: str
-    params: dict[str, Any]
-    region: str
-
-    def describe(self) -> str:
-        return f"{self.command}: {self.service}.{self.operation} {self.params}"
-
-
-@dataclass
-class Recorder:
-    command: str = ""
-    calls: list[Call] = field(default_factory=list)
-
-    def handler(self, client: Any):
-        service, region = client.meta.service_model.service_name, client.meta.region_name
-
-        def record(params: dict[str, Any], model: Any, **_kwargs: Any) -> None:
-            self.calls.append(Call(self.command, service, model.name, dict(params), region))
-
-        return record
-
-
-@contextmanager
-def recording() -> Iterator[Recorder]:
-    """Record the calls of every botocore client created inside the block."""
-    import botocore.session
-
-    recorder = Recorder()
-    original = botocore.session.Session.create_client
-
-    def create_client(self, *args: Any, **kwargs: Any):
-        client = original(self, *args, **kwargs)
-        client.meta.events.register("provide-client-params.*.*", recorder.handler(client))
-        return client
-
-    botocore.session.Session.create_client = create_client
-    try:
-        yield recorder
-    finally:
-        botocore.session.Session.create_client = original
-
-
-def mapping() -> dict[str, dict[str, dict[str, Any]]]:
-    return yaml.safe_load(CALLS.read_text())
+from aws_calls import CALLS, Call, mapping
 
 
 def _fill(template: str, values: dict[str, Any], call: Call) -> str:

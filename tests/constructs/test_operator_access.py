@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 
 import pytest
 from access_world import Request, World
-from operator_calls import managed_policies, mapping, recording, requests_for, simulate_with
+from aws_calls import Call, mapping, recording
+from operator_calls import managed_policies, requests_for, simulate_with
 from support import moto_server, offline_aws_env
 from typer.testing import CliRunner
 
@@ -119,7 +120,6 @@ def execution_with_logs(endpoint: str, name: str) -> str:
 @pytest.fixture(scope="module")
 def recorded(operated, endpoint, plans):
     """Every call of each command, for each recipe."""
-    from tiered_training.aws.session import session
     from tiered_training.cli.app import app
 
     world, _operator, stacks = operated
@@ -141,9 +141,7 @@ def recorded(operated, endpoint, plans):
         for command, args in commands:
             if command == "logs":  # the latest execution runs (stop stops it) and has logged
                 execution_with_logs(endpoint, plan.name)
-            session.cache_clear()  # the command's clients are created inside the recording
-            with recording() as recorder:
-                recorder.command = command
+            with recording(command) as recorder:
                 result = runner.invoke(app, [command.split()[0], str(recipe), "--endpoint-url", endpoint, *args])
             # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
             assert result.exit_code == 0 or command == "preflight", (command, result.output)
@@ -166,6 +164,10 @@ def test_every_command_makes_calls_and_each_is_mapped(recorded):
     table = mapping()
     for call in recorded:
         assert call.operation in table.get(call.service, {}), call.describe()
+    # Each entry of the mapping is proved here: made by a command (prices: test_the_operator_may_read_prices).
+    made = {(c.service, c.operation) for c in recorded} | {("pricing", "GetProducts")}
+    listed = {(service, operation) for service, operations in table.items() for operation in operations}
+    assert listed <= made, f"cli_calls.yaml entries that no command made here: {sorted(listed - made)}"
 
 
 def test_an_operator_with_only_the_grant_can_make_every_call(operated, recorded):
@@ -283,8 +285,6 @@ def test_calls_outside_the_commands_are_denied(operated, recorded):
 
 def test_the_operator_may_read_prices(operated):
     """``prices`` calls pricing:GetProducts, which has no resource type."""
-    from operator_calls import Call
-
     world, operator, _stacks = operated
     call = Call("prices", "pricing", "GetProducts", {"ServiceCode": "AmazonSageMaker"}, REGION)
     requests = requests_for(world, operator, [call])
