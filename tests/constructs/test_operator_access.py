@@ -289,3 +289,28 @@ def test_the_operator_may_read_prices(operated):
     call = Call("prices", "pricing", "GetProducts", {"ServiceCode": "AmazonSageMaker"}, REGION)
     requests = requests_for(world, operator, [call])
     assert [r["result"] for r in simulate_with(world, requests, managed_policies(world, operator))] == ["Allowed"]
+
+
+def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_path_factory):
+    from aws_cdk import App, Stack
+    from aws_cdk import aws_iam as iam
+
+    from tiered_training.constructs import TrainingImage, TrainingPipeline
+
+    stack = Stack(App(outdir=str(tmp_path_factory.mktemp("policy"))), "Operated")
+    image = TrainingImage(stack, "Image", image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/trainer:1")
+    policies = {}
+    for prices in (True, False):
+        policy = iam.ManagedPolicy(stack, f"Operators{prices}")
+        pipeline = TrainingPipeline(
+            stack, f"Pipeline{prices}", plan=plans["llama3-1b-bf16"], image=image, pipeline_name=f"p-{prices}".lower()
+        )
+        assert pipeline.grant_operate(policy, prices=prices).success
+        policies[prices] = stack.resolve(policy.document.to_json())
+    actions = {
+        prices: {a for s in doc["Statement"] for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
+        for prices, doc in policies.items()
+    }
+    assert "pricing:GetProducts" in actions[True] and "pricing:GetProducts" not in actions[False]
+    assert actions[True] - actions[False] == {"pricing:GetProducts"}
+    assert {"cloudwatch:GetMetricData", "logs:GetLogEvents", "sagemaker:StopPipelineExecution"} <= actions[False]
