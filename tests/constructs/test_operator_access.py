@@ -117,36 +117,39 @@ def execution_with_logs(endpoint: str, name: str) -> str:
     return arn
 
 
+COMMANDS = [
+    ("start", ["--no-follow"]),
+    ("start --resume", ["--no-follow", "--resume", RUN]),
+    ("start (follow)", ["--poll-seconds", "0", "-f", "json"]),
+    ("status", []),
+    ("logs", []),
+    ("stop", []),
+    ("preflight", []),
+]
+
+
+def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Call]:
+    """Deploy the recipe as its template says, run each command on it, and return their calls."""
+    from tiered_training.cli.app import app
+
+    deploy(world, stack_name, plan, endpoint)
+    calls = []
+    for command, args in COMMANDS:
+        if command == "logs":  # the latest execution runs (stop stops it) and has logged
+            execution_with_logs(endpoint, plan.name)
+        with recording(command) as recorder:
+            result = CliRunner().invoke(app, [command.split()[0], plan.source, "--endpoint-url", endpoint, *args])
+        # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
+        assert result.exit_code == 0 or command == "preflight", (command, result.output)
+        calls += recorder.calls
+    return calls
+
+
 @pytest.fixture(scope="module")
 def recorded(operated, endpoint, plans):
     """Every call of each command, for each recipe."""
-    from tiered_training.cli.app import app
-
     world, _operator, stacks = operated
-    runner = CliRunner()
-    calls = []
-    for name in RECIPES:
-        plan = plans[name]
-        deploy(world, stacks[name].stack_name, plan, endpoint)
-        recipe = plan.source
-        commands = [
-            ("start", ["--no-follow"]),
-            ("start --resume", ["--no-follow", "--resume", RUN]),
-            ("start (follow)", ["--poll-seconds", "0", "-f", "json"]),
-            ("status", []),
-            ("logs", []),
-            ("stop", []),
-            ("preflight", []),
-        ]
-        for command, args in commands:
-            if command == "logs":  # the latest execution runs (stop stops it) and has logged
-                execution_with_logs(endpoint, plan.name)
-            with recording(command) as recorder:
-                result = runner.invoke(app, [command.split()[0], str(recipe), "--endpoint-url", endpoint, *args])
-            # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
-            assert result.exit_code == 0 or command == "preflight", (command, result.output)
-            calls += recorder.calls
-    return calls
+    return [call for name in RECIPES for call in run_commands(world, stacks[name].stack_name, plans[name], endpoint)]
 
 
 def test_every_command_makes_calls_and_each_is_mapped(recorded):
@@ -314,3 +317,43 @@ def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_
     assert "pricing:GetProducts" in actions[True] and "pricing:GetProducts" not in actions[False]
     assert actions[True] - actions[False] == {"pricing:GetProducts"}
     assert {"cloudwatch:GetMetricData", "logs:GetLogEvents", "sagemaker:StopPipelineExecution"} <= actions[False]
+
+
+def test_the_example_platform_repos_operators_policy_allows_every_call(endpoint, tmp_path_factory):
+    """examples/platform-repo: a role with only its managed policy Operators can make every call of the
+    commands on the example's recipe, and cannot delete the pipeline."""
+    import importlib.util
+    from pathlib import Path
+
+    from aws_cdk import App
+
+    from tiered_training.constructs import load_plans
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "platform-repo"
+    spec = importlib.util.spec_from_file_location("platform_repo_operators", example / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app = App(
+        outdir=str(tmp_path_factory.mktemp("example")),
+        context=json.loads((example / "cdk.json").read_text())["context"],
+    )
+    (plan,) = load_plans(example / "recipes")
+    stack = module.TrainingStack(app, "MlTraining", plans=[plan])
+    world = World(ACCOUNT, REGION)
+    world.add(stack.stack_name, app.synth().get_stack_by_name(stack.stack_name).template)
+    resources = world.templates[stack.stack_name]["Resources"]
+    (logical,) = [
+        k for k, r in resources.items() if r["Type"] == "AWS::IAM::ManagedPolicy" and k.startswith("Operators")
+    ]
+    identity = [
+        {"name": logical, "policy": world.resolve(stack.stack_name, resources[logical]["Properties"]["PolicyDocument"])}
+    ]
+    operator = f"arn:aws:iam::{ACCOUNT}:role/team-operator"
+    calls = run_commands(world, stack.stack_name, plan, endpoint)
+    requests = list({r.describe(): r for r in requests_for(world, operator, calls)}.values())
+    pipeline = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/{plan.name}"
+    requests.append(Request("delete the pipeline", operator, "sagemaker:DeletePipeline", pipeline, {}))
+    results = [res["result"] for res in simulate_with(world, requests, identity)]
+    refused = [r.describe() for r, res in zip(requests[:-1], results[:-1]) if res != "Allowed"]
+    assert not refused, "\n".join(refused)
+    assert results[-1] == "ImplicitlyDenied"
