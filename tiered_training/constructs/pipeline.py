@@ -269,7 +269,7 @@ class TrainingPipeline(Resource):
         target = getattr(grantee, "policy", grantee)  # where cdk-nag reports the policy's wildcards
 
         def allow_wildcard(resource: str, reason: str) -> None:
-            if hasattr(target, "node"):
+            if isinstance(target, Construct):
                 late.add(target, resource, reason)
 
         def add(actions: list[str], resources: list[str], conditions: dict | None = None) -> None:

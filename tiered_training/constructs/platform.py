@@ -218,7 +218,7 @@ class RecipeStack(Stack):
             self._operate = iam.ManagedPolicy(
                 self, "Operate", description=f"Run the tiered-training commands on recipe {self.plan.name}"
             )
-        policy = self._operate
+        policy: Any = self._operate  # attach_to_*: a role, user or group by duck type (jsii interfaces)
         if hasattr(grantee, "role_name"):
             policy.attach_to_role(grantee)
         elif hasattr(grantee, "user_name"):
@@ -228,7 +228,7 @@ class RecipeStack(Stack):
         else:
             raise TypeError("grant_operate: give a role, a user or a group (an iam.ManagedPolicy: use the pipeline's)")
         if first:
-            self._operate_grant = self.pipeline.grant_operate(policy)
+            self._operate_grant = self.pipeline.grant_operate(self._operate)
         return self._operate_grant
 
 
