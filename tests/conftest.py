@@ -40,6 +40,24 @@ def _own_price_cache(monkeypatch, tmp_path_factory):
         monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _aws_calls_are_mapped(request):
+    """In the tests of the commands that call AWS (tests/aws, tests/cli), every call of the package's
+    clients, recorded with botocore's hooks (aws_calls.py), has its IAM request in
+    constructs/access/cli_calls.yaml, which tests/constructs/test_operator_access.py proves the
+    operator grant allows."""
+    parts = Path(str(request.node.path)).parts
+    if "tests" not in parts or parts[parts.index("tests") + 1] not in ("aws", "cli"):
+        yield
+        return
+    from aws_calls import recording, unmapped
+
+    with recording(request.node.nodeid) as recorder:
+        yield
+    missing = unmapped(recorder.calls)
+    assert not missing, f"calls without an IAM mapping in constructs/access/cli_calls.yaml (and the operator grant): {missing}"
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     def write(data: dict | str, name: str = "recipe.yaml") -> Path:

@@ -100,6 +100,13 @@ class TrainingStack(Stack):
         alarm_key = kms.Key(self, "AlarmKey", enable_key_rotation=True, description="training alarms")
         topic = sns.Topic(self, "Alarms", master_key=alarm_key, enforce_ssl=True)
 
+        # The team's operators: attach this policy to their role, group or users. Each recipe's
+        # grant_operate adds what the tiered-training commands (start, status, logs, stop,
+        # preflight, prices) call for that recipe, and nothing more.
+        operators = iam.ManagedPolicy(
+            self, "Operators", description="Run the tiered-training commands on the team's recipes"
+        )
+
         # -- tiered-training --------------------------------------------------------------------
         image = TrainingImage(self, "Image")  # the container that ships with the package, built at deploy
         for plan in plans:
@@ -115,6 +122,7 @@ class TrainingStack(Stack):
                 vpc=vpc,
                 vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             )
+            pipeline.grant_operate(operators)
             TrainingMonitoring(recipe, "Monitoring", pipeline=pipeline, topic=topic)
             scheduler.Schedule(
                 recipe,

@@ -43,6 +43,14 @@ def checkpoint_prefix(recipe: str) -> str:
     return f"{recipe}/checkpoints/"
 
 
+def runs_prefix(recipe: str) -> str:
+    """Where each run's checkpoints go (``runs/<run id>/``, pipeline/definition.py's run prefix)."""
+    return f"{checkpoint_prefix(recipe)}runs/"
+
+
+COMMIT_MARKER = "COMMITTED"  # each committed checkpoint's manifest: <run>/step-N/COMMITTED
+
+
 def output_prefix(recipe: str) -> str:
     return f"{recipe}/output/"
 
@@ -281,3 +289,36 @@ class CheckpointStore(Construct):
         The key is granted in the grantee's policy: its key policy must let the account's IAM
         policies allow its use (KMS's default key policy, and CDK's, do)."""
         return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
+
+    def grant_runs_read(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
+        """List this recipe's runs and read their checkpoints' manifests (``COMMITTED``), not the
+        checkpoints: what ``tiered-training status`` and ``start --resume`` read. The key only
+        through S3, for this bucket's objects (the encryption context S3 passes: the bucket's ARN
+        with S3 Bucket Keys, else the object's)."""
+        runs = runs_prefix(recipe)
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:ListBucket"],
+            resource_arns=[self.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{runs}*"]}},
+        ).combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=OBJECT_READ_ACTIONS,
+                resource_arns=[self.bucket.arn_for_objects(f"{runs}*/{COMMIT_MARKER}")],
+            )
+        )
+        if self.encryption_key_arn is not None:
+            context = [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee,
+                    actions=KMS_READ_ACTIONS,
+                    resource_arns=[self.encryption_key_arn],
+                    conditions={
+                        **via_services("s3", key_arn=self.encryption_key_arn),
+                        "StringLike": {"kms:EncryptionContext:aws:s3:arn": context},
+                    },
+                )
+            )
+        return grant

@@ -28,10 +28,11 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk.interfaces import aws_sagemaker as sagemaker_refs
 from constructs import Construct, IValidation
 
-from tiered_training.constructs.checkpoint_store import CheckpointStore
+from tiered_training.constructs.checkpoint_store import COMMIT_MARKER, CheckpointStore, runs_prefix, via_services
 from tiered_training.constructs.image import TrainingImage
 from tiered_training.constructs.metric_factory import TrainingMetricFactory
-from tiered_training.constructs.roles import TrainingRoles
+from tiered_training.constructs.nag import LateAcknowledgements
+from tiered_training.constructs.roles import TRAINING_LOG_GROUP, TrainingRoles, as_grantee, prefix_arns
 from tiered_training.pipeline import definition as d
 from tiered_training.pipeline import validation
 
@@ -155,6 +156,7 @@ class TrainingPipeline(Resource):
 
         data_uris = recipe.data.data_prefixes + ([recipe.model.init_checkpoint] if recipe.model.init_checkpoint else [])
         data_uris += [recipe.data.validation_uri] if recipe.data.validation_uri else []
+        self._image, self._data_uris, self._data_key = image, data_uris, data_key
         self.roles = TrainingRoles(
             self,
             "Roles",
@@ -242,6 +244,94 @@ class TrainingPipeline(Resource):
             ],
             resource_arns=[self._arn, f"{self._arn}/execution/*"],
         )
+
+    def grant_operate(self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True) -> iam.Grant:
+        """What the ``tiered-training`` commands call for this recipe, and nothing more: ``start``
+        (with ``--resume``), ``status``, ``logs``, ``stop`` and ``preflight``; and ``prices``
+        (``pricing:GetProducts``) unless ``prices=False``. ``grantee``: a role, user or group, or an
+        ``iam.ManagedPolicy`` to fill.
+
+        - the pipeline: :meth:`grant_start_execution`;
+        - ``status``, ``start``: ``cloudwatch:GetMetricData``; the recipe's runs in the store
+          (:meth:`CheckpointStore.grant_runs_read`);
+        - ``logs``: ``logs:DescribeLogStreams`` and ``logs:GetLogEvents`` on the training jobs' log group;
+        - ``preflight``: the SageMaker quotas (Service Quotas), ``ecr:BatchGetImage`` on the image's
+          repository, ``iam:SimulatePrincipalPolicy`` on the execution role, ``s3:ListBucket`` on the
+          recipe's data prefixes (and the packed-data manifest of an sft recipe), the MLflow
+          tracking server and the training plan, when the recipe names them.
+
+        The README's IAM table lists the wildcards that remain, with the reason for each.
+        """
+        grantee = as_grantee(grantee)
+        stack, recipe = Stack.of(self), self.plan.recipe
+        grant = self.grant_start_execution(grantee)
+        late = LateAcknowledgements()
+        target = getattr(grantee, "policy", grantee)  # where cdk-nag reports the policy's wildcards
+
+        def allow_wildcard(resource: str, reason: str) -> None:
+            if isinstance(target, Construct):
+                late.add(target, resource, reason)
+
+        def add(actions: list[str], resources: list[str], conditions: dict | None = None) -> None:
+            nonlocal grant
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee, actions=actions, resource_arns=resources, conditions=conditions
+                )
+            )
+
+        # GetMetricData, the Service Quotas reads other than GetServiceQuota and pricing:GetProducts
+        # have no resource types in IAM: Resource "*" is the only form.
+        add(["cloudwatch:GetMetricData"], ["*"])
+        allow_wildcard("*", "cloudwatch:GetMetricData, servicequotas:List*/GetAWSDefaultServiceQuota and "
+                       "pricing:GetProducts have no resource types in IAM")
+        allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")
+        group = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=TRAINING_LOG_GROUP,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        add(["logs:DescribeLogStreams", "logs:GetLogEvents"], [group, f"{group}:*"])
+        allow_wildcard(f"{group}:*", "SageMaker names each training job's log streams after the generated job name")
+        grant = grant.combine(self.store.grant_runs_read(grantee, recipe.name))
+        allow_wildcard(
+            self.store.bucket.arn_for_objects(f"{runs_prefix(recipe.name)}*/{COMMIT_MARKER}"),
+            "The manifests of this recipe's runs; run IDs are the executions'",
+        )
+        # preflight
+        quotas = stack.format_arn(service="servicequotas", resource="sagemaker", resource_name="*")
+        add(["servicequotas:GetServiceQuota"], [quotas])
+        allow_wildcard(quotas, "The SageMaker quotas the plan needs, by code")
+        add(
+            [
+                "servicequotas:GetAWSDefaultServiceQuota",
+                "servicequotas:ListServiceQuotas",
+                "servicequotas:ListAWSDefaultServiceQuotas",
+            ],
+            ["*"],
+        )
+        add(["ecr:BatchGetImage"], [self._image.repository.repository_arn])
+        add(["iam:SimulatePrincipalPolicy"], [self.execution_role.role_arn])
+        for uri in self._data_uris:
+            _objects, bucket_arn, patterns = prefix_arns(uri)
+            add(["s3:ListBucket"], [bucket_arn], {"StringLike": {"s3:prefix": patterns}} if patterns else None)
+        if recipe.task == "sft":
+            from tiered_training.aws.preflight import PACKED_MANIFEST
+
+            objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
+            add(["s3:GetObject"], [objects[0].removesuffix("*") + PACKED_MANIFEST])
+            if self._data_key is not None:
+                add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
+        if recipe.tracking.mlflow_tracking_server_arn:
+            add(["sagemaker:DescribeMlflowTrackingServer"], [recipe.tracking.mlflow_tracking_server_arn])
+        if recipe.compute.training_plan_arn:
+            add(["sagemaker:DescribeTrainingPlan"], [recipe.compute.training_plan_arn])
+        if prices:
+            add(["pricing:GetProducts"], ["*"])
+        if late.entries:
+            self.node.add_validation(late)
+        return grant
 
     # -- metrics ---------------------------------------------------------------------------
 

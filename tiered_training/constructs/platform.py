@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk import Annotations, ArnFormat, Stack, Tags
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
@@ -95,6 +96,25 @@ class TrainingPlatform(Construct):
             self.topic.add_subscription(subscription)
         # A topic passed in is the caller's: assume someone listens to it.
         self.alarms_reach_someone = given_topic or bool(subscribers)
+        self._recipes: list[RecipeStack] = []
+        self._operators: list[Any] = []
+
+    def grant_operate(self, grantee: iam.IRole | iam.IUser | iam.IGroup) -> iam.Grant:
+        """Let ``grantee`` run the ``tiered-training`` commands on every recipe of this platform,
+        those built so far and those built later: each :class:`RecipeStack` gets a managed policy
+        (construct ID ``Operate``), filled by its pipeline's :meth:`TrainingPipeline.grant_operate`
+        and attached to the grantee. The policy lives in the recipe's stack, which already depends on
+        the platform's, so no stack depends on a recipe's. Returns the grants made so far."""
+        self._operators.append(grantee)
+        grant = iam.Grant.drop(grantee, "the recipes built later are granted as they are built")
+        for recipe in self._recipes:
+            grant = grant.combine(recipe.grant_operate(grantee))
+        return grant
+
+    def _add_recipe(self, recipe: RecipeStack) -> None:
+        self._recipes.append(recipe)
+        for grantee in self._operators:
+            recipe.grant_operate(grantee)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,8 @@ class RecipeStack(Stack):
         else:
             topic = platform.topic
         self.monitoring = TrainingMonitoring(self, "Monitoring", pipeline=self.pipeline, topic=topic, stage=stage)
+        self._operate: iam.ManagedPolicy | None = None
+        platform._add_recipe(self)
         from tiered_training.planning.alarms import routing_findings
 
         for finding in routing_findings(plan, platform.alarms_reach_someone):
@@ -187,6 +209,27 @@ class RecipeStack(Stack):
         for key, value in plan.recipe.tags.items():
             Tags.of(self).add(key, value)
         Tags.of(self).add("tiered-training:recipe", plan.name)
+
+    def grant_operate(self, grantee: iam.IRole | iam.IUser | iam.IGroup) -> iam.Grant:
+        """Attach this recipe's operator policy (``Operate``, made on first use and filled by the
+        pipeline's :meth:`TrainingPipeline.grant_operate`) to ``grantee``."""
+        first = self._operate is None
+        if self._operate is None:
+            self._operate = iam.ManagedPolicy(
+                self, "Operate", description=f"Run the tiered-training commands on recipe {self.plan.name}"
+            )
+        policy: Any = self._operate  # attach_to_*: a role, user or group by duck type (jsii interfaces)
+        if hasattr(grantee, "role_name"):
+            policy.attach_to_role(grantee)
+        elif hasattr(grantee, "user_name"):
+            policy.attach_to_user(grantee)
+        elif hasattr(grantee, "group_name"):
+            policy.attach_to_group(grantee)
+        else:
+            raise TypeError("grant_operate: give a role, a user or a group (an iam.ManagedPolicy: use the pipeline's)")
+        if first:
+            self._operate_grant = self.pipeline.grant_operate(self._operate)
+        return self._operate_grant
 
 
 def stack_id(recipe_name: str, stage: str | None = None) -> str:

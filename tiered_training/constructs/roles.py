@@ -31,6 +31,7 @@ import re
 from collections.abc import Sequence
 from functools import cache
 
+import jsii
 from aws_cdk import ArnFormat, Aws, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -100,6 +101,56 @@ def reserved_capacity_arns(training_plan_arn: str) -> str:
 def grant_mlflow_tracking(grantee: iam.IGrantable, server_arn: str) -> iam.Grant:
     """Log to one MLflow tracking server, and to nothing else."""
     return iam.Grant.add_to_principal(grantee=grantee, actions=MLFLOW_TRACKING_ACTIONS, resource_arns=[server_arn])
+
+
+@jsii.implements(iam.IPrincipal)
+class _PolicyPrincipal:
+    """A managed policy as the principal of a grant: the grant's statements go into the policy."""
+
+    def __init__(self, policy: iam.ManagedPolicy) -> None:
+        self.policy = policy
+
+    @property
+    def grant_principal(self) -> iam.IPrincipal:
+        return self
+
+    @property
+    def assume_role_action(self) -> str:
+        return "sts:AssumeRole"
+
+    @property
+    def policy_fragment(self) -> iam.PrincipalPolicyFragment:
+        raise TypeError("a managed policy is not a principal: attach it to a role, user or group")
+
+    @property
+    def principal_account(self) -> str | None:
+        return None
+
+    def add_to_policy(self, statement: iam.PolicyStatement) -> bool:
+        return self.add_to_principal_policy(statement).statement_added
+
+    def add_to_principal_policy(self, statement: iam.PolicyStatement) -> iam.AddToPrincipalPolicyResult:
+        self.policy.add_statements(statement)
+        return iam.AddToPrincipalPolicyResult(statement_added=True, policy_dependable=self.policy)
+
+
+@jsii.implements(iam.IGrantable)
+class PolicyGrantee:
+    """Grant to an ``iam.ManagedPolicy``: ``pipeline.grant_operate(PolicyGrantee(policy))`` fills the
+    policy, which the team attaches to its operators' roles, users or groups."""
+
+    def __init__(self, policy: iam.ManagedPolicy) -> None:
+        self.policy = policy
+        self._principal = _PolicyPrincipal(policy)
+
+    @property
+    def grant_principal(self) -> iam.IPrincipal:
+        return self._principal
+
+
+def as_grantee(grantee: iam.IGrantable | iam.ManagedPolicy) -> iam.IGrantable:
+    """A grantee, or a managed policy made one (:class:`PolicyGrantee`)."""
+    return PolicyGrantee(grantee) if isinstance(grantee, iam.ManagedPolicy) else grantee
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

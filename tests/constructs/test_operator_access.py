@@ -1,0 +1,359 @@
+"""An operator whose only permissions are the platform's operator grant can make every call of
+the commands, and no other.
+
+The platform grants a role ``grant_operate``; the app is synthesized (recipe stacks with their
+``Operate`` policies). Each recipe's pipeline, store and data are deployed to a moto server as
+the templates name them, and ``start`` (new, ``--resume``, followed), ``status``, ``logs``,
+``stop`` and ``preflight`` run against it while botocore's hooks record every call
+(operator_calls.py). Each call, as the IAM request AWS evaluates (access/cli_calls.yaml),
+must be allowed by @cloud-copilot/iam-simulate for the operator role with only its managed
+policies; calls outside the commands must be denied.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from access_world import Request, World
+from aws_calls import Call, mapping, recording
+from operator_calls import managed_policies, requests_for, simulate_with
+from support import moto_server, offline_aws_env
+from typer.testing import CliRunner
+
+from tiered_training.pipeline.definition import S_TRAIN, find_step
+
+ACCOUNT, REGION = "123456789012", "us-east-1"
+RECIPES = ("spot-variant", "llama31-8b-sft")  # MLflow and a training plan; sft's packed-data manifest
+RUN = "run-1"
+
+
+@pytest.fixture(scope="module")
+def operated(plans, tmp_path_factory):
+    """(world, operator role ARN): the platform and two recipes, the platform's operator grant to a role."""
+    from aws_cdk import aws_iam as iam
+
+    from tiered_training.constructs.app import build_app
+
+    outdir = tmp_path_factory.mktemp("operated")
+    app, platform, stacks = build_app([plans[name] for name in RECIPES], nag=True, outdir=str(outdir))
+    operator = iam.Role(platform, "Operator", assumed_by=iam.AccountRootPrincipal())
+    platform.platform.grant_operate(operator)
+    assembly = app.synth()
+    world = World(ACCOUNT, REGION)
+    for stack in [platform, *stacks.values()]:
+        world.add(stack.stack_name, assembly.get_stack_by_name(stack.stack_name).template)
+    logical = next(
+        k
+        for k, r in world.templates[platform.stack_name]["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and k.startswith("Operator")
+    )
+    return world, world.attribute(platform.stack_name, logical, "Arn"), stacks
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    from aws import test_preflight, test_runs  # their moto additions: steps, stop, quotas, IAM simulation
+
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        offline_aws_env(mp, home, REGION)
+        test_runs.add_missing_actions(mp)
+        test_preflight.add_missing_actions(mp)
+        with moto_server() as url:
+            yield url
+
+
+def client(service: str, endpoint: str):
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION)
+
+
+def deploy(world: World, stack_name: str, plan, endpoint: str) -> None:
+    """The recipe's pipeline as its template defines it, its store with one committed checkpoint, its data."""
+    template = world.templates[stack_name]
+    logical, pipeline = next(
+        (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::SageMaker::Pipeline"
+    )
+    props = world.resolve(stack_name, pipeline["Properties"])
+    body = props["PipelineDefinition"]["PipelineDefinitionBody"]
+    sm, s3 = client("sagemaker", endpoint), client("s3", endpoint)
+    sm.create_pipeline(PipelineName=props["PipelineName"], PipelineDefinition=body, RoleArn=props["RoleArn"])
+    train = find_step(json.loads(body), S_TRAIN)
+    store = train["Arguments"]["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"][0]
+    bucket, _, runs = store[len("s3://") :].partition("/")
+    for name in (bucket, plan.recipe.data.uri[len("s3://") :].split("/")[0]):
+        try:
+            s3.create_bucket(Bucket=name)
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+    manifest = {"step": 4, "committed_at": 1.0, "files": {}, "run": {"run_id": RUN, "data_uri": plan.recipe.data.uri}}
+    s3.put_object(Bucket=bucket, Key=f"{runs}{RUN}/step-4/COMMITTED", Body=json.dumps(manifest).encode())
+    data_bucket, _, prefix = plan.recipe.data.uri[len("s3://") :].partition("/")
+    s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
+
+
+def execution_with_logs(endpoint: str, name: str) -> str:
+    """The latest execution marked Executing, its Train step's job with a log stream."""
+    from aws import test_runs
+
+    listed = client("sagemaker", endpoint).list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"]
+    arn = max(listed, key=lambda e: e["StartTime"])["PipelineExecutionArn"]
+    test_runs.moto_execution(arn).pipeline_execution_status = "Executing"
+    test_runs.ran(arn, ("Train", "Executing"))
+    logs = client("logs", endpoint)
+    try:
+        logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    except logs.exceptions.ResourceAlreadyExistsException:
+        pass
+    stream = f"pipelines-{arn[-12:]}-train/algo-1-1700000000"
+    logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    logs.put_log_events(
+        logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=[{"timestamp": now, "message": "x"}]
+    )
+    return arn
+
+
+COMMANDS = [
+    ("start", ["--no-follow"]),
+    ("start --resume", ["--no-follow", "--resume", RUN]),
+    ("start (follow)", ["--poll-seconds", "0", "-f", "json"]),
+    ("status", []),
+    ("logs", []),
+    ("stop", []),
+    ("preflight", []),
+]
+
+
+def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Call]:
+    """Deploy the recipe as its template says, run each command on it, and return their calls."""
+    from tiered_training.cli.app import app
+
+    deploy(world, stack_name, plan, endpoint)
+    calls = []
+    for command, args in COMMANDS:
+        if command == "logs":  # the latest execution runs (stop stops it) and has logged
+            execution_with_logs(endpoint, plan.name)
+        with recording(command) as recorder:
+            result = CliRunner().invoke(app, [command.split()[0], plan.source, "--endpoint-url", endpoint, *args])
+        # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
+        assert result.exit_code == 0 or command == "preflight", (command, result.output)
+        calls += recorder.calls
+    return calls
+
+
+@pytest.fixture(scope="module")
+def recorded(operated, endpoint, plans):
+    """Every call of each command, for each recipe."""
+    world, _operator, stacks = operated
+    return [call for name in RECIPES for call in run_commands(world, stacks[name].stack_name, plans[name], endpoint)]
+
+
+def test_every_command_makes_calls_and_each_is_mapped(recorded):
+    by_command: dict[str, set[str]] = {}
+    for call in recorded:
+        by_command.setdefault(call.command, set()).add(f"{call.service}.{call.operation}")
+    assert {"sagemaker.StartPipelineExecution"} <= by_command["start"]
+    assert {"cloudwatch.GetMetricData", "sagemaker.DescribePipelineExecution"} <= by_command["start (follow)"]
+    assert {"s3.ListObjectsV2", "s3.GetObject", "cloudwatch.GetMetricData"} <= by_command["status"]
+    assert {"logs.DescribeLogStreams", "logs.GetLogEvents"} <= by_command["logs"]
+    assert "sagemaker.StopPipelineExecution" in by_command["stop"]
+    assert {"iam.SimulatePrincipalPolicy", "ecr.BatchGetImage", "service-quotas.GetServiceQuota"} <= by_command[
+        "preflight"
+    ]
+    table = mapping()
+    for call in recorded:
+        assert call.operation in table.get(call.service, {}), call.describe()
+    # Each entry of the mapping is proved here: made by a command (prices: test_the_operator_may_read_prices).
+    made = {(c.service, c.operation) for c in recorded} | {("pricing", "GetProducts")}
+    listed = {(service, operation) for service, operations in table.items() for operation in operations}
+    assert listed <= made, f"cli_calls.yaml entries that no command made here: {sorted(listed - made)}"
+
+
+def test_an_operator_with_only_the_grant_can_make_every_call(operated, recorded):
+    world, operator, _stacks = operated
+    identity = managed_policies(world, operator)
+    assert identity, "the operator role has no managed policy"
+    requests = list({r.describe(): r for r in requests_for(world, operator, recorded)}.values())
+    assert any(r.action == "kms:Decrypt" for r in requests)  # status reads SSE-KMS manifests
+    results = simulate_with(world, requests, identity)
+    refused = [
+        f"{r.describe()}: {res['result']} {res['errors'] or ''}"
+        for r, res in zip(requests, results)
+        if res["result"] != "Allowed"
+    ]
+    assert not refused, "\n".join(refused)
+
+
+def test_grant_start_execution_alone_cannot_run_the_commands(operated, recorded):
+    """The grant before grant_operate (its sagemaker statements only) refuses the metrics, logs and store reads."""
+    world, operator, _stacks = operated
+    identity = managed_policies(world, operator)
+    pipeline_only = [
+        {
+            "name": p["name"],
+            "policy": {
+                **p["policy"],
+                "Statement": [
+                    s
+                    for s in p["policy"]["Statement"]
+                    if all(
+                        str(a).startswith("sagemaker:") and "Pipeline" in str(a)
+                        for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
+                    )
+                ],
+            },
+        }
+        for p in identity
+    ]
+    requests = list({r.describe(): r for r in requests_for(world, operator, recorded)}.values())
+    results = simulate_with(world, requests, pipeline_only)
+    refused = {r.action for r, res in zip(requests, results) if res["result"] != "Allowed"}
+    assert {
+        "cloudwatch:GetMetricData",
+        "logs:DescribeLogStreams",
+        "logs:GetLogEvents",
+        "s3:ListBucket",
+        "s3:GetObject",
+        "kms:Decrypt",
+    } <= refused
+
+
+def test_calls_outside_the_commands_are_denied(operated, recorded):
+    world, operator, stacks = operated
+    identity = managed_policies(world, operator)
+    store = next(c for c in recorded if c.operation == "GetObject" and c.params["Key"].endswith("/COMMITTED"))
+    bucket, key = store.params["Bucket"], store.params["Key"]
+    pipeline = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/{RECIPES[0]}"
+    denied = [
+        Request("delete the pipeline", operator, "sagemaker:DeletePipeline", pipeline, {}),
+        Request("update the pipeline", operator, "sagemaker:UpdatePipeline", pipeline, {}),
+        Request(
+            "delete a manifest",
+            operator,
+            "s3:DeleteObject",
+            f"arn:aws:s3:::{bucket}/{key}",
+            {"aws:SecureTransport": "true"},
+        ),
+        Request(
+            "read a checkpoint's shards",
+            operator,
+            "s3:GetObject",
+            f"arn:aws:s3:::{bucket}/{key.removesuffix('COMMITTED')}__0_0.distcp",
+            {"aws:SecureTransport": "true"},
+        ),
+        Request(
+            "write into a run",
+            operator,
+            "s3:PutObject",
+            f"arn:aws:s3:::{bucket}/{key}",
+            {"aws:SecureTransport": "true"},
+        ),
+        Request(
+            "list another recipe's runs",
+            operator,
+            "s3:ListBucket",
+            f"arn:aws:s3:::{bucket}",
+            {"s3:prefix": "other-recipe/checkpoints/runs/", "aws:SecureTransport": "true"},
+        ),
+        Request(
+            "start a training job",
+            operator,
+            "sagemaker:CreateTrainingJob",
+            f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/pipelines-x-train",
+            {},
+        ),
+        Request(
+            "delete the log group",
+            operator,
+            "logs:DeleteLogGroup",
+            f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/sagemaker/TrainingJobs",
+            {},
+        ),
+        Request(
+            "pass the execution role",
+            operator,
+            "iam:PassRole",
+            next(c.params["PolicySourceArn"] for c in recorded if c.operation == "SimulatePrincipalPolicy"),
+            {"iam:PassedToService": "sagemaker.amazonaws.com"},
+        ),
+    ]
+    results = simulate_with(world, denied, identity)
+    allowed = [r.describe() for r, res in zip(denied, results) if res["result"] != "ImplicitlyDenied"]
+    assert not allowed, "\n".join(allowed)
+
+
+def test_the_operator_may_read_prices(operated):
+    """``prices`` calls pricing:GetProducts, which has no resource type."""
+    world, operator, _stacks = operated
+    call = Call("prices", "pricing", "GetProducts", {"ServiceCode": "AmazonSageMaker"}, REGION)
+    requests = requests_for(world, operator, [call])
+    assert [r["result"] for r in simulate_with(world, requests, managed_policies(world, operator))] == ["Allowed"]
+
+
+def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_path_factory):
+    from aws_cdk import App, Stack
+    from aws_cdk import aws_iam as iam
+
+    from tiered_training.constructs import TrainingImage, TrainingPipeline
+
+    stack = Stack(App(outdir=str(tmp_path_factory.mktemp("policy"))), "Operated")
+    image = TrainingImage(stack, "Image", image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/trainer:1")
+    policies = {}
+    for prices in (True, False):
+        policy = iam.ManagedPolicy(stack, f"Operators{prices}")
+        pipeline = TrainingPipeline(
+            stack, f"Pipeline{prices}", plan=plans["llama3-1b-bf16"], image=image, pipeline_name=f"p-{prices}".lower()
+        )
+        assert pipeline.grant_operate(policy, prices=prices).success
+        policies[prices] = stack.resolve(policy.document.to_json())
+    actions = {
+        prices: {a for s in doc["Statement"] for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
+        for prices, doc in policies.items()
+    }
+    assert "pricing:GetProducts" in actions[True] and "pricing:GetProducts" not in actions[False]
+    assert actions[True] - actions[False] == {"pricing:GetProducts"}
+    assert {"cloudwatch:GetMetricData", "logs:GetLogEvents", "sagemaker:StopPipelineExecution"} <= actions[False]
+
+
+def test_the_example_platform_repos_operators_policy_allows_every_call(endpoint, tmp_path_factory):
+    """examples/platform-repo: a role with only its managed policy Operators can make every call of the
+    commands on the example's recipe, and cannot delete the pipeline."""
+    import importlib.util
+    from pathlib import Path
+
+    from aws_cdk import App
+
+    from tiered_training.constructs import load_plans
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "platform-repo"
+    spec = importlib.util.spec_from_file_location("platform_repo_operators", example / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app = App(
+        outdir=str(tmp_path_factory.mktemp("example")),
+        context=json.loads((example / "cdk.json").read_text())["context"],
+    )
+    (plan,) = load_plans(example / "recipes")
+    stack = module.TrainingStack(app, "MlTraining", plans=[plan])
+    world = World(ACCOUNT, REGION)
+    world.add(stack.stack_name, app.synth().get_stack_by_name(stack.stack_name).template)
+    resources = world.templates[stack.stack_name]["Resources"]
+    (logical,) = [
+        k for k, r in resources.items() if r["Type"] == "AWS::IAM::ManagedPolicy" and k.startswith("Operators")
+    ]
+    identity = [
+        {"name": logical, "policy": world.resolve(stack.stack_name, resources[logical]["Properties"]["PolicyDocument"])}
+    ]
+    operator = f"arn:aws:iam::{ACCOUNT}:role/team-operator"
+    calls = run_commands(world, stack.stack_name, plan, endpoint)
+    requests = list({r.describe(): r for r in requests_for(world, operator, calls)}.values())
+    pipeline = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/{plan.name}"
+    requests.append(Request("delete the pipeline", operator, "sagemaker:DeletePipeline", pipeline, {}))
+    results = [res["result"] for res in simulate_with(world, requests, identity)]
+    refused = [r.describe() for r, res in zip(requests[:-1], results[:-1]) if res != "Allowed"]
+    assert not refused, "\n".join(refused)
+    assert results[-1] == "ImplicitlyDenied"
