@@ -49,6 +49,12 @@ def endpoint(tmp_path_factory):
             yield url
 
 
+def _read_uris(plan) -> list[str]:
+    """What a run reads: the data, the validation shards and the init checkpoint."""
+    data, model = plan.recipe.data, plan.recipe.model
+    return [u for u in (data.uri, data.validation_uri, model.init_checkpoint) if u]
+
+
 class Deployment:
     """One recipe deployed into moto: its pipeline, its data, and its execution role's policies."""
 
@@ -57,7 +63,9 @@ class Deployment:
 
         self.plan, self.endpoint = plan, endpoint
         name = stack.stack_name
-        (pipeline,) = [r for r in world.templates[name]["Resources"].values() if r["Type"] == "AWS::SageMaker::Pipeline"]
+        (pipeline,) = [
+            r for r in world.templates[name]["Resources"].values() if r["Type"] == "AWS::SageMaker::Pipeline"
+        ]
         props = pipeline["Properties"]
         self.definition = world.resolve(name, props["PipelineDefinition"]["PipelineDefinitionBody"])
         self.role_arn = world.resolve(name, stack.resolve(stack.pipeline.execution_role.role_arn))
@@ -69,17 +77,25 @@ class Deployment:
             RoleArn=f"arn:aws:iam::{ACCOUNT}:role/pipeline",
         )
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name=REGION)
-        for uri in pf.read_uris(plan):
+        for uri in _read_uris(plan):
             bucket, _, prefix = uri.removeprefix("s3://").partition("/")
             if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
                 s3.create_bucket(Bucket=bucket)
-            s3.put_object(Bucket=bucket, Key=pf.sample_key(uri), Body=b"\0" * 64)
+            s3.put_object(Bucket=bucket, Key=prefix.rstrip("/") + "/shard-00000.bin", Body=b"\0" * 64)
         recipe = plan.recipe
         if recipe.task == "sft":  # packed example shards, as training/sft_data.py describes them
-            manifest = {"kind": "sft-packed", "sequence_length": recipe.sequence_length, "token_dtype": recipe.data.token_dtype,
-                        "loss_on": recipe.data.loss_on, "overlong": recipe.data.overlong, "shards": []}
+            manifest = {
+                "kind": "sft-packed",
+                "sequence_length": recipe.sequence_length,
+                "token_dtype": recipe.data.token_dtype,
+                "loss_on": recipe.data.loss_on,
+                "overlong": recipe.data.overlong,
+                "shards": [],
+            }
             bucket, _, prefix = recipe.data.uri.removeprefix("s3://").partition("/")
-            s3.put_object(Bucket=bucket, Key=prefix.rstrip("/") + "/" + pf.PACKED_MANIFEST, Body=json.dumps(manifest).encode())
+            s3.put_object(
+                Bucket=bucket, Key=prefix.rstrip("/") + "/" + "shards.json", Body=json.dumps(manifest).encode()
+            )
 
     def preflight(self, simulator: Simulator, policies: list[dict] | None = None) -> tuple[list[pf.Check], list[dict]]:
         """The data and store checks of a preflight run, and the SimulatePrincipalPolicy calls it made."""
@@ -103,11 +119,12 @@ def deployments(world, synthesized, plans, endpoint) -> dict[str, Deployment]:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_a_freshly_deployed_recipe_passes(deployments, simulator, recipe):
     checks, calls = deployments[recipe].preflight(simulator)
-    assert [c.line() for c in checks if c.status != "pass"] == [], "\n".join(c.line() for c in checks if c.status != "pass")
+    bad = [c.line() for c in checks if c.status != "pass"]
+    assert not bad, "\n".join(bad)
     subjects = " ".join(c.subject for c in checks)
     plan = deployments[recipe].plan
-    for uri in pf.role_read_uris(plan):
-        assert uri in subjects
+    for uri in _read_uris(plan) + plan.recipe.data.data_prefixes:
+        assert f"{uri} by " in subjects
     # The run's checkpoints and every job's output path, from the deployed definition.
     assert "/checkpoints/runs/ by " in subjects and "/output/model by " in subjects and "/output/probe by " in subjects
     listed = [c for c in calls if c["ActionNames"] == ["s3:ListBucket"]]
