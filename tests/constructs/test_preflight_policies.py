@@ -149,7 +149,8 @@ def _statements(policies: list[dict]) -> list[tuple[int, int, dict]]:
 def test_without_any_one_data_checkpoint_or_key_grant_preflight_names_it(deployments, simulator, recipe):
     deployment = deployments[recipe]
     statements = _statements(deployment.policies)
-    assert len(statements) >= 5, statements
+    granted = {a for _i, _j, statement in statements for a in statement["Action"]}
+    assert {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "kms:Encrypt"} <= granted, granted
     wrong = []
     for i, j, statement in statements:
         policies = copy.deepcopy(deployment.policies)
