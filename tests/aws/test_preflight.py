@@ -7,7 +7,8 @@ the one endpoint and through botocore's parsers, and the command runs end to end
 
 - Service Quotas: moto knows VPC quotas only and has no ListServiceQuotas or
   GetAWSDefaultServiceQuota; the SageMaker quotas here are the test's account (:data:`APPLIED`).
-- IAM SimulatePrincipalPolicy (not in moto): the decision is the test's (:data:`DENIED`).
+- IAM SimulatePrincipalPolicy (not in moto): the decision is the test's (:data:`DENIED`). The
+  decisions of a deployed role's real policies are tests/constructs/test_preflight_policies.py's.
 - SageMaker DescribeTrainingPlan and DescribeMlflowTrackingServer (not in moto): the test's
   plans and servers (:data:`TRAINING_PLANS`, :data:`MLFLOW`).
 
@@ -206,7 +207,7 @@ def test_a_ready_account_passes_every_check(endpoint, tmp_path):
     assert code == 0, report
     checks = by_check(report)
     assert report["ok"] and {c["status"] for c in report["checks"]} == {"pass"}
-    assert set(checks) == {"pipeline", "quota", "image", "data", "mlflow", "training-plan"}
+    assert set(checks) == {"pipeline", "quota", "image", "data", "store", "mlflow", "training-plan"}
     titles = {c["subject"] for c in checks["quota"]}
     assert "'ml.p6-b200.48xlarge for training job usage' (code not published)" in titles
     # Found by its title (no published code): the detail names the account's code.

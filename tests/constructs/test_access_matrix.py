@@ -10,6 +10,7 @@ EventBridge Scheduler schedule).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -21,11 +22,66 @@ import pytest
 import yaml
 from access_world import ROOT, Request, World, simulate
 
+from tiered_training.contract.container import LOG_GROUP
+from tiered_training.pipeline import definition as d
+from training.components.checkpoint_files import COMMITTED, METADATA, step_dir
+
 MATRIX = Path(__file__).parent / "access" / "matrix.yaml"
 EXAMPLE = ROOT / "examples" / "platform-repo"
 ACCOUNT, REGION, OTHER_ACCOUNT = "123456789012", "us-east-1", "210987654321"
-JOB = "pipelines-0a1b2c3d4e5f-Train-AbCdEf1234"
+EXECUTION = "0a1b2c3d4e5f"  # a pipeline execution's id: the id of the run it starts
+RESUMED_RUN = "9f8e7d6c5b4a"  # the RunId an execution resumes
+JOB = f"pipelines-{EXECUTION}-Train-AbCdEf1234"
+PROBE_JOB = f"pipelines-{EXECUTION}-Probe-AbCdEf1234"
+STEP = 100
+EXPRESSIONS = {"Execution.PipelineExecutionId": EXECUTION, f"Parameters.{d.P_RUN_ID}": RESUMED_RUN}
 PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+def _rendered(expression: Any) -> str:
+    """A pipeline expression's value in one execution (EXPRESSIONS): Std:Join of strings and Gets."""
+    if isinstance(expression, str):
+        return expression
+    if "Std:Join" in expression:
+        body = expression["Std:Join"]
+        return body["On"].join(_rendered(v) for v in body["Values"])
+    return EXPRESSIONS[expression["Get"]]
+
+
+def _key(uri: str, bucket: str) -> str:
+    found, _, key = uri.removeprefix("s3://").partition("/")
+    assert found == bucket, f"{uri} is not in the store bucket {bucket}"
+    return key
+
+
+def _store_paths(world: World, pipeline, bucket: str) -> dict[str, str]:
+    """The object keys a run writes and reads in the store, from the definition's own builders: a new
+    run's checkpoint (COMMITTED and DCP's .metadata of step-N), a resumed run's, the job's model output,
+    the probe's and the TensorBoard files."""
+    resources = dataclasses.replace(
+        pipeline.resources,
+        checkpoint_s3_uri=_value(world, pipeline.resources.checkpoint_s3_uri, pipeline),
+        output_s3_uri=_value(world, pipeline.resources.output_s3_uri, pipeline),
+    )
+    plan = pipeline.plan
+    train = d.training_arguments(plan, resources)
+    probe = d.training_arguments(plan, resources, probe=True)
+    resume = d.training_arguments(plan, resources, segment=d.Segment(d.param(d.P_RUN_ID), True))
+    run = _key(_rendered(train["CheckpointConfig"]["S3Uri"]), bucket)
+    resumed = _key(_rendered(resume["CheckpointConfig"]["S3Uri"]), bucket)
+    assert run.endswith(f"/runs/{EXECUTION}/") and resumed.endswith(f"/runs/{RESUMED_RUN}/")
+    paths = {
+        "checkpoint_list": run,
+        "checkpoint_object": str(step_dir(Path(run), STEP) / COMMITTED),
+        "checkpoint_metadata": str(step_dir(Path(run), STEP) / METADATA),
+        "resume_object": str(step_dir(Path(resumed), STEP) / COMMITTED),
+        "model_output": f"{_key(train['OutputDataConfig']['S3OutputPath'], bucket)}/{JOB}/output/model.tar.gz",
+        "probe_output": f"{_key(probe['OutputDataConfig']['S3OutputPath'], bucket)}/{PROBE_JOB}/output/model.tar.gz",
+    }
+    if "TensorBoardOutputConfig" in train:
+        tensorboard = _key(train["TensorBoardOutputConfig"]["S3OutputPath"], bucket)
+        paths["tensorboard_object"] = f"{tensorboard}/{JOB}/tensorboard-output/events.out.tfevents"
+    return paths
 
 
 def _uri_group(uri: str) -> dict[str, str]:
@@ -42,6 +98,7 @@ class Recipe:
         self.values: dict[str, str] = {
             "account": ACCOUNT, "region": REGION, "partition": "aws", "other_account": OTHER_ACCOUNT,
             "recipe": name, "job": JOB, "repository": f"cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}",
+            "log_group": LOG_GROUP,
         }
         self.groups: dict[str, list[dict[str, str]]] = {}
 
@@ -72,6 +129,7 @@ def _recipe_bindings(world: World, app: str, pipeline, monitoring) -> Recipe:
     store = pipeline.store
     v["store_bucket"] = _value(world, store.bucket.bucket_name, store.bucket)
     v["store_key"] = _value(world, store.encryption_key.key_arn, store.encryption_key)
+    v.update(_store_paths(world, pipeline, v["store_bucket"]))
     compute, data = plan.recipe.compute, plan.recipe.data
     if compute.training_plan_arn:
         v["training_plan"] = compute.training_plan_arn
@@ -113,10 +171,16 @@ def recipes_world(synthesized, templates) -> tuple[World, list[Recipe]]:
     for stack in stacks.values():
         (monitoring,) = _find(stack, TrainingMonitoring)
         recipes.append(_recipe_bindings(world, "recipes", stack.pipeline, monitoring))
-    names = [r.name for r in recipes]
     for recipe in recipes:
-        recipe.values["other_recipe"] = next(n for n in names if n != recipe.name)
+        _bind_other(recipe, next(r for r in recipes if r.name != recipe.name))
     return world, recipes
+
+
+def _bind_other(recipe: Recipe, other: Recipe) -> None:
+    """Another recipe of the same store: its name and its run's checkpoint."""
+    recipe.values["other_recipe"] = other.name
+    recipe.values["other_checkpoint_object"] = other.values["checkpoint_object"]
+    recipe.values["other_checkpoint_list"] = other.values["checkpoint_list"]
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +300,7 @@ def test_a_stage_admits_its_own_alarms_and_rules_only(staged):
         world.add(name, template)
     recipes = [_recipe_bindings(world, "recipes", s.pipeline, s.monitoring) for s in stacks.values()]
     for recipe, other in zip(recipes, reversed(recipes)):
-        recipe.values["other_recipe"] = other.name
+        _bind_other(recipe, other)
     failures, _unused = _evaluate(world, recipes, "recipes")
     assert not failures, "\n".join(failures)
     topic = _value(world, platform.platform.topic.topic_arn, platform)

@@ -9,11 +9,22 @@ Each check passes, fails with a fix, or is skipped where it does not apply:
   where no code is published; the AWS default where none is applied).
 - ``image``: the deployed image exists in ECR (BatchGetImage); before a deploy, the region's
   base image (``catalog/base_images.yaml``) exists and this identity may pull it.
-- ``data``: ``data.uri`` holds objects (S3 ListObjectsV2), and the execution role may list and
-  read them (IAM SimulatePrincipalPolicy).
+- ``data``: ``data.uri``, ``data.validation_uri`` and ``model.init_checkpoint`` hold objects (S3
+  ListObjectsV2), and the execution role may list and read them and decrypt them with
+  ``data.kms_key_arn`` (IAM SimulatePrincipalPolicy).
+- ``store``: the execution role may write, read, list and prune a run's checkpoints under the
+  deployed pipeline's checkpoint prefix, write the jobs' output under each output path, and use
+  the store's key for both (IAM SimulatePrincipalPolicy).
 - ``mlflow``: ``tracking.mlflow_tracking_server_arn`` exists and runs.
 - ``training-plan``: ``compute.training_plan_arn`` exists, is active or scheduled, serves
   training jobs on the recipe's instance type and holds ``compute.instance_count`` instances.
+
+Every simulated request carries the context keys AWS evaluates for it
+(:func:`read_accesses`, :func:`checkpoint_accesses`, :func:`output_accesses`): ``s3:prefix``
+for ListBucket; for KMS, ``kms:ViaService``, ``kms:CallerAccount`` and the
+encryption context S3 sends (``kms:EncryptionContext:aws:s3:arn``: the bucket with an S3 Bucket
+Key, as the checkpoint store has; the object otherwise, S3's default). Without them a grant
+conditioned on a key is answered implicitDeny.
 
 An AWS error inside a check fails that check (its code and message, and what to allow); no
 credentials or no region stops the command (:class:`session.StartError`, exit 1). boto3 is
@@ -25,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tiered_training.planning import quotas as quota_needs
@@ -46,7 +57,7 @@ SERVICES = ("sagemaker", "service-quotas", "ecr", "s3", "iam")
 
 @dataclass(frozen=True)
 class Check:
-    check: str  # pipeline | quota | image | data | mlflow | training-plan
+    check: str  # pipeline | quota | image | data | store | mlflow | training-plan
     subject: str
     status: str  # pass | fail | skip
     detail: str
@@ -77,10 +88,14 @@ class Report:
 
 @dataclass
 class Deployed:
-    """What the deployed pipeline's definition says: the training image and the execution role."""
+    """What the deployed pipeline's definition says: the training image, the execution role, the
+    runs' checkpoint prefix (``s3://.../runs/``), the jobs' output paths and their KMS key."""
 
     image_uri: str | None = None
     role_arn: str | None = None
+    runs_uri: str | None = None
+    output_paths: list[str] = field(default_factory=list)
+    output_key: str | None = None
 
 
 # -- the checks ----------------------------------------------------------------------------
@@ -112,7 +127,7 @@ def run(
             "image", image or f"base image in {region}", lambda: check_image(clients["ecr"], image, region, client_for)
         )
     )
-    checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn))
+    checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn, deployed, region))
     if recipe.task == "sft":
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
     checks.append(
@@ -175,6 +190,16 @@ def _read_definition(text: str, deployed: Deployed) -> None:
             deployed.image_uri = deployed.image_uri or (image if isinstance(image, str) else None)
             role = args.get("RoleArn")
             deployed.role_arn = deployed.role_arn or (role if isinstance(role, str) else None)
+            checkpoint = args.get("CheckpointConfig", {}).get("S3Uri")
+            head = checkpoint.get("Std:Join", {}).get("Values", [None])[0] if isinstance(checkpoint, dict) else None
+            if isinstance(head, str) and head.startswith("s3://"):
+                deployed.runs_uri = deployed.runs_uri or head
+            output = args.get("OutputDataConfig", {})
+            for path in (output.get("S3OutputPath"), args.get("TensorBoardOutputConfig", {}).get("S3OutputPath")):
+                if isinstance(path, str) and path.startswith("s3://") and path not in deployed.output_paths:
+                    deployed.output_paths.append(path)
+            key = output.get("KmsKeyId")
+            deployed.output_key = deployed.output_key or (key if isinstance(key, str) else None)
 
 
 def _walk_steps(steps: list) -> Iterator[dict]:
@@ -342,79 +367,202 @@ def image_login_command(region: str, account: str) -> str:
     )
 
 
-def check_data(s3: Any, iam: Any, plan: Plan, role_arn: str | None) -> list[Check]:
-    uri = plan.recipe.data.uri
+# A run's and a job's names, for the requests that stand for their objects: a pipeline names a run
+# after its execution and a job pipelines-<execution>-<step>-<suffix>.
+SAMPLE_RUN = "preflight"
+SAMPLE_JOB = "pipelines-preflight-Train-check"
+SAMPLE_OBJECT = "shard-00000.bin"
+CHECKPOINT_ACTIONS = ("s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+OUTPUT_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request the execution role makes at run time, with the context keys AWS evaluates."""
+
+    action: str
+    resource: str
+    context: tuple[tuple[str, str], ...] = ()
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [{"ContextKeyName": k, "ContextKeyValues": [v], "ContextKeyType": "string"} for k, v in self.context]
+
+    def describe(self) -> str:
+        keys = ", ".join(f"{k}={v}" for k, v in self.context)
+        return f"{self.action} on {self.resource}" + (f" ({keys})" if keys else "")
+
+
+def _split(uri: str) -> tuple[str, str]:
     bucket, _, prefix = uri[len("s3://") :].partition("/")
+    return bucket, prefix
+
+
+def _kms(action: str, key_arn: str, service: str, account: str, region: str, s3_arn: str | None) -> Access:
+    """A KMS request that ``service`` makes for the role (``kms:ViaService`` in the key's region)."""
+    parts = key_arn.split(":")
+    where = parts[3] if len(parts) > 5 and parts[3] else region
+    suffix = "amazonaws.com.cn" if parts[1:2] == ["aws-cn"] else "amazonaws.com"
+    context = [("kms:ViaService", f"{service}.{where}.{suffix}"), ("kms:CallerAccount", account)]
+    if s3_arn:
+        context.append(("kms:EncryptionContext:aws:s3:arn", s3_arn))
+    return Access(action, key_arn, tuple(context))
+
+
+def read_accesses(uri: str, key: str, partition: str, account: str, region: str, data_key: str | None) -> list[Access]:
+    """Reading a prefix as SageMaker does: list it as written, get an object, decrypt it through S3."""
+    bucket, prefix = _split(uri)
+    obj = f"arn:{partition}:s3:::{bucket}/{key}"
+    out = [
+        Access("s3:ListBucket", f"arn:{partition}:s3:::{bucket}", (("s3:prefix", prefix),)),
+        Access("s3:GetObject", obj),
+    ]
+    if data_key:
+        out.append(_kms("kms:Decrypt", data_key, "s3", account, region, obj))
+    return out
+
+
+def checkpoint_accesses(runs_uri: str, partition: str, account: str, region: str, key: str | None) -> list[Access]:
+    """A run's checkpoints: list the run's prefix, write, read, prune and abort an upload, through the store's key
+    (the encryption context is the bucket: the checkpoint store enables an S3 Bucket Key)."""
+    bucket, prefix = _split(runs_uri)
+    run = f"{prefix}{SAMPLE_RUN}/"
+    obj = f"arn:{partition}:s3:::{bucket}/{run}step-1/COMMITTED"
+    out = [Access("s3:ListBucket", f"arn:{partition}:s3:::{bucket}", (("s3:prefix", run),))]
+    out += [Access(action, obj) for action in CHECKPOINT_ACTIONS]
+    if key:
+        bucket_arn = f"arn:{partition}:s3:::{bucket}"
+        out += [_kms(a, key, "s3", account, region, bucket_arn) for a in ("kms:GenerateDataKey", "kms:Decrypt")]
+    return out
+
+
+def output_accesses(path: str, partition: str, account: str, region: str, key: str | None) -> list[Access]:
+    """A job's output: SageMaker writes ``<S3OutputPath>/<job>/output/model.tar.gz`` and encrypts it with
+    ``OutputDataConfig.KmsKeyId`` (kms:Encrypt through SageMaker, GenerateDataKey through S3)."""
+    bucket, prefix = _split(path.rstrip("/") + "/")
+    obj = f"arn:{partition}:s3:::{bucket}/{prefix}{SAMPLE_JOB}/output/model.tar.gz"
+    out = [Access(action, obj) for action in OUTPUT_ACTIONS]
+    if key:
+        out.append(_kms("kms:Encrypt", key, "sagemaker", account, region, None))
+        out.append(_kms("kms:GenerateDataKey", key, "s3", account, region, f"arn:{partition}:s3:::{bucket}"))
+    return out
+
+
+def read_uris(plan: Plan) -> list[str]:
+    """The prefixes a run reads: its data, its validation data and its init checkpoint."""
+    data, model = plan.recipe.data, plan.recipe.model
+    return [u for u in (data.uri, data.validation_uri, model.init_checkpoint) if u]
+
+
+def role_read_uris(plan: Plan) -> list[str]:
+    """The prefixes the role must read: those a run reads, and every prefix ``DataUri`` may name."""
+    return list(dict.fromkeys([*read_uris(plan), *plan.recipe.data.data_prefixes]))
+
+
+def sample_key(uri: str) -> str:
+    """An object key under a prefix, read by whole path segments as the role's grant is."""
+    prefix = _split(uri)[1]
+    return (prefix if prefix == "" or prefix.endswith("/") else prefix + "/") + SAMPLE_OBJECT
+
+
+def _first_object(s3: Any, uri: str) -> tuple[str | None, Check]:
+    bucket, prefix = _split(uri)
     try:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
     except _client_error() as error:
         if _code(error) == "NoSuchBucket":
-            return [
-                Check(
-                    "data", uri, FAIL, f"no bucket {bucket}", "fix data.uri, or create the bucket and upload the shards"
-                )
-            ]
-        return [_aws_failure("data", uri, error, f"s3:ListBucket on arn:aws:s3:::{bucket} (for this identity)")]
+            fix = "fix the URI, or create the bucket and upload the objects"
+            return None, Check("data", uri, FAIL, f"no bucket {bucket}", fix)
+        return None, _aws_failure("data", uri, error, f"s3:ListBucket on arn:aws:s3:::{bucket} (for this identity)")
     objects = listed.get("Contents") or []
     if not objects:
-        return [
-            Check(
-                "data",
-                uri,
-                FAIL,
-                "no objects under this prefix",
-                "upload the token shards (training/README.md), or fix data.uri",
-            )
-        ]
-    out = [Check("data", uri, PASS, f"holds objects (first: s3://{bucket}/{objects[0]['Key']})")]
+        fix = "upload the token shards (training/README.md), or fix the URI"
+        return None, Check("data", uri, FAIL, "no objects under this prefix", fix)
+    return objects[0]["Key"], Check("data", uri, PASS, f"holds objects (first: s3://{bucket}/{objects[0]['Key']})")
+
+
+def simulate(iam: Any, role_arn: str, accesses: list[Access]) -> list[str]:
+    """The accesses the role's policies do not allow: one SimulatePrincipalPolicy call each, with its context."""
+    denied = []
+    for access in accesses:
+        result = iam.simulate_principal_policy(
+            PolicySourceArn=role_arn,
+            ActionNames=[access.action],
+            ResourceArns=[access.resource],
+            ContextEntries=access.entries(),
+        )
+        decision = result["EvaluationResults"][0]["EvalDecision"]
+        if decision != "allowed":
+            denied.append(f"{access.describe()}: {decision}")
+    return denied
+
+
+def _role_check(
+    check: str, subject: str, iam: Any, role_arn: str, accesses: list[Access], allowed: str, fix: str
+) -> Check:
+    try:
+        denied = simulate(iam, role_arn, accesses)
+    except _client_error() as error:
+        return _aws_failure(check, subject, error, "iam:SimulatePrincipalPolicy on the execution role")
+    if denied:
+        return Check(check, subject, FAIL, "; ".join(denied), fix)
+    return Check(check, subject, PASS, f"{allowed} (IAM policy simulator; a bucket or key policy may still deny)")
+
+
+def check_data(
+    s3: Any,
+    iam: Any,
+    plan: Plan,
+    role_arn: str | None,
+    deployed: Deployed | None = None,
+    region: str | None = None,
+) -> list[Check]:
+    """Each prefix a run reads holds objects; the role may read them, and may write the run's checkpoints
+    and the jobs' output (from the deployed definition)."""
+    deployed = deployed or Deployed()
+    out: list[Check] = []
+    samples: dict[str, str] = {}
+    for uri in read_uris(plan):
+        key, check = _first_object(s3, uri)
+        out.append(check)
+        if key is not None:
+            samples[uri] = key
     if not role_arn:
         out.append(
             Check(
-                "data",
-                f"{uri} by the execution role",
+                "data", "the execution role", SKIP, "the role is known once the stack is deployed (or pass --role-arn)"
+            )
+        )
+        return out
+    parts = role_arn.split(":")
+    partition, account = (parts[1], parts[4]) if len(parts) >= 6 else ("aws", "")
+    where = region or ""
+    data_key = plan.recipe.data.kms_key_arn
+    redeploy = (
+        "list the prefix in data.allowed_uris (data.kms_key_arn for its key) and redeploy; "
+        "a bucket in another account must also allow the role in its bucket policy"
+    )
+    for uri in role_read_uris(plan):
+        accesses = read_accesses(uri, samples.get(uri) or sample_key(uri), partition, account, where, data_key)
+        allowed = "its policies allow s3:ListBucket and s3:GetObject" + (" and kms:Decrypt" if data_key else "")
+        out.append(_role_check("data", f"{uri} by {role_arn}", iam, role_arn, accesses, allowed, redeploy))
+    store_fix = "redeploy the recipe's stack: its role must write this recipe's checkpoint and output prefixes"
+    if deployed.runs_uri:
+        accesses = checkpoint_accesses(deployed.runs_uri, partition, account, where, deployed.output_key)
+        allowed = "its policies allow a run's checkpoints to be listed, written, read and pruned"
+        out.append(
+            _role_check("store", f"{deployed.runs_uri} by {role_arn}", iam, role_arn, accesses, allowed, store_fix)
+        )
+    for path in deployed.output_paths:
+        accesses = output_accesses(path, partition, account, where, deployed.output_key)
+        allowed = "its policies allow the job's output to be written"
+        out.append(_role_check("store", f"{path} by {role_arn}", iam, role_arn, accesses, allowed, store_fix))
+    if not deployed.runs_uri and not deployed.output_paths:
+        out.append(
+            Check(
+                "store",
+                f"checkpoints by {role_arn}",
                 SKIP,
-                "the role is known once the stack is deployed (or pass --role-arn)",
-            )
-        )
-        return out
-    partition = role_arn.split(":")[1] if role_arn.count(":") >= 5 else "aws"
-    resources = {
-        "s3:ListBucket": f"arn:{partition}:s3:::{bucket}",
-        "s3:GetObject": f"arn:{partition}:s3:::{bucket}/{objects[0]['Key']}",
-    }
-    denied = []
-    try:
-        for action, resource in resources.items():
-            result = iam.simulate_principal_policy(
-                PolicySourceArn=role_arn, ActionNames=[action], ResourceArns=[resource]
-            )
-            decision = result["EvaluationResults"][0]["EvalDecision"]
-            if decision != "allowed":
-                denied.append(f"{action} on {resource}: {decision}")
-    except _client_error() as error:
-        out.append(
-            _aws_failure("data", f"{uri} by {role_arn}", error, "iam:SimulatePrincipalPolicy on the execution role")
-        )
-        return out
-    if denied:
-        out.append(
-            Check(
-                "data",
-                f"{uri} by {role_arn}",
-                FAIL,
-                "; ".join(denied),
-                "list the prefix in data.allowed_uris and redeploy; a bucket in another account must also allow "
-                "the role in its bucket policy",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                "data",
-                f"{uri} by {role_arn}",
-                PASS,
-                "its policies allow s3:ListBucket and s3:GetObject "
-                "(IAM policy simulator; a bucket policy may still deny)",
+                "the checkpoint and output prefixes are known once the stack is deployed",
             )
         )
     return out

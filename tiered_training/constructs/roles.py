@@ -311,9 +311,11 @@ class TrainingRoles(Construct):
             actions=["logs:CreateLogStream", "logs:PutLogEvents"],
             resource_arns=[f"{logs}:log-stream:*"],
         )
-        iam.Grant.add_to_principal(
-            grantee=execution, actions=["logs:CreateLogGroup", "logs:DescribeLogStreams"], resource_arns=[f"{logs}:*"]
-        )
+        # CreateLogGroup is authorized on the group's own ARN (log-group:<name>, no ":*"), as the managed
+        # policy AmazonSageMakerFullAccess grants it on log-group:/aws/sagemaker/*; the group is created
+        # by the first training job in a region that writes to it.
+        iam.Grant.add_to_principal(grantee=execution, actions=["logs:CreateLogGroup"], resource_arns=[logs])
+        iam.Grant.add_to_principal(grantee=execution, actions=["logs:DescribeLogStreams"], resource_arns=[f"{logs}:*"])
         for arn in (f"{logs}:log-stream:*", f"{logs}:*"):
             late.add(execution, arn, "SageMaker names each training job's log streams after the generated job name")
         # cloudwatch:PutMetricData has no resource-level permissions (IAM requires Resource "*");

@@ -8,14 +8,14 @@
 // kms:EncryptionContext:<key> keys (it matches variable keys of the form prefix/<name> only), so a
 // request that carries one is evaluated again, after validation, with runUnsafeSimulation and its
 // whole context. Any other dropped key is reported as an error: no request may silently lose a key.
+// With --lines: one JSON list per stdin line, one result list per stdout line.
 import { createValidatedPolicy, validateResourcePolicy } from '@cloud-copilot/iam-policy'
 import { anonymousPrincipal, runSimulation, runUnsafeSimulation } from '@cloud-copilot/iam-simulate'
+import { createInterface } from 'node:readline'
 
 const ENCRYPTION_CONTEXT = /^kms:encryptioncontext:/i
 
-const chunks = []
-for await (const chunk of process.stdin) chunks.push(chunk)
-const simulations = JSON.parse(Buffer.concat(chunks).toString('utf8'))
+async function evaluate(simulations) {
 const out = []
 for (const simulation of simulations) {
   if (simulation.request.principal === 'anonymous') simulation.request.principal = anonymousPrincipal
@@ -40,4 +40,18 @@ for (const simulation of simulations) {
     out.push({ result: response.overallResult, errors: null })
   }
 }
-process.stdout.write(JSON.stringify(out))
+return out
+}
+
+if (process.argv.includes('--lines')) {
+  // One JSON list of simulations per input line, one JSON list of results per output line,
+  // so a caller keeps one process for many small requests.
+  for await (const line of createInterface({ input: process.stdin })) {
+    if (line.trim() === '') continue
+    process.stdout.write(JSON.stringify(await evaluate(JSON.parse(line))) + '\n')
+  }
+} else {
+  const chunks = []
+  for await (const chunk of process.stdin) chunks.push(chunk)
+  process.stdout.write(JSON.stringify(await evaluate(JSON.parse(Buffer.concat(chunks).toString('utf8')))))
+}
