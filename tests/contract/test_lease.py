@@ -157,6 +157,10 @@ def test_the_launchers_lease_renews_in_the_background_and_releases(client, s3):
     RunLease(s3, RUN_URI, "run-1", protocol.Holder(A.execution, A.job, "algo-2"), say=lambda _: None).check()
     a.release()
     assert protocol.read(s3, URI) is None
+    said = []
+    waited = RunLease(s3, RUN_URI, "run-1", protocol.Holder(A.execution, A.job, "algo-2"), say=said.append)
+    waited.check(wait_seconds=0.3, poll_seconds=0.1)  # the first host never took it: go on, the rendezvous decides
+    assert said == [f"launcher: no live lease at {URI} after 0.3 s; going on"]
     other.take()
     other.release()
 

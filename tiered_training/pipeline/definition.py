@@ -280,7 +280,7 @@ def training_arguments(
         segment = Segment(EXECUTION_ID, False, 1, plan.segments, plan.segment_seconds)
     recipe = plan.recipe
     compute = recipe.compute
-    env = family_environment(plan)
+    env: dict[str, Any] = dict(family_environment(plan))
     env[MODE_VARIABLE] = "probe" if probe else "train"
 
     channels = [_channel(TRAIN_CHANNEL, param(P_DATA_URI), recipe.data.input_mode)]

@@ -1,9 +1,10 @@
 """The launcher's side of one execution per run (tiered_training/contract/lease.py).
 
 Before torchrun starts, the first host takes the run's lease in the store and a background thread renews it every
-``RENEW_SECONDS``; it is released when torchrun exits (success, failure, SIGTERM). The other hosts only read it: a
-live lease of another execution refuses them too. A job whose Environment names no run prefix (not started by the
-pipeline, or the probe) takes no lease. boto3 is the image's (the DLC ships it); torch is not imported.
+``RENEW_SECONDS``; it is released when torchrun exits (success, failure, SIGTERM). The other hosts only read it: they
+wait (at most ``WAIT_SECONDS``) until the first host holds it, and a live lease of another execution refuses them too.
+A job whose Environment names no run prefix (not started by the pipeline, or the probe) takes no lease. boto3 is the
+image's (the DLC ships it); torch is not imported.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 from tiered_training.contract import lease as protocol
 from tiered_training.contract.container import EXECUTION_VARIABLE, JOB_NAME_VARIABLE, RUN_URI_VARIABLE
+
+WAIT_SECONDS = 120.0  # how long the other hosts wait for the first host's lease
 
 
 class LeaseRefused(Exception):
@@ -78,15 +81,25 @@ class RunLease:
         self._thread = threading.Thread(target=self._renew, name="run-lease", daemon=True)
         self._thread.start()
 
-    def check(self) -> None:
-        """The other hosts: refuse when another execution's live lease holds the run."""
-        try:
-            held = protocol.read(self.s3, self.uri)
-        except Exception as error:  # noqa: BLE001 - the first host's take decides; this host only looks
-            self.say(f"launcher: cannot read the lease at {self.uri}: {_short(error)}")
-            return
-        if held is not None and held.live(self.now()) and not held.holder.same_as(self.holder):
-            raise self._refusal(held)
+    def check(self, wait_seconds: float = WAIT_SECONDS, poll_seconds: float = 1.0) -> None:
+        """The other hosts: wait until the first host holds the lease; refuse when another execution's live lease
+        holds the run. After ``wait_seconds`` without either, go on: the first host failed to start, and the
+        rendezvous fails the job."""
+        deadline = self.now() + wait_seconds
+        while True:
+            try:
+                held = protocol.read(self.s3, self.uri)
+            except Exception as error:  # noqa: BLE001 - the first host's take decides; this host only looks
+                self.say(f"launcher: cannot read the lease at {self.uri}: {_short(error)}")
+                return
+            if held is not None and held.live(self.now()):
+                if held.holder.same_as(self.holder):
+                    return
+                raise self._refusal(held)
+            if self.now() >= deadline:
+                self.say(f"launcher: no live lease at {self.uri} after {wait_seconds:g} s; going on")
+                return
+            time.sleep(poll_seconds)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.renew_seconds):
