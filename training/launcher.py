@@ -78,6 +78,7 @@ from tiered_training.catalog.environment import family_environment
 from tiered_training.contract.container import MODE_VARIABLE
 from tiered_training.contract.container import OPT_ML as SAGEMAKER_OPT_ML
 from tiered_training.contract.failures import causes_first
+from training.components.run_lease import LeaseRefused, RunLease
 
 OPT_ML = Path(SAGEMAKER_OPT_ML)
 CONFIG_DIR = OPT_ML / "input/config"
@@ -86,6 +87,7 @@ OPT_ML_VARIABLE = "TIERED_TRAINING_OPT_ML"
 FAILURE_DIR_VARIABLE = "TIERED_TRAINING_FAILURE_DIR"
 MODES = ("train", "probe")
 EXIT_USAGE = 2
+EXIT_HELD = 3  # another execution holds the run's lease
 
 
 class LaunchError(Exception):
@@ -100,6 +102,7 @@ class Launch:
     node_rank: int
     nproc_per_node: int
     mode: str
+    run_id: str = ""
 
     def summary(self) -> str:
         return (
@@ -298,7 +301,9 @@ def build_launch(
     added.update(family_environment(instance_type, resourceconfig.get("network_interface_name")))
     env = {**added, **{k: v for k, v in environ.items() if k != MODE_VARIABLE}}
     env[MODE_VARIABLE] = mode
-    return Launch(argv=argv, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=gpus, mode=mode)
+    return Launch(
+        argv=argv, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=gpus, mode=mode, run_id=cfg.run.id
+    )
 
 
 def opt_ml_paths(root: Path) -> tuple[dict[str, str], list[str]]:
@@ -383,8 +388,12 @@ def write_failure(output_dir: Path, reason: str) -> None:
         print(f"launcher: cannot write {output_dir / 'failure'}: {error.strerror}", file=sys.stderr)
 
 
-def run_torchrun(launch: Launch, output_dir: Path) -> int:
-    """Run torchrun as a child, send SIGTERM to its workers, write the failure file; its exit status."""
+def run_torchrun(launch: Launch, output_dir: Path, lease: RunLease | None = None) -> int:
+    """Run torchrun as a child, send SIGTERM to its workers, write the failure file; its exit status.
+
+    ``lease``: the run's lease this host holds; released when torchrun exits. Should it be lost (taken over after
+    this host stopped renewing it), the workers get SIGTERM: they save and stop, and the job fails naming the taker.
+    """
     failure_dir = Path(tempfile.mkdtemp(prefix="tt-failures-"))
     env = {**launch.env, FAILURE_DIR_VARIABLE: str(failure_dir)}
     argv = list(launch.argv)
@@ -402,10 +411,25 @@ def run_torchrun(launch: Launch, output_dir: Path) -> int:
         print(f"launcher: {signal.Signals(signum).name} sent to {len(workers) or 'torchrun, no'} worker(s)", flush=True)
 
     signal.signal(signal.SIGTERM, forward)
-    status = proc.wait()
+    lost = None
+    try:
+        while True:
+            try:
+                status = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if lease is not None and lease.lost and lost is None:
+                    lost = lease.lost
+                    forward(signal.SIGTERM, None)
+    finally:
+        if lease is not None:
+            lease.release()
     if status != 0:
         time.sleep(0.2)  # a worker's last words
         write_failure(output_dir, failure_reason(failure_dir, status, launch.env.get("SM_CURRENT_HOST", "this host")))
+    elif lost is not None:
+        write_failure(output_dir, f"launcher: {lost}; the workers were stopped")
+        status = 1
     shutil.rmtree(failure_dir, ignore_errors=True)
     return status if status >= 0 else 128 - status
 
@@ -437,9 +461,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"launcher: error: {error}", file=sys.stderr)
         write_failure(root / "output", f"launcher: {error}")
         return EXIT_USAGE
+    lease = None
+    if launch.mode == "train":
+        try:
+            lease = take_lease(launch, environ)
+        except LeaseRefused as error:
+            print(f"launcher: error: {error}", file=sys.stderr, flush=True)
+            write_failure(root / "output", f"launcher: {error}")
+            return EXIT_HELD
     print(launch.summary(), flush=True)
     sys.stderr.flush()
-    return run_torchrun(launch, root / "output")
+    return run_torchrun(launch, root / "output", lease)
+
+
+def take_lease(launch: Launch, environ: Mapping[str, str]) -> RunLease | None:
+    """The run's lease (training/components/run_lease.py): taken by the first host, checked by the others."""
+    lease = RunLease.from_environment(
+        environ, launch.run_id, launch.env.get("SM_CURRENT_HOST", ""), say=lambda text: print(text, flush=True)
+    )
+    if lease is None:
+        return None
+    if launch.node_rank == 0:
+        lease.take()
+        return lease
+    lease.check()
+    return None
 
 
 if __name__ == "__main__":

@@ -468,3 +468,32 @@ def test_after_expired_credentials_the_follow_renews_its_clients():
         new_stubber.assert_no_pending_responses()
     assert result.status == "Succeeded" and renewed == [True]
     assert "credentials have expired" in out.getvalue()
+
+
+def test_start_resume_is_refused_while_another_execution_holds_the_runs_lease(endpoint, recipe):
+    """A live lease in the run's prefix refuses `start --resume` before StartPipelineExecution, naming its holder's
+    execution (exit 1); once it has gone stale (not renewed for STALE_SECONDS) the resume starts."""
+    from tiered_training.contract import lease
+
+    s3 = client("s3", endpoint)
+    try:
+        s3.create_bucket(Bucket="tt-store")
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    manifest = {"step": 4, "committed_at": 1.0, "files": {}, "run": {"run_id": "held7"}}
+    s3.put_object(Bucket="tt-store", Key="c/runs/held7/step-4/COMMITTED", Body=json.dumps(manifest).encode())
+    holder = lease.Holder(f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/follow-me/execution/holder1",
+                          "follow-me-Resume-holder1", "algo-1")
+    taken = lease.acquire(s3, "s3://tt-store/c/runs/held7/lease.json", "held7", holder)
+    before = len(executions(endpoint, "follow-me"))
+    result = invoke("start", recipe, "--no-follow", "--endpoint-url", endpoint, "--resume", "held7")
+    assert result.exit_code == 1, result.output
+    assert "--resume held7: run held7 is held by execution arn:aws:sagemaker:" in result.stderr
+    assert "execution/holder1 (training job follow-me-Resume-holder1)" in result.stderr
+    assert len(executions(endpoint, "follow-me")) == before
+    stale = lease.renew(s3, "s3://tt-store/c/runs/held7/lease.json", taken,
+                        now=lambda: time.time() - lease.STALE_SECONDS - 1)
+    assert not stale.live(time.time())
+    result = invoke("start", recipe, "--no-follow", "--endpoint-url", endpoint, "--resume", "held7")
+    assert result.exit_code == 0, result.output
+    assert len(executions(endpoint, "follow-me")) == before + 1

@@ -78,6 +78,7 @@ from pydantic import ValidationError
 from support import RECIPES, recipe_dict, write_yaml
 
 from tiered_training.contract import metrics
+from tiered_training.contract.container import EXECUTION_VARIABLE, RUN_URI_VARIABLE
 from tiered_training.contract.runconfig import TENSORBOARD_DIR, VALIDATION_CHANNEL, RunConfig
 from tiered_training.pipeline import definition as d
 from tiered_training.pipeline import validation
@@ -315,6 +316,9 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
     environment = {**d.family_environment(plan), d.MODE_VARIABLE: "probe" if probe else "train"}
     # Each run keeps its checkpoints under a prefix of its own: <checkpoint prefix>runs/<run id>/.
     checkpoints = sdk.functions.Join(on="", values=[_join(resources.checkpoint_s3_uri, "runs/"), run_id(sdk, params, spec), "/"])
+    if not probe:  # the launcher takes the run's lease in its prefix, naming the execution
+        environment[RUN_URI_VARIABLE] = checkpoints
+        environment[EXECUTION_VARIABLE] = sdk.ExecutionVariables.PIPELINE_EXECUTION_ARN
 
     trainer = sdk.ModelTrainer(
         sagemaker_session=sdk.session,

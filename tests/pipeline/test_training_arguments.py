@@ -95,7 +95,10 @@ def test_the_family_environment_leaves_out_what_each_host_works_out(tmp_path):
     assert env == {k: v for k, v in full.items() if k != "NCCL_SOCKET_IFNAME"}
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_DEBUG"] == "WARN"
     assert list(env) == sorted(env)
-    assert d.training_arguments(plan, RESOURCES, probe=False)["Environment"] == {**env, d.MODE_VARIABLE: "train"}
+    run_env = {d.RUN_URI_VARIABLE: d.run_checkpoint_uri(RESOURCES, d.EXECUTION_ID),
+               d.EXECUTION_VARIABLE: {"Get": "Execution.PipelineExecutionArn"}}
+    assert d.training_arguments(plan, RESOURCES, probe=False)["Environment"] == {**env, d.MODE_VARIABLE: "train", **run_env}
+    assert d.training_arguments(plan, RESOURCES, probe=True)["Environment"] == {**env, d.MODE_VARIABLE: "probe"}
 
 
 def test_spot_has_no_warm_pool_and_waits_at_least_its_runtime(tmp_path):

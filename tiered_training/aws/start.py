@@ -242,7 +242,8 @@ def check_resumable(sm: Any, s3: Any, pipeline_name: str, run_id: str, data_uri:
     checkpoint in the store, or with other data than the run's. A store this caller cannot read is left to the
     launcher, which checks the same before compute."""
     try:
-        listed = {run.run_id: run for run in list_runs(s3, runs_uri(sm, pipeline_name))}
+        uri = runs_uri(sm, pipeline_name)
+        listed = {run.run_id: run for run in list_runs(s3, uri)}
     except StartError:
         return
     run = listed.get(run_id)
@@ -256,4 +257,23 @@ def check_resumable(sm: Any, s3: Any, pipeline_name: str, run_id: str, data_uri:
         raise ParameterError(
             f"--resume {run_id} --data-uri {data_uri}: the run trains on {run.data_uri}; resume it "
             "without --data-uri, or start a new run on the other data"
+        )
+    check_lease(s3, f"{uri.rstrip('/')}/{run_id}/", run_id)
+
+
+def check_lease(s3: Any, run_uri: str, run_id: str, now: Callable[[], float] = time.time) -> None:
+    """Refuse to resume a run while another execution holds its lease (tiered_training/contract/lease.py), naming
+    that execution. A stale lease (not renewed for ``STALE_SECONDS``) is left for the new job to take over; a lease
+    this caller cannot read is left to the launcher, which takes it before compute."""
+    from tiered_training.contract import lease
+
+    try:
+        held = lease.read(s3, lease.lease_uri(run_uri))
+    except Exception:  # noqa: BLE001 - botocore's errors (access denied, no connection): the launcher decides
+        return
+    if held is not None and held.live(now()):
+        raise StartError(
+            f"--resume {run_id}: {held.describe(now())}; one execution trains a run at a time. Wait for it to end "
+            f"or stop it (`tiered-training stop`); a lease not renewed for {lease.STALE_SECONDS} s is stale",
+            code="RunLeased",
         )

@@ -138,7 +138,8 @@ def start(
     plan = _run_recipe(recipe)
     try:
         check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
-        sm, *rest = _clients(plan, aws, "sagemaker", *(["cloudwatch"] if follow else []), services_for="start")
+        extra = (["cloudwatch"] if follow else []) + (["s3"] if resume else [])  # s3: the run's checkpoints and lease
+        sm, *rest = _clients(plan, aws, "sagemaker", *extra, services_for="start")
         result = start_pipeline(
             plan,
             instance_count=instance_count,
@@ -149,7 +150,8 @@ def start(
             follow=follow,
             poll_seconds=poll_seconds,
             client=sm,
-            cloudwatch=rest[0] if rest else None,
+            cloudwatch=rest[0] if follow else None,
+            s3=rest[-1] if resume else None,
             reporter=runs.QuietReporter() if format is TextFormat.json else None,
             stage=stage,
             renew=lambda: _renewed(plan, aws),

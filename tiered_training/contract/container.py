@@ -30,3 +30,12 @@ HYPERPARAMETERS_FILE = f"{OPT_ML}/input/config/hyperparameters.json"
 # Training jobs' stdout and stderr: one stream per host (<job>/algo-<n>-<time>); the container's EMF lines
 # go there, so it is also the namespace of the per-host metrics CloudWatch extracts from them.
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+# One execution per run (tiered_training/contract/lease.py): the Train steps' Environment names the run's checkpoint
+# prefix (its CheckpointConfig.S3Uri) and the pipeline execution; SageMaker itself sets TRAINING_JOB_NAME.
+RUN_URI_VARIABLE = "TIERED_TRAINING_RUN_URI"
+EXECUTION_VARIABLE = "TIERED_TRAINING_EXECUTION_ARN"
+JOB_NAME_VARIABLE = "TRAINING_JOB_NAME"
+LEASE_NAME = "lease.json"  # <run prefix>lease.json, beside the run's step-N/ checkpoints
+LEASE_RENEW_SECONDS = 60  # the holder rewrites the lease this often
+LEASE_STALE_RENEWALS = 5  # a lease not renewed for this many intervals (5 minutes) may be taken over

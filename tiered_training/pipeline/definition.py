@@ -64,8 +64,10 @@ from tiered_training.catalog import environment
 from tiered_training.contract import metrics
 from tiered_training.contract.container import (
     CHECKPOINT_LOCAL_PATH,
+    EXECUTION_VARIABLE,
     MODE_VARIABLE,
     MODEL_CHANNEL,
+    RUN_URI_VARIABLE,
     TENSORBOARD_DIR,
     TRAIN_CHANNEL,
     VALIDATION_CHANNEL,
@@ -279,7 +281,7 @@ def training_arguments(
         segment = Segment(EXECUTION_ID, False, 1, plan.segments, plan.segment_seconds)
     recipe = plan.recipe
     compute = recipe.compute
-    env = family_environment(plan)
+    env: dict[str, Any] = dict(family_environment(plan))
     env[MODE_VARIABLE] = "probe" if probe else "train"
 
     channels = [_channel(TRAIN_CHANNEL, param(P_DATA_URI), recipe.data.input_mode)]
@@ -341,6 +343,9 @@ def training_arguments(
             "S3Uri": run_checkpoint_uri(resources, segment.run_id),
             "LocalPath": CHECKPOINT_LOCAL_PATH,
         }
+        # The launcher takes the run's lease there, naming this execution (tiered_training/contract/lease.py).
+        env[RUN_URI_VARIABLE] = run_checkpoint_uri(resources, segment.run_id)
+        env[EXECUTION_VARIABLE] = {"Get": "Execution.PipelineExecutionArn"}
         args["RetryStrategy"] = {"MaximumRetryAttempts": JOB_RETRY_ATTEMPTS}
         if recipe.tracking.tensorboard:
             # SageMaker uploads the event files the trainer writes there (training/components/tracking.py).

@@ -199,7 +199,7 @@ class JobRunner:
             self._prepare(host, names, resources, args, hyperparameters, checkpoint_uri)
         started = time.monotonic()
         for host in hosts:
-            self._start(host, args, port, step)
+            self._start(host, args, port, step, job_name)
         interrupted_by: str | None = None
         watch = _Watch(interrupt, hosts) if interrupt else None
         first_failure: float | None = None
@@ -290,8 +290,12 @@ class JobRunner:
     def _observe(self, held: int) -> None:
         self.max_checkpoints = max(self.max_checkpoints, held)
 
-    def _start(self, host: Host, args: dict, port: int, step: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERED_TRAINING_", "TT_", "SM_"))}
+    def _start(self, host: Host, args: dict, port: int, step: str, job_name: str) -> None:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TIERED_TRAINING_", "TT_", "SM_")) and k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN")
+        }
         env.update({str(k): str(v) for k, v in (args.get("Environment") or {}).items()})
         env.update(
             {
@@ -299,6 +303,12 @@ class JobRunner:
                 "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
                 "TIERED_TRAINING_MASTER_PORT": str(port),
                 "SM_NUM_GPUS": str(self.workers),
+                "TRAINING_JOB_NAME": job_name,  # SageMaker sets it in the container
+                # The launcher's S3 calls (the run's lease) reach the local S3, as the job's role reaches the store.
+                "AWS_ENDPOINT_URL_S3": str(self.s3.endpoint),
+                "AWS_ACCESS_KEY_ID": "rehearsal",
+                "AWS_SECRET_ACCESS_KEY": "rehearsal",
+                "AWS_DEFAULT_REGION": env.get("AWS_DEFAULT_REGION") or "us-east-1",
                 "OMP_NUM_THREADS": "1",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),

@@ -9,6 +9,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ class Then:
     recipe: Path | None = None
     before: Callable[[Any, Rehearsal], None] | None = None
     resume: bool = False  # resume the first execution's run (RunId = its execution id)
+    alongside: bool = False  # start at the same moment as the execution before it, not after it ends
 
 
 @dataclass
@@ -443,7 +445,15 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 execution = interpreter.run(params)
                 result.checkpoint_uri = result.run_prefix(execution.execution_id)
                 runner.interrupt = None
+                ready: list[tuple[dict[str, Any], dict[str, str]]] = []  # executions that start together
+
+                def start_ready() -> None:
+                    result.later.extend(_run_together(ready, runner, say, limits))
+                    ready.clear()
+
                 for number, step in enumerate(later, start=2):
+                    if not step.alongside:
+                        start_ready()
                     if step.before is not None:
                         step.before(client, result)
                     later_plan, later_definition = plan, definition
@@ -473,8 +483,10 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         f"execution {number}, on the same store: "
                         + (", ".join(f"{k}={v}" for k, v in step.params.items()) or "defaults")
                         + (f"; the pipeline redeployed from {step.recipe}" if step.recipe else "")
+                        + (f"; at the same time as execution {number - 1}" if step.alongside else "")
                     )
-                    result.later.append(_run_later(later_definition, runner, say, limits, values))
+                    ready.append((later_definition, values))
+                start_ready()
                 result.then = result.later[0] if result.later else None
             except PipelineError as error:
                 raise RehearsalError(f"the pipeline cannot run: {error}") from None
@@ -500,6 +512,31 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
 def _run_later(definition: dict[str, Any], runner: JobRunner, say, limits, values: dict[str, str]) -> Execution:
     return Interpreter(definition, runner, report=lambda event: _print_event(say, event), limits=limits).run(values)
+
+
+def _run_together(
+    ready: list[tuple[dict[str, Any], dict[str, str]]], runner: JobRunner, say, limits
+) -> list[Execution]:
+    """Run the executions at once (one thread each), as two starts a second apart would; in the order given."""
+    if len(ready) <= 1:
+        return [_run_later(definition, runner, say, limits, values) for definition, values in ready]
+    found: list[Execution | BaseException | None] = [None] * len(ready)
+
+    def run(index: int, definition: dict[str, Any], values: dict[str, str]) -> None:
+        try:
+            found[index] = _run_later(definition, runner, say, limits, values)
+        except BaseException as error:  # noqa: BLE001 - raised below, in this thread
+            found[index] = error
+
+    threads = [threading.Thread(target=run, args=(i, d, v), daemon=True) for i, (d, v) in enumerate(ready)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for outcome in found:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [outcome for outcome in found if isinstance(outcome, Execution)]
 
 
 _init_checkpoints: dict[tuple[str, int], Path] = {}
