@@ -1255,9 +1255,9 @@ def _instance_counts(
         parallel=ParallelConfig(
             sharding=setting.sharding, shard_group_size=setting.shard_group, context_parallel=setting.context_parallel
         ),
-        hardware=SimpleNamespace(gpus_per_node=run.instance.gpus),
+        hardware=SimpleNamespace(gpus_per_node=run.instance.gpus, min_nodes=run.min_nodes),
     )
-    counts = [n for n in supported_instance_counts(shape) if n >= run.min_nodes]
+    counts = supported_instance_counts(shape)
     run.decide(
         "compute.instance_counts",
         counts,
