@@ -75,8 +75,10 @@ from tiered_training.contract.container import (
 )
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
+    LAST_WARM_POOL_SECONDS,
     PROBE_RUNTIME_SECONDS,
     PROBE_SPOT_WAIT_SECONDS,
+    WARM_POOL_SECONDS,
     probe_runtime_seconds,
 )
 
@@ -154,13 +156,6 @@ SERVICE_RETRY = {
 }
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
 PROBE_MAX_RUNTIME_SECONDS = PROBE_RUNTIME_SECONDS
-# The Gate and a segment's hand-over take seconds to minutes; a pool that nothing follows (a
-# failed gate) idles, billed, for this long at most.
-WARM_POOL_SECONDS = 600
-# A job that follows another must set a keep-alive too, or SageMaker does not match it to the pool;
-# when nothing follows it (Train after the Probe, a run's last segment), its pool idles, billed,
-# for this long: one minute x InstanceCount per run.
-LAST_WARM_POOL_SECONDS = 60
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,12 @@ from tiered_training.planning.plan import (
 from tiered_training.planning.quotas import findings as quota_findings
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
+    LAST_WARM_POOL_SECONDS,
     MAX_SEGMENTS,
     PROBE_SPOT_WAIT_SECONDS,
     RUNTIME_QUOTA,
     SPOT_WAIT_SECONDS,
+    WARM_POOL_SECONDS,
     Segments,
     job_runtime_seconds,
     plan_segments,
@@ -1200,6 +1202,27 @@ def _spot(recipe: Recipe, run: _Run) -> None:
         )
 
 
+def _warm_pools(run: _Run, count: int) -> None:
+    """How long a job keeps its instances for the next one (``KeepAlivePeriodInSeconds``), and the idle time
+    that can be billed (docs/runs.md)."""
+    compute = run.recipe.compute
+    if compute.spot:
+        run.decide("compute.warm_pool_minutes", 0, "none: warm pools do not work with managed spot training", None)
+        return
+    nodes = compute.instance_count
+    probe = "the Probe" if run.recipe.probe.enabled else "the Probe (when SkipProbe is false)"
+    handing = probe + (" and every segment but the last" if count > 1 else "")
+    run.decide(
+        "compute.warm_pool_minutes",
+        WARM_POOL_SECONDS // 60,
+        f"{handing} keep their instances for the next job, which asks for a warm pool too (SageMaker matches only "
+        f"such a job) and so keeps its own {LAST_WARM_POOL_SECONDS // 60} min after the run; billed idle time: at "
+        f"most {WARM_POOL_SECONDS // 60} min x {nodes} instance(s) when the gate or a segment fails, and "
+        f"{LAST_WARM_POOL_SECONDS // 60} min x {nodes} after the run",
+        None,
+    )
+
+
 def _segments(run: _Run, estimates: Estimates) -> Segments:
     """The number of training jobs the run needs under the runtime limit (tiered_training/planning/segments.py)."""
     recipe = run.recipe
@@ -1220,6 +1243,7 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
         f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)"
     )
     run.decide("compute.segments", segments.count, reason, None)
+    _warm_pools(run, segments.count)
     if segments.count > MAX_SEGMENTS:
         run.error(
             "too-many-segments",
