@@ -1215,8 +1215,9 @@ def _warm_pools(run: _Run, count: int) -> None:
     run.decide(
         "compute.warm_pool_minutes",
         WARM_POOL_SECONDS // 60,
-        f"{handing} keep their instances for the next job, which asks for a warm pool too (SageMaker matches only "
-        f"such a job) and so keeps its own {LAST_WARM_POOL_SECONDS // 60} min after the run; billed idle time: at "
+        f"jobs that another follows ({handing}) keep their instances for it; the job that takes them asks for a "
+        f"warm pool too (SageMaker matches only such a job), kept {LAST_WARM_POOL_SECONDS // 60} min after the run; "
+        f"billed idle time: at "
         f"most {WARM_POOL_SECONDS // 60} min x {nodes} instance(s) when the gate or a segment fails, and "
         f"{LAST_WARM_POOL_SECONDS // 60} min x {nodes} after the run",
         None,
