@@ -192,60 +192,58 @@ def load_run_config(hyperparameters: Mapping[str, Any]):
         ) from None
 
 
-def _check_world(cfg, world: int, checkpoint_dir: Path | None) -> None:
-    """Refuse, before torchrun starts, to resume on a host count that cannot keep the global batch
-    (training/world.py). Only the checkpoint the trainer would resume counts: committed, its
-    manifest naming its step, every file present at its size (checksums are the trainer's);
-    a leftover marker or a misnamed copy is not read."""
+def _resumable(cfg, checkpoint_dir: Path | None) -> tuple[int, dict] | None:
+    """The checkpoint the trainer would resume: ``(step, manifest)``, or None. Committed, its manifest naming
+    its step and (for a run) this run, every file present at its size (checksums are the trainer's); a leftover
+    marker, a misnamed copy or another run's checkpoint is skipped, as the trainer skips it. No torch."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir() or not any(checkpoint_dir.glob("step-*")):
-        return
-    from tiered_training.contract.world import WorldSizeError, resume_accumulation
+        return None
     from training.components.checkpoint_files import find_resumable, read_manifest, step_dir
+    from training.components.identity import same_run
 
-    step, _ = find_resumable(checkpoint_dir, checksums=False, metadata=False)  # no torch in the launcher
+    run_id = cfg.run.id if cfg is not None else None
+    accept = same_run({"run_id": run_id}) if run_id else None
+    step, _ = find_resumable(checkpoint_dir, checksums=False, metadata=False, accept=accept)
     if step is None:
+        return None
+    return step, read_manifest(step_dir(checkpoint_dir, step)) or {}
+
+
+def _check_world(cfg, world: int, checkpoint_dir: Path | None, hosts: int | None = None) -> None:
+    """Refuse, before torchrun starts, to resume on a host count that new runs of the plan may not use, or that
+    cannot keep the global batch of the checkpoint the trainer would resume (tiered_training/contract/world.py)."""
+    found = _resumable(cfg, checkpoint_dir)
+    if found is None:
         return
-    saved_world = (read_manifest(step_dir(checkpoint_dir, step)) or {}).get("world_size")
+    saved_world = found[1].get("world_size")
     if not isinstance(saved_world, int) or saved_world == world:
         return
-    try:
-        resume_accumulation(cfg, int(saved_world), world)
-    except WorldSizeError as error:
-        raise LaunchError(str(error)) from None
+    from tiered_training.contract.world import check_instance_count
+
+    gpus = max(1, cfg.hardware.gpus_per_node or 1)
+    problem = check_instance_count(cfg, world, hosts or max(1, world // gpus), saved_world)
+    if problem:
+        raise LaunchError(problem)
 
 
 def _check_run(cfg, world: int, hosts: int, checkpoint_dir: Path | None, data_dir: Path | None) -> None:
     """Refuse, before torchrun starts, a job that would not continue its run as planned: a resume whose
     checkpoint is of another run, model or data (training/components/identity.py), or a new run on a host count
-    that cannot keep the plan's global batch (tiered_training/contract/world.py)."""
+    the plan does not support (tiered_training/contract/world.py; a resume's count is _check_world's)."""
     if not cfg.run.id:  # not started by the pipeline: no run to check
         return
-    from training.components.identity import check_resume, committed_manifests
+    from training.components.identity import check_resume
 
     problem = check_resume(cfg, checkpoint_dir, data_dir, world)
     if problem:
         raise LaunchError(problem)
-    if checkpoint_dir is not None and committed_manifests(checkpoint_dir):
+    if _resumable(cfg, checkpoint_dir) is not None:
         return  # a resume: _check_world decides on the host count
-    from tiered_training.contract.world import WorldSizeError, accumulation, planned_world, supported_instance_counts
+    from tiered_training.contract.world import check_instance_count
 
-    _, exact = accumulation(cfg, world)
-    counts = supported_instance_counts(cfg)
-    try:
-        planned = planned_world(cfg)
-    except WorldSizeError:
-        planned = world
-    if not exact or (cfg.parallel.sharding == "full" and world < planned):
-        raise LaunchError(
-            f"InstanceCount {hosts} ({world} GPUs) cannot run the plan as planned: the global batch of "
-            f"{cfg.batch.global_batch_tokens:,} tokens per step, planned on {planned} GPUs, "
-            + (
-                "would not stay whole"
-                if not exact
-                else "would need more memory per GPU (full sharding over fewer GPUs)"
-            )
-            + f"; instance counts this plan supports: {', '.join(map(str, counts)) or 'only the planned one'}"
-        )
+    problem = check_instance_count(cfg, world, hosts)
+    if problem:
+        raise LaunchError(problem)
 
 
 # -- the pure function -------------------------------------------------------------------
@@ -273,7 +271,7 @@ def build_launch(
 
     nnodes, node_rank = len(hosts), hosts.index(current)
     _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
-    _check_world(cfg, nnodes * gpus, checkpoint_dir)
+    _check_world(cfg, nnodes * gpus, checkpoint_dir, nnodes)
     master_addr = environ.get("TIERED_TRAINING_MASTER_ADDR") or hosts[0]
     master_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
     argv = [

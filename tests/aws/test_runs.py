@@ -324,14 +324,15 @@ def test_status_lists_the_recipes_runs_and_their_last_checkpoints(endpoint, reci
     s3 = client("s3", endpoint)
     s3.create_bucket(Bucket="tt-store")
 
-    def commit(run: str, directory: str, step: int, at: float) -> None:
+    def commit(run: str, directory: str, step: int, at: float, owner: str | None = None) -> None:
         manifest = {"step": step, "committed_at": at, "world_size": 8, "files": {},
-                    "run": {"run_id": run, "data_uri": "s3://bucket-for-tests/tokens/", "tokens_seen": step * 1000}}
+                    "run": {"run_id": owner or run, "data_uri": "s3://bucket-for-tests/tokens/", "tokens_seen": step * 1000}}
         s3.put_object(Bucket="tt-store", Key=f"c/runs/{run}/{directory}/COMMITTED", Body=json.dumps(manifest).encode())
 
     commit("aaa111", "step-4", 4, 100.0)
     commit("aaa111", "step-6", 6, 200.0)
     commit("aaa111", "step-99", 2, 50.0)  # a stale copy of step 2 under a higher name
+    commit("aaa111", "step-30", 30, 400.0, owner="bbb222")  # a copy of another run's checkpoint: the trainer skips it
     commit("bbb222", "step-3", 3, 300.0)
     s3.put_object(Bucket="tt-store", Key="c/runs/ccc333/step-2/__0_0.distcp", Body=b"x")  # a save that never committed
     started(endpoint, recipe)
@@ -341,7 +342,7 @@ def test_status_lists_the_recipes_runs_and_their_last_checkpoints(endpoint, reci
     at = lines.index("runs (s3://tt-store/c/runs/; resume one with `start --resume RUN`):")
     assert lines[at + 1:at + 4] == [
         "  bbb222: last checkpoint step 3, 3,000 tokens, data s3://bucket-for-tests/tokens/ (1 kept)",
-        "  aaa111: last checkpoint step 6, 6,000 tokens, data s3://bucket-for-tests/tokens/ (3 kept)",
+        "  aaa111: last checkpoint step 6, 6,000 tokens, data s3://bucket-for-tests/tokens/ (2 kept)",
         "  ccc333: no committed checkpoint",
     ]
     data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json").stdout)

@@ -182,3 +182,16 @@ def test_an_instance_count_that_changes_the_global_batch_is_refused_before_any_c
     message = str(raised.value)
     assert "--instance-count 3" in message and "4,194,304 tokens" in message
     assert f"the plan supports {', '.join(map(str, plan.instance_counts))}" in message
+
+
+def test_a_resume_is_held_to_the_instance_counts_a_new_run_may_use(tmp_path):
+    """qwen2.5-32b-hybrid needs at least 2 hosts: `start --resume RUN --instance-count 1` is refused before any call,
+    as a new run on 1 host is (the launcher would refuse it too, after the instances started)."""
+    plan = plan_file(next(p for p in RECIPES if p.stem == "qwen2.5-32b-hybrid"))
+    assert 1 not in plan.instance_counts
+    for resume in (None, "run-a"):
+        with pytest.raises(StartError) as raised:
+            start(plan, instance_count=1, resume=resume, follow=False, out=io.StringIO(), endpoint_url="http://127.0.0.1:9")
+        assert raised.value.exit_code == 2
+        assert f"the plan supports {', '.join(map(str, plan.instance_counts))}" in str(raised.value)
+    assert "--instance-count 1 (resuming run-a)" in str(raised.value)

@@ -195,7 +195,12 @@ def test_a_run_longer_than_a_job_is_a_chain_of_segments(definitions):
         assert [s.get("DependsOn") for s in steps] == [None, [chain], [f"{chain}-2"]]
         assert [s["Arguments"]["HyperParameters"]["run.segment"] for s in steps] == ["1", "2", "3"]
         assert {s["Arguments"]["HyperParameters"]["run.segments"] for s in steps} == {"3"}
-        assert [s["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for s in steps] == [600, 600, None]
+        # the last takes the pool too, so it asks for one (AWS matches only such a job), for a minute
+        keep = [s["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for s in steps]
+        assert keep == [d.WARM_POOL_SECONDS, d.WARM_POOL_SECONDS, d.LAST_WARM_POOL_SECONDS] == [600, 600, 60]
+        # every Training step retries a resource limit (another execution holds the instances) for a bounded time
+        assert {"ExceptionType": ["SageMaker.RESOURCE_LIMIT"], "IntervalSeconds": 1800, "BackoffRate": 2.0,
+                "MaxAttempts": 4} in steps[0]["RetryPolicies"]
         uris = {json.dumps(s["Arguments"]["CheckpointConfig"]["S3Uri"]) for s in steps}
         assert len(uris) == 1  # one run, one prefix
 

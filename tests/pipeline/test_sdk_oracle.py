@@ -295,9 +295,12 @@ def stopping(plan, spec: TrainingSpec) -> tuple[int, int | None, int | None]:
         runtime = segments.job_runtime_seconds(recipe)
         wait = segments.spot_wait_seconds(recipe, runtime)
     spot = recipe.compute.spot
-    # A job that another follows keeps its instances; warm pools do not work with spot.
+    # A job that another follows keeps its instances; one that follows another (Train after the Probe, a later
+    # segment) asks for a warm pool too, or SageMaker does not match it; warm pools do not work with spot.
     followed = spec.probe or spec.number < spec.count
-    return runtime, max(runtime, wait) if spot else None, d.WARM_POOL_SECONDS if followed and not spot else None
+    follows = spec.number > 1 or spec.name == d.S_TRAIN
+    keep = d.WARM_POOL_SECONDS if followed else d.LAST_WARM_POOL_SECONDS if follows else None
+    return runtime, max(runtime, wait) if spot else None, None if spot else keep
 
 
 def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: TrainingSpec, depends_on=None):
@@ -381,6 +384,7 @@ def sdk_retry_policies(sdk) -> list:
     policies = []
     for policy, kind, enum in (
         (d.CAPACITY_RETRY, r.SageMakerJobStepRetryPolicy, job),
+        (d.RESOURCE_LIMIT_RETRY, r.SageMakerJobStepRetryPolicy, job),
         (d.SERVICE_RETRY, r.StepRetryPolicy, step),
     ):
         policies.append(
@@ -595,7 +599,7 @@ def test_the_variants_reach_the_branches_no_template_takes(pairs, plans):
         steps = [d.find_step(theirs, name) for name in names]
         assert [step.get("DependsOn") for step in steps] == [None] + [[name] for name in names[:-1]]
         keep = [step["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for step in steps]
-        assert keep == [d.WARM_POOL_SECONDS] * (count - 1) + [None]
+        assert keep == [d.WARM_POOL_SECONDS] * (count - 1) + [d.LAST_WARM_POOL_SECONDS]
         assert {step["Arguments"]["StoppingCondition"]["MaxRuntimeInSeconds"] for step in steps} == {4 * 3600}
         run = {"Get": f"Parameters.{d.P_RUN_ID}"} if chain == d.S_RESUME else {"Get": "Execution.PipelineExecutionId"}
         assert steps[-1]["Arguments"]["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"][1] == run
@@ -627,10 +631,12 @@ def test_no_runconfig_string_reads_as_json(plans):
             lambda step: step["Arguments"]["HyperParameters"].update({"batch.total_steps": {"Get": "Parameters.MaxSteps"}}),
             "batch.total_steps",
         ),
-        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 1 items in ours, 2"),
+        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["RetryPolicies"].pop(), "RetryPolicies: 2 items in ours, 3"),
         ("variant-segments", "Train-2", lambda step: step.pop("DependsOn"), "[Train-2].DependsOn: only the SDK"),
         ("variant-segments", "Resume-2", lambda step: step.update(DependsOn=["Train"]), "[Resume-2].DependsOn[0]: ours \"Train\""),
         ("variant-segments", "Train", lambda step: step["Arguments"]["ResourceConfig"].pop("KeepAlivePeriodInSeconds"),
+         "KeepAlivePeriodInSeconds: only the SDK"),
+        ("llama3-8b-fp8", d.S_TRAIN, lambda step: step["Arguments"]["ResourceConfig"].pop("KeepAlivePeriodInSeconds"),
          "KeepAlivePeriodInSeconds: only the SDK"),
         (
             "variant-segments", "Resume",
@@ -646,7 +652,7 @@ def test_no_runconfig_string_reads_as_json(plans):
          lambda step: step["Arguments"]["HyperParameters"].update({"run.segment": "1"}), "run.segment: ours 1"),
     ],
     ids=["misspelt-member", "wrong-value", "integer-where-a-string-goes", "missing-retry-policy", "missing-depends-on",
-         "wrong-depends-on", "missing-warm-pool", "resume-of-a-new-run",
+         "wrong-depends-on", "missing-warm-pool", "train-after-probe-without-keep-alive", "resume-of-a-new-run",
          "unquoted-run-id", "wrong-segment-number"],
 )
 def test_the_comparison_catches_a_wrong_definition(pairs, recipe: str, step: str, mutate: Callable, expected: str):

@@ -65,7 +65,11 @@ def test_probe_and_train_differ_where_they_must(tmp_path):
         "probe:tokens_per_second", "probe:peak_memory_fraction", "probe:best_micro_batch"]
     assert "MetricDefinitions" not in train["AlgorithmSpecification"]
     assert probe["ResourceConfig"]["KeepAlivePeriodInSeconds"] == d.WARM_POOL_SECONDS
-    assert "KeepAlivePeriodInSeconds" not in train["ResourceConfig"]
+    assert "KeepAlivePeriodInSeconds" not in train["ResourceConfig"]  # a run that no job precedes (no probe)
+    # Train after the Probe takes the probe's pool: AWS matches it only if it asks for a warm pool of its own;
+    # nothing follows it, so its own pool idles for a minute at most.
+    after_probe = d.Segment(d.EXECUTION_ID, False, 1, 1, after_probe=True)
+    assert d.training_arguments(plan, RESOURCES, segment=after_probe)["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 60
     for args in (probe, train):
         assert args["AlgorithmSpecification"]["TrainingImage"] == RESOURCES.image_uri
         assert args["AlgorithmSpecification"]["TrainingInputMode"] == "File"
@@ -131,7 +135,7 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
     assert d.find_step(body, d.S_RESUME)["Description"] == "Resumes the run named by RunId from its checkpoints"
     for step in (probe, train):
         assert step["Type"] == "Training"
-        assert step["RetryPolicies"] == [d.CAPACITY_RETRY, d.SERVICE_RETRY]
+        assert step["RetryPolicies"] == [d.CAPACITY_RETRY, d.RESOURCE_LIMIT_RETRY, d.SERVICE_RETRY]
     assert body["Version"] == "2020-12-01"
     assert body["Metadata"] == {"GeneratedBy": "tiered-training", "Recipe": "unit-test"}
     assert body["Parameters"] == [

@@ -596,3 +596,17 @@ def test_the_plan_keeps_the_tiers_choice_for_a_gain_below_the_minimum():
     faster = [a for a in plan.alternatives if a.tokens_per_second_per_gpu > plan.estimates.tokens_per_second_per_gpu]
     assert faster and all(a.tokens_per_second_per_gpu < 1.02 * plan.estimates.tokens_per_second_per_gpu for a in faster)
     assert faster[0].shard_group_size == 32
+
+
+def test_explain_states_the_warm_pools_and_bounds_their_idle_cost():
+    """The keep-alive the definition sets, and the billed idle time it can cost, are in `explain`; none with spot."""
+    from tiered_training.pipeline import definition as d
+    from tiered_training.report import explain_lines
+
+    plan = plan_of(**{"compute.instance_count": 2})
+    decision = plan.decision("compute.warm_pool_minutes")
+    assert decision.value == d.WARM_POOL_SECONDS // 60 == 10
+    assert "at most 10 min x 2 instance(s) when the gate or a segment fails, and 1 min x 2 after the run" in decision.reason
+    assert any("compute.warm_pool_minutes" in line for line in explain_lines(plan))
+    spot = plan_of(**{"compute.instance_count": 2, "compute.spot": True})
+    assert spot.decision("compute.warm_pool_minutes").value == 0

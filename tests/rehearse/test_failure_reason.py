@@ -25,6 +25,34 @@ def test_peer_errors_read_as_consequences_and_causes_do_not():
     assert causes_first([GLOO, NCCL, CAUSE, OOM]) == [CAUSE, OOM, GLOO, NCCL]
 
 
+# Timeouts: a collective's, the store's or the rendezvous's wait for a peer that is gone (PyTorch's words), and
+# a cause that happens to say "timed out".
+PEER_TIMEOUTS = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms "
+    "for recv operation to complete",
+    "DistBackendError: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, "
+    "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600003 milliseconds before timing out.",
+    "DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+    "RendezvousTimeoutError: ",
+    "RuntimeError: Socket Timeout: c10d TCPStore get",
+)
+READ_TIMEOUT = "TimeoutError: timed out reading shard-00001 from /opt/ml/input/data/train after 300 s"
+
+
+def test_a_timeout_waiting_for_a_peer_is_a_consequence_and_a_data_read_timeout_is_a_cause():
+    assert all(is_consequence(text) for text in PEER_TIMEOUTS)
+    assert not is_consequence(READ_TIMEOUT)
+    assert not is_consequence("ReadTimeoutError: Read timed out. (read timeout=60) on s3 GetObject train/shard-00003")
+    assert causes_first([GLOO, READ_TIMEOUT]) == [READ_TIMEOUT, GLOO]
+
+
+def test_rehearsal_lists_a_host_that_timed_out_reading_data_before_the_peer_that_lost_it(tmp_path):
+    runner = JobRunner.__new__(JobRunner)
+    hosts = [_host(tmp_path, "algo-1", f"algo-1 rank-0: {GLOO}"), _host(tmp_path, "algo-2", f"algo-2 rank-1: {READ_TIMEOUT}")]
+    attempt = runner._result("Train", "job", {}, hosts, {}, None, 1.0, None)
+    assert attempt.failure_reason == f"algo-2 rank-1: {READ_TIMEOUT}; algo-1 rank-0: {GLOO}"
+
+
 def test_launcher_reports_the_rank_whose_error_is_the_cause(tmp_path):
     """rank-0 recorded the peer's closed connection before rank-1 finished writing its own error."""
     (tmp_path / "rank-1").write_text(CAUSE + "\n")

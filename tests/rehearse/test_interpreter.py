@@ -58,7 +58,40 @@ def test_a_good_probe_runs_train_on_the_probes_warm_pool(definition):
     assert execution.metrics["Probe"]["probe:tokens_per_second"] == 50000.0
     assert find_step(body, "Probe")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
     assert find_step(body, "Train")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
-    assert "KeepAlivePeriodInSeconds" not in find_step(body, "Train-3")["Arguments"]["ResourceConfig"]
+    # The last segment takes the pool, so it asks for one too, for a minute only (nothing follows it).
+    assert find_step(body, "Train-3")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 60
+
+
+def test_a_job_that_sets_no_keep_alive_does_not_take_the_warm_pool(definition):
+    """SageMaker matches a job to a warm pool only when the job asks for a warm pool itself."""
+    import copy
+
+    plan, body = definition
+    broken = copy.deepcopy(body)
+    del find_step(broken, "Train-3")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"]
+    lines = ["PROBE tokens_per_second=50000.00", "PROBE peak_memory_fraction=0.5000", "PROBE best_micro_batch=8"]
+    jobs = Jobs(lines)
+    execution = Interpreter(broken, jobs).run({"InstanceCount": 2})
+    assert jobs.calls[-1] == ("Train-3", 1, None)
+    assert any("Train-3: cannot reuse the warm pool of Train-2: it sets no ResourceConfig.KeepAlivePeriodInSeconds"
+               in e.text for e in execution.trace if e.kind == "warm-pool")
+
+
+def test_a_job_refused_for_a_resource_limit_is_retried_for_a_bounded_time(definition):
+    """Another execution holds the account's instances: the step waits and tries again, then gives up."""
+    _, body = definition
+    limit = lambda: JobAttempt("Failed", "ResourceLimitExceeded: instances in use", error="SageMaker.RESOURCE_LIMIT")  # noqa: E731
+    jobs = Jobs([], {"TrainWithoutProbe": [limit(), limit()]})
+    execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
+    retries = [e.text for e in execution.trace if e.kind == "retry"]
+    assert execution.status == "Succeeded" and len(retries) == 2
+    assert "SageMaker.RESOURCE_LIMIT; retry policy 2: attempt 2 of 4 after 1800 s" in retries[0]
+    assert "attempt 3 of 4 after 3600 s" in retries[1]
+    jobs = Jobs([], {"TrainWithoutProbe": [limit() for _ in range(4)]})
+    execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
+    assert execution.status == "Failed" and "SageMaker.RESOURCE_LIMIT" in execution.failure
+    waited = sum(float(t.rsplit("after ", 1)[1].split()[0]) for t in (e.text for e in execution.trace if e.kind == "retry"))
+    assert waited == 1800 + 3600 + 7200  # bounded: the step fails after 3.5 hours of waiting
 
 
 def test_a_failed_segment_ends_the_chain_and_dependson_is_kept(definition):

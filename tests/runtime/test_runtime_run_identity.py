@@ -151,3 +151,50 @@ def test_a_pretraining_checkpoint_is_not_resumed_as_fine_tuning(tmp_path):
     assert "sft" not in _cfg().identity_parts()  # pretraining plan hashes are as before
     with pytest.raises(LaunchError, match=r"the fine-tuning settings \(adapter"):
         _launch(_sft(_cfg()), checkpoints, data)
+
+
+# -- the checkpoint the trainer would resume decides, as the trainer decides it ------------------------------
+
+
+def _committed(checkpoints: Path, name: int, cfg, data: Path, *, step: int, world: int = 8) -> None:
+    """A resumable checkpoint directory ``step-<name>`` whose manifest says ``step`` (a misnamed copy if they differ)."""
+    path = checkpoints / f"step-{name}"
+    path.mkdir(parents=True)
+    (path / ".metadata").write_bytes(b"x" * 12)
+    run = {**identity(cfg, data, world), "step": step, "tokens_seen": step * 4_194_304}
+    manifest = {"step": step, "world_size": world, "files": {".metadata": {"bytes": 12}}, "run": run}
+    (path / "COMMITTED").write_text(json.dumps(manifest))
+
+
+def test_a_misnamed_copy_of_another_runs_checkpoint_does_not_block_the_runs_own(tmp_path):
+    """run-b's step 12 copied into run-a's prefix as step-20: the trainer skips it (its manifest is of step 12, and
+    of another run), so the launcher resumes run-a's own step-6 too, on run-a's host count."""
+    data = _data(tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    _committed(checkpoints, 6, _cfg(), data, step=6)
+    _committed(checkpoints, 20, _cfg(run_id="run-b"), data, step=12, world=16)
+    assert _launch(_cfg(), checkpoints, data).nnodes == 1
+    _committed(checkpoints, 12, _cfg(run_id="run-b"), data, step=12, world=16)  # named right, still run-b's
+    assert _launch(_cfg(), checkpoints, data).nnodes == 1
+    # with nothing of its own, the prefix holds only another run's checkpoints: refused, naming it
+    import shutil
+
+    shutil.rmtree(checkpoints / "step-6")
+    with pytest.raises(LaunchError, match="the checkpoint belongs to run 'run-b', not 'run-a'"):
+        _launch(_cfg(), checkpoints, data)
+
+
+def test_a_resume_on_a_host_count_a_new_run_may_not_use_is_refused(tmp_path):
+    """qwen2.5-32b-hybrid needs at least 2 hosts: a resume on 1 is refused before torchrun, as a new run is."""
+    plan = plan_file(next(p for p in RECIPES if p.stem == "qwen2.5-32b-hybrid"))
+    cfg = plan.run_config()
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"id": "run-a", "resume": True, "data_uri": DATA})})
+    data = _data(tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    _committed(checkpoints, 6, cfg, data, step=6, world=32)
+    with pytest.raises(LaunchError, match=r"on 8 GPUs \(1 host\(s\)\): the plan needs at least 2 hosts, as a new run"):
+        _launch(cfg, checkpoints, data, hosts=1)
+    assert _launch(cfg, checkpoints, data, hosts=2).nnodes == 2
+    new = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": False})})
+    with pytest.raises(LaunchError, match="InstanceCount 1 .* cannot run the plan as planned"):
+        _launch(new, tmp_path / "empty", data, hosts=1)

@@ -1,4 +1,4 @@
-"""The container's launcher and trainer, with a NaN loss injected on one rank.
+"""The container's launcher and trainer, with a NaN loss or a full disk injected on one rank.
 
     python tests/trainer/nonfinite_driver.py launch   # in an /opt/ml tree (TIERED_TRAINING_OPT_ML)
 
@@ -6,7 +6,9 @@
 file as the worker instead of ``--module training``. A worker makes the loss of rank
 ``TT_TEST_NAN_RANK`` NaN on the optimiser-step attempts listed in ``TT_TEST_NAN_AT`` (1-based,
 comma-separated; ``N-`` means from N on), without touching its gradients: only that rank sees
-a non-finite value, so only the all-reduced flag can make the other ranks skip too. Then it
+a non-finite value, so only the all-reduced flag can make the other ranks skip too. With
+``TT_TEST_ENOSPC_STEP`` set, rank ``TT_TEST_ENOSPC_RANK``'s checkpoint writer finds the disk full
+(``OSError(ENOSPC)`` from its file write) while writing ``step-<TT_TEST_ENOSPC_STEP>``. Then it
 runs ``training.__main__.main``, as the container does.
 """
 
@@ -49,6 +51,21 @@ def worker() -> int:
         return loss
 
     model.CausalLMLoss.forward = forward
+    full_at = os.environ.get("TT_TEST_ENOSPC_STEP")
+    if full_at and rank == int(os.environ.get("TT_TEST_ENOSPC_RANK", "1")):
+        import errno
+
+        from torch.distributed.checkpoint import filesystem
+
+        write_item = filesystem._write_item
+
+        def full_disk(transforms, stream, *args, **kwargs):
+            name = str(getattr(stream, "name", ""))
+            if f"/step-{full_at}/" in name:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+            return write_item(transforms, stream, *args, **kwargs)
+
+        filesystem._write_item = full_disk
     from training.__main__ import main
 
     return main(sys.argv[1:])

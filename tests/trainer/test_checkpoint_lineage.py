@@ -139,3 +139,40 @@ def test_weights_with_a_nan_or_an_infinity_are_never_saved(group):
     for bad in (float("nan"), float("inf")):
         weights["b"][1, 0] = bad
         assert not _finite_everywhere(weights, group)
+
+
+def test_a_full_disk_during_a_save_names_the_disk_and_keeps_the_committed_checkpoint(tmp_path, group, monkeypatch,
+                                                                                      caplog):
+    """DCP reports the failed write as a CheckpointException (a BaseException, its message only the ranks): the save
+    is not committed, the reason names the disk, and the checkpoint committed before it is untouched."""
+    import errno
+
+    from torch.distributed.checkpoint import filesystem
+
+    from training.components.checkpoint import CheckpointDiskFull
+
+    root = tmp_path / "checkpoints"
+    manager = _manager(root, group, keep_last=2)
+    _save(manager, 3)
+    before = (step_dir(root, 3) / "COMMITTED").read_bytes()
+    write_item = filesystem._write_item
+
+    def full_disk(transforms, stream, *args, **kwargs):
+        if "/step-6/" in str(getattr(stream, "name", "")):
+            raise OSError(errno.ENOSPC, "No space left on device", stream.name)
+        return write_item(transforms, stream, *args, **kwargs)
+
+    monkeypatch.setattr(filesystem, "_write_item", full_disk)
+    for blocking in (True, False):
+        with caplog.at_level(logging.ERROR, logger="training.components.checkpoint"):
+            with pytest.raises(CheckpointDiskFull) as raised:
+                _save(manager, 6, blocking=blocking)
+                manager.wait()
+        message = str(raised.value)
+        assert message.startswith("checkpoint step-6 NOT committed: the disk is full (rank 0: the write failed (OSError: ")
+        assert "No space left on device" in message and "(ENOSPC)" in message and "the newest: step-3" in message
+        assert "\n" not in message and "CheckpointException" not in message
+        assert "checkpoint step-6 NOT committed" in caplog.text
+        assert not (step_dir(root, 6) / "COMMITTED").exists()
+        assert (step_dir(root, 3) / "COMMITTED").read_bytes() == before
+        assert find_resumable(root) == (3, ["step-6: not committed (no COMMITTED marker: the save did not finish)"])

@@ -47,7 +47,8 @@ def test_another_world_keeps_the_global_batch_or_is_refused_with_the_counts_that
     assert exact and [fn(s) for s in range(6)] == [4, 4, 6, 6, 8, 8]  # the ramp 2..4, doubled at half the ranks
     assert not accumulation(cfg, 8)[1]  # 3 x 4 / 8 is no whole number: a fresh run keeps the plan's accumulation
     assert resume_accumulation(cfg, 4, 2)(5) == 8
-    with pytest.raises(WorldSizeError, match=r"on 4 GPUs on 6 GPUs .* instance counts that can resume it: 1, 2$"):
+    # 1 host (2 GPUs) would keep the batch, but full sharding over fewer GPUs than planned needs more memory
+    with pytest.raises(WorldSizeError, match=r"on 4 GPUs on 6 GPUs .* instance counts that can resume it: 2$"):
         resume_accumulation(cfg, 4, 6)
 
 
@@ -241,3 +242,31 @@ def test_a_nan_on_one_rank_is_skipped_everywhere_and_too_many_in_a_row_stop_the_
     dcp_to_torch_save(root / "checkpoints/step-5", tmp_path / "step-5.pt")
     model = torch.load(tmp_path / "step-5.pt", weights_only=False)["model"]
     assert all(torch.isfinite(value).all() for value in model.values())
+
+
+# -- a full disk during a save: not committed, the reason names the disk, the checkpoints before it intact -----
+
+
+@pytest.mark.torch
+def test_a_full_disk_during_a_save_leaves_it_uncommitted_and_the_failure_names_the_disk(tmp_path):
+    cfg = tiny_config(batch={"total_steps": 12},
+                      checkpoint={"interval_minutes": 0, "interval_steps": 3, "keep_last": 2, "shutdown_deadline_seconds": 60})
+    root = _opt_ml(tmp_path, cfg, write_learnable_shards)
+    env = {**os.environ, "TIERED_TRAINING_OPT_ML": str(root), "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
+           "TIERED_TRAINING_MASTER_PORT": str(_port()), "SM_NUM_GPUS": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "TT_TEST_ENOSPC_RANK": "1", "TT_TEST_ENOSPC_STEP": "6"}  # rank 1 alone finds the disk full at step-6
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/trainer/nonfinite_driver.py"), "launch"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-4000:]
+    failure = (root / "output/failure").read_text()
+    assert failure.count("\n") == 1 and "CheckpointDiskFull: checkpoint step-6 NOT committed: the disk is full" in failure
+    assert "No space left on device" in failure and "(ENOSPC)" in failure and "rank 1: the write failed" in failure
+    assert "the newest: step-3" in failure and "CheckpointException" not in failure, failure
+    # the save that failed is not committed; the one before it is, and a restart would resume it
+    assert (root / "checkpoints/step-3/COMMITTED").is_file()
+    assert not (root / "checkpoints/step-6/COMMITTED").exists()
+    from training.components.checkpoint import find_resumable
+
+    assert find_resumable(root / "checkpoints")[0] == 3

@@ -4,7 +4,8 @@ The deployed pipeline's definition (DescribePipeline) names the runs' prefix: th
 a Train step's ``CheckpointConfig.S3Uri`` (``s3://<store>/<recipe>/checkpoints/runs/``). Each run
 is a prefix under it; its last checkpoint is the committed one whose manifest (the ``COMMITTED``
 marker, training/components/checkpoint.py) has the highest step, and the manifest's ``run`` entry says what
-the run trains on (docs/runs.md).
+the run trains on (docs/runs.md). As in the trainer, a manifest of another step than its directory's (a copy
+or a rename) or of another run does not count.
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ class RunSummary:
         tokens = f", {self.tokens_seen:,} tokens" if self.tokens_seen is not None else ""
         data = f", data {self.data_uri}" if self.data_uri else ""
         return f"{self.run_id}: last checkpoint step {self.last_step}{tokens}{data} ({self.checkpoints} kept)"
+
+
+def _is_the_runs(manifest: dict[str, Any], run: str, key: str) -> bool:
+    """Whether a manifest is a checkpoint of ``run`` that the trainer would resume: its step is its directory's
+    (not a copy or a rename) and its ``run`` entry, if any, names ``run`` (not another run's checkpoint)."""
+    directory = key.rsplit("/", 2)[-2]
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or directory != f"step-{step}":
+        return False
+    entry = manifest.get("run")
+    return not (isinstance(entry, dict) and entry.get("run_id") and entry["run_id"] != run)
 
 
 def runs_uri(sm: Any, pipeline_name: str) -> str:
@@ -75,7 +87,7 @@ def list_runs(s3: Any, uri: str) -> list[RunSummary]:
                 manifest = json.loads(text)
             except ValueError:
                 continue
-            if isinstance(manifest, dict) and isinstance(manifest.get("step"), int):
+            if isinstance(manifest, dict) and _is_the_runs(manifest, run, key):
                 manifests.append(manifest)
         last = max(manifests, key=lambda m: m["step"], default=None)
         entry = (last or {}).get("run") or {}

@@ -102,11 +102,12 @@ def check_parameters(
         instance_count is not None
         and plan is not None
         and plan.instance_counts
-        and resume is None
         and instance_count not in plan.instance_counts
     ):
+        # A resume is held to the counts a new run may use: the launcher refuses any other before compute.
+        resuming = f" (resuming {resume})" if resume else ""
         problems.append(
-            f"--instance-count {instance_count}: the plan's global batch of "
+            f"--instance-count {instance_count}{resuming}: the plan's global batch of "
             f"{recipe.budget.global_batch_tokens:,} tokens "
             f"cannot be kept on {instance_count} x {plan.instance.gpus} GPUs at the planned memory; the plan supports "
             f"{', '.join(map(str, plan.instance_counts))} (`tiered-training explain` shows compute.instance_counts)"

@@ -155,6 +155,7 @@ class HardwareConfig(_Frozen):
     gpus_per_node: int
     peak_bf16_flops: float = Field(description="dense BF16 FLOP/s per GPU")
     hbm_bytes: int = Field(description="usable HBM per GPU")
+    min_nodes: int = Field(default=1, ge=1, description="fewest hosts the plan may run on (the tier's minimum)")
 
 
 class ProbeConfig(_Frozen):

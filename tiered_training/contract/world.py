@@ -28,6 +28,9 @@ class _Node(Protocol):
     @property
     def gpus_per_node(self) -> int: ...
 
+    @property
+    def min_nodes(self) -> int: ...
+
 
 class RunShape(Protocol):
     """The parts of a :class:`RunConfig` that the world-size checks read (the planner has only these)."""
@@ -124,6 +127,8 @@ def resume_accumulation(cfg: RunConfig, saved_world: int, world: int) -> Callabl
             for n in range(1, 4 * max(1, saved_world // gpus) + 1)
             if (n * gpus) % cfg.parallel.context_parallel == 0
             and not (cfg.parallel.sharding == "hybrid" and (n * gpus) % cfg.parallel.shard_group_size)
+            and not _needs_more_memory(cfg, n * gpus)
+            and n >= cfg.hardware.min_nodes
             and all((saved(s) * saved_world) % (n * gpus) == 0 for s in steps)
         ]
         hint = f"; instance counts that can resume it: {', '.join(map(str, working))}" if working else ""
@@ -134,10 +139,65 @@ def resume_accumulation(cfg: RunConfig, saved_world: int, world: int) -> Callabl
     return lambda step: saved(step) * saved_world // world
 
 
+def _needs_more_memory(cfg: RunShape, world: int) -> bool:
+    """Full sharding over fewer GPUs than planned: each holds a bigger shard than the plan measured."""
+    if cfg.parallel.sharding != "full":
+        return False
+    try:
+        return world < planned_world(cfg)
+    except WorldSizeError:
+        return False
+
+
+def check_instance_count(cfg: RunConfig, world: int, hosts: int, saved_world: int | None = None) -> str | None:
+    """Why ``hosts`` hosts (``world`` GPUs) may not run the plan, or None: a new run (``saved_world`` None), or a
+    resume of a checkpoint saved on ``saved_world`` GPUs. New runs and resumes allow the same counts
+    (:func:`supported_instance_counts`): the global batch kept, the sharding and context parallelism intact, and no
+    more memory per GPU than planned. A resume on the world it was saved on is always allowed."""
+    counts = supported_instance_counts(cfg)
+    supported = f"instance counts this plan supports: {', '.join(map(str, counts)) or 'only the planned one'}"
+    try:
+        planned = planned_world(cfg)
+    except WorldSizeError:
+        planned = world
+    if saved_world is not None:
+        if saved_world == world:
+            return None
+        if hosts < cfg.hardware.min_nodes or _needs_more_memory(cfg, world):
+            return (
+                f"cannot resume the checkpoint of a run on {saved_world} GPUs on {world} GPUs ({hosts} host(s)): "
+                + (
+                    f"the plan needs at least {cfg.hardware.min_nodes} hosts"
+                    if hosts < cfg.hardware.min_nodes
+                    else f"full sharding over fewer GPUs than the plan's {planned} would need more memory per GPU"
+                )
+                + f", as a new run would; {supported}"
+            )
+        try:
+            resume_accumulation(cfg, saved_world, world)
+        except WorldSizeError as error:
+            return str(error)
+        return None
+    _, exact = accumulation(cfg, world)
+    if exact and not _needs_more_memory(cfg, world) and hosts >= cfg.hardware.min_nodes:
+        return None
+    if not exact:
+        why = "would not stay whole"
+    elif hosts < cfg.hardware.min_nodes:
+        why = f"would need more memory per GPU (the plan needs at least {cfg.hardware.min_nodes} hosts)"
+    else:
+        why = "would need more memory per GPU (full sharding over fewer GPUs)"
+    return (
+        f"InstanceCount {hosts} ({world} GPUs) cannot run the plan as planned: the global batch of "
+        f"{cfg.batch.global_batch_tokens:,} tokens per step, planned on {planned} GPUs, {why}; {supported}"
+    )
+
+
 def supported_instance_counts(cfg: RunShape, *, limit: int | None = None) -> list[int]:
     """Host counts that run the plan as planned: the global batch kept at every step of the ramp, the
     sharding and context parallelism intact, and no more memory per GPU than planned (with full
-    sharding, fewer GPUs hold bigger shards, so only counts at least the planned one).
+    sharding, fewer GPUs hold bigger shards, so only counts at least the planned one; never fewer
+    than the tier's ``hardware.min_nodes``).
 
     ``limit``: the largest count tried (default: four times the planned hosts, at least 8).
     """
@@ -149,7 +209,7 @@ def supported_instance_counts(cfg: RunShape, *, limit: int | None = None) -> lis
     planned_hosts = -(-planned // gpus)
     limit = limit or max(8, 4 * planned_hosts)
     counts = []
-    for hosts in range(1, limit + 1):
+    for hosts in range(max(1, cfg.hardware.min_nodes), limit + 1):
         world = hosts * gpus
         if cfg.parallel.sharding == "full" and world < planned:
             continue

@@ -37,10 +37,13 @@ hyperparameters, and the same checkpoint prefix; each trains its share of the st
 Warm pools: without managed spot (which warm pools do not support), a job that another one
 follows keeps its instances for :data:`WARM_POOL_SECONDS` after it ends
 (``ResourceConfig.KeepAlivePeriodInSeconds``): the Probe, and every segment but the last. The
-next job asks for the same role, instance type and count, volume and network settings (the
-matching criteria of SageMaker managed warm pools), so it starts on those instances instead of
-queueing again for capacity. The account's warm-pool quota (per instance type, 0 by default)
-must allow it, and a pool idles, billed, for that long when nothing follows (a failed gate).
+next job asks for the same role, instance type and count, volume and network settings, and sets
+a ``KeepAlivePeriodInSeconds`` of its own (the matching criteria of SageMaker managed warm
+pools), so it starts on those instances instead of queueing again for capacity. A job that
+follows another but that nothing follows (Train after the Probe, a run's last segment) asks for
+:data:`LAST_WARM_POOL_SECONDS` only. The account's warm-pool quota (per instance type, 0 by
+default) must allow it; a pool idles, billed, for its keep-alive when nothing takes it (a failed
+gate, the run's end).
 
 ``tiered_training.pipeline.validation`` checks what SageMaker would reject at execution time:
 step and parameter names, references to unknown parameters or steps, each
@@ -74,8 +77,10 @@ from tiered_training.contract.container import (
 )
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
+    LAST_WARM_POOL_SECONDS,
     PROBE_RUNTIME_SECONDS,
     PROBE_SPOT_WAIT_SECONDS,
+    WARM_POOL_SECONDS,
     probe_runtime_seconds,
 )
 
@@ -136,6 +141,15 @@ CAPACITY_RETRY = {
     "BackoffRate": 2.0,
     "MaxAttempts": 5,
 }
+# A job refused for an account limit (SageMaker.RESOURCE_LIMIT: the instances or warm pools that the
+# quota allows are all in use, e.g. by another execution's job) waits for them to free up: tried again
+# after 30 minutes, then after twice as long each time; the step fails after at most 7.5 hours of waiting.
+RESOURCE_LIMIT_RETRY = {
+    "ExceptionType": ["SageMaker.RESOURCE_LIMIT"],
+    "IntervalSeconds": 1800,
+    "BackoffRate": 2.0,
+    "MaxAttempts": 4,
+}
 SERVICE_RETRY = {
     "ExceptionType": ["Step.SERVICE_FAULT", "Step.THROTTLING"],
     "IntervalSeconds": 30,
@@ -144,9 +158,6 @@ SERVICE_RETRY = {
 }
 VOLUME_SIZE_GB = 200  # P4/P5/P6 use their NVMe instance store; the EBS volume holds the image and logs
 PROBE_MAX_RUNTIME_SECONDS = PROBE_RUNTIME_SECONDS
-# The Gate and a segment's hand-over take seconds to minutes; a pool that nothing follows (a
-# failed gate) idles, billed, for this long at most.
-WARM_POOL_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,11 @@ class Segment:
     number: int = 1
     count: int = 1
     seconds: float = 0.0
+    after_probe: bool = False  # the chain starts after the Probe (Train), whose warm pool its first segment takes
+
+    @property
+    def follows_a_job(self) -> bool:
+        return self.number > 1 or self.after_probe
 
 
 def hyperparameters(plan: Plan, segment: Segment | None = None) -> dict[str, Any]:
@@ -307,8 +323,12 @@ def training_arguments(
     if compute.training_plan_arn:
         resource_config["TrainingPlanArn"] = compute.training_plan_arn
     hands_over = probe or (segment is not None and segment.number < segment.count)
-    if hands_over and not compute.spot:  # warm pools cannot be used with spot instances
-        resource_config["KeepAlivePeriodInSeconds"] = WARM_POOL_SECONDS
+    takes_over = segment is not None and segment.follows_a_job
+    if not compute.spot:  # warm pools cannot be used with spot instances
+        if hands_over:
+            resource_config["KeepAlivePeriodInSeconds"] = WARM_POOL_SECONDS
+        elif takes_over:  # matching needs a keep-alive on the job that takes the pool
+            resource_config["KeepAlivePeriodInSeconds"] = LAST_WARM_POOL_SECONDS
 
     output: dict[str, Any] = {"S3OutputPath": _join_uri(resources.output_s3_uri, "probe" if probe else "model")}
     if resources.kms_key_id:
@@ -378,7 +398,7 @@ def training_step(name: str, args: dict[str, Any], description: str, depends_on:
         "Type": "Training",
         "Description": description,
         "Arguments": args,
-        "RetryPolicies": [dict(CAPACITY_RETRY), dict(SERVICE_RETRY)],
+        "RetryPolicies": [dict(CAPACITY_RETRY), dict(RESOURCE_LIMIT_RETRY), dict(SERVICE_RETRY)],
     }
     if depends_on:
         step["DependsOn"] = [depends_on]
@@ -390,13 +410,21 @@ def segment_name(chain: str, number: int) -> str:
 
 
 def segment_chain(
-    plan: Plan, resources: PipelineResources, chain: str, run_id: Any, resume: bool, description: str
+    plan: Plan,
+    resources: PipelineResources,
+    chain: str,
+    run_id: Any,
+    resume: bool,
+    description: str,
+    *,
+    after_probe: bool = False,
 ) -> list[dict[str, Any]]:
-    """The Training steps of one run, a segment each, each after the one before."""
+    """The Training steps of one run, a segment each, each after the one before (the first after the
+    Probe with ``after_probe``)."""
     count = plan.segments
     steps = []
     for number in range(1, count + 1):
-        segment = Segment(run_id, resume, number, count, plan.segment_seconds)
+        segment = Segment(run_id, resume, number, count, plan.segment_seconds, after_probe=after_probe)
         part = f" (segment {number} of {count})" if count > 1 else ""
         steps.append(
             training_step(
@@ -500,7 +528,9 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
         training_arguments(plan, resources, probe=True),
         f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
     )
-    train = segment_chain(plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run")
+    train = segment_chain(
+        plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run", after_probe=True
+    )
     unprobed = segment_chain(
         plan,
         resources,

@@ -369,6 +369,7 @@ class Plan(_Result):
                 gpus_per_node=self.instance.gpus,
                 peak_bf16_flops=self.instance.peak_bf16_flops,
                 hbm_bytes=self.instance.hbm_bytes,
+                min_nodes=self.tier.min_nodes_for(self.lora is not None),
             ),
             probe=ProbeConfig(steps=recipe.probe.steps, micro_batch_candidates=candidates),
             metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),

@@ -42,10 +42,12 @@ from tiered_training.planning.plan import (
 from tiered_training.planning.quotas import findings as quota_findings
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
+    LAST_WARM_POOL_SECONDS,
     MAX_SEGMENTS,
     PROBE_SPOT_WAIT_SECONDS,
     RUNTIME_QUOTA,
     SPOT_WAIT_SECONDS,
+    WARM_POOL_SECONDS,
     Segments,
     job_runtime_seconds,
     plan_segments,
@@ -1243,6 +1245,28 @@ def _spot(recipe: Recipe, run: _Run) -> None:
         )
 
 
+def _warm_pools(run: _Run, count: int) -> None:
+    """How long a job keeps its instances for the next one (``KeepAlivePeriodInSeconds``), and the idle time
+    that can be billed (docs/runs.md)."""
+    compute = run.recipe.compute
+    if compute.spot:
+        run.decide("compute.warm_pool_minutes", 0, "none: warm pools do not work with managed spot training", None)
+        return
+    nodes = compute.instance_count
+    probe = "the Probe" if run.recipe.probe.enabled else "the Probe (when SkipProbe is false)"
+    handing = probe + (" and every segment but the last" if count > 1 else "")
+    run.decide(
+        "compute.warm_pool_minutes",
+        WARM_POOL_SECONDS // 60,
+        f"jobs that another follows ({handing}) keep their instances for it; the job that takes them asks for a "
+        f"warm pool too (SageMaker matches only such a job), kept {LAST_WARM_POOL_SECONDS // 60} min after the run; "
+        f"billed idle time: at "
+        f"most {WARM_POOL_SECONDS // 60} min x {nodes} instance(s) when the gate or a segment fails, and "
+        f"{LAST_WARM_POOL_SECONDS // 60} min x {nodes} after the run",
+        None,
+    )
+
+
 def _segments(run: _Run, estimates: Estimates) -> Segments:
     """The number of training jobs the run needs under the runtime limit (tiered_training/planning/segments.py)."""
     recipe = run.recipe
@@ -1264,6 +1288,7 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
         f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)"
     )
     run.decide("compute.segments", segments.count, reason, None)
+    _warm_pools(run, segments.count)
     if segments.count > MAX_SEGMENTS:
         run.error(
             "too-many-segments",
@@ -1300,9 +1325,9 @@ def _instance_counts(
         parallel=ParallelConfig(
             sharding=setting.sharding, shard_group_size=setting.shard_group, context_parallel=setting.context_parallel
         ),
-        hardware=SimpleNamespace(gpus_per_node=run.instance.gpus),
+        hardware=SimpleNamespace(gpus_per_node=run.instance.gpus, min_nodes=run.min_nodes),
     )
-    counts = [n for n in supported_instance_counts(shape) if n >= run.min_nodes]
+    counts = supported_instance_counts(shape)
     run.decide(
         "compute.instance_counts",
         counts,

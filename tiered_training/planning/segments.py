@@ -40,6 +40,12 @@ SPOT_WAIT_SECONDS = 24 * 3600
 # The probe is short: its spot wait is capped at this beyond its runtime.
 PROBE_RUNTIME_SECONDS = 2 * 3600
 PROBE_SPOT_WAIT_SECONDS = 3600
+# Warm pools (docs/runs.md): a job that another follows (the Probe, a segment but the last) keeps its
+# instances this long for it; the Gate and a segment's hand-over take seconds to minutes.
+WARM_POOL_SECONDS = 600
+# A job that takes a pool must ask for one too, or SageMaker does not match it; when nothing follows it
+# (Train after the Probe, a run's last segment), its pool idles, billed, this long.
+LAST_WARM_POOL_SECONDS = 60
 API_MAX_SECONDS = 28 * 24 * 3600
 
 

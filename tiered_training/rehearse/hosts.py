@@ -488,6 +488,7 @@ def _is_emf(line: str) -> bool:
 
 
 _STEP_LINE = re.compile(r"training INFO: step +(\d+) \| loss (\S+) \|")
+_SKIPPED = "| SKIPPED"  # training/step_stats.py's mark of a skipped attempt
 
 
 def _losses(lines: list[tuple[float, str]]) -> dict[int, float]:
@@ -500,7 +501,8 @@ def _losses(lines: list[tuple[float, str]]) -> dict[int, float]:
     for _, line in lines:
         found = _STEP_LINE.search(line)
         if found:
-            logged[int(found.group(1))] = float(found.group(2))
+            if _SKIPPED not in line:  # a skipped attempt repeats the last step's number with its non-finite loss
+                logged[int(found.group(1))] = float(found.group(2))
             continue
         if not _is_emf(line):
             continue

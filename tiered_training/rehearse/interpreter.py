@@ -22,7 +22,7 @@ It walks the very dict that :func:`tiered_training.pipeline.definition.build_def
   is retried by the first of its ``RetryPolicies`` whose ``ExceptionType`` matches.
 - **Warm pools**: a job with ``ResourceConfig.KeepAlivePeriodInSeconds`` leaves its
   instances to the next job that matches SageMaker's criteria (role, instance type and
-  count, volume, VPC, network isolation, traffic encryption).
+  count, volume, VPC, network isolation, traffic encryption, and a keep-alive of its own).
 
 Waits (retry intervals, queueing) are reported, not slept.
 """
@@ -67,6 +67,7 @@ class JobAttempt:
     status: str  # "Completed", "Failed" or "Interrupted" (a spot interruption: SageMaker starts it again)
     failure_reason: str = ""
     internal: bool = False  # an instance failed (InternalServerError): the RetryStrategy restarts the job
+    error: str = ""  # the step's exception type when SageMaker names one (e.g. "SageMaker.RESOURCE_LIMIT")
     log: list[tuple[float, str, str]] = field(default_factory=list)  # (time, host, line)
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -386,7 +387,7 @@ class Interpreter:
                     "on every host",
                 )
                 continue
-            error = "SageMaker.JOB_INTERNAL_ERROR" if result.internal else "Algorithm"
+            error = result.error or ("SageMaker.JOB_INTERNAL_ERROR" if result.internal else "Algorithm")
             self._event("job", step, f"{step}: job {job_name} failed: {result.failure_reason}", error=error)
             return error, result.failure_reason or "the training job failed"
         log = [entry for a in attempts for entry in a.log]
@@ -410,6 +411,15 @@ class Interpreter:
     def _take_warm_pool(self, step: str, args: dict[str, Any]) -> str | None:
         pool, self._warm = self._warm, None
         if pool is None:
+            return None
+        if int(_dig(args, ("ResourceConfig", "KeepAlivePeriodInSeconds")) or 0) <= 0:
+            self._event(
+                "warm-pool",
+                step,
+                f"{step}: cannot reuse the warm pool of {pool['step']}: it sets no "
+                "ResourceConfig.KeepAlivePeriodInSeconds (SageMaker matches only a job that asks for a warm "
+                "pool of its own)",
+            )
             return None
         differ = [".".join(path) for path in WARM_POOL_MATCH if _dig(pool["args"], path) != _dig(args, path)]
         if differ:

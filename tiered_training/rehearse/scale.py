@@ -234,6 +234,12 @@ def scale(
                 memory_per_worker,
                 "each worker's share of this machine's memory (the probe's peak memory is the CPU resident set)",
             ),
+            "min_nodes": change(
+                "hardware.min_nodes",
+                cfg.hardware.min_nodes,
+                1,
+                "the scaled-down model fits on one host; the sharding and the global batch still decide the counts",
+            ),
         }
     )
     probe = cfg.probe.model_copy(

@@ -38,10 +38,17 @@ Life of a checkpoint:
 
 A checkpoint is identified by its manifest, not its directory name: a copy of step 6 placed
 as ``step-99`` says ``"step": 6`` in its manifest, and is skipped (and pruned as damaged).
+
+A write that fails on any rank leaves the checkpoint without ``COMMITTED`` (a restart skips it)
+and the ones committed before it as they were. DCP reports it as a ``CheckpointException`` (a
+``BaseException``) holding each rank's own error; the reason names that error. A full disk
+(ENOSPC, EDQUOT) does not empty itself, so it ends the job on every rank with
+:class:`CheckpointDiskFull`, naming the disk; other write failures are logged and training goes on.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -56,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from training.components.checkpoint_files import (  # noqa: F401 - the file-level API, re-exported
     COMMITTED,
@@ -79,6 +87,12 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 log = logging.getLogger("training.components.checkpoint")
+
+DISK_FULL = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}
+
+
+class CheckpointDiskFull(RuntimeError):
+    """A checkpoint could not be written because a disk is full; the checkpoints committed before it are intact."""
 
 
 @dataclass
@@ -147,9 +161,12 @@ class CheckpointManager:
         dist.barrier(group=self.control_group)
         written: Future | AsyncSaveResponse  # an AsyncSaveResponse only with an async stager
         if blocking:
-            dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)
-            written = Future()
-            written.set_result(None)
+            written: Future = Future()
+            try:
+                dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)
+                written.set_result(None)
+            except (Exception, CheckpointException) as exc:  # decided on in _commit, on every rank
+                written.set_exception(exc)
         else:
             written = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
         self.in_flight = _InFlight(step, _then_checksum(written, path, self.rank), started, tokens_seen)
@@ -176,7 +193,7 @@ class CheckpointManager:
             return None
         try:
             self.in_flight.future.result()
-        except Exception:  # noqa: BLE001 - reported (and decided on) in _commit
+        except (Exception, CheckpointException):  # noqa: BLE001 - reported (and decided on) in _commit
             pass
         return self._commit()
 
@@ -184,24 +201,34 @@ class CheckpointManager:
         flight, self.in_flight = self.in_flight, None
         assert flight is not None  # poll and wait commit only a save in flight
         path = step_dir(self.root, flight.step)
+        full = False
         try:
             mine, error = flight.future.result(), None
-        except Exception as exc:  # noqa: BLE001 - a failed write on any rank means no commit
-            mine, error = {}, f"rank {self.rank}: the write failed ({type(exc).__name__}: {exc})"
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a failed write on any rank means no commit
+            error, full = write_failure(exc, self.rank)
+            mine = {}
         gathered: list | None = [None] * dist.get_world_size(self.control_group) if self.rank == 0 else None
-        dist.gather_object((mine, error), gathered, dst=0, group=self.control_group)
+        dist.gather_object((mine, error, full), gathered, dst=0, group=self.control_group)
         doomed: list[int] = []
         committed = False
+        disk_full = None
         if self.rank == 0:
             assert gathered is not None  # rank 0 gathers
             files: dict[str, dict] = {}
-            issues = [err for _, err in gathered if err]
-            for rank_files, _ in gathered:
+            issues = list(dict.fromkeys(err for _, err, _ in gathered if err))  # each rank may hold every rank's error
+            for rank_files, _, _ in gathered:
                 files.update(rank_files or {})
             if not issues:
                 issues = _check_against_metadata(path, files)
             if issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
+                if any(f for _, _, f in gathered):
+                    before = f"step-{self.last_committed}" if self.last_committed is not None else "none in this job"
+                    disk_full = (
+                        f"checkpoint step-{flight.step} NOT committed: the disk is full ({'; '.join(issues)}); "
+                        f"the checkpoints committed before it are intact (the newest: {before}); free space under "
+                        f"{self.root} (fewer checkpoints: checkpoint.keep_last) or give the job a larger volume"
+                    )
             else:
                 manifest = {
                     "step": flight.step,
@@ -231,11 +258,13 @@ class CheckpointManager:
                     list_steps(self.root), self.verified, self.damaged, self.keep_last, committed=flight.step
                 )
         # Rank 0 decides; the first rank of every host deletes its local copies.
-        shared: list = [committed, doomed]
+        shared: list[Any] = [committed, doomed, disk_full]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
-        committed, doomed = shared
+        committed, doomed, disk_full = shared
         self._delete(doomed)
         dist.barrier(group=self.control_group)
+        if disk_full:
+            raise CheckpointDiskFull(disk_full)
         if not committed:
             return None
         self.verified.add(flight.step)
@@ -309,6 +338,35 @@ class CheckpointManager:
         keys: list = [saved_keys(step_dir(self.root, step)) if self.rank == 0 else None]
         dist.broadcast_object_list(keys, src=0, group=self.control_group)
         return keys[0]
+
+
+def write_failure(exc: BaseException, rank: int) -> tuple[str, bool]:
+    """A failed checkpoint write in one line, and whether a disk was full. DCP's ``CheckpointException`` holds
+    each failing rank's own error (its message is only their ranks); a full disk is named as such."""
+    if isinstance(exc, CheckpointException):
+        causes = sorted(((r, pair[0]) for r, pair in exc.failures.items()), key=lambda item: item[0])
+    else:
+        causes = [(rank, exc)]
+    texts, full = [], False
+    for failed, cause in causes:
+        code = _disk_full(cause)
+        full = full or code is not None
+        text = f"rank {failed}: the write failed ({type(cause).__name__}: {cause})"
+        texts.append(f"{text}: no space left on the disk ({code})" if code else text)
+    return "; ".join(texts).replace("\n", " "), full
+
+
+def _disk_full(exc: BaseException | None) -> str | None:
+    """``ENOSPC`` or ``EDQUOT`` when ``exc`` (or what caused it) is a write to a full disk, else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+            return DISK_FULL[exc.errno]
+        if "No space left on device" in str(exc):
+            return "ENOSPC"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def run_entry(identity: dict[str, Any] | None, step: int, tokens_seen: int | None) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tiered_training.contract.runconfig import RUN_ID_PATTERN, RunConfig
+from training.components.checkpoint_files import COMMITTED, lineage_problem
 
-COMMITTED = "COMMITTED"
 PART_NAMES = {
     "model": "the model (architecture or starting checkpoint)",
     "batch": "the sequence length or global batch",
@@ -162,12 +162,16 @@ def check_resume(cfg: RunConfig, checkpoint_dir: Path | None, data_dir: Path | N
             "`tiered-training status RECIPE` lists the recipe's runs"
         )
     manifests = committed_manifests(checkpoint_dir) if checkpoint_dir is not None else []
+    # As the trainer: a directory whose manifest is of another step (a copy or a rename) is skipped, and so is
+    # another run's checkpoint while the run has one of its own.
+    manifests = [entry for entry in manifests if lineage_problem(entry[1], entry[2]) is None]
     if run.resume and not manifests:
         return (
             f"run {run.id!r} has no committed checkpoint to resume (its prefix is empty or holds only unfinished "
             "saves); `tiered-training status RECIPE` lists the recipe's runs, or start a new run (RunId=new)"
         )
-    for _step, _path, manifest in manifests:
+    own = [entry for entry in manifests if not (run.id and same_run({"run_id": run.id})(entry[2]))]
+    for _step, _path, manifest in own or manifests:
         saved = manifest.get("run")
         if isinstance(saved, dict):
             problems = mismatches(saved, identity(cfg, data_dir, world_size))
