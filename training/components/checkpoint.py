@@ -161,12 +161,13 @@ class CheckpointManager:
         dist.barrier(group=self.control_group)
         written: Future | AsyncSaveResponse  # an AsyncSaveResponse only with an async stager
         if blocking:
-            written: Future = Future()
+            done: Future = Future()
             try:
                 dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)
-                written.set_result(None)
+                done.set_result(None)
             except (Exception, CheckpointException) as exc:  # decided on in _commit, on every rank
-                written.set_exception(exc)
+                done.set_exception(exc)
+            written = done
         else:
             written = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
         self.in_flight = _InFlight(step, _then_checksum(written, path, self.rank), started, tokens_seen)
