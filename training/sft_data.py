@@ -47,8 +47,10 @@ import re
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -131,7 +133,7 @@ class SftTokenizer:
             return ids, [1] * len(ids)
         text, spans = self._spans_marked(example) if self.marks_generation else self._spans_by_prefix(example)
         if example.train_from:
-            prompt = self._render(example, example.messages[: example.train_from], tokenize=False)
+            prompt = self._render(example, _messages_of(example)[: example.train_from], tokenize=False)
             if not text.startswith(prompt):
                 raise BadData(
                     f"{example.where}: prompt: the chat template renders the prompt differently once the "
@@ -178,12 +180,14 @@ class SftTokenizer:
         ``return_assistant_tokens_mask``. (transformers' own ``assistant_masks`` marks every token to
         the end when a span ends in text that no token covers, such as a newline a pre-tokenizer drops;
         here a token is a target when it starts inside a span.)"""
-        from transformers.utils.chat_template_utils import render_jinja_template
+        from transformers.utils import chat_template_utils
 
-        text = self._render(example, example.messages, tokenize=False)
+        render: Any = chat_template_utils.render_jinja_template
+        messages = _messages_of(example)
+        text = self._render(example, messages, tokenize=False)
         try:
-            rendered, spans = render_jinja_template(
-                conversations=[example.messages],
+            rendered, spans = render(
+                conversations=[messages],
                 tools=example.tools,
                 chat_template=self.template,
                 return_assistant_tokens_mask=True,
@@ -206,7 +210,7 @@ class SftTokenizer:
         prompt and that of ``messages[:i+1]``. A first turn that is the assistant's starts where its
         content does (found by rendering the turn with a stand-in content): what the template puts
         before it (a BOS, a default system prompt, a header) is never a target."""
-        messages = example.messages
+        messages = _messages_of(example)
         text = self._render(example, messages, tokenize=False)
         spans = []
         for i, message in enumerate(messages):
@@ -229,7 +233,7 @@ class SftTokenizer:
     def _turn_start(self, example: Example) -> str:
         """What the template renders before the content of a conversation's first turn."""
         stand_in = "\x00turn\x00"
-        rendered = self._render(example, [{**example.messages[0], "content": stand_in}], tokenize=False)
+        rendered = self._render(example, [{**_messages_of(example)[0], "content": stand_in}], tokenize=False)
         if stand_in not in rendered:
             raise BadData(
                 f"{example.where}: messages[0]: the chat template of {self.path} does not render the first turn's "
@@ -244,6 +248,12 @@ class SftTokenizer:
         encoded = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [int(any(a <= begin < b for a, b in spans)) for begin, _ in encoded["offset_mapping"]]
         return list(encoded["input_ids"]), mask
+
+
+def _messages_of(example: Example) -> list[dict]:
+    if example.messages is None:
+        raise ValueError(f"{example.where}: not a conversation")
+    return example.messages
 
 
 # ---- packing and writing ------------------------------------------------------------------------
@@ -272,13 +282,14 @@ class ShardWriter:
         self.out, self.width, self.sequences_per_shard = out, width, sequences_per_shard
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.shards: list[dict] = []
-        self._files = None
+        self._files: list[BinaryIO] | None = None
         self._count = self._max = 0
 
     def add(self, tokens: list[int], mask: list[int], pos: list[int]) -> None:
         if self._files is None:
             self._files = [open(path, "wb") for path in sft_files(self.out / f"shard-{len(self.shards):05d}.bin")]
-        for handle, values, dtype in zip(self._files, (tokens, mask, pos), (self.dtype, np.uint8, self.dtype)):
+        dtypes = (self.dtype, np.dtype(np.uint8), self.dtype)
+        for handle, values, dtype in zip(self._files, (tokens, mask, pos), dtypes):
             handle.write(np.asarray(values, dtype=dtype).tobytes())
         self._count += 1
         self._max = max(self._max, max(tokens))
@@ -456,7 +467,7 @@ def prepare(
     out: Path,
     settings: Settings,
     *,
-    validation_files: list[Path] = (),
+    validation_files: Sequence[Path] = (),
     log=print,
 ) -> dict[str, dict]:
     """Tokenise, check and pack ``inputs`` into ``out/train`` (and ``out/validation``); returns the manifests.
@@ -539,8 +550,8 @@ def prepare(
         extra = {"formats": formats, "skipped": dict(bad.skipped)}
         manifests = {name: s.close(settings, tokenizer, dtype, fingerprint, extra) for name, s in splits.items()}
     except BaseException:
-        for split in splits.values():
-            split.writer.flush()  # closes its files
+        for open_split in splits.values():
+            open_split.writer.flush()  # closes its files
         shutil.rmtree(partial, ignore_errors=True)
         raise
     for name in ("train", "validation"):
