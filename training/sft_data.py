@@ -1,17 +1,18 @@
-"""Prepare supervised fine-tuning (SFT) data: JSON Lines examples to packed shards with loss masks.
+"""Prepare supervised fine-tuning (SFT) data: examples to packed shards with loss masks.
 
     python -m training.sft_data --tokenizer /path/to/checkpoint --sequence-length 4096 \\
+        [--format auto|messages|sharegpt|alpaca|prompt_completion|text] \\
+        [--on-bad-example error|skip] [--max-bad-fraction F] \\
         [--loss-on assistant|all] [--overlong error|drop|truncate] \\
         [--validation-fraction 0.02 | --validation held-out.jsonl] --out prepared/ train.jsonl ...
 
-Each non-empty line of an input file is one example, in one of two forms:
-
-- chat: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}``,
-  rendered with the tokenizer's own chat template (``tokenizer.apply_chat_template``); a
-  tokenizer without one is refused for chat data;
-- ``{"prompt": "...", "completion": "..."}``: the tokenizer's BOS token (if it has one), the
-  prompt's tokens, the completion's tokens, then EOS. Prompt and completion are tokenised
-  separately and nothing is put between them (end the prompt with the separator the model needs).
+The inputs (JSON Lines, JSON arrays, Parquet files, ``Dataset.save_to_disk`` directories) are
+read with the ``datasets`` library, in the formats of :mod:`training.sft_formats`. Chat examples
+are rendered with the tokenizer's own chat template (``tokenizer.apply_chat_template``, with the
+example's ``tools``); a tokenizer without one is refused for them. A string prompt/completion
+example is the tokenizer's BOS token (if it has one), the prompt's tokens, the completion's tokens,
+then EOS (tokenised separately, nothing put between them); a text example is the text as the
+tokenizer encodes it, then EOS, every token a target.
 
 Loss masks (``--loss-on assistant``, the default): the targets are the assistant turns' tokens
 (with the template's end-of-turn token) or the completion's tokens and EOS. Where the chat template
@@ -19,8 +20,10 @@ marks assistant text with ``{% generation %}``, those spans are the targets (the
 ``return_assistant_tokens_mask``); otherwise the conversation is rendered prefix by prefix, and
 assistant turn ``i`` is the text between the rendering of messages ``[:i]`` with the generation
 prompt and that of messages ``[:i+1]`` (a template that does not render a conversation prefix by
-prefix is refused). A token that starts inside a span, by the tokenizer's character offsets, is a
-target. ``--loss-on all``: every token is a target.
+prefix is refused); a first turn that is the assistant's starts where its content does, so nothing
+the template puts first (a BOS, a default system prompt) is a target. A token that starts inside a
+span, by the tokenizer's character offsets, is a target. In trl's conversational prompt/completion
+form only the completion's assistant turns are targets. ``--loss-on all``: every token is a target.
 
 Packing: examples go, in input order, into the first of the last 64 open sequences of
 ``sequence_length + 1`` tokens with room for them (first fit); a sequence is written once full or
@@ -33,7 +36,9 @@ Output: ``OUT/train/`` and, with a validation split, ``OUT/validation/``, each w
 ``shards.json`` (format in training/README.md). ``--validation-fraction F`` sends example ``i``
 (counting from 0 in input order) to validation when ``floor((i + 1) F) > floor(i F)``: an even
 spread of ``round(n F)`` examples. Bad data stops the run before anything is written, with one
-line naming the file, the line and the field, and exit status 2. Nothing is downloaded: the
+line naming the file, the line and the field, and exit status 2; ``--on-bad-example skip`` leaves
+bad examples out, prints their counts by reason and the first few, and fails (exit 2) when more
+than ``--max-bad-fraction`` of the examples are bad. Nothing is downloaded: the
 tokenizer is read from a local directory (``local_files_only``).
 """
 
@@ -606,9 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the examples")
-    split.add_argument(
-        "--validation", type=Path, action="append", default=[], help="an input of validation examples"
-    )
+    split.add_argument("--validation", type=Path, action="append", default=[], help="an input of validation examples")
     parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
     parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
     args = parser.parse_args(argv)
