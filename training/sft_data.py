@@ -513,7 +513,6 @@ def prepare(
                                 raise BadData(f"{where}: no format fits (keys: {keys}); expected {FORMS}", "no format")
                             example = to_example(record, found or "messages", where, loss_on=settings.loss_on)
                             fmt = found or "messages"
-                            log(f"format: {fmt} (decided from {where}; set --format to choose)")
                         else:
                             example = to_example(record, fmt, where, loss_on=settings.loss_on)
                         ids, mask = tokenizer.encode(example, settings.loss_on)
@@ -647,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['sequence_length'] + 1} {m['token_dtype']} tokens, {m['padding_tokens']:,} of them padding, "
             f"{m['target_tokens']:,} loss targets, under {args.out / name}"
         )
+    if settings.format == "auto":
+        for path, fmt in manifests["train"]["formats"].items():
+            print(f"{path}: read as {fmt} (--format auto, from its first valid record)")
     return 0
 
 

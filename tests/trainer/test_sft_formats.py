@@ -156,7 +156,7 @@ def test_every_format_from_every_input_gives_the_oracles_ids_and_masks(tmp_path,
         code, out, err = run(tmp_path, qwen[tokenizer], data)
         assert code == 0, err
         name = fmt.split(" ")[0]
-        assert f"format: {name} (decided from {data}" in out  # auto says what it chose
+        assert f"{data}: read as {name} (--format auto, from its first valid record)\n" in out  # auto says its choice
         found, manifest = examples_written(tmp_path / "out" / "train")
         want = [(ids, mask if mask is not None else [1] * len(ids)) for _, (ids, mask) in cases]
         assert sorted(found) == sorted(want)
