@@ -250,3 +250,18 @@ def test_a_record_of_no_format_and_a_forced_format_are_named(tmp_path, qwen):
     code, _, err = run(tmp_path, qwen["marked"], data, format="sharegpt")
     assert code == 2 and err.startswith(f"error: {data}:1: no conversations (keys: instruction, output); the format of "
                                         "this input is sharegpt")
+
+
+def test_records_of_a_json_array_or_a_saved_dataset_are_named_by_index(tmp_path, qwen):
+    good = {"messages": [{"role": "user", "content": "please reverse cat dog"}, {"role": "assistant", "content": "dog cat"}]}
+    bad = {"messages": [{"role": "user", "content": "cat"}, {"role": "user", "content": "dog"}]}
+    for kind in ("array", "saved"):
+        data = write(tmp_path / kind, [good, good, bad], kind)
+        code, _, err = run(tmp_path, qwen["marked"], data)
+        assert code == 2 and err == f"error: {data}: record 2: messages: no assistant turn, so nothing to learn with --loss-on assistant\n"
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list([good]), "test": datasets.Dataset.from_list([good])})
+    splits.save_to_disk(str(tmp_path / "splits"))
+    code, _, err = run(tmp_path, qwen["marked"], tmp_path / "splits")
+    assert code == 2 and err == f"error: {tmp_path / 'splits'}: a DatasetDict; give one split's directory (train, test)\n"
+    code, _, err = run(tmp_path, qwen["marked"], tmp_path / "splits" / "train")
+    assert code == 0, err
