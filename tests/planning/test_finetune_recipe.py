@@ -294,3 +294,10 @@ def test_models_from_config_prints_a_catalogue_entry(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     run = cli("models", "--from-config", tmp_path)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "model_type 't5'" in run.stderr
+
+
+def test_the_plan_states_the_format_and_bad_examples_preflight_will_check():
+    plan = plan_of(sft(**{"data.format": "sharegpt", "data.on_bad_example": "skip", "data.max_bad_fraction": 0.01}))
+    assert plan.ok
+    assert plan.decision("task").reason.endswith(
+        "format sharegpt, bad examples: skip, at most 0.01 of them bad (preflight checks it)")
