@@ -38,8 +38,13 @@ def qwen(tmp_path_factory):
 def llama(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    path = family_tokenizer(tmp_path_factory.mktemp("llama") / "plain", "llama3.1", marked=False)
-    return {"plain": path, "hf": AutoTokenizer.from_pretrained(path, local_files_only=True)}
+    root = tmp_path_factory.mktemp("llama")
+    path = family_tokenizer(root / "marked", "llama3.1", marked=True)
+    return {
+        "marked": path,
+        "plain": family_tokenizer(root / "plain", "llama3.1", marked=False),
+        "hf": AutoTokenizer.from_pretrained(path, local_files_only=True),
+    }
 
 
 def run(tmp_path, tokenizer, *inputs, **options):
@@ -97,6 +102,14 @@ def chat_oracle(hf, messages, tools=None, prompt_messages=0):
     return ids, mask
 
 
+def pair(hf, prompt, completion):
+    """BOS (if the tokenizer has one), the prompt's tokens, the completion's, EOS; the completion and EOS are targets."""
+    bos = [hf.bos_token_id] if hf.bos_token_id is not None else []
+    first = bos + hf.encode(prompt, add_special_tokens=False)
+    second = hf.encode(completion, add_special_tokens=False) + [hf.eos_token_id]
+    return first + second, [0] * len(first) + [1] * len(second)
+
+
 def formats(hf):
     """Per format: records and each one's oracle (ids, mask)."""
     reverse = [{"role": "user", "content": "please reverse cat dog"}, {"role": "assistant", "content": "dog cat"}]
@@ -124,12 +137,8 @@ def formats(hf):
             ({"instruction": "please reverse cat dog", "input": "", "output": "dog cat"}, chat_oracle(hf, reverse)),
         ],
         "prompt_completion": [
-            ({"prompt": "please reverse cat dog", "completion": " dog cat"},
-             (hf.encode("please reverse cat dog", add_special_tokens=False) + hf.encode(" dog cat", add_special_tokens=False) + [eos],
-              [0] * len(hf.encode("please reverse cat dog", add_special_tokens=False)) + [1] * (len(hf.encode(" dog cat", add_special_tokens=False)) + 1))),
-            ({"prompt": "what is the weather in Paris", "completion": " sunny"},
-             (hf.encode("what is the weather in Paris", add_special_tokens=False) + hf.encode(" sunny", add_special_tokens=False) + [eos],
-              [0] * len(hf.encode("what is the weather in Paris", add_special_tokens=False)) + [1] * (len(hf.encode(" sunny", add_special_tokens=False)) + 1))),
+            ({"prompt": "please reverse cat dog", "completion": " dog cat"}, pair(hf, "please reverse cat dog", " dog cat")),
+            ({"prompt": "what is the weather in Paris", "completion": " sunny"}, pair(hf, "what is the weather in Paris", " sunny")),
         ],
         "prompt_completion conversational": [
             ({"prompt": [system, reverse[0]], "completion": [reverse[1]]}, chat_oracle(hf, [system, *reverse], prompt_messages=2)),
@@ -149,11 +158,13 @@ FORMATS = ["messages", "sharegpt", "alpaca", "prompt_completion", "prompt_comple
 
 @pytest.mark.parametrize("kind", ["jsonl", "array", "parquet", "saved"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_format_from_every_input_gives_the_oracles_ids_and_masks(tmp_path, qwen, fmt, kind):
-    cases = formats(qwen["hf"])[fmt]
+@pytest.mark.parametrize("family", ["qwen2.5", "llama3.1"])
+def test_every_format_from_every_input_gives_the_oracles_ids_and_masks(tmp_path, qwen, llama, family, fmt, kind):
+    tok = qwen if family == "qwen2.5" else llama
+    cases = formats(tok["hf"])[fmt]
     data = write(tmp_path / "data", [record for record, _ in cases], kind)
     for tokenizer in ("marked", "plain"):  # {% generation %} spans, and the prefix-by-prefix rendering
-        code, out, err = run(tmp_path, qwen[tokenizer], data)
+        code, out, err = run(tmp_path, tok[tokenizer], data)
         assert code == 0, err
         name = fmt.split(" ")[0]
         assert f"{data}: read as {name} (--format auto, from its first valid record)\n" in out  # auto says its choice
