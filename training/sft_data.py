@@ -470,12 +470,12 @@ def in_validation(index: int, fraction: float) -> bool:
 
 
 def prepare(
-    inputs: list[Path],
+    inputs: Sequence[str | Path],
     tokenizer: SftTokenizer,
     out: Path,
     settings: Settings,
     *,
-    validation_files: Sequence[Path] = (),
+    validation_files: Sequence[str | Path] = (),
     log=print,
 ) -> dict[str, dict]:
     """Tokenise, check and pack ``inputs`` into ``out/train`` (and ``out/validation``); returns the manifests.
@@ -572,9 +572,7 @@ def prepare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.sft_data", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "inputs", nargs="+", type=Path, help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories"
-    )
+    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
     parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
     parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
     parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
@@ -610,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the examples")
-    split.add_argument("--validation", type=Path, action="append", default=[], help="an input of validation examples")
+    split.add_argument("--validation", action="append", default=[], help="an input of validation examples")
     parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
     parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
     args = parser.parse_args(argv)

@@ -82,6 +82,8 @@ class Source:
         self.path = Path(path)
         self.digest = hashlib.sha256()
         self.check = check  # check(record, where): raises BadData for a record of the wrong shape
+        if "://" in str(path):
+            raise BadData(f"{path}: a URI; the data step reads local paths: copy the data here first", "input")
         if self.path.is_dir():
             if not (self.path / "state.json").is_file():
                 splits = self.path / "dataset_dict.json"

@@ -250,6 +250,8 @@ def test_inputs_the_reader_cannot_use_are_named(tmp_path, qwen):
     assert code == 2 and err == f"error: {folder}: a directory that Dataset.save_to_disk did not write (no state.json)\n"
     code, _, err = run(tmp_path, qwen["marked"], tmp_path / "nowhere.jsonl")
     assert code == 2 and err == f"error: {tmp_path / 'nowhere.jsonl'}: no such file or directory\n"
+    code, _, err = run(tmp_path, qwen["marked"], "s3://bucket/chat.jsonl")
+    assert code == 2 and err == "error: s3://bucket/chat.jsonl: a URI; the data step reads local paths: copy the data here first\n"
 
 
 def test_a_record_of_no_format_and_a_forced_format_are_named(tmp_path, qwen):
