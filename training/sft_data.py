@@ -1,17 +1,18 @@
-"""Prepare supervised fine-tuning (SFT) data: JSON Lines examples to packed shards with loss masks.
+"""Prepare supervised fine-tuning (SFT) data: examples to packed shards with loss masks.
 
     python -m training.sft_data --tokenizer /path/to/checkpoint --sequence-length 4096 \\
+        [--format auto|messages|sharegpt|alpaca|prompt_completion|text] \\
+        [--on-bad-example error|skip] [--max-bad-fraction F] \\
         [--loss-on assistant|all] [--overlong error|drop|truncate] \\
         [--validation-fraction 0.02 | --validation held-out.jsonl] --out prepared/ train.jsonl ...
 
-Each non-empty line of an input file is one example, in one of two forms:
-
-- chat: ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]}``,
-  rendered with the tokenizer's own chat template (``tokenizer.apply_chat_template``); a
-  tokenizer without one is refused for chat data;
-- ``{"prompt": "...", "completion": "..."}``: the tokenizer's BOS token (if it has one), the
-  prompt's tokens, the completion's tokens, then EOS. Prompt and completion are tokenised
-  separately and nothing is put between them (end the prompt with the separator the model needs).
+The inputs (JSON Lines, JSON arrays, Parquet files, ``Dataset.save_to_disk`` directories) are
+read with the ``datasets`` library, in the formats of :mod:`training.sft_formats`. Chat examples
+are rendered with the tokenizer's own chat template (``tokenizer.apply_chat_template``, with the
+example's ``tools``); a tokenizer without one is refused for them. A string prompt/completion
+example is the tokenizer's BOS token (if it has one), the prompt's tokens, the completion's tokens,
+then EOS (tokenised separately, nothing put between them); a text example is the text as the
+tokenizer encodes it, then EOS, every token a target.
 
 Loss masks (``--loss-on assistant``, the default): the targets are the assistant turns' tokens
 (with the template's end-of-turn token) or the completion's tokens and EOS. Where the chat template
@@ -19,8 +20,10 @@ marks assistant text with ``{% generation %}``, those spans are the targets (the
 ``return_assistant_tokens_mask``); otherwise the conversation is rendered prefix by prefix, and
 assistant turn ``i`` is the text between the rendering of messages ``[:i]`` with the generation
 prompt and that of messages ``[:i+1]`` (a template that does not render a conversation prefix by
-prefix is refused). A token that starts inside a span, by the tokenizer's character offsets, is a
-target. ``--loss-on all``: every token is a target.
+prefix is refused); a first turn that is the assistant's starts where its content does, so nothing
+the template puts first (a BOS, a default system prompt) is a target. A token that starts inside a
+span, by the tokenizer's character offsets, is a target. In trl's conversational prompt/completion
+form only the completion's assistant turns are targets. ``--loss-on all``: every token is a target.
 
 Packing: examples go, in input order, into the first of the last 64 open sequences of
 ``sequence_length + 1`` tokens with room for them (first fit); a sequence is written once full or
@@ -33,7 +36,9 @@ Output: ``OUT/train/`` and, with a validation split, ``OUT/validation/``, each w
 ``shards.json`` (format in training/README.md). ``--validation-fraction F`` sends example ``i``
 (counting from 0 in input order) to validation when ``floor((i + 1) F) > floor(i F)``: an even
 spread of ``round(n F)`` examples. Bad data stops the run before anything is written, with one
-line naming the file, the line and the field, and exit status 2. Nothing is downloaded: the
+line naming the file, the line and the field, and exit status 2; ``--on-bad-example skip`` leaves
+bad examples out, prints their counts by reason and the first few, and fails (exit 2) when more
+than ``--max-bad-fraction`` of the examples are bad. Nothing is downloaded: the
 tokenizer is read from a local directory (``local_files_only``).
 """
 
@@ -46,24 +51,22 @@ import math
 import re
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from training.sft_formats import FORMATS, FORMS, BadData, Example, Source, checker, detect_format, to_example
+
 SFT_KIND = "sft-packed"
 MANIFEST = "shards.json"
-ROLES = ("system", "user", "assistant", "tool")
 OPEN_SEQUENCES = 64  # first-fit packing looks at this many open sequences
 PROGRESS_EVERY = 10_000  # examples between progress lines
 FORMAT_VERSION = "sft-packed/1"
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")  # as transformers detects it
-
-
-class BadData(ValueError):
-    """Input the preparation cannot use; the message is one line naming file, line and field."""
 
 
 def sft_files(base: Path) -> tuple[Path, Path, Path]:
@@ -71,88 +74,6 @@ def sft_files(base: Path) -> tuple[Path, Path, Path]:
     base = Path(base)
     stem = base.name[: -len(".bin")] if base.name.endswith(".bin") else base.name
     return base, base.with_name(f"{stem}.mask.bin"), base.with_name(f"{stem}.pos.bin")
-
-
-# ---- reading and checking examples -------------------------------------------------------------
-
-
-@dataclass
-class Example:
-    where: str  # "file:line"
-    messages: list[dict] | None = None
-    prompt: str | None = None
-    completion: str | None = None
-
-
-class HashedLines:
-    """The lines of one JSONL file with their numbers; the file's SHA-256 once it has been read."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.digest = hashlib.sha256()
-
-    def __iter__(self) -> Iterator[tuple[int, str]]:
-        with open(self.path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                self.digest.update(raw)
-                try:
-                    text = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte order mark is allowed
-                except UnicodeDecodeError as error:
-                    raise BadData(
-                        f"{self.path}:{number}: not UTF-8 text ({error.reason} at byte offset {error.start})"
-                    ) from None
-                yield number, text
-
-
-def read_examples(lines: HashedLines, *, loss_on: str) -> Iterator[Example]:
-    for number, text in lines:
-        if not text.strip():
-            continue
-        where = f"{lines.path}:{number}"
-        try:
-            data = json.loads(text)
-        except ValueError as error:
-            raise BadData(f"{where}: not JSON: {error}") from None
-        yield parse_example(data, where, loss_on=loss_on)
-
-
-def parse_example(data, where: str, *, loss_on: str) -> Example:
-    forms = 'either {"messages": [{"role": ..., "content": ...}, ...]} or {"prompt": ..., "completion": ...}'
-    if not isinstance(data, dict):
-        raise BadData(f"{where}: a JSON {type(data).__name__}, expected an object: {forms}")
-    if "messages" in data:
-        return Example(where, messages=_messages(data["messages"], where, loss_on=loss_on))
-    if "prompt" in data or "completion" in data:
-        for key in ("prompt", "completion"):
-            if not isinstance(data.get(key), str):
-                found = "missing" if key not in data else f"a {type(data[key]).__name__}"
-                raise BadData(f"{where}: {key}: {found}, expected a string")
-        if not data["completion"].strip():
-            raise BadData(f"{where}: completion: empty; every example needs text to learn")
-        return Example(where, prompt=data["prompt"], completion=data["completion"])
-    keys = ", ".join(sorted(map(str, data))) or "none"
-    raise BadData(f"{where}: neither form (keys: {keys}); expected {forms}")
-
-
-def _messages(messages, where: str, *, loss_on: str) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise BadData(f'{where}: messages: expected a non-empty list of {{"role": ..., "content": ...}}')
-    for i, message in enumerate(messages):
-        field_ = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise BadData(f'{where}: {field_}: a {type(message).__name__}, expected {{"role": ..., "content": ...}}')
-        role = message.get("role")
-        if role not in ROLES:
-            found = "missing" if "role" not in message else repr(role)
-            raise BadData(f"{where}: {field_}.role: {found} is not a role; valid roles: {', '.join(ROLES)}")
-        if not isinstance(message.get("content"), str):
-            found = "missing" if "content" not in message else f"a {type(message['content']).__name__}"
-            raise BadData(f"{where}: {field_}.content: {found}, expected a string")
-        if role == "assistant" and not message["content"].strip():
-            raise BadData(f"{where}: {field_}.content: an empty assistant turn; give it text or remove the turn")
-    if loss_on == "assistant" and not any(m["role"] == "assistant" for m in messages):
-        raise BadData(f"{where}: messages: no assistant turn, so nothing to learn with --loss-on assistant")
-    return messages
 
 
 # ---- tokenising ---------------------------------------------------------------------------------
@@ -201,96 +122,143 @@ class SftTokenizer:
 
     def encode(self, example: Example, loss_on: str) -> tuple[list[int], list[int]]:
         """The example's token ids and their loss mask (1: a target)."""
+        if example.text is not None:
+            return self._text(example)
         if example.messages is None:
             return self._pair(example, loss_on)
         if self.template is None:
             raise BadData(
                 f"{example.where}: messages: the tokenizer in {self.path} has no chat template; use a "
                 "checkpoint whose tokenizer ships one (tokenizer_config.json or chat_template.jinja), "
-                "or give the examples as prompt/completion"
+                "or give the examples as prompt/completion",
+                "no chat template",
             )
         if loss_on == "all":
             ids, _ = self._tokens_with_mask(self._render(example, example.messages, tokenize=False), [])
             return ids, [1] * len(ids)
-        ids, mask = self._chat_with_generation(example) if self.marks_generation else self._chat_by_prefix(example)
+        text, spans = self._spans_marked(example) if self.marks_generation else self._spans_by_prefix(example)
+        if example.train_from:
+            prompt = self._render(example, _messages_of(example)[: example.train_from], tokenize=False)
+            if not text.startswith(prompt):
+                raise BadData(
+                    f"{example.where}: prompt: the chat template renders the prompt differently once the "
+                    "completion follows, so the completion cannot be found; use --loss-on all",
+                    "template: prompt",
+                )
+            spans = [(a, b) for a, b in spans if a >= len(prompt)]
+        ids, mask = self._tokens_with_mask(text, spans)
         if not any(mask):
-            raise BadData(f"{example.where}: messages: the chat template of {self.path} rendered no assistant tokens")
+            raise BadData(
+                f"{example.where}: messages: the chat template of {self.path} rendered no assistant tokens",
+                "template: no assistant tokens",
+            )
         return ids, mask
+
+    def _text(self, example: Example) -> tuple[list[int], list[int]]:
+        """Continued pretraining: the text as the tokenizer encodes it (with its BOS, if any), then EOS."""
+        ids = list(self.tok(example.text)["input_ids"]) + [self.eos_token_id]
+        return ids, [1] * len(ids)
 
     def _pair(self, example: Example, loss_on: str) -> tuple[list[int], list[int]]:
         bos = [self.tok.bos_token_id] if self.tok.bos_token_id is not None else []
         prompt = bos + self.tok.encode(example.prompt, add_special_tokens=False)
         completion = self.tok.encode(example.completion, add_special_tokens=False) + [self.eos_token_id]
         if len(completion) == 1:
-            raise BadData(f"{example.where}: completion: gives no tokens; every example needs text to learn")
+            raise BadData(
+                f"{example.where}: completion: gives no tokens; every example needs text to learn", "completion: empty"
+            )
         return prompt + completion, [int(loss_on == "all")] * len(prompt) + [1] * len(completion)
 
     def _render(self, example: Example, messages: list[dict], **options):
+        if example.tools:
+            options["tools"] = example.tools
         try:
             return self.tok.apply_chat_template(messages, **options)
         except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise BadData(f"{example.where}: messages: the chat template refused the conversation: {first}") from None
+            raise BadData(
+                f"{example.where}: messages: the chat template refused the conversation: {first}", "template refused"
+            ) from None
 
-    def _chat_with_generation(self, example: Example) -> tuple[list[int], list[int]]:
+    def _spans_marked(self, example: Example) -> tuple[str, list[tuple[int, int]]]:
         """The ``{% generation %}`` spans, as transformers' ``render_jinja_template`` reports them for
-        ``return_assistant_tokens_mask``, mapped to tokens by character offsets. (transformers' own
-        ``assistant_masks`` marks every token to the end when a span ends in text that no token covers,
-        such as a newline a pre-tokenizer drops.)"""
-        from transformers.utils.chat_template_utils import render_jinja_template
+        ``return_assistant_tokens_mask``. (transformers' own ``assistant_masks`` marks every token to
+        the end when a span ends in text that no token covers, such as a newline a pre-tokenizer drops;
+        here a token is a target when it starts inside a span.)"""
+        from transformers.utils import chat_template_utils
 
-        messages = example.messages
-        assert messages is not None  # encode renders only conversations
+        render: Any = chat_template_utils.render_jinja_template
+        messages = _messages_of(example)
         text = self._render(example, messages, tokenize=False)
         try:
-            special: dict[str, Any] = self.tok.special_tokens_map  # token names, none a parameter's
-            rendered, spans = cast(  # transformers types the result str: with the mask it is (texts, spans)
-                "tuple[list[str], list[list[tuple[int, int]]]]",
-                render_jinja_template(
-                    conversations=[messages],
-                    chat_template=self.template,
-                    return_assistant_tokens_mask=True,
-                    **special,
-                ),
+            rendered, spans = render(
+                conversations=[messages],
+                tools=example.tools,
+                chat_template=self.template,
+                return_assistant_tokens_mask=True,
+                **self.tok.special_tokens_map,
             )
         except Exception as error:
-            raise BadData(f"{example.where}: messages: the chat template refused the conversation: {error}") from None
+            raise BadData(
+                f"{example.where}: messages: the chat template refused the conversation: {error}", "template refused"
+            ) from None
         if rendered[0] != text:
             raise BadData(
                 f"{example.where}: messages: the chat template renders differently with its {{% generation %}} "
-                "markers; use --loss-on all"
+                "markers; use --loss-on all",
+                "template: generation markers",
             )
-        return self._tokens_with_mask(text, spans[0])
+        return text, spans[0]
 
-    def _chat_by_prefix(self, example: Example) -> tuple[list[int], list[int]]:
-        messages = example.messages
-        assert messages is not None  # encode renders only conversations
+    def _spans_by_prefix(self, example: Example) -> tuple[str, list[tuple[int, int]]]:
+        """Assistant turn ``i`` is the text between the rendering of ``messages[:i]`` with the generation
+        prompt and that of ``messages[:i+1]``. A first turn that is the assistant's starts where its
+        content does (found by rendering the turn with a stand-in content): what the template puts
+        before it (a BOS, a default system prompt, a header) is never a target."""
+        messages = _messages_of(example)
         text = self._render(example, messages, tokenize=False)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            try:
+            start = self._turn_start(example) if i == 0 else None
+            if start is None:
                 start = self._render(example, messages[:i], tokenize=False, add_generation_prompt=True)
-            except BadData:
-                if i:
-                    raise
-                start = ""  # a conversation that opens with the assistant, and a template that needs a message
             end = self._render(example, messages[: i + 1], tokenize=False)
             if not (text.startswith(start) and text.startswith(end) and len(start) < len(end)):
                 raise BadData(
                     f"{example.where}: messages[{i}]: the chat template of {self.path} does not render the "
                     "conversation prefix by prefix, so its assistant tokens cannot be found; use a template "
-                    "with {% generation %} markers or --loss-on all"
+                    "with {% generation %} markers or --loss-on all",
+                    "template: not prefix by prefix",
                 )
             spans.append((len(start), len(end)))
-        return self._tokens_with_mask(text, spans)
+        return text, spans
+
+    def _turn_start(self, example: Example) -> str:
+        """What the template renders before the content of a conversation's first turn."""
+        stand_in = "\x00turn\x00"
+        rendered = self._render(example, [{**_messages_of(example)[0], "content": stand_in}], tokenize=False)
+        if stand_in not in rendered:
+            raise BadData(
+                f"{example.where}: messages[0]: the chat template of {self.path} does not render the first turn's "
+                "content, so where the turn starts cannot be found; use a template with {% generation %} markers "
+                "or --loss-on all",
+                "template: not prefix by prefix",
+            )
+        return rendered[: rendered.index(stand_in)]
 
     def _tokens_with_mask(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
         """``text`` tokenised as ``apply_chat_template`` does; a token is a target when it starts inside a span."""
         encoded = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [int(any(a <= begin < b for a, b in spans)) for begin, _ in encoded["offset_mapping"]]
         return list(encoded["input_ids"]), mask
+
+
+def _messages_of(example: Example) -> list[dict]:
+    if example.messages is None:
+        raise ValueError(f"{example.where}: not a conversation")
+    return example.messages
 
 
 # ---- packing and writing ------------------------------------------------------------------------
@@ -325,7 +293,8 @@ class ShardWriter:
     def add(self, tokens: list[int], mask: list[int], pos: list[int]) -> None:
         if self._files is None:
             self._files = [open(path, "wb") for path in sft_files(self.out / f"shard-{len(self.shards):05d}.bin")]
-        for handle, values, dtype in zip(self._files, (tokens, mask, pos), (self.dtype, np.dtype("uint8"), self.dtype)):
+        dtypes = (self.dtype, np.dtype(np.uint8), self.dtype)
+        for handle, values, dtype in zip(self._files, (tokens, mask, pos), dtypes):
             handle.write(np.asarray(values, dtype=dtype).tobytes())
         self._count += 1
         self._max = max(self._max, max(tokens))
@@ -390,6 +359,40 @@ class Settings:
     validation_fraction: float = 0.0
     dtype: str | None = None
     sequences_per_shard: int | None = None
+    format: str = "auto"
+    on_bad_example: str = "error"
+    max_bad_fraction: float = 0.0
+
+
+SHOWN_BAD = 5  # skipped examples shown by name
+
+
+@dataclass
+class BadExamples:
+    """``--on-bad-example skip``: the examples left out, counted by reason, the first few by name."""
+
+    skipped: Counter = field(default_factory=Counter)
+    shown: list[str] = field(default_factory=list)
+
+    def add(self, error: BadData) -> None:
+        self.skipped[error.reason] += 1
+        if len(self.shown) < SHOWN_BAD:
+            self.shown.append(str(error))
+
+    def check(self, good: int, max_fraction: float, log) -> None:
+        bad = sum(self.skipped.values())
+        if not bad:
+            return
+        reasons = ", ".join(f"{reason}: {count:,}" for reason, count in self.skipped.most_common())
+        log(f"skipped {bad:,} of {good + bad:,} examples ({reasons})", file=sys.stderr)
+        for line in self.shown:
+            log(f"  {line}", file=sys.stderr)
+        if bad > max_fraction * (good + bad):
+            raise BadData(
+                f"{bad:,} of {good + bad:,} examples are bad ({bad / (good + bad):.2%}), more than "
+                f"--max-bad-fraction {max_fraction} allows ({reasons})",
+                "too many bad examples",
+            )
 
 
 class Split:
@@ -423,7 +426,7 @@ class Split:
         self.counts.targets += sum(mask[1:])
         self.packer.add(ids, mask)
 
-    def close(self, settings: Settings, tokenizer: SftTokenizer, dtype: str, fingerprint: str) -> dict:
+    def close(self, settings: Settings, tokenizer: SftTokenizer, dtype: str, fingerprint: str, extra: dict) -> dict:
         self.packer.close()
         if not self.writer.shards:
             why = (
@@ -443,6 +446,9 @@ class Split:
             "fingerprint": fingerprint,
             "loss_on": settings.loss_on,
             "overlong": settings.overlong,
+            "format": settings.format,
+            "on_bad_example": settings.on_bad_example,
+            "max_bad_fraction": settings.max_bad_fraction,
             "examples": c.examples,
             "dropped": c.dropped,
             "truncated": c.truncated,
@@ -453,6 +459,7 @@ class Split:
             "vocab_size": tokenizer.vocab_size,
             "pad_token_id": tokenizer.pad_token_id,
             "shards": self.writer.shards,
+            **extra,
         }
         (self.out / MANIFEST).write_text(json.dumps(manifest, indent=1))
         return manifest
@@ -463,12 +470,12 @@ def in_validation(index: int, fraction: float) -> bool:
 
 
 def prepare(
-    inputs: list[Path],
+    inputs: Sequence[str | Path],
     tokenizer: SftTokenizer,
     out: Path,
     settings: Settings,
     *,
-    validation_files: Sequence[Path] = (),
+    validation_files: Sequence[str | Path] = (),
     log=print,
 ) -> dict[str, dict]:
     """Tokenise, check and pack ``inputs`` into ``out/train`` (and ``out/validation``); returns the manifests.
@@ -487,15 +494,34 @@ def prepare(
     splits = {"train": Split("train", partial / "train", settings, tokenizer, dtype)}
     if settings.validation_fraction or validation_files:
         splits["validation"] = Split("validation", partial / "validation", settings, tokenizer, dtype)
-    hashed: list[tuple[str, HashedLines]] = []
+    sources: list[tuple[str, Source]] = []
+    bad = BadExamples()
+    formats: dict[str, str] = {}
     try:
         index = 0
         for role, files in (("train", inputs), ("validation", validation_files)):
             for path in files:
-                lines = HashedLines(path)
-                hashed.append((role, lines))
-                for example in read_examples(lines, loss_on=settings.loss_on):
-                    ids, mask = tokenizer.encode(example, settings.loss_on)
+                source = Source(path, checker(settings.format, loss_on=settings.loss_on))
+                sources.append((role, source))
+                fmt = settings.format
+                for where, record in source:
+                    try:
+                        if fmt == "auto":
+                            found = detect_format(record)
+                            if found is None and isinstance(record, dict):
+                                keys = ", ".join(sorted(map(str, record))) or "none"
+                                raise BadData(f"{where}: no format fits (keys: {keys}); expected {FORMS}", "no format")
+                            example = to_example(record, found or "messages", where, loss_on=settings.loss_on)
+                            fmt = found or "messages"
+                        else:
+                            example = to_example(record, fmt, where, loss_on=settings.loss_on)
+                        ids, mask = tokenizer.encode(example, settings.loss_on)
+                    except BadData as error:
+                        if settings.on_bad_example == "error" or error.reason == "no chat template":
+                            raise
+                        bad.add(error)
+                        continue
+                    formats.setdefault(str(path), fmt)
                     split = (
                         role
                         if role == "validation" or not in_validation(index, settings.validation_fraction)
@@ -505,6 +531,7 @@ def prepare(
                     index += 1
                     if index % PROGRESS_EVERY == 0:
                         log(f"{index:,} examples read ({example.where})", file=sys.stderr)
+        bad.check(index, settings.max_bad_fraction, log)
         digest = hashlib.sha256(FORMAT_VERSION.encode())
         digest.update(
             json.dumps(
@@ -513,6 +540,9 @@ def prepare(
                     "loss_on": settings.loss_on,
                     "overlong": settings.overlong,
                     "validation_fraction": settings.validation_fraction,
+                    "format": settings.format,
+                    "on_bad_example": settings.on_bad_example,
+                    "max_bad_fraction": settings.max_bad_fraction,
                     "token_dtype": dtype,
                     "open_sequences": OPEN_SEQUENCES,
                     "width": width,
@@ -521,13 +551,14 @@ def prepare(
             ).encode()
         )
         digest.update(tokenizer.fingerprint_material())
-        for role, lines in hashed:
-            digest.update(f"\0{role}\0".encode() + lines.digest.digest())
+        for role, source in sources:
+            digest.update(f"\0{role}\0".encode() + source.digest.digest())
         fingerprint = digest.hexdigest()
-        manifests = {name: split.close(settings, tokenizer, dtype, fingerprint) for name, split in splits.items()}
+        extra = {"formats": formats, "skipped": dict(bad.skipped)}
+        manifests = {name: s.close(settings, tokenizer, dtype, fingerprint, extra) for name, s in splits.items()}
     except BaseException:
-        for unfinished in splits.values():
-            unfinished.writer.flush()  # closes its files
+        for open_split in splits.values():
+            open_split.writer.flush()  # closes its files
         shutil.rmtree(partial, ignore_errors=True)
         raise
     for name in ("train", "validation"):
@@ -541,7 +572,7 @@ def prepare(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.sft_data", description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="+", type=Path, help="JSON Lines files of chat or prompt/completion examples")
+    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
     parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
     parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
     parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
@@ -557,11 +588,27 @@ def main(argv: list[str] | None = None) -> int:
         default="error",
         help="an example longer than the sequence length: error (default), drop it, or truncate it",
     )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="the examples' format; auto (default) decides per file from its first valid record",
+    )
+    parser.add_argument(
+        "--on-bad-example",
+        choices=["error", "skip"],
+        default="error",
+        help="error (default): stop at the first bad example; skip: leave it out and count it",
+    )
+    parser.add_argument(
+        "--max-bad-fraction",
+        type=float,
+        default=0.0,
+        help="with --on-bad-example skip: fail when more than this fraction of the examples is bad (default 0)",
+    )
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the examples")
-    split.add_argument(
-        "--validation", type=Path, action="append", default=[], help="a JSONL file of validation examples"
-    )
+    split.add_argument("--validation", action="append", default=[], help="an input of validation examples")
     parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
     parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
     args = parser.parse_args(argv)
@@ -569,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sequence-length must be at least 1")
     if not 0 <= args.validation_fraction < 1:
         parser.error("--validation-fraction must be in [0, 1)")
+    if not 0 <= args.max_bad_fraction <= 1:
+        parser.error("--max-bad-fraction must be in [0, 1]")
     settings = Settings(
         args.sequence_length,
         args.loss_on,
@@ -576,11 +625,13 @@ def main(argv: list[str] | None = None) -> int:
         args.validation_fraction,
         args.dtype,
         args.sequences_per_shard,
+        args.format,
+        args.on_bad_example,
+        args.max_bad_fraction,
     )
     try:
         for path in [*args.inputs, *args.validation]:
-            if not path.is_file():
-                raise BadData(f"{path}: no such file")
+            Source(path)  # a missing or unknown input is named before the tokenizer loads
         tokenizer = SftTokenizer(args.tokenizer)
         manifests = prepare(args.inputs, tokenizer, args.out, settings, validation_files=args.validation)
     except BadData as error:
@@ -593,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['sequence_length'] + 1} {m['token_dtype']} tokens, {m['padding_tokens']:,} of them padding, "
             f"{m['target_tokens']:,} loss targets, under {args.out / name}"
         )
+    if settings.format == "auto":
+        for path, fmt in manifests["train"]["formats"].items():
+            print(f"{path}: read as {fmt} (--format auto, from its first valid record)")
     return 0
 
 

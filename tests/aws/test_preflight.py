@@ -345,3 +345,26 @@ def test_an_sft_recipe_checks_the_packed_shards_manifest(endpoint, tmp_path):
     _, report = preflight(endpoint, path)
     sft = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
     assert sft[0]["status"] == "pass" and "1,200 examples in 310 sequences" in sft[0]["detail"]
+
+
+def test_an_sft_recipe_checks_the_format_and_the_bad_examples_the_shards_were_prepared_with(endpoint, tmp_path):
+    path = write_recipe(tmp_path, "sft-format", **{"task": "sft", "model.init_checkpoint": "s3://sft-format-models/base/",
+                                                   "data.format": "sharegpt", "data.on_bad_example": "skip",
+                                                   "data.max_bad_fraction": 0.01})
+    manifest = {"kind": "sft-packed", "sequence_length": 4096, "token_dtype": "uint32", "fingerprint": "0" * 64,
+                "loss_on": "assistant", "overlong": "error", "format": "auto", "on_bad_example": "error",
+                "max_bad_fraction": 0.0, "examples": 10, "dropped": 0, "truncated": 0, "tokenizer": "base",
+                "shards": [{"file": "shard-00000.bin", "sequences": 3, "max_token": 100}]}
+    upload_data(endpoint, "sft-format-data")
+    s3 = client("s3", endpoint)
+    s3.put_object(Bucket="sft-format-data", Key="tokens/shards.json", Body=json.dumps(manifest).encode())
+    _, report = preflight(endpoint, path)
+    sft, = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert sft["status"] == "fail" and sft["detail"].endswith(
+        "was packed otherwise: format 'auto', the recipe 'sharegpt'; on_bad_example 'error', the recipe 'skip'; "
+        "max_bad_fraction 0.0, the recipe 0.01")
+    prepared = {**manifest, "format": "sharegpt", "on_bad_example": "skip", "max_bad_fraction": 0.01}
+    s3.put_object(Bucket="sft-format-data", Key="tokens/shards.json", Body=json.dumps(prepared).encode())
+    _, report = preflight(endpoint, path)
+    sft, = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert sft["status"] == "pass"

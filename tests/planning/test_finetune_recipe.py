@@ -54,6 +54,10 @@ def test_a_pretraining_recipe_is_unchanged_and_plans_no_fine_tuning():
     ({"model.init_checkpoint": None}, (3, "model.init_checkpoint", "task sft fine-tunes trained weights")),
     ({"data.loss_on": "prompt"}, (8, "data.loss_on", "must be one of 'assistant', 'all'")),
     ({"data.overlong": "wrap"}, (8, "data.overlong", "must be one of 'error', 'drop', 'truncate'")),
+    ({"data.format": "csv"}, (8, "data.format", "must be one of 'auto', 'messages', 'sharegpt', 'alpaca'")),
+    ({"data.on_bad_example": "ignore"}, (8, "data.on_bad_example", "must be one of 'error', 'skip'")),
+    ({"data.on_bad_example": "skip", "data.max_bad_fraction": 1.5}, (9, "data.max_bad_fraction", "less than or equal to 1")),
+    ({"data.max_bad_fraction": 0.01}, (8, "data.max_bad_fraction", "applies with data.on_bad_example: skip only")),
     ({"tuning.adapter": "qlora"}, (16, "tuning.adapter", "must be one of 'none', 'lora', 'auto'")),
     ({"tuning.lora": {"rank": 0}}, (17, "tuning.lora.rank", "greater than or equal to 1")),
     ({"tuning.lora": {"alpha": -1}}, (17, "tuning.lora.alpha", "greater than 0")),
@@ -81,6 +85,8 @@ def test_a_bad_fine_tuning_value_names_its_line_and_field(overrides, expected):
 @pytest.mark.parametrize("overrides, field", [
     ({"data.loss_on": "all"}, "data.loss_on"),
     ({"data.overlong": "truncate"}, "data.overlong"),
+    ({"data.format": "sharegpt"}, "data.format"),
+    ({"data.on_bad_example": "skip"}, "data.on_bad_example"),
     ({"tuning.adapter": "lora"}, "tuning.adapter"),
     ({"tuning.lora": {"rank": 8}}, "tuning.lora"),
     ({"export.format": "adapter"}, "export.format"),
@@ -288,3 +294,10 @@ def test_models_from_config_prints_a_catalogue_entry(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     run = cli("models", "--from-config", tmp_path)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "model_type 't5'" in run.stderr
+
+
+def test_the_plan_states_the_format_and_bad_examples_preflight_will_check():
+    plan = plan_of(sft(**{"data.format": "sharegpt", "data.on_bad_example": "skip", "data.max_bad_fraction": 0.01}))
+    assert plan.ok
+    assert plan.decision("task").reason.endswith(
+        "format sharegpt, bad examples: skip, at most 0.01 of them bad (preflight checks it)")

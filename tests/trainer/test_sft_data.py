@@ -150,10 +150,11 @@ def test_packing_keeps_every_example_whole_with_restarting_positions(tmp_path, t
 BAD = [
     ('{"messages": [{"role": "user", "content": "cat"}', "not JSON: "),
     ('{"prompt": "caf\xe9", "completion": "cat"}', "not UTF-8 text (invalid continuation byte at byte offset 15)"),
-    ('{"text": "cat dog"}', "neither form (keys: text); expected either"),
+    ('{"text": "cat dog"}', "no messages (keys: text); the format of this input is messages; give each format its own"),
+    ('{"body": "cat dog"}', "no messages (keys: body); the format of this input is messages"),
     ('[1, 2]', "a JSON list, expected an object"),
     ('{"messages": [{"role": "bot", "content": "cat"}]}',
-     "messages[0].role: 'bot' is not a role; valid roles: system, user, assistant, tool"),
+     "messages[0].role: 'bot' is not a role; valid roles: system, user, assistant, tool, ipython"),
     ('{"messages": [{"role": "user", "content": "cat"}, {"role": "assistant", "content": " "}]}',
      "messages[1].content: an empty assistant turn; give it text or remove the turn"),
     ('{"messages": [{"role": "user"}]}', "messages[0].content: missing, expected a string"),
@@ -168,6 +169,8 @@ BAD = [
 @pytest.mark.parametrize("line,message", BAD, ids=[m.split(":")[0].split(" ")[0] for _, m in BAD])
 def test_bad_data_names_file_line_and_field(tmp_path, tokenizers, line, message):
     data = tiny_chat_jsonl(tmp_path / "chat.jsonl", 3)
+    if line.startswith('{"prompt"'):  # one format to a file: the bad line follows prompt/completion examples
+        data.write_text('{"prompt": "please reverse cat dog", "completion": "dog cat"}\n' * 3)
     data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes() + b"\n" + line.encode("latin-1") + b"\n")  # line 5; a BOM
     code, out, err = prepare(tmp_path, tokenizers["prefix"], data)
     assert code == 2
@@ -202,7 +205,7 @@ def test_the_command_exits_2_without_a_traceback(tmp_path, tokenizers, monkeypat
         runpy.run_module("training.sft_data", run_name="__main__", alter_sys=True)
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (f"error: {data}:1: messages[0].role: 'robot' is not a role; "
-                                       "valid roles: system, user, assistant, tool\n")
+                                       "valid roles: system, user, assistant, tool, ipython\n")
 
 
 def test_overlong_examples_are_dropped_or_truncated_and_counted(tmp_path, tokenizers, hf):

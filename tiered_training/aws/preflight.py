@@ -607,6 +607,9 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
         "token_dtype": recipe.data.token_dtype,
         "loss_on": recipe.data.loss_on,
         "overlong": recipe.data.overlong,
+        "format": recipe.data.format,
+        "on_bad_example": recipe.data.on_bad_example,
+        "max_bad_fraction": recipe.data.max_bad_fraction,
     }
     wrong = [
         f"{key} {manifest.get(key)!r}, the recipe {value!r}"

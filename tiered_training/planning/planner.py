@@ -1012,6 +1012,9 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     data = recipe.data
     stated = [f"loss on {data.loss_on} tokens"] if data.loss_on else []
     stated += [f"overlong examples: {data.overlong}"] if data.overlong else []
+    stated += [f"format {data.format}"] if data.format else []
+    stated += [f"bad examples: {data.on_bad_example}"] if data.on_bad_example else []
+    stated += [f"at most {data.max_bad_fraction:g} of them bad"] if data.max_bad_fraction is not None else []
     checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
     run.decide(
         "task",

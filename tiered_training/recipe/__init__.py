@@ -142,6 +142,33 @@ class DataSection(_Strict):
             "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"
         ),
     )
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"] | None = Field(
+        default=None,
+        description=(
+            "task sft: the raw examples' format (python -m training.sft_data --format): messages (OpenAI/trl chat, "
+            "tool calls included), sharegpt, alpaca, prompt_completion, text (continued pretraining), or auto "
+            "(decided per file from its first valid record); preflight checks the shards' manifest; default: not "
+            "checked (the command's default: auto)"
+        ),
+    )
+    on_bad_example: Literal["error", "skip"] | None = Field(
+        default=None,
+        description=(
+            "task sft: what preparing did with a bad example (--on-bad-example): error stops at it, naming the file, "
+            "line and reason; skip leaves it out and counts it; preflight checks the shards' manifest; default: not "
+            "checked (the command's default: error)"
+        ),
+    )
+    max_bad_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "task sft, with on_bad_example skip: the largest share of bad examples preparing accepted "
+            "(--max-bad-fraction); preflight checks the shards' manifest; default: not checked "
+            "(the command's default: 0)"
+        ),
+    )
 
     @property
     def data_prefixes(self) -> list[str]:
@@ -151,6 +178,15 @@ class DataSection(_Strict):
     def allows(self, uri: str) -> bool:
         """Whether ``uri`` lies under one of :attr:`data_prefixes` (whole path segments only)."""
         return any(_under(uri, prefix) for prefix in self.data_prefixes)
+
+    @model_validator(mode="after")
+    def _bad_examples(self) -> DataSection:
+        if self.max_bad_fraction is not None and self.on_bad_example != "skip":
+            raise ValueError(
+                f"{AT}data.max_bad_fraction: applies with data.on_bad_example: skip only; "
+                "set it, or remove the fraction"
+            )
+        return self
 
     @model_validator(mode="after")
     def _uri_allowed(self) -> DataSection:
@@ -468,7 +504,14 @@ class Recipe(_Strict):
                     "Face checkpoint"
                 )
         else:
-            for path, value in (("data.loss_on", data.loss_on), ("data.overlong", data.overlong)):
+            sft_only = (
+                ("data.loss_on", data.loss_on),
+                ("data.overlong", data.overlong),
+                ("data.format", data.format),
+                ("data.on_bad_example", data.on_bad_example),
+                ("data.max_bad_fraction", data.max_bad_fraction),
+            )
+            for path, value in sft_only:
                 if value is not None:
                     raise ValueError(
                         f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft"
