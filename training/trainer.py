@@ -69,7 +69,7 @@ from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
 from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from training.export import export_hf, load_hf_weights, plain_tensor
 from training.models.decoder import CausalLMLoss, build_model, materialize
-from training.models.lora import apply_lora, export_adapter, has_lora
+from training.models.lora import apply_lora, export_adapter, has_lora, store_frozen_base
 from training.paths import Paths
 from training.step_stats import StepStats
 
@@ -281,6 +281,8 @@ def build(
     lora = lora_config(cfg)
     if lora is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
         apply_lora(lm, lora)
+        if precision.precision != "fp32":  # mixed precision: the frozen base in bf16, as FSDP2 gathers it
+            store_frozen_base(lm, torch.bfloat16)
     converted = float8.apply_float8(
         lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8
     )

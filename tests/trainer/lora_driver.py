@@ -110,6 +110,10 @@ def main() -> None:
     result = run(cfg, Paths(data, Path(args.ckpt), root / "model", Path(args.init)), hooks=hooks, export=False)
     out = {"step": result.step, "resumed_from": result.resumed_from, "stopped": result.stopped,
            "losses": {str(k): v for k, v in result.losses.items()}}
+    if result.trainer is not None:  # the dtypes the frozen base and the adapters are stored in
+        params = list(result.trainer.lm.named_parameters())
+        out["dtypes"] = {kind: sorted({str(p.dtype) for n, p in params if (".lora_" in n) == adapter})
+                         for kind, adapter in (("base", False), ("adapters", True))}
     if args.exports and not result.stopped:
         trainer = result.trainer
         exports = Path(args.exports)

@@ -365,3 +365,17 @@ def test_the_adapter_config_is_what_peft_writes_for_the_same_settings(tmp_path):
             expected = sorted(expected)
         assert value == expected, key
     assert peft.LoraConfig.from_pretrained(str(tmp_path)).r == lora.rank
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_under_mixed_precision_the_frozen_base_is_stored_in_bf16_and_the_adapters_train(tmp_path, precision):
+    """The frozen base takes 2 bytes per parameter (the dtype FSDP2 gathers it in), not 4; the adapters stay
+    fp32. The fp32 checkpoint loads into it and the adapters learn. (fp8 is emulated on the CPU.)"""
+    _init_checkpoint(tmp_path / "init")
+    _torchrun("--root", str(tmp_path), "--init", str(tmp_path / "init"), "--ckpt", str(tmp_path / "ck"),
+              "--out", str(tmp_path / "out.json"), "--precision", precision)
+    out = _result(tmp_path, "out.json")
+    assert out["dtypes"] == {"base": ["torch.bfloat16"], "adapters": ["torch.float32"]}
+    losses = [out["losses"][str(step)] for step in range(1, 9)]
+    assert max(losses[-2:]) < losses[0] - 0.1, losses  # ln(256) = 5.55 at the start
