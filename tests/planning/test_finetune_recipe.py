@@ -191,7 +191,7 @@ def test_lora_memory_keeps_no_gradient_or_optimiser_state_for_the_frozen_base():
     h, kv, group = ARCH.hidden_size, ARCH.kv_size, 8
     adapters = ARCH.layers * (2 * (16 // group) * h + (h // group) * 16 + (kv // group) * 16)
     base = full.parameters // 4  # the fp32 master copy's elements
-    assert tuned.parameters == memory.FROZEN_BASE_BYTES * base + 4 * adapters  # frozen base + fp32 adapters
+    assert tuned.parameters == 2 * base + 4 * adapters  # frozen base in bf16 + fp32 adapters
     assert tuned.gradients == 4 * adapters and tuned.optimizer_states == 8 * adapters
     assert tuned.total < full.total - 12 * base  # the base's gradients and AdamW moments are gone
     # Activations: the same block inputs are kept under full checkpointing.
@@ -243,6 +243,36 @@ def test_a_llama_config_gives_the_catalogue_dimensions(tmp_path):
     assert arch == catalogs.models()["llama-3.1-8b"].architecture
 
 
+# Published config.json files (the fields the planner reads): https://huggingface.co/Qwen/Qwen3-8B and
+# https://huggingface.co/mistralai/Mistral-7B-v0.3
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+MISTRAL_7B_V03 = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32768,
+}
+
+
+@pytest.mark.parametrize("config, entry", [(QWEN3_8B, "qwen3-8b"), (MISTRAL_7B_V03, "mistral-7b")])
+def test_qwen3_and_mistral_configs_give_their_catalogue_dimensions(tmp_path, config, entry):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _, arch = hf_config.read(tmp_path)
+    assert arch == catalogs.models()[entry].architecture
+    for change, words in (({"sliding_window": 4096}, "sliding_window: 4096"),
+                          ({"use_sliding_window": True}, "use_sliding_window: true")):
+        if (config["model_type"] == "mistral") == ("sliding_window" in change):
+            (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+            with pytest.raises(hf_config.ConfigError, match=words):
+                hf_config.read(tmp_path)
+
+
 def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text(json.dumps(LLAMA_31_8B))
@@ -256,7 +286,7 @@ def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
 
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"]}, "model_type 'mixtral' (MixtralForCausalLM) is not one the trainer builds"),
-    ({"model_type": "gemma2"}, "it builds llama, qwen2"),
+    ({"model_type": "gemma2"}, "it builds llama, qwen2, qwen3, mistral"),
     ({"attention_bias": True}, "attention_bias"),
     ({"head_dim": 256}, "head_dim 256"),
     ({"num_attention_heads": 30, "head_dim": None}, "hidden_size 4096 is not a multiple of attention_heads 30"),
