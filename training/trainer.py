@@ -250,6 +250,7 @@ class Trainer:
     mesh: object
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
+    init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
 
 
 def setup_logging(rank: int) -> None:
@@ -301,7 +302,7 @@ def build(
         load_hf_weights(lm, init_dir)
     optimizer = build_optimizer(model, cfg.optimizer, info.device)
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.batch.total_steps)
-    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp)
+    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp, init_dir)
 
 
 def lora_config(cfg: RunConfig):
@@ -794,16 +795,27 @@ def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:
-    """The model as ``export.format`` says: merged weights (adapters added in) in Hugging Face format,
-    or the adapter alone in peft's format; collective."""
+    """The model as ``export.format`` says: merged weights (adapters added in) in Hugging Face format, with the
+    starting checkpoint's tokenizer, chat template and generation config; or the adapter alone in peft's format,
+    its base named by Hugging Face id (``model.hf_id``; the init checkpoint's URI when there is none); collective."""
     cfg = trainer.cfg
     if cfg.export.format == "adapter":
         from training.export import hf_state_dict
 
         return export_adapter(
-            trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir, base_model=cfg.model.init_checkpoint
+            trainer.lm,
+            hf_state_dict(trainer.lm),
+            lora_config(cfg),
+            model_dir,
+            base_model=cfg.model.hf_id or cfg.model.init_checkpoint,
         )
-    return export_hf(trainer.lm, model_dir, dtype=_export_dtype(cfg), max_shard_bytes=cfg.export.max_shard_bytes)
+    return export_hf(
+        trainer.lm,
+        model_dir,
+        dtype=_export_dtype(cfg),
+        max_shard_bytes=cfg.export.max_shard_bytes,
+        init_dir=trainer.init_dir,
+    )
 
 
 def _tokens_seen(cfg: RunConfig, step: int) -> int:

@@ -318,3 +318,13 @@ def test_models_from_config_prints_a_catalogue_entry(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
     run = cli("models", "--from-config", tmp_path)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "model_type 't5'" in run.stderr
+
+
+def test_the_run_config_names_the_checkpoint_by_hugging_face_id_from_the_recipe_or_the_catalogue():
+    """An adapter export names its base by this id (peft's base_model_name_or_path), not by an S3 URI."""
+    catalogued = sft(**{"model.catalog": "llama-3.1-8b"})
+    assert plan_of(catalogued).run_config().model.hf_id == "meta-llama/Llama-3.1-8B"
+    named = sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "meta-llama/Llama-3.1-8B-Instruct"})
+    assert plan_of(named).run_config().model.hf_id == "meta-llama/Llama-3.1-8B-Instruct"
+    (problem,) = problems(sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "s3://bucket/model/"}))
+    assert problem[1] == "model.hf_id" and "pattern" in problem[2]

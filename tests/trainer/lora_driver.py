@@ -33,11 +33,12 @@ from training.trainer import export_model, forward_backward, run  # noqa: E402
 
 STEPS = 8
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.05}
+HF_ID = "tiny-org/tiny-llama"  # the base's Hugging Face id; the test resolves it to a local directory
 
 
 def lora_config(init: Path, ac: str = "none", precision: str = "fp32", **export):
     return tiny_config(
-        model={"init_checkpoint": str(init)},
+        model={"init_checkpoint": str(init), "hf_id": HF_ID},
         precision={"activation_checkpointing": ac, "precision": precision},
         batch={"total_steps": STEPS},
         checkpoint={"interval_steps": 4},
