@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -93,7 +94,7 @@ def export_hf(
         save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
         lm.config.save_pretrained(model_dir, dtype=dtype or next(iter(state.values())).dtype)
         _name_files(model_dir, total)
-        serving_files(init_dir, model_dir, lm.config.to_dict())
+        serving_files(init_dir, model_dir, cast(Any, lm.config).to_dict())
     dist.barrier()
     return model_dir
 
