@@ -328,3 +328,10 @@ def test_the_run_config_names_the_checkpoint_by_hugging_face_id_from_the_recipe_
     assert plan_of(named).run_config().model.hf_id == "meta-llama/Llama-3.1-8B-Instruct"
     (problem,) = problems(sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "s3://bucket/model/"}))
     assert problem[1] == "model.hf_id" and "pattern" in problem[2]
+
+
+def test_the_hugging_face_id_is_not_part_of_the_run_identity():
+    """Naming the checkpoint changes no trained state: a run resumes across it, and plan hashes stay as before."""
+    plain = plan_of(sft(**{"model.catalog": "llama-3.1-8b"})).run_config()
+    named = plan_of(sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "someone/llama-tuned"})).run_config()
+    assert plain.model.hf_id != named.model.hf_id and plain.plan_hash() == named.plan_hash()

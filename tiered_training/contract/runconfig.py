@@ -349,7 +349,7 @@ class RunConfig(_Frozen):
         import hashlib
 
         parts = {
-            "model": self.model.model_dump(mode="json", exclude={"name"}),
+            "model": self.model.model_dump(mode="json", exclude={"name", "hf_id"}),  # names, not weights
             "batch": {
                 "sequence_length": self.batch.sequence_length,
                 "global_batch_tokens": self.batch.global_batch_tokens,
