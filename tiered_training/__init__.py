@@ -29,7 +29,7 @@ _EXPORTS = {
     "Recipe": "recipe",
     "RunConfig": "contract.runconfig",
 }
-__all__ = sorted(_EXPORTS, key=str.lower)
+__all__ = ["load_recipe", "Plan", "plan_file", "PlanError", "Recipe", "RecipeError", "resolve", "RunConfig"]
 
 if TYPE_CHECKING:
     from tiered_training.contract.runconfig import RunConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,13 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
+if TYPE_CHECKING:
+    from training.models.decoder import CausalLM
 
-def hf_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
+
+def hf_state_dict(lm: CausalLM) -> dict[str, torch.Tensor]:
     """The (sharded) state dict under Hugging Face names; a tied head is left out, as HF saves it."""
-    state = get_model_state_dict(lm)
+    state: dict[str, Any] = get_model_state_dict(lm)  # a model's: tensors (DTensors when sharded)
     if lm.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return {key: plain_tensor(value) for key, value in state.items()}
@@ -57,7 +60,7 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def export_hf(
-    lm: torch.nn.Module,
+    lm: CausalLM,
     model_dir: Path,
     *,
     dtype: torch.dtype | None = torch.bfloat16,
@@ -94,7 +97,7 @@ def export_hf(
         save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
         lm.config.save_pretrained(model_dir, dtype=dtype or next(iter(state.values())).dtype)
         _name_files(model_dir, total)
-        serving_files(init_dir, model_dir, cast(Any, lm.config).to_dict())
+        serving_files(init_dir, model_dir, lm.config.to_dict())
     dist.barrier()
     return model_dir
 
@@ -195,7 +198,7 @@ def _name_files(model_dir: Path, total: int) -> None:
     (model_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
 
 
-def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
+def load_hf_weights(lm: CausalLM, init_dir: Path) -> None:
     """Load a Hugging Face safetensors checkpoint into the already sharded ``lm``; collective.
     Refuses a checkpoint whose tensors are not exactly the model's (``model.check_keys``)."""
     from safetensors import safe_open
@@ -215,5 +218,5 @@ def load_hf_weights(lm: torch.nn.Module, init_dir: Path) -> None:
     tied = lm.config.tie_word_embeddings
     check_keys(set(base), found, init_dir, tied=tied)
     dcp.load(base, storage_reader=HuggingFaceStorageReader(str(init_dir)))
-    loaded = {key: base[hf] for hf, key in names.items()}
+    loaded: dict[str, Any] = {key: base[hf] for hf, key in names.items()}
     set_model_state_dict(lm, loaded, options=StateDictOptions(strict=not tied and len(loaded) == len(state)))

@@ -357,7 +357,7 @@ def failure_reason(failure_dir: Path, status: int, host: str) -> str:
     worker's exit (a peer's closed connection, an aborted communicator), else the first
     recorded, else torchrun's status."""
     recorded = sorted((p for p in failure_dir.glob("rank-*") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name))
-    lines = {}
+    lines: dict[str, None] = {}  # first lines, in order, once each
     for path in recorded:
         text = path.read_text(errors="replace").strip()
         if text:

@@ -54,10 +54,13 @@ import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from tiered_training.contract.metrics import PROBE_METRICS
 from tiered_training.contract.runconfig import RunConfig
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 OK, OOM = "ok", "oom"
 
@@ -84,7 +87,7 @@ class ProbeReport:
     @property
     def best(self) -> CandidateResult | None:
         fitting = [c for c in self.candidates if c.status == OK and c.tokens_per_second is not None]
-        return max(fitting, key=lambda c: c.tokens_per_second, default=None)
+        return max(fitting, key=lambda c: c.tokens_per_second or 0.0, default=None)  # (never None here)
 
     def probe_lines(self) -> list[str]:
         """The lines the pipeline's MetricDefinitions parse, in PROBE_METRICS' exact formats: all of them, always."""
@@ -136,14 +139,18 @@ def _steady_tokens_per_second(stats: list) -> float | None:
     return sum(s.tokens for s in timed) / seconds / max(1, timed[-1].world_size)
 
 
+_agree_group: ProcessGroup | None = None  # _agree's gloo group, made at its first collective call
+
+
 def _agree(oom: bool, peak: int | None) -> tuple[bool, int | None]:
     """All ranks: an OOM anywhere is an OOM everywhere; peak memory is the largest on any rank."""
+    global _agree_group
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return oom, peak
-    group = _agree.group = getattr(_agree, "group", None) or dist.new_group(backend="gloo")
+    group = _agree_group = _agree_group or dist.new_group(backend="gloo")
     flags = torch.tensor([1 if oom else 0, -1 if peak is None else peak], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     return bool(flags[0]), None if flags[1] < 0 else int(flags[1])
@@ -186,7 +193,9 @@ def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: 
     """
     run_fn_is_real = run_fn is None
     if run_fn is None:
-        from training.trainer import run as run_fn
+        from training.trainer import run
+
+        run_fn = run
     out = stream or sys.stdout
     report = ProbeReport(hbm_bytes=cfg.hardware.hbm_bytes)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

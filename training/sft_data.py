@@ -46,9 +46,10 @@ import math
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -238,13 +239,19 @@ class SftTokenizer:
         such as a newline a pre-tokenizer drops.)"""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        text = self._render(example, example.messages, tokenize=False)
+        messages = example.messages
+        assert messages is not None  # encode renders only conversations
+        text = self._render(example, messages, tokenize=False)
         try:
-            rendered, spans = render_jinja_template(
-                conversations=[example.messages],
-                chat_template=self.template,
-                return_assistant_tokens_mask=True,
-                **self.tok.special_tokens_map,
+            special: dict[str, Any] = self.tok.special_tokens_map  # token names, none a parameter's
+            rendered, spans = cast(  # transformers types the result str: with the mask it is (texts, spans)
+                "tuple[list[str], list[list[tuple[int, int]]]]",
+                render_jinja_template(
+                    conversations=[messages],
+                    chat_template=self.template,
+                    return_assistant_tokens_mask=True,
+                    **special,
+                ),
             )
         except Exception as error:
             raise BadData(f"{example.where}: messages: the chat template refused the conversation: {error}") from None
@@ -257,6 +264,7 @@ class SftTokenizer:
 
     def _chat_by_prefix(self, example: Example) -> tuple[list[int], list[int]]:
         messages = example.messages
+        assert messages is not None  # encode renders only conversations
         text = self._render(example, messages, tokenize=False)
         spans = []
         for i, message in enumerate(messages):
@@ -311,13 +319,13 @@ class ShardWriter:
         self.out, self.width, self.sequences_per_shard = out, width, sequences_per_shard
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.shards: list[dict] = []
-        self._files = None
+        self._files: list[BinaryIO] | None = None
         self._count = self._max = 0
 
     def add(self, tokens: list[int], mask: list[int], pos: list[int]) -> None:
         if self._files is None:
             self._files = [open(path, "wb") for path in sft_files(self.out / f"shard-{len(self.shards):05d}.bin")]
-        for handle, values, dtype in zip(self._files, (tokens, mask, pos), (self.dtype, np.uint8, self.dtype)):
+        for handle, values, dtype in zip(self._files, (tokens, mask, pos), (self.dtype, np.dtype("uint8"), self.dtype)):
             handle.write(np.asarray(values, dtype=dtype).tobytes())
         self._count += 1
         self._max = max(self._max, max(tokens))
@@ -460,7 +468,7 @@ def prepare(
     out: Path,
     settings: Settings,
     *,
-    validation_files: list[Path] = (),
+    validation_files: Sequence[Path] = (),
     log=print,
 ) -> dict[str, dict]:
     """Tokenise, check and pack ``inputs`` into ``out/train`` (and ``out/validation``); returns the manifests.
@@ -518,8 +526,8 @@ def prepare(
         fingerprint = digest.hexdigest()
         manifests = {name: split.close(settings, tokenizer, dtype, fingerprint) for name, split in splits.items()}
     except BaseException:
-        for split in splits.values():
-            split.writer.flush()  # closes its files
+        for unfinished in splits.values():
+            unfinished.writer.flush()  # closes its files
         shutil.rmtree(partial, ignore_errors=True)
         raise
     for name in ("train", "validation"):

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from tiered_training.contract.runconfig import RunConfig
@@ -68,7 +71,7 @@ from training.distributed.context_parallel import ContextParallel, apply_context
 from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
 from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from training.export import export_hf, load_hf_weights, plain_tensor
-from training.models.decoder import CausalLMLoss, build_model, materialize
+from training.models.decoder import CausalLM, CausalLMLoss, build_model, materialize
 from training.models.lora import apply_lora, export_adapter, has_lora, store_frozen_base
 from training.paths import Paths
 from training.step_stats import StepStats
@@ -109,7 +112,7 @@ class _StopSignal:
     def __init__(self, deadline_s: float):
         self.received_at: float | None = None
         self.deadline_s = deadline_s
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
         self._timer: threading.Timer | None = None
 
     def install(self) -> None:
@@ -243,11 +246,11 @@ class Trainer:
 
     cfg: RunConfig
     info: DistInfo
-    lm: torch.nn.Module
+    lm: CausalLM
     model: CausalLMLoss
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    mesh: object
+    mesh: DeviceMesh
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
     init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
@@ -321,6 +324,7 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     """The validation loss of ``training.components.validation``, or None (none asked for, or no held-out data here)."""
     from training.components.validation import Validator
 
+    assert trainer.cp is not None  # build sets it
     try:
         validator = Validator.build(
             cfg,
@@ -353,7 +357,8 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     ``holdout_every``, the sequences validation reads are skipped, as for windows). The packed
     shards' manifest must name the RunConfig's ``data.token_dtype``: a mismatch is refused (DataError)."""
     batch, info = cfg.batch, trainer.info
-    common = dict(
+    assert trainer.cp is not None  # build sets it
+    common: dict[str, Any] = dict(
         rank=trainer.cp.data_rank,
         world_size=trainer.cp.data_ranks,  # the ranks of a CP group read the same data
         seed=cfg.data.seed,
@@ -376,6 +381,7 @@ def micro_batch(trainer: Trainer, batch, device: torch.device) -> tuple:
     it comes (labels masked, positions per example); a pretraining window split and sharded for CP."""
     if isinstance(batch, dict):
         return split_sft_batch(batch, device)
+    assert trainer.cp is not None  # build sets it
     return trainer.cp.shard(*split_batch(batch, device))
 
 
@@ -461,12 +467,11 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
+    # a model's state dict holds tensors (torch types it as any state dict)
+    model_state: dict[str, Any] = get_model_state_dict(trainer.model, options=_model_state_options(trainer))
     return {
         # float8 weights as the plain tensors they wrap: DCP reads into (and writes from) their storage
-        "model": {
-            key: plain_tensor(value)
-            for key, value in get_model_state_dict(trainer.model, options=_model_state_options(trainer)).items()
-        },
+        "model": {key: plain_tensor(value) for key, value in model_state.items()},
         "optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer),
         "train": pickle.dumps(
             {
@@ -759,6 +764,7 @@ def _step_stats(trainer: Trainer, step: int, done: StepOutcome, step_time: float
     """What the hooks receive after a step (this rank's peak memory; the other values are global)."""
     batch, info = trainer.cfg.batch, trainer.info
     cuda = info.device.type == "cuda"
+    assert trainer.cp is not None  # build sets it
     tokens_global = done.accum * batch.micro_batch_size * batch.sequence_length * trainer.cp.data_ranks
     return StepStats(
         step=step,

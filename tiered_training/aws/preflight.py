@@ -208,7 +208,8 @@ class _Quotas:
             name = found.get("QuotaName")
             if name and name != quota.title:
                 raise LookupError(
-                    f"code {quota.code} names '{name}', not '{quota.title}' (tiered_training/catalog/quotas.yaml is wrong)"
+                    f"code {quota.code} names '{name}', not '{quota.title}' "
+                    "(tiered_training/catalog/quotas.yaml is wrong)"
                 )
             return float(found["Value"]), source
         for operation, source in (
@@ -255,7 +256,8 @@ def check_quotas(client: Any, plan: Plan) -> list[Check]:
                     "quota",
                     subject,
                     error,
-                    "servicequotas:GetServiceQuota, servicequotas:GetAWSDefaultServiceQuota and servicequotas:ListServiceQuotas",
+                    "servicequotas:GetServiceQuota, servicequotas:GetAWSDefaultServiceQuota and "
+                    "servicequotas:ListServiceQuotas",
                 )
             )
             continue
@@ -401,7 +403,8 @@ def check_data(s3: Any, iam: Any, plan: Plan, role_arn: str | None) -> list[Chec
                 f"{uri} by {role_arn}",
                 FAIL,
                 "; ".join(denied),
-                "list the prefix in data.allowed_uris and redeploy; a bucket in another account must also allow the role in its bucket policy",
+                "list the prefix in data.allowed_uris and redeploy; a bucket in another account must also allow "
+                "the role in its bucket policy",
             )
         )
     else:
@@ -410,7 +413,8 @@ def check_data(s3: Any, iam: Any, plan: Plan, role_arn: str | None) -> list[Chec
                 "data",
                 f"{uri} by {role_arn}",
                 PASS,
-                "its policies allow s3:ListBucket and s3:GetObject (IAM policy simulator; a bucket policy may still deny)",
+                "its policies allow s3:ListBucket and s3:GetObject "
+                "(IAM policy simulator; a bucket policy may still deny)",
             )
         )
     return out
@@ -446,7 +450,8 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
             "data",
             uri,
             FAIL,
-            f"{where} does not describe packed SFT shards (kind {manifest.get('kind') if isinstance(manifest, dict) else None!r})",
+            f"{where} does not describe packed SFT shards "
+            f"(kind {manifest.get('kind') if isinstance(manifest, dict) else None!r})",
             prepare,
         )
     expected = {
@@ -475,8 +480,10 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
         uri,
         PASS,
         (
-            f"packed SFT shards: {manifest.get('examples', 0):,} examples in {sequences:,} sequences of {recipe.sequence_length:,} tokens, "
-            f"loss on {manifest.get('loss_on')}, overlong {manifest.get('overlong')} ({manifest.get('dropped', 0):,} dropped, "
+            f"packed SFT shards: {manifest.get('examples', 0):,} examples in {sequences:,} sequences "
+            f"of {recipe.sequence_length:,} tokens, "
+            f"loss on {manifest.get('loss_on')}, overlong {manifest.get('overlong')} "
+            f"({manifest.get('dropped', 0):,} dropped, "
             f"{manifest.get('truncated', 0):,} truncated)"
         ),
     )
@@ -496,7 +503,8 @@ def check_mlflow(sm: Any, plan: Plan) -> Check:
                 arn,
                 FAIL,
                 "no such tracking server in this account and region",
-                f"create it (aws sagemaker create-mlflow-tracking-server --tracking-server-name {name} ...), or remove tracking.mlflow_tracking_server_arn",
+                f"create it (aws sagemaker create-mlflow-tracking-server --tracking-server-name {name} ...), "
+                "or remove tracking.mlflow_tracking_server_arn",
             )
         raise
     status = server.get("TrackingServerStatus", "unknown")
@@ -526,7 +534,8 @@ def check_training_plan(sm: Any, plan: Plan) -> Check:
                 arn,
                 FAIL,
                 "no such training plan in this account and region",
-                "fix compute.training_plan_arn, or create a plan (aws sagemaker search-training-plan-offerings, create-training-plan)",
+                "fix compute.training_plan_arn, or create a plan "
+                "(aws sagemaker search-training-plan-offerings, create-training-plan)",
             )
         raise
     problems = []

@@ -495,7 +495,8 @@ def follow(
                 pause = min(MAX_BACKOFF, max(poll_seconds, 1.0) * 2 ** min(failures - 1, 6))
                 _warn(
                     reporter,
-                    f"{error}; still following, next try in {format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}",
+                    f"{error}; still following, next try in "
+                    f"{format_duration(pause) if pause >= 60 else f'{pause:.0f} s'}",
                 )
                 if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
                     break

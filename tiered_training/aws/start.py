@@ -133,13 +133,15 @@ def check_parameters(
 
 def _recipe_and_plan(plan_or_recipe_path: Plan | str | Path) -> tuple[Recipe, Plan | None]:
     """The recipe, and its plan when it has no errors (for progress against the plan)."""
+    from tiered_training.planning.plan import Plan
+
     if isinstance(plan_or_recipe_path, (str, Path)):
         from tiered_training.planning.planner import plan_file
 
         plan = plan_file(plan_or_recipe_path)
     else:
         plan = plan_or_recipe_path
-    return plan.recipe, (plan if plan.ok else None)
+    return plan.recipe, (plan if isinstance(plan, Plan) and plan.ok else None)  # a FailedPlan is never ok
 
 
 def start(

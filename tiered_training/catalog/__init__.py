@@ -187,7 +187,10 @@ class PerformanceSummary(_Entry):
                 f"{self.loso_published_median_error:.0%} (median, worst {self.loso_published_worst_error:.0%})"
             )
             if self.loso_own_median_error is not None:
-                text += f", this container's runs within {self.loso_own_median_error:.0%} (median, worst {self.loso_own_worst_error:.0%})"
+                text += (
+                    f", this container's runs within {self.loso_own_median_error:.0%} "
+                    f"(median, worst {self.loso_own_worst_error:.0%})"
+                )
         return text
 
 

@@ -69,7 +69,10 @@ def registry_account(region: str) -> str:
 
 def login_command(region: str) -> str:
     """The shell command that logs Docker in to the base image's registry (before ``cdk deploy``)."""
-    return f"aws ecr get-login-password --region {region} | docker login --username AWS --password-stdin {registry(region)}"
+    return (
+        f"aws ecr get-login-password --region {region} | "
+        f"docker login --username AWS --password-stdin {registry(region)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

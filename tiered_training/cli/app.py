@@ -20,12 +20,16 @@ reporting, ``--version``) and :func:`main`, the ``tiered-training`` script. The 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 import typer.core
 
 from tiered_training.cli import review, run
 from tiered_training.cli.base import EXIT_INVALID, PROG, Failure, _emit_failure, _reports_failures, with_aws_options
+
+if TYPE_CHECKING:
+    from typer._click.exceptions import UsageError  # the installed typer's
 
 
 def _json_requested(args) -> bool:
@@ -40,7 +44,7 @@ def _json_requested(args) -> bool:
 
 
 # click's UsageError (typer vendors click from 0.22 on): the base of typer.BadParameter.
-_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_UsageError: type[UsageError] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
 class _Command(typer.core.TyperCommand):

@@ -42,7 +42,7 @@ class Failure(Exception):
     """
 
     def __init__(self, errors: list, code: int):
-        self.errors = [e if isinstance(e, dict) else {"message": str(e)} for e in errors]
+        self.errors: list[dict[str, Any]] = [e if isinstance(e, dict) else {"message": str(e)} for e in errors]
         self.code = code
         super().__init__("; ".join(e.get("text", e["message"]) for e in self.errors))
 

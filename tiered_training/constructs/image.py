@@ -63,7 +63,8 @@ def container_sources() -> tuple[Path, Path]:
 
 
 def docker_ignore(directory: Path, dockerfile: str) -> list[str]:
-    """Exclude patterns for the asset: ``<Dockerfile>.dockerignore`` (BuildKit's per-Dockerfile file), else ``.dockerignore``."""
+    """Exclude patterns for the asset: ``<Dockerfile>.dockerignore`` (BuildKit's per-Dockerfile file), else
+    ``.dockerignore``."""
     for candidate in (directory / f"{dockerfile}.dockerignore", directory / ".dockerignore"):
         if candidate.is_file():
             lines = candidate.read_text(encoding="utf-8").splitlines()

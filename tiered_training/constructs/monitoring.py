@@ -334,7 +334,8 @@ class TrainingMonitoring(Construct):
         text = (
             f"## {plan.name}\n{plan.model_name} ({plan.tier.name} tier) on {plan.nodes} x {plan.instance.name}, "
             f"{plan.precision}, AC {plan.activation_checkpointing}, micro-batch {plan.micro_batch_size}. "
-            f"Plan: {rate:,.0f} tokens/s per GPU, MFU {plan.estimates.mfu:.0%}, step {plan.estimates.step_time_seconds:,.1f} s, "
+            f"Plan: {rate:,.0f} tokens/s per GPU, MFU {plan.estimates.mfu:.0%}, step "
+            f"{plan.estimates.step_time_seconds:,.1f} s, "
             f"{plan.estimates.total_steps:,} steps, {plan.estimates.wall_time_hours:,.1f} h."
         )
 

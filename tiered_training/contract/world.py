@@ -106,7 +106,8 @@ def resume_accumulation(cfg: RunConfig, saved_world: int, world: int) -> Callabl
     steps = range(max(cfg.batch.ramp_steps, 0) + 1)
     problem = None
     if world % cfg.parallel.context_parallel:
-        problem = f"context parallelism of {cfg.parallel.context_parallel} needs a multiple of {cfg.parallel.context_parallel} GPUs"
+        cp = cfg.parallel.context_parallel
+        problem = f"context parallelism of {cp} needs a multiple of {cp} GPUs"
     elif cfg.parallel.sharding == "hybrid" and world % cfg.parallel.shard_group_size:
         problem = f"hybrid sharding needs a multiple of the shard group of {cfg.parallel.shard_group_size} GPUs"
     else:

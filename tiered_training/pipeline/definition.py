@@ -197,7 +197,8 @@ def tags_for(plan: Plan, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def family_environment(plan: Plan) -> dict[str, str]:
-    """EFA and NCCL settings for the instance family (tiered_training.catalog.environment, which the launcher also reads).
+    """EFA and NCCL settings for the instance family (tiered_training.catalog.environment, which the launcher
+    also reads).
 
     The launcher sets the same values itself; writing them into the job's Environment
     makes them visible in the pipeline definition and in DescribeTrainingJob.

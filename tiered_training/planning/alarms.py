@@ -238,7 +238,8 @@ def routing_findings(plan: Plan, platform_has_subscriber: bool) -> list[Finding]
         Finding(
             "warning",
             "alarms-unrouted",
-            "the recipe's alarms go to the platform topic, which has no subscriber: a stall or a diverged loss notifies no one",
+            "the recipe's alarms go to the platform topic, which has no subscriber: a stall or a diverged loss "
+            "notifies no one",
             "set monitoring.alarm_email or monitoring.alarm_topic_arn, or give the app an alarm_email "
             "(cdk.json context or -c alarm_email=...)",
             "monitoring",

@@ -535,7 +535,8 @@ def loso_table(cal: Calibration, loso: list[Result]) -> str:
         mem_errors = [r.memory_error for r in results if r.memory_error is not None]
         mem = _median_worst(mem_errors)
         lines.append(
-            f"{label[:48]:<48} {len(results):>4} {pct(thr[0])} {pct(thr[1])}   {len(mem_errors):>6} {pct(mem[0])} {pct(mem[1])}"
+            f"{label[:48]:<48} {len(results):>4} {pct(thr[0])} {pct(thr[1])}   {len(mem_errors):>6} {pct(mem[0])} "
+            f"{pct(mem[1])}"
         )
     return "\n".join(lines)
 
@@ -559,7 +560,8 @@ def table(results: list[Result], loso: list[Result] | None = None) -> str:
         out = held.get(r.row.id)
         loso_text = f"{out.error:>+7.1%}" if out else f"{'':>7}"
         lines.append(
-            f"{r.row.id:<60} {r.row.tokens_per_second_per_gpu:>9,.0f} {r.predicted:>9,.0f} {r.error:>+7.1%} {loso_text}   {mem_text}"
+            f"{r.row.id:<60} {r.row.tokens_per_second_per_gpu:>9,.0f} {r.predicted:>9,.0f} {r.error:>+7.1%} "
+            f"{loso_text}   {mem_text}"
         )
     return "\n".join(lines)
 
@@ -636,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     published = sum(r.published for r in cal.rows)
     own = len(cal.rows) - published
     print(
-        f"rows: {published} published runs from {len(sources(cal)) - (own > 0)} sources, plus {own} run{'s' * (own != 1)} of this container "
+        f"rows: {published} published runs from {len(sources(cal)) - (own > 0)} sources, plus {own} "
+        f"run{'s' * (own != 1)} of this container "
         f"(its GPU checks); all in the fit"
     )
     if loso is not None:

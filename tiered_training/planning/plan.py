@@ -95,7 +95,10 @@ class Alternative:
     def describe(self) -> str:
         precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")
         cp = f", CP {self.context_parallel}" if self.context_parallel > 1 else ""
-        return f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, shard group {self.shard_group_size}{cp}"
+        return (
+            f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, "
+            f"shard group {self.shard_group_size}{cp}"
+        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ fits under the tier's headroom, and says where and why it leaves the tier's advi
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -277,6 +278,17 @@ def _micro_batches(run: _Run, per_rank: int) -> list[int]:
     return options
 
 
+def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
+    """A configuration of the search space with the run's fixed choices (compile, LoRA, document mask)."""
+    return perf.Setting(
+        micro_batch=micro_batch,
+        compile=run.recipe.compute.compile,
+        lora=run.lora,
+        document_mask=run.recipe.task == "sft",
+        **kwargs,
+    )
+
+
 def search(run: _Run, space: Space) -> list[Option]:
     """For every combination of the space, the largest micro-batch that fits (or, when none
     does, the smallest), evaluated. Speed grows with the micro-batch and so does memory,
@@ -296,19 +308,16 @@ def search(run: _Run, space: Space) -> list[Option]:
                     if not sizes:
                         continue
 
-                    def setting(m: int) -> perf.Setting:
-                        return perf.Setting(
-                            precision=precision,
-                            checkpointing=checkpointing,
-                            micro_batch=m,
-                            shard_group=group,
-                            sharding=sharding,
-                            fp8_recipe=recipe_name,
-                            context_parallel=cp,
-                            compile=run.recipe.compute.compile,
-                            lora=run.lora,
-                            document_mask=run.recipe.task == "sft",
-                        )
+                    setting = functools.partial(
+                        _setting,
+                        run,
+                        precision=precision,
+                        checkpointing=checkpointing,
+                        shard_group=group,
+                        sharding=sharding,
+                        fp8_recipe=recipe_name,
+                        context_parallel=cp,
+                    )
 
                     # Memory grows with the micro-batch: bisect for the largest that fits, then
                     # predict the speed of that one only.
@@ -399,7 +408,8 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
         if cp > 1 and tuning.sharding == "none":
             run.error(
                 "context-parallel",
-                "context parallelism shards the state over its ranks; tuning.sharding none keeps a full replica per GPU",
+                "context parallelism shards the state over its ranks; tuning.sharding none keeps a full replica per "
+                "GPU",
                 "set tuning.sharding to full, hybrid or auto, or tuning.context_parallel: 1",
                 "tuning.context_parallel",
             )
@@ -512,7 +522,10 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     _adapter(recipe, run)
     if not inside:
         lo, hi = catalogs.tiers()[0].min_parameters, catalogs.tiers()[-1].max_parameters
-        text = f"{params / 1e9:.2f}B parameters lies outside the {lo / 1e9:g}B-{hi / 1e9:g}B the tiers cover; planned as '{tier.name}'"
+        text = (
+            f"{params / 1e9:.2f}B parameters lies outside the {lo / 1e9:g}B-{hi / 1e9:g}B the tiers cover; "
+            f"planned as '{tier.name}'"
+        )
         if recipe.model.allow_outside_tiers:
             run.info("outside-tiers", text + " (acknowledged by model.allow_outside_tiers)", "model")
         else:
@@ -521,7 +534,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     if recipe.sequence_length > run.arch.max_sequence_length:
         run.error(
             "sequence-too-long",
-            f"sequence_length {recipe.sequence_length} exceeds {run.model_name}'s maximum of {run.arch.max_sequence_length}",
+            f"sequence_length {recipe.sequence_length} exceeds {run.model_name}'s maximum of "
+            f"{run.arch.max_sequence_length}",
             f"set sequence_length to at most {run.arch.max_sequence_length}, or use a model with longer context",
             "sequence_length",
         )
@@ -537,7 +551,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         full = " for full-parameter training" if tier.min_nodes_for(True) != tier.min_nodes else ""
         run.error(
             "needs-multiple-nodes",
-            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {run.min_nodes} nodes{full}; the recipe has {run.nodes}",
+            f"the {tier.name} tier ({params / 1e9:.1f}B parameters) needs at least {run.min_nodes} nodes{full}; the "
+            f"recipe has {run.nodes}",
             f"set compute.instance_count to {run.min_nodes} or more{lora_fix}",
             "compute.instance_count",
         )
@@ -553,7 +568,8 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
     run.decide(
         "grad_accum_steps",
         chosen.accum,
-        f"{recipe.budget.global_batch_tokens:,} tokens per step / ({setting.micro_batch} x {recipe.sequence_length:,} tokens x {gpus // cp} data-parallel ranks)",
+        f"{recipe.budget.global_batch_tokens:,} tokens per step / ({setting.micro_batch} x "
+        f"{recipe.sequence_length:,} tokens x {gpus // cp} data-parallel ranks)",
         None,
     )
     ramp_start, ramp_steps, total_steps = _ramp_and_steps(run, chosen)
@@ -627,8 +643,10 @@ def _batch_fits(run: _Run, space: Space) -> bool:
         lower = max(step, recipe.budget.global_batch_tokens // step * step)
         run.error(
             "batch-not-divisible",
-            f"budget.global_batch_tokens {recipe.budget.global_batch_tokens:,} is {run.sequences} sequences, which do not split evenly over {dp} data-parallel ranks",
-            f"use a multiple of {step:,} (sequence_length x data-parallel ranks), for example {lower:,} or {lower + step:,}",
+            f"budget.global_batch_tokens {recipe.budget.global_batch_tokens:,} is {run.sequences} sequences, which "
+            f"do not split evenly over {dp} data-parallel ranks",
+            f"use a multiple of {step:,} (sequence_length x data-parallel ranks), for example {lower:,} or "
+            f"{lower + step:,}",
             "budget.global_batch_tokens",
         )
         return False
@@ -637,7 +655,8 @@ def _batch_fits(run: _Run, space: Space) -> bool:
         if not any(p % space.micro_batch == 0 for p in per_rank):
             run.error(
                 "micro-batch",
-                f"tuning.micro_batch_size {space.micro_batch} does not divide the {per_rank[0]} sequences each data-parallel rank takes per step",
+                f"tuning.micro_batch_size {space.micro_batch} does not divide the {per_rank[0]} sequences each "
+                "data-parallel rank takes per step",
                 f"use one of {', '.join(map(str, _divisors(per_rank[0])))}",
                 "tuning.micro_batch_size",
             )
@@ -780,7 +799,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
             tier.checkpointing_why,
         )
     elif s.checkpointing != tier.activation_checkpointing:
-        reason = f"the {tier.name} tier's {tier.activation_checkpointing} checkpointing does not fit even at micro-batch 1; {s.checkpointing} does"
+        reason = (
+            f"the {tier.name} tier's {tier.activation_checkpointing} checkpointing does not fit even at micro-batch 1; "
+            f"{s.checkpointing} does"
+        )
     else:
         reason = f"{tier.name} tier: {tier.checkpointing_why}" + _versus(fitting, chosen, "checkpointing")
     run.decide("tuning.activation_checkpointing", s.checkpointing, reason, tuning.activation_checkpointing)
@@ -798,7 +820,8 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         spans = f"{s.shard_group // node} node(s) ({s.shard_group} GPUs)"
         if s.sharding == "hybrid":
             shard_reason = (
-                f"a shard group of {spans}: its all-gathers stay inside the group, and {run.gpus // s.shard_group} replicas "
+                f"a shard group of {spans}: its all-gathers stay inside the group, and {run.gpus // s.shard_group} "
+                "replicas "
                 f"all-reduce gradients over EFA"
                 + ("; the smallest that fits" if not smaller else "; predicted fastest")
             )
@@ -852,8 +875,10 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         changes = ", ".join(f"{d.field.split('.')[-1]} {d.tier_value} -> {d.value}" for d in run.departures)
         run.info(
             "departs-from-tier",
-            f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's own choice "
-            f"({by_tier.alternative().describe()}: {by_tier.speed:,.0f} tokens/s per GPU), keeping {margin:,.1f} GiB under the headroom; "
+            f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's "
+            "own choice "
+            f"({by_tier.alternative().describe()}: {by_tier.speed:,.0f} tokens/s per GPU), keeping {margin:,.1f} GiB "
+            "under the headroom; "
             "tuning.follow_tiers: strict keeps the tier's choices",
             "tuning.follow_tiers",
         )
@@ -870,7 +895,10 @@ def _versus(fitting: list[Option], chosen: Option, attribute: str) -> str:
     if not others:
         return ""
     other = others[0]
-    return f"; predicted {chosen.speed / other.speed - 1:+.0%} over the fastest with {attribute.replace('_', ' ')} {getattr(other.setting, attribute)}"
+    return (
+        f"; predicted {chosen.speed / other.speed - 1:+.0%} over the fastest with "
+        f"{attribute.replace('_', ' ')} {getattr(other.setting, attribute)}"
+    )
 
 
 # -- when nothing fits -----------------------------------------------------------------------
@@ -890,8 +918,10 @@ def _does_not_fit(run: _Run, options: list[Option]) -> None:
     cp = f", context parallelism {s.context_parallel}" if s.context_parallel > 1 else ""
     run.error(
         "does-not-fit",
-        f"needs {smallest.memory.total / GIB:,.1f} GiB per GPU at best ({s.checkpointing} checkpointing, {s.sharding} sharding over "
-        f"{s.shard_group} GPUs, micro-batch {s.micro_batch}{cp}); the {run.instance.gpu}'s limit is {run.limit / GIB:,.1f} GiB "
+        f"needs {smallest.memory.total / GIB:,.1f} GiB per GPU at best ({s.checkpointing} checkpointing, "
+        f"{s.sharding} sharding over "
+        f"{s.shard_group} GPUs, micro-batch {s.micro_batch}{cp}); the {run.instance.gpu}'s limit is "
+        f"{run.limit / GIB:,.1f} GiB "
         f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)",
         _fit_fix(run),
         "compute.instance_count",
@@ -949,7 +979,10 @@ def _fit_fix(run: _Run) -> str:
         found = _relaxed(run, (), nodes) or (_relaxed(run, free, nodes) if free else None)
         if found:
             extra = "" if _relaxed(run, (), nodes) else " with " + ", ".join(f"{path}: auto" for _, path in pinned)
-            return f"use compute.instance_count: {nodes}{extra} (fits at {found.memory.fraction:.0%} of HBM), a shorter sequence_length, or an instance with more memory per GPU"
+            return (
+                f"use compute.instance_count: {nodes}{extra} (fits at {found.memory.fraction:.0%} of HBM), "
+                "a shorter sequence_length, or an instance with more memory per GPU"
+            )
     return "use a shorter sequence_length, a smaller model, or an instance with more memory per GPU"
 
 
@@ -957,7 +990,8 @@ def _fit_fix(run: _Run) -> str:
 
 
 LORA_DEFAULTS_WHY = (
-    "defaults: rank 16 and alpha 32 with dropout 0.05 (torchtune's and QLoRA's Llama recipes), on all seven projections "
+    "defaults: rank 16 and alpha 32 with dropout 0.05 (torchtune's and QLoRA's Llama recipes), on all seven "
+    "projections "
     "(QLoRA, https://arxiv.org/abs/2305.14314: adapters on every linear layer match full fine-tuning)"
 )
 
@@ -1161,9 +1195,11 @@ def _runtime(recipe: Recipe, run: _Run) -> None:
     elif hours * 3600 > quota:
         run.error(
             "runtime-above-quota",
-            f"compute.max_runtime_hours {hours:g} is above the account's longest training-job run time of {quota / 3600:g} h "
+            f"compute.max_runtime_hours {hours:g} is above the account's longest training-job run time of "
+            f"{quota / 3600:g} h "
             f"({source}, {RUNTIME_QUOTA}); CreateTrainingJob would refuse the job",
-            f"remove compute.max_runtime_hours (a longer run is split into segments), or state the account's raised quota "
+            "remove compute.max_runtime_hours (a longer run is split into segments), or state the account's raised "
+            "quota "
             f"under compute.quotas.{RUNTIME_QUOTA} (in seconds)",
             "compute.max_runtime_hours",
         )
@@ -1193,7 +1229,8 @@ def _spot(recipe: Recipe, run: _Run) -> None:
     elif wait < runtime:
         run.error(
             "spot-max-wait",
-            f"compute.max_wait_hours {compute.max_wait_hours:g} is shorter than a training job's runtime of {runtime / 3600:g} h; "
+            f"compute.max_wait_hours {compute.max_wait_hours:g} is shorter than a training job's runtime of "
+            f"{runtime / 3600:g} h; "
             "SageMaker rejects a spot job whose MaxWait is below its MaxRuntime",
             f"set compute.max_wait_hours to at least {runtime / 3600:g}",
             "compute.max_wait_hours",
@@ -1207,7 +1244,8 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
     if segments.count < 1:
         run.error(
             "runtime-too-short",
-            f"a training job of {segments.job_runtime_seconds / 3600:g} h leaves no time to train after the room kept for "
+            f"a training job of {segments.job_runtime_seconds / 3600:g} h leaves no time to train after the room "
+            "kept for "
             f"{JOB_RETRY_ATTEMPTS} retries and the final save ({segments.reserve_seconds / 3600:.1f} h)",
             "raise compute.max_runtime_hours, or lower checkpointing.interval_minutes",
             "compute.max_runtime_hours",
@@ -1225,7 +1263,8 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
             "too-many-segments",
             f"the run needs {segments.count} training jobs of {segments.job_runtime_seconds / 3600:g} h; the pipeline "
             f"chains at most {MAX_SEGMENTS}",
-            f"state the account's raised quota under compute.quotas.{RUNTIME_QUOTA}, add nodes, or lower budget.total_tokens",
+            f"state the account's raised quota under compute.quotas.{RUNTIME_QUOTA}, add nodes, or lower "
+            "budget.total_tokens",
             "compute.segments",
         )
     return segments
@@ -1282,7 +1321,8 @@ def _check_precision(run: _Run) -> None:
         elif tuning.precision != tier.precision and not (tier.precision == "fp8" and not instance.fp8):
             run.warn(
                 "against-tier",
-                f"tuning.precision {tuning.precision} goes against the {tier.name} tier's {tier.precision} ({tier.precision_why})",
+                f"tuning.precision {tuning.precision} goes against the {tier.name} tier's {tier.precision} "
+                f"({tier.precision_why})",
                 "set tuning.precision: auto unless this is deliberate",
                 "tuning.precision",
             )
@@ -1291,7 +1331,8 @@ def _check_precision(run: _Run) -> None:
             if gain < 1.1:
                 run.warn(
                     "fp8-small-gain",
-                    f"FP8 is predicted to speed up this model by only x{gain:.2f} (hidden size {run.arch.hidden_size}); its GEMMs are too small",
+                    f"FP8 is predicted to speed up this model by only x{gain:.2f} (hidden size "
+                    f"{run.arch.hidden_size}); its GEMMs are too small",
                     "set tuning.precision: bf16",
                     "tuning.precision",
                 )
@@ -1312,7 +1353,8 @@ def _check_precision(run: _Run) -> None:
     if tuning.activation_checkpointing != AUTO and tuning.activation_checkpointing != tier.activation_checkpointing:
         run.warn(
             "against-tier",
-            f"tuning.activation_checkpointing {tuning.activation_checkpointing} goes against the {tier.name} tier's {tier.activation_checkpointing}",
+            f"tuning.activation_checkpointing {tuning.activation_checkpointing} goes against the {tier.name} tier's "
+            f"{tier.activation_checkpointing}",
             "set it to auto unless this is deliberate",
             "tuning.activation_checkpointing",
         )

@@ -7,7 +7,7 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 from __future__ import annotations
 
 import re
-from typing import Annotated, Final, Literal, Union
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -117,7 +117,9 @@ class DataSection(_Strict):
         default=0.001,
         ge=0,
         le=0.5,
-        description="without validation_uri: the share of the training windows held out for validation; 0 = no validation loss",
+        description=(
+            "without validation_uri: the share of the training windows held out for validation; 0 = no validation loss"
+        ),
     )
     seed: int = Field(default=1234, ge=0, le=MAX_SEED)
     loss_on: Literal["assistant", "all"] | None = Field(
@@ -201,7 +203,10 @@ class ComputeSection(_Strict):
         default=None,
         gt=0,
         le=28 * 24,
-        description="spot only: each segment's MaxWait (capacity waits and interruptions included), at least its runtime; default: runtime + 24 h",
+        description=(
+            "spot only: each segment's MaxWait (capacity waits and interruptions included), at least "
+            "its runtime; default: runtime + 24 h"
+        ),
     )
     training_plan_arn: str | None = Field(default=None, pattern=TRAINING_PLAN_ARN_PATTERN)
     price_per_hour: float | None = Field(
@@ -211,7 +216,10 @@ class ComputeSection(_Strict):
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict,
-        description="the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; default: AWS's defaults",
+        description=(
+            "the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; "
+            "default: AWS's defaults"
+        ),
     )
 
     @field_validator("quotas")
@@ -357,7 +365,9 @@ class TuningSection(_Strict):
     batch_ramp: bool | BatchRampSpec | Auto = AUTO
     follow_tiers: Literal["auto", "strict"] = Field(
         default=AUTO,
-        description="auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices",
+        description=(
+            "auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices"
+        ),
     )
     adapter: Literal["none", "lora"] | Auto = Field(
         default=AUTO,
@@ -438,7 +448,8 @@ class Recipe(_Strict):
         if self.task == "sft":
             if self.model.init_checkpoint is None:
                 raise ValueError(
-                    f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging Face checkpoint"
+                    f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging "
+                    "Face checkpoint"
                 )
         else:
             for path, value in (("data.loss_on", data.loss_on), ("data.overlong", data.overlong)):
@@ -456,6 +467,7 @@ class Recipe(_Strict):
             )
         if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
             raise ValueError(
-                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or auto)"
+                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or "
+                "auto)"
             )
         return self

@@ -448,7 +448,7 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
 
 def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
     """An unknown key meant as a required field that is missing is one problem, not two."""
-    for dotted, entry in list(grouped.items()):
+    for entry in list(grouped.values()):
         meant = entry.pop("meant", None)
         if meant is None or "extra_forbidden" not in entry["kinds"]:
             continue

@@ -35,7 +35,9 @@ FLOAT = re.compile(
 MERGE = re.compile(r"^(?:<<)$")
 
 # What YAML 1.1 (PyYAML) reads differently: booleans and sexagesimal numbers.
-YAML11_BOOLS = dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True) | dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False)
+YAML11_BOOLS = dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True) | dict.fromkeys(
+    ("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False
+)
 SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
 
 

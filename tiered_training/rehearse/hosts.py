@@ -411,9 +411,8 @@ class JobRunner:
             local = _in_tree(host.root, config["LocalPath"])
             for path in sorted(local.rglob("*")) if local.is_dir() else []:
                 if path.is_file():
-                    key = f"{prefix.rstrip('/')}/{job_name}/tensorboard-output/{path.relative_to(local).as_posix()}".lstrip(
-                        "/"
-                    )
+                    relative = path.relative_to(local).as_posix()
+                    key = f"{prefix.rstrip('/')}/{job_name}/tensorboard-output/{relative}".lstrip("/")
                     self.client.upload_file(str(path), bucket, key)
 
 

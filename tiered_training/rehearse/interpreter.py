@@ -5,7 +5,8 @@ It walks the very dict that :func:`tiered_training.pipeline.definition.build_def
 - **Parameters**: their ``DefaultValue``, overridden by the execution's parameters (typed
   as declared: ``Integer``, ``Float``, ``Boolean``, ``String``).
 - **Expressions**: ``{"Get": "Parameters.X"}``, ``{"Get": "Steps.S.FinalMetricDataList['m'].Value"}``,
-  ``{"Get": "Execution.PipelineExecutionId"}`` (and ``PipelineName``, ``PipelineExecutionArn``) and ``{"Std:Join": {"On": ..., "Values": [...]}}``. Anything else shaped like an
+  ``{"Get": "Execution.PipelineExecutionId"}`` (and ``PipelineName``, ``PipelineExecutionArn``) and
+  ``{"Std:Join": {"On": ..., "Values": [...]}}``. Anything else shaped like an
   expression, or a reference that does not resolve, is a :class:`PipelineError` naming it.
 - **Condition steps**: ``Equals``, ``GreaterThan``, ``GreaterThanOrEqualTo``, ``LessThan``,
   ``LessThanOrEqualTo``, ``In``, ``Not``, ``Or``; all conditions must hold for ``IfSteps``.

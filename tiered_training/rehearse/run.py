@@ -257,7 +257,8 @@ def check_options(options: Options) -> Interrupt | None:
                     else f"a rehearsal's {MAX_REHEARSAL_STEPS} steps"
                 )
                 problems.append(
-                    f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within {within}"
+                    f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within "
+                    f"{within}"
                 )
     if options.workdir is not None:
         problem = _workdir_problem(Path(options.workdir))
@@ -387,13 +388,16 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             if scaled.config.sft is not None:
                 say(
                     f"data: {manifest['examples']:,} chat examples packed into "
-                    f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of {manifest['sequence_length'] + 1} "
-                    f"{manifest['token_dtype']} tokens (loss on {manifest['loss_on']}, overlong {manifest['overlong']}: "
+                    f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of "
+                    f"{manifest['sequence_length'] + 1} "
+                    f"{manifest['token_dtype']} tokens (loss on {manifest['loss_on']}, overlong "
+                    f"{manifest['overlong']}: "
                     f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)"
                 )
             else:
                 say(
-                    f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at {data_uri} (local S3)"
+                    f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at "
+                    f"{data_uri} (local S3)"
                 )
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
@@ -459,7 +463,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         s3.ensure_bucket(client, split_uri(uri)[0])
                         put_data(uri, seed=len(data_uris))
                         say(
-                            f"data: other {'examples' if scaled.config.sft is not None else 'tokens'} at {uri} (local S3)"
+                            f"data: other {'examples' if scaled.config.sft is not None else 'tokens'} at {uri} "
+                            "(local S3)"
                         )
                         data_uris.append(uri)
                     say("")
@@ -635,7 +640,8 @@ def _print_summary(say, result: Rehearsal) -> None:
         say(f"  {host} uploaded {count} file(s)")
     say(
         f"  the prefix held at most {result.max_checkpoints} checkpoint(s) at once (keep_last {result.keep_last}: "
-        f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the end: {', '.join(result.checkpoints_at_end) or 'none'}"
+        f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the "
+        f"end: {', '.join(result.checkpoints_at_end) or 'none'}"
     )
     attempts = result.train_attempts()
     for number, attempt in enumerate(attempts, start=1):

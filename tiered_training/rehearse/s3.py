@@ -206,7 +206,8 @@ class SyncStats:
 
 
 class CheckpointSync:
-    """One host's checkpoint directory mirrored to the checkpoint prefix (``start``, then ``stop`` for the last pass)."""
+    """One host's checkpoint directory mirrored to the checkpoint prefix (``start``, then ``stop`` for the last
+    pass)."""
 
     def __init__(
         self,

@@ -8,7 +8,6 @@ from typing import Any
 from tiered_training import catalog as catalogs
 from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
 from tiered_training.recipe.errors import Problem, RecipeError
-from tiered_training.text import escape
 
 GIB = 1024**3
 SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
@@ -208,7 +207,8 @@ def explain_lines(plan: Plan) -> list[str]:
     if plan.memory is not None:
         out += [
             "",
-            f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom {plan.tier.memory_headroom:.0%})",
+            f"Memory per GPU ({plan.instance.gpu}, {plan.instance.usable_hbm_gib:g} GiB; headroom "
+            f"{plan.tier.memory_headroom:.0%})",
         ]
         for key, gib in plan.memory.as_gib().items():
             if key != "hbm":
@@ -222,14 +222,18 @@ def explain_lines(plan: Plan) -> list[str]:
             "Estimates",
             f"  FLOPs per token        {e.flops_per_token:,.3e}",
             f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
-            f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention, as the container reports it); "
+            f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention, "
+            "as the container reports it); "
             f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
             (
                 f"  cost                   none: {e.price_source}"
                 if e.cost_usd is None or e.price_per_hour is None
-                else f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour ({e.price_source})"
+                else (
+                    f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour "
+                    f"({e.price_source})"
+                )
             ),
             "",
             f"Step time, term by term ({e.throughput_source})",
@@ -243,14 +247,16 @@ def explain_lines(plan: Plan) -> list[str]:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
         for d in departures:
             out.append(
-                f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept under the headroom"
+                f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept "
+                "under the headroom"
             )
     full = getattr(plan, "full_parameter", None)
     if full is not None:
         out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
         out.append(
             f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
-            f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, {_cost(full.cost_usd)} "
+            f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, "
+            f"{_cost(full.cost_usd)} "
             f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
         )
     alternatives = getattr(plan, "alternatives", ())
@@ -258,7 +264,8 @@ def explain_lines(plan: Plan) -> list[str]:
         out += ["", "Next alternatives that fit"]
         for a in alternatives:
             out.append(
-                f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} GiB ({a.memory_fraction:.0%})"
+                f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} "
+                f"GiB ({a.memory_fraction:.0%})"
             )
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]

@@ -51,7 +51,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,9 @@ from training.components.checkpoint_files import (  # noqa: F401 - the file-leve
     sha256,
     step_dir,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 log = logging.getLogger("training.components.checkpoint")
 
@@ -142,9 +145,10 @@ class CheckpointManager:
         self.verified.discard(step)
         self.damaged.discard(step)
         dist.barrier(group=self.control_group)
+        written: Future | AsyncSaveResponse  # an AsyncSaveResponse only with an async stager
         if blocking:
             dcp.save(state, checkpoint_id=str(path), process_group=self.save_group)
-            written: Future = Future()
+            written = Future()
             written.set_result(None)
         else:
             written = dcp.async_save(state, checkpoint_id=str(path), process_group=self.save_group)
@@ -178,16 +182,18 @@ class CheckpointManager:
 
     def _commit(self) -> int | None:
         flight, self.in_flight = self.in_flight, None
+        assert flight is not None  # poll and wait commit only a save in flight
         path = step_dir(self.root, flight.step)
         try:
             mine, error = flight.future.result(), None
         except Exception as exc:  # noqa: BLE001 - a failed write on any rank means no commit
             mine, error = {}, f"rank {self.rank}: the write failed ({type(exc).__name__}: {exc})"
-        gathered: list = [None] * dist.get_world_size(self.control_group) if self.rank == 0 else None
+        gathered: list | None = [None] * dist.get_world_size(self.control_group) if self.rank == 0 else None
         dist.gather_object((mine, error), gathered, dst=0, group=self.control_group)
         doomed: list[int] = []
         committed = False
         if self.rank == 0:
+            assert gathered is not None  # rank 0 gathers
             files: dict[str, dict] = {}
             issues = [err for _, err in gathered if err]
             for rank_files, _ in gathered:
@@ -225,7 +231,7 @@ class CheckpointManager:
                     list_steps(self.root), self.verified, self.damaged, self.keep_last, committed=flight.step
                 )
         # Rank 0 decides; the first rank of every host deletes its local copies.
-        shared = [committed, doomed]
+        shared: list = [committed, doomed]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
         committed, doomed = shared
         self._delete(doomed)
@@ -253,7 +259,7 @@ class CheckpointManager:
         Rank 0 reads each candidate's manifest; every host checks every file (its ranks share
         the hashing), since after a restart any rank may read any file. Skips are logged.
         """
-        candidates = [list_steps(self.root)] if self.rank == 0 else [None]
+        candidates: list = [list_steps(self.root)] if self.rank == 0 else [None]
         dist.broadcast_object_list(candidates, src=0, group=self.control_group)
         for step in candidates[0]:
             issues = self._verify_everywhere(step)
@@ -300,7 +306,7 @@ class CheckpointManager:
 
     def saved_keys(self, step: int) -> set[str]:
         """Top-level keys in a checkpoint; rank 0 reads them, all ranks get them."""
-        keys = [saved_keys(step_dir(self.root, step)) if self.rank == 0 else None]
+        keys: list = [saved_keys(step_dir(self.root, step)) if self.rank == 0 else None]
         dist.broadcast_object_list(keys, src=0, group=self.control_group)
         return keys[0]
 

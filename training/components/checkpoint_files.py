@@ -160,7 +160,7 @@ def find_resumable(
 
     ``checksums=False, metadata=False`` checks the manifest's files by size only (the launcher's
     quick look before the job starts, without importing torch)."""
-    skipped = []
+    skipped: list[str] = []
     for step in list_steps(root):
         issues = problems(step_dir(root, step), checksums=checksums, metadata=metadata, accept=accept)
         if not issues:

@@ -329,7 +329,7 @@ class SftSequences(GlobalStream):
         self.vocab_size = vocab_size
         counts = [entry["sequences"] for entry in self.manifest["shards"]]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._maps: dict[int, tuple[np.memmap, np.memmap, np.memmap]] = {}
+        self._maps: dict[int, tuple[np.memmap, ...]] = {}  # tokens, mask, positions
         self._start(
             int(self.starts[-1]),
             rank=rank,

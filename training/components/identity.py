@@ -78,7 +78,7 @@ def committed_manifests(checkpoint_dir: Path) -> list[tuple[int, Path, dict[str,
     """Committed checkpoints under ``checkpoint_dir`` as (manifest step, directory, manifest), newest first.
 
     The step is the manifest's own; a marker without one is ordered by its directory's name."""
-    found = []
+    found: list[tuple[int, Path, dict[str, Any]]] = []
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return found

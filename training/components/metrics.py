@@ -74,19 +74,40 @@ GIB = 1024**3
 
 
 class StepStatsLike(Protocol):
-    """The fields of ``training.step_stats.StepStats`` that this hook reads."""
+    """The fields of ``training.step_stats.StepStats`` that this hook reads (read-only: StepStats is frozen)."""
 
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    step_time_s: float
-    data_wait_s: float
-    tokens_per_second: float
-    checkpoint_save_s: float | None
-    peak_memory_bytes: int | None
-    world_size: int
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def loss(self) -> float: ...
+
+    @property
+    def grad_norm(self) -> float: ...
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def step_time_s(self) -> float: ...
+
+    @property
+    def data_wait_s(self) -> float: ...
+
+    @property
+    def tokens_per_second(self) -> float: ...
+
+    @property
+    def checkpoint_save_s(self) -> float | None: ...
+
+    @property
+    def peak_memory_bytes(self) -> int | None: ...
+
+    @property
+    def world_size(self) -> int: ...
 
 
 # -- EMF plumbing: a stdout sink without environment detection ------------------------------

@@ -17,7 +17,8 @@ def build_optimizer(model: nn.Module, opt: OptimizerConfig, device: torch.device
     The fused kernel is used on CUDA; on the CPU the foreach path keeps results
     deterministic.
     """
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)

@@ -25,6 +25,8 @@ Ring attention (context parallelism) has no document mask: ``RunConfig`` refuses
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 # Attention implementations of the decoder that mask packed examples from each other
@@ -43,7 +45,8 @@ def check_attention(lm: torch.nn.Module, context_parallel: int) -> None:
             f"context_parallel {context_parallel}: ring attention has no document mask for packed "
             "SFT sequences; run fine-tuning with context_parallel 1"
         )
-    implementation = lm.config.attn_implementation
+    config: Any = lm.config  # a CausalLM's LMConfig (training.models sits above the components)
+    implementation = config.attn_implementation
     if implementation not in DOCUMENT_MASKED:
         raise ValueError(
             f"attention {implementation!r} does not mask packed examples from each other "

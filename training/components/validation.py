@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,6 +113,7 @@ class Validator:
         holdout_every = v.holdout_every if v.source == "holdout" else 0
         self.sft = cfg.sft is not None
         count = v.batches * batch.micro_batch_size
+        self.batches: list[Any]  # SFT: dicts of input_ids, labels and position_ids; else token windows
         if self.sft:
             self.batches = sft_validation_batches(
                 directory,
@@ -163,6 +165,7 @@ class Validator:
         self.model.eval()
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         count = 0
+        positions: torch.Tensor | None
         try:
             for batch in self.batches:
                 if self.sft:  # the loss sum (divisor 1) and the count of valid labels

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,9 @@ from torch.distributed.tensor.experimental._attention import (
     _enable_context_parallel_dispatcher,
     _HeadTailLoadBalancer,
 )
+
+if TYPE_CHECKING:
+    from training.models.decoder import CausalLM
 
 ATTENTION = "context_parallel"  # the decoder's attention implementation registered here
 SEQ_DIM = 2  # q, k, v are [batch, heads, sequence, head_dim]
@@ -85,13 +89,14 @@ class ContextParallel:
             return inputs, labels, None
         positions = torch.arange(inputs.shape[1], device=inputs.device).unsqueeze(0).expand_as(inputs)
         balancer = _HeadTailLoadBalancer(inputs.shape[1], self.size, inputs.device)
-        inputs, labels, positions = _context_parallel_shard(
-            self.mesh, [inputs, labels, positions], [1, 1, 1], load_balancer=balancer
+        inputs, labels, positions = cast(
+            "list[torch.Tensor]",  # tensors in, tensors out (torch's type allows for BlockMasks)
+            _context_parallel_shard(self.mesh, [inputs, labels, positions], [1, 1, 1], load_balancer=balancer),
         )
         return inputs, labels, positions
 
 
-def apply_context_parallel(lm: nn.Module, cp: ContextParallel) -> None:
+def apply_context_parallel(lm: CausalLM, cp: ContextParallel) -> None:
     """Route the model's attention through ring attention over ``cp.mesh`` (no-op without CP)."""
     if cp.mesh is None:
         return
@@ -140,7 +145,7 @@ def ring_attention_forward(
         value = value.repeat_interleave(groups, dim=1)
     placement = [Shard(SEQ_DIM)]
     q, k, v = (DTensor.from_local(t, mesh, placement, run_check=False) for t in (query, key, value))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    out = cast(DTensor, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa))
     return out.to_local().transpose(1, 2).contiguous()
 
 
@@ -165,7 +170,7 @@ def _ring():
     try:
         from torch.distributed.tensor.experimental._context_parallel import _attention
     except ImportError:  # older layout
-        from torch.distributed.tensor.experimental import _attention
+        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]  # the same module
     return _attention._templated_ring_attention, _attention._templated_ring_attention_backward
 
 

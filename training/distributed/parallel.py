@@ -20,6 +20,7 @@ across replicas runs once per optimiser step, in the last micro-batch's backward
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,17 +116,17 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh, precis
     The last layer, and the norm with the head, are not resharded after forward: backward
     needs them at once. A tied head shares the embedding's weight: the three stay in the root.
     """
-    kwargs = {"mesh": fsdp_mesh(mesh)}
+    kwargs: dict[str, Any] = {"mesh": fsdp_mesh(mesh)}
     policy = mixed_precision_policy(precision)
     if policy is not None:
         kwargs["mp_policy"] = policy
     lm = getattr(model, "lm", None)
     tied = lm is None or bool(getattr(lm.config, "tie_word_embeddings", False)) or not SEPARATE_END_UNITS
-    if not tied:
+    if not tied and lm is not None:  # (tied when there is no lm)
         fully_shard(lm.model.embed_tokens, **kwargs)
     for index, layer in enumerate(layers):
         fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
-    if not tied:
+    if not tied and lm is not None:
         fully_shard([lm.model.norm, lm.lm_head], reshard_after_forward=False, **kwargs)
     fully_shard(model, **kwargs)
     sum_gradients(model)

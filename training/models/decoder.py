@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ from torch import nn
 
 from tiered_training.contract.hf_config import check_buildable
 from tiered_training.contract.runconfig import ModelConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 INITIALIZER_RANGE = 0.02
 # model_type -> architectures name
@@ -260,6 +263,8 @@ def rope_frequencies(config: LMConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """cos and sin of each position's rotation, in fp32, cast to the activations' dtype."""
 
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, config: LMConfig):
         super().__init__()
         self.config = config
@@ -455,7 +460,7 @@ def build_model(model: ModelConfig, init_dir: Path | None = None) -> CausalLM:
         return CausalLM(config)
 
 
-def materialize(lm: nn.Module, device: torch.device, *, seed: int) -> None:
+def materialize(lm: CausalLM, device: torch.device, *, seed: int) -> None:
     """Allocate the (sharded) parameters on ``device`` and initialise them.
 
     Linear and embedding weights: N(0, 0.02), the output projections of each block
@@ -524,8 +529,9 @@ def _init_whole_then_slice(name: str, param: torch.Tensor, layers: int, seed: in
     if hasattr(param, "device_mesh"):  # a DTensor (FSDP2 shard)
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-        local = param.to_local()
+        shard = cast("DTensor", param)
+        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, shard.placements)
+        local = shard.to_local()
         if local.numel():
             local.copy_(whole[tuple(slice(o, o + n) for o, n in zip(offset, shape))])
     else:
@@ -547,7 +553,7 @@ class CausalLMLoss(nn.Module):
     parameter names for checkpoints and export.
     """
 
-    def __init__(self, lm: nn.Module, loss_chunk_tokens: int, loss_group=None):
+    def __init__(self, lm: CausalLM, loss_chunk_tokens: int, loss_group=None):
         super().__init__()
         self.lm = lm
         self.loss_chunk_tokens = loss_chunk_tokens

@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,19 +46,20 @@ class LoraLinear(nn.Module):
         super().__init__()
         self.base_layer = base
         self.in_features, self.out_features = base.in_features, base.out_features
-        kwargs = {"bias": False, "device": base.weight.device, "dtype": base.weight.dtype}
-        self.lora_A = nn.ModuleDict({ADAPTER: nn.Linear(base.in_features, rank, **kwargs)})
-        self.lora_B = nn.ModuleDict({ADAPTER: nn.Linear(rank, base.out_features, **kwargs)})
+        kwargs: dict[str, Any] = {"bias": False, "device": base.weight.device, "dtype": base.weight.dtype}
+        lora_a, lora_b = nn.Linear(base.in_features, rank, **kwargs), nn.Linear(rank, base.out_features, **kwargs)
+        self.lora_A = nn.ModuleDict({ADAPTER: lora_a})
+        self.lora_B = nn.ModuleDict({ADAPTER: lora_b})
         self.lora_dropout = nn.ModuleDict({ADAPTER: nn.Dropout(dropout) if dropout > 0 else nn.Identity()})
         self.scaling = {ADAPTER: alpha / rank}
         with torch.no_grad():
-            init_adapter(".lora_A.", self.lora_A[ADAPTER].weight)
-            init_adapter(".lora_B.", self.lora_B[ADAPTER].weight)
+            init_adapter(".lora_A.", lora_a.weight)
+            init_adapter(".lora_B.", lora_b.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
         dtype = result.dtype
-        a, b = self.lora_A[ADAPTER], self.lora_B[ADAPTER]
+        a, b = cast(nn.Linear, self.lora_A[ADAPTER]), cast(nn.Linear, self.lora_B[ADAPTER])
         if x.dtype != a.weight.dtype:
             x = x.to(a.weight.dtype)
         result = result + b(a(self.lora_dropout[ADAPTER](x))) * self.scaling[ADAPTER]
