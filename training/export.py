@@ -1,4 +1,6 @@
-"""Export the final weights as a Hugging Face checkpoint (config.json + safetensors), on any number of hosts.
+"""Export the final weights as a Hugging Face checkpoint (config.json + safetensors), on any number of hosts,
+ready to serve: with the starting checkpoint's tokenizer files and chat template, and a ``generation_config.json``
+(``serving_files``), so ``transformers.pipeline("text-generation", DIR)`` and ``vllm serve DIR`` load the folder.
 
 Each weight is gathered whole on rank 0 one at a time (``DTensor.full_tensor``, a collective
 over all ranks), cast to the export dtype (``export.dtype``, bf16 by default) and written by
@@ -63,8 +65,10 @@ def export_hf(
     *,
     dtype: torch.dtype | None = torch.bfloat16,
     max_shard_bytes: int = 5 * 10**9,
+    init_dir: Path | None = None,
 ) -> Path:
-    """Write ``lm`` (any sharding, any number of hosts) to ``model_dir`` as config.json + safetensors; collective."""
+    """Write ``lm`` (any sharding, any number of hosts) to ``model_dir`` as config.json + safetensors, plus the
+    serving files of ``init_dir`` (the starting checkpoint; ``serving_files``); collective."""
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
@@ -93,8 +97,74 @@ def export_hf(
         save_file(part, str(model_dir / f"part-{parts:05d}.tmp"), metadata={"format": "pt"})
         lm.config.save_pretrained(model_dir, dtype=dtype or next(iter(state.values())).dtype)
         _name_files(model_dir, total)
+        serving_files(init_dir, model_dir, lm.config.to_dict())
     dist.barrier()
     return model_dir
+
+
+# The tokenizer and chat template files a Hugging Face checkpoint ships (those present are copied).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+GENERATION_CONFIG = "generation_config.json"
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def serving_files(init_dir: Path | None, model_dir: Path, config: dict) -> list[str]:
+    """Copy the tokenizer files and chat template of ``init_dir`` (the checkpoint the run started from, whose
+    tokenizer prepared the data) into ``model_dir``, with its ``generation_config.json``; without one, write it
+    from ``config``'s bos/eos/pad ids and the tokenizer's eos token. Returns the names written."""
+    import shutil
+
+    written = []
+    if init_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(init_dir) / name).is_file():
+                shutil.copyfile(Path(init_dir) / name, Path(model_dir) / name)
+                written.append(name)
+        if (Path(init_dir) / GENERATION_CONFIG).is_file():
+            shutil.copyfile(Path(init_dir) / GENERATION_CONFIG, Path(model_dir) / GENERATION_CONFIG)
+            return [*written, GENERATION_CONFIG]
+    generation = {key: config[key] for key in TOKEN_IDS if config.get(key) is not None}
+    special = _special_token_ids(Path(init_dir)) if init_dir is not None else {}
+    for key, token_id in special.items():
+        if key == "eos_token_id" and "eos_token_id" in generation:
+            known = generation[key] if isinstance(generation[key], list) else [generation[key]]
+            generation[key] = known if token_id in known else [*known, token_id]
+        else:
+            generation.setdefault(key, token_id)
+    if generation:
+        (Path(model_dir) / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+        written.append(GENERATION_CONFIG)
+    return written
+
+
+def _special_token_ids(tokenizer_dir: Path) -> dict[str, int]:
+    """``{bos_token_id, eos_token_id, pad_token_id}`` of the tokens ``tokenizer_config.json`` names, looked up in
+    ``tokenizer.json`` (read as JSON: the trainer does not import transformers)."""
+    try:
+        names = json.loads((tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        table = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    model_vocab = (table.get("model") or {}).get("vocab")
+    vocab = dict(model_vocab) if isinstance(model_vocab, dict) else {}  # BPE and WordLevel; Unigram's is a list
+    vocab.update({token["content"]: token["id"] for token in table.get("added_tokens", [])})
+    ids = {}
+    for key in TOKEN_IDS:
+        token = names.get(key.removesuffix("_id"))
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in vocab:
+            ids[key] = vocab[token]
+    return ids
 
 
 def _full_weights(lm: torch.nn.Module, state: dict[str, torch.Tensor]):

@@ -72,7 +72,7 @@ from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
 from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
 from training.export import export_hf, load_hf_weights, plain_tensor
 from training.models.decoder import CausalLM, CausalLMLoss, build_model, materialize
-from training.models.lora import apply_lora, export_adapter, has_lora
+from training.models.lora import apply_lora, export_adapter, has_lora, store_frozen_base
 from training.paths import Paths
 from training.step_stats import StepStats
 
@@ -253,6 +253,7 @@ class Trainer:
     mesh: DeviceMesh
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
+    init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
 
 
 def setup_logging(rank: int) -> None:
@@ -284,6 +285,8 @@ def build(
     lora = lora_config(cfg)
     if lora is not None:  # before FP8 and sharding: the frozen base is converted and sharded as usual
         apply_lora(lm, lora)
+        if precision.precision != "fp32":  # mixed precision: the frozen base in bf16, as FSDP2 gathers it
+            store_frozen_base(lm, torch.bfloat16)
     converted = float8.apply_float8(
         lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8
     )
@@ -302,7 +305,7 @@ def build(
         load_hf_weights(lm, init_dir)
     optimizer = build_optimizer(model, cfg.optimizer, info.device)
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.batch.total_steps)
-    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp)
+    return Trainer(cfg, info, lm, model, optimizer, scheduler, mesh, converted, cp, init_dir)
 
 
 def lora_config(cfg: RunConfig):
@@ -798,16 +801,27 @@ def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:
-    """The model as ``export.format`` says: merged weights (adapters added in) in Hugging Face format,
-    or the adapter alone in peft's format; collective."""
+    """The model as ``export.format`` says: merged weights (adapters added in) in Hugging Face format, with the
+    starting checkpoint's tokenizer, chat template and generation config; or the adapter alone in peft's format,
+    its base named by Hugging Face id (``model.hf_id``; the init checkpoint's URI when there is none); collective."""
     cfg = trainer.cfg
     if cfg.export.format == "adapter":
         from training.export import hf_state_dict
 
         return export_adapter(
-            trainer.lm, hf_state_dict(trainer.lm), lora_config(cfg), model_dir, base_model=cfg.model.init_checkpoint
+            trainer.lm,
+            hf_state_dict(trainer.lm),
+            lora_config(cfg),
+            model_dir,
+            base_model=cfg.model.hf_id or cfg.model.init_checkpoint,
         )
-    return export_hf(trainer.lm, model_dir, dtype=_export_dtype(cfg), max_shard_bytes=cfg.export.max_shard_bytes)
+    return export_hf(
+        trainer.lm,
+        model_dir,
+        dtype=_export_dtype(cfg),
+        max_shard_bytes=cfg.export.max_shard_bytes,
+        init_dir=trainer.init_dir,
+    )
 
 
 def _tokens_seen(cfg: RunConfig, step: int) -> int:

@@ -197,7 +197,7 @@ def test_lora_memory_keeps_no_gradient_or_optimiser_state_for_the_frozen_base():
     h, kv, group = ARCH.hidden_size, ARCH.kv_size, 8
     adapters = ARCH.layers * (2 * (16 // group) * h + (h // group) * 16 + (kv // group) * 16)
     base = full.parameters // 4  # the fp32 master copy's elements
-    assert tuned.parameters == memory.FROZEN_BASE_BYTES * base + 4 * adapters  # frozen base + fp32 adapters
+    assert tuned.parameters == 2 * base + 4 * adapters  # frozen base in bf16 + fp32 adapters
     assert tuned.gradients == 4 * adapters and tuned.optimizer_states == 8 * adapters
     assert tuned.total < full.total - 12 * base  # the base's gradients and AdamW moments are gone
     # Activations: the same block inputs are kept under full checkpointing.
@@ -249,6 +249,36 @@ def test_a_llama_config_gives_the_catalogue_dimensions(tmp_path):
     assert arch == catalogs.models()["llama-3.1-8b"].architecture
 
 
+# Published config.json files (the fields the planner reads): https://huggingface.co/Qwen/Qwen3-8B and
+# https://huggingface.co/mistralai/Mistral-7B-v0.3
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+MISTRAL_7B_V03 = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32768,
+}
+
+
+@pytest.mark.parametrize("config, entry", [(QWEN3_8B, "qwen3-8b"), (MISTRAL_7B_V03, "mistral-7b")])
+def test_qwen3_and_mistral_configs_give_their_catalogue_dimensions(tmp_path, config, entry):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _, arch = hf_config.read(tmp_path)
+    assert arch == catalogs.models()[entry].architecture
+    for change, words in (({"sliding_window": 4096}, "sliding_window: 4096"),
+                          ({"use_sliding_window": True}, "use_sliding_window: true")):
+        if (config["model_type"] == "mistral") == ("sliding_window" in change):
+            (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+            with pytest.raises(hf_config.ConfigError, match=words):
+                hf_config.read(tmp_path)
+
+
 def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text(json.dumps(LLAMA_31_8B))
@@ -262,7 +292,7 @@ def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
 
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"]}, "model_type 'mixtral' (MixtralForCausalLM) is not one the trainer builds"),
-    ({"model_type": "gemma2"}, "it builds llama, qwen2"),
+    ({"model_type": "gemma2"}, "it builds llama, qwen2, qwen3, mistral"),
     ({"attention_bias": True}, "attention_bias"),
     ({"head_dim": 256}, "head_dim 256"),
     ({"num_attention_heads": 30, "head_dim": None}, "hidden_size 4096 is not a multiple of attention_heads 30"),
@@ -301,3 +331,20 @@ def test_the_plan_states_the_format_and_bad_examples_preflight_will_check():
     assert plan.ok
     assert plan.decision("task").reason.endswith(
         "format sharegpt, bad examples: skip, at most 0.01 of them bad (preflight checks it)")
+
+
+def test_the_run_config_names_the_checkpoint_by_hugging_face_id_from_the_recipe_or_the_catalogue():
+    """An adapter export names its base by this id (peft's base_model_name_or_path), not by an S3 URI."""
+    catalogued = sft(**{"model.catalog": "llama-3.1-8b"})
+    assert plan_of(catalogued).run_config().model.hf_id == "meta-llama/Llama-3.1-8B"
+    named = sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "meta-llama/Llama-3.1-8B-Instruct"})
+    assert plan_of(named).run_config().model.hf_id == "meta-llama/Llama-3.1-8B-Instruct"
+    (problem,) = problems(sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "s3://bucket/model/"}))
+    assert problem[1] == "model.hf_id" and "a Hugging Face model id, owner/name" in problem[2]
+
+
+def test_the_hugging_face_id_is_not_part_of_the_run_identity():
+    """Naming the checkpoint changes no trained state: a run resumes across it, and plan hashes stay as before."""
+    plain = plan_of(sft(**{"model.catalog": "llama-3.1-8b"})).run_config()
+    named = plan_of(sft(**{"model.catalog": "llama-3.1-8b", "model.hf_id": "someone/llama-tuned"})).run_config()
+    assert plain.model.hf_id != named.model.hf_id and plain.plan_hash() == named.plan_hash()

@@ -33,11 +33,12 @@ from training.trainer import export_model, forward_backward, run  # noqa: E402
 
 STEPS = 8
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.05}
+HF_ID = "tiny-org/tiny-llama"  # the base's Hugging Face id; the test resolves it to a local directory
 
 
 def lora_config(init: Path, ac: str = "none", precision: str = "fp32", **export):
     return tiny_config(
-        model={"init_checkpoint": str(init)},
+        model={"init_checkpoint": str(init), "hf_id": HF_ID},
         precision={"activation_checkpointing": ac, "precision": precision},
         batch={"total_steps": STEPS},
         checkpoint={"interval_steps": 4},
@@ -110,6 +111,10 @@ def main() -> None:
     result = run(cfg, Paths(data, Path(args.ckpt), root / "model", Path(args.init)), hooks=hooks, export=False)
     out = {"step": result.step, "resumed_from": result.resumed_from, "stopped": result.stopped,
            "losses": {str(k): v for k, v in result.losses.items()}}
+    if result.trainer is not None:  # the dtypes the frozen base and the adapters are stored in
+        params = list(result.trainer.lm.named_parameters())
+        out["dtypes"] = {kind: sorted({str(p.dtype) for n, p in params if (".lora_" in n) == adapter})
+                         for kind, adapter in (("base", False), ("adapters", True))}
     if args.exports and not result.stopped:
         trainer = result.trainer
         exports = Path(args.exports)

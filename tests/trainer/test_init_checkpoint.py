@@ -76,8 +76,8 @@ def test_checkpoint_tensors_must_be_exactly_the_models():
 
 
 def test_an_unknown_model_type_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "mistral", "hidden_size": 64}')
-    with pytest.raises(ValueError, match=r"config.json: model_type 'mistral' is not one the trainer builds \(llama, qwen2\)"):
+    (tmp_path / "config.json").write_text('{"model_type": "gemma2", "hidden_size": 64}')
+    with pytest.raises(ValueError, match=r"config.json: model_type 'gemma2' is not one the trainer builds \(llama, qwen2, qwen3, mistral\)"):
         read_config(tmp_path)
 
 

@@ -87,9 +87,13 @@ def test_an_unknown_target_module_is_refused_naming_the_valid_ones():
 
 
 def _init_checkpoint(directory: Path) -> Path:
-    """A tiny random Llama checkpoint saved by transformers (the architecture of ``tiny_config``)."""
+    """A tiny random Llama checkpoint saved by transformers (the architecture of ``tiny_config``), with the tiny
+    chat tokenizer and its chat template, as a published checkpoint ships them."""
+    from tiny import tiny_chat_tokenizer
+
     torch.manual_seed(0)
     hf_model(tiny_config().model).save_pretrained(directory)
+    tiny_chat_tokenizer(directory)
     return directory
 
 
@@ -195,6 +199,42 @@ def _trained(root: Path) -> dict:
 
 
 @pytest.mark.torch
+def test_the_merged_export_is_ready_to_serve_with_a_text_generation_pipeline(lora_root):
+    """The folder holds the weights, the starting checkpoint's tokenizer and chat template, and its generation
+    config: transformers' pipeline loads it by path alone and answers a chat, its prompt built by the template."""
+    from transformers import AutoTokenizer, pipeline
+
+    init, merged = lora_root / "init", lora_root / "exports" / "merged-fp32"
+    names = {path.name for path in merged.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+            "generation_config.json"} <= names
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (merged / name).read_bytes() == (init / name).read_bytes(), name
+    generator = pipeline("text-generation", model=str(merged), device="cpu")
+    messages = [{"role": "user", "content": "reverse words please"}]
+    (out,) = generator(messages, max_new_tokens=4, do_sample=False, return_tensors=True)
+    prompt = AutoTokenizer.from_pretrained(init).apply_chat_template(messages, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    ids = out["generated_token_ids"]
+    assert ids[: len(prompt)] == prompt and len(prompt) < len(ids) <= len(prompt) + 4
+
+
+def test_an_export_without_a_generation_config_gets_one_with_the_models_and_tokenizers_special_ids(tmp_path):
+    from tiny import tiny_chat_tokenizer
+
+    from training.export import serving_files
+
+    init, out = tiny_chat_tokenizer(tmp_path / "init"), tmp_path / "out"
+    out.mkdir()
+    config = {"bos_token_id": None, "eos_token_id": 4, "pad_token_id": None}  # <|im_end|>; the tokenizer's eos is <eos>
+    written = serving_files(init, out, config)
+    assert "tokenizer.json" in written and "chat_template.jinja" in written
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [4, 2], "pad_token_id": 1}
+    (tmp_path / "scratch").mkdir()  # from scratch (no starting checkpoint): the config's ids only
+    assert serving_files(None, tmp_path / "scratch", {"eos_token_id": 2}) == ["generation_config.json"]
+
+
+@pytest.mark.torch
 def test_merged_export_loads_with_transformers_and_gives_the_trainers_logits(lora_root):
     from transformers import LlamaForCausalLM
 
@@ -244,6 +284,7 @@ def test_adapter_export_loads_with_peft_and_gives_the_trainers_logits(lora_root)
     trained = _trained(lora_root)
     adapter = lora_root / "exports" / "adapter"
     assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny-org/tiny-llama"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
     base = LlamaForCausalLM.from_pretrained(lora_root / "init", torch_dtype=torch.float32)
@@ -365,3 +406,33 @@ def test_the_adapter_config_is_what_peft_writes_for_the_same_settings(tmp_path):
             expected = sorted(expected)
         assert value == expected, key
     assert peft.LoraConfig.from_pretrained(str(tmp_path)).r == lora.rank
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_under_mixed_precision_the_frozen_base_is_stored_in_bf16_and_the_adapters_train(tmp_path, precision):
+    """The frozen base takes 2 bytes per parameter (the dtype FSDP2 gathers it in), not 4; the adapters stay
+    fp32. The fp32 checkpoint loads into it and the adapters learn. (fp8 is emulated on the CPU.)"""
+    _init_checkpoint(tmp_path / "init")
+    _torchrun("--root", str(tmp_path), "--init", str(tmp_path / "init"), "--ckpt", str(tmp_path / "ck"),
+              "--out", str(tmp_path / "out.json"), "--precision", precision)
+    out = _result(tmp_path, "out.json")
+    assert out["dtypes"] == {"base": ["torch.bfloat16"], "adapters": ["torch.float32"]}
+    losses = [out["losses"][str(step)] for step in range(1, 9)]
+    assert max(losses[-2:]) < losses[0] - 0.1, losses  # ln(256) = 5.55 at the start
+
+
+@pytest.mark.torch
+def test_the_adapter_names_its_base_by_id_and_loads_with_auto_peft(lora_root, tmp_path, monkeypatch):
+    """AutoPeftModelForCausalLM resolves base_model_name_or_path itself: the recipe's model.hf_id (here a local
+    directory of that name stands in for the Hub) gives the base, and the adapter on it the trainer's logits."""
+    from peft import AutoPeftModelForCausalLM
+
+    trained = _trained(lora_root)
+    (tmp_path / "tiny-org").mkdir()
+    (tmp_path / "tiny-org" / "tiny-llama").symlink_to(lora_root / "init")
+    monkeypatch.chdir(tmp_path)
+    model = AutoPeftModelForCausalLM.from_pretrained(lora_root / "exports" / "adapter", dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = model(input_ids=trained["tokens"]).logits
+    torch.testing.assert_close(got, trained["logits"])

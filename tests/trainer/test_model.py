@@ -1,4 +1,5 @@
-"""The trainer's decoder against transformers' LlamaForCausalLM and Qwen2ForCausalLM: the same weights
+"""The trainer's decoder against transformers' LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+MistralForCausalLM: the same weights
 give the same logits and gradients bit for bit (the same operations in the same order), packed
 examples and Llama 3.1's rope scaling included; its config.json loads back into transformers; and a
 worker that imports the trainer does not import transformers."""
@@ -94,7 +95,11 @@ def test_llama3_rope_scaling_equals_transformers_and_both_config_forms_read_alik
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model_type": "mistral"}, r"model_type 'mistral' is not one the trainer builds \(llama, qwen2\)"),
+    ({"model_type": "gemma"}, r"model_type 'gemma' is not one the trainer builds \(llama, qwen2, qwen3, mistral\)"),
+    ({"model_type": "mistral", "sliding_window": 4096}, r"sliding_window: 4096; the trainer runs full attention only"),
+    ({"model_type": "qwen3", "use_sliding_window": True}, r"use_sliding_window: true; the trainer runs full attention only"),
+    ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]},
+     r"layer_types has sliding_attention; the trainer runs full_attention only"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, r"rope type 'yarn' is not one the trainer builds"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
      r"llama3 rope scaling needs low_freq_factor, high_freq_factor, original_max_position_embeddings"),
@@ -133,3 +138,62 @@ def test_a_training_worker_does_not_import_transformers():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def _family(kind: str):
+    """A tiny random Qwen3 (QK-norm, rope_theta 1e6) or Mistral (v0.3's shape: no sliding window) of transformers."""
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, use_cache=False)
+    torch.manual_seed(0)
+    if kind == "qwen3":
+        config = transformers.Qwen3Config(**common, head_dim=16, rope_parameters={"rope_type": "default",
+                                          "rope_theta": 1000000.0}, use_sliding_window=False, attention_bias=False)
+        model = transformers.Qwen3ForCausalLM(config)
+        with torch.no_grad():  # q/k norm weights that matter (they start as ones)
+            for name, param in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    param.uniform_(0.5, 1.5)
+        return model
+    config = transformers.MistralConfig(**common, sliding_window=None,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    return transformers.MistralForCausalLM(config)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "mistral"])
+def test_qwen3_and_mistral_equal_transformers_bit_for_bit_and_export_back_bit_equal(tmp_path, kind):
+    """A transformers checkpoint loads into the decoder with every tensor used; the logits (packed rows too) and
+    gradients are transformers' to the last bit; the export is the checkpoint again, tensor for tensor, under
+    the same model_type, and loads into the same transformers class."""
+    from safetensors.torch import load_file, save_file
+
+    reference = _family(kind)
+    lm = _pair(tmp_path / "init", reference)
+    assert lm.config.model_type == kind and lm.config.qk_norm == (kind == "qwen3")
+    assert set(lm.state_dict()) == set(reference.state_dict())
+    ids = _tokens()
+    packed = torch.cat([torch.arange(10), torch.arange(22)])[None].expand(2, -1)
+    with torch.no_grad():
+        for positions in (None, packed):
+            assert torch.equal(lm.eval()(ids, positions), reference.eval()(input_ids=ids, position_ids=positions).logits)
+    reference.train()(input_ids=ids).logits.square().mean().backward()
+    lm.train()(ids).square().mean().backward()
+    grads = dict(lm.named_parameters())
+    for name, param in reference.named_parameters():
+        assert torch.equal(grads[name].grad, param.grad), name
+    if kind == "qwen3":  # the norms are used: without them the logits differ
+        plain = CausalLM(read_config(tmp_path / "init"))
+        plain.config.qk_norm = False
+        plain.load_state_dict(reference.state_dict(), strict=False)
+        with torch.no_grad():
+            assert not torch.allclose(plain.eval()(ids), lm.eval()(ids), atol=1e-3)
+    out = tmp_path / "export"
+    out.mkdir()
+    lm.config.save_pretrained(out, dtype=torch.float32)
+    save_file({k: v.contiguous() for k, v in lm.state_dict().items()}, str(out / "model.safetensors"))
+    original, exported = load_file(str(tmp_path / "init" / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
+    assert json.loads((out / "config.json").read_text())["model_type"] == kind
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(loaded) is type(reference)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, reference.eval()(input_ids=ids).logits)

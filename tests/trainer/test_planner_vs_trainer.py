@@ -216,3 +216,5 @@ def test_whole_step_peak_matches_planner_under_lora(lora_step_peaks, mode):
     # The optimiser holds the adapters' AdamW moments only: 8 bytes per sharded adapter element (and a
     # 4-byte step count per tensor, which the planner leaves out).
     assert row["measured_by_kind"]["OptState"] == pytest.approx(row["planned"]["optimizer_states"], rel=1e-3)
+    # The sharded parameters: the frozen base in bf16 (2 bytes each) and the fp32 adapters, as planned.
+    assert row["measured_by_kind"]["Sharded Param"] == pytest.approx(row["planned"]["parameters"], rel=1e-3)

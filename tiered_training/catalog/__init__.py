@@ -162,6 +162,7 @@ class CatalogModel(_Entry):
     source: str
     published_parameters: float
     architecture: Architecture
+    hf_id: str | None = None  # the Hugging Face id of the published checkpoint (the source's model card)
 
 
 class Tier(_Entry):

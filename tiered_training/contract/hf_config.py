@@ -1,7 +1,7 @@
 """A model's dimensions from a Hugging Face ``config.json`` (``model.hf_config``, ``models --from-config``).
 
 Read as JSON, without transformers: only the model types the trainer builds
-(``training/models/decoder.py``: Llama, and Qwen2 for q/k/v biases), with the features it
+(``training/models/decoder.py``: Llama, Mistral, Qwen2 for q/k/v biases, Qwen3 for QK-norm), with the features it
 supports; anything else is refused with the field that says so.
 """
 
@@ -17,7 +17,12 @@ from tiered_training.contract.architecture import Architecture
 from tiered_training.text import clip
 
 # model_type -> (q/k/v biases, default rope_theta): the model types training/models/decoder.py builds (its MODEL_TYPES).
-MODEL_TYPES = {"llama": (False, 10000.0), "qwen2": (True, 10000.0)}
+MODEL_TYPES = {
+    "llama": (False, 10000.0),
+    "qwen2": (True, 10000.0),
+    "qwen3": (False, 10000.0),
+    "mistral": (False, 10000.0),
+}
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -59,7 +64,8 @@ def _name(config: dict[str, Any], file: Path) -> str:
 
 
 def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Architecture:
-    """The Architecture a Llama or Qwen2 config describes; :class:`ConfigError` for any other."""
+    """The Architecture a Llama, Mistral, Qwen2 or Qwen3 config describes; :class:`ConfigError` for any other.
+    (Qwen3's q/k norms, 2 x head_dim weights per layer, are left out of the count.)"""
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
         names = config.get("architectures") or []
@@ -75,7 +81,7 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
             raise ConfigError(f"{file}: {key}: missing; a {kind} config.json has it")
         return config[key]
 
-    if kind == "llama" and config.get("attention_bias"):
+    if kind in ("llama", "qwen3") and config.get("attention_bias"):
         raise ConfigError(
             f"{file}: attention_bias: true gives o_proj a bias the trainer's Llama does not build; "
             "only attention_bias: false is supported"
@@ -122,13 +128,23 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
 
 
 def check_buildable(config: dict[str, Any], file: Path | str = "config.json") -> None:
-    """:class:`ConfigError` for a feature of a Llama or Qwen2 config.json that the trainer's decoder
+    """:class:`ConfigError` for a feature of a config.json that the trainer's decoder
     (``training/models/decoder.py``) does not build: sliding-window attention, MLP biases, an activation
     other than SwiGLU, a head_dim other than hidden_size / num_attention_heads."""
-    if config.get("model_type") == "qwen2" and config.get("use_sliding_window"):
+    kind = config.get("model_type")
+    if kind in ("qwen2", "qwen3") and config.get("use_sliding_window"):
         raise ConfigError(
             f"{file}: use_sliding_window: true; the trainer runs full attention only (use_sliding_window: false)"
         )
+    if kind == "mistral" and config.get("sliding_window") is not None:
+        raise ConfigError(
+            f"{file}: sliding_window: {clip(repr(config.get('sliding_window')))}; the trainer runs full attention only "
+            "(sliding_window: null, as Mistral 7B v0.3 has)"
+        )
+    layer_types = config.get("layer_types")
+    if kind in MODEL_TYPES and isinstance(layer_types, list) and set(layer_types) - {"full_attention"}:
+        others = sorted(set(map(str, layer_types)) - {"full_attention"})
+        raise ConfigError(f"{file}: layer_types has {', '.join(others)}; the trainer runs full_attention only")
     if config.get("mlp_bias"):
         raise ConfigError(f"{file}: mlp_bias: true; the trainer builds MLPs without biases")
     if config.get("hidden_act", "silu") != "silu":

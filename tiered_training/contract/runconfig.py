@@ -28,12 +28,21 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A Hugging Face Hub model id, owner/name (what from_pretrained resolves on the Hub)
+HF_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+
+
 class ModelConfig(Architecture):
     """The model to train: its architecture, a display name and an optional starting checkpoint."""
 
     name: str
     init_checkpoint: str | None = Field(
         default=None, description="S3 URI of a Hugging Face checkpoint; the pipeline mounts it as the 'model' channel"
+    )
+    hf_id: str | None = Field(
+        default=None,
+        pattern=HF_ID_PATTERN,
+        description="the Hugging Face id of the starting checkpoint: an adapter export names it as its base",
     )
 
 
@@ -341,7 +350,7 @@ class RunConfig(_Frozen):
         import hashlib
 
         parts = {
-            "model": self.model.model_dump(mode="json", exclude={"name"}),
+            "model": self.model.model_dump(mode="json", exclude={"name", "hf_id"}),  # names, not weights
             "batch": {
                 "sequence_length": self.batch.sequence_length,
                 "global_batch_tokens": self.batch.global_batch_tokens,

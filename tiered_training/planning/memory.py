@@ -27,7 +27,7 @@ workspaces; outside PyTorch's allocator) and the caching allocator's fragmentati
 and ``reserved`` with ``torch.cuda.max_memory_reserved``.
 
 Under LoRA (``lora``), the base is frozen: its weights are kept as FSDP2 shards them
-(``FROZEN_BASE_BYTES``), with no gradient and no optimiser state; the adapters carry fp32
+(``FROZEN_BASE_BYTES``: bf16 under mixed precision), with no gradient and no optimiser state; the adapters carry fp32
 parameters, gradients and AdamW moments, sharded with their layer. Activations are the
 base's, plus what the adapters save (``lora_activation_bytes_per_token``).
 
@@ -55,9 +55,10 @@ REDUCE_BYTES = 4
 # Dropout's mask per element: CUDA's fused kernel keeps a bool mask; on the CPU, PyTorch's
 # unfused dropout keeps its scaled noise in the activations' dtype (pass that for a CPU step).
 DROPOUT_MASK_BYTES = 1
-# Bytes per element of a LoRA run's frozen base: the trainer keeps it in fp32, as loaded and
-# sharded (training/models/lora.py); FSDP2 gathers it in the compute dtype.
-FROZEN_BASE_BYTES = 4
+# Bytes per element of a LoRA run's frozen base, by precision: under mixed precision (bf16, fp8) the
+# trainer stores it in bf16, the dtype FSDP2 gathers it in (training/models/lora.py store_frozen_base);
+# under fp32 it stays fp32.
+FROZEN_BASE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
 
 
 def lora_activation_bytes_per_token(
@@ -249,7 +250,7 @@ def sharded_state_bytes(
     arch: Architecture, shard_group: int, lora: Lora | None = None, precision: str = "bf16"
 ) -> dict[str, int]:
     """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
-    frozen base adds its weights (``FROZEN_BASE_BYTES`` each), and only the adapters have state."""
+    frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each), and only the adapters have state."""
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
         arch.root_shapes(), shard_group
     )
@@ -257,7 +258,7 @@ def sharded_state_bytes(
         return {kind: elements * size for kind, size in STATE_BYTES.items()}
     adapters = arch.layers * sharded_elements(arch.lora_shapes(lora.rank, lora.targets), shard_group)
     states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
-    states["param"] += elements * FROZEN_BASE_BYTES
+    states["param"] += elements * FROZEN_BASE_BYTES[precision]
     return states
 
 

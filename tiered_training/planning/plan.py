@@ -194,6 +194,17 @@ class FailedPlan(_Result):
             raise PlanError(self)
         raise AssertionError("a FailedPlan always has errors")
 
+    @property
+    def hf_id(self) -> str | None:
+        """The starting checkpoint's Hugging Face id: the recipe's ``model.hf_id``, else the catalogue model's."""
+        from tiered_training import catalog as catalogs
+
+        model = self.recipe.model
+        if model.hf_id is not None or model.catalog is None:
+            return model.hf_id
+        entry = catalogs.models().get(model.catalog)
+        return entry.hf_id if entry is not None else None
+
     def run_config(self) -> RunConfig:
         self.require_ok()
         raise AssertionError("a FailedPlan always has errors")
@@ -314,6 +325,17 @@ class Plan(_Result):
             raise PlanError(self)
         return self
 
+    @property
+    def hf_id(self) -> str | None:
+        """The starting checkpoint's Hugging Face id: the recipe's ``model.hf_id``, else the catalogue model's."""
+        from tiered_training import catalog as catalogs
+
+        model = self.recipe.model
+        if model.hf_id is not None or model.catalog is None:
+            return model.hf_id
+        entry = catalogs.models().get(model.catalog)
+        return entry.hf_id if entry is not None else None
+
     def run_config(self) -> RunConfig:
         """The slice the training container needs. Only for a Plan without errors."""
         self.require_ok()
@@ -324,6 +346,7 @@ class Plan(_Result):
             model=ModelConfig(
                 name=self.model_name,
                 init_checkpoint=recipe.model.init_checkpoint,
+                hf_id=self.hf_id,
                 **self.architecture.model_dump(),
             ),
             parallel=ParallelConfig(

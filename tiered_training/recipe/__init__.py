@@ -12,6 +12,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.runconfig import HF_ID_PATTERN
 from tiered_training.recipe.names import name_problem
 
 AUTO: Final = "auto"
@@ -43,6 +44,7 @@ PATTERN_MEANING = {
     KMS_KEY_ARN_PATTERN: "a KMS key ARN, "
     "such as arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     REGION_PATTERN: "an AWS region name, such as us-east-1",
+    HF_ID_PATTERN: "a Hugging Face model id, owner/name, such as meta-llama/Llama-3.1-8B-Instruct",
 }
 # An S3 URI: s3:// (5), a bucket name (at most 63), / and a key (at most 1024).
 S3_URI_MAX = 5 + 63 + 1 + 1024
@@ -74,7 +76,7 @@ class ModelSection(_Strict):
         max_length=4096,
         description=(
             "a local Hugging Face checkpoint directory, or its config.json, whose dimensions the planner reads "
-            "(relative paths from the recipe's directory); Llama and Qwen2 model types"
+            "(relative paths from the recipe's directory); Llama, Mistral, Qwen2 and Qwen3 model types"
         ),
     )
     name: str | None = Field(default=None, max_length=256, description="display name for explicit dimensions")
@@ -83,6 +85,16 @@ class ModelSection(_Strict):
         pattern=S3_URI_PATTERN,
         max_length=S3_URI_MAX,
         description="S3 URI of a Hugging Face checkpoint to start from",
+    )
+    hf_id: str | None = Field(
+        default=None,
+        pattern=HF_ID_PATTERN,
+        max_length=193,
+        description=(
+            "the Hugging Face id of init_checkpoint (owner/name), which an adapter export names as its base "
+            "(base_model_name_or_path); default: the catalogue model's id. Set it when init_checkpoint is another "
+            "checkpoint than the catalogue's (an instruct model, a fine-tune)"
+        ),
     )
     allow_outside_tiers: bool = Field(
         default=False, description="acknowledge a model outside the 1B-64B range the tiers cover"

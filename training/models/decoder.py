@@ -1,16 +1,16 @@
-"""The model: a Llama-style decoder (Llama, or Qwen2 for q/k/v biases) written for the trainer,
-under Hugging Face's parameter names, built on the meta device, sharded, then materialised.
+"""The model: a Llama-style decoder (Llama, Mistral, Qwen2 for q/k/v biases, Qwen3 for QK-norm) written
+for the trainer, under Hugging Face's parameter names, built on the meta device, sharded, then materialised.
 
-The modules follow transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` operation for
-operation (RMSNorm in fp32, rotary embeddings in fp32, SDPA attention), and their state dicts
-carry the same names (``model.layers.0.self_attn.q_proj.weight``), so a published checkpoint
+The modules follow transformers' ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` operation for operation (RMSNorm in fp32, rotary embeddings in fp32, SDPA attention),
+and their state dicts carry the same names (``model.layers.0.self_attn.q_proj.weight``), so a published checkpoint
 loads into it and an export loads into transformers. Importing it costs no more than torch:
 the trainer does not import transformers (only the tools that write tokenizers, SFT data or
 random checkpoints do).
 
 ``build_model`` never allocates a whole model in one process: parameters live on the
 meta device until :func:`materialize` (after sharding) gives each rank its shards.
-The architecture is the starting checkpoint's ``config.json`` (``model_type`` llama or qwen2),
+The architecture is the starting checkpoint's ``config.json`` (``model_type`` llama, mistral, qwen2 or qwen3),
 or from scratch the one the plan describes: Qwen2 when it has q/k/v biases (Qwen2 has no o_proj
 bias), Llama otherwise.
 """
@@ -36,7 +36,13 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 INITIALIZER_RANGE = 0.02
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # model_type -> architectures name
+# model_type -> architectures name
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -63,6 +69,7 @@ class LMConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before RoPE
     attn_implementation: str = (
         "sdpa"  # or "context_parallel" (ring attention, training/distributed/context_parallel.py)
     )
@@ -100,8 +107,12 @@ class LMConfig:
         )
         if self.model_type == "llama":
             out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+        elif self.model_type == "mistral":
+            out.update(sliding_window=None)
         else:
             out.update(use_sliding_window=False, sliding_window=None)
+        if self.model_type == "qwen3":
+            out.update(attention_bias=self.qkv_bias)
         return out
 
     def save_pretrained(self, directory: Path, *, dtype: torch.dtype | None = None) -> Path:
@@ -170,7 +181,7 @@ def check_matches(config: LMConfig, model: ModelConfig) -> None:
 
 
 def read_config(init_dir: Path) -> LMConfig:
-    """The checkpoint's ``config.json`` (model_type llama or qwen2) as the decoder's shape."""
+    """The checkpoint's ``config.json`` (a model_type of ``MODEL_TYPES``) as the decoder's shape."""
     file = Path(init_dir) / "config.json"
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
@@ -193,7 +204,7 @@ def read_config(init_dir: Path) -> LMConfig:
     heads = raw["num_attention_heads"]
     if kind == "qwen2":
         qkv_bias, o_bias = True, False
-    else:
+    else:  # llama and qwen3: attention_bias puts biases on q, k, v and o; mistral has none
         qkv_bias = o_bias = bool(raw.get("attention_bias", False))
     return LMConfig(
         model_type=kind,
@@ -210,6 +221,7 @@ def read_config(init_dir: Path) -> LMConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
+        qk_norm=kind == "qwen3",
         source=raw,
     )
 
@@ -309,13 +321,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, self.head_dim)
-        q = self.q_proj(x).view(shape).transpose(1, 2)
-        k = self.k_proj(x).view(shape).transpose(1, 2)
+        q, k = self.q_proj(x).view(shape), self.k_proj(x).view(shape)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(shape).transpose(1, 2)
         cos, sin = (t.unsqueeze(1) for t in rope)
         q = (q * cos) + (rotate_half(q) * sin)

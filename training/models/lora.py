@@ -111,6 +111,17 @@ def apply_lora(lm: nn.Module, lora: LoraConfig) -> nn.Module:
     return lm
 
 
+def store_frozen_base(lm: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Keep the frozen base's parameters in ``dtype`` (bf16 under mixed precision, before sharding): FSDP2
+    gathers them in bf16 anyway, and they take no gradient or optimiser step, so fp32 copies would only double
+    their memory. The adapters stay fp32. A tied head shares the embedding's parameter and follows it."""
+    with torch.no_grad():
+        for param in {id(p): p for p in lm.parameters()}.values():
+            if not param.requires_grad:
+                param.data = param.data.to(dtype)
+    return lm
+
+
 def is_adapter(name: str) -> bool:
     """Whether a parameter (or state-dict key) is a LoRA adapter's."""
     return ".lora_A." in name or ".lora_B." in name
