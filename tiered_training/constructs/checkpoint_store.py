@@ -16,6 +16,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from tiered_training.constructs.nag import acknowledge
+from tiered_training.contract.container import LEASE_NAME
 
 # Object-level actions a training job needs on its own prefixes: read and resume, write
 # checkpoints and output, multipart uploads. Delete only under checkpoints/ (SageMaker mirrors
@@ -291,7 +292,7 @@ class CheckpointStore(Construct):
         return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
 
     def grant_runs_read(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
-        """List this recipe's runs and read their checkpoints' manifests (``COMMITTED``), not the
+        """List this recipe's runs and read their checkpoints' manifests (``COMMITTED``) and leases, not the
         checkpoints: what ``tiered-training status`` and ``start --resume`` read. The key only
         through S3, for this bucket's objects (the encryption context S3 passes: the bucket's ARN
         with S3 Bucket Keys, else the object's)."""
@@ -305,7 +306,10 @@ class CheckpointStore(Construct):
             iam.Grant.add_to_principal(
                 grantee=grantee,
                 actions=OBJECT_READ_ACTIONS,
-                resource_arns=[self.bucket.arn_for_objects(f"{runs}*/{COMMIT_MARKER}")],
+                resource_arns=[
+                    self.bucket.arn_for_objects(f"{runs}*/{COMMIT_MARKER}"),
+                    self.bucket.arn_for_objects(f"{runs}*/{LEASE_NAME}"),
+                ],
             )
         )
         if self.encryption_key_arn is not None:

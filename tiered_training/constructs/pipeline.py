@@ -33,6 +33,7 @@ from tiered_training.constructs.image import TrainingImage
 from tiered_training.constructs.metric_factory import TrainingMetricFactory
 from tiered_training.constructs.nag import LateAcknowledgements
 from tiered_training.constructs.roles import TRAINING_LOG_GROUP, TrainingRoles, as_grantee, prefix_arns
+from tiered_training.contract.container import LEASE_NAME
 from tiered_training.pipeline import definition as d
 from tiered_training.pipeline import validation
 
@@ -298,6 +299,10 @@ class TrainingPipeline(Resource):
         allow_wildcard(
             self.store.bucket.arn_for_objects(f"{runs_prefix(recipe.name)}*/{COMMIT_MARKER}"),
             "The manifests of this recipe's runs; run IDs are the executions'",
+        )
+        allow_wildcard(
+            self.store.bucket.arn_for_objects(f"{runs_prefix(recipe.name)}*/{LEASE_NAME}"),
+            "The leases of this recipe's runs (start --resume reads the holder); run IDs are the executions'",
         )
         # preflight
         quotas = stack.format_arn(service="servicequotas", resource="sagemaker", resource_name="*")
