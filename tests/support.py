@@ -74,9 +74,14 @@ def moto_server() -> Iterator[str]:
     from tiered_training.rehearse.s3 import start_moto
 
     server, port = serve_on_free_port(start_moto)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
+        # moto's servers in one process share its backends: what this one made must not reach the next
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).close()
         server.stop()
 
 
