@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 
@@ -13,7 +11,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("transformers")
 
-from tiny import CHAT_TEMPLATE_MARKED, tiny_chat_examples, tiny_chat_jsonl, tiny_chat_tokenizer  # noqa: E402
+from tiny import CHAT_TEMPLATE_MARKED, run_sft_data, tiny_chat_examples, tiny_chat_jsonl, tiny_chat_tokenizer  # noqa: E402
 
 from training import sft_data  # noqa: E402
 from training.components.data import DataError, SftSequences, build_sft_dataloader, sft_validation_batches  # noqa: E402
@@ -39,14 +37,8 @@ def hf(tokenizers):
 
 def prepare(tmp_path, tokenizer, *files, **options):
     """Runs the command line; returns (exit code, stdout, stderr)."""
-    args = [str(f) for f in files] + ["--tokenizer", str(tokenizer), "--out", str(tmp_path / "out")]
     options.setdefault("sequence_length", SEQ)
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = sft_data.main(args)
-    return code, out.getvalue(), err.getvalue()
+    return run_sft_data(tmp_path / "out", tokenizer, *files, **options)
 
 
 def read_sequences(directory):

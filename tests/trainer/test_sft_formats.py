@@ -3,8 +3,6 @@ mask equal the chat-template oracle's; bad examples are named, or skipped and co
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
@@ -14,8 +12,8 @@ pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 from chat_families import conversations, family_tokenizer  # noqa: E402
+from tiny import run_sft_data  # noqa: E402
 
-from training import sft_data  # noqa: E402
 from training.sft_data import sft_files  # noqa: E402
 
 SEQ = 1024  # every example fits
@@ -48,15 +46,9 @@ def llama(tmp_path_factory):
 
 
 def run(tmp_path, tokenizer, *inputs, **options):
-    """The command line; returns (exit code, stdout, stderr)."""
-    args = [str(i) for i in inputs] + ["--tokenizer", str(tokenizer), "--out", str(tmp_path / "out")]
+    """Runs the command line; returns (exit code, stdout, stderr)."""
     options.setdefault("sequence_length", SEQ)
-    for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = sft_data.main(args)
-    return code, out.getvalue(), err.getvalue()
+    return run_sft_data(tmp_path / "out", tokenizer, *inputs, **options)
 
 
 def examples_written(directory):

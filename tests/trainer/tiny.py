@@ -121,3 +121,20 @@ from training.tools.tiny_chat import (  # noqa: E402,F401
     tiny_chat_jsonl,
     tiny_chat_tokenizer,
 )
+
+
+def run_sft_data(out: Path, tokenizer, *inputs, **options) -> tuple[int, str, str]:
+    """``python -m training.sft_data INPUTS --tokenizer T --out OUT --option value ...`` in-process:
+    (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from training import sft_data
+
+    args = [str(i) for i in inputs] + ["--tokenizer", str(tokenizer), "--out", str(out)]
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = sft_data.main(args)
+    return code, stdout.getvalue(), stderr.getvalue()
