@@ -162,6 +162,17 @@ class _Result:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def hf_id(self) -> str | None:
+        """The starting checkpoint's Hugging Face id: the recipe's ``model.hf_id``, else the catalogue model's."""
+        from tiered_training import catalog as catalogs
+
+        model = self.recipe.model
+        if model.hf_id is not None or model.catalog is None:
+            return model.hf_id
+        entry = catalogs.models().get(model.catalog)
+        return entry.hf_id if entry is not None else None
+
     def decision(self, field_path: str) -> Decision:
         for decision in self.decisions:
             if decision.field == field_path:
@@ -193,17 +204,6 @@ class FailedPlan(_Result):
         if not self.ok:
             raise PlanError(self)
         raise AssertionError("a FailedPlan always has errors")
-
-    @property
-    def hf_id(self) -> str | None:
-        """The starting checkpoint's Hugging Face id: the recipe's ``model.hf_id``, else the catalogue model's."""
-        from tiered_training import catalog as catalogs
-
-        model = self.recipe.model
-        if model.hf_id is not None or model.catalog is None:
-            return model.hf_id
-        entry = catalogs.models().get(model.catalog)
-        return entry.hf_id if entry is not None else None
 
     def run_config(self) -> RunConfig:
         self.require_ok()
@@ -324,17 +324,6 @@ class Plan(_Result):
         if not self.ok:
             raise PlanError(self)
         return self
-
-    @property
-    def hf_id(self) -> str | None:
-        """The starting checkpoint's Hugging Face id: the recipe's ``model.hf_id``, else the catalogue model's."""
-        from tiered_training import catalog as catalogs
-
-        model = self.recipe.model
-        if model.hf_id is not None or model.catalog is None:
-            return model.hf_id
-        entry = catalogs.models().get(model.catalog)
-        return entry.hf_id if entry is not None else None
 
     def run_config(self) -> RunConfig:
         """The slice the training container needs. Only for a Plan without errors."""
