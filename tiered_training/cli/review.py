@@ -35,9 +35,11 @@ def _load_plans(
     """Plans of the recipes ``paths`` name (with ``--set`` overrides), and the recipes that failed to load.
 
     No recipe at all is a failure too ("no recipes found"); so is a name that two recipes share.
+    Every plan carries the findings of the app it deploys with (:func:`_with_app_findings`), so that
+    plan, validate, explain and diff report the same set.
     """
+    from tiered_training.planning.alarms import app_context
     from tiered_training.planning.planner import plan_file
-    from tiered_training.planning.quotas import with_account
     from tiered_training.recipe.loader import find_recipes
 
     named, failures = [], []
@@ -48,11 +50,12 @@ def _load_plans(
             failures.append(exc)
     files, unreadable = find_recipes(named)
     failures += unreadable
-    account = _account_quotas(failures)
+    context = app_context()
+    account = _account_quotas(context, failures)
     plans = []
     for path in files:
         try:
-            plans.append(with_account(plan_file(path, overrides or ()), account))
+            plans.append(_with_app_findings(plan_file(path, overrides or ()), context, account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:
@@ -78,13 +81,21 @@ def _shared_names(plans: list) -> list[RecipeError]:
     return errors
 
 
-def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
+def _with_app_findings(plan, context: dict, account: dict[str, float]):
+    """The plan with the findings that depend on the app (./cdk.json's context) as well as the recipe:
+    its quotas against the account's applied ones, and alarms that reach no one."""
+    from tiered_training.planning.alarms import with_routing_findings
+    from tiered_training.planning.quotas import with_account
+
+    return with_routing_findings(with_account(plan, account), context)
+
+
+def _account_quotas(context: dict, failures: list[RecipeError]) -> dict[str, float]:
     """The applied quotas in ./cdk.json's context (``"quotas": {name: value}``), shared by every recipe."""
-    from tiered_training.planning.alarms import app_context
     from tiered_training.planning.quotas import parse_account
 
     try:
-        return parse_account(app_context().get("quotas"), "cdk.json: context.quotas")
+        return parse_account(context.get("quotas"), "cdk.json: context.quotas")
     except ValueError as exc:
         failures.append(RecipeError([Problem("cdk.json", None, "context.quotas", str(exc).split(": ", 2)[-1])]))
         return {}
@@ -178,11 +189,9 @@ def validate(
 ) -> None:
     """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
     from tiered_training import report
-    from tiered_training.planning.alarms import with_routing_findings
     from tiered_training.report.render import print_json, print_lines
 
     plans, failures = _load_plans(recipes, overrides)
-    plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
     _note_region_check(plans, format)
     data = report.validate_data(plans, failures, strict)
     if format is TextFormat.json:
