@@ -126,9 +126,22 @@ def start(
     poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
     stage: str | None = _STAGE,
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="a field the pipeline takes as a parameter: compute.instance_count, data.uri, probe.enabled or "
+        "budget.total_tokens (repeatable; checked as the file is)",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the pipeline and parameters it would start; no AWS call"
+    ),
 ) -> None:
     """Start the recipe's SageMaker pipeline (a new run, or --resume RUN; the pipeline is named by the recipe's
-    name: field), print the execution ARN and follow it."""
+    name: field), print the execution ARN and follow it.
+
+    Example: tiered-training start llama3-8b-fp8 --set compute.instance_count=2 --dry-run
+    """
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
     from tiered_training.aws.start import check_parameters
@@ -136,8 +149,27 @@ def start(
     from tiered_training.report.render import print_json
 
     plan = _run_recipe(recipe)
+    if overrides:
+        instance_count, max_steps, data_uri, skip_probe = _start_overrides(
+            recipe,
+            overrides,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            skip_probe=skip_probe,
+        )
     try:
-        check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+        check_parameters(
+            plan.recipe,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            resume=resume,
+            plan=plan if plan.ok else None,
+        )
+        if dry_run:
+            _print_dry_run(plan, aws, stage, format, instance_count, max_steps, data_uri, skip_probe, resume)
+            return
         extra = (["cloudwatch"] if follow else []) + (["s3"] if resume else [])  # s3: the run's checkpoints and lease
         sm, *rest = _clients(plan, aws, "sagemaker", *extra, services_for="start")
         result = start_pipeline(
@@ -162,6 +194,99 @@ def start(
         print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
     if follow and not result.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+# The recipe fields a started pipeline takes as parameters (pipeline/definition.py ``parameters``); any other
+# field is fixed by the deployed definition.
+START_FIELDS = ("compute.instance_count", "data.uri", "probe.enabled", "budget.total_tokens")
+
+
+def _start_overrides(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    instance_count: int | None,
+    max_steps: int | None,
+    data_uri: str | None,
+    skip_probe: bool | None,
+) -> tuple[int | None, int | None, str | None, bool | None]:
+    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter."""
+    from tiered_training.recipe.overrides import parse_overrides
+
+    changed = _run_recipe(recipe, overrides)  # a bad override fails here, named
+    problems = []
+    for override in parse_overrides(overrides):
+        if override.dotted not in START_FIELDS:
+            problems.append(
+                f"--set {override.text}: the deployed pipeline fixes {override.dotted}; start sets only "
+                f"{', '.join(START_FIELDS)} (deploy the change with cdk deploy, or rehearse it)"
+            )
+    if problems:
+        raise Failure(problems, EXIT_INVALID)
+    given = {o.dotted: o for o in parse_overrides(overrides)}
+    values = {
+        "compute.instance_count": ("--instance-count", instance_count, changed.recipe.compute.instance_count),
+        "data.uri": ("--data-uri", data_uri, changed.recipe.data.uri),
+        "probe.enabled": ("--skip-probe/--probe", skip_probe, not changed.recipe.probe.enabled),
+        "budget.total_tokens": (
+            "--max-steps",
+            max_steps,
+            changed.estimates.total_steps if changed.ok and changed.estimates else None,
+        ),
+    }
+    out = []
+    for field, (option, explicit, value) in values.items():
+        if field not in given:
+            out.append(explicit)
+            continue
+        if value is None:
+            raise Failure(
+                [f"--set {given[field].text}: the recipe's plan has errors (run tiered-training explain)"], EXIT_INVALID
+            )
+        if explicit is not None and explicit != value:
+            raise Failure([f"--set {given[field].text} and {option} disagree: give one"], EXIT_INVALID)
+        out.append(value)
+    instance, uri, skip, steps = out
+    return instance, steps, uri, skip
+
+
+def _print_dry_run(
+    plan, aws: AwsOptions, stage, format, instance_count, max_steps, data_uri, skip_probe, resume
+) -> None:
+    """What ``start`` would start, with no AWS call: the pipeline, its region and every parameter."""
+    from tiered_training.aws.session import check_aws_options, resolve_region
+    from tiered_training.aws.start import pipeline_parameters
+    from tiered_training.pipeline.definition import parameters
+    from tiered_training.report.render import print_json, print_lines
+
+    given = {
+        p["Name"]: p["Value"]
+        for p in pipeline_parameters(
+            instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe, resume=resume
+        )
+    }
+    defaults = {p["Name"]: p["DefaultValue"] for p in parameters(plan)} if plan.ok and plan.estimates else {}
+    rows = [
+        {"name": name, "value": given.get(name, _parameter_text(default)), "given": name in given}
+        for name, default in defaults.items()
+    ] + [{"name": name, "value": value, "given": True} for name, value in given.items() if name not in defaults]
+    name = pipeline_name(plan.name, stage)
+    check_aws_options(region=aws.region, endpoint_url=aws.endpoint_url, profile=aws.profile, pipeline=name)
+    region = resolve_region(aws.region, plan.recipe.compute.region)
+    if format is TextFormat.json:
+        print_json(
+            {"ok": True, "dry_run": True, "pipeline": name, "region": region, "parameters": rows, "resume": resume}
+        )
+        return
+    lines = [f"dry run: would start the pipeline {name} in {region or 'the AWS configuration region'}"]
+    lines += [f"  {r['name']} = {r['value']}" + ("" if r["given"] else "  (the pipeline's default)") for r in rows]
+    if resume:
+        lines.append(f"  (not checked without AWS: that run {resume} exists and is not running)")
+    print_lines(_out(), lines)
+
+
+def _parameter_text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 @commands.command()
