@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -224,7 +225,7 @@ def _start_overrides(
     if problems:
         raise Failure(problems, EXIT_INVALID)
     given = {o.dotted: o for o in parse_overrides(overrides)}
-    values = {
+    values: dict[str, tuple[str, Any, Any]] = {
         "compute.instance_count": ("--instance-count", instance_count, changed.recipe.compute.instance_count),
         "data.uri": ("--data-uri", data_uri, changed.recipe.data.uri),
         "probe.enabled": ("--skip-probe/--probe", skip_probe, not changed.recipe.probe.enabled),
@@ -234,7 +235,7 @@ def _start_overrides(
             changed.estimates.total_steps if changed.ok and changed.estimates else None,
         ),
     }
-    out = []
+    out: list[Any] = []
     for field, (option, explicit, value) in values.items():
         if field not in given:
             out.append(explicit)
