@@ -57,7 +57,7 @@ class _Command(typer.core.TyperCommand):
         except _UsageError as exc:
             message = " ".join(exc.format_message().split())
             hint = f" (see {PROG} {info_name} --help)"
-            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json)
+            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json, info_name)
             raise typer.Exit(EXIT_INVALID) from None
 
 
@@ -91,7 +91,8 @@ class _App(typer.Typer):
         register = super().command(*args, cls=cls or _Command, **kwargs)
 
         def decorator(fn):
-            register(_reports_failures(with_aws_options(fn)))
+            name = args[0] if args else kwargs.get("name") or fn.__name__.replace("_", "-")
+            register(_reports_failures(with_aws_options(fn), name))
             return fn
 
         return decorator

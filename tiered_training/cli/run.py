@@ -147,7 +147,6 @@ def start(
     from tiered_training.aws.session import StartError
     from tiered_training.aws.start import check_parameters
     from tiered_training.aws.start import start as start_pipeline
-    from tiered_training.report.render import print_json
 
     plan = _run_recipe(recipe)
     if overrides:
@@ -191,10 +190,14 @@ def start(
         )
     except StartError as exc:
         raise _aws_failure(exc) from None
+    code = EXIT_FAILED if follow and not result.ok else 0
     if format is TextFormat.json:
-        print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
-    if follow and not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+        from tiered_training.cli.output import emit
+
+        errors = [{"message": f"{result.status}: {result.failure_reason or 'the execution did not succeed'}"}]
+        emit("start", code, pipeline=pipeline_name(plan.name, stage), errors=errors if code else [], **result.to_dict())
+    if code:
+        raise typer.Exit(code)
 
 
 # The recipe fields a started pipeline takes as parameters (pipeline/definition.py ``parameters``); any other
@@ -258,7 +261,7 @@ def _print_dry_run(
     from tiered_training.aws.session import check_aws_options, resolve_region
     from tiered_training.aws.start import pipeline_parameters
     from tiered_training.pipeline.definition import parameters
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     given = {
         p["Name"]: p["Value"]
@@ -275,9 +278,9 @@ def _print_dry_run(
     check_aws_options(region=aws.region, endpoint_url=aws.endpoint_url, profile=aws.profile, pipeline=name)
     region = resolve_region(aws.region, plan.recipe.compute.region)
     if format is TextFormat.json:
-        print_json(
-            {"ok": True, "dry_run": True, "pipeline": name, "region": region, "parameters": rows, "resume": resume}
-        )
+        from tiered_training.cli.output import emit
+
+        emit("start", 0, dry_run=True, pipeline=name, region=region, parameters=rows, resume=resume)
         return
     lines = [f"dry run: would start the pipeline {name} in {region or 'the AWS configuration region'}"]
     lines += [f"  {r['name']} = {r['value']}" + ("" if r["given"] else "  (the pipeline's default)") for r in rows]
@@ -328,7 +331,6 @@ def rehearse(
     from tiered_training.rehearse.run import (
         rehearse as run_rehearsal,
     )
-    from tiered_training.report.render import print_json
 
     as_json = format is TextFormat.json
     try:
@@ -348,10 +350,30 @@ def rehearse(
         raise Failure.of(exc, EXIT_FAILED) from None
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
+    code = 0 if result.ok else EXIT_FAILED
     if as_json:
-        print_json(result.to_dict())
-    if not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+        from tiered_training.cli.output import emit
+
+        summary = {k: v for k, v in result.to_dict().items() if k != "ok"}
+        emit("rehearse", code, errors=[] if result.ok else _rehearsal_errors(summary), **summary)
+    if code:
+        raise typer.Exit(code)
+
+
+def _rehearsal_errors(summary: dict) -> list[dict]:
+    """Why a rehearsal failed: each execution that did not succeed, or the interrupt that did not happen."""
+    errors = [
+        {
+            "message": f"execution {n}: {e['status']}"
+            + (f" at {e['failed_step']}" if e.get("failed_step") else "")
+            + (f": {e['failure']}" if e.get("failure") else "")
+        }
+        for n, e in enumerate(summary["executions"], 1)
+        if e["status"] != "Succeeded"
+    ]
+    if not errors and summary.get("interrupt"):
+        errors.append({"message": f"the interrupt {summary['interrupt']} did not happen"})
+    return errors or [{"message": "the rehearsal did not succeed"}]
 
 
 @commands.command()
@@ -367,7 +389,7 @@ def status(
     from tiered_training.aws import runs
     from tiered_training.aws.run_list import list_runs, runs_uri
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     sm, cw, s3 = _clients(
@@ -385,15 +407,16 @@ def status(
     except StartError as exc:
         uri, listed, runs_problem = None, None, str(exc)
     if format is TextFormat.json:
-        print_json(
-            {
-                **result.to_dict(),
-                "ok": True,
-                "pipeline": pipeline_name(plan.name, stage),
-                "runs_uri": uri,
-                "runs": [r.to_dict() for r in listed] if listed is not None else None,
-                "runs_error": runs_problem,
-            }
+        from tiered_training.cli.output import emit
+
+        emit(
+            "status",
+            0,
+            **result.to_dict(),
+            pipeline=pipeline_name(plan.name, stage),
+            runs_uri=uri,
+            runs=[r.to_dict() for r in listed] if listed is not None else None,
+            runs_error=runs_problem,
         )
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
@@ -427,7 +450,7 @@ def logs(
     """The last log lines of the training jobs of the recipe's latest execution (or --execution)."""
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     sm, cwl = _clients(plan, aws, "sagemaker", "logs", execution=execution, services_for="logs", stage=stage)
@@ -439,9 +462,9 @@ def logs(
     except StartError as exc:
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json(
-            {"ok": True, "execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events}
-        )
+        from tiered_training.cli.output import emit
+
+        emit("logs", 0, execution_arn=arn, training_jobs=jobs, log_group=runs.LOG_GROUP, events=events)
         return
     if not jobs:
         print_lines(_err(), [f"{arn}: no training job has started yet"])
@@ -463,7 +486,7 @@ def stop(
     """Stop the recipe's latest execution (or --execution). Training jobs get SIGTERM and save a checkpoint."""
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     (sm,) = _clients(plan, aws, "sagemaker", execution=execution, services_for="stop", stage=stage)
@@ -473,7 +496,9 @@ def stop(
     except StartError as exc:
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json({"ok": True, "execution_arn": arn, "status": state})
+        from tiered_training.cli.output import emit
+
+        emit("stop", 0, execution_arn=arn, status=state)
     else:
         print_lines(_out(), [f"{state}: {arn}"])
 
@@ -497,7 +522,7 @@ def preflight(
     (exit 0 when all pass)."""
     from tiered_training.aws.preflight import preflight as run_preflight
     from tiered_training.aws.session import StartError, check_aws_options, require_boto3
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     try:
@@ -515,7 +540,13 @@ def preflight(
     except StartError as exc:  # ParameterError (exit 2) included
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json(report.to_dict())
+        from tiered_training.cli.output import emit
+
+        errors = [
+            {"message": f"{c.check}: {c.subject}: {c.detail}", "fix": c.fix or None} for c in report.checks if c.failed
+        ]
+        summary = {k: v for k, v in report.to_dict().items() if k != "ok"}
+        emit("preflight", 0 if report.ok else EXIT_FAILED, errors=errors, **summary)
     else:
         failed = sum(c.failed for c in report.checks)
         lines = [f"preflight {report.recipe} in {report.region}"] + [c.line() for c in report.checks]
@@ -539,7 +570,7 @@ def prices(
     and diff. Read once; --refresh reads them again."""
     from tiered_training import catalog as catalogs
     from tiered_training.catalog import price_cache
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     region = aws.region or _env("AWS_REGION") or _env("AWS_DEFAULT_REGION") or catalogs.prices().default_region
     cached: dict = {}
@@ -566,14 +597,15 @@ def prices(
     known = catalogs.instances()
     shown = [p for name, p in sorted(cached.items()) if name in known]
     if format is TextFormat.json:
-        print_json(
-            {
-                "ok": True,
-                "region": region,
-                "cache": str(price_cache.cache_path()),
-                "source": price_cache.SOURCE,
-                "prices": [vars(p) for p in sorted(cached.values(), key=lambda p: p.instance)],
-            }
+        from tiered_training.cli.output import emit
+
+        emit(
+            "prices",
+            0,
+            region=region,
+            cache=str(price_cache.cache_path()),
+            source=price_cache.SOURCE,
+            prices=[vars(p) for p in sorted(cached.values(), key=lambda p: p.instance)],
         )
         return
     from tiered_training.report.render import print_table
