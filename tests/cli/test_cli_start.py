@@ -120,3 +120,33 @@ def test_dry_run_prints_the_pipeline_and_parameters_and_calls_nothing(client, en
     assert {p["name"]: (p["value"], p["given"]) for p in parsed["parameters"]}["InstanceCount"] == ("4", True)
     refused, _, refused_err = main([*args[:-1], "compute.instance_count=3"], capsys)
     assert refused == 2 and "--instance-count 3" in refused_err
+
+
+def test_the_run_commands_json_keeps_its_shape_against_the_endpoint(client, endpoint, capsys):
+    import jsonschema
+
+    def checked(command: str, args: list, code: int) -> dict:
+        try:
+            cli_main([command, str(RECIPE), "--endpoint-url", endpoint, "--region", REGION, "-f", "json", *args])
+            got = 0
+        except SystemExit as done:
+            got = done.code or 0
+        captured = capsys.readouterr()
+        assert got == code, (command, captured.err)
+        data = json.loads(captured.out)
+        schema = json.loads((ROOT / "docs" / "schemas" / f"{command}.schema.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(data)
+        assert sorted(data) == sorted(schema["properties"]) and data["ok"] is (code == 0)
+        return data
+
+    started = checked("start", ["--no-follow"], 0)
+    assert started["execution_arn"] and started["pipeline"] == "llama3-1b-bf16" and not started["dry_run"]
+    arn = started["execution_arn"]
+    assert checked("status", ["--execution", arn], 0)["execution_arn"] == arn
+    logs = checked("logs", ["--execution", arn], 1)  # moto cannot list an execution's steps (HTTP 500)
+    assert logs["execution_arn"] is None and "cannot list the execution's steps" in logs["errors"][0]["message"]
+    assert checked("stop", ["--execution", arn], 0)["execution_arn"] == arn
+    preflight = checked("preflight", [], 1)  # moto does not answer every call it makes: a failure, in its shape
+    assert preflight["errors"] and preflight["recipe"] is None
+    missing = checked("status", ["--stage", "nowhere"], 1)  # no such pipeline: AWS refuses
+    assert missing["execution_arn"] is None and missing["errors"]

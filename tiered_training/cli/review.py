@@ -19,7 +19,6 @@ from tiered_training.cli.base import (
     _out,
     _print,
     _recipe_path,
-    _reports_failures,
     _run_recipe,
     set_option,
 )
@@ -359,7 +358,6 @@ INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "s
 
 
 @commands.command()
-@_reports_failures
 def models(
     format: Format = typer.Option(Format.table, "--format", "-f"),
     from_config: Path | None = typer.Option(
