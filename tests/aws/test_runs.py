@@ -258,7 +258,9 @@ def test_stop_stops_the_latest_execution(endpoint, recipe):
     assert result.stdout.strip() == f"Stopping: {arn}"
     moto_execution(arn).pipeline_execution_status = "Stopped"
     again = invoke("stop", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json")
-    assert json.loads(again.stdout) == {"ok": True, "execution_arn": arn, "status": "Stopped"}
+    assert json.loads(again.stdout) == {
+        "schema_version": 3, "ok": True, "exit_code": 0, "errors": [], "execution_arn": arn, "status": "Stopped"
+    }
 
 
 # -- start --follow ------------------------------------------------------------------------
