@@ -37,7 +37,8 @@ def checked(command: str, result, code: int) -> dict:
 
 def test_the_committed_schemas_are_the_generated_ones():
     assert output.main(["--check"]) == 0, "run: python -m tiered_training.cli.output --write"
-    assert sorted(p.name for p in SCHEMAS.glob("*.json")) == sorted(f"{c}.schema.json" for c in output.OUTPUTS)
+    names = (*output.OUTPUTS, *output.DOCUMENTS)
+    assert sorted(p.name for p in SCHEMAS.glob("*.json")) == sorted(f"{c}.schema.json" for c in names)
 
 
 def test_a_schema_refuses_a_missing_or_unknown_key():
@@ -148,3 +149,13 @@ def test_a_recipe_that_does_not_load_has_each_run_commands_shape(recipes):
 def test_start_dry_run_has_starts_shape():
     data = checked("start", invoke("start", TEMPLATE, "--dry-run", "--region", "us-east-1", "-f", "json"), 0)
     assert data["dry_run"] is True and data["execution_arn"] is None
+
+
+def test_run_config_prints_a_run_config_and_fails_in_the_error_shape(recipes):
+    result = invoke("run-config", recipes["good"])
+    assert result.exit_code == 0, result.output
+    schema = json.loads((SCHEMAS / "run-config.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout) | {"recipe_name": 3})
+    checked("error", invoke("run-config", recipes["unplannable"], "-f", "json"), 2)

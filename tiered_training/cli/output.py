@@ -6,8 +6,8 @@ keys, on success and on failure alike (a failure leaves them empty or null). ``o
 entry). A command emits through :func:`emit` (or :func:`failure_data` for a :class:`Failure`), which
 fills the keys a result lacks and refuses one its model does not declare.
 
-``run-config`` and ``schema`` print a document (the RunConfig, the recipe's JSON Schema), not a report;
-their failures print :class:`Output`.
+``run-config`` and ``schema`` print a document (the RunConfig, whose schema is run-config.schema.json, and
+the recipe's JSON Schema, docs/recipe.schema.json), not a report; their failures print :class:`Output`.
 
 ``python -m tiered_training.cli.output --write`` writes docs/schemas/<command>.schema.json;
 ``--check`` exits 1 when they are stale (a test keeps them current).
@@ -343,7 +343,12 @@ def plan_errors(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def schema(command: str) -> dict[str, Any]:
-    model = OUTPUTS[command]
+    if command == "run-config":
+        from tiered_training.contract.runconfig import RunConfig
+
+        model: type[BaseModel] = RunConfig
+    else:
+        model = OUTPUTS[command]
     out = model.model_json_schema(mode="serialization")
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["$id"] = f"{command}.schema.json"
@@ -351,8 +356,14 @@ def schema(command: str) -> dict[str, Any]:
     return out
 
 
+DOCUMENTS = ("run-config",)  # a command whose success prints a document, not an Output
+
+
 def schema_texts() -> dict[Path, str]:
-    return {SCHEMAS_DIR / f"{c}.schema.json": json.dumps(schema(c), indent=2, sort_keys=True) + "\n" for c in OUTPUTS}
+    return {
+        SCHEMAS_DIR / f"{c}.schema.json": json.dumps(schema(c), indent=2, sort_keys=True) + "\n"
+        for c in (*OUTPUTS, *DOCUMENTS)
+    }
 
 
 def main(args: list[str]) -> int:
