@@ -5,8 +5,9 @@ Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
 ``start``, ``status``, ``logs``, ``stop``. A command that takes one recipe takes its file or its
 name (the pipeline name, its ``name:``) in ./recipes.
 
-Every command takes ``--format json``, and its errors appear in the JSON too
-(``{"ok": false, "exit_code": N, "errors": [...]}``) as well as one line each on stderr.
+Every command takes ``--format json``, and its errors appear in the JSON too (``"ok": false``,
+``exit_code`` and ``errors``, in the command's one shape: :mod:`tiered_training.cli.output`) as well
+as one line each on stderr.
 Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
 input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
 option or value (checked here: no AWS call is made), or no recipes at all.

@@ -37,8 +37,8 @@ class Failure(Exception):
     """What a command reports instead of its result: one or more one-line errors and an exit code.
 
     A command raises it; :func:`_reports_failures` prints it as ``error: ...`` lines on
-    stderr and, under ``--format json``, as ``{"ok": false, "exit_code": N, "errors": [...]}``
-    on stdout too, so that every error a command can meet reaches a machine reader.
+    stderr and, under ``--format json``, as the command's output with ``"ok": false``, ``exit_code``
+    and ``errors`` on stdout too, so that every error a command can meet reaches a machine reader.
     """
 
     def __init__(self, errors: list, code: int):
