@@ -37,6 +37,9 @@ def checked(command: str, result, code: int) -> dict:
 
 def test_the_committed_schemas_are_the_generated_ones():
     assert output.main(["--check"]) == 0, "run: python -m tiered_training.cli.output --write"
+    from tiered_training import report
+
+    assert output.SCHEMA_VERSION == report.SCHEMA_VERSION
     names = (*output.OUTPUTS, *output.DOCUMENTS)
     assert sorted(p.name for p in SCHEMAS.glob("*.json")) == sorted(f"{c}.schema.json" for c in names)
 
