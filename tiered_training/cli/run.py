@@ -217,6 +217,8 @@ def _start_overrides(
     """``start --set``: each override checked as the file is, then given to the pipeline as its parameter."""
     from tiered_training.recipe.overrides import parse_overrides
 
+    if str(recipe) == "-":  # read once already, for the deployed recipe
+        raise Failure(["--set on start takes a recipe file or name, not standard input"], EXIT_INVALID)
     changed = _run_recipe(recipe, overrides)  # a bad override fails here, named
     problems = []
     for override in parse_overrides(overrides):
