@@ -120,3 +120,15 @@ def run_cli(*args, cwd=ROOT):
 
 def run_cli_process(*args, cwd=ROOT):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def json_output(command: str, text: str) -> dict:
+    """A command's ``--format json`` output, checked against its schema in docs/schemas/."""
+    import json
+
+    import jsonschema
+
+    data = json.loads(text)
+    schema = json.loads((ROOT / "docs" / "schemas" / f"{command}.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    return data

@@ -22,7 +22,7 @@ import json
 import zlib
 
 import pytest
-from support import moto_server, offline_aws_env, recipe_dict, write_yaml
+from support import json_output, moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
 from tiered_training import catalog as catalogs
@@ -142,7 +142,7 @@ def client(service: str, endpoint: str, region: str = REGION):
 
 def preflight(endpoint: str, recipe, *args: str):
     result = RUNNER.invoke(app, ["preflight", str(recipe), "--endpoint-url", endpoint, "--format", "json", *args])
-    return result.exit_code, (json.loads(result.stdout) if result.stdout.startswith("{") else result.output)
+    return result.exit_code, (json_output("preflight", result.stdout) if result.stdout.startswith("{") else result.output)
 
 
 def by_check(report: dict) -> dict[str, list[dict]]:

@@ -90,7 +90,7 @@ def test_diff_with_no_price_on_one_side_has_no_cost_delta(priced, tmp_path):
     new = write_yaml(tmp_path / "new.yaml", recipe_dict(**{"compute.region": "ap-south-1"}))
     result = invoke("diff", "-f", "json", old, new)
     assert result.exit_code == 0, result.output
-    cost = json.loads(result.stdout)["metrics"]["cost_usd"]
+    cost = json.loads(result.stdout)["diffs"][0]["metrics"]["cost_usd"]
     assert cost["new"] is None and cost["delta"] is None and cost["old"] > 0
     assert invoke("diff", "-f", "markdown", old, new).exit_code == 0 and invoke("diff", old, new).exit_code == 0
 

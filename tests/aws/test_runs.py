@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from support import free_port, moto_server, offline_aws_env, recipe_dict, write_yaml
+from support import free_port, json_output, moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
 from tiered_training.aws.runs import LOG_GROUP
@@ -218,7 +218,7 @@ def test_status_shows_steps_jobs_and_training_progress(endpoint, recipe):
     share = 8_000 / plan.estimates.tokens_per_second_per_gpu
     assert f"8,000 tok/s/GPU ({share:.0%} of plan" in out and "ETA" in out
 
-    data = json.loads(invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json", "--execution", arn).stdout)
+    data = json_output("status", invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json", "--execution", arn).stdout)
     assert data["status"] == "Executing" and data["progress"]["step"] == 120
     expected_eta = (total - 120) * plan.recipe.budget.global_batch_tokens / 64_000
     assert data["progress"]["eta_seconds"] == pytest.approx(expected_eta)
@@ -246,7 +246,7 @@ def test_logs_tail_the_training_jobs_streams(endpoint, recipe):
     assert len(lines) == 3
     assert all("-train algo-" in line for line in lines) and "line 4 [not markup]" in lines[-1]
     assert "algo-2: " in lines[-1]  # the later host at the same step
-    data = json.loads(invoke("logs", recipe, "--endpoint-url", endpoint, "-n", "100", "-f", "json").stdout)
+    data = json_output("logs", invoke("logs", recipe, "--endpoint-url", endpoint, "-n", "100", "-f", "json").stdout)
     assert len(data["events"]) == 20 and data["log_group"] == LOG_GROUP
     assert [e["timestamp"] for e in data["events"]] == sorted(e["timestamp"] for e in data["events"])
 
@@ -258,7 +258,9 @@ def test_stop_stops_the_latest_execution(endpoint, recipe):
     assert result.stdout.strip() == f"Stopping: {arn}"
     moto_execution(arn).pipeline_execution_status = "Stopped"
     again = invoke("stop", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json")
-    assert json.loads(again.stdout) == {"ok": True, "execution_arn": arn, "status": "Stopped"}
+    assert json.loads(again.stdout) == {
+        "schema_version": 3, "ok": True, "exit_code": 0, "errors": [], "execution_arn": arn, "status": "Stopped"
+    }
 
 
 # -- start --follow ------------------------------------------------------------------------

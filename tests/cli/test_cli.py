@@ -22,7 +22,7 @@ def test_plan_json_is_stable_and_complete():
     result = run("plan", "--format", "json", *RECIPES)
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert len(data["plans"]) == len(RECIPES)
     plan = data["plans"][0]
     assert {"memory_gib", "estimates", "decisions", "findings", "tuning"} <= set(plan)
@@ -69,7 +69,7 @@ def test_explain_shows_every_decision_and_the_memory_proof():
 def test_diff_between_b200_and_p5_templates():
     result = run("diff", "--format", "json", "recipes/llama3-8b-fp8.yaml", "recipes/llama3-8b-fp8-p5.yaml")
     assert result.returncode == 0
-    data = json.loads(result.stdout)
+    (data,) = json.loads(result.stdout)["diffs"]
     fields = {c["field"] for c in data["changed"]}
     assert "compute.instance_type" in fields
     cost = data["metrics"]["cost_usd"]
@@ -122,7 +122,7 @@ def test_diff_shows_the_segments_when_the_accounts_runtime_limit_changes(tmp_pat
     text = (ROOT / "recipes/qwen2.5-32b-hybrid.yaml").read_text()
     raised = tmp_path / "raised.yaml"
     raised.write_text(text.replace("  instance_count: 4\n", "  instance_count: 4\n  quotas:\n    training-job-max-runtime: 1209600\n"))
-    data = json.loads(run("diff", "--format", "json", "recipes/qwen2.5-32b-hybrid.yaml", raised).stdout)
+    (data,) = json.loads(run("diff", "--format", "json", "recipes/qwen2.5-32b-hybrid.yaml", raised).stdout)["diffs"]
     changed = {c["field"]: (c["old"], c["new"]) for c in data["changed"]}
     assert changed["compute.segments"] == (3, 1) and changed["compute.max_runtime_hours"] == (120.0, 336.0)
 

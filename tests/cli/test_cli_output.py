@@ -68,7 +68,7 @@ def test_markup_in_a_table_cell_prints_as_written(tmp_path):
         (("plan", *RECIPES[:2]), "plans"),
         (("validate", *RECIPES[:2]), "recipes"),
         (("explain", RECIPES[0]), "plans"),
-        (("diff", RECIPES[0], RECIPES[1]), "changed"),
+        (("diff", RECIPES[0], RECIPES[1]), "diffs"),
         (("tiers",), "tiers"),
         (("models",), "models"),
         (("instances",), "instances"),
@@ -125,7 +125,8 @@ def test_diff_with_a_failed_plan_exits_2_and_prints_no_comparison(tmp_path):
     as_json = invoke("diff", "-f", "json", good, broken)
     assert as_json.exit_code == 2
     data = strict_json(as_json.stdout)
-    assert data["diff"] is None and data["ok"] is False
+    assert data["diffs"] == [] and data["ok"] is False and data["exit_code"] == 2
+    assert [p["name"] for p in data["plans"]] == ["unit-test"] and "fp8-unsupported" in {e["code"] for e in data["errors"]}
     invalid = write_yaml(tmp_path / "invalid.yaml", recipe_dict(sequence_length=3))
     assert invoke("diff", good, invalid).exit_code == 2
 

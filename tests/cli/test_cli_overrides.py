@@ -87,7 +87,7 @@ def test_diff_of_two_directories_pairs_recipes_by_name(tmp_path):
     result = run("diff", old, new, "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert [p["name"] for p in data["pairs"]] == ["keep"]
+    assert [(d["old"], d["new"]) for d in data["diffs"]] == [("keep", "keep")]
     assert data["added"] == ["later"] and data["removed"] == ["gone"]
     text = run("diff", old, new).stdout
     assert "== keep" in text and f"only in {old}: gone" in text and f"only in {new}: later" in text

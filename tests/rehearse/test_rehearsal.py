@@ -172,3 +172,12 @@ def test_the_summary_for_format_json_is_strict_json(rehearsal):
     assert [e["status"] for e in data["executions"]] == [e.status for e in result.executions]
     assert data["losses"] and all(isinstance(v, float) for v in data["losses"].values())
     assert data["checkpoints_at_end"] == result.checkpoints_at_end
+    # as rehearse --format json prints it: in the schema of docs/schemas/rehearse.schema.json
+    import jsonschema
+
+    from tiered_training.cli import output
+
+    summary = {k: v for k, v in data.items() if k != "ok"}
+    printed = output.data("rehearse", 0 if result.ok else 1, **summary)
+    jsonschema.Draft202012Validator(json.loads(output.schema_texts()[output.SCHEMAS_DIR / "rehearse.schema.json"])).validate(printed)
+    assert printed["schema_version"] == 3 and printed["losses"] == data["losses"]

@@ -33,7 +33,7 @@ def test_diff_of_two_plans():
     assert "tuning.sequence_length" not in changed and "model.name" not in changed
     values = {
         "memory_gib_per_gpu": (old.memory.total / GIB, new.memory.total / GIB),
-        "tokens_per_second": (old.estimates.tokens_per_second, new.estimates.tokens_per_second),
+        "tokens_per_second_per_gpu": (old.estimates.tokens_per_second_per_gpu, new.estimates.tokens_per_second_per_gpu),
         "mfu": (old.estimates.mfu, new.estimates.mfu),
         "mfu_causal": (old.estimates.mfu_causal, new.estimates.mfu_causal),
         "wall_time_hours": (old.estimates.wall_time_hours, new.estimates.wall_time_hours),
@@ -85,9 +85,9 @@ RESULT = {
         {"field": "compute.instance_type", "old": "ml.p6-b200.48xlarge", "new": None, "reason": ""},
     ],
     "metrics": {
-        "memory_gib_per_gpu": {"old": 132.08, "new": 43.49, "ratio": 43.49 / 132.08},
-        "mfu": {"old": 0.4834, "new": 0.4729, "ratio": 0.4729 / 0.4834},
-        "cost_usd": {"old": 1328.3, "new": None, "ratio": None},
+        "memory_gib_per_gpu": {"old": 132.08, "new": 43.49, "delta": 43.49 - 132.08, "ratio": 43.49 / 132.08},
+        "mfu": {"old": 0.4834, "new": 0.4729, "delta": 0.4729 - 0.4834, "ratio": 0.4729 / 0.4834},
+        "cost_usd": {"old": 1328.3, "new": None, "delta": None, "ratio": None},
     },
     "findings_added": [{"severity": "warning", "code": "x-new", "message": "appears"}],
     "findings_removed": [{"severity": "info", "code": "x-old", "message": "goes"}],
@@ -99,8 +99,8 @@ def test_diff_as_text():
         "a -> b\n"
         "  tuning.micro_batch_size: 16 -> 4  (the largest that fits)\n"
         "  compute.instance_type: ml.p6-b200.48xlarge -> -\n"
-        "  memory_gib_per_gpu: 132.1 -> 43.5 (-67.1%)\n"
-        "  mfu: 48.3% -> 47.3% (-2.2%)\n"
+        "  memory_gib_per_gpu: 132.1 -> 43.5 (-67.1% relative)\n"
+        "  mfu: 48.3% -> 47.3% (-1.1 points)\n"
         "  cost_usd: $1,328 -> -\n"
         "  new warning[x-new]: appears\n"
         "  resolved info[x-old]: goes\n"
@@ -120,8 +120,8 @@ def test_diff_as_markdown():
         "\n"
         "| estimate | old | new | change |\n"
         "|---|---|---|---|\n"
-        "| memory_gib_per_gpu | 132.1 | 43.5 | -67.1% |\n"
-        "| mfu | 48.3% | 47.3% | -2.2% |\n"
+        "| memory_gib_per_gpu | 132.1 | 43.5 | -67.1% relative |\n"
+        "| mfu | 48.3% | 47.3% | -1.1 points |\n"
         "| cost_usd | $1,328 | - | - |\n"
         "\n"
         "**New findings**\n"

@@ -5,8 +5,9 @@ Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
 ``start``, ``status``, ``logs``, ``stop``. A command that takes one recipe takes its file or its
 name (the pipeline name, its ``name:``) in ./recipes.
 
-Every command takes ``--format json``, and its errors appear in the JSON too
-(``{"ok": false, "exit_code": N, "errors": [...]}``) as well as one line each on stderr.
+Every command takes ``--format json``, and its errors appear in the JSON too (``"ok": false``,
+``exit_code`` and ``errors``, in the command's one shape: :mod:`tiered_training.cli.output`) as well
+as one line each on stderr.
 Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
 input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
 option or value (checked here: no AWS call is made), or no recipes at all.
@@ -57,7 +58,7 @@ class _Command(typer.core.TyperCommand):
         except _UsageError as exc:
             message = " ".join(exc.format_message().split())
             hint = f" (see {PROG} {info_name} --help)"
-            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json)
+            _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json, info_name)
             raise typer.Exit(EXIT_INVALID) from None
 
 
@@ -91,7 +92,8 @@ class _App(typer.Typer):
         register = super().command(*args, cls=cls or _Command, **kwargs)
 
         def decorator(fn):
-            register(_reports_failures(with_aws_options(fn)))
+            name = args[0] if args else kwargs.get("name") or fn.__name__.replace("_", "-")
+            register(_reports_failures(with_aws_options(fn), name))
             return fn
 
         return decorator

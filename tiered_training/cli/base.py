@@ -37,8 +37,8 @@ class Failure(Exception):
     """What a command reports instead of its result: one or more one-line errors and an exit code.
 
     A command raises it; :func:`_reports_failures` prints it as ``error: ...`` lines on
-    stderr and, under ``--format json``, as ``{"ok": false, "exit_code": N, "errors": [...]}``
-    on stdout too, so that every error a command can meet reaches a machine reader.
+    stderr and, under ``--format json``, as the command's output with ``"ok": false``, ``exit_code``
+    and ``errors`` on stdout too, so that every error a command can meet reaches a machine reader.
     """
 
     def __init__(self, errors: list, code: int):
@@ -84,16 +84,19 @@ class Failure(Exception):
         return [f"error: {e.get('text', e['message'])}" for e in self.errors]
 
 
-def _emit_failure(failure: Failure, as_json: bool) -> None:
-    """The errors on stderr, one line each; under ``--format json`` also as JSON on stdout."""
+def _emit_failure(failure: Failure, as_json: bool, command: str | None = None) -> None:
+    """The errors on stderr, one line each; under ``--format json`` also on stdout, as the command's
+    output (:mod:`tiered_training.cli.output`) with its own keys empty."""
     from tiered_training.report.render import console, print_json, print_lines
 
     if as_json:
-        print_json(failure.data())
+        from tiered_training.cli.output import failure_data
+
+        print_json(failure_data(command, failure.code, failure.data()["errors"]))
     print_lines(console(stderr=True), failure.lines())
 
 
-def _reports_failures(fn):
+def _reports_failures(fn, command: str | None = None):
     """Run a command; a :class:`Failure` is reported in the command's ``--format`` and ends it with its code."""
 
     @functools.wraps(fn)
@@ -102,7 +105,7 @@ def _reports_failures(fn):
             return fn(*args, **kwargs)
         except Failure as failure:
             fmt = kwargs.get("format")
-            _emit_failure(failure, getattr(fmt, "value", fmt) == "json")
+            _emit_failure(failure, getattr(fmt, "value", fmt) == "json", command)
             raise typer.Exit(failure.code) from None
 
     return run

@@ -19,7 +19,6 @@ from tiered_training.cli.base import (
     _out,
     _print,
     _recipe_path,
-    _reports_failures,
     _run_recipe,
     set_option,
 )
@@ -35,9 +34,11 @@ def _load_plans(
     """Plans of the recipes ``paths`` name (with ``--set`` overrides), and the recipes that failed to load.
 
     No recipe at all is a failure too ("no recipes found"); so is a name that two recipes share.
+    Every plan carries the findings of the app it deploys with (:func:`_with_app_findings`), so that
+    plan, validate, explain and diff report the same set.
     """
+    from tiered_training.planning.alarms import app_context
     from tiered_training.planning.planner import plan_file
-    from tiered_training.planning.quotas import with_account
     from tiered_training.recipe.loader import find_recipes
 
     named, failures = [], []
@@ -48,11 +49,12 @@ def _load_plans(
             failures.append(exc)
     files, unreadable = find_recipes(named)
     failures += unreadable
-    account = _account_quotas(failures)
+    context = app_context()
+    account = _account_quotas(context, failures)
     plans = []
     for path in files:
         try:
-            plans.append(with_account(plan_file(path, overrides or ()), account))
+            plans.append(_with_app_findings(plan_file(path, overrides or ()), context, account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:
@@ -78,13 +80,21 @@ def _shared_names(plans: list) -> list[RecipeError]:
     return errors
 
 
-def _account_quotas(failures: list[RecipeError]) -> dict[str, float]:
+def _with_app_findings(plan, context: dict, account: dict[str, float]):
+    """The plan with the findings that depend on the app (./cdk.json's context) as well as the recipe:
+    its quotas against the account's applied ones, and alarms that reach no one."""
+    from tiered_training.planning.alarms import with_routing_findings
+    from tiered_training.planning.quotas import with_account
+
+    return with_routing_findings(with_account(plan, account), context)
+
+
+def _account_quotas(context: dict, failures: list[RecipeError]) -> dict[str, float]:
     """The applied quotas in ./cdk.json's context (``"quotas": {name: value}``), shared by every recipe."""
-    from tiered_training.planning.alarms import app_context
     from tiered_training.planning.quotas import parse_account
 
     try:
-        return parse_account(app_context().get("quotas"), "cdk.json: context.quotas")
+        return parse_account(context.get("quotas"), "cdk.json: context.quotas")
     except ValueError as exc:
         failures.append(RecipeError([Problem("cdk.json", None, "context.quotas", str(exc).split(": ", 2)[-1])]))
         return {}
@@ -114,9 +124,23 @@ def _report_findings(plans: list, *, strict: bool = False) -> None:
                 print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
 
 
+def _exit_code(plans: list, failures: list) -> int:
+    return EXIT_INVALID if failures or any(not p.ok for p in plans) else 0
+
+
 def _exit_for(plans: list, failures: list) -> None:
-    if failures or any(not p.ok for p in plans):
+    if _exit_code(plans, failures):
         raise typer.Exit(EXIT_INVALID)
+
+
+def _emit_plans(command: str, plans: list, failures: list[RecipeError], code: int, **fields) -> None:
+    """``plan``'s, ``explain``'s and ``diff``'s JSON: the plans, the recipes that did not load, their errors."""
+    from tiered_training import report
+    from tiered_training.cli.output import emit, finding_errors, plan_errors
+
+    data = report.plans_data(plans, failures)
+    errors = finding_errors(data["invalid"]) + plan_errors(data["plans"])
+    emit(command, code, plans=data["plans"], invalid=data["invalid"], errors=errors, **fields)
 
 
 @commands.command()
@@ -130,11 +154,10 @@ def plan(
 ) -> None:
     """Resolve recipes into plans and print them."""
     from tiered_training import report
-    from tiered_training.report.render import print_json
 
     plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:
-        print_json(report.plans_data(plans, failures))
+        _emit_plans("plan", plans, failures, _exit_code(plans, failures))
     elif format is Format.markdown:
         _print(report.plans_markdown(plans))
     else:
@@ -178,15 +201,16 @@ def validate(
 ) -> None:
     """Exit 0 when every recipe is valid and plannable, 2 otherwise."""
     from tiered_training import report
-    from tiered_training.planning.alarms import with_routing_findings
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plans, failures = _load_plans(recipes, overrides)
-    plans = [with_routing_findings(p) for p in plans]  # alarms that reach no one (./cdk.json's context)
     _note_region_check(plans, format)
     data = report.validate_data(plans, failures, strict)
     if format is TextFormat.json:
-        print_json(data)
+        from tiered_training.cli.output import emit, finding_errors
+
+        errors = finding_errors([r for r in data["recipes"] if not r["ok"]], warnings=strict)
+        emit("validate", 0 if data["ok"] else EXIT_INVALID, strict=strict, recipes=data["recipes"], errors=errors)
     else:
         _report_failures(failures)
         _report_findings(plans, strict=strict)
@@ -213,7 +237,7 @@ def explain(
 ) -> None:
     """Show every decision with its reason, the memory proof, the estimates and every finding."""
     from tiered_training import report
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     if recipe.is_dir():
         message = "a directory: explain takes one recipe file or name (plan takes directories)"
@@ -222,7 +246,7 @@ def explain(
     else:
         plans, failures = _load_plans([recipe], overrides)
     if format is TextFormat.json:
-        print_json(report.plans_data(plans, failures))
+        _emit_plans("explain", plans, failures, _exit_code(plans, failures))
     else:
         _report_failures(failures)
         out = _out()
@@ -244,7 +268,7 @@ def diff(
     invalid or its plan has errors.
     """
     from tiered_training import report
-    from tiered_training.report.render import dumps, print_lines
+    from tiered_training.report.render import print_lines
 
     if old.is_dir() or new.is_dir():
         _diff_directories(old, new, overrides, format)
@@ -255,14 +279,16 @@ def diff(
     broken = [p for p in plans if not p.ok]
     if failures or broken or len(plans) != 2:
         if format is Format.json:
-            _print(dumps(report.plans_data(plans, failures) | {"diff": None}))
+            _emit_plans("diff", broken, failures, EXIT_INVALID)
         else:
             _report_failures(failures)
             _report_findings(broken)
         raise typer.Exit(EXIT_INVALID)
     result = report.diff(plans[0], plans[1])
     if format is Format.json:
-        _print(dumps(result))
+        from tiered_training.cli.output import emit
+
+        emit("diff", 0, diffs=[_without_version(result)])
     elif format is Format.markdown:
         _print(report.diff_markdown(result))
     else:
@@ -272,7 +298,7 @@ def diff(
 def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format) -> None:
     """``diff DIR DIR``: the recipes of each name compared; those in one directory only are listed."""
     from tiered_training import report
-    from tiered_training.report.render import dumps, print_lines
+    from tiered_training.report.render import print_lines
 
     if not (old.is_dir() and new.is_dir()):
         problem = Problem(f"{old} {new}", None, "", "diff takes two recipe files or two directories, not one of each")
@@ -288,11 +314,10 @@ def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format
     broken = [p for name in names for p in (olds[name], news[name]) if not p.ok]
     pairs = [(name, report.diff(olds[name], news[name])) for name in names if olds[name].ok and news[name].ok]
     removed, added = sorted(olds.keys() - news.keys()), sorted(news.keys() - olds.keys())
+    code = EXIT_INVALID if failures or broken or not (pairs or added or removed) else 0
     if format is Format.json:
-        data = report.plans_data(before + after, failures)
-        data |= {"diff": None, "pairs": [{"name": n, "diff": d} for n, d in pairs], "added": added, "removed": removed}
-        data["ok"] = data["ok"] and not broken
-        _print(dumps(data))
+        diffs = [_without_version(d) for _, d in pairs]
+        _emit_plans("diff", broken, failures, code, diffs=diffs, added=added, removed=removed)
     else:
         _report_failures(failures)
         _report_findings(broken)
@@ -303,18 +328,25 @@ def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format
                 print_lines(_out(), [f"== {name}", *report.diff_text(result).splitlines(), ""])
         lines = [f"only in {old}: {name}" for name in removed] + [f"only in {new}: {name}" for name in added]
         print_lines(_out(), lines)
-    if failures or broken or not (pairs or added or removed):
-        raise typer.Exit(EXIT_INVALID)
+    if code:
+        raise typer.Exit(code)
+
+
+def _without_version(result: dict) -> dict:
+    """A comparison as ``diff``'s JSON lists it (the output carries the schema version once)."""
+    return {k: v for k, v in result.items() if k != "schema_version"}
 
 
 @commands.command()
 def tiers(format: Format = typer.Option(Format.table, "--format", "-f")) -> None:
     """Print the size-tiered guidance the planner applies."""
     from tiered_training import report
-    from tiered_training.report.render import print_json, print_table
+    from tiered_training.report.render import print_table
 
     if format is Format.json:
-        print_json(report.tiers_data())
+        from tiered_training.cli.output import emit
+
+        emit("tiers", 0, tiers=report.tiers_data()["tiers"])
     elif format is Format.markdown:
         _print(report.markdown_table(report.tier_rows(), report.TIER_COLUMNS))
     else:
@@ -326,7 +358,6 @@ INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "s
 
 
 @commands.command()
-@_reports_failures
 def models(
     format: Format = typer.Option(Format.table, "--format", "-f"),
     from_config: Path | None = typer.Option(
@@ -337,7 +368,7 @@ def models(
 ) -> None:
     """List the model catalogue, or (--from-config) print the catalogue entry a Hugging Face config gives."""
     from tiered_training import report
-    from tiered_training.report.render import print_json, print_table
+    from tiered_training.report.render import print_table
 
     if from_config is not None:
         from tiered_training.contract import hf_config
@@ -349,13 +380,17 @@ def models(
         if format is Format.json:
             import yaml
 
-            print_json({"schema_version": report.SCHEMA_VERSION, "models": yaml.safe_load(text)})
+            from tiered_training.cli.output import emit
+
+            emit("models", 0, models=yaml.safe_load(text))
         else:
             _print(text.rstrip("\n"))
         return
     data = report.models_data()
     if format is Format.json:
-        print_json(data)
+        from tiered_training.cli.output import emit
+
+        emit("models", 0, models=data["models"])
         return
     rows = [
         {
@@ -396,14 +431,16 @@ def list_instances(
     an estimate)."""
     from tiered_training import report
     from tiered_training.catalog import PriceError
-    from tiered_training.report.render import print_json, print_table
+    from tiered_training.report.render import print_table
 
     try:
         data = report.instances_data(region)
     except PriceError as error:
         raise Failure([str(error)], EXIT_INVALID) from None
     if format is Format.json:
-        print_json(data)
+        from tiered_training.cli.output import emit
+
+        emit("instances", 0, region=data["region"], instances=data["instances"])
         return
     rows = [
         {
@@ -461,11 +498,13 @@ def list_templates(
 ) -> None:
     """List the recipe templates, one line each (start one with: tiered-training init NAME --from TEMPLATE)."""
     from tiered_training.recipe.templates import templates
-    from tiered_training.report.render import print_json, print_table
+    from tiered_training.report.render import print_table
 
     rows = [{"template": t.id, "about": t.about()} for t in templates()]
     if format is TextFormat.json:
-        print_json({"templates": rows})
+        from tiered_training.cli.output import emit
+
+        emit("templates", 0, templates=rows)
         return
     print_table(_out(), rows, ("template", "about"))
     _out().print("start one: tiered-training init NAME --from TEMPLATE")
@@ -507,9 +546,9 @@ def init(
     except OSError as exc:
         raise Failure([f"cannot write {escape(str(target))}: {exc.strerror or exc}"], EXIT_INVALID) from None
     if format is TextFormat.json:
-        from tiered_training.report.render import print_json
+        from tiered_training.cli.output import emit
 
-        print_json({"ok": True, "path": str(target), "template": found.id, "name": name})
+        emit("init", 0, path=str(target), template=found.id, name=name)
         return
     lines = [
         f"wrote {escape(str(target))} from the template {found.id}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -126,18 +127,49 @@ def start(
     poll_seconds: float = typer.Option(30.0, min=0, max=3600, help="seconds between status checks"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json (one object at the end)"),
     stage: str | None = _STAGE,
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="a field the pipeline takes as a parameter: compute.instance_count, data.uri, probe.enabled or "
+        "budget.total_tokens (repeatable; checked as the file is)",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the pipeline and parameters it would start; no AWS call"
+    ),
 ) -> None:
     """Start the recipe's SageMaker pipeline (a new run, or --resume RUN; the pipeline is named by the recipe's
-    name: field), print the execution ARN and follow it."""
+    name: field), print the execution ARN and follow it.
+
+    Example: tiered-training start llama3-8b-fp8 --set compute.instance_count=2 --dry-run
+    """
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
     from tiered_training.aws.start import check_parameters
     from tiered_training.aws.start import start as start_pipeline
-    from tiered_training.report.render import print_json
 
     plan = _run_recipe(recipe)
+    if overrides:
+        instance_count, max_steps, data_uri, skip_probe = _start_overrides(
+            recipe,
+            overrides,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            skip_probe=skip_probe,
+        )
     try:
-        check_parameters(plan.recipe, instance_count=instance_count, max_steps=max_steps, data_uri=data_uri)
+        check_parameters(
+            plan.recipe,
+            instance_count=instance_count,
+            max_steps=max_steps,
+            data_uri=data_uri,
+            resume=resume,
+            plan=plan if plan.ok else None,
+        )
+        if dry_run:
+            _print_dry_run(plan, aws, stage, format, instance_count, max_steps, data_uri, skip_probe, resume)
+            return
         extra = (["cloudwatch"] if follow else []) + (["s3"] if resume else [])  # s3: the run's checkpoints and lease
         sm, *rest = _clients(plan, aws, "sagemaker", *extra, services_for="start")
         result = start_pipeline(
@@ -158,10 +190,109 @@ def start(
         )
     except StartError as exc:
         raise _aws_failure(exc) from None
+    code = EXIT_FAILED if follow and not result.ok else 0
     if format is TextFormat.json:
-        print_json(result.to_dict() | {"ok": result.ok or not follow, "pipeline": plan.name})
-    if follow and not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+        from tiered_training.cli.output import emit
+
+        errors = [{"message": f"{result.status}: {result.failure_reason or 'the execution did not succeed'}"}]
+        emit("start", code, pipeline=pipeline_name(plan.name, stage), errors=errors if code else [], **result.to_dict())
+    if code:
+        raise typer.Exit(code)
+
+
+# The recipe fields a started pipeline takes as parameters (pipeline/definition.py ``parameters``); any other
+# field is fixed by the deployed definition.
+START_FIELDS = ("compute.instance_count", "data.uri", "probe.enabled", "budget.total_tokens")
+
+
+def _start_overrides(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    instance_count: int | None,
+    max_steps: int | None,
+    data_uri: str | None,
+    skip_probe: bool | None,
+) -> tuple[int | None, int | None, str | None, bool | None]:
+    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter."""
+    from tiered_training.recipe.overrides import parse_overrides
+
+    if str(recipe) == "-":  # read once already, for the deployed recipe
+        raise Failure(["--set on start takes a recipe file or name, not standard input"], EXIT_INVALID)
+    changed = _run_recipe(recipe, overrides)  # a bad override fails here, named
+    problems = []
+    for override in parse_overrides(overrides):
+        if override.dotted not in START_FIELDS:
+            problems.append(
+                f"--set {override.text}: the deployed pipeline fixes {override.dotted}; start sets only "
+                f"{', '.join(START_FIELDS)} (deploy the change with cdk deploy, or rehearse it)"
+            )
+    if problems:
+        raise Failure(problems, EXIT_INVALID)
+    given = {o.dotted: o for o in parse_overrides(overrides)}
+    values: dict[str, tuple[str, Any, Any]] = {
+        "compute.instance_count": ("--instance-count", instance_count, changed.recipe.compute.instance_count),
+        "data.uri": ("--data-uri", data_uri, changed.recipe.data.uri),
+        "probe.enabled": ("--skip-probe/--probe", skip_probe, not changed.recipe.probe.enabled),
+        "budget.total_tokens": (
+            "--max-steps",
+            max_steps,
+            changed.estimates.total_steps if changed.ok and changed.estimates else None,
+        ),
+    }
+    out: list[Any] = []
+    for field, (option, explicit, value) in values.items():
+        if field not in given:
+            out.append(explicit)
+            continue
+        if value is None:
+            raise Failure(
+                [f"--set {given[field].text}: the recipe's plan has errors (run tiered-training explain)"], EXIT_INVALID
+            )
+        if explicit is not None and explicit != value:
+            raise Failure([f"--set {given[field].text} and {option} disagree: give one"], EXIT_INVALID)
+        out.append(value)
+    instance, uri, skip, steps = out
+    return instance, steps, uri, skip
+
+
+def _print_dry_run(
+    plan, aws: AwsOptions, stage, format, instance_count, max_steps, data_uri, skip_probe, resume
+) -> None:
+    """What ``start`` would start, with no AWS call: the pipeline, its region and every parameter."""
+    from tiered_training.aws.session import check_aws_options, resolve_region
+    from tiered_training.aws.start import pipeline_parameters
+    from tiered_training.pipeline.definition import parameters
+    from tiered_training.report.render import print_lines
+
+    given = {
+        p["Name"]: p["Value"]
+        for p in pipeline_parameters(
+            instance_count=instance_count, max_steps=max_steps, data_uri=data_uri, skip_probe=skip_probe, resume=resume
+        )
+    }
+    defaults = {p["Name"]: p["DefaultValue"] for p in parameters(plan)} if plan.ok and plan.estimates else {}
+    rows = [
+        {"name": name, "value": given.get(name, _parameter_text(default)), "given": name in given}
+        for name, default in defaults.items()
+    ] + [{"name": name, "value": value, "given": True} for name, value in given.items() if name not in defaults]
+    name = pipeline_name(plan.name, stage)
+    check_aws_options(region=aws.region, endpoint_url=aws.endpoint_url, profile=aws.profile, pipeline=name)
+    region = resolve_region(aws.region, plan.recipe.compute.region)
+    if format is TextFormat.json:
+        from tiered_training.cli.output import emit
+
+        emit("start", 0, dry_run=True, pipeline=name, region=region, parameters=rows, resume=resume)
+        return
+    lines = [f"dry run: would start the pipeline {name} in {region or 'the AWS configuration region'}"]
+    lines += [f"  {r['name']} = {r['value']}" + ("" if r["given"] else "  (the pipeline's default)") for r in rows]
+    if resume:
+        lines.append(f"  (not checked without AWS: that run {resume} exists and is not running)")
+    print_lines(_out(), lines)
+
+
+def _parameter_text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 @commands.command()
@@ -202,7 +333,6 @@ def rehearse(
     from tiered_training.rehearse.run import (
         rehearse as run_rehearsal,
     )
-    from tiered_training.report.render import print_json
 
     as_json = format is TextFormat.json
     try:
@@ -222,10 +352,30 @@ def rehearse(
         raise Failure.of(exc, EXIT_FAILED) from None
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
+    code = 0 if result.ok else EXIT_FAILED
     if as_json:
-        print_json(result.to_dict())
-    if not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+        from tiered_training.cli.output import emit
+
+        summary = {k: v for k, v in result.to_dict().items() if k != "ok"}
+        emit("rehearse", code, errors=[] if result.ok else _rehearsal_errors(summary), **summary)
+    if code:
+        raise typer.Exit(code)
+
+
+def _rehearsal_errors(summary: dict) -> list[dict]:
+    """Why a rehearsal failed: each execution that did not succeed, or the interrupt that did not happen."""
+    errors = [
+        {
+            "message": f"execution {n}: {e['status']}"
+            + (f" at {e['failed_step']}" if e.get("failed_step") else "")
+            + (f": {e['failure']}" if e.get("failure") else "")
+        }
+        for n, e in enumerate(summary["executions"], 1)
+        if e["status"] != "Succeeded"
+    ]
+    if not errors and summary.get("interrupt"):
+        errors.append({"message": f"the interrupt {summary['interrupt']} did not happen"})
+    return errors or [{"message": "the rehearsal did not succeed"}]
 
 
 @commands.command()
@@ -241,7 +391,7 @@ def status(
     from tiered_training.aws import runs
     from tiered_training.aws.run_list import list_runs, runs_uri
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     sm, cw, s3 = _clients(
@@ -259,15 +409,16 @@ def status(
     except StartError as exc:
         uri, listed, runs_problem = None, None, str(exc)
     if format is TextFormat.json:
-        print_json(
-            {
-                **result.to_dict(),
-                "ok": True,
-                "pipeline": pipeline_name(plan.name, stage),
-                "runs_uri": uri,
-                "runs": [r.to_dict() for r in listed] if listed is not None else None,
-                "runs_error": runs_problem,
-            }
+        from tiered_training.cli.output import emit
+
+        emit(
+            "status",
+            0,
+            **result.to_dict(),
+            pipeline=pipeline_name(plan.name, stage),
+            runs_uri=uri,
+            runs=[r.to_dict() for r in listed] if listed is not None else None,
+            runs_error=runs_problem,
         )
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
@@ -301,7 +452,7 @@ def logs(
     """The last log lines of the training jobs of the recipe's latest execution (or --execution)."""
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     sm, cwl = _clients(plan, aws, "sagemaker", "logs", execution=execution, services_for="logs", stage=stage)
@@ -313,9 +464,9 @@ def logs(
     except StartError as exc:
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json(
-            {"ok": True, "execution_arn": arn, "training_jobs": jobs, "log_group": runs.LOG_GROUP, "events": events}
-        )
+        from tiered_training.cli.output import emit
+
+        emit("logs", 0, execution_arn=arn, training_jobs=jobs, log_group=runs.LOG_GROUP, events=events)
         return
     if not jobs:
         print_lines(_err(), [f"{arn}: no training job has started yet"])
@@ -337,7 +488,7 @@ def stop(
     """Stop the recipe's latest execution (or --execution). Training jobs get SIGTERM and save a checkpoint."""
     from tiered_training.aws import runs
     from tiered_training.aws.session import StartError
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     (sm,) = _clients(plan, aws, "sagemaker", execution=execution, services_for="stop", stage=stage)
@@ -347,7 +498,9 @@ def stop(
     except StartError as exc:
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json({"ok": True, "execution_arn": arn, "status": state})
+        from tiered_training.cli.output import emit
+
+        emit("stop", 0, execution_arn=arn, status=state)
     else:
         print_lines(_out(), [f"{state}: {arn}"])
 
@@ -371,7 +524,7 @@ def preflight(
     (exit 0 when all pass)."""
     from tiered_training.aws.preflight import preflight as run_preflight
     from tiered_training.aws.session import StartError, check_aws_options, require_boto3
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     plan = _run_recipe(recipe)
     try:
@@ -389,7 +542,13 @@ def preflight(
     except StartError as exc:  # ParameterError (exit 2) included
         raise _aws_failure(exc) from None
     if format is TextFormat.json:
-        print_json(report.to_dict())
+        from tiered_training.cli.output import emit
+
+        errors = [
+            {"message": f"{c.check}: {c.subject}: {c.detail}", "fix": c.fix or None} for c in report.checks if c.failed
+        ]
+        summary = {k: v for k, v in report.to_dict().items() if k != "ok"}
+        emit("preflight", 0 if report.ok else EXIT_FAILED, errors=errors, **summary)
     else:
         failed = sum(c.failed for c in report.checks)
         lines = [f"preflight {report.recipe} in {report.region}"] + [c.line() for c in report.checks]
@@ -413,7 +572,7 @@ def prices(
     and diff. Read once; --refresh reads them again."""
     from tiered_training import catalog as catalogs
     from tiered_training.catalog import price_cache
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     region = aws.region or _env("AWS_REGION") or _env("AWS_DEFAULT_REGION") or catalogs.prices().default_region
     cached: dict = {}
@@ -440,14 +599,15 @@ def prices(
     known = catalogs.instances()
     shown = [p for name, p in sorted(cached.items()) if name in known]
     if format is TextFormat.json:
-        print_json(
-            {
-                "ok": True,
-                "region": region,
-                "cache": str(price_cache.cache_path()),
-                "source": price_cache.SOURCE,
-                "prices": [vars(p) for p in sorted(cached.values(), key=lambda p: p.instance)],
-            }
+        from tiered_training.cli.output import emit
+
+        emit(
+            "prices",
+            0,
+            region=region,
+            cache=str(price_cache.cache_path()),
+            source=price_cache.SOURCE,
+            prices=[vars(p) for p in sorted(cached.values(), key=lambda p: p.instance)],
         )
         return
     from tiered_training.report.render import print_table

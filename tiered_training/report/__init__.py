@@ -10,7 +10,8 @@ from tiered_training.planning.plan import Finding, Plan, finding_line, format_fi
 from tiered_training.recipe.errors import Problem, RecipeError
 
 GIB = 1024**3
-SCHEMA_VERSION = 2  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
+SCHEMA_VERSION = 3  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
+# 3: every command's JSON has ok, exit_code and errors, in one shape per command (cli/output.py)
 
 
 def _hours(hours: float) -> str:
@@ -328,7 +329,7 @@ def diff(old: Plan, new: Plan) -> dict[str, Any]:
     metrics = {}
     pairs = {
         "memory_gib_per_gpu": lambda p: p.memory.total / GIB if p.memory else None,
-        "tokens_per_second": lambda p: p.estimates.tokens_per_second if p.estimates else None,
+        "tokens_per_second_per_gpu": lambda p: p.estimates.tokens_per_second_per_gpu if p.estimates else None,
         "mfu": lambda p: p.estimates.mfu if p.estimates else None,
         "mfu_causal": lambda p: p.estimates.mfu_causal if p.estimates else None,
         "wall_time_hours": lambda p: p.estimates.wall_time_hours if p.estimates else None,
@@ -390,8 +391,7 @@ def diff_markdown(result: dict[str, Any]) -> str:
         out.append("No decision changed.")
     out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
     for key, m in result["metrics"].items():
-        change = f"{m['ratio'] - 1:+.1%}" if m["ratio"] is not None else "-"
-        out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {change} |")
+        out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {_change(key, m) or '-'} |")
     out += [f"\n{line}" for line in _price_sources(result)]
     for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
         if result[key]:
@@ -408,6 +408,13 @@ def _price_sources(result: dict[str, Any]) -> list[str]:
     return [f"{side} price: {source}" for side, source in (("old", old), ("new", new)) if source]
 
 
+def _change(key: str, metric: dict[str, Any]) -> str:
+    """A metric's change: in percentage points for a fraction (MFU), else relative to the old value."""
+    if key in ("mfu", "mfu_causal"):
+        return "" if metric["delta"] is None else f"{metric['delta'] * 100:+.1f} points"
+    return "" if metric["ratio"] is None else f"{metric['ratio'] - 1:+.1%} relative"
+
+
 def diff_text(result: dict[str, Any]) -> str:
     out = [f"{result['old']} -> {result['new']}"]
     for c in result["changed"]:
@@ -418,8 +425,8 @@ def diff_text(result: dict[str, Any]) -> str:
     if not result["changed"]:
         out.append("  no decision changed")
     for key, m in result["metrics"].items():
-        change = f" ({m['ratio'] - 1:+.1%})" if m["ratio"] is not None else ""
-        out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}{change}")
+        change = _change(key, m)
+        out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}" + (f" ({change})" if change else ""))
     out += [f"  {line}" for line in _price_sources(result)]
     for title, key in (("new", "findings_added"), ("resolved", "findings_removed")):
         out += [f"  {title} {f['severity']}[{f['code']}]: {f['message']}" for f in result[key]]
