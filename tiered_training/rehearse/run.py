@@ -310,13 +310,15 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     out = out or sys.stdout
 
     trace: IO[str] | None = None  # the work directory's copy of every line, once it exists
+    trace_lock = threading.Lock()  # the hosts' reader threads say too
 
     def say(text: str = "") -> None:
         out.write(text + "\n")
         out.flush()
-        if trace is not None:
-            trace.write(text + "\n")
-            trace.flush()
+        with trace_lock:
+            if trace is not None:
+                trace.write(text + "\n")
+                trace.flush()
 
     from tiered_training.planning.plan import Plan
     from tiered_training.planning.planner import plan_file
@@ -547,8 +549,9 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         say(f"stopped by {stopped.name}: every host is stopped; the work directory is {kept}")
         raise Stopped(stopped.signum, f"{stopped.name}; the work directory is {kept}") from None
     finally:
-        trace.close()
-        trace = None
+        with trace_lock:
+            trace.close()
+            trace = None
         if options.clean:
             _remove_new(workdir, before, keep_dir=existed)
         _restore_signals(previous)
