@@ -196,6 +196,18 @@ def train_attempts(execution: Execution) -> list:
     ]
 
 
+def attempt_names(execution: Execution, train_only: bool = True) -> list[tuple[str, Any]]:
+    """``("<step> attempt N", attempt)`` for the execution's training jobs' attempts (the Train, TrainWithoutProbe and
+    Resume segments only, unless ``train_only`` is false), in the order they ran: the names the trace uses."""
+    chains = tuple(TRAIN_CHAINS)
+    return [
+        (f"{step} attempt {number}", attempt)
+        for step, attempts in execution.jobs.items()
+        if not train_only or step.split("-")[0] in chains
+        for number, attempt in enumerate(attempts, start=1)
+    ]
+
+
 def steps_for(interrupt: Interrupt | None, interval: int) -> int:
     """Steps enough for a checkpoint every ``interval`` steps to be saved, and for the interrupt to happen."""
     if interrupt is None:
@@ -778,10 +790,9 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
         say(f"  {event.text}")
     say("EMF lines per host (CloudWatch metrics from stdout):")
     for run in result.executions:
-        for step, attempts in run.jobs.items():
-            for number, attempt in enumerate(attempts, start=1):
-                for host, lines in attempt.detail.get("emf", {}).items():
-                    say(f"  {step} attempt {number} {host}: {_emf_summary(lines)}")
+        for name, attempt in attempt_names(run, train_only=False):
+            for host, lines in attempt.detail.get("emf", {}).items():
+                say(f"  {name} {host}: {_emf_summary(lines)}")
     say(f"checkpoints: {result.checkpoint_uri}")
     for host, count in sorted(result.uploads_by_host.items()):
         say(f"  {host} uploaded {count} file(s)")
@@ -790,13 +801,12 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
         f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the "
         f"end: {', '.join(result.checkpoints_at_end) or 'none'}"
     )
-    attempts = result.train_attempts()
-    for number, attempt in enumerate(attempts, start=1):
+    for name, attempt in attempt_names(execution):
         resumed = attempt.detail.get("resumed_from")
         losses = attempt.detail.get("losses", {})
         span = f"steps {min(losses)}-{max(losses)}" if losses else "no steps"
         say(
-            f"  Train attempt {number}: {attempt.status}"
+            f"  {name}: {attempt.status}"
             + (f", resumed from step {resumed}" if resumed else "")
             + f", {span}"
             + (f": {attempt.failure_reason}" if attempt.failure_reason else "")
