@@ -4,6 +4,7 @@ command exits 128 + the signal's number, keeping its work directory."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -13,12 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("moto")
-
-from tiered_training.rehearse.hosts import descendants  # noqa: E402
-
-pytestmark = pytest.mark.torch
+from tiered_training.rehearse.hosts import descendants, stop_trees
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama3-8b-fp8.yaml"
@@ -54,6 +50,32 @@ def _workers(pid: int) -> list[int]:
     return [p for p in descendants(pid) if "training" in _cmdline(p)[1:] and "-m" in _cmdline(p)]
 
 
+def test_stopping_a_host_ends_its_whole_tree_even_children_in_sessions_of_their_own():
+    """As torchrun's workers: a child in a session of its own, which ignores SIGTERM, is found and killed."""
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    host = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}], "
+            "start_new_session=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", host], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        tree = {pid: _start_time(pid) for pid in [proc.pid, *descendants(proc.pid)]}
+        assert len(tree) == 2 and all(tree.values())
+        started = time.monotonic()
+        stop_trees([proc.pid], grace_s=0.5)
+        proc.wait(timeout=5)
+        while any(_alive(pid, start or "") for pid, start in tree.items()) and time.monotonic() - started < 5:
+            time.sleep(0.05)
+        assert not any(_alive(pid, start or "") for pid, start in tree.items())
+        assert time.monotonic() - started < 3
+    finally:
+        if proc.poll() is None:
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not (importlib.util.find_spec("torch") and importlib.util.find_spec("moto")), reason="torch, moto")
 def test_sigterm_stops_every_process_of_the_rehearsal_and_keeps_its_work_directory(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     log = tmp_path / "out.txt"

@@ -212,12 +212,14 @@ class JobRunner:
         self.interrupted: str | None = None  # what the interrupt did, once it happened
         self._live: list[Host] = []  # the hosts of the jobs running now (several when executions run at once)
         self._live_lock = threading.Lock()
+        self.stopping = False  # stop() of every host was called: no host starts any more
 
     def stop(self, hosts: list[Host] | None = None, grace_s: float = STOP_GRACE_S) -> None:
         """Stop the hosts (default: every host of every running job), with their torchrun and workers:
         SIGTERM, then SIGKILL ``grace_s`` later."""
         if hosts is None:
             with self._live_lock:
+                self.stopping = True
                 hosts = list(self._live)
         for host in hosts:
             if host.sync is not None:
@@ -387,16 +389,19 @@ class JobRunner:
             env["TT_TENSORBOARD_DIR"] = str(_in_tree(host.root, tensorboard))
         if host.sync is not None:
             host.sync.start()
-        host.proc = subprocess.Popen(
-            [sys.executable, "-m", "training.launcher", "train"],
-            cwd=host.root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+        with self._live_lock:  # a host starts before stop() looks, or not at all
+            if self.stopping:
+                raise RuntimeError("the rehearsal is stopping: no host starts")
+            host.proc = subprocess.Popen(
+                [sys.executable, "-m", "training.launcher", "train"],
+                cwd=host.root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
         log = open(host.root.parent.parent / f"{host.name}.log", "w")
         tag = f"[{step} {host.name}]"
 
