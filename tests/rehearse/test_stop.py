@@ -52,9 +52,13 @@ def _workers(pid: int) -> list[int]:
 
 def test_stopping_a_host_ends_its_whole_tree_even_children_in_sessions_of_their_own():
     """As torchrun's workers: a child in a session of its own, which ignores SIGTERM, is found and killed."""
-    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    host = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}], "
-            "start_new_session=True); time.sleep(60)")
+    child = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    host = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}], "
+        "start_new_session=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", host], start_new_session=True, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
@@ -81,9 +85,25 @@ def test_sigterm_stops_every_process_of_the_rehearsal_and_keeps_its_work_directo
     log = tmp_path / "out.txt"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tiered_training.cli.app", "rehearse", str(RECIPE), "--hosts", "2", "--workers",
-             "1", "--steps", "1000", "--param", "SkipProbe=true"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tiered_training.cli.app",
+                "rehearse",
+                str(RECIPE),
+                "--hosts",
+                "2",
+                "--workers",
+                "1",
+                "--steps",
+                "1000",
+                "--param",
+                "SkipProbe=true",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 240
