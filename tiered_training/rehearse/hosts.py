@@ -211,7 +211,7 @@ class JobRunner:
         self.max_checkpoints = 0  # most step-N prefixes the checkpoint prefix held at once, over all jobs
         self.interrupted: str | None = None  # what the interrupt did, once it happened
         self._live: list[Host] = []  # the hosts of the jobs running now (several when executions run at once)
-        self._live_lock = threading.Lock()
+        self._live_lock = threading.RLock()  # reentrant: stop() may run in the main thread while it holds it
         self.stopping = False  # stop() of every host was called: no host starts any more
 
     def stop(self, hosts: list[Host] | None = None, grace_s: float = STOP_GRACE_S) -> None:

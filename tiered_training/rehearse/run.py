@@ -322,7 +322,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     out = out or sys.stdout
 
     trace: IO[str] | None = None  # the work directory's copy of every line, once it exists
-    trace_lock = threading.Lock()  # the hosts' reader threads say too
+    trace_lock = threading.RLock()  # the hosts' reader threads say too; reentrant: a signal may stop a say()
 
     def say(text: str = "") -> None:
         out.write(text + "\n")
