@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: synth test lint determinism snapshots mutation plan bench suite-cost calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
+.PHONY: synth test rehearse-deps lint determinism snapshots mutation plan bench suite-cost calibrate memory-bench gpu-wheels gpu-smoke image-login image clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,9 @@ synth: $(SYNTH_STAMP) $(NODE_STAMP)
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(NODE_STAMP) lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
+# What `tiered-training rehearse` needs beyond make synth (torch, transformers, moto): make test's install, no tests.
+rehearse-deps: $(TEST_STAMP)
 
 # The layers (import-linter's contracts), lint and types, as configured in pyproject.toml.
 lint: $(TEST_STAMP)

@@ -43,7 +43,7 @@ def variant_recipe(recipe: Path, variant: str, workdir: Path) -> Path:
 def run(recipe: Path, *, hosts: int, steps: int | None, interrupt: str | None) -> dict:
     log = io.StringIO()
     started = time.perf_counter()
-    result = rehearse(Options(recipe, hosts=hosts, workers=2, steps=steps, interrupt=interrupt), log)
+    result = rehearse(Options(recipe, hosts=hosts, workers=2, steps=steps, interrupt=interrupt, clean=True), log)
     seconds = time.perf_counter() - started
     attempts = result.train_attempts()
     return {

@@ -87,6 +87,7 @@ HEAVY = (
     "tests/trainer/test_lora.py",
     "tests/test_mutation.py",
     "tests/trainer/test_multihost_fixes.py",
+    "tests/rehearse/test_stop.py",  # one rehearsal stopped by SIGTERM once its trainers run (about 65 s)
     "tests/runtime/test_runtime_entry.py",
     "tests/trainer/test_grad_sync.py",
     "tests/runtime/test_runtime_probe.py",

@@ -466,7 +466,8 @@ def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == (
         "error: rehearse runs the trainer on a local S3 and needs moto, which the 'rehearse' extra installs: "
-        "pip install 'tiered-training[rehearse]'"
+        f"make rehearse-deps in {ROOT.resolve()} (make test installs them too), "
+        "or pip install 'tiered-training[rehearse]'"
     )
     assert seconds < 2.0
 

@@ -44,11 +44,17 @@ def test_every_template_is_rehearsed_here_or_elsewhere():
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_template_rehearses_on_two_hosts(template, shared_s3, tmp_path):
     interrupt = "sigterm@1" if template == INTERRUPTED else None
+    clean = template == TEMPLATES[0]  # --clean: the work directory (here, one that existed before) is left empty
     out = io.StringIO()
     result = rehearse(Options(REPO / "recipes" / template, hosts=2, workers=1, steps=3 if interrupt else 2,
-                              params={"SkipProbe": "true"}, interrupt=interrupt, workdir=tmp_path), out)
+                              params={"SkipProbe": "true"}, interrupt=interrupt, workdir=tmp_path, clean=clean), out)
     log = out.getvalue()
     assert result.ok, log[-6000:]
+    if clean:
+        assert "removed at the end: --clean" in log and "(removed with the work directory: --clean)" in log
+        assert tmp_path.is_dir() and not any(tmp_path.iterdir())
+    else:
+        assert (tmp_path / "summary.json").is_file() and Path(result.exported["dir"]).is_dir()
     attempts = result.train_attempts()
     assert attempts and attempts[-1].status == "Completed", log[-6000:]
     assert result.exported, log[-3000:]

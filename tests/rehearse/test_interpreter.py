@@ -8,6 +8,7 @@ from support import ROOT as REPO
 from tiered_training.pipeline.definition import PipelineResources, build_definition, find_step
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
+from tiered_training.rehearse.run import attempt_names
 from training.probe import OOM, CandidateResult, ProbeReport
 
 RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
@@ -85,8 +86,8 @@ def test_a_job_refused_for_a_resource_limit_is_retried_for_a_bounded_time(defini
     execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
     retries = [e.text for e in execution.trace if e.kind == "retry"]
     assert execution.status == "Succeeded" and len(retries) == 2
-    assert "SageMaker.RESOURCE_LIMIT; retry policy 2: attempt 2 of 4 after 1800 s" in retries[0]
-    assert "attempt 3 of 4 after 3600 s" in retries[1]
+    assert "SageMaker.RESOURCE_LIMIT; retry policy 2: job 2 of 4 after 1800 s" in retries[0]
+    assert "job 3 of 4 after 3600 s" in retries[1]
     jobs = Jobs([], {"TrainWithoutProbe": [limit() for _ in range(4)]})
     execution = Interpreter(body, jobs).run({"SkipProbe": "true"})
     assert execution.status == "Failed" and "SageMaker.RESOURCE_LIMIT" in execution.failure
@@ -134,8 +135,14 @@ def test_retry_strategy_then_retry_policy(definition):
     retries = [e.text for e in execution.trace if e.kind == "retry"]
     assert len(restarts) == 4 and "RetryStrategy starts it again (0 retries left)" in restarts[2]
     assert "interrupted (spot)" in restarts[3]
-    assert len(retries) == 1 and "SageMaker.JOB_INTERNAL_ERROR; retry policy 1: attempt 2 of 5 after 300 s" in retries[0]
+    assert len(retries) == 1 and "SageMaker.JOB_INTERNAL_ERROR; retry policy 1: job 2 of 5 after 300 s" in retries[0]
     assert execution.status == "Succeeded"
+    # The second job's attempts continue the step's count: "TrainWithoutProbe attempt N" names one attempt, in the
+    # trace (the runner's and the restarts' lines) and in the summary (attempt_names).
+    numbers = [attempt for step, attempt, _ in jobs.calls if step == "TrainWithoutProbe"]
+    assert numbers == list(range(1, 7)) and len(execution.jobs["TrainWithoutProbe"]) == 6
+    assert [name for name, _ in attempt_names(execution)][:6] == [f"TrainWithoutProbe attempt {n}" for n in numbers]
+    assert [t.split(": ", 1)[1].split(" ", 2)[:2] for t in restarts] == [["attempt", str(n)] for n in (1, 2, 3, 5)]
 
 
 def test_unknown_expressions_and_parameters_are_named(definition):

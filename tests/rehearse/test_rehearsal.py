@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,24 @@ def test_the_validation_loss_and_each_hosts_emf_lines_are_shown(rehearsal):
     assert "Train attempt 1 algo-1: " in log and "Train attempt 1 algo-2: none" in log
     job = [json.loads(line) for line in first.detail["emf"]["algo-1"] if '"Loss"' in line]
     assert [record["Step"] for record in job][:3] == [1, 2, 3]  # one event per step
+
+
+def test_the_work_directory_keeps_the_trace_the_summary_and_the_export(rehearsal):
+    result, log, root = rehearsal
+    work = root / "work"
+    assert (work / "trace.txt").read_text() == log
+    assert json.loads((work / "summary.json").read_text()) == json.loads(json.dumps(result.to_dict()))
+    exported = Path(result.exported["dir"])
+    assert exported.is_relative_to(work) and any(exported.glob("*.safetensors"))
+    assert f"exported model: {exported}\n" in log
+
+
+def test_the_summary_names_each_attempt_as_the_trace_does(rehearsal):
+    _, log, _ = rehearsal
+    summary = re.findall(r"^  (\S+ attempt \d+): (?:Completed|Failed|Interrupted)", log, re.MULTILINE)
+    assert summary == ["Train attempt 1", "Train attempt 2"]
+    for name in summary:
+        assert f"  {name}: 2 host(s) x 2 CPU worker(s)" in log  # the runner's line in the trace
 
 
 def test_train_reuses_the_probes_warm_pool(rehearsal):

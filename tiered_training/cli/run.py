@@ -310,7 +310,14 @@ def rehearse(
     interrupt: str | None = typer.Option(
         None, help="sigterm@STEP, kill-host@save or kill-host@STEP (STEP within the run)"
     ),
-    workdir: Path | None = typer.Option(None, help="keep each host's /opt/ml tree and logs here (a directory)"),
+    workdir: Path | None = typer.Option(
+        None,
+        help="the work directory: the trace, the summary, each host's /opt/ml tree and log, the exported model "
+        "(default ./rehearse-out/RECIPE-UTCTIME; kept)",
+    ),
+    clean: bool = typer.Option(
+        False, "--clean", help="remove what the rehearsal wrote in the work directory at the end"
+    ),
     restart_with: list[str] = typer.Option(
         [],
         "--restart-with",
@@ -328,6 +335,7 @@ def rehearse(
         MissingExtra,
         Options,
         RehearsalError,
+        Stopped,
         parse_params,
     )
     from tiered_training.rehearse.run import (
@@ -344,10 +352,13 @@ def rehearse(
             params=parse_params(param),
             interrupt=interrupt,
             workdir=workdir,
+            clean=clean,
             then=parse_params(restart_with, "--restart-with") if restart_with else None,
             overrides=tuple(overrides),
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
+    except Stopped as stopped:  # SIGTERM or SIGINT: the hosts are stopped; 143 or 130
+        raise Failure([f"rehearse stopped by {stopped}"], stopped.exit_code) from None
     except MissingExtra as exc:
         raise Failure.of(exc, EXIT_FAILED) from None
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:

@@ -41,6 +41,7 @@ from tiered_training.text import quote
 
 GRACE_S = 45.0
 JOB_TIMEOUT_S = 900.0
+STOP_GRACE_S = 2.0  # when the rehearsal itself is stopped: SIGTERM, then SIGKILL this much later
 PROGRESS = (
     "step ",
     "probe candidate",
@@ -152,6 +153,38 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def _started(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), or None once it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def stop_trees(pids: list[int], grace_s: float) -> None:
+    """SIGTERM to every process under ``pids`` (them included), SIGKILL to those alive ``grace_s`` later.
+    torchrun starts each worker in a session of its own, so the tree is walked, not a process group."""
+    found = {target: _started(target) for pid in pids for target in [pid, *descendants(pid)]}
+    for target in found:
+        try:
+            os.kill(target, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_started(t) == s is not None for t, s in found.items()):
+        time.sleep(0.05)
+    for pid in pids:  # children started meanwhile
+        found.update({target: _started(target) for target in descendants(pid) if target not in found})
+    for target, start in found.items():
+        if start is not None and _started(target) == start:  # the same process, not a reused id
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class JobRunner:
     """Runs the Training steps of a rehearsal (the interpreter's ``runner``)."""
 
@@ -177,6 +210,27 @@ class JobRunner:
         self._sync_lock = threading.Lock()
         self.max_checkpoints = 0  # most step-N prefixes the checkpoint prefix held at once, over all jobs
         self.interrupted: str | None = None  # what the interrupt did, once it happened
+        self._live: list[Host] = []  # the hosts of the jobs running now (several when executions run at once)
+        self._live_lock = threading.RLock()  # reentrant: stop() may run in the main thread while it holds it
+        self.stopping = False  # stop() of every host was called: no host starts any more
+
+    def stop(self, hosts: list[Host] | None = None, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the hosts (default: every host of every running job), with their torchrun and workers:
+        SIGTERM, then SIGKILL ``grace_s`` later."""
+        if hosts is None:
+            with self._live_lock:
+                self.stopping = True
+                hosts = list(self._live)
+        for host in hosts:
+            if host.sync is not None:
+                host.sync.halt()  # no last pass: the rehearsal is ending
+        stop_trees([h.proc.pid for h in hosts if h.proc is not None], grace_s)
+        for host in hosts:
+            if host.proc is not None:
+                try:
+                    host.proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
 
     # -- the job -----------------------------------------------------------------------
 
@@ -198,6 +252,18 @@ class JobRunner:
         for host in hosts:
             self._prepare(host, names, resources, args, hyperparameters, checkpoint_uri)
         started = time.monotonic()
+        with self._live_lock:
+            self._live.extend(hosts)
+        try:
+            return self._run(step, job_name, args, hosts, port, started, interrupt, checkpoint_uri)
+        except BaseException:
+            self.stop(hosts)  # a signal to the rehearsal, or an error here: none of this job's hosts outlives it
+            raise
+        finally:
+            with self._live_lock:
+                self._live = [h for h in self._live if all(h is not mine for mine in hosts)]
+
+    def _run(self, step, job_name, args, hosts: list[Host], port, started, interrupt, checkpoint_uri) -> JobAttempt:
         for host in hosts:
             self._start(host, args, port, step, job_name)
         interrupted_by: str | None = None
@@ -323,16 +389,19 @@ class JobRunner:
             env["TT_TENSORBOARD_DIR"] = str(_in_tree(host.root, tensorboard))
         if host.sync is not None:
             host.sync.start()
-        host.proc = subprocess.Popen(
-            [sys.executable, "-m", "training.launcher", "train"],
-            cwd=host.root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+        with self._live_lock:  # a host starts before stop() looks, or not at all
+            if self.stopping:
+                raise RuntimeError("the rehearsal is stopping: no host starts")
+            host.proc = subprocess.Popen(
+                [sys.executable, "-m", "training.launcher", "train"],
+                cwd=host.root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
         log = open(host.root.parent.parent / f"{host.name}.log", "w")
         tag = f"[{step} {host.name}]"
 

@@ -339,7 +339,7 @@ class Interpreter:
                 self._event(
                     "retry",
                     name,
-                    f"{name}: {error_type}; retry policy {policy + 1}: attempt "
+                    f"{name}: {error_type}; retry policy {policy + 1}: job "
                     f"{tries[policy] + 1} of {spec.get('MaxAttempts')} after {wait:g} s",
                     error=error_type,
                 )
@@ -353,8 +353,8 @@ class Interpreter:
         resources = args.get("ResourceConfig", {})
         warm_from = self._take_warm_pool(step, args)
         retries_left = int((args.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0))
-        attempt = 0
         attempts = self.execution.jobs.setdefault(step, [])
+        attempt = len(attempts)  # numbered over the step's jobs: "<step> attempt N" names one attempt everywhere
         self._event(
             "job",
             step,

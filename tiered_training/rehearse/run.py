@@ -6,10 +6,12 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import struct
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,11 @@ from typing import IO, Any
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition
 from tiered_training.pipeline.validation import validate_definition
-from tiered_training.rehearse.errors import MissingExtra, RehearsalError  # noqa: F401 (the CLI imports them from here)
+from tiered_training.rehearse.errors import (  # noqa: F401 (the CLI imports them from here)
+    MissingExtra,
+    RehearsalError,
+    Stopped,
+)
 from tiered_training.rehearse.hosts import Interrupt, JobRunner
 from tiered_training.rehearse.interpreter import Execution, Interpreter, PipelineError, TraceEvent
 from tiered_training.rehearse.s3 import LocalS3, checkpoints_in, list_keys, split_uri
@@ -40,11 +46,24 @@ def check_installed() -> None:
     missing = sorted({extra for module, extra in NEEDS.items() if importlib.util.find_spec(module) is None})
     if missing:
         modules = ", ".join(m for m, e in NEEDS.items() if e in missing and importlib.util.find_spec(m) is None)
+        checkout = Path(__file__).resolve().parents[2]
+        make = (
+            f"make rehearse-deps in {checkout} (make test installs them too), or "
+            if "rehearse-deps:" in _read(checkout / "Makefile")
+            else ""
+        )
         raise MissingExtra(
             f"rehearse runs the trainer on a local S3 and needs {modules}, which the "
             f"{' and '.join(repr(e) for e in missing)} extra{'s install' if len(missing) > 1 else ' installs'}: "
-            f"pip install 'tiered-training[{','.join(missing)}]'"
+            f"{make}pip install 'tiered-training[{','.join(missing)}]'"
         )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 @dataclass
@@ -55,7 +74,8 @@ class Options:
     steps: int | None = None  # enough for the interrupt and a checkpoint, at least MIN_STEPS
     params: dict[str, str] = field(default_factory=dict)
     interrupt: str | None = None
-    workdir: Path | None = None  # kept when given; a temporary directory otherwise
+    workdir: Path | None = None  # default: ./rehearse-out/<name>-<UTC time>; kept unless clean
+    clean: bool = False  # remove what the rehearsal wrote in the work directory when it ends
     # Later executions on the same S3: parameters (a restart), or Then entries.
     then: dict[str, str] | list[Then] | None = None
     overrides: tuple[str, ...] = ()  # --set key.path=value on the recipe
@@ -176,6 +196,18 @@ def train_attempts(execution: Execution) -> list:
     ]
 
 
+def attempt_names(execution: Execution, train_only: bool = True) -> list[tuple[str, Any]]:
+    """``("<step> attempt N", attempt)`` for the execution's training jobs' attempts (the Train, TrainWithoutProbe and
+    Resume segments only, unless ``train_only`` is false), in the order they ran: the names the trace uses."""
+    chains = tuple(TRAIN_CHAINS)
+    return [
+        (f"{step} attempt {number}", attempt)
+        for step, attempts in execution.jobs.items()
+        if not train_only or step.split("-")[0] in chains
+        for number, attempt in enumerate(attempts, start=1)
+    ]
+
+
 def steps_for(interrupt: Interrupt | None, interval: int) -> int:
     """Steps enough for a checkpoint every ``interval`` steps to be saved, and for the interrupt to happen."""
     if interrupt is None:
@@ -289,13 +321,21 @@ def _workdir_problem(workdir: Path) -> str | None:
 def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     out = out or sys.stdout
 
+    trace: IO[str] | None = None  # the work directory's copy of every line, once it exists
+    trace_lock = threading.RLock()  # the hosts' reader threads say too; reentrant: a signal may stop a say()
+
     def say(text: str = "") -> None:
         out.write(text + "\n")
         out.flush()
+        with trace_lock:
+            if trace is not None:
+                trace.write(text + "\n")
+                trace.flush()
 
     from tiered_training.planning.plan import Plan
     from tiered_training.planning.planner import plan_file
 
+    existed = options.workdir is not None and Path(options.workdir).is_dir()  # --clean keeps such a directory
     interrupt = check_options(options)
     check_installed()
     parse_params([f"{k}={v}" for k, v in options.params.items()])
@@ -352,17 +392,25 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
     preview_hp = dict(plan.run_config().to_hyperparameters(), **{"batch.total_steps": params["MaxSteps"]})
     scaled = scaled_for(preview_hp)
+    workdir = Path(options.workdir).resolve() if options.workdir else _default_workdir(plan.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    before = {entry.name for entry in workdir.iterdir()}  # what --clean leaves
+    trace = open(workdir / TRACE_FILE, "w")
+    runner: JobRunner | None = None
     say(
         f"rehearsal of {plan.name} ({options.recipe}): its pipeline definition, {options.hosts} simulated host(s) of "
         f"{options.workers} CPU worker(s), S3 on a local moto server"
+    )
+    say(
+        f"work directory: {workdir} (the trace, the summary, each host's /opt/ml tree and log, the exported model; "
+        + ("removed at the end: --clean)" if options.clean else "kept)")
     )
     _print_scaling(say, scaled, plan)
     if interrupt:
         say(f"interrupt: {interrupt.describe()}")
     say("")
 
-    workdir = Path(options.workdir) if options.workdir else Path(tempfile.mkdtemp(prefix="tt-rehearse-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    previous = _stop_on_signals()
     try:
         with LocalS3() as s3:
             client = s3.client()
@@ -503,11 +551,84 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             result.interrupted = runner.interrupted
             result.exported = result.exported_of(execution)
             say(f"runs under {runs_uri}: " + ", ".join(e.execution_id for e in result.executions))
-            _print_summary(say, result)
+            _print_summary(say, result, clean=options.clean)
+            _write_json(workdir / SUMMARY_FILE, result.to_dict())
             return result
+    except Stopped as stopped:
+        if runner is not None:
+            runner.stop()  # the hosts of executions running in other threads; a job in this thread stopped its own
+        kept = "removed (--clean)" if options.clean else f"kept: {workdir} (the trace and the hosts' logs)"
+        say(f"stopped by {stopped.name}: every host is stopped; the work directory is {kept}")
+        raise Stopped(stopped.signum, f"{stopped.name}; the work directory is {kept}") from None
     finally:
-        if options.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        with trace_lock:
+            trace.close()
+            trace = None
+        if options.clean:
+            _remove_new(workdir, before, keep_dir=existed)
+        _restore_signals(previous)
+
+
+TRACE_FILE = "trace.txt"  # every line the rehearsal printed
+SUMMARY_FILE = "summary.json"  # what --format json prints
+
+
+def _default_workdir(name: str) -> Path:
+    """``./rehearse-out/<name>-<UTC time>``, made here (a second rehearsal in the same second gets ``-2``)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    parent = Path("rehearse-out").resolve()
+    for number in range(1, 1000):
+        path = parent / (f"{name}-{stamp}" + (f"-{number}" if number > 1 else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise RehearsalError(
+                f"cannot make the work directory {escape(str(path))}: {error.strerror or error}; pass --workdir DIR"
+            ) from None
+    raise RehearsalError(f"{parent} holds 999 work directories of {name} at {stamp}; pass --workdir DIR")
+
+
+def _remove_new(workdir: Path, before: set[str], keep_dir: bool) -> None:
+    """--clean: remove what the rehearsal wrote in the work directory, and the directory unless it existed before."""
+    if not keep_dir:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    for entry in workdir.iterdir():
+        if entry.name not in before:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Written whole or not at all (a temporary file renamed)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
+    partial.replace(path)
+
+
+def _stop_on_signals() -> dict[int, Any] | None:
+    """SIGTERM and SIGINT raise :class:`Stopped` in this (the main) thread, once; later ones are ignored while
+    the rehearsal stops its hosts. The previous handlers, or None off the main thread (nothing installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    fired: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if not fired:
+            fired.append(signum)
+            raise Stopped(signum)
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_signals(previous: dict[int, Any] | None) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
 
 
 def _run_later(definition: dict[str, Any], runner: JobRunner, say, limits, values: dict[str, str]) -> Execution:
@@ -655,7 +776,7 @@ def _emf_summary(lines: list[str]) -> str:
     return text + (f"; last event: {events[-1][:300]}" if events else "")
 
 
-def _print_summary(say, result: Rehearsal) -> None:
+def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
     execution = result.execution
     say("")
     say("gate:")
@@ -669,10 +790,9 @@ def _print_summary(say, result: Rehearsal) -> None:
         say(f"  {event.text}")
     say("EMF lines per host (CloudWatch metrics from stdout):")
     for run in result.executions:
-        for step, attempts in run.jobs.items():
-            for number, attempt in enumerate(attempts, start=1):
-                for host, lines in attempt.detail.get("emf", {}).items():
-                    say(f"  {step} attempt {number} {host}: {_emf_summary(lines)}")
+        for name, attempt in attempt_names(run, train_only=False):
+            for host, lines in attempt.detail.get("emf", {}).items():
+                say(f"  {name} {host}: {_emf_summary(lines)}")
     say(f"checkpoints: {result.checkpoint_uri}")
     for host, count in sorted(result.uploads_by_host.items()):
         say(f"  {host} uploaded {count} file(s)")
@@ -681,13 +801,12 @@ def _print_summary(say, result: Rehearsal) -> None:
         f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the "
         f"end: {', '.join(result.checkpoints_at_end) or 'none'}"
     )
-    attempts = result.train_attempts()
-    for number, attempt in enumerate(attempts, start=1):
+    for name, attempt in attempt_names(execution):
         resumed = attempt.detail.get("resumed_from")
         losses = attempt.detail.get("losses", {})
         span = f"steps {min(losses)}-{max(losses)}" if losses else "no steps"
         say(
-            f"  Train attempt {number}: {attempt.status}"
+            f"  {name}: {attempt.status}"
             + (f", resumed from step {resumed}" if resumed else "")
             + f", {span}"
             + (f": {attempt.failure_reason}" if attempt.failure_reason else "")
@@ -705,7 +824,7 @@ def _print_summary(say, result: Rehearsal) -> None:
         say("validation loss: none (the recipe holds out no data: data.validation_fraction 0 and no validation_uri)")
     if result.exported:
         exported = result.exported
-        say(f"exported model: {exported['dir']}")
+        say(f"exported model: {exported['dir']}" + (" (removed with the work directory: --clean)" if clean else ""))
         say(f"  files: {', '.join(exported['files'])}")
         for name, info in list(exported["tensors"].items())[:4]:
             say(f"  {name}: {info['dtype']} {tuple(info['shape'])} in {info['file']}")

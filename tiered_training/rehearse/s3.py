@@ -241,6 +241,10 @@ class CheckpointSync:
         self._thread.start()
         return self
 
+    def halt(self) -> None:
+        """End the mirroring without the last pass (the rehearsal is stopping)."""
+        self._stop.set()
+
     def stop(self) -> SyncStats:
         self._stop.set()
         if self._thread is not None:
