@@ -467,7 +467,7 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             and value.is_integer()
             and abs(value) < 1e30
         ):
-            message = f"{message}: write {int(value):_} (digits may be grouped with _)"
+            message = f"{message}: write {int(value):_} (an integer; digits may be grouped by thousands with _)"
         problems.append(
             Problem(
                 file=name,
