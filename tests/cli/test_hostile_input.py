@@ -447,7 +447,7 @@ def test_a_run_command_without_boto3_names_the_extra(aws_sandbox, tmp_path, monk
     session.session.cache_clear()
     for command in ("start", "status", "logs", "stop"):
         result, _ = invoke(command, recipe, "--endpoint-url", aws_sandbox)
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 3, result.output  # a missing extra: neither bad input (2) nor AWS (1)
         assert result.stderr.strip() == (
             f"error: tiered-training {command} calls AWS and needs boto3, which the 'aws' extra installs: "
             "pip install 'tiered-training[aws]'"
@@ -459,12 +459,25 @@ def test_rehearse_without_its_extras_names_them(tmp_path, monkeypatch):
     recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
     monkeypatch.setitem(sys.modules, "moto", None)
     result, seconds = invoke("rehearse", recipe)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     assert result.stderr.strip() == (
         "error: rehearse runs the trainer on a local S3 and needs moto, which the 'rehearse' extra installs: "
         "pip install 'tiered-training[rehearse]'"
     )
     assert seconds < 2.0
+
+
+def test_plan_chart_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for fmt in ("table", "json"):
+        result, _ = invoke("plan", recipe, "--chart", tmp_path / "memory.png", "--format", fmt)
+        assert result.exit_code == 3, result.output
+        assert result.stderr.strip() == (
+            "error: plan --chart needs matplotlib, which the 'plot' extra installs: pip install 'tiered-training[plot]'"
+        )
+        assert not (tmp_path / "memory.png").exists()
+    assert json.loads(result.stdout)["exit_code"] == 3
 
 
 def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkeypatch):

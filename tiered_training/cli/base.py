@@ -31,6 +31,20 @@ from tiered_training.recipe.names import stage_problem
 PROG = "tiered-training"
 EXIT_FAILED = 1
 EXIT_INVALID = 2
+EXIT_MISSING_EXTRA = 3  # the installation lacks an extra the command needs (the message names it)
+
+
+def need_extra(module: str, extra: str, what: str) -> None:
+    """Fail with :data:`EXIT_MISSING_EXTRA` when ``module``, which the ``extra`` installs, cannot be imported."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise Failure(
+            [f"{what} needs {module}, which the {extra!r} extra installs: pip install 'tiered-training[{extra}]'"],
+            EXIT_MISSING_EXTRA,
+        ) from None
 
 
 class Failure(Exception):

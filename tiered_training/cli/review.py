@@ -21,6 +21,7 @@ from tiered_training.cli.base import (
     _recipe_path,
     _reports_failures,
     _run_recipe,
+    need_extra,
     set_option,
 )
 from tiered_training.recipe.errors import Problem, RecipeError
@@ -132,6 +133,8 @@ def plan(
     from tiered_training import report
     from tiered_training.report.render import print_json
 
+    if chart is not None:
+        need_extra("matplotlib", "plot", "plan --chart")
     plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:
         print_json(report.plans_data(plans, failures))

@@ -18,6 +18,7 @@ from tiered_training.cli.base import (
     _STAGE,
     EXIT_FAILED,
     EXIT_INVALID,
+    EXIT_MISSING_EXTRA,
     PROG,
     AwsOptions,
     Commands,
@@ -219,7 +220,7 @@ def rehearse(
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
     except MissingExtra as exc:
-        raise Failure.of(exc, EXIT_FAILED) from None
+        raise Failure.of(exc, EXIT_MISSING_EXTRA) from None
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
     if as_json:

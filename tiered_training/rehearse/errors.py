@@ -8,4 +8,4 @@ class RehearsalError(Exception):
 
 
 class MissingExtra(RehearsalError):
-    """A package the rehearsal needs is not installed (exit 1: the machine, not the input)."""
+    """A package the rehearsal needs is not installed (exit 3: the installation, not the input)."""
