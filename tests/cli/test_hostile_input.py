@@ -494,4 +494,4 @@ def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkey
         assert seconds < 2.0
     result, _ = invoke("explain", "no-such")
     assert result.exit_code == 2
-    assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (the recipes in recipes/ are named my-pipeline)"
+    assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (valid recipe names: my-pipeline)"

@@ -192,7 +192,11 @@ def _recipe_path(recipe: Path) -> Path:
     found, names = recipe_by_name(str(recipe), RECIPES_DIR)
     if found is not None:
         return found
-    known = f"the recipes in {RECIPES_DIR}/ are named {', '.join(names)}" if names else f"no recipes in {RECIPES_DIR}/"
+    from tiered_training.recipe.keys import suggest
+
+    known = (
+        suggest(str(recipe), names, "recipe names", f"ls {RECIPES_DIR}/") if names else f"no recipes in {RECIPES_DIR}/"
+    )
     raise RecipeError([Problem(str(recipe), None, "", f"no such recipe file, nor a recipe of that name ({known})")])
 
 

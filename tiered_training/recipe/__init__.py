@@ -323,12 +323,11 @@ class ComputeSection(_Strict):
         known = quotas()
         for name, value in values.items():
             if name not in known:
-                from tiered_training.recipe.keys import closest, non_ascii
+                from tiered_training.recipe.keys import non_ascii, suggest
 
-                meant = closest(name, known)
                 inside = f" (contains non-ASCII {', '.join(non_ascii(name))})" if non_ascii(name) else ""
-                hint = f"did you mean {meant!r}?" if meant else f"known: {', '.join(sorted(known))}"
-                raise ValueError(f"unknown quota {name!r}{inside}; {hint} (tiered_training/catalog/quotas.yaml)")
+                hint = suggest(name, known, "quotas", "tiered_training/catalog/quotas.yaml")
+                raise ValueError(f"unknown quota {name!r}{inside}; {hint}")
             hard_max = known[name].hard_max
             if hard_max is not None and value > hard_max:
                 raise ValueError(
