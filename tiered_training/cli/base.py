@@ -79,7 +79,7 @@ class Failure(Exception):
                         "field": f.field,
                         "message": f.message,
                         "fix": f.fix,
-                        "text": format_finding(plan, f),
+                        "text": format_finding(plan, f).removeprefix("error: "),  # lines() adds it
                     }
                     for f in plan.errors
                 ],

@@ -96,9 +96,8 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
     err = _err()
     lines = []
-    for failure in failures:
-        text = str(failure).splitlines()
-        lines += [f"error: {text[0]}"] + text[1:]
+    for failure in failures:  # one line per problem, as every error is
+        lines += [f"error: {problem}" for problem in [str(p) for p in failure.problems] or [str(failure)]]
     print_lines(err, lines)
 
 

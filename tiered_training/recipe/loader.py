@@ -463,8 +463,8 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             continue  # a union's other branches failed too; the deeper problem is the one to fix
         if entry["alternatives"] and entry["wants"] and len(entry["choices"]) + len(entry["wants"]) > 1:
             # a union: each branch's type in words, such as "'auto', true or false, or a mapping of ..."
-            choices = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
-            entry["messages"] = [f"must be {_either(choices + entry['wants'])}"]
+            named = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
+            entry["messages"] = [f"must be {_either(named + entry['wants'])}"]
         elif entry["choices"]:
             choices = ", ".join(entry["choices"]).replace(" or ", ", ")
             entry["messages"].insert(0, f"must be one of {choices}")
