@@ -50,3 +50,23 @@ def test_a_loose_match_among_many_gives_the_closest_few():
 def test_a_few_names_are_all_listed():
     assert suggest("zzz", ["a", "b"], "names", "the list") == "valid names: a, b"
     assert suggest("aa", ["a", "aa1"], "names", "the list") == "did you mean 'aa1'? valid names: a, aa1"
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [("nope.x=1", "nope"), ("compute.zzz.y=2", "compute.zzz"), ("tuning.zzz=1", "")],
+)
+def test_an_unknown_key_that_an_override_brings_is_named_by_the_override(override, field):
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(yaml.safe_dump(recipe_dict(), sort_keys=False), "r.yaml", [override])
+    [problem] = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (f"--set {override}", None, field)
+    assert problem.message.startswith("unknown field; ")
+
+
+def test_an_unknown_section_in_the_file_stays_the_files():
+    text = yaml.safe_dump(recipe_dict(nope={"y": 1}), sort_keys=False)
+    with pytest.raises(RecipeError) as info:
+        parse_recipe(text, "r.yaml", ["nope.x=1"])
+    [problem] = info.value.problems
+    assert (problem.file, problem.field) == ("r.yaml", "nope") and problem.line

@@ -201,6 +201,7 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
     if not isinstance(data, dict):
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
     parsed = parse_overrides(overrides)
+    in_file = frozenset(lines)
     problems += apply_overrides(data, parsed)
     for override in parsed:  # the file's line no longer holds the value
         for field in [f for f in lines if override.covers(f)]:
@@ -215,7 +216,7 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
         problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
         recipe = None
     if problems or recipe is None:  # a recipe that failed validation always left a problem
-        problems = attribute(problems, parsed)
+        problems = attribute(problems, parsed, in_file)
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise RecipeError(problems)
     return recipe, lines
