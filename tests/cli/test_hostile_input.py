@@ -480,6 +480,15 @@ def test_plan_chart_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     assert json.loads(result.stdout)["exit_code"] == 3
 
 
+def test_plan_chart_to_a_folder_that_does_not_exist_is_one_line(tmp_path):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    result, _ = invoke("plan", recipe, "--chart", tmp_path / "no-such" / "memory.png")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --chart {tmp_path}/no-such/memory.png: cannot write it: No such file or directory"
+    )
+
+
 def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkeypatch):
     folder = tmp_path / "recipes"
     folder.mkdir()

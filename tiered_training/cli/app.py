@@ -47,6 +47,11 @@ def _json_requested(args) -> bool:
 _UsageError: type[UsageError] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
+def _usage_message(exc: Exception) -> str:
+    """click's message on one line, without the "Value error, " its enum conversion puts before the reason."""
+    return " ".join(exc.format_message().split()).replace("Value error, ", "")  # type: ignore[attr-defined]
+
+
 class _Command(typer.core.TyperCommand):
     """A command whose usage errors (bad option value, missing argument) are one line, or JSON."""
 
@@ -55,7 +60,7 @@ class _Command(typer.core.TyperCommand):
         try:
             return super().make_context(info_name, list(args), parent=parent, **extra)
         except _UsageError as exc:
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             hint = f" (see {PROG} {info_name} --help)"
             _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json)
             raise typer.Exit(EXIT_INVALID) from None
@@ -70,7 +75,7 @@ class _Group(typer.core.TyperGroup):
         except _UsageError as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as click shows it
                 raise
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
             raise typer.Exit(EXIT_INVALID) from None
 
@@ -78,7 +83,7 @@ class _Group(typer.core.TyperGroup):
         try:
             return super().resolve_command(ctx, args)
         except _UsageError as exc:
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
             raise typer.Exit(EXIT_INVALID) from None
 

@@ -144,7 +144,10 @@ def plan(
     if chart is not None and plans:
         from tiered_training.report.chart import memory_chart
 
-        memory_chart(plans, chart)
+        try:
+            memory_chart(plans, chart)
+        except OSError as exc:
+            raise Failure([f"--chart {escape(str(chart))}: cannot write it: {exc.strerror or exc}"], EXIT_INVALID) from None
         _err().print(f"memory chart written to {chart}")
     if format is not Format.json:
         _report_failures(failures)
