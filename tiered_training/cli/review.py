@@ -147,7 +147,9 @@ def plan(
         try:
             memory_chart(plans, chart)
         except OSError as exc:
-            raise Failure([f"--chart {escape(str(chart))}: cannot write it: {exc.strerror or exc}"], EXIT_INVALID) from None
+            raise Failure(
+                [f"--chart {escape(str(chart))}: cannot write it: {exc.strerror or exc}"], EXIT_INVALID
+            ) from None
         _err().print(f"memory chart written to {chart}")
     if format is not Format.json:
         _report_failures(failures)
