@@ -25,7 +25,7 @@ def problems(data) -> list[tuple]:
     ({"tuning.micro_batch_size": "big"}, [(14, "tuning.micro_batch_size",
       "must be 'auto' or an integer", "big")]),
     ({"tuning.micro_batch_size": 0}, [(14, "tuning.micro_batch_size",
-      "must be one of 'auto'; or input should be greater than or equal to 1", 0)]),
+      "must be 'auto' or greater than or equal to 1", 0)]),
     ({"tuning.batch_ramp": "yes please"}, [(14, "tuning.batch_ramp",
       "must be 'auto', true, false or a mapping of batch_ramp fields, such as start_fraction: 0.25", "yes please")]),
     ({"monitoring.loss_ceiling": "high"}, [(14, "monitoring.loss_ceiling",

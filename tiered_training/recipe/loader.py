@@ -466,6 +466,13 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             # a union: each branch's type in words, such as "'auto', true or false, or a mapping of ..."
             named = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
             entry["messages"] = [f"must be {_either(named + entry['wants'])}"]
+        elif (
+            entry["choices"] and entry["messages"] and all(m.startswith("input should be ") for m in entry["messages"])
+        ):
+            # a choice or a bounded value: "must be 'auto' or greater than or equal to 1"
+            named = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
+            bounds = [m.removeprefix("input should be ") for m in entry["messages"]]
+            entry["messages"] = [f"must be {_either(named + bounds)}"]
         elif entry["choices"]:
             choices = ", ".join(entry["choices"]).replace(" or ", ", ")
             entry["messages"].insert(0, f"must be one of {choices}")
