@@ -82,3 +82,8 @@ def test_a_section_that_is_not_a_mapping_says_what_it_takes_in_words(section, va
 def test_a_mapping_or_a_list_of_the_wrong_kind_says_so_in_words(field, value, expected):
     [(_, where, message, _)] = problems(recipe_dict(**{field: value}))
     assert (where, message) == (field, expected)
+
+
+def test_a_large_integer_bound_is_written_as_a_recipe_may_write_it():
+    [(_, field, message, value)] = problems(recipe_dict(**{"budget.total_tokens": 1000}))
+    assert (field, message, value) == ("budget.total_tokens", "input should be greater than or equal to 1_000_000", 1000)

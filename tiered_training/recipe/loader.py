@@ -593,5 +593,17 @@ def _message(error: ErrorDetails, path: Loc) -> str:
         return (
             f"must be {meaning}" if meaning else "has the wrong form for this field (tiered-training schema shows it)"
         )
+    if kind in BOUNDS and isinstance(ctx.get(BOUNDS[kind][1]), int) and abs(ctx[BOUNDS[kind][1]]) >= 10_000:
+        words, key = BOUNDS[kind]  # a large integer bound as a recipe may write it: 1_000_000
+        return f"input should be {words} {ctx[key]:_}"
     msg = error["msg"].removeprefix("Value error, ")
     return msg[0].lower() + msg[1:] if msg else kind
+
+
+# pydantic's bound errors: the words before the bound, and the bound's key in the error's context.
+BOUNDS = {
+    "greater_than": ("greater than", "gt"),
+    "greater_than_equal": ("greater than or equal to", "ge"),
+    "less_than": ("less than", "lt"),
+    "less_than_equal": ("less than or equal to", "le"),
+}
