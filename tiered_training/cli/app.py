@@ -9,7 +9,8 @@ Every command takes ``--format json``, and its errors appear in the JSON too
 (``{"ok": false, "exit_code": N, "errors": [...]}``) as well as one line each on stderr.
 Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
 input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
-option or value (checked here: no AWS call is made), or no recipes at all.
+option or value (checked here: no AWS call is made), or no recipes at all; 3 when the command
+needs an extra that is not installed.
 
 This module is the app: the typer plumbing (one-line or JSON usage errors, :class:`Failure`
 reporting, ``--version``) and :func:`main`, the ``tiered-training`` script. The commands are
