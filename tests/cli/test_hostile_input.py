@@ -60,7 +60,7 @@ CASES = [
     ("price_per_hour .nan", with_text(recipe_dict(**{"compute.price_per_hour": 1.5}), "price_per_hour: 1.5", "price_per_hour: .nan"), ["compute.price_per_hour", "finite"]),
     ("grad_clip .inf", with_text(recipe_dict(**{"optimizer.grad_clip": 1.5}), "grad_clip: 1.5", "grad_clip: .inf"), ["optimizer.grad_clip", "finite"]),
     ("rope_theta -.inf", recipe_dict(**{"model.catalog": None, "model.dimensions": {"layers": 2, "hidden_size": 64, "attention_heads": 1, "kv_heads": 1, "ffn_size": 64, "vocab_size": 256, "rope_theta": float("-inf")}}), ["rope_theta", "finite"]),
-    ("seed 2**64", recipe_dict(**{"data.seed": 2**64}), ["data.seed", "4294967295"]),
+    ("seed 2**64", recipe_dict(**{"data.seed": 2**64}), ["data.seed", "4_294_967_295"]),
     ("name of 130 characters", recipe_dict(name="n" * 130), ["name", "at most 84", "130 characters"]),
     ("name of 256 characters", recipe_dict(name="n" * 256), ["name", "at most 84"]),
     ("name of 85 characters", recipe_dict(name="n" * 85), ["SNS topic display name", "at most 100"]),
