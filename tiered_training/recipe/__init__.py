@@ -469,7 +469,8 @@ class TuningSection(_Strict):
         ),
     )
     lora: LoraSection | None = Field(
-        default=None, description="the LoRA adapters' settings; default: the values of LoraSection"
+        default=None,
+        description="the LoRA adapters' settings; default: rank 16, alpha 32, dropout 0.05 on all seven projections",
     )
 
 
