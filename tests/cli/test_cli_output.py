@@ -190,7 +190,7 @@ def test_piped_output_is_not_wrapped(tmp_path):
     result = invoke("validate", path)
     assert result.exit_code == 0
     line = next(x for x in result.stdout.splitlines() if "fp8-small-gain" in x)
-    assert line.startswith(str(path)) and "Fix:" in line and len(line) > 300
+    assert line.startswith(f"warning: {path}:") and "Fix:" in line and len(line) > 300
 
 
 # -- conveniences ------------------------------------------------------------------------

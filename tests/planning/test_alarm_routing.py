@@ -23,7 +23,7 @@ def _validate(tmp_path, monkeypatch, context: dict | None, **overrides):
 def test_alarms_to_an_unsubscribed_platform_topic_warn(tmp_path, monkeypatch):
     result = _validate(tmp_path, monkeypatch, None)
     assert result.exit_code == 2
-    assert "warning[alarms-unrouted]" in result.output and "monitoring" in result.output
+    assert "[alarms-unrouted]" in result.output and "monitoring" in result.output
 
 
 def test_an_address_in_the_recipe_or_the_app_context_routes_them(tmp_path, monkeypatch):

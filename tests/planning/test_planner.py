@@ -450,7 +450,8 @@ def test_findings_point_at_the_recipe_line(tmp_path):
     plan = resolve(recipe, source="line.yaml", lines=lines)
     from tiered_training.report import format_finding
 
-    assert format_finding(plan, plan.errors[0]).startswith("line.yaml:9: error[fp8-unsupported]: tuning.precision:")
+    text = format_finding(plan, plan.errors[0])
+    assert text.startswith("error: line.yaml:9: tuning.precision:") and text.endswith(" [fp8-unsupported]")
 
 
 # -- the search ------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def test_plan_error_lists_each_finding_with_its_fix(tmp_path):
     assert lines[0] == f"unit-test: {len(plan.errors)} error(s)"
     assert len(lines) == 1 + len(plan.errors)
     needs = next(line for line in lines if "needs-multiple-nodes" in line)
-    assert needs.startswith(f"  {path}:") and "error[needs-multiple-nodes]: compute.instance_count:" in needs
+    assert needs.startswith(f"  error: {path}:") and needs.endswith(" [needs-multiple-nodes]")
+    assert f"{path}:{plan.locations['compute.instance_count']}: compute.instance_count: " in needs
     assert "Fix: set compute.instance_count to" in needs
     assert raised.value.plan is plan and raised.value.args == (str(raised.value),)

@@ -93,7 +93,7 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
     assert "\n**unit-test**\n" in text and text.endswith("\n")
-    assert not any("info[" in n for n in notes) and any(f.severity == "info" for f in _plan().findings)
+    assert not any("info: " in n for n in notes) and any(f.severity == "info" for f in _plan().findings)
     informed = _plan()
     assert not any("departs-from-tier" in line for line in report.plans_markdown([informed]).splitlines())
     assert report.plans_json([informed]) .strip().startswith("{")
@@ -205,9 +205,9 @@ def test_a_finding_points_at_its_field_or_the_nearest_parent(tmp_path):
     assert report.finding_line(plan, under) == plan.locations["compute.instance_type"] != plan.locations["compute"]
     assert report.finding_line(plan, Finding("info", "x", "m")) is None
     assert report.format_finding(plan, located) == (
-        f"{plan.source}:{plan.locations['compute.instance_type']}: warning[x]: compute.instance_type: a message. Fix: do this.")
-    assert report.format_finding(plan, Finding("info", "y", "m")) == f"{plan.source}: info[y]: m."
-    assert report.format_finding(_plan(), Finding("info", "y", "m")) == "unit-test: info[y]: m."
+        f"warning: {plan.source}:{plan.locations['compute.instance_type']}: compute.instance_type: a message. Fix: do this. [x]")
+    assert report.format_finding(plan, Finding("info", "y", "m")) == f"info: {plan.source}: m. [y]"
+    assert report.format_finding(_plan(), Finding("info", "y", "m")) == "info: unit-test: m. [y]"
 
 
 def test_explain_sections_in_order():

@@ -22,7 +22,7 @@ from tiered_training.recipe.regions import region_problem
 from tiered_training.text import clip
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Stopped"})
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MISSING_EXTRA = 0, 1, 2, 3
 
 
 class StartError(Exception):
@@ -44,6 +44,12 @@ class ParameterError(StartError):
     """A parameter that is wrong before any call is made (exit 2, like invalid input)."""
 
     exit_code = EXIT_USAGE
+
+
+class MissingExtraError(StartError):
+    """boto3 is not installed (exit 3: the installation, not the input nor AWS)."""
+
+    exit_code = EXIT_MISSING_EXTRA
 
 
 @dataclass
@@ -172,7 +178,7 @@ def require_boto3(command: str = "this command") -> None:
     try:
         import boto3  # noqa: F401
     except ImportError:
-        raise StartError(
+        raise MissingExtraError(
             f"{command} calls AWS and needs boto3, which the '{EXTRA}' extra installs: "
             f"pip install 'tiered-training[{EXTRA}]'"
         ) from None

@@ -10,7 +10,8 @@ Every command takes ``--format json``, and its errors appear in the JSON too (``
 as one line each on stderr.
 Exit codes: 0 when everything is fine; 1 when AWS refuses or a run fails; 2 for invalid
 input: a recipe that does not load or whose plan has errors (``diff`` included), a bad
-option or value (checked here: no AWS call is made), or no recipes at all.
+option or value (checked here: no AWS call is made), or no recipes at all; 3 when the command
+needs an extra that is not installed.
 
 This module is the app: the typer plumbing (one-line or JSON usage errors, :class:`Failure`
 reporting, ``--version``) and :func:`main`, the ``tiered-training`` script. The commands are
@@ -48,6 +49,11 @@ def _json_requested(args) -> bool:
 _UsageError: type[UsageError] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
+def _usage_message(exc: Exception) -> str:
+    """click's message on one line, without the "Value error, " its enum conversion puts before the reason."""
+    return " ".join(exc.format_message().split()).replace("Value error, ", "")  # type: ignore[attr-defined]
+
+
 class _Command(typer.core.TyperCommand):
     """A command whose usage errors (bad option value, missing argument) are one line, or JSON."""
 
@@ -56,7 +62,7 @@ class _Command(typer.core.TyperCommand):
         try:
             return super().make_context(info_name, list(args), parent=parent, **extra)
         except _UsageError as exc:
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             hint = f" (see {PROG} {info_name} --help)"
             _emit_failure(Failure([{"message": message + hint}], EXIT_INVALID), as_json, info_name)
             raise typer.Exit(EXIT_INVALID) from None
@@ -71,7 +77,7 @@ class _Group(typer.core.TyperGroup):
         except _UsageError as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as click shows it
                 raise
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
             raise typer.Exit(EXIT_INVALID) from None
 
@@ -79,7 +85,7 @@ class _Group(typer.core.TyperGroup):
         try:
             return super().resolve_command(ctx, args)
         except _UsageError as exc:
-            message = " ".join(exc.format_message().split())
+            message = _usage_message(exc)
             _emit_failure(Failure([{"message": f"{message} (see {PROG} --help)"}], EXIT_INVALID), _json_requested(args))
             raise typer.Exit(EXIT_INVALID) from None
 

@@ -31,6 +31,20 @@ from tiered_training.recipe.names import stage_problem
 PROG = "tiered-training"
 EXIT_FAILED = 1
 EXIT_INVALID = 2
+EXIT_MISSING_EXTRA = 3  # the installation lacks an extra the command needs (the message names it)
+
+
+def need_extra(module: str, extra: str, what: str) -> None:
+    """Fail with :data:`EXIT_MISSING_EXTRA` when ``module``, which the ``extra`` installs, cannot be imported."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise Failure(
+            [f"{what} needs {module}, which the {extra!r} extra installs: pip install 'tiered-training[{extra}]'"],
+            EXIT_MISSING_EXTRA,
+        ) from None
 
 
 class Failure(Exception):
@@ -65,7 +79,7 @@ class Failure(Exception):
                         "field": f.field,
                         "message": f.message,
                         "fix": f.fix,
-                        "text": format_finding(plan, f),
+                        "text": format_finding(plan, f).removeprefix("error: "),  # lines() adds it
                     }
                     for f in plan.errors
                 ],
@@ -181,7 +195,11 @@ def _recipe_path(recipe: Path) -> Path:
     found, names = recipe_by_name(str(recipe), RECIPES_DIR)
     if found is not None:
         return found
-    known = f"the recipes in {RECIPES_DIR}/ are named {', '.join(names)}" if names else f"no recipes in {RECIPES_DIR}/"
+    from tiered_training.recipe.keys import suggest
+
+    known = (
+        suggest(str(recipe), names, "recipe names", f"ls {RECIPES_DIR}/") if names else f"no recipes in {RECIPES_DIR}/"
+    )
     raise RecipeError([Problem(str(recipe), None, "", f"no such recipe file, nor a recipe of that name ({known})")])
 
 

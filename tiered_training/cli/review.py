@@ -20,6 +20,7 @@ from tiered_training.cli.base import (
     _print,
     _recipe_path,
     _run_recipe,
+    need_extra,
     set_option,
 )
 from tiered_training.recipe.errors import Problem, RecipeError
@@ -105,9 +106,8 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
     err = _err()
     lines = []
-    for failure in failures:
-        text = str(failure).splitlines()
-        lines += [f"error: {text[0]}"] + text[1:]
+    for failure in failures:  # one line per problem, as every error is
+        lines += [f"error: {problem}" for problem in [str(p) for p in failure.problems] or [str(failure)]]
     print_lines(err, lines)
 
 
@@ -155,6 +155,8 @@ def plan(
     """Resolve recipes into plans and print them."""
     from tiered_training import report
 
+    if chart is not None:
+        need_extra("matplotlib", "plot", "plan --chart")
     plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:
         _emit_plans("plan", plans, failures, _exit_code(plans, failures))
@@ -165,7 +167,12 @@ def plan(
     if chart is not None and plans:
         from tiered_training.report.chart import memory_chart
 
-        memory_chart(plans, chart)
+        try:
+            memory_chart(plans, chart)
+        except OSError as exc:
+            raise Failure(
+                [f"--chart {escape(str(chart))}: cannot write it: {exc.strerror or exc}"], EXIT_INVALID
+            ) from None
         _err().print(f"memory chart written to {chart}")
     if format is not Format.json:
         _report_failures(failures)

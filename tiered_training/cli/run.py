@@ -19,6 +19,7 @@ from tiered_training.cli.base import (
     _STAGE,
     EXIT_FAILED,
     EXIT_INVALID,
+    EXIT_MISSING_EXTRA,
     PROG,
     AwsOptions,
     Commands,
@@ -360,7 +361,7 @@ def rehearse(
     except Stopped as stopped:  # SIGTERM or SIGINT: the hosts are stopped; 143 or 130
         raise Failure([f"rehearse stopped by {stopped}"], stopped.exit_code) from None
     except MissingExtra as exc:
-        raise Failure.of(exc, EXIT_FAILED) from None
+        raise Failure.of(exc, EXIT_MISSING_EXTRA) from None
     except (RecipeError, RehearsalError, PlanError, ValueError) as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
     code = 0 if result.ok else EXIT_FAILED

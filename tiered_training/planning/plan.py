@@ -487,13 +487,15 @@ def finding_line(plan: PlanResult, finding: Finding) -> int | None:
 
 
 def format_finding(plan: PlanResult, finding: Finding) -> str:
+    """``error: FILE:LINE: FIELD: MESSAGE. Fix: FIX. [CODE]``: the command line's one error format
+    (a recipe problem's, with the severity first and the finding's code last)."""
     line = finding_line(plan, finding)
     where = escape(plan.source or plan.name)
     if line:
         where += f":{line}"
     field = f" {finding.field}:" if finding.field else ""
     fix = f" Fix: {finding.fix}." if finding.fix else ""
-    return f"{where}: {finding.severity}[{finding.code}]:{field} {finding.message}.{fix}"
+    return f"{finding.severity}: {where}:{field} {finding.message}.{fix} [{finding.code}]"
 
 
 class PlanError(Exception):

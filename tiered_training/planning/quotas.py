@@ -138,7 +138,10 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
     out = {}
     for name, number in value.items():
         if name not in catalog:
-            raise ValueError(f"{where}: unknown quota {name!r}; known: {', '.join(sorted(catalog))}")
+            from tiered_training.recipe.keys import suggest
+
+            hint = suggest(name, catalog, "quotas", "tiered_training/catalog/quotas.yaml")
+            raise ValueError(f"{where}: unknown quota {name!r}; {hint}")
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
             raise ValueError(f"{where}: {name}: {number!r} is not a number >= 0")
         hard_max = catalog[name].hard_max

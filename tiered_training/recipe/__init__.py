@@ -7,13 +7,13 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 from __future__ import annotations
 
 import re
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tiered_training.contract.architecture import Architecture
 from tiered_training.contract.runconfig import HF_ID_PATTERN
-from tiered_training.recipe.names import name_problem
+from tiered_training.recipe.names import longest_name, name_problem
 
 AUTO: Final = "auto"
 # A cross-field error names its field with this prefix; the loader points at that field.
@@ -61,6 +61,26 @@ Checkpointing = Literal["none", "selective", "full"]
 Sharding = Literal["full", "hybrid", "none"]
 
 
+def _instance_types(schema: dict[str, Any]) -> None:
+    """The schema's enum of instance types: the catalogue's, which the planner accepts."""
+    from tiered_training.catalog import instances
+
+    schema["enum"] = sorted(instances())
+
+
+def _catalogue_models(schema: dict[str, Any]) -> None:
+    """The schema's enum of catalogue model ids, on the text branch of an optional field."""
+    from tiered_training.catalog import models
+
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string":
+            branch["enum"] = sorted(models())
+
+
+def _name_length(schema: dict[str, Any]) -> None:
+    schema["maxLength"] = longest_name()
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -68,7 +88,12 @@ class _Strict(BaseModel):
 class ModelSection(_Strict):
     """One of ``catalog`` (an id from ``tiered-training models``), ``dimensions`` or ``hf_config``."""
 
-    catalog: str | None = Field(default=None, max_length=128)
+    catalog: str | None = Field(
+        default=None,
+        max_length=128,
+        description="a model id from the catalogue (tiered-training models)",
+        json_schema_extra=_catalogue_models,
+    )
     dimensions: Architecture | None = None
     hf_config: str | None = Field(
         default=None,
@@ -240,7 +265,11 @@ class OptimizerSection(_Strict):
 
 
 class ComputeSection(_Strict):
-    instance_type: str = Field(max_length=64)
+    instance_type: str = Field(
+        max_length=64,
+        description="a GPU training instance from the catalogue (tiered-training instances)",
+        json_schema_extra=_instance_types,
+    )
     instance_count: int = Field(default=1, ge=1, le=512)
     spot: bool = False
     max_runtime_hours: float | None = Field(
@@ -294,12 +323,11 @@ class ComputeSection(_Strict):
         known = quotas()
         for name, value in values.items():
             if name not in known:
-                from tiered_training.recipe.keys import closest, non_ascii
+                from tiered_training.recipe.keys import non_ascii, suggest
 
-                meant = closest(name, known)
                 inside = f" (contains non-ASCII {', '.join(non_ascii(name))})" if non_ascii(name) else ""
-                hint = f"did you mean {meant!r}?" if meant else f"known: {', '.join(sorted(known))}"
-                raise ValueError(f"unknown quota {name!r}{inside}; {hint} (tiered_training/catalog/quotas.yaml)")
+                hint = suggest(name, known, "quotas", "tiered_training/catalog/quotas.yaml")
+                raise ValueError(f"unknown quota {name!r}{inside}; {hint}")
             hard_max = known[name].hard_max
             if hard_max is not None and value > hard_max:
                 raise ValueError(
@@ -441,14 +469,19 @@ class TuningSection(_Strict):
         ),
     )
     lora: LoraSection | None = Field(
-        default=None, description="the LoRA adapters' settings; default: the values of LoraSection"
+        default=None,
+        description="the LoRA adapters' settings; default: rank 16, alpha 32, dropout 0.05 on all seven projections",
     )
 
 
 class Recipe(_Strict):
     """A training recipe. See ``recipes/`` for templates."""
 
-    name: str = Field(pattern=PIPELINE_NAME_PATTERN, description="SageMaker pipeline name; names.py derives the others")
+    name: str = Field(
+        pattern=PIPELINE_NAME_PATTERN,
+        description="SageMaker pipeline name; names.py derives the others",
+        json_schema_extra=_name_length,
+    )
     description: str | None = Field(default=None, max_length=3072)
     task: Literal["pretrain", "sft"] = Field(
         default="pretrain",

@@ -116,14 +116,43 @@ def closest(key: str, valid: Iterable[str]) -> str | None:
     return hint[0] if hint else None
 
 
+# A message lists every valid name up to this many; beyond, the closest few.
+LIST_LIMIT = 10
+
+
+def closest_few(key: str, valid: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` valid names that look like ``key``, closest first (a looser match than :func:`closest`)."""
+    valid = list(valid)
+    return difflib.get_close_matches(ascii_skeleton(key), valid, n=n, cutoff=0.4) or difflib.get_close_matches(
+        key, valid, n=n, cutoff=0.4
+    )
+
+
+def suggest(key: str, valid: Iterable[str], noun: str, listed_in: str) -> str:
+    """What to say about an unknown ``key``: "did you mean ...?", then every valid name when they are few;
+    when they are many and none is close, how many there are and ``listed_in``, where to see them."""
+    valid = sorted(valid)
+    meant = closest(key, valid)
+    parts = [f"did you mean {meant!r}?"] if meant else []
+    if len(valid) <= LIST_LIMIT:
+        parts.append(f"valid {noun}: {', '.join(valid)}")
+    elif not meant:
+        near = closest_few(key, valid)
+        parts.append(
+            f"closest: {', '.join(near)} (of {len(valid)} {noun}; {listed_in} lists them)"
+            if near
+            else f"none of the {len(valid)} {noun} is close ({listed_in} lists them)"
+        )
+    return " ".join(parts)
+
+
 def lookalike_hint(key: str, valid: Iterable[str]) -> tuple[str, str | None]:
     """The message for an unknown ``key``, and the field it was meant to be (or None)."""
     valid = sorted(valid)
     meant = closest(key, valid)
     chars = non_ascii(key)
+    hint = suggest(key, valid, "fields here", "docs/recipe.md")
     if chars:
-        inside = f"contains non-ASCII {', '.join(chars)}"
-        guess = f"; did you mean {meant!r}?" if meant else f"; valid fields here: {', '.join(valid)}"
-        return f"unknown key {key!r} ({inside}{guess})", meant
-    suggestion = f"did you mean {meant!r}? " if meant else ""
-    return f"unknown field; {suggestion}valid fields here: {', '.join(valid)}", meant
+        guess = f"did you mean {meant!r}?" if meant else hint
+        return f"unknown key {key!r} (contains non-ASCII {', '.join(chars)}; {guess})", meant
+    return f"unknown field; {hint}", meant

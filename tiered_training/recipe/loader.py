@@ -45,7 +45,7 @@ Lines = dict[str, int]
 Loc = tuple[int | str, ...]
 # Errors pydantic reports for the branches of a union that the value did not take.
 UNION_ALTERNATIVES = frozenset(
-    {"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "model_type", "dict_type"}
+    {"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "float_type", "model_type", "dict_type"}
 )
 RECIPE_SUFFIXES = (".yaml", ".yml")
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -201,6 +201,7 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
     if not isinstance(data, dict):
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
     parsed = parse_overrides(overrides)
+    in_file = frozenset(lines)
     problems += apply_overrides(data, parsed)
     for override in parsed:  # the file's line no longer holds the value
         for field in [f for f in lines if override.covers(f)]:
@@ -215,7 +216,7 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
         problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
         recipe = None
     if problems or recipe is None:  # a recipe that failed validation always left a problem
-        problems = attribute(problems, parsed)
+        problems = attribute(problems, parsed, in_file)
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise RecipeError(problems)
     return recipe, lines
@@ -431,8 +432,21 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
         dotted = ".".join(map(str, path))
         entry = grouped.setdefault(
             dotted,
-            {"path": path, "messages": [], "choices": [], "reached": reached, "alternatives": True, "kinds": set()},
+            {
+                "path": path,
+                "messages": [],
+                "choices": [],
+                "wants": [],
+                "reached": reached,
+                "alternatives": True,
+                "kinds": set(),
+            },
         )
+        want = TYPE_WANTS.get(error["type"]) or (
+            message.removeprefix("must be ") if error["type"] == "model_type" else None
+        )
+        if want and want not in entry["wants"]:
+            entry["wants"].append(want)
         entry["alternatives"] &= error["type"] in UNION_ALTERNATIVES
         entry["kinds"].add(error["type"])
         if error["type"] == "extra_forbidden":
@@ -448,7 +462,18 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
         path = entry["path"]
         if entry["alternatives"] and any(other.startswith(dotted + ".") for other in grouped):
             continue  # a union's other branches failed too; the deeper problem is the one to fix
-        if entry["choices"]:
+        if entry["alternatives"] and entry["wants"] and len(entry["choices"]) + len(entry["wants"]) > 1:
+            # a union: each branch's type in words, such as "'auto', true or false, or a mapping of ..."
+            named = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
+            entry["messages"] = [f"must be {_either(named + entry['wants'])}"]
+        elif (
+            entry["choices"] and entry["messages"] and all(m.startswith("input should be ") for m in entry["messages"])
+        ):
+            # a choice or a bounded value: "must be 'auto' or greater than or equal to 1"
+            named = [c for text in entry["choices"] for c in text.replace(" or ", ", ").split(", ")]
+            bounds = [m.removeprefix("input should be ") for m in entry["messages"]]
+            entry["messages"] = [f"must be {_either(named + bounds)}"]
+        elif entry["choices"]:
             choices = ", ".join(entry["choices"]).replace(" or ", ", ")
             entry["messages"].insert(0, f"must be one of {choices}")
         value, has_value = _value_at(data, path) if entry["reached"] else (None, False)
@@ -467,7 +492,7 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             and value.is_integer()
             and abs(value) < 1e30
         ):
-            message = f"{message}: write {int(value):_} (digits may be grouped with _)"
+            message = f"{message}: write {int(value):_} (an integer; digits may be grouped by thousands with _)"
         problems.append(
             Problem(
                 file=name,
@@ -481,6 +506,21 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
     return problems
 
 
+# A union branch's type, in words.
+TYPE_WANTS = {
+    "bool_type": "true, false",
+    "bool_parsing": "true, false",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "dict_type": "a mapping",
+}
+
+
+def _either(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
+
+
 def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
     """An unknown key meant as a required field that is missing is one problem, not two."""
     for entry in list(grouped.values()):
@@ -491,6 +531,35 @@ def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
         other = grouped.get(sibling)
         if other is not None and other["kinds"] == {"missing"}:
             del grouped[sibling]
+
+
+# An example line for the sections whose fields have no defaults to show.
+EXAMPLES = {
+    "ModelSection": "catalog: llama-3.1-8b",
+    "DataSection": "uri: s3://my-bucket/tokens/",
+    "BudgetSection": "total_tokens: 50_000_000_000",
+    "ComputeSection": "instance_type: ml.p5.48xlarge",
+    "Architecture": "layers: 32",
+}
+
+
+def _mapping_message(path: Loc, model: type[BaseModel] | None) -> str:
+    """What a section that is not a mapping should be, with one of its fields as an example."""
+    what = f"{path[-1]} fields" if path else "fields"
+    example = _example(model) if model is not None else None
+    return f"must be a mapping of {what}" + (f", such as {example}" if example else "")
+
+
+def _example(model: type[BaseModel]) -> str | None:
+    if model.__name__ in EXAMPLES:
+        return EXAMPLES[model.__name__]
+    for name, field in model.model_fields.items():
+        default = field.default
+        if isinstance(default, bool):
+            return f"{name}: {str(default).lower()}"
+        if isinstance(default, (int, float, str)):
+            return f"{name}: {default}"
+    return None
 
 
 def _line_for(path: Loc, lines: Lines) -> int | None:
@@ -512,10 +581,29 @@ def _message(error: ErrorDetails, path: Loc) -> str:
         return "required field is missing"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected', '')}"
+    if kind == "model_type":
+        return _mapping_message(path, _model_at(path))
+    if kind == "dict_type":
+        example = ", such as team: ml" if path == ("tags",) else ""
+        return f"must be a mapping of names to values (name: value lines){example}"
+    if kind == "list_type":
+        return "must be a list (lines starting with '- ', or [a, b])"
     if kind == "string_pattern_mismatch":
         meaning = PATTERN_MEANING.get(str(ctx.get("pattern", "")))
         return (
             f"must be {meaning}" if meaning else "has the wrong form for this field (tiered-training schema shows it)"
         )
+    if kind in BOUNDS and isinstance(ctx.get(BOUNDS[kind][1]), int) and abs(ctx[BOUNDS[kind][1]]) >= 10_000:
+        words, key = BOUNDS[kind]  # a large integer bound as a recipe may write it: 1_000_000
+        return f"input should be {words} {ctx[key]:_}"
     msg = error["msg"].removeprefix("Value error, ")
     return msg[0].lower() + msg[1:] if msg else kind
+
+
+# pydantic's bound errors: the words before the bound, and the bound's key in the error's context.
+BOUNDS = {
+    "greater_than": ("greater than", "gt"),
+    "greater_than_equal": ("greater than or equal to", "ge"),
+    "less_than": ("less than", "lt"),
+    "less_than_equal": ("less than or equal to", "le"),
+}

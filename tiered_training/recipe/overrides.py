@@ -36,6 +36,10 @@ class Override:
         """Whether a problem with ``field`` is about this override (the field or one below it)."""
         return field == self.dotted or field.startswith(self.dotted + ".")
 
+    def above(self, field: str) -> bool:
+        """Whether ``field`` is a section on this override's path (``nope`` of ``nope.x``)."""
+        return self.dotted.startswith(field + ".")
+
 
 def parse_overrides(texts: Sequence[str]) -> list[Override]:
     """``key.path=value`` strings; a malformed one is a RecipeError naming it."""
@@ -77,15 +81,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[Override]) -> list[Pro
     return problems
 
 
-def attribute(problems: list[Problem], overrides: list[Override]) -> list[Problem]:
-    """Each problem with an overridden field, named by its override (``--set a.b=x: ...``) instead of a line."""
+def attribute(
+    problems: list[Problem], overrides: list[Override], in_file: frozenset[str] = frozenset()
+) -> list[Problem]:
+    """Each problem with an overridden field, named by its override (``--set a.b=x: ...``) instead of a line.
+
+    A problem with a section on an override's path that the file does not have (``nope`` of
+    ``--set nope.x=1``) is the override's too; ``in_file`` is the file's fields.
+    """
     out = []
     for problem in problems:
-        override = next((o for o in reversed(overrides) if problem.field and o.covers(problem.field)), None)
+        override = next(
+            (
+                o
+                for o in reversed(overrides)
+                if problem.field
+                and (o.covers(problem.field) or (o.above(problem.field) and problem.field not in in_file))
+            ),
+            None,
+        )
         if override is None:
             out.append(problem)
             continue
-        below = problem.field[len(override.dotted) + 1 :]
+        below = problem.field[len(override.dotted) + 1 :] if override.covers(problem.field) else problem.field
         out.append(
             Problem(
                 file=f"--set {clip(override.text, 100)}",

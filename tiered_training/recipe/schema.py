@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tiered_training.recipe.yaml12 import GROUPED
+
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = Path("docs/recipe.schema.json")
 REFERENCE_FILE = Path("docs/recipe.md")
@@ -25,8 +27,28 @@ HEADER = "# yaml-language-server: $schema=../docs/recipe.schema.json"
 def recipe_schema() -> dict[str, Any]:
     from tiered_training.recipe import Recipe
 
-    schema = Recipe.model_json_schema()
+    schema = Recipe.model_json_schema(schema_generator=_generator())
     return {"$schema": DRAFT, "title": "tiered-training recipe", **{k: v for k, v in schema.items() if k != "title"}}
+
+
+def _generator() -> type[Any]:
+    """pydantic's generator, with an integer's grouped form (``50_000_000_000``) beside each number.
+
+    The loader reads ``50_000_000_000`` as an integer; a YAML 1.2 parser in an editor reads it as
+    text, so the schema takes that text where a number goes (the loader refuses other underscores).
+    """
+    from pydantic.json_schema import GenerateJsonSchema
+
+    grouped = {"type": "string", "pattern": GROUPED}
+
+    class RecipeJsonSchema(GenerateJsonSchema):
+        def int_schema(self, schema: Any) -> dict[str, Any]:
+            return {"anyOf": [super().int_schema(schema), grouped]}
+
+        def float_schema(self, schema: Any) -> dict[str, Any]:
+            return {"anyOf": [super().float_schema(schema), grouped]}
+
+    return RecipeJsonSchema
 
 
 def schema_text() -> str:
@@ -36,8 +58,8 @@ def schema_text() -> str:
 def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
     if "$ref" in prop:
         return f"[{prop['$ref'].rsplit('/', 1)[-1]}](#{prop['$ref'].rsplit('/', 1)[-1].lower()})"
-    if "anyOf" in prop:
-        return " or ".join(_type(p, defs) for p in prop["anyOf"])
+    if "anyOf" in prop:  # an integer's grouped form is said once, in the header
+        return " or ".join(_type(p, defs) for p in prop["anyOf"] if p.get("pattern") != GROUPED)
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
@@ -120,6 +142,9 @@ def reference_text() -> str:
         "Generated from the recipe's JSON Schema ([recipe.schema.json](recipe.schema.json), also printed by",
         "`tiered-training schema`) by `python -m tiered_training.recipe.schema --write`; do not edit by hand.",
         "Values are YAML 1.2: `true`/`false` are the only booleans, and `1:30` or `yes` are text.",
+        "A number may be written with its digits grouped by thousands, `50_000_000_000`, and only so:",
+        "`1_0` and `1_000.5` are errors. (To a YAML 1.2 parser such as an editor's the grouped form is text,",
+        "so the schema takes it as a string of that form; the CLI reads it as the integer and checks its bounds.)",
         "",
     ]
     lines += _table("Recipe", schema, defs)

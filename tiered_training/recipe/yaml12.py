@@ -5,8 +5,10 @@ PyYAML resolves plain scalars as YAML 1.1 does: ``1:30`` is 90 (base 60), ``yes`
 recipe is read with the YAML 1.2 core schema instead
 (https://yaml.org/spec/1.2.2/#1032-tag-resolution): only ``true``/``false`` are
 booleans, only ``null``/``~``/empty are null, integers are decimal, ``0o`` octal or
-``0x`` hexadecimal, everything else that is not a float is a string. Digits may be
-grouped with underscores (``50_000_000_000``), as in Python.
+``0x`` hexadecimal, everything else that is not a float is a string. An integer's digits
+may be grouped by thousands with underscores (``50_000_000_000``): the recipe's JSON Schema
+takes the same form (:data:`GROUPED`) as a string, which is what a YAML 1.2 parser in an
+editor reads it as. No other underscore is a number (``1_0``, ``1_000.5``).
 
 :func:`yaml11_reading` says what YAML 1.1 would have made of a string, so that a
 field expecting a number or a boolean can say why ``1:30`` or ``yes`` is refused.
@@ -26,12 +28,15 @@ else:
 
 BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
-DIGITS = r"[0-9]+(?:_[0-9]+)*"
-INT = re.compile(rf"^(?:[-+]?{DIGITS}|0o[0-7]+|0x[0-9a-fA-F]+)$")
+# An unsigned integer with its digits grouped by thousands; the schema's pattern for the same form.
+GROUPED = r"^[0-9]{1,3}(_[0-9]{3})+$"
+INT = re.compile(rf"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$|{GROUPED}")
 FLOAT = re.compile(
-    rf"^(?:[-+]?(?:\.{DIGITS}|{DIGITS}(?:\.(?:{DIGITS})?)?)(?:[eE][-+]?[0-9]+)?"
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
+# Digits and underscores that are not grouped by thousands: text, with a hint.
+MISGROUPED = re.compile(r"^[-+]?[0-9_.]*_[0-9_.]*$")
 MERGE = re.compile(r"^(?:<<)$")
 
 # What YAML 1.1 (PyYAML) reads differently: booleans and sexagesimal numbers.
@@ -74,7 +79,7 @@ def _int(loader: Loader, node: yaml.ScalarNode) -> int:
         raise ValueError(f"{value!r} is not a YAML 1.2 integer")
     if value.startswith(("0o", "0x")):
         return int(value, 0)
-    return int(value, 10)
+    return int(value.replace("_", ""), 10)
 
 
 def _float(loader: Loader, node: yaml.ScalarNode) -> float:
@@ -105,6 +110,12 @@ def yaml11_reading(value: Any) -> str | None:
         return (
             f"{value!r} is text in YAML 1.2 (YAML 1.1 read it as {_base60(value):g}, base 60); "
             "write a decimal number, e.g. 1.5 for an hour and a half"
+        )
+    if MISGROUPED.match(value) and any(c.isdigit() for c in value):
+        plain = value.replace("_", "")
+        return (
+            f"{value!r} is text: an underscore may only group an unsigned integer's digits by thousands, "
+            "such as 50_000_000_000" + (f"; write {plain}" if re.fullmatch(r"[-+]?[0-9]+(\.[0-9]*)?", plain) else "")
         )
     return None
 

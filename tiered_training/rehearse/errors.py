@@ -10,7 +10,7 @@ class RehearsalError(Exception):
 
 
 class MissingExtra(RehearsalError):
-    """A package the rehearsal needs is not installed (exit 1: the machine, not the input)."""
+    """A package the rehearsal needs is not installed (exit 3: a missing extra)."""
 
 
 class Stopped(BaseException):
