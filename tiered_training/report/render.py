@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -29,7 +30,11 @@ LINE_LIMIT = 4000
 # Width for output that is not a terminal: wide enough that nothing wraps.
 UNBOUNDED = 100_000
 # Piped, a table wider than this wraps its prose cells (at spaces) to this width.
-PIPED_TABLE_WIDTH = 120
+PIPED_TABLE_WIDTH = 100
+# Notes under a table (legends, sources, hints) wrap at spaces to this width, or the terminal's if narrower.
+NOTE_WIDTH = 100
+NBSP = "\u00a0"
+GAP = 2  # columns between two of a table's columns
 
 
 def console(stderr: bool = False):
@@ -76,6 +81,20 @@ def print_lines(con, lines: Iterable[str]) -> None:
     out.flush()
 
 
+def print_notes(con, lines: Iterable[str]) -> None:
+    """Prose under a table, wrapped at spaces to :data:`NOTE_WIDTH` (or the console's width if narrower),
+    piped or not; a word longer than the width (a path, a command) stays whole."""
+    width = min(width_of(con) or NOTE_WIDTH, NOTE_WIDTH)
+    wrapped = []
+    for line in lines:
+        line = line if line.isprintable() else escape(line)
+        # A `command` stays on one line: its spaces are no-break spaces while the line wraps.
+        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+        parts = textwrap.wrap(line, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+        wrapped += [part.replace(NBSP, " ") for part in parts] or [""]
+    print_lines(con, wrapped)
+
+
 def _cell(value: Any):
     from rich.text import Text
 
@@ -90,15 +109,26 @@ def print_table(
     numeric: Iterable[str] = (),
     title_column: str | None = None,
     show_lines: bool = False,
+    wide: bool = False,
 ) -> None:
     """Rows as a table when it fits the console, else one ``key  value`` block per row.
 
-    ``numeric`` columns never wrap; nothing is folded, so a number is never split.
+    ``numeric`` columns never wrap; nothing is folded, so a number is never split. A ``wide`` table
+    (asked for with ``--wide``) keeps each row on one line when piped.
     """
+    from rich import box
     from rich.table import Table
 
     numeric = set(numeric)
-    table = Table(header_style="bold", show_lines=show_lines)
+    # A rule under the header, two spaces between columns, no borders: the narrowest table that reads well.
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        header_style="bold",
+        show_lines=show_lines,
+    )
     for column in columns:
         prose = column not in numeric and any(" " in str(row.get(column) or "") for row in rows)
         table.add_column(column, no_wrap=not prose, justify="right" if column in numeric else "left")
@@ -107,7 +137,7 @@ def print_table(
     width = width_of(con)
     measured = con.measure(table, options=con.options.update_width(UNBOUNDED))
     if width is None:
-        if measured.maximum > PIPED_TABLE_WIDTH:
+        if measured.maximum > PIPED_TABLE_WIDTH and not wide:
             _wrap_prose(table, columns, rows, PIPED_TABLE_WIDTH)
         con.print(table)
         return
@@ -129,7 +159,7 @@ def _wrap_prose(table, columns: Sequence[str], rows: Sequence[dict[str, Any]], t
     prose = [i for i, column in enumerate(table.columns) if not column.no_wrap]
     widths = {i: natural[columns[i]] for i in prose}
     fixed = sum(natural[c] for i, c in enumerate(columns) if i not in widths)
-    budget = target - fixed - 3 * len(columns) - 1  # padding of 1 on each side and a border per column
+    budget = target - fixed - GAP * (len(columns) - 1)
     while sum(widths.values()) > budget:
         shrinkable = [i for i in widths if widths[i] > floor[columns[i]]]
         if not shrinkable:
