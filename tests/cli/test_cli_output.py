@@ -225,6 +225,18 @@ def test_piped_output_is_not_wrapped(tmp_path):
     assert line.startswith(str(path)) and "Fix:" in line and len(line) > 300
 
 
+def test_no_color_means_no_bold_and_no_ansi_at_all():
+    """https://no-color.org: NO_COLOR set, a terminal gets the same tables without a single escape sequence."""
+    terminal = {"FORCE_COLOR": "1", "COLUMNS": "200", "NO_COLOR": None}
+    for args in (("plan", RECIPES[0]), ("tiers",), ("instances",), ("plan", "--wide", RECIPES[0])):
+        styled = invoke(*args, env=terminal)
+        plain = invoke(*args, env={**terminal, "NO_COLOR": "1"})
+        assert styled.exit_code == plain.exit_code == 0, plain.output
+        assert "\x1b[1m" in styled.stdout, args  # bold headers on a terminal
+        assert "\x1b" not in plain.stdout and "\x1b" not in plain.stderr, args
+        assert plain.stdout.split() == re.sub(r"\x1b\[[0-9;]*m", "", styled.stdout).split()
+
+
 # -- conveniences ------------------------------------------------------------------------
 
 

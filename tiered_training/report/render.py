@@ -38,14 +38,20 @@ GAP = 2  # columns between two of a table's columns
 
 
 def console(stderr: bool = False):
-    """A rich Console: the terminal's width on a terminal, ``COLUMNS`` if set, else unbounded."""
+    """A rich Console: the terminal's width on a terminal, ``COLUMNS`` if set, else unbounded.
+
+    ``NO_COLOR`` set (https://no-color.org): no colour, and no bold or other ANSI style either.
+    """
     from rich.console import Console
 
-    probe = Console(stderr=stderr, highlight=False, markup=False, emoji=False)
+    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+    probe = Console(stderr=stderr, highlight=False, markup=False, emoji=False, **plain)
     if probe.is_terminal:
         return probe
     width = _columns() or UNBOUNDED
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, width=width, soft_wrap=width == UNBOUNDED)
+    return Console(
+        stderr=stderr, highlight=False, markup=False, emoji=False, width=width, soft_wrap=width == UNBOUNDED, **plain
+    )
 
 
 def _columns() -> int | None:
