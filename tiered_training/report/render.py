@@ -37,21 +37,68 @@ NBSP = "\u00a0"
 GAP = 2  # columns between two of a table's columns
 
 
-def console(stderr: bool = False):
-    """A rich Console: the terminal's width on a terminal, ``COLUMNS`` if set, else unbounded.
+class Console:
+    """Where a command prints: stdout or stderr, its width, whether it is a terminal and may be styled.
 
-    ``NO_COLOR`` set (https://no-color.org): no colour, and no bold or other ANSI style either.
+    Plain lines and tables that fit are written here directly; rich (about 30 ms to import) is loaded
+    only for what needs it: a table that wraps or becomes blocks (:meth:`rich`).
     """
-    from rich.console import Console
 
-    plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}
-    probe = Console(stderr=stderr, highlight=False, markup=False, emoji=False, **plain)
-    if probe.is_terminal:
-        return probe
-    width = _columns() or UNBOUNDED
-    return Console(
-        stderr=stderr, highlight=False, markup=False, emoji=False, width=width, soft_wrap=width == UNBOUNDED, **plain
-    )
+    def __init__(self, stderr: bool = False):
+        self.stderr = stderr
+        self.file = sys.stderr if stderr else sys.stdout
+        isatty = getattr(self.file, "isatty", lambda: False)
+        self.is_terminal = bool(os.environ.get("FORCE_COLOR")) or isatty()
+        # NO_COLOR set (https://no-color.org): no colour, and no bold or other ANSI style either.
+        self.styled = self.is_terminal and not os.environ.get("NO_COLOR")
+        if self.is_terminal:
+            self.width = _columns() or _terminal_columns(self.file)
+        else:
+            self.width = _columns() or UNBOUNDED
+        self._rich = None
+
+    def rich(self):
+        """The rich Console of the same stream, width and styling."""
+        if self._rich is None:
+            from rich.console import Console as Rich
+
+            plain = {} if self.styled else {"color_system": None}
+            self._rich = Rich(
+                file=self.file,
+                stderr=self.stderr,
+                highlight=False,
+                markup=False,
+                emoji=False,
+                width=self.width,
+                soft_wrap=self.width == UNBOUNDED,
+                force_terminal=self.is_terminal,
+                **plain,
+            )
+        return self._rich
+
+    def print(self, text: str = "", soft_wrap: bool = False) -> None:
+        """One line of plain text (wrapped at spaces to the width, unless ``soft_wrap``)."""
+        if soft_wrap:
+            self.file.write(text + "\n")
+            self.file.flush()
+        else:
+            print_lines(self, [text])
+
+    def bold(self, text: str) -> str:
+        return f"\x1b[1m{text}\x1b[0m" if self.styled else text
+
+
+def console(stderr: bool = False) -> Console:
+    """stdout's (or stderr's) :class:`Console`: the terminal's width on a terminal, ``COLUMNS`` if set,
+    else unbounded."""
+    return Console(stderr)
+
+
+def _terminal_columns(file) -> int:
+    try:
+        return os.get_terminal_size(file.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 def _columns() -> int | None:
@@ -122,10 +169,16 @@ def print_table(
     ``numeric`` columns never wrap; nothing is folded, so a number is never split. A ``wide`` table
     (asked for with ``--wide``) keeps each row on one line when piped.
     """
+    numeric = set(numeric)
+    width = width_of(con)
+    plain = _plain_table(con, rows, columns, numeric, show_lines)
+    if plain is not None and (wide and width is None or plain_width(plain) <= (width or PIPED_TABLE_WIDTH)):
+        con.file.write("".join(line + "\n" for line in plain))  # printable ASCII (and the header's bold)
+        con.file.flush()
+        return
     from rich import box
     from rich.table import Table
 
-    numeric = set(numeric)
     # A rule under the header, two spaces between columns, no borders: the narrowest table that reads well.
     table = Table(
         box=box.SIMPLE_HEAD,
@@ -140,17 +193,48 @@ def print_table(
         table.add_column(column, no_wrap=not prose, justify="right" if column in numeric else "left")
     for row in rows:
         table.add_row(*(_cell(row.get(c, "")) for c in columns))
-    width = width_of(con)
-    measured = con.measure(table, options=con.options.update_width(UNBOUNDED))
+    out = con.rich()
+    measured = out.measure(table, options=out.options.update_width(UNBOUNDED))
     if width is None:
         if measured.maximum > PIPED_TABLE_WIDTH and not wide:
             _wrap_prose(table, columns, rows, PIPED_TABLE_WIDTH)
-        con.print(table)
+        out.print(table)
         return
     if measured.maximum <= width:
-        con.print(table)
+        out.print(table)
         return
-    _print_blocks(con, rows, columns, title_column or columns[0], numeric)
+    _print_blocks(out, rows, columns, title_column or columns[0], numeric)
+
+
+def plain_width(lines: list[str]) -> int:
+    """The widest of a plain table's lines (its rule's)."""
+    return len(lines[1])
+
+
+def _plain_table(con, rows, columns, numeric, show_lines: bool) -> list[str] | None:
+    """The table as rich draws it (a rule under the header, :data:`GAP` spaces between columns), one line
+    per row, or None where only rich can draw it: a cell of more than one line or of characters wider
+    than one column."""
+    texts = [[str(c) for c in columns]]
+    for row in rows:
+        texts.append([clip("" if row.get(c) is None else str(row.get(c)), CELL_LIMIT) for c in columns])
+    if not all(cell.isascii() and cell.isprintable() for line in texts for cell in line):
+        return None
+    widths = [max(len(line[i]) for line in texts) for i in range(len(columns))]
+    gap = " " * GAP
+
+    def line(cells: list[str]) -> str:
+        return gap.join(
+            cell.rjust(w) if column in numeric else cell.ljust(w) for cell, w, column in zip(cells, widths, columns)
+        ).rstrip()
+
+    total = sum(widths) + GAP * (len(columns) - 1)
+    out = [con.bold(line(texts[0])), "\u2500" * total]
+    for index, cells in enumerate(texts[1:]):
+        if show_lines and index:
+            out.append("")
+        out.append(line(cells))
+    return out
 
 
 def _wrap_prose(table, columns: Sequence[str], rows: Sequence[dict[str, Any]], target: int) -> None:
