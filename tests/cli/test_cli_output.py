@@ -183,12 +183,24 @@ def test_piped_plan_of_the_templates_fits_100_columns_with_one_quota_table():
     assert "mb x accum: micro-batch per GPU" in " ".join(wide.split())
 
 
+def _a_command(line: str) -> bool:
+    """A line that holds one `command` and nothing else: kept whole, to be copied, however wide."""
+    return bool(re.fullmatch(r" *`[^`]*`[,.;]?", line))
+
+
 def test_tiers_and_instances_fit_80_columns():
     for command in ("tiers", "instances", "models", "explain"):
         args = (command, RECIPES[0]) if command == "explain" else (command,)
         result = invoke(*args, env={"COLUMNS": "80"})
         assert result.exit_code == 0
-        assert max(len(line) for line in result.stdout.splitlines()) <= 80, command
+        assert max(len(line) for line in result.stdout.splitlines() if not _a_command(line)) <= 80, command
+
+
+def test_a_command_in_a_message_is_never_split_across_lines():
+    result = invoke("explain", RECIPES[0], env={"COLUMNS": "80"})
+    commands = re.findall(r"`[^`]*`", result.stdout)
+    assert commands and all("\n" not in c for c in commands)
+    assert any(len(c) > 80 for c in commands)  # one wider than the terminal, kept whole
 
 
 def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
@@ -198,7 +210,7 @@ def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
     piped = invoke("explain", RECIPES[0].name).stdout
     words = lambda text: text.split()  # noqa: E731
     assert words(narrow) == words(piped)  # the same words: no word, no number, split
-    assert max(map(len, narrow.splitlines())) <= 60 < max(map(len, piped.splitlines()))
+    assert max(len(line) for line in narrow.splitlines() if not _a_command(line)) <= 60 < max(map(len, piped.splitlines()))
 
 
 def test_piped_tables_wrap_their_prose_and_keep_every_word():

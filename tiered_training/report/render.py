@@ -112,7 +112,8 @@ def width_of(con) -> int | None:
 
 
 def print_lines(con, lines: Iterable[str]) -> None:
-    """Plain lines, wrapped at spaces (hanging indent) when the console has a width; never markup."""
+    """Plain lines, wrapped at spaces (hanging indent) when the console has a width; a `command` in
+    backquotes stays whole on one line, to be copied; never markup."""
     width = width_of(con)
     out = con.file
     for line in lines:
@@ -122,6 +123,7 @@ def print_lines(con, lines: Iterable[str]) -> None:
             out.write(line + "\n")
             continue
         indent = " " * (len(line) - len(line.lstrip(" ")))
+        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
         wrapped = textwrap.wrap(
             line.strip(" "),
             width=width,
@@ -130,7 +132,7 @@ def print_lines(con, lines: Iterable[str]) -> None:
             break_long_words=False,
             break_on_hyphens=False,
         )
-        out.write("\n".join(wrapped or [line]) + "\n")
+        out.write("\n".join(wrapped or [line]).replace(NBSP, " ") + "\n")
     out.flush()
 
 
