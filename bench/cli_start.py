@@ -2,7 +2,7 @@
 what every command needs (``python -c "import yaml, pydantic"``), as a ratio measured in one run.
 Target: at most 4x. Prints a table and saves JSON under bench/results/.
 
-    .venv/bin/python bench/cli_start.py [--repeat N]
+    .venv/bin/python bench/cli_start.py [--repeat N] [--before CHECKOUT]
 
 The commands alternate, so that a busy machine slows them alike; each is timed ``--repeat`` times
 (default 9) and the medians are compared. Both wall-clock and CPU time (user + system) are measured;
@@ -29,18 +29,23 @@ TARGET_RATIO = 4.0
 CLI = Path(sys.executable).parent / "tiered-training"
 
 
-def commands() -> dict[str, list[str]]:
+def commands(before: Path | None) -> dict[str, tuple[list[str], Path]]:
+    """Each command and the checkout whose code it runs."""
     recipes = str(ROOT / "recipes")
-    return {
-        "bare: import yaml, pydantic": [sys.executable, "-c", "import yaml, pydantic"],
-        "plan recipes/": [str(CLI), "plan", recipes],
-        "validate recipes/": [str(CLI), "validate", recipes],
-        "--help": [str(CLI), "--help"],
+    out = {
+        "bare: import yaml, pydantic": ([sys.executable, "-c", "import yaml, pydantic"], ROOT),
+        "plan recipes/": ([str(CLI), "plan", recipes], ROOT),
+        "validate recipes/": ([str(CLI), "validate", recipes], ROOT),
+        "--help": ([str(CLI), "--help"], ROOT),
     }
+    if before is not None:
+        out["plan recipes/ (--before)"] = ([str(CLI), "plan", recipes], before)
+    return out
 
 
-def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall-clock and CPU seconds (user + system) of one run."""
+def run_once(cmd: list[str], env: dict[str, str], tree: Path) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (user + system) of one run of ``tree``'s code."""
+    env = {**env, "PYTHONPATH": str(tree)}  # this tree's code, whichever checkout installed the script
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
@@ -58,21 +63,24 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="what the verdict compares: CPU time (user + system; steady on a shared machine) or wall-clock time",
     )
+    parser.add_argument(
+        "--before", type=Path, help="another checkout (an earlier commit): its plan is timed in the same run too"
+    )
     args = parser.parse_args(argv)
     if not CLI.exists():
         print(f"no {CLI}: install the package first (make synth)", file=sys.stderr)
         return 2
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this tree's code, whichever checkout installed the script
+    env = dict(os.environ)
     env.pop("NO_COLOR", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user runs it: the warm-up run writes the bytecode
-    cmds = commands()
-    for cmd in cmds.values():  # warm the file cache and the bytecode
-        run_once(cmd, env)
+    cmds = commands(args.before)
+    for cmd, tree in cmds.values():  # warm the file cache and the bytecode
+        run_once(cmd, env, tree)
     walls: dict[str, list[float]] = {name: [] for name in cmds}
     cpus: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(args.repeat):
-        for name, cmd in cmds.items():
-            wall, cpu = run_once(cmd, env)
+        for name, (cmd, tree) in cmds.items():
+            wall, cpu = run_once(cmd, env, tree)
             walls[name].append(wall)
             cpus[name].append(cpu)
     bare = "bare: import yaml, pydantic"
@@ -86,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name in cmds
     ]
-    print(f"{'command':<30} {'wall (s)':>9} {'x bare':>7} {'CPU (s)':>8} {'x bare':>7}")
+    print(f"{'command':<26} {'wall (s)':>9} {'x bare':>7} {'CPU (s)':>8} {'x bare':>7}")
     for row in rows:
         print(
-            f"{row['command']:<30} {row['wall_median_seconds']:>9.3f} {row['wall_ratio_to_bare']:>7.2f} "
+            f"{row['command']:<26} {row['wall_median_seconds']:>9.3f} {row['wall_ratio_to_bare']:>7.2f} "
             f"{row['cpu_median_seconds']:>8.3f} {row['cpu_ratio_to_bare']:>7.2f}"
         )
     plan = next(r for r in rows if r["command"] == "plan recipes/")
