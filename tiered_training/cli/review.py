@@ -388,6 +388,7 @@ def models(
         _print(report.markdown_table(rows, MODEL_COLUMNS))
     else:
         print_table(_out(), rows, MODEL_COLUMNS, numeric=("parameters", "layers", "hidden", "context"))
+        _out().print("more: models --format json (every field, each source)")
 
 
 def _price_region(value: str | None) -> str | None:
@@ -446,7 +447,8 @@ def list_instances(
         _print(report.markdown_table(rows, INSTANCE_COLUMNS) + "\n\n" + "\n".join(notes))
     else:
         print_table(_out(), rows, INSTANCE_COLUMNS, numeric=("HBM/GPU", "EFA", "on-demand", "spot (est.)"))
-        print_notes(_out(), ["GPUs: per instance; spot (est.): the catalogue's expected discount", *notes])
+        more = "more: instances --format json (every field)"
+        print_notes(_out(), ["GPUs: per instance; spot (est.): the catalogue's expected discount", *notes, more])
 
 
 @commands.command("run-config")
