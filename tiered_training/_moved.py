@@ -11,6 +11,10 @@ import importlib.machinery
 import sys
 import warnings
 from types import CodeType, ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 REMOVED_IN = "0.3"
 MOVED = {
@@ -46,7 +50,7 @@ class _Finder:
 
     def find_spec(self, fullname: str, path, target=None):
         if fullname in MOVED:
-            return importlib.machinery.ModuleSpec(fullname, self)
+            return importlib.machinery.ModuleSpec(fullname, cast("Loader", self))
         return None
 
     def create_module(self, spec) -> ModuleType:

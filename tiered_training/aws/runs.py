@@ -374,8 +374,8 @@ class LiveReporter:
         from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bar
 
-        plain = {"color_system": None} if os.environ.get("NO_COLOR") else {}  # https://no-color.org
-        self.console = Console(file=out, highlight=False, markup=False, **plain)
+        plain = bool(os.environ.get("NO_COLOR"))  # https://no-color.org: no style at all
+        self.console = Console(file=out, highlight=False, markup=False, color_system=None if plain else "auto")
         self.bar = Bar(
             SpinnerColumn(),
             TextColumn("{task.description}", markup=False),

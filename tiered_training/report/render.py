@@ -55,14 +55,13 @@ class Console:
             self.width = _columns() or _terminal_columns(self.file)
         else:
             self.width = _columns() or UNBOUNDED
-        self._rich = None
+        self._rich: Any = None
 
     def rich(self):
         """The rich Console of the same stream, width and styling."""
         if self._rich is None:
             from rich.console import Console as Rich
 
-            plain = {} if self.styled else {"color_system": None}
             self._rich = Rich(
                 file=self.file,
                 stderr=self.stderr,
@@ -72,7 +71,7 @@ class Console:
                 width=self.width,
                 soft_wrap=self.width == UNBOUNDED,
                 force_terminal=self.is_terminal,
-                **plain,
+                color_system="auto" if self.styled else None,
             )
         return self._rich
 
