@@ -200,7 +200,8 @@ def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
 
 
 def plans_markdown(plans: list[Plan]) -> str:
-    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS)]
+    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS), "", *WIDE_LEGEND]
+    parts += [f"\n{line}" for line in price_lines(plans)]
     for plan in plans:
         notes = [f for f in plan.findings if f.severity != "info"]
         if notes:
