@@ -53,9 +53,13 @@ $(NODE_STAMP): package.json package-lock.json
 plan: $(SYNTH_STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
 
+# The plan table lists the quotas to raise, so synth acknowledges their warnings (quotas_listed) instead of
+# printing them again; the CLI's "Supply a stack id" line is left out (the templates' path follows).
+CDK_SYNTH := --no-notices -q -o cdk.out -c quotas_listed=true
 synth: $(SYNTH_STAMP) $(NODE_STAMP)
 	$(VENV)/bin/tiered-training plan recipes/
-	cdk synth --no-notices -q -o cdk.out
+	@echo "cdk synth $(CDK_SYNTH)"
+	@set -o pipefail; cdk synth $(CDK_SYNTH) 2>&1 | grep -v '^Supply a stack id'
 	@echo "templates: $(CURDIR)/cdk.out/TieredTraining-*.template.json"
 
 # Two pytest-xdist workers share the CPUs: a module (or tests/constructs) is one unit, heaviest first

@@ -10,6 +10,7 @@
     cdk synth -c stage=dev         # prefix stack, pipeline, dashboard, alarm and topic names: dev-TieredTraining-...
     cdk synth -c cfn_validation=true  # also CDK's built-in CloudFormation validation (about 1.4 s a stack)
     cdk synth -c quotas='{"training/ml.p6-b200.48xlarge": 8}'  # the account's applied quotas, for every recipe
+    cdk synth -c quotas_listed=true  # acknowledge the quota warnings: `tiered-training plan` listed them (make synth)
 
 Synth warns (tiered-training:quota-needed) for each quota a recipe needs beyond the applied
 value: the recipe's compute.quotas, else the context's quotas, else AWS's default.

@@ -7,11 +7,14 @@ itself (one module object, so classes compare equal), after a warning that names
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 import warnings
 from types import CodeType, ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 REMOVED_IN = "0.3"
 MOVED = {
@@ -41,10 +44,13 @@ MOVED = {
 }
 
 
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Finder:
+    """A meta path finder and loader (the protocols, not importlib.abc's classes: importing importlib.abc
+    loads importlib.resources and tempfile, a cost every command would pay at start)."""
+
     def find_spec(self, fullname: str, path, target=None):
         if fullname in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
+            return importlib.machinery.ModuleSpec(fullname, cast("Loader", self))
         return None
 
     def create_module(self, spec) -> ModuleType:
@@ -62,6 +68,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         Python hides a DeprecationWarning outside ``__main__``, and a person typed this command."""
         new = MOVED[fullname]
         print(f"note: {fullname} moved to {new}; the old path goes in {REMOVED_IN}", file=sys.stderr)
+        import importlib.abc
+        import importlib.util
+
         spec = importlib.util.find_spec(new)
         loader = spec.loader if spec else None
         return loader.get_code(new) if isinstance(loader, importlib.abc.InspectLoader) else None

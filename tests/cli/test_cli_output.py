@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from tiered_training import catalog as catalogs
 from tiered_training import report
 from tiered_training.cli.app import app
+from tiered_training.planning import quotas
 from tiered_training.planning.planner import plan_file
 
 RUNNER = CliRunner()
@@ -54,7 +55,7 @@ def test_brackets_in_messages_survive(tmp_path):
 def test_markup_in_a_table_cell_prints_as_written(tmp_path):
     path = write_yaml(tmp_path / "r.yaml", recipe_dict(**{"model.catalog": None, "model.name": "[red]x[/red] [/]", "model.dimensions": {"layers": 16, "hidden_size": 2048, "attention_heads": 32, "kv_heads": 8, "ffn_size": 8192, "vocab_size": 128256}}))
     for columns in (None, "80"):
-        result = invoke("plan", path, env={"COLUMNS": columns})
+        result = invoke("plan", "--wide", path, env={"COLUMNS": columns})
         assert result.exit_code == 0, result.output
         assert "[red]x[/red]" in result.stdout and "[/]" in result.stdout  # as written (a piped table may wrap at the space)
 
@@ -141,14 +142,51 @@ def test_a_bad_option_is_exit_2():
 
 @pytest.mark.parametrize("columns", [80, 100, 140])
 def test_plan_fits_the_width_and_never_splits_a_number(columns):
-    result = invoke("plan", *RECIPES, env={"COLUMNS": str(columns)})
+    plans = [plan_file(path) for path in RECIPES]
+    for wide, row, numeric in ((False, report.brief_row, report.BRIEF_NUMERIC), (True, report.summary_row, report.NUMERIC_COLUMNS)):
+        result = invoke("plan", *(["--wide"] if wide else []), *RECIPES, env={"COLUMNS": str(columns)})
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert max(len(line) for line in lines) <= columns
+        for plan in plans:
+            for column in numeric:
+                assert row(plan)[column] in result.stdout, (column, row(plan)[column])
+
+
+def test_piped_plan_of_the_templates_fits_100_columns_with_one_quota_table():
+    """What `make synth` prints first: one line per recipe, one table of the quotas, no fix commands."""
+    result = invoke("plan", ROOT / "recipes")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= columns
-    for path in RECIPES:
-        row = report.summary_row(plan_file(path))
-        for column in report.NUMERIC_COLUMNS:
-            assert row[column] in result.stdout, (column, row[column])
+    assert max(map(len, lines)) <= 100 and len(lines) <= 40, (max(map(len, lines)), len(lines))
+    plans = [plan_file(path) for path in RECIPES]
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["recipe", "compute"])
+    assert sorted(line.split()[0] for line in lines[header + 2 : header + 2 + len(plans)]) == sorted(p.name for p in plans)
+    for plan in plans:  # its row: memory, speed, time, status
+        row = next(line for line in lines if line.startswith(plan.name + " "))
+        brief = report.brief_row(plan)
+        assert all(brief[c] in row for c in ("GiB/GPU", "tok/s/GPU", "time", "status")), (row, brief)
+    assert "quota(s) to raise" not in result.stdout and "request-service-quota-increase" not in result.stdout
+    assert "quota-needed" not in result.stdout
+    # Each quota a template needs raised: once, with its code and AWS's default.
+    quota_header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["quota", "code"])
+    needed = {q.quota.title: q.quota for p in plans for q in quotas.shortfalls(p.recipe)}
+    quota_lines = lines[quota_header + 2 : quota_header + 2 + len(needed)]
+    assert len(needed) > 1 and sorted(line[: line.index("  ")] for line in quota_lines) == sorted(needed)
+    for line in quota_lines:
+        quota = needed[line[: line.index("  ")]]
+        assert (quota.code or "not published") in line
+    assert sum(line.startswith("ml.") or line.startswith("Number") for line in lines) == len(needed)
+    # The legend, and where to see more.
+    assert report.BRIEF_LEGEND[0].split(";")[0] in result.stdout
+    assert "plan --wide" in result.stdout and "explain NAME" in result.stdout
+    wide = invoke("plan", "--wide", ROOT / "recipes").stdout
+    assert "mb x accum: micro-batch per GPU" in " ".join(wide.split())
+
+
+def _a_command(line: str) -> bool:
+    """A line that holds one `command` and nothing else: kept whole, to be copied, however wide."""
+    return bool(re.fullmatch(r" *`[^`]*`[,.;]?", line))
 
 
 def test_tiers_and_instances_fit_80_columns():
@@ -156,7 +194,14 @@ def test_tiers_and_instances_fit_80_columns():
         args = (command, RECIPES[0]) if command == "explain" else (command,)
         result = invoke(*args, env={"COLUMNS": "80"})
         assert result.exit_code == 0
-        assert max(len(line) for line in result.stdout.splitlines()) <= 80, command
+        assert max(len(line) for line in result.stdout.splitlines() if not _a_command(line)) <= 80, command
+
+
+def test_a_command_in_a_message_is_never_split_across_lines():
+    result = invoke("explain", RECIPES[0], env={"COLUMNS": "80"})
+    commands = re.findall(r"`[^`]*`", result.stdout)
+    assert commands and all("\n" not in c for c in commands)
+    assert any(len(c) > 80 for c in commands)  # one wider than the terminal, kept whole
 
 
 def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
@@ -166,7 +211,7 @@ def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
     piped = invoke("explain", RECIPES[0].name).stdout
     words = lambda text: text.split()  # noqa: E731
     assert words(narrow) == words(piped)  # the same words: no word, no number, split
-    assert max(map(len, narrow.splitlines())) <= 60 < max(map(len, piped.splitlines()))
+    assert max(len(line) for line in narrow.splitlines() if not _a_command(line)) <= 60 < max(map(len, piped.splitlines()))
 
 
 def test_piped_tables_wrap_their_prose_and_keep_every_word():
@@ -191,6 +236,18 @@ def test_piped_output_is_not_wrapped(tmp_path):
     assert result.exit_code == 0
     line = next(x for x in result.stdout.splitlines() if "fp8-small-gain" in x)
     assert line.startswith(f"warning: {path}:") and "Fix:" in line and len(line) > 300
+
+
+def test_no_color_means_no_bold_and_no_ansi_at_all():
+    """https://no-color.org: NO_COLOR set, a terminal gets the same tables without a single escape sequence."""
+    terminal = {"FORCE_COLOR": "1", "COLUMNS": "200", "NO_COLOR": None}
+    for args in (("plan", RECIPES[0]), ("tiers",), ("instances",), ("plan", "--wide", RECIPES[0])):
+        styled = invoke(*args, env=terminal)
+        plain = invoke(*args, env={**terminal, "NO_COLOR": "1"})
+        assert styled.exit_code == plain.exit_code == 0, plain.output
+        assert "\x1b[1m" in styled.stdout, args  # bold headers on a terminal
+        assert "\x1b" not in plain.stdout and "\x1b" not in plain.stderr, args
+        assert plain.stdout.split() == re.sub(r"\x1b\[[0-9;]*m", "", styled.stdout).split()
 
 
 # -- conveniences ------------------------------------------------------------------------
@@ -244,7 +301,8 @@ def test_spot_cost_uses_the_catalogue_discount_labelled_as_an_estimate(tmp_path,
     assert "estimate" in spot.estimates.price_source and "spot" in spot.estimates.price_source
     explained = invoke("explain", tmp_path / "spot.yaml").stdout
     assert re.search(r"cost .*spot: expected \d+% below on-demand \(estimate\)", explained)
-    assert "spot est." in invoke("plan", tmp_path / "spot.yaml").stdout
+    assert "spot est." in invoke("plan", "--wide", tmp_path / "spot.yaml").stdout
+    assert "~$" in invoke("plan", tmp_path / "spot.yaml").stdout
     # A recipe's own price is the price paid: no discount on top.
     own = plan_file(write_yaml(tmp_path / "own.yaml", recipe_dict(**{"compute.spot": True, "compute.price_per_hour": 50.0})))
     assert own.estimates.price_per_hour == 50.0

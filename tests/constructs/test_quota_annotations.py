@@ -18,3 +18,20 @@ def test_synth_warns_for_each_quota_the_account_lacks_and_context_quotas_silence
     account = parse_account('{"training/ml.p6-b200.48xlarge": 2, "warm-pool/ml.p6-b200.48xlarge": 2}')
     _, _, stacks = build_app([with_account(plan, account)], nag=False, outdir=str(tmp_path / "raised"))
     Annotations.from_stack(stacks[plan.name]).has_no_warning("*", Match.string_like_regexp("quota"))
+
+
+def test_make_synth_acknowledges_the_quota_warnings_that_plan_listed(plans, tmp_path):
+    """`make synth` prints plan's quota table, then synthesises with quotas_listed: CDK does not repeat them."""
+    from aws_cdk.assertions import Annotations, Match
+    from support import ROOT
+
+    from tiered_training.constructs.app import build_app
+
+    plan = plans["llama3-8b-128k"]
+    _, _, stacks = build_app([plan], nag=False, quotas_listed=True, outdir=str(tmp_path))
+    stack = stacks[plan.name]
+    assert len(stack.quota_warnings) == len(plan.account_findings) > 0
+    Annotations.from_stack(stack).has_no_warning("*", Match.string_like_regexp("quota"))
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c quotas_listed=true" in makefile.split("\nsynth:", 1)[0].rsplit("CDK_SYNTH :=", 1)[1].split("\n", 1)[0]
+    assert "cdk synth $(CDK_SYNTH)" in makefile.split("\nsynth:", 1)[1].split("\n\n", 1)[0]

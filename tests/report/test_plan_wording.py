@@ -43,7 +43,7 @@ def test_plan_and_explain_report_mfu_with_full_and_causal_attention_labelled():
     assert f"{e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention" in line
     assert f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)" in line
     runner = CliRunner()
-    table = runner.invoke(app, ["plan", str(path)], prog_name="tiered-training", env={"COLUMNS": None}).stdout
+    table = runner.invoke(app, ["plan", "--wide", str(path)], prog_name="tiered-training", env={"COLUMNS": None}).stdout
     assert "MFU full/causal" in table and f"{e.mfu:.1%}/{e.mfu_causal:.1%}" in table
     data = json.loads(runner.invoke(app, ["plan", "-f", "json", str(path)], prog_name="tiered-training", env={"COLUMNS": None}).stdout)
     assert data["plans"][0]["estimates"]["mfu_causal"] == e.mfu_causal

@@ -88,7 +88,7 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     text = report.plans_markdown([failed])
     lines = text.splitlines()
     assert lines[0].startswith("| recipe | model | tier |") and lines[1] == "|" + "---|" * len(report.COLUMNS)
-    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 9 + " 1 error(s) |"
+    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 9 + " 1 error(s) |  |"
     notes = [line for line in lines if line.startswith("- ")]
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
@@ -170,17 +170,20 @@ def test_a_summary_row_says_what_was_planned():
     assert row["mb x accum"] == f"{plan.micro_batch_size} x {plan.grad_accum_steps}"
     assert row["GiB/GPU"] == f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})"
     assert row["cost"] == f"${est.cost_usd:,.0f} spot est."
-    assert row["status"] == f"ok, {len(plan.warnings)} warning(s), {len(plan.account_findings)} quota(s) to raise"
+    assert row["status"] == f"ok, {len(plan.warnings)} warning(s)" and row["quotas"] == str(len(plan.account_findings))
+    brief = report.brief_row(plan)
+    assert list(brief) == list(report.BRIEF_COLUMNS) and brief["status"] == f"{len(plan.warnings)} warning(s)"
+    assert brief["cost"] == f"~${est.cost_usd:,.0f}" and brief["GiB/GPU"] == row["GiB/GPU"]
     plain_plan = _plan(**{"tuning.precision": "bf16", "tuning.follow_tiers": "strict",
                           "compute.quotas": {"training/ml.p6-b200.48xlarge": 1, "warm-pool/ml.p6-b200.48xlarge": 1}})
     assert plain_plan.ok and not plain_plan.warnings and not plain_plan.account_findings, plain_plan.findings
     plain = report.summary_row(plain_plan)
     assert plain["precision"] == "bf16" and plain["sharding"].count("cp") == 0
     cost = plain_plan.estimates.cost_usd  # None where the price catalogue has no price for the region
-    assert plain["cost"] == ("no price" if cost is None else f"${cost:,.0f}")
-    assert plain["status"] == "ok"
+    assert plain["cost"] == ("-" if cost is None else f"${cost:,.0f}")
+    assert plain["status"] == "ok" and plain["quotas"] == ""
     quotas = report.summary_row(_plan(**{"tuning.precision": "bf16", "tuning.follow_tiers": "strict"}))
-    assert quotas["status"] == "ok, 2 quota(s) to raise"
+    assert quotas["status"] == "ok" and quotas["quotas"] == "2"
     long = report.summary_row(_plan(**{"sequence_length": 131072, "budget.global_batch_tokens": 131072 * 8,
                                        "model.catalog": "llama-3.1-8b", "compute.instance_type": "ml.p5.48xlarge"}))
     assert " cp" in long["sharding"]

@@ -368,11 +368,14 @@ class LiveReporter:
     """For a terminal: a rich live display with the execution, its steps and a progress bar of training steps."""
 
     def __init__(self, out: TextIO):
+        import os
+
         from rich.console import Console
         from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bar
 
-        self.console = Console(file=out, highlight=False, markup=False)
+        plain = bool(os.environ.get("NO_COLOR"))  # https://no-color.org: no style at all
+        self.console = Console(file=out, highlight=False, markup=False, color_system=None if plain else "auto")
         self.bar = Bar(
             SpinnerColumn(),
             TextColumn("{task.description}", markup=False),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -92,6 +91,8 @@ def save_region(region: str, prices: list[CachedPrice]) -> Path:
         "source": SOURCE,
         "regions": {r: {n: asdict(p) for n, p in found.items()} for r, found in sorted(regions.items())},
     }
+    import tempfile  # here: planning reads the cache, and tempfile costs every command's start
+
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as out:

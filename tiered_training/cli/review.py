@@ -151,8 +151,9 @@ def plan(
         None, help="draw the per-GPU memory breakdown to this PNG (needs the 'plot' extra)"
     ),
     overrides: list[str] = set_option(),
+    wide: bool = typer.Option(False, "--wide", help="the table with every column: precision, sharding, batch, MFU"),
 ) -> None:
-    """Resolve recipes into plans and print them."""
+    """Resolve recipes into plans and print them: one line each, then the quotas they need raised."""
     from tiered_training import report
 
     if chart is not None:
@@ -163,7 +164,7 @@ def plan(
     elif format is Format.markdown:
         _print(report.plans_markdown(plans))
     else:
-        _print_table(plans)
+        _print_table(plans, wide)
     if chart is not None and plans:
         from tiered_training.report.chart import memory_chart
 
@@ -179,16 +180,31 @@ def plan(
     _exit_for(plans, failures)
 
 
-def _print_table(plans: list) -> None:
+def _print_table(plans: list, wide: bool = False) -> None:
+    """The plans, one line each; the legend and the prices' sources; the findings but the quotas, which
+    follow as one table (their fixes are explain's and preflight's); how to see more."""
     from tiered_training import report
-    from tiered_training.report.render import print_lines, print_table
+    from tiered_training.report.render import print_lines, print_notes, print_table
 
     if not plans:
         return
     out = _out()
-    print_table(out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS)
-    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity != "info"]
-    print_lines(out, lines + report.price_lines(plans))
+    if wide:
+        print_table(
+            out, [report.summary_row(p) for p in plans], report.COLUMNS, numeric=report.NUMERIC_COLUMNS, wide=True
+        )
+    else:
+        print_table(out, [report.brief_row(p) for p in plans], report.BRIEF_COLUMNS, numeric=report.BRIEF_NUMERIC)
+    print_notes(out, [*(report.WIDE_LEGEND if wide else report.BRIEF_LEGEND), *report.price_lines(plans)])
+    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity not in ("info", "account")]
+    print_lines(out, lines)
+    quotas = report.quota_rows(plans, _account_quotas([]))
+    if quotas:
+        needing = sum(bool(p.account_findings) for p in plans)
+        print_notes(out, ["", f"quotas to raise before a deploy ({needing} of {len(plans)} recipes):"])
+        print_table(out, quotas, report.QUOTA_COLUMNS, numeric=report.QUOTA_NUMERIC)
+        print_notes(out, report.QUOTA_NOTES)
+    print_notes(out, [report.more_line(plans, wide)])
 
 
 def _note_region_check(plans: list, format: TextFormat) -> None:
@@ -361,7 +377,7 @@ def tiers(format: Format = typer.Option(Format.table, "--format", "-f")) -> None
 
 
 MODEL_COLUMNS = ("id", "parameters", "layers", "hidden", "context", "name")
-INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "spot (est.)", "price source")
+INSTANCE_COLUMNS = ("instance", "GPUs", "HBM/GPU", "FP8", "EFA", "on-demand", "spot (est.)")
 
 
 @commands.command()
@@ -414,6 +430,7 @@ def models(
         _print(report.markdown_table(rows, MODEL_COLUMNS))
     else:
         print_table(_out(), rows, MODEL_COLUMNS, numeric=("parameters", "layers", "hidden", "context"))
+        _out().print("more: models --format json (every field, each source)")
 
 
 def _price_region(value: str | None) -> str | None:
@@ -438,7 +455,7 @@ def list_instances(
     an estimate)."""
     from tiered_training import report
     from tiered_training.catalog import PriceError
-    from tiered_training.report.render import print_table
+    from tiered_training.report.render import print_notes, print_table
 
     try:
         data = report.instances_data(region)
@@ -458,16 +475,24 @@ def list_instances(
             "EFA": f"{i['efa_gbps']:,} Gbps",
             "on-demand": "-" if i["price_per_hour"] is None else f"${i['price_per_hour']:,.2f}/h",
             "spot (est.)": "-" if i["spot_price_per_hour"] is None else f"${i['spot_price_per_hour']:,.2f}/h",
-            "price source": i["price_source"]
-            if i["price_per_hour"] is not None
-            else f"none in {data['region']}: run `tiered-training prices --region {data['region']}`",
         }
         for i in data["instances"]
     ]
+    # Where the prices come from: one note per source, naming its instances.
+    sources: dict[tuple[str, str], list[str]] = {}
+    for i in data["instances"]:
+        if i["price_per_hour"] is not None:
+            key = ("price of", i["price_source"])
+        else:
+            key = (f"no price in {data['region']} for", f"run `tiered-training prices --region {data['region']}`")
+        sources.setdefault(key, []).append(i["name"])
+    notes = [f"{head} {', '.join(names)}: {source}" for (head, source), names in sources.items()]
     if format is Format.markdown:
-        _print(report.markdown_table(rows, INSTANCE_COLUMNS))
+        _print(report.markdown_table(rows, INSTANCE_COLUMNS) + "\n\n" + "\n".join(notes))
     else:
         print_table(_out(), rows, INSTANCE_COLUMNS, numeric=("HBM/GPU", "EFA", "on-demand", "spot (est.)"))
+        more = "more: instances --format json (every field)"
+        print_notes(_out(), ["GPUs: per instance; spot (est.): the catalogue's expected discount", *notes, more])
 
 
 @commands.command("run-config")

@@ -25,6 +25,8 @@ FLAG_OVERRIDES: dict[str, Any] = {
     "@aws-cdk/core:defaultCrossStackReferences": "strong",
 }
 FEATURE_FLAGS = {**RECOMMENDED_FLAGS, **FLAG_OVERRIDES}
+# Why the quota warnings may be acknowledged (``quotas_listed``): the user has them already.
+QUOTAS_LISTED = "tiered-training plan listed the quotas to raise; explain and preflight say how"
 
 
 class RecipeProblems(Exception):
@@ -87,6 +89,7 @@ def build_app(
     bootstrap_rule: bool = True,
     cfn_validation: bool = False,
     stage: str | None = None,
+    quotas_listed: bool = False,
     **app_kwargs: Any,
 ) -> tuple[App, PlatformStack, dict[str, RecipeStack]]:
     """An app with the platform stack and one RecipeStack per plan (environment-agnostic).
@@ -98,6 +101,8 @@ def build_app(
     - ``stage``: prefixes the stack, pipeline, dashboard, alarm, rule and topic names
       (``tiered_training.recipe.names``), so that stages can share an account; default
       ``platform.stage`` (none).
+    - ``quotas_listed``: the user has the quotas the recipes need from ``tiered-training plan`` (``make synth``
+      prints its table first): their warnings are acknowledged, not printed a second time.
     """
     if app is None:
         app_kwargs["context"] = {**FEATURE_FLAGS, **app_kwargs.get("context", {})}
@@ -129,6 +134,9 @@ def build_app(
         )
         for plan in plans
     }
+    if quotas_listed:
+        for stack in stacks.values():
+            stack.acknowledge_quota_warnings(QUOTAS_LISTED)
     if nag:
         from tiered_training.constructs.nag import add_nag
 
@@ -180,6 +188,7 @@ def main() -> int:
         nag=str(context("nag")).lower() != "false",
         cfn_validation=str(context("cfn_validation")).lower() == "true",
         platform=platform,
+        quotas_listed=str(context("quotas_listed")).lower() == "true",  # make synth: plan printed them
     )
     app.synth()
     return 0

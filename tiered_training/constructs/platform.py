@@ -202,13 +202,19 @@ class RecipeStack(Stack):
         from tiered_training.planning.quotas import FINDING_CODE
 
         quota_findings = [f for f in plan.findings if f.code == FINDING_CODE]  # quotas a deploy needs raised
+        self.quota_warnings: list[str] = []  # their annotation IDs
         for index, finding in enumerate(quota_findings):
-            Annotations.of(self).add_warning_v2(
-                f"tiered-training:{finding.code}:{index}", f"{finding.message}. Fix: {finding.fix}."
-            )
+            self.quota_warnings.append(f"tiered-training:{finding.code}:{index}")
+            Annotations.of(self).add_warning_v2(self.quota_warnings[-1], f"{finding.message}. Fix: {finding.fix}.")
         for key, value in plan.recipe.tags.items():
             Tags.of(self).add(key, value)
         Tags.of(self).add("tiered-training:recipe", plan.name)
+
+    def acknowledge_quota_warnings(self, reason: str) -> None:
+        """Acknowledge this recipe's quota warnings (CDK's ``Annotations.acknowledge_warning``): for an app
+        whose user has them already, as ``tiered-training plan``'s quota table, so synth does not repeat them."""
+        for warning in self.quota_warnings:
+            Annotations.of(self).acknowledge_warning(warning, reason)
 
     def grant_operate(self, grantee: iam.IRole | iam.IUser | iam.IGroup) -> iam.Grant:
         """Attach this recipe's operator policy (``Operate``, made on first use and filled by the

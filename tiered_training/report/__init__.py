@@ -26,7 +26,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
             "model": plan.model_name,
             "tier": plan.tier.name if plan.tier else "-",
             "compute": f"{plan.nodes}x {plan.recipe.compute.instance_type}",
-            "status": f"{len(plan.errors)} error(s)",
+            "status": _status(plan),
         }
     est = plan.estimates
     precision = plan.precision + (f"/{plan.fp8_recipe}" if plan.fp8_recipe else "")
@@ -46,26 +46,34 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
         "cost": _table_cost(plan),
-        "status": "ok"
-        + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
-        + (f", {len(plan.account_findings)} quota(s) to raise" if plan.account_findings else ""),
+        "status": _status(plan),
+        "quotas": str(len(plan.account_findings)) if plan.account_findings else "",
     }
+
+
+def _status(plan: Plan) -> str:
+    if not plan.ok:
+        return f"{len(plan.errors)} error(s)"
+    return "ok" + (f", {len(plan.warnings)} warning(s)" if plan.warnings else "")
 
 
 def _table_cost(plan: Plan) -> str:
     est = plan.estimates
     if est is None or est.cost_usd is None:
-        return "no price"
+        return NO_PRICE
     if est.spot_cost_usd_range is not None:
         low, high = est.spot_cost_usd_range
         return f"${low:,.0f}-${high:,.0f} spot est."
     return f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else "")
 
 
+NO_PRICE = "-"
+
+
 def price_lines(plans: list[Plan]) -> list[str]:
     """Where the costs of a table come from, with their dates: one line per source, naming its recipes;
-    where there is no price, how to get one."""
-    by_source: dict[str, list[str]] = {}
+    where there is no price (the cost column's "-"), how to get one."""
+    by_source: dict[tuple[bool, str], list[str]] = {}
     for plan in plans:
         est = plan.estimates if plan.ok else None
         if est is None:
@@ -73,8 +81,94 @@ def price_lines(plans: list[Plan]) -> list[str]:
         priced = est.cost_usd is not None and est.price_per_hour is not None
         spot = "spot estimate " if plan.recipe.compute.spot and plan.recipe.compute.price_per_hour is None else ""
         key = f"{spot}${est.price_per_hour:,.2f} per node-hour, {est.price_source}" if priced else est.price_source
-        by_source.setdefault(key, []).append(plan.name)
-    return [f"cost of {', '.join(names)}: {key}" for key, names in by_source.items()]
+        by_source.setdefault((priced, key), []).append(plan.name)
+    return [
+        f"cost of {', '.join(names)}: {key}"
+        if priced
+        else f"no price for {', '.join(names) if len(names) <= 3 else f'{len(names)} recipes'}: {key}"
+        for (priced, key), names in by_source.items()
+    ]
+
+
+# -- the short table: one line per recipe -----------------------------------------------
+# ``plan`` prints it by default (``--wide``: every column of :func:`summary_row`).
+
+BRIEF_COLUMNS = ("recipe", "compute", "GiB/GPU", "tok/s/GPU", "time", "cost", "status")
+BRIEF_NUMERIC = ("GiB/GPU", "tok/s/GPU", "time", "cost")
+
+
+def brief_row(plan: Plan) -> dict[str, str]:
+    """One plan as the short table's row: what it runs on, its memory, speed, time, cost and status."""
+    row = summary_row(plan)
+    brief = {key: row.get(key, "") for key in BRIEF_COLUMNS}
+    brief["status"] = _status(plan).removeprefix("ok, ")
+    est = plan.estimates if plan.ok else None
+    if est is not None and est.cost_usd is not None and plan.recipe.compute.spot:
+        low, high = est.spot_cost_usd_range or (est.cost_usd, est.cost_usd)
+        brief["cost"] = f"~${low:,.0f}" + (f"-${high:,.0f}" if high != low else "")
+    return brief
+
+
+# What the tables' abbreviations mean: printed under the table, and in the README.
+BRIEF_LEGEND = ("GiB/GPU: memory per GPU (share of its HBM); tok/s/GPU: tokens/s per GPU; ~: spot, an estimate",)
+WIDE_LEGEND = (
+    "AC: activation checkpointing (none, selective: the memory-hungry parts, full: every block); "
+    "sharding: FSDP strategy/shard group size in GPUs, cpN: context parallel over N GPUs "
+    "(hybrid/8 cp2: shards within 8 GPUs, replicas across them, each sequence split over 2); "
+    "mb x accum: micro-batch per GPU x gradient accumulation steps; "
+    "MFU full/causal: model FLOPs utilisation counting full attention / its causal half; "
+    "quotas: service quotas to raise before a deploy",
+)
+
+
+def more_line(plans: list[Plan], wide: bool) -> str:
+    """How to see more than the table shows."""
+    name = plans[0].name if len(plans) == 1 else "NAME"
+    wider = "" if wide else "plan --wide (precision, sharding, batch, MFU); "
+    return f"more: {wider}explain {name} (every decision and fix)"
+
+
+# -- the quotas the plans need ---------------------------------------------------------------
+
+QUOTA_COLUMNS = ("quota", "code", "needed", "default", "recipes")
+QUOTA_NUMERIC = ("needed", "recipes")
+
+
+def quota_rows(plans: list[Plan], account: dict[str, float] | None = None) -> list[dict[str, str]]:
+    """One row per quota that some plan needs raised (its ``quota-needed`` findings): the most any one
+    recipe needs, AWS's default and how many recipes need it."""
+    from tiered_training.planning import quotas
+
+    needs: dict[str, list[quotas.Need]] = {}
+    for plan in plans:
+        if plan.account_findings:
+            for need in quotas.shortfalls(plan.recipe, account):
+                needs.setdefault(need.quota.name, []).append(need)
+    rows = []
+    for same in needs.values():
+        quota = same[0].quota
+        needed = max(n.needed for n in same)
+        rows.append(
+            {
+                "quota": quota.title,
+                "code": quota.code or "not published",
+                "needed": _quota_amount(quota.unit, needed),
+                "default": _quota_amount(quota.unit, quota.default) + ("" if quota.default_published else " (assumed)"),
+                "recipes": str(len(same)),
+            }
+        )
+    return rows
+
+
+def _quota_amount(unit: str, value: float) -> str:
+    return f"{value / 3600:,.4g} h" if unit == "seconds" else f"{value:,.0f}"
+
+
+QUOTA_NOTES = (
+    "needed: the most one recipe needs (recipes run at once need the sum); default: AWS's, until "
+    "compute.quotas or cdk.json's context quotas state the applied value",
+    "to raise them: tiered-training explain NAME (the commands), preflight NAME (the account's values)",
+)
 
 
 COLUMNS = (
@@ -92,6 +186,7 @@ COLUMNS = (
     "time",
     "cost",
     "status",
+    "quotas",
 )
 # Columns that hold numbers: never wrapped, right-aligned.
 NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost")
@@ -106,7 +201,8 @@ def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
 
 
 def plans_markdown(plans: list[Plan]) -> str:
-    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS)]
+    parts = [markdown_table([summary_row(p) for p in plans], COLUMNS), "", *WIDE_LEGEND]
+    parts += [f"\n{line}" for line in price_lines(plans)]
     for plan in plans:
         notes = [f for f in plan.findings if f.severity != "info"]
         if notes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -29,18 +30,74 @@ LINE_LIMIT = 4000
 # Width for output that is not a terminal: wide enough that nothing wraps.
 UNBOUNDED = 100_000
 # Piped, a table wider than this wraps its prose cells (at spaces) to this width.
-PIPED_TABLE_WIDTH = 120
+PIPED_TABLE_WIDTH = 100
+# Notes under a table (legends, sources, hints) wrap at spaces to this width, or the terminal's if narrower.
+NOTE_WIDTH = 100
+NBSP = "\u00a0"
+GAP = 2  # columns between two of a table's columns
 
 
-def console(stderr: bool = False):
-    """A rich Console: the terminal's width on a terminal, ``COLUMNS`` if set, else unbounded."""
-    from rich.console import Console
+class Console:
+    """Where a command prints: stdout or stderr, its width, whether it is a terminal and may be styled.
 
-    probe = Console(stderr=stderr, highlight=False, markup=False, emoji=False)
-    if probe.is_terminal:
-        return probe
-    width = _columns() or UNBOUNDED
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, width=width, soft_wrap=width == UNBOUNDED)
+    Plain lines and tables that fit are written here directly; rich (about 30 ms to import) is loaded
+    only for what needs it: a table that wraps or becomes blocks (:meth:`rich`).
+    """
+
+    def __init__(self, stderr: bool = False):
+        self.stderr = stderr
+        self.file = sys.stderr if stderr else sys.stdout
+        isatty = getattr(self.file, "isatty", lambda: False)
+        self.is_terminal = bool(os.environ.get("FORCE_COLOR")) or isatty()
+        # NO_COLOR set (https://no-color.org): no colour, and no bold or other ANSI style either.
+        self.styled = self.is_terminal and not os.environ.get("NO_COLOR")
+        if self.is_terminal:
+            self.width = _columns() or _terminal_columns(self.file)
+        else:
+            self.width = _columns() or UNBOUNDED
+        self._rich: Any = None
+
+    def rich(self):
+        """The rich Console of the same stream, width and styling."""
+        if self._rich is None:
+            from rich.console import Console as Rich
+
+            self._rich = Rich(
+                file=self.file,
+                stderr=self.stderr,
+                highlight=False,
+                markup=False,
+                emoji=False,
+                width=self.width,
+                soft_wrap=self.width == UNBOUNDED,
+                force_terminal=self.is_terminal,
+                color_system="auto" if self.styled else None,
+            )
+        return self._rich
+
+    def print(self, text: str = "", soft_wrap: bool = False) -> None:
+        """One line of plain text (wrapped at spaces to the width, unless ``soft_wrap``)."""
+        if soft_wrap:
+            self.file.write(text + "\n")
+            self.file.flush()
+        else:
+            print_lines(self, [text])
+
+    def bold(self, text: str) -> str:
+        return f"\x1b[1m{text}\x1b[0m" if self.styled else text
+
+
+def console(stderr: bool = False) -> Console:
+    """stdout's (or stderr's) :class:`Console`: the terminal's width on a terminal, ``COLUMNS`` if set,
+    else unbounded."""
+    return Console(stderr)
+
+
+def _terminal_columns(file) -> int:
+    try:
+        return os.get_terminal_size(file.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 def _columns() -> int | None:
@@ -54,7 +111,8 @@ def width_of(con) -> int | None:
 
 
 def print_lines(con, lines: Iterable[str]) -> None:
-    """Plain lines, wrapped at spaces (hanging indent) when the console has a width; never markup."""
+    """Plain lines, wrapped at spaces (hanging indent) when the console has a width; a `command` in
+    backquotes stays whole on one line, to be copied; never markup."""
     width = width_of(con)
     out = con.file
     for line in lines:
@@ -64,6 +122,7 @@ def print_lines(con, lines: Iterable[str]) -> None:
             out.write(line + "\n")
             continue
         indent = " " * (len(line) - len(line.lstrip(" ")))
+        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
         wrapped = textwrap.wrap(
             line.strip(" "),
             width=width,
@@ -72,8 +131,22 @@ def print_lines(con, lines: Iterable[str]) -> None:
             break_long_words=False,
             break_on_hyphens=False,
         )
-        out.write("\n".join(wrapped or [line]) + "\n")
+        out.write("\n".join(wrapped or [line]).replace(NBSP, " ") + "\n")
     out.flush()
+
+
+def print_notes(con, lines: Iterable[str]) -> None:
+    """Prose under a table, wrapped at spaces to :data:`NOTE_WIDTH` (or the console's width if narrower),
+    piped or not; a word longer than the width (a path, a command) stays whole."""
+    width = min(width_of(con) or NOTE_WIDTH, NOTE_WIDTH)
+    wrapped = []
+    for line in lines:
+        line = line if line.isprintable() else escape(line)
+        # A `command` stays on one line: its spaces are no-break spaces while the line wraps.
+        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+        parts = textwrap.wrap(line, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+        wrapped += [part.replace(NBSP, " ") for part in parts] or [""]
+    print_lines(con, wrapped)
 
 
 def _cell(value: Any):
@@ -90,31 +163,79 @@ def print_table(
     numeric: Iterable[str] = (),
     title_column: str | None = None,
     show_lines: bool = False,
+    wide: bool = False,
 ) -> None:
     """Rows as a table when it fits the console, else one ``key  value`` block per row.
 
-    ``numeric`` columns never wrap; nothing is folded, so a number is never split.
+    ``numeric`` columns never wrap; nothing is folded, so a number is never split. A ``wide`` table
+    (asked for with ``--wide``) keeps each row on one line when piped.
     """
+    numeric = set(numeric)
+    width = width_of(con)
+    plain = _plain_table(con, rows, columns, numeric, show_lines)
+    if plain is not None and (wide and width is None or plain_width(plain) <= (width or PIPED_TABLE_WIDTH)):
+        con.file.write("".join(line + "\n" for line in plain))  # printable ASCII (and the header's bold)
+        con.file.flush()
+        return
+    from rich import box
     from rich.table import Table
 
-    numeric = set(numeric)
-    table = Table(header_style="bold", show_lines=show_lines)
+    # A rule under the header, two spaces between columns, no borders: the narrowest table that reads well.
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        header_style="bold",
+        show_lines=show_lines,
+    )
     for column in columns:
         prose = column not in numeric and any(" " in str(row.get(column) or "") for row in rows)
         table.add_column(column, no_wrap=not prose, justify="right" if column in numeric else "left")
     for row in rows:
         table.add_row(*(_cell(row.get(c, "")) for c in columns))
-    width = width_of(con)
-    measured = con.measure(table, options=con.options.update_width(UNBOUNDED))
+    out = con.rich()
+    measured = out.measure(table, options=out.options.update_width(UNBOUNDED))
     if width is None:
-        if measured.maximum > PIPED_TABLE_WIDTH:
+        if measured.maximum > PIPED_TABLE_WIDTH and not wide:
             _wrap_prose(table, columns, rows, PIPED_TABLE_WIDTH)
-        con.print(table)
+        out.print(table)
         return
     if measured.maximum <= width:
-        con.print(table)
+        out.print(table)
         return
-    _print_blocks(con, rows, columns, title_column or columns[0], numeric)
+    _print_blocks(out, rows, columns, title_column or columns[0], numeric)
+
+
+def plain_width(lines: list[str]) -> int:
+    """The widest of a plain table's lines (its rule's)."""
+    return len(lines[1])
+
+
+def _plain_table(con, rows, columns, numeric, show_lines: bool) -> list[str] | None:
+    """The table as rich draws it (a rule under the header, :data:`GAP` spaces between columns), one line
+    per row, or None where only rich can draw it: a cell of more than one line or of characters wider
+    than one column."""
+    texts = [[str(c) for c in columns]]
+    for row in rows:
+        texts.append([clip("" if row.get(c) is None else str(row.get(c)), CELL_LIMIT) for c in columns])
+    if not all(cell.isascii() and cell.isprintable() for line in texts for cell in line):
+        return None
+    widths = [max(len(line[i]) for line in texts) for i in range(len(columns))]
+    gap = " " * GAP
+
+    def line(cells: list[str]) -> str:
+        return gap.join(
+            cell.rjust(w) if column in numeric else cell.ljust(w) for cell, w, column in zip(cells, widths, columns)
+        ).rstrip()
+
+    total = sum(widths) + GAP * (len(columns) - 1)
+    out = [con.bold(line(texts[0])), "\u2500" * total]
+    for index, cells in enumerate(texts[1:]):
+        if show_lines and index:
+            out.append("")
+        out.append(line(cells))
+    return out
 
 
 def _wrap_prose(table, columns: Sequence[str], rows: Sequence[dict[str, Any]], target: int) -> None:
@@ -129,7 +250,7 @@ def _wrap_prose(table, columns: Sequence[str], rows: Sequence[dict[str, Any]], t
     prose = [i for i, column in enumerate(table.columns) if not column.no_wrap]
     widths = {i: natural[columns[i]] for i in prose}
     fixed = sum(natural[c] for i, c in enumerate(columns) if i not in widths)
-    budget = target - fixed - 3 * len(columns) - 1  # padding of 1 on each side and a border per column
+    budget = target - fixed - GAP * (len(columns) - 1)
     while sum(widths.values()) > budget:
         shrinkable = [i for i in widths if widths[i] > floor[columns[i]]]
         if not shrinkable:
