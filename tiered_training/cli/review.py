@@ -198,7 +198,9 @@ def _print_table(plans: list, wide: bool = False) -> None:
     print_notes(out, [*(report.WIDE_LEGEND if wide else report.BRIEF_LEGEND), *report.price_lines(plans)])
     lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity not in ("info", "account")]
     print_lines(out, lines)
-    quotas = report.quota_rows(plans, _account_quotas([]))
+    from tiered_training.planning.alarms import app_context
+
+    quotas = report.quota_rows(plans, _account_quotas(app_context(), []))
     if quotas:
         needing = sum(bool(p.account_findings) for p in plans)
         print_notes(out, ["", f"quotas to raise before a deploy ({needing} of {len(plans)} recipes):"])
