@@ -147,7 +147,10 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     download(client, inputs, split_uri(args.input)[0], raw)
     files = [raw] if saved else [raw / o["relative"] for o in inputs]
     out = work / "out"
-    manifests = prepare(files, tokenizer, out, settings, log=log)
+    try:
+        manifests = prepare(files, tokenizer, out, settings, log=log)
+    except BadData as error:  # named by its S3 URI, not the job's local copy
+        raise BadData(str(error).replace(f"{raw}/", as_prefix(args.input)), error.reason) from None
     manifest = manifests["train"]
     bucket, prefix = split_uri(train)
     for path in sorted((out / "train").iterdir()):

@@ -478,7 +478,8 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
     }
     if resources.subnets:
         args["NetworkConfig"] = {
-            "VpcConfig": {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)}
+            "EnableNetworkIsolation": False,  # the job reads S3 itself
+            "VpcConfig": {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)},
         }
     return args
 
