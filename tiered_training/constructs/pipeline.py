@@ -328,10 +328,17 @@ class TrainingPipeline(Resource):
         )
         add(["ecr:BatchGetImage"], [self._image.repository.repository_arn])
         add(["iam:SimulatePrincipalPolicy"], [self.execution_role.role_arn])
-        for uri in self._data_uris:
+        raw = recipe.data.data_prefixes if recipe.data.prepare is not None else []
+        for uri in list(dict.fromkeys([*self._data_uris, *raw])):
             _objects, bucket_arn, patterns = prefix_arns(uri)
             add(["s3:ListBucket"], [bucket_arn], {"StringLike": {"s3:prefix": patterns}} if patterns else None)
-        if recipe.task == "sft":
+        if recipe.task == "sft" and recipe.data.prepare is not None:
+            objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
+            add(["s3:GetObject"], [objects[0]])  # preflight reads the first raw example
+            allow_wildcard(objects[0], "Preflight reads the first record of the recipe's raw examples")
+            if self._data_key is not None:
+                add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
+        elif recipe.task == "sft":
             from tiered_training.aws.preflight import PACKED_MANIFEST
 
             objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
