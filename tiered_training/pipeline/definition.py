@@ -671,7 +671,7 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
             "ElseSteps": [probe, gate_steps(plan, train)],
         },
     }
-    root = {
+    root: dict[str, Any] = {
         "Name": S_NEW_OR_RESUME,
         "Type": "Condition",
         "Description": f"A new run (RunId={NEW_RUN}, named after the execution), or resume the run RunId names",
@@ -681,15 +681,15 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
             "ElseSteps": resume,
         },
     }
-    steps = [root]
+    top = [root]
     if plan.recipe.data.prepare is not None:  # before either branch: a resume reads the same prepared shards
         root["DependsOn"] = [S_PREPARE]
-        steps = [prepare_step(plan, resources), root]
+        top = [prepare_step(plan, resources), root]
     return {
         "Version": SCHEMA_VERSION,
         "Metadata": {"GeneratedBy": "tiered-training", "Recipe": plan.name},
         "Parameters": parameters(plan),
-        "Steps": steps,
+        "Steps": top,
     }
 
 

@@ -205,8 +205,8 @@ class Interpreter:
     def _json_get(self, body: Any, where: str) -> Any:
         ref = body.get("PropertyFile") if isinstance(body, dict) else None
         path = body.get("Path") if isinstance(body, dict) else None
-        match = PROPERTY_FILE_REF.match(ref.get("Get", "")) if isinstance(ref, dict) else None
-        if match is None or not isinstance(path, str):
+        match = PROPERTY_FILE_REF.match(str(ref.get("Get", ""))) if isinstance(ref, dict) else None
+        if match is None or not isinstance(path, str) or not isinstance(ref, dict):
             raise PipelineError(f"{where}: Std:JsonGet needs PropertyFile (Get Steps.S.PropertyFiles.F) and Path")
         step, name = match.group("step"), match.group("file")
         files = self.execution.property_files.get(step)
