@@ -134,6 +134,7 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         raise BadData(f"{args.tokenizer}: no objects; --tokenizer is the S3 prefix of a Hugging Face checkpoint")
     download(client, tokenizer_objects, split_uri(args.tokenizer)[0], work / "tokenizer")
     tokenizer = SftTokenizer(work / "tokenizer")
+    tokenizer.path = args.tokenizer  # the manifest names the checkpoint, not the job's copy
     inputs, saved = input_objects(client, args.input)
     key = content_key(inputs, tokenizer, settings)
     base = f"{as_prefix(args.prepared)}{key}/"
@@ -147,8 +148,12 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     download(client, inputs, split_uri(args.input)[0], raw)
     files = [raw] if saved else [raw / o["relative"] for o in inputs]
     out = work / "out"
+
+    def named(text: str, **options) -> None:  # the skipped examples, by their S3 URIs
+        log(text.replace(f"{raw}/", as_prefix(args.input)), **options)
+
     try:
-        manifests = prepare(files, tokenizer, out, settings, log=log)
+        manifests = prepare(files, tokenizer, out, settings, log=named)
     except BadData as error:  # named by its S3 URI, not the job's local copy
         raise BadData(str(error).replace(f"{raw}/", as_prefix(args.input)), error.reason) from None
     manifest = manifests["train"]
