@@ -154,12 +154,12 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             from sagemaker.core import shapes
             from sagemaker.core.network import NetworkConfig
             from sagemaker.core.processing import Processor
-            from sagemaker.core.workflow.properties import PropertyFile
             from sagemaker.core.telemetry import telemetry_logging
             from sagemaker.core.training.configs import CheckpointConfig, Compute, Networking, TensorBoardOutputConfig
             from sagemaker.core.workflow import conditions, functions, parameters
             from sagemaker.core.workflow.execution_variables import ExecutionVariables
             from sagemaker.core.workflow.pipeline_context import PipelineSession
+            from sagemaker.core.workflow.properties import PropertyFile
             from sagemaker.mlops.workflow import retry
             from sagemaker.mlops.workflow.condition_step import ConditionStep
             from sagemaker.mlops.workflow.fail_step import FailStep

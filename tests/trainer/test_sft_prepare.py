@@ -72,19 +72,28 @@ def test_prepare_packs_what_the_local_command_packs_and_a_rerun_reuses_it(s3, tm
         "shard-00000.mask.bin",
         "shard-00000.pos.bin",
     }
-    done = json.loads(s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/manifest.json")["Body"].read())
+    done = json.loads(
+        s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/manifest.json")["Body"].read()
+    )
     assert [i["key"] for i in done["inputs"]] == ["chat.jsonl"] and done["train"]["examples"] > 0
 
     # The same code as the local command: equal shards from the same file and tokenizer.
     local = tmp_path / "local"
-    code, _, err = run_sft_data(local, tmp_path / "tokenizer", tmp_path / "chat.jsonl", sequence_length=SEQ,
-                                format="messages", overlong="drop", dtype="uint16")
+    code, _, err = run_sft_data(
+        local,
+        tmp_path / "tokenizer",
+        tmp_path / "chat.jsonl",
+        sequence_length=SEQ,
+        format="messages",
+        overlong="drop",
+        dtype="uint16",
+    )
     assert code == 0, err
     for name in ("shard-00000.bin", "shard-00000.mask.bin", "shard-00000.pos.bin"):
         body = s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/train/{name}")["Body"].read()
         assert body == (local / "train" / name).read_bytes(), name
 
-    before = {k: v for k, v in list_keys(s3, "s3://store/").items()}
+    before = list_keys(s3, "s3://store/")
     code, again, log = prepare(tmp_path, capsys, name="again.json")
     assert code == 0 and again == {**first, "reused": True}
     assert f"reusing prepared data {first['key']}" in log
@@ -94,7 +103,9 @@ def test_prepare_packs_what_the_local_command_packs_and_a_rerun_reuses_it(s3, tm
 def test_the_key_changes_with_the_inputs_the_tokenizer_and_the_settings(s3, tmp_path, capsys):
     _, base, _ = prepare(tmp_path, capsys)
     _, other_setting, _ = prepare(tmp_path, capsys, "--loss-on", "all", name="b.json")
-    s3.put_object(Bucket="raw", Key="tools/more.jsonl", Body=(json.dumps(tiny_tool_examples(1, seed=5)[0]) + "\n").encode())
+    s3.put_object(
+        Bucket="raw", Key="tools/more.jsonl", Body=(json.dumps(tiny_tool_examples(1, seed=5)[0]) + "\n").encode()
+    )
     _, more_input, log = prepare(tmp_path, capsys, name="c.json")
     assert "2 input object(s)" in log
     tokenizer = json.loads(s3.get_object(Bucket="model", Key="hf/tokenizer_config.json")["Body"].read())
@@ -112,6 +123,10 @@ def test_bad_input_is_one_line_and_exit_2(s3, tmp_path, capsys):
     s3.put_object(Bucket="raw", Key="tools/chat.jsonl", Body=b'{"messages": [{"role": "user"}]}\n')
     code, _, log = prepare(tmp_path, capsys)
     error = log.splitlines()[-1]
-    assert code == 2 and error.startswith("error: s3://raw/tools/chat.jsonl:1: messages[0].content") and "Traceback" not in log
+    assert (
+        code == 2
+        and error.startswith("error: s3://raw/tools/chat.jsonl:1: messages[0].content")
+        and "Traceback" not in log
+    )
     code, _, log = prepare(tmp_path, capsys, "--input", "s3://raw/nothing-here/")
     assert code == 2 and "no .jsonl, .json or .parquet objects" in log
