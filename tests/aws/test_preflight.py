@@ -368,3 +368,35 @@ def test_an_sft_recipe_checks_the_format_and_the_bad_examples_the_shards_were_pr
     _, report = preflight(endpoint, path)
     sft, = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
     assert sft["status"] == "pass"
+
+
+def test_a_recipe_with_raw_data_checks_its_first_record_in_the_declared_format(endpoint, tmp_path):
+    """data.prepare: the data prefix holds raw examples for the Prepare step; preflight lists them and parses the first
+    record of the first file in data.format, instead of reading a packed manifest."""
+    path = write_recipe(tmp_path, "sft-raw", **{"task": "sft", "model.init_checkpoint": "s3://sft-raw-models/base/",
+                                                "data.format": "messages", "data.prepare": {}})
+    s3 = client("s3", endpoint)
+    s3.create_bucket(Bucket="sft-raw-data")
+    s3.put_object(Bucket="sft-raw-data", Key="tokens/readme.txt", Body=b"not examples")
+    code, report = preflight(endpoint, path)
+    raw, = [c for c in by_check(report)["data"] if "no .jsonl" in c["detail"]]
+    assert code == 1 and raw["status"] == "fail" and "no .jsonl, .json or .parquet objects under it (1 other" in raw["detail"]
+
+    s3.put_object(Bucket="sft-raw-data", Key="tokens/a.jsonl", Body=b'{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    _, report = preflight(endpoint, path)
+    raw, = [c for c in by_check(report)["data"] if "a.jsonl:" in c["detail"] or "raw examples" in c["detail"]]
+    assert raw["status"] == "fail" and raw["detail"].endswith(
+        "s3://sft-raw-data/tokens/a.jsonl:1: the first record (keys: conversations) is not in data.format messages "
+        "(messages: messages)")
+
+    s3.put_object(Bucket="sft-raw-data", Key="tokens/a.jsonl", Body=b'\n{"messages": [{"role": "user", "content": "hi"}]\n')
+    _, report = preflight(endpoint, path)
+    raw, = [c for c in by_check(report)["data"] if "a.jsonl:" in c["detail"] or "raw examples" in c["detail"]]
+    assert raw["status"] == "fail" and "a.jsonl:2: not JSON" in raw["detail"]
+
+    s3.put_object(Bucket="sft-raw-data", Key="tokens/a.jsonl",
+                  Body=b'{"messages": [{"role": "user", "content": "hi"}], "tools": []}\n')
+    _, report = preflight(endpoint, path)
+    raw, = [c for c in by_check(report)["data"] if "a.jsonl:" in c["detail"] or "raw examples" in c["detail"]]
+    assert raw["status"] == "pass" and "the first record of s3://sft-raw-data/tokens/a.jsonl is messages" in raw["detail"]
+    assert not any("shards.json" in c["detail"] for c in by_check(report)["data"])  # no packed manifest is asked for

@@ -33,7 +33,9 @@ EXECUTION = "0a1b2c3d4e5f"  # a pipeline execution's id: the id of the run it st
 RESUMED_RUN = "9f8e7d6c5b4a"  # the RunId an execution resumes
 JOB = f"pipelines-{EXECUTION}-Train-AbCdEf1234"
 PROBE_JOB = f"pipelines-{EXECUTION}-Probe-AbCdEf1234"
+PREPARE_JOB = f"pipelines-{EXECUTION}-Prepare-AbCdEf1234"
 STEP = 100
+PREPARED_KEY = "0123456789abcdef0123456789abcdef"  # a content key of prepared data
 EXPRESSIONS = {"Execution.PipelineExecutionId": EXECUTION, f"Parameters.{d.P_RUN_ID}": RESUMED_RUN}
 PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -78,6 +80,14 @@ def _store_paths(world: World, pipeline, bucket: str) -> dict[str, str]:
         "model_output": f"{_key(train['OutputDataConfig']['S3OutputPath'], bucket)}/{JOB}/output/model.tar.gz",
         "probe_output": f"{_key(probe['OutputDataConfig']['S3OutputPath'], bucket)}/{PROBE_JOB}/output/model.tar.gz",
     }
+    if plan.recipe.data.prepare is not None:  # the Prepare job's shards (one content key) and property file
+        prepare = d.prepare_arguments(plan, resources)
+        prepared = f"{_key(d.prepared_s3_uri(resources), bucket)}{PREPARED_KEY}/"
+        paths["prepared_list"] = prepared
+        paths["prepared_object"] = f"{prepared}train/shard-00000.bin"
+        paths["prepared_manifest"] = f"{prepared}manifest.json"
+        output = prepare["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
+        paths["prepare_output"] = f"{_key(_rendered(output), bucket)}/{d.PREPARED_JSON}"
     if "TensorBoardOutputConfig" in train:
         tensorboard = _key(train["TensorBoardOutputConfig"]["S3OutputPath"], bucket)
         paths["tensorboard_object"] = f"{tensorboard}/{JOB}/tensorboard-output/events.out.tfevents"
@@ -126,6 +136,9 @@ def _recipe_bindings(world: World, app: str, pipeline, monitoring) -> Recipe:
     v["execution_role"] = _value(world, pipeline.execution_role.role_arn, pipeline)
     v["pipeline_role"] = _value(world, pipeline.pipeline_role.role_arn, pipeline)
     v["pipeline_arn"] = _value(world, pipeline.pipeline_arn, pipeline)
+    if pipeline.prepare_role is not None:
+        v["prepare_role"] = _value(world, pipeline.prepare_role.role_arn, pipeline)
+        v["prepare_job"] = PREPARE_JOB
     store = pipeline.store
     v["store_bucket"] = _value(world, store.bucket.bucket_name, store.bucket)
     v["store_key"] = _value(world, store.encryption_key.key_arn, store.encryption_key)
@@ -138,8 +151,14 @@ def _recipe_bindings(world: World, app: str, pipeline, monitoring) -> Recipe:
         v["mlflow"] = plan.recipe.tracking.mlflow_tracking_server_arn
     if data.kms_key_arn:
         v["data_key"] = data.kms_key_arn
-    uris = data.data_prefixes + [u for u in (plan.recipe.model.init_checkpoint, data.validation_uri) if u]
+    # With data.prepare the training jobs read the prepared shards; the Prepare job reads the raw examples.
+    raw = data.data_prefixes if data.prepare is not None else []
+    uris = [u for u in data.data_prefixes if u not in raw]
+    uris += [u for u in (plan.recipe.model.init_checkpoint, data.validation_uri) if u]
     recipe.groups["data"] = [_uri_group(u) for u in uris]
+    recipe.groups["raw"] = [_uri_group(u) for u in raw]
+    tokenizer = [plan.recipe.model.init_checkpoint] if raw and plan.recipe.model.init_checkpoint else []
+    recipe.groups["prepare_input"] = [_uri_group(u) for u in raw + tokenizer]
     topic = _value(world, monitoring.topic.topic_arn, monitoring)
     key = _topic_key(world, topic)
     known = world.is_known_topic(topic) and key is not None

@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 from tiered_training.pipeline.definition import S_TRAIN, find_step
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
-RECIPES = ("spot-variant", "llama31-8b-sft")  # MLflow and a training plan; sft's packed-data manifest
+# MLflow and a training plan; sft's packed-data manifest; raw examples for a Prepare step (preflight reads one)
+RECIPES = ("spot-variant", "llama31-8b-sft", "llama31-8b-tools-sft")
 RUN = "run-1"
 
 
@@ -93,6 +94,8 @@ def deploy(world: World, stack_name: str, plan, endpoint: str) -> None:
     s3.put_object(Bucket=bucket, Key=f"{runs}{RUN}/step-4/COMMITTED", Body=json.dumps(manifest).encode())
     data_bucket, _, prefix = plan.recipe.data.uri[len("s3://") :].partition("/")
     s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
+    if plan.recipe.data.prepare is not None:
+        s3.put_object(Bucket=data_bucket, Key=f"{prefix}chat.jsonl", Body=b'{"messages": []}\n')
 
 
 def execution_with_logs(endpoint: str, name: str) -> str:

@@ -196,3 +196,34 @@ def test_placeholders_follow_each_members_type():
     assert concrete["CheckpointConfig"] == {}
     assert concrete["Environment"] == {"A": "x"}
     assert validation._placeholder(None) == "x"
+
+
+@pytest.fixture
+def raw_body(tmp_path):
+    recipe = recipe_dict(**{"task": "sft", "model.init_checkpoint": "s3://models/base/", "data.prepare": {}})
+    return d.build_definition(plan_file(write_yaml(tmp_path / "raw.yaml", recipe)), RESOURCES)
+
+
+def test_raw_data_gets_a_prepare_step_whose_property_file_the_training_steps_read(raw_body):
+    assert validation.validate_definition(raw_body) == []
+    prepare, root = raw_body["Steps"]
+    assert prepare["Name"] == d.S_PREPARE and prepare["Type"] == "Processing" and root["DependsOn"] == [d.S_PREPARE]
+    arguments = prepare["Arguments"]["AppSpecification"]["ContainerArguments"]
+    assert arguments[:6] == ["--input", d.param(d.P_DATA_URI), "--tokenizer", "s3://models/base/", "--prepared",
+                             "s3://b/o/prepared/"]
+    for name in (d.S_TRAIN, d.S_TRAIN_WITHOUT_PROBE, d.S_RESUME, d.S_PROBE):
+        args = d.find_step(raw_body, name)["Arguments"]
+        assert args["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"] == d.prepared_data_uri(), name
+
+
+def test_property_files_and_processing_arguments_are_checked(raw_body):
+    broken = copy.deepcopy(raw_body)
+    broken["Steps"][0]["PropertyFiles"][0]["OutputName"] = "elsewhere"
+    assert any("property file 'PreparedData' is on output 'elsewhere'" in p for p in validation.validate_definition(broken))
+    broken = copy.deepcopy(raw_body)
+    broken["Steps"][0]["PropertyFiles"][0]["PropertyFileName"] = "Other"
+    assert any("Steps.Prepare.PropertyFiles.PreparedData names no property file of step Prepare" in p
+               for p in validation.validate_definition(broken))
+    broken = copy.deepcopy(raw_body)
+    broken["Steps"][0]["Arguments"]["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGb"] = 1
+    assert any("CreateProcessingJob" in p and "VolumeSizeInGb" in p for p in validation.validate_definition(broken))

@@ -152,16 +152,19 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
         try:
             import boto3
             from sagemaker.core import shapes
+            from sagemaker.core.network import NetworkConfig
+            from sagemaker.core.processing import Processor
             from sagemaker.core.telemetry import telemetry_logging
             from sagemaker.core.training.configs import CheckpointConfig, Compute, Networking, TensorBoardOutputConfig
             from sagemaker.core.workflow import conditions, functions, parameters
             from sagemaker.core.workflow.execution_variables import ExecutionVariables
             from sagemaker.core.workflow.pipeline_context import PipelineSession
+            from sagemaker.core.workflow.properties import PropertyFile
             from sagemaker.mlops.workflow import retry
             from sagemaker.mlops.workflow.condition_step import ConditionStep
             from sagemaker.mlops.workflow.fail_step import FailStep
             from sagemaker.mlops.workflow.pipeline import Pipeline
-            from sagemaker.mlops.workflow.steps import TrainingStep
+            from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
             from sagemaker.train.model_trainer import ModelTrainer
         except ImportError as error:  # pragma: no cover - an install problem, not a skip
             pytest.fail(
@@ -180,7 +183,8 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             TensorBoardOutputConfig=TensorBoardOutputConfig, conditions=conditions, functions=functions,
             parameters=parameters, retry=retry, ConditionStep=ConditionStep, FailStep=FailStep, Pipeline=Pipeline,
             TrainingStep=TrainingStep, ModelTrainer=ModelTrainer, ExecutionVariables=ExecutionVariables,
-            session=session,
+            session=session, Processor=Processor, ProcessingStep=ProcessingStep, PropertyFile=PropertyFile,
+            NetworkConfig=NetworkConfig,
         )
         assert not attempts, f"the SDK tried to reach the network: {attempts}"
 
@@ -248,6 +252,68 @@ def runconfig_values(plan) -> dict[str, Any]:
     return values
 
 
+def prepared_data(sdk, plan, params):
+    """What the training steps read: DataUri, or with data.prepare the Prepare step's property file."""
+    if plan.recipe.data.prepare is None:
+        return params[d.P_DATA_URI]
+    prepared = sdk.PropertyFile(name=d.PREPARED_PROPERTY_FILE, output_name=d.PREPARE_OUTPUT, path=d.PREPARED_JSON)
+    return sdk.functions.JsonGet(step_name=d.S_PREPARE, property_file=prepared, json_path=d.PREPARED_URI)
+
+
+def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
+    """The Prepare step (task sft with data.prepare): a Processor running the image's sft_prepare module on one
+    CPU instance, its property file on the one output, as the SDK's documentation builds a ProcessingStep."""
+    s = sdk.shapes
+    recipe = plan.recipe
+    data, prepare = recipe.data, recipe.data.prepare
+    processor = sdk.Processor(
+        role=resources.prepare_role_arn or resources.role_arn,
+        image_uri=resources.image_uri,
+        instance_count=1,
+        instance_type=prepare.instance_type,
+        entrypoint=["python", "-m", "training.sft_prepare"],
+        volume_size_in_gb=prepare.volume_gb,
+        output_kms_key=resources.kms_key_id,
+        max_runtime_in_seconds=int(prepare.max_runtime_hours * 3600),
+        sagemaker_session=sdk.session,
+        env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+        tags=[s.Tag(key=k, value=v) for k, v in d.tags_for(plan, resources.extra_tags).items()],
+        network_config=(
+            sdk.NetworkConfig(subnets=list(resources.subnets), security_group_ids=list(resources.security_group_ids))
+            if resources.subnets
+            else None
+        ),
+    )
+    local = "/opt/ml/processing/output/prepared"
+    output = s.ProcessingOutput(
+        output_name="prepared",
+        s3_output=s.ProcessingS3Output(
+            s3_uri=sdk.functions.Join(
+                on="", values=[_join(resources.output_s3_uri, "prepare/"), sdk.ExecutionVariables.PIPELINE_EXECUTION_ID]
+            ),
+            local_path=local,
+            s3_upload_mode="EndOfJob",
+        ),
+        app_managed=False,
+    )
+    arguments = [
+        "--input", params[d.P_DATA_URI], "--tokenizer", recipe.model.init_checkpoint,
+        "--prepared", _join(resources.output_s3_uri, "prepared/"), "--property-file", f"{local}/prepared.json",
+        "--sequence-length", str(recipe.sequence_length), "--dtype", data.token_dtype,
+        "--loss-on", data.loss_on or "assistant", "--overlong", data.overlong or "error",
+        "--format", data.format or "auto", "--on-bad-example", data.on_bad_example or "error",
+    ]
+    if data.max_bad_fraction is not None:
+        arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
+    prepared = sdk.PropertyFile(name="PreparedData", output_name="prepared", path="prepared.json")
+    return sdk.ProcessingStep(
+        name="Prepare",
+        step_args=processor.run(outputs=[output], arguments=arguments),
+        property_files=[prepared],
+        retry_policies=sdk_retry_policies(sdk),
+    )
+
+
 def run_id(sdk, params, spec: TrainingSpec):
     """A new run is named after the execution; a resume names its run in RunId."""
     return params[d.P_RUN_ID] if spec.resume else sdk.ExecutionVariables.PIPELINE_EXECUTION_ID
@@ -268,7 +334,7 @@ def sdk_hyperparameters(sdk, plan, params, spec: TrainingSpec) -> dict[str, Any]
         "batch.total_steps": params[d.P_MAX_STEPS].to_string(),
         "run.id": quoted(sdk, run_id(sdk, params, spec)),
         "run.resume": spec.resume,
-        "run.data_uri": quoted(sdk, params[d.P_DATA_URI]),
+        "run.data_uri": quoted(sdk, prepared_data(sdk, plan, params)),
         "run.segment": spec.number,
         "run.segments": spec.count,
         "run.segment_seconds": 0.0 if spec.probe else segment_plan(plan).segment_seconds(),
@@ -309,7 +375,7 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
     recipe, compute = plan.recipe, plan.recipe.compute
     probe = spec.probe
 
-    channels = [_channel(sdk, d.TRAIN_CHANNEL, params[d.P_DATA_URI], recipe.data.input_mode)]
+    channels = [_channel(sdk, d.TRAIN_CHANNEL, prepared_data(sdk, plan, params), recipe.data.input_mode)]
     if recipe.model.init_checkpoint:
         channels.append(_channel(sdk, d.MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
     if recipe.data.validation_uri and not probe:
@@ -430,16 +496,18 @@ def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
         if_steps=chains[d.S_TRAIN_WITHOUT_PROBE],
         else_steps=[probe, gate],
     )
+    prepare = [sdk_prepare_step(sdk, plan, resources, params)] if plan.recipe.data.prepare is not None else []
     root = sdk.ConditionStep(
         name=d.S_NEW_OR_RESUME,
         conditions=[c.ConditionEquals(left=params[d.P_RUN_ID], right=d.NEW_RUN)],
         if_steps=[probe_or_skip],
         else_steps=chains[d.S_RESUME],
+        depends_on=prepare or None,
     )
     pipeline = sdk.Pipeline(
         name=plan.name,
         parameters=list(params.values()),
-        steps=[root],
+        steps=[*prepare, root],
         sagemaker_session=sdk.session,
         pipeline_experiment_config=None,  # ours creates no experiment either
     )

@@ -161,3 +161,41 @@ def test_final_metrics_take_the_last_match_in_time_order():
     definitions = [{"Name": "m", "Regex": r"m=([0-9.]+)"}]
     log = [(2.0, "algo-2", "m=2"), (1.0, "algo-1", "m=1"), (3.0, "algo-1", "nothing")]
     assert final_metrics(definitions, log) == {"m": 2.0}
+
+
+class Processing(Jobs):
+    """Jobs, and a processing job that writes ``files`` into its outputs' directories."""
+
+    def __init__(self, tmp_path, files):
+        super().__init__([])
+        self.tmp_path, self.files = tmp_path, files
+
+    def process(self, step, job_name, args):
+        outputs = {}
+        for output in args["ProcessingOutputConfig"]["Outputs"]:
+            local = self.tmp_path / output["OutputName"]
+            local.mkdir(exist_ok=True)
+            for name, text in self.files.items():
+                (local / name).write_text(text)
+            outputs[output["OutputName"]] = str(local)
+        self.calls.append((step, args["AppSpecification"]["ContainerArguments"][1]))
+        return JobAttempt("Completed", detail={"outputs": outputs})
+
+
+def test_a_processing_steps_property_file_feeds_json_get_in_later_steps(tmp_path):
+    plan = plan_file(REPO / "recipes/llama3.1-8b-tools-sft.yaml")
+    body = build_definition(plan, RESOURCES)
+    jobs = Processing(tmp_path, {"prepared.json": '{"key": "k", "uri": "s3://b/out/prepared/k/train/", "reused": true}'})
+    execution = Interpreter(body, jobs).run({"SkipProbe": True, "DataUri": "s3://raw/x/"})
+    assert execution.status == "Succeeded", execution.failure
+    assert jobs.calls[0] == ("Prepare", "s3://raw/x/") and jobs.calls[1][0] == "TrainWithoutProbe"
+    assert execution.property_files["Prepare"]["PreparedData"]["uri"] == "s3://b/out/prepared/k/train/"
+
+    missing = Processing(tmp_path / "none", {})
+    (tmp_path / "none").mkdir()
+    execution = Interpreter(body, missing).run({"SkipProbe": True})
+    assert execution.status == "Failed" and execution.failed_step == "Prepare" and "PreparedData" in execution.failure
+    without_uri = Processing(tmp_path / "other", {"prepared.json": '{"key": "k"}'})
+    (tmp_path / "other").mkdir()
+    with pytest.raises(PipelineError, match="property file PreparedData of step Prepare has no 'uri'"):
+        Interpreter(body, without_uri).run({"SkipProbe": True})

@@ -40,6 +40,8 @@ def test_runtime_dependencies_are_pinned():
         "torchao": "0.18.0",
         "torchdata": "0.11.0",
         "transformers": "5.23.0",
+        "datasets": "5.2.0",
+        "Jinja2": "3.1.6",
         "aws-embedded-metrics": "3.5.0",
         "nvidia-ml-py": "13.615.71",
         "pydantic": "2.14.3",

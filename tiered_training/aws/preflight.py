@@ -128,7 +128,9 @@ def run(
         )
     )
     checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn, deployed, region))
-    if recipe.task == "sft":
+    if recipe.task == "sft" and recipe.data.prepare is not None:
+        checks.append(_guard("data", recipe.data.uri, lambda: check_raw_data(clients["s3"], plan)))
+    elif recipe.task == "sft":
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
     checks.append(
         _guard(
@@ -454,8 +456,12 @@ def read_uris(plan: Plan) -> list[str]:
 
 
 def role_read_uris(plan: Plan) -> list[str]:
-    """The prefixes the role must read: those a run reads, and every prefix ``DataUri`` may name."""
-    return list(dict.fromkeys([*read_uris(plan), *plan.recipe.data.data_prefixes]))
+    """The prefixes the role must read: those a run reads, and every prefix ``DataUri`` may name; with
+    ``data.prepare`` the training jobs read the prepared shards instead of the raw examples."""
+    uris = list(dict.fromkeys([*read_uris(plan), *plan.recipe.data.data_prefixes]))
+    if plan.recipe.data.prepare is not None:
+        uris = [u for u in uris if u not in (plan.recipe.data.uri, *plan.recipe.data.data_prefixes)]
+    return uris
 
 
 def sample_key(uri: str) -> str:
@@ -638,6 +644,100 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
             f"{manifest.get('truncated', 0):,} truncated)"
         ),
     )
+
+
+RAW_SUFFIXES = (".jsonl", ".json", ".parquet")  # what the Prepare job reads (training/sft_prepare.py)
+RAW_SAMPLE_BYTES = 1 << 20
+# The keys a record of each format has (training/sft_formats.py reads them; auto takes the first that fits).
+FORMAT_KEYS = {
+    "messages": (("messages",),),
+    "sharegpt": (("conversations",),),
+    "alpaca": (("instruction", "output"),),
+    "prompt_completion": (("prompt", "completion"),),
+    "text": (("text",),),
+}
+
+
+def check_raw_data(s3: Any, plan: Plan) -> Check:
+    """Task sft with ``data.prepare``: the data prefix holds raw examples the Prepare step can read, and the first
+    record of the first file parses in ``data.format`` (JSON Lines and JSON; Parquet and ``save_to_disk``
+    directories are listed, and their records are read by the Prepare step)."""
+    recipe = plan.recipe
+    uri = recipe.data.uri
+    fmt = recipe.data.format or "auto"
+    bucket, prefix = _split(uri)
+    folder = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
+    fix = "upload the examples as .jsonl, .json or .parquet files (or a Dataset.save_to_disk directory) under data.uri"
+    try:
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=folder, MaxKeys=1000).get("Contents", [])
+    except _client_error() as error:
+        if _code(error) == "NoSuchBucket":
+            return Check("data", uri, FAIL, f"no bucket {bucket}", fix)
+        raise
+    names = sorted(item["Key"] for item in listed)
+    if any(name == f"{folder}state.json" for name in names):
+        return Check("data", uri, PASS, f"raw examples: a Dataset.save_to_disk directory ({len(names)} objects)")
+    inputs = [name for name in names if name.endswith(RAW_SUFFIXES)]
+    if not inputs:
+        return Check(
+            "data", uri, FAIL, f"no .jsonl, .json or .parquet objects under it ({len(names)} other objects)", fix
+        )
+    first = inputs[0]
+    where = f"s3://{bucket}/{first}"
+    if first.endswith(".parquet"):
+        s3.head_object(Bucket=bucket, Key=first)
+        return Check("data", uri, PASS, f"raw examples: {len(inputs)} file(s); {where} is readable (Parquet)")
+    body = s3.get_object(Bucket=bucket, Key=first, Range=f"bytes=0-{RAW_SAMPLE_BYTES - 1}")["Body"].read()
+    text = body.decode("utf-8", errors="replace").lstrip("\ufeff")
+    record, line = _first_record(text)
+    if record is None:
+        return Check("data", uri, FAIL, f"{where}: no JSON record in its first {RAW_SAMPLE_BYTES:,} bytes", fix)
+    if isinstance(record, str):  # why it did not parse
+        return Check("data", uri, FAIL, f"{where}:{line}: not JSON ({record})", fix)
+    if not isinstance(record, dict):
+        return Check("data", uri, FAIL, f"{where}:{line}: a {type(record).__name__}, expected an object", fix)
+    candidates = FORMAT_KEYS if fmt == "auto" else {fmt: FORMAT_KEYS[fmt]}
+    found = next(
+        (name for name, shapes in candidates.items() if any(all(k in record for k in s) for s in shapes)), None
+    )
+    if found is None:
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        wanted = "; ".join(f"{name}: {' and '.join(shapes[0])}" for name, shapes in candidates.items())
+        return Check(
+            "data",
+            uri,
+            FAIL,
+            f"{where}:{line}: the first record (keys: {keys}) is not in data.format {fmt} ({wanted})",
+            "set data.format to the examples' format, or convert them",
+        )
+    return Check(
+        "data",
+        uri,
+        PASS,
+        f"raw examples: {len(inputs)} file(s); the first record of {where} is {found}"
+        + (" (data.format auto)" if fmt == "auto" else ""),
+    )
+
+
+def _first_record(text: str) -> tuple[Any, int]:
+    """The first record of JSON Lines or a JSON array, and its line; a string says why it does not parse."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        start = text.index("[") + 1
+        rest = text[start:].lstrip()
+        line = text[: len(text) - len(rest)].count("\n") + 1
+        try:
+            record, _ = json.JSONDecoder().raw_decode(rest)
+        except ValueError as error:
+            return str(error), line
+        return record, line
+    for number, row in enumerate(text.splitlines(), start=1):
+        if row.strip():
+            try:
+                return json.loads(row), number
+            except ValueError as error:
+                return str(error), number
+    return None, 0
 
 
 def check_mlflow(sm: Any, plan: Plan) -> Check:

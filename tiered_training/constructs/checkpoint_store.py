@@ -56,6 +56,16 @@ def output_prefix(recipe: str) -> str:
     return f"{recipe}/output/"
 
 
+def prepared_prefix(recipe: str) -> str:
+    """The Prepare step's packed shards, one prefix per content key (pipeline/definition.py's prepared_s3_uri)."""
+    return f"{output_prefix(recipe)}prepared/"
+
+
+def prepare_output_prefix(recipe: str) -> str:
+    """The Prepare step's ProcessingOutput (its property file), one prefix per execution."""
+    return f"{output_prefix(recipe)}prepare/"
+
+
 @dataclass(frozen=True)
 class CheckpointStoreProps:
     """Settings of a new CheckpointStore (the keyword arguments of :class:`CheckpointStore`).
@@ -290,6 +300,39 @@ class CheckpointStore(Construct):
         The key is granted in the grantee's policy: its key policy must let the account's IAM
         policies allow its use (KMS's default key policy, and CDK's, do)."""
         return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
+
+    def prepare_object_arns(self, recipe: str) -> list[str]:
+        """The object ARNs (with a trailing wildcard) the Prepare job writes: its shards and its property file."""
+        return [
+            self.bucket.arn_for_objects(f"{prefix}*")
+            for prefix in (prepared_prefix(recipe), prepare_output_prefix(recipe))
+        ]
+
+    def grant_prepare(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
+        """The Prepare job: read and write the recipe's prepared shards (a key's manifest is read to reuse it),
+        write its property file, list the prepared prefix; the key through S3 and SageMaker (its output)."""
+        shards, outputs = self.prepare_object_arns(recipe)
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, resource_arns=[shards]
+        ).combine(iam.Grant.add_to_principal(grantee=grantee, actions=OBJECT_WRITE_ACTIONS, resource_arns=[outputs]))
+        grant = grant.combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["s3:ListBucket"],
+                resource_arns=[self.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{prepared_prefix(recipe)}*"]}},
+            )
+        )
+        if self.encryption_key_arn is not None:
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee,
+                    actions=KMS_WRITE_ACTIONS,
+                    resource_arns=[self.encryption_key_arn],
+                    conditions=via_services("s3", "sagemaker", key_arn=self.encryption_key_arn),
+                )
+            )
+        return grant
 
     def grant_runs_read(self, grantee: iam.IGrantable, recipe: str) -> iam.Grant:
         """List this recipe's runs and read their checkpoints' manifests (``COMMITTED``) and leases, not the

@@ -155,7 +155,10 @@ class TrainingPipeline(Resource):
                 security_groups = [group]
             self.connections = ec2.Connections(security_groups=list(security_groups))
 
-        data_uris = recipe.data.data_prefixes + ([recipe.model.init_checkpoint] if recipe.model.init_checkpoint else [])
+        # With data.prepare the training jobs read the prepared shards in the store, not the raw examples.
+        raw = recipe.data.prepare is not None
+        data_uris = [] if raw else list(recipe.data.data_prefixes)
+        data_uris += [recipe.model.init_checkpoint] if recipe.model.init_checkpoint else []
         data_uris += [recipe.data.validation_uri] if recipe.data.validation_uri else []
         self._image, self._data_uris, self._data_key = image, data_uris, data_key
         self.roles = TrainingRoles(
@@ -173,11 +176,15 @@ class TrainingPipeline(Resource):
             pipeline_role=pipeline_role,
             mlflow_tracking_server_arn=recipe.tracking.mlflow_tracking_server_arn,
             training_plan_arn=recipe.compute.training_plan_arn,
+            raw_uris=recipe.data.data_prefixes if recipe.data.prepare is not None else (),
+            tokenizer_uri=recipe.model.init_checkpoint if recipe.data.prepare is not None else None,
         )
         self.execution_role: iam.IRole = self.roles.execution_role
         self.pipeline_role: iam.IRole = self.roles.pipeline_role
+        self.prepare_role: iam.IRole | None = self.roles.prepare_role
         self.resources = d.PipelineResources(
             role_arn=self.execution_role.role_arn,
+            prepare_role_arn=self.prepare_role.role_arn if self.prepare_role is not None else None,
             image_uri=image.image_uri,
             checkpoint_s3_uri=store.checkpoint_uri(recipe.name),
             output_s3_uri=store.output_uri(recipe.name),
@@ -284,8 +291,11 @@ class TrainingPipeline(Resource):
         # GetMetricData, the Service Quotas reads other than GetServiceQuota and pricing:GetProducts
         # have no resource types in IAM: Resource "*" is the only form.
         add(["cloudwatch:GetMetricData"], ["*"])
-        allow_wildcard("*", "cloudwatch:GetMetricData, servicequotas:List*/GetAWSDefaultServiceQuota and "
-                       "pricing:GetProducts have no resource types in IAM")
+        allow_wildcard(
+            "*",
+            "cloudwatch:GetMetricData, servicequotas:List*/GetAWSDefaultServiceQuota and "
+            "pricing:GetProducts have no resource types in IAM",
+        )
         allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")
         group = stack.format_arn(
             service="logs",
@@ -318,10 +328,17 @@ class TrainingPipeline(Resource):
         )
         add(["ecr:BatchGetImage"], [self._image.repository.repository_arn])
         add(["iam:SimulatePrincipalPolicy"], [self.execution_role.role_arn])
-        for uri in self._data_uris:
+        raw = recipe.data.data_prefixes if recipe.data.prepare is not None else []
+        for uri in list(dict.fromkeys([*self._data_uris, *raw])):
             _objects, bucket_arn, patterns = prefix_arns(uri)
             add(["s3:ListBucket"], [bucket_arn], {"StringLike": {"s3:prefix": patterns}} if patterns else None)
-        if recipe.task == "sft":
+        if recipe.task == "sft" and recipe.data.prepare is not None:
+            objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
+            add(["s3:GetObject"], [objects[0]])  # preflight reads the first raw example
+            allow_wildcard(objects[0], "Preflight reads the first record of the recipe's raw examples")
+            if self._data_key is not None:
+                add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
+        elif recipe.task == "sft":
             from tiered_training.aws.preflight import PACKED_MANIFEST
 
             objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)

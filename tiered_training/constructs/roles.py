@@ -46,6 +46,13 @@ from tiered_training.contract.container import LOG_GROUP
 SAGEMAKER = "sagemaker.amazonaws.com"
 TRAINING_LOG_GROUP = LOG_GROUP
 S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
+PROCESSING_LOG_GROUP = "/aws/sagemaker/ProcessingJobs"
+PROCESSING_JOB_ACTIONS = [
+    "sagemaker:CreateProcessingJob",
+    "sagemaker:DescribeProcessingJob",
+    "sagemaker:StopProcessingJob",
+    "sagemaker:AddTags",
+]
 TRAINING_JOB_ACTIONS = [
     "sagemaker:CreateTrainingJob",
     "sagemaker:DescribeTrainingJob",
@@ -246,6 +253,8 @@ class TrainingRoles(Construct):
     - ``vpc``, ``subnets``, ``security_groups``: the network the jobs run in; default none.
     - ``execution_role``: default a new role that SageMaker may assume from this account.
     - ``pipeline_role``: default a new role that SageMaker may assume from this account.
+    - ``raw_uris``: S3 prefixes of raw examples that a Prepare job packs (task sft with ``data.prepare``); with
+      ``tokenizer_uri`` (the init checkpoint), a third role, ``prepare_role``, for that job. Default none.
     """
 
     def __init__(
@@ -265,6 +274,8 @@ class TrainingRoles(Construct):
         security_groups: Sequence[ec2.ISecurityGroup] = (),
         execution_role: iam.IRole | None = None,
         pipeline_role: iam.IRole | None = None,
+        raw_uris: Sequence[str] = (),
+        tokenizer_uri: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.recipe_name = recipe_name
@@ -355,6 +366,73 @@ class TrainingRoles(Construct):
                 "SageMaker names a training plan's reserved capacities",
             )
         self.grant_pass_execution_role(pipeline)
+
+        # -- prepare role (raw data): read the raw examples and the tokenizer, write the prepared shards ------
+        self.prepare_role: iam.IRole | None = None
+        if raw_uris and tokenizer_uri:
+            prepare = iam.Role(
+                self, "PrepareRole", assumed_by=sagemaker, description=f"SageMaker Prepare job of recipe {recipe_name}"
+            )
+            self.prepare_role = prepare
+            for uri in [*raw_uris, tokenizer_uri]:
+                grant_read_prefix(prepare, uri)
+                late.add(prepare, prefix_arns(uri)[0][0], f"Objects under {uri}: the raw examples or the tokenizer")
+            if data_key is not None:
+                iam.Grant.add_to_principal(
+                    grantee=prepare,
+                    actions=["kms:Decrypt"],
+                    resource_arns=[data_key.key_arn],
+                    conditions=via_services("s3", key_arn=data_key.key_arn),
+                )
+            store.grant_prepare(prepare, recipe_name)
+            for arn in store.prepare_object_arns(recipe_name):
+                late.add(prepare, arn, "Objects under this recipe's prepared data, one prefix per content key")
+            image.grant_pull(prepare)
+            processing_logs = stack.format_arn(
+                service="logs",
+                resource="log-group",
+                resource_name=PROCESSING_LOG_GROUP,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            iam.Grant.add_to_principal(
+                grantee=prepare,
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resource_arns=[f"{processing_logs}:log-stream:*"],
+            )
+            iam.Grant.add_to_principal(
+                grantee=prepare, actions=["logs:CreateLogGroup"], resource_arns=[processing_logs]
+            )
+            iam.Grant.add_to_principal(
+                grantee=prepare, actions=["logs:DescribeLogStreams"], resource_arns=[f"{processing_logs}:*"]
+            )
+            for arn in (f"{processing_logs}:log-stream:*", f"{processing_logs}:*"):
+                late.add(prepare, arn, "SageMaker names each processing job's log streams after the generated job name")
+            prepare_star = "ecr:GetAuthorizationToken has no resource-level permissions"
+            if vpc is not None:
+                grant_network_interfaces(prepare, self, vpc=vpc, subnets=subnets, security_groups=security_groups)
+                late.add(
+                    prepare,
+                    network_interface_arns(self, (), ())[1],
+                    "SageMaker creates the processing job's network interfaces (IDs unknown before); "
+                    "deleting and sharing them is limited to this VPC by an ec2:Vpc condition",
+                )
+                prepare_star += "; nor do the ec2:Describe* actions SageMaker needs to place jobs in a VPC"
+            late.add_rule(prepare, "AwsSolutions-IAM5[Resource::*]", prepare_star)
+            processing_jobs = stack.format_arn(
+                service="sagemaker", resource="processing-job", resource_name="pipelines-*"
+            )
+            iam.Grant.add_to_principal(
+                grantee=pipeline, actions=PROCESSING_JOB_ACTIONS, resource_arns=[processing_jobs]
+            )
+            late.add(
+                pipeline, processing_jobs, "A pipeline names its processing jobs pipelines-<execution>-<step>-<suffix>"
+            )
+            iam.Grant.add_to_principal(
+                grantee=pipeline,
+                actions=["iam:PassRole"],
+                resource_arns=[prepare.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": SAGEMAKER}},
+            )
         self.node.add_validation(late)
 
     @staticmethod

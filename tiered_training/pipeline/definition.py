@@ -126,8 +126,18 @@ S_TRAIN_WITHOUT_PROBE = "TrainWithoutProbe"
 S_FAIL_THROUGHPUT = "FailThroughput"
 S_FAIL_MEMORY = "FailMemory"
 S_RESUME = "Resume"
+S_PREPARE = "Prepare"
 TRAIN_CHAINS = (S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)  # each a chain of segments
 TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)
+
+# The Prepare step (task sft with data.prepare): a Processing job that packs the raw examples under DataUri
+# (training/sft_prepare.py) and names the prepared shards in a property file the training steps read.
+PREPARE_MODULE = "training.sft_prepare"
+PREPARE_OUTPUT = "prepared"  # the ProcessingOutput that holds the property file
+PREPARE_LOCAL_PATH = "/opt/ml/processing/output/prepared"
+PREPARED_PROPERTY_FILE = "PreparedData"
+PREPARED_JSON = "prepared.json"  # {"key", "uri", "reused"}
+PREPARED_URI = "uri"
 
 PROBE_TOKENS = "probe:tokens_per_second"
 PROBE_MEMORY = "probe:peak_memory_fraction"
@@ -168,6 +178,7 @@ class PipelineResources:
     - ``image_uri``: the training image (its entry point is ``training/launcher.py``).
     - ``checkpoint_s3_uri``: this recipe's checkpoint prefix (all hosts share it).
     - ``output_s3_uri``: this recipe's output prefix (model artefacts, probe output).
+    - ``prepare_role_arn``: the Prepare job's role (task sft with ``data.prepare``); default ``role_arn``.
     - ``kms_key_id``: key for the job's output; default none (the bucket's default encryption).
     - ``subnets`` / ``security_group_ids``: optional VPC for the jobs.
     - ``extra_tags``: tags on every training job, after the recipe's own.
@@ -177,6 +188,7 @@ class PipelineResources:
     image_uri: str
     checkpoint_s3_uri: str
     output_s3_uri: str
+    prepare_role_arn: str | None = None  # the Prepare job's role; default role_arn
     kms_key_id: str | None = None
     subnets: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
@@ -234,6 +246,26 @@ def parameters(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+def prepared_data_uri() -> dict[str, Any]:
+    """The packed shards the Prepare step made or reused: its property file's ``uri``."""
+    return {
+        "Std:JsonGet": {
+            "PropertyFile": get(f"Steps.{S_PREPARE}.PropertyFiles.{PREPARED_PROPERTY_FILE}"),
+            "Path": PREPARED_URI,
+        }
+    }
+
+
+def training_data_uri(plan: Plan) -> Any:
+    """What the training steps read: the DataUri parameter, or with ``data.prepare`` the Prepare step's shards."""
+    return prepared_data_uri() if plan.recipe.data.prepare is not None else param(P_DATA_URI)
+
+
+def prepared_s3_uri(resources: PipelineResources) -> str:
+    """Where Prepare keeps packed shards, one prefix per content key: ``<output prefix>/prepared/``."""
+    return _join_uri(resources.output_s3_uri, "prepared/")
+
+
 def json_string(expression: Any) -> dict[str, Any]:
     """A pipeline expression as a JSON string literal (a hyperparameter value the RunConfig decodes)."""
     return {"Std:Join": {"On": "", "Values": ['"', expression, '"']}}
@@ -264,7 +296,7 @@ def hyperparameters(plan: Plan, segment: Segment | None = None) -> dict[str, Any
     if segment is not None:
         hp["run.id"] = json_string(segment.run_id)
         hp["run.resume"] = json.dumps(segment.resume)
-        hp["run.data_uri"] = json_string(param(P_DATA_URI))
+        hp["run.data_uri"] = json_string(training_data_uri(plan))
         hp["run.segment"] = json.dumps(segment.number)
         hp["run.segments"] = json.dumps(segment.count)
         hp["run.segment_seconds"] = json.dumps(segment.seconds)
@@ -300,7 +332,7 @@ def training_arguments(
     env: dict[str, Any] = dict(family_environment(plan))
     env[MODE_VARIABLE] = "probe" if probe else "train"
 
-    channels = [_channel(TRAIN_CHANNEL, param(P_DATA_URI), recipe.data.input_mode)]
+    channels = [_channel(TRAIN_CHANNEL, training_data_uri(plan), recipe.data.input_mode)]
     if recipe.model.init_checkpoint:
         # A Hugging Face checkpoint is read once at start: File mode copies it locally.
         channels.append(_channel(MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
@@ -376,6 +408,93 @@ def training_arguments(
     if resources.subnets:
         args["VpcConfig"] = {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)}
     return args
+
+
+def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
+    """CreateProcessingJob arguments (less ProcessingJobName) of the Prepare step: the training image runs
+    ``python -m training.sft_prepare`` (the local command's code) on one CPU instance. It reads S3 itself (no
+    ProcessingInput): the content key needs the inputs' ETags, and a rerun whose key exists downloads nothing."""
+    recipe = plan.recipe
+    data, prepare = recipe.data, recipe.data.prepare
+    assert prepare is not None and recipe.model.init_checkpoint
+    arguments: list[Any] = [
+        "--input",
+        param(P_DATA_URI),
+        "--tokenizer",
+        recipe.model.init_checkpoint,
+        "--prepared",
+        prepared_s3_uri(resources),
+        "--property-file",
+        f"{PREPARE_LOCAL_PATH}/{PREPARED_JSON}",
+        "--sequence-length",
+        str(recipe.sequence_length),
+        "--dtype",
+        data.token_dtype,
+        "--loss-on",
+        data.loss_on or "assistant",
+        "--overlong",
+        data.overlong or "error",
+        "--format",
+        data.format or "auto",
+        "--on-bad-example",
+        data.on_bad_example or "error",
+    ]
+    if data.max_bad_fraction is not None:
+        arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
+    cluster: dict[str, Any] = {
+        "InstanceCount": 1,
+        "InstanceType": prepare.instance_type,
+        "VolumeSizeInGB": prepare.volume_gb,
+    }
+    output: dict[str, Any] = {
+        "Outputs": [
+            {
+                "OutputName": PREPARE_OUTPUT,
+                "AppManaged": False,
+                "S3Output": {
+                    "S3Uri": {
+                        "Std:Join": {"On": "", "Values": [_join_uri(resources.output_s3_uri, "prepare/"), EXECUTION_ID]}
+                    },
+                    "LocalPath": PREPARE_LOCAL_PATH,
+                    "S3UploadMode": "EndOfJob",
+                },
+            }
+        ]
+    }
+    if resources.kms_key_id:
+        output["KmsKeyId"] = resources.kms_key_id
+    args: dict[str, Any] = {
+        "ProcessingResources": {"ClusterConfig": cluster},
+        "AppSpecification": {
+            "ImageUri": resources.image_uri,
+            "ContainerEntrypoint": ["python", "-m", PREPARE_MODULE],
+            "ContainerArguments": arguments,
+        },
+        "ProcessingOutputConfig": output,
+        "StoppingCondition": {"MaxRuntimeInSeconds": int(prepare.max_runtime_hours * 3600)},
+        "Environment": {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+        "RoleArn": resources.prepare_role_arn or resources.role_arn,
+        "Tags": [{"Key": k, "Value": v} for k, v in tags_for(plan, resources.extra_tags).items()],
+    }
+    if resources.subnets:
+        args["NetworkConfig"] = {
+            "EnableNetworkIsolation": False,  # the job reads S3 itself
+            "VpcConfig": {"Subnets": list(resources.subnets), "SecurityGroupIds": list(resources.security_group_ids)},
+        }
+    return args
+
+
+def prepare_step(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
+    return {
+        "Name": S_PREPARE,
+        "Type": "Processing",
+        "Description": "Packs the raw examples under DataUri into shards, or reuses those of an unchanged input",
+        "Arguments": prepare_arguments(plan, resources),
+        "PropertyFiles": [
+            {"PropertyFileName": PREPARED_PROPERTY_FILE, "OutputName": PREPARE_OUTPUT, "FilePath": PREPARED_JSON}
+        ],
+        "RetryPolicies": [dict(CAPACITY_RETRY), dict(RESOURCE_LIMIT_RETRY), dict(SERVICE_RETRY)],
+    }
 
 
 def _channel(name: str, uri: Any, mode: str) -> dict[str, Any]:
@@ -552,7 +671,7 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
             "ElseSteps": [probe, gate_steps(plan, train)],
         },
     }
-    root = {
+    root: dict[str, Any] = {
         "Name": S_NEW_OR_RESUME,
         "Type": "Condition",
         "Description": f"A new run (RunId={NEW_RUN}, named after the execution), or resume the run RunId names",
@@ -562,11 +681,15 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
             "ElseSteps": resume,
         },
     }
+    top = [root]
+    if plan.recipe.data.prepare is not None:  # before either branch: a resume reads the same prepared shards
+        root["DependsOn"] = [S_PREPARE]
+        top = [prepare_step(plan, resources), root]
     return {
         "Version": SCHEMA_VERSION,
         "Metadata": {"GeneratedBy": "tiered-training", "Recipe": plan.name},
         "Parameters": parameters(plan),
-        "Steps": [root],
+        "Steps": top,
     }
 
 

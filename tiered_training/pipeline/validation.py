@@ -42,11 +42,15 @@ def _is_expression(value: Any) -> bool:
 
 
 @cache
-def _create_training_job_shape():
+def _input_shape(operation: str):
     import botocore.session
 
     model = botocore.session.get_session().get_service_model("sagemaker")
-    return model.operation_model("CreateTrainingJob").input_shape
+    return model.operation_model(operation).input_shape
+
+
+def _create_training_job_shape():
+    return _input_shape("CreateTrainingJob")
 
 
 def cdk_token(value: Any) -> bool:
@@ -125,6 +129,52 @@ def validate_training_arguments(args: dict[str, Any], step_name: str = "") -> li
     return problems
 
 
+def validate_processing_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
+    """Problems in one Processing step's arguments against CreateProcessingJob's input shape."""
+    from botocore.validate import ParamValidator
+
+    where = f"step {step_name}: " if step_name else ""
+    request = _concretise(
+        {"ProcessingJobName": "pipelines-placeholder", **args}, _input_shape("CreateProcessingJob"), cdk_token
+    )
+    report = ParamValidator().validate(request, _input_shape("CreateProcessingJob"))
+    problems = []
+    if report.has_errors():
+        text = report.generate_report()
+        problems += [f"{where}CreateProcessingJob {line.strip()}" for line in text.splitlines() if line.strip()]
+    env = args.get("Environment") or {}
+    if len(env) > MAX_ENVIRONMENT:
+        problems.append(f"{where}Environment: {len(env)} entries; SageMaker allows {MAX_ENVIRONMENT}")
+    return problems
+
+
+def _property_file_problems(steps: list[dict[str, Any]], step: dict[str, Any]) -> list[str]:
+    """Each ``Steps.S.PropertyFiles.F`` a step reads names a property file that step S declares, on one of its
+    outputs; each property file a step declares names one of its outputs."""
+    problems = []
+    declared = {s.get("Name"): {f.get("PropertyFileName"): f for f in s.get("PropertyFiles", [])} for s in steps}
+    outputs = {
+        s.get("Name"): {
+            o.get("OutputName")
+            for o in ((s.get("Arguments") or {}).get("ProcessingOutputConfig") or {}).get("Outputs", [])
+        }
+        for s in steps
+    }
+    name = step.get("Name", "")
+    for entry in step.get("PropertyFiles", []):
+        if entry.get("OutputName") not in outputs.get(name, set()):
+            problems.append(
+                f"step {name}: property file {entry.get('PropertyFileName')!r} is on output "
+                f"{entry.get('OutputName')!r}, which the step does not have"
+            )
+    for ref in _expressions(step.get("Arguments", {})):
+        parts = ref.split(".")
+        if len(parts) == 4 and parts[0] == "Steps" and parts[2] == "PropertyFiles":
+            if parts[3] not in declared.get(parts[1], {}):
+                problems.append(f"step {name}: {ref} names no property file of step {parts[1]}")
+    return problems
+
+
 def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
     """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
     problems: list[str] = []
@@ -150,6 +200,11 @@ def validate_definition(definition: dict[str, Any], body: str | None = None) -> 
             problems.append(f"step {name!r}: does not match {STEP_NAME_PATTERN}")
         if step.get("Type") == "Training":
             problems += validate_training_arguments(step.get("Arguments", {}), name)
+        elif step.get("Type") == "Processing":
+            problems += validate_processing_arguments(step.get("Arguments", {}), name)
+        elif step.get("Type") not in ("Condition", "Fail"):
+            problems.append(f"step {name}: unknown step type {step.get('Type')!r}")
+        problems += _property_file_problems(steps, step)
         for ref in _expressions(step.get("Arguments", {})):
             head, _, rest = ref.partition(".")
             target = rest.split(".")[0].split("[")[0]

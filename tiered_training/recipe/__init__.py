@@ -134,6 +134,21 @@ class ModelSection(_Strict):
         return self
 
 
+class PrepareSection(_Strict):
+    """Task sft: ``data.uri`` holds raw examples, which a Prepare step packs before the probe."""
+
+    instance_type: str = Field(
+        default="ml.m5.4xlarge",
+        pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$",
+        max_length=64,
+        description="the CPU instance of the Prepare step's SageMaker Processing job",
+    )
+    volume_gb: int = Field(
+        default=200, ge=1, le=16384, description="its EBS volume: the raw examples, the tokenizer and the shards"
+    )
+    max_runtime_hours: float = Field(default=24, gt=0, le=5 * 24, description="the longest the Prepare job may run")
+
+
 class DataSection(_Strict):
     uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of flat token shards")
     allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX)]] | None = Field(
@@ -204,6 +219,16 @@ class DataSection(_Strict):
             "task sft, with on_bad_example skip: the largest share of bad examples preparing accepted "
             "(--max-bad-fraction); preflight checks the shards' manifest; default: not checked "
             "(the command's default: 0)"
+        ),
+    )
+
+    prepare: PrepareSection | None = Field(
+        default=None,
+        description=(
+            "task sft: uri holds raw examples (JSON Lines, JSON, Parquet or save_to_disk files, in data.format), and "
+            "the pipeline packs them in a Prepare step before the probe, keyed by a hash of the inputs' ETags and "
+            "sizes, the tokenizer, its chat template and the settings (an unchanged rerun reuses them); "
+            "default: uri holds packed shards"
         ),
     )
 
@@ -555,6 +580,7 @@ class Recipe(_Strict):
                 ("data.format", data.format),
                 ("data.on_bad_example", data.on_bad_example),
                 ("data.max_bad_fraction", data.max_bad_fraction),
+                ("data.prepare", data.prepare),
             )
             for path, value in sft_only:
                 if value is not None:

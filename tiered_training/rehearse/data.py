@@ -126,3 +126,38 @@ def put_sft_shards(
     train = out / "prepared" / "train"
     upload_dir(client, train, uri)
     return json.loads((train / "shards.json").read_text())
+
+
+def put_raw_chat(client, uri: str, *, workdir: Path, repo: Path, seed: int = 0, examples: int = 64) -> dict:
+    """Raw tool-calling chat examples (JSON Lines, OpenAI ``messages`` with ``tools``) under ``uri``, for a
+    recipe whose Prepare step packs them, and a tokenizer whose chat template renders the tools: the trainer's
+    ``python -m training.tools.tiny_chat --raw-tools`` in a subprocess. Returns ``{"examples", "tokenizer"}``
+    (the tokenizer's local directory, which the rehearsal puts in the init checkpoint)."""
+    out = Path(workdir) / f"raw-chat-{seed}"
+    command = [
+        sys.executable,
+        "-m",
+        "training.tools.tiny_chat",
+        str(out),
+        "--sequence-length",
+        "1",
+        "--raw-tools",
+        "--examples",
+        str(examples),
+        "--seed",
+        str(seed),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        from tiered_training.rehearse.errors import RehearsalError
+
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RehearsalError(f"could not write the rehearsal's raw chat examples: {tail}")
+    bucket, prefix = split_uri(uri)
+    key = f"{prefix.rstrip('/')}/chat.jsonl".lstrip("/")
+    client.upload_file(str(out / "chat.jsonl"), bucket, key)
+    return {"examples": examples, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}

@@ -303,6 +303,60 @@ class JobRunner:
             step, job_name, args, hosts, stats, interrupted_by, time.monotonic() - started, checkpoint_uri
         )
 
+    def process(self, step: str, job_name: str, args: dict[str, Any]) -> JobAttempt:
+        """A processing job on one simulated instance: its ``/opt/ml/processing`` tree in the workdir, the
+        image's entry point and arguments (``/opt/ml`` paths mapped into the tree), then each output
+        directory uploaded to its ``S3Uri``."""
+        from tiered_training.rehearse.s3 import upload_dir
+
+        root = self.workdir / job_name / "opt/ml"
+        app = args.get("AppSpecification") or {}
+        command = [str(part) for part in (app.get("ContainerEntrypoint") or []) + (app.get("ContainerArguments") or [])]
+        if command and command[0] == "python":
+            command[0] = sys.executable
+        command = [str(_in_tree(root, part)) if part.startswith("/opt/ml/") else part for part in command]
+        outputs: dict[str, str] = {}
+        for output in (args.get("ProcessingOutputConfig") or {}).get("Outputs", []):
+            local = _in_tree(root, output["S3Output"]["LocalPath"])
+            local.mkdir(parents=True, exist_ok=True)
+            outputs[output["OutputName"]] = str(local)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERED_TRAINING_", "TT_", "SM_"))}
+        env.pop("AWS_PROFILE", None)
+        env.pop("AWS_SESSION_TOKEN", None)
+        env.update({str(k): str(v) for k, v in (args.get("Environment") or {}).items()})
+        env.update(
+            {
+                "AWS_ENDPOINT_URL_S3": str(self.s3.endpoint),
+                "AWS_ACCESS_KEY_ID": "rehearsal",
+                "AWS_SECRET_ACCESS_KEY": "rehearsal",
+                "AWS_DEFAULT_REGION": env.get("AWS_DEFAULT_REGION") or "us-east-1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            }
+        )
+        self.say(f"  {step}: 1 instance; /opt/ml tree under {root}")
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+            code, lines = proc.returncode, (proc.stdout + proc.stderr).splitlines()
+        except subprocess.TimeoutExpired:
+            code, lines = -1, [f"the rehearsal's job timeout of {JOB_TIMEOUT_S:.0f} s"]
+        now = time.time()
+        log = [(now, "algo-1", line) for line in lines]
+        for line in lines:
+            if line.startswith(("reusing prepared data", "preparing data", "prepared data", "error:", "skipped")):
+                self.say(f"    [{step} algo-1] {_short(line)}")
+        seconds = round(time.monotonic() - started, 1)
+        detail: dict[str, Any] = {"outputs": outputs, "exit_code": code, "seconds": seconds}
+        if code != 0:
+            reason = next((line for line in reversed(lines) if line.strip()), f"exited with status {code}")
+            return JobAttempt("Failed", _short(reason, 500), log=log, detail=detail)
+        for output in (args.get("ProcessingOutputConfig") or {}).get("Outputs", []):
+            s3_output = output["S3Output"]
+            self.s3.ensure_bucket(self.client, split_uri(s3_output["S3Uri"])[0])
+            upload_dir(self.client, Path(outputs[output["OutputName"]]), s3_output["S3Uri"])
+        return JobAttempt("Completed", log=log, detail=detail)
+
     def _prepare(
         self, host: Host, names: list[str], resources: dict, args: dict, hyperparameters: dict, checkpoint_uri
     ) -> None:

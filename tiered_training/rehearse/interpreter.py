@@ -14,6 +14,10 @@ It walks the very dict that :func:`tiered_training.pipeline.definition.build_def
 - **DependsOn**: a step runs after the steps it names; here steps run in the order listed, so
   a step whose dependency has not succeeded is a :class:`PipelineError` (a definition whose
   order SageMaker would not keep).
+- **Processing steps**: arguments rendered, then run by the runner's ``process``; each of the step's
+  ``PropertyFiles`` is read from the output it names, for ``{"Std:JsonGet": {"PropertyFile": {"Get":
+  "Steps.S.PropertyFiles.F"}, "Path": "a.b[0]"}}`` in later steps (a file that is missing, not JSON, or
+  without the path is a :class:`PipelineError`, as SageMaker fails the step that reads it).
 - **Training steps**: arguments rendered, then run by a :class:`JobRunner`. The job's
   ``FinalMetricDataList`` comes from its log through its own ``MetricDefinitions``: for
   each metric, the last value the regex matched (SageMaker lists "the metric values that it
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 EXPRESSION_KEYS = ("Get", "Std:Join", "Std:JsonGet")
+PROPERTY_FILE_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.PropertyFiles\.(?P<file>[A-Za-z0-9_\-]+)$")
 STEP_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.FinalMetricDataList\['(?P<metric>[^']+)'\]\.Value$")
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     "Equals": lambda a, b: a == b,
@@ -77,6 +82,10 @@ class JobRunner(Protocol):
         self, step: str, job_name: str, args: dict[str, Any], attempt: int, *, warm_from: str | None
     ) -> JobAttempt: ...
 
+    def process(self, step: str, job_name: str, args: dict[str, Any]) -> JobAttempt:
+        """A processing job; ``detail["outputs"]`` maps each OutputName to the local directory it uploaded."""
+        ...
+
 
 @dataclass
 class TraceEvent:
@@ -95,6 +104,7 @@ class Execution:
     trace: list[TraceEvent] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # step -> FinalMetricDataList
     jobs: dict[str, list[JobAttempt]] = field(default_factory=dict)  # step -> attempts, all jobs
+    property_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> file name -> parsed JSON
 
 
 class _Failed(Exception):
@@ -188,7 +198,29 @@ class Interpreter:
             if not isinstance(body, dict) or set(body) != {"On", "Values"}:
                 raise PipelineError(f"{where}: Std:Join needs On and Values, got {body!r}")
             return str(body["On"]).join(_as_text(self.evaluate(v, where)) for v in body["Values"])
+        if key == "Std:JsonGet":
+            return self._json_get(body, where)
         raise PipelineError(f"{where}: cannot evaluate the expression {key} ({expr!r})")
+
+    def _json_get(self, body: Any, where: str) -> Any:
+        ref = body.get("PropertyFile") if isinstance(body, dict) else None
+        path = body.get("Path") if isinstance(body, dict) else None
+        match = PROPERTY_FILE_REF.match(str(ref.get("Get", ""))) if isinstance(ref, dict) else None
+        if match is None or not isinstance(path, str) or not isinstance(ref, dict):
+            raise PipelineError(f"{where}: Std:JsonGet needs PropertyFile (Get Steps.S.PropertyFiles.F) and Path")
+        step, name = match.group("step"), match.group("file")
+        files = self.execution.property_files.get(step)
+        if files is None:
+            raise PipelineError(f"{where}: {ref['Get']}: step {step} has not run")
+        if name not in files:
+            raise PipelineError(f"{where}: {ref['Get']}: step {step} has no property file {name!r}")
+        value = files[name]
+        for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+            try:
+                value = value[int(part[1:-1])] if part.startswith("[") else value[part]
+            except (KeyError, IndexError, TypeError):
+                raise PipelineError(f"{where}: property file {name} of step {step} has no {path!r}") from None
+        return value
 
     def _get(self, path: Any, where: str) -> Any:
         if not isinstance(path, str):
@@ -255,9 +287,12 @@ class Interpreter:
     def _steps(self, steps: list[dict[str, Any]]) -> None:
         for step in steps:
             kind: Any = step.get("Type")  # the definition's JSON: any value, or none
-            handler = {"Condition": self._condition_step, "Fail": self._fail_step, "Training": self._training_step}.get(
-                kind
-            )
+            handler = {
+                "Condition": self._condition_step,
+                "Fail": self._fail_step,
+                "Training": self._training_step,
+                "Processing": self._processing_step,
+            }.get(kind)
             if handler is None:
                 raise PipelineError(f"step {step.get('Name')}: steps of type {kind!r} are not supported")
             missing = [name for name in step.get("DependsOn", []) if name not in self._succeeded]
@@ -345,6 +380,40 @@ class Interpreter:
                 )
                 continue
             raise _Failed(name, f"{name} failed ({error_type}): {reason}")
+
+    def _processing_step(self, step: dict[str, Any]) -> None:
+        import json
+        from pathlib import Path
+
+        name = step["Name"]
+        args = self.evaluate(step.get("Arguments", {}), f"{name}.Arguments")
+        self._job_counter += 1
+        job_name = f"pipelines-{self.execution_id}-{self._job_counter:02d}-{name}"[:63]
+        cluster = (args.get("ProcessingResources") or {}).get("ClusterConfig", {})
+        self._event(
+            "job",
+            name,
+            f"{name}: processing job {job_name}, {cluster.get('InstanceCount')} x {cluster.get('InstanceType')}",
+            job=job_name,
+        )
+        result = self.runner.process(name, job_name, args)
+        self.execution.jobs.setdefault(name, []).append(result)
+        if result.status != "Completed":
+            self._event("job", name, f"{name}: job {job_name} failed: {result.failure_reason}")
+            raise _Failed(name, f"{name} failed: {result.failure_reason or 'the processing job failed'}")
+        outputs = result.detail.get("outputs", {})
+        files: dict[str, Any] = {}
+        for entry in step.get("PropertyFiles", []):
+            local = outputs.get(entry.get("OutputName"))
+            path = Path(local) / entry.get("FilePath", "") if local else None
+            try:
+                files[entry["PropertyFileName"]] = json.loads(path.read_text()) if path else None
+            except (OSError, ValueError) as error:
+                raise _Failed(
+                    name, f"{name}: property file {entry.get('PropertyFileName')} ({path}) is unreadable: {error}"
+                ) from None
+        self.execution.property_files[name] = files
+        self._event("job", name, f"{name}: job {job_name} completed", job=job_name)
 
     def _training_job(self, step: str, args: dict[str, Any]) -> tuple[str | None, str]:
         """One training job, with its own restarts; (None, "") when it completed, else (exception type, reason)."""

@@ -397,6 +397,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     before = {entry.name for entry in workdir.iterdir()}  # what --clean leaves
     trace = open(workdir / TRACE_FILE, "w")
     runner: JobRunner | None = None
+    raw = plan.recipe.data.prepare is not None  # the Prepare step packs raw examples
+    prepared_length = _scale_prepare(definition, scaled.config.batch.sequence_length)
     say(
         f"rehearsal of {plan.name} ({options.recipe}): its pipeline definition, {options.hosts} simulated host(s) of "
         f"{options.workers} CPU worker(s), S3 on a local moto server"
@@ -406,6 +408,11 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         + ("removed at the end: --clean)" if options.clean else "kept)")
     )
     _print_scaling(say, scaled, plan)
+    if prepared_length is not None:
+        say(
+            f"  Prepare --sequence-length: {prepared_length} -> {scaled.config.batch.sequence_length}  "
+            "(the shards it packs fit the tiny windows)"
+        )
     if interrupt:
         say(f"interrupt: {interrupt.describe()}")
     say("")
@@ -418,9 +425,11 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             s3.ensure_bucket(client, store_bucket, versioned=True)
             bucket, _ = split_uri(data_uri)
             s3.ensure_bucket(client, bucket)
-            from tiered_training.rehearse.data import put_sft_shards, put_shards
+            from tiered_training.rehearse.data import put_raw_chat, put_sft_shards, put_shards
 
             def put_data(uri: str, seed: int = 0) -> dict:
+                if raw:  # raw examples, which the pipeline's Prepare step packs
+                    return put_raw_chat(client, uri, workdir=workdir, repo=repo, seed=seed)
                 if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
                     return put_sft_shards(
                         client,
@@ -436,7 +445,12 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 return put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=seed)
 
             manifest = put_data(data_uri)
-            if scaled.config.sft is not None:
+            if raw:
+                say(
+                    f"data: {manifest['examples']:,} raw tool-calling chat examples (JSON Lines, messages with tools) "
+                    f"at {data_uri} (local S3); the Prepare step packs them"
+                )
+            elif scaled.config.sft is not None:
                 say(
                     f"data: {manifest['examples']:,} chat examples packed into "
                     f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of "
@@ -453,7 +467,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
             if init_uri:
-                files = put_init_checkpoint(s3, client, init_uri, scaled.config, workdir, repo)
+                tokenizer = Path(manifest["tokenizer"]) if raw else None
+                files = put_init_checkpoint(s3, client, init_uri, scaled.config, workdir, repo, tokenizer)
                 say(
                     f"init checkpoint: a random Hugging Face checkpoint of the rehearsal's shape ({files} files) at "
                     f"{init_uri} (local S3), in the model channel"
@@ -514,6 +529,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                             )
                         later_plan = found
                         later_definition = build_definition(later_plan, resources)
+                        _scale_prepare(later_definition, scaled.config.batch.sequence_length)
                     values = {**params, **({"RunId": execution.execution_id} if step.resume else {}), **step.params}
                     uri = values.get("DataUri", plan.recipe.data.uri)
                     if uri not in data_uris:
@@ -660,7 +676,7 @@ def _run_together(
     return [outcome for outcome in found if isinstance(outcome, Execution)]
 
 
-_init_checkpoints: dict[tuple[str, int], Path] = {}
+_init_checkpoints: dict[tuple[str, int, str], Path] = {}
 
 
 def model_channel_uri(definition: dict[str, Any]) -> str | None:
@@ -676,18 +692,35 @@ def model_channel_uri(definition: dict[str, Any]) -> str | None:
     return None
 
 
-def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: Path, repo: Path) -> int:
+def _scale_prepare(definition: dict[str, Any], sequence_length: int) -> str | None:
+    """The Prepare step's ``--sequence-length`` set to the rehearsal's; the definition's value, or None
+    without a Prepare step."""
+    from tiered_training.pipeline.definition import iter_steps
+
+    for step in iter_steps(definition["Steps"]):
+        if step.get("Type") == "Processing":
+            arguments = step["Arguments"]["AppSpecification"]["ContainerArguments"]
+            index = arguments.index("--sequence-length") + 1
+            old, arguments[index] = arguments[index], str(sequence_length)
+            return str(old)
+    return None
+
+
+def put_init_checkpoint(
+    s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: Path, repo: Path, tokenizer: Path | None = None
+) -> int:
     """A random Hugging Face checkpoint of the rehearsal's model shape under ``uri`` (made by the
-    trainer's ``training.models.random_checkpoint``, so that this process imports no torch); its file count."""
+    trainer's ``training.models.random_checkpoint``, so that this process imports no torch), with the
+    files of ``tokenizer`` beside it when given; its file count."""
     import subprocess
 
     from tiered_training.rehearse.s3 import upload_dir
 
     model = cfg.model.model_copy(update={"name": "rehearsal", "init_checkpoint": None}).model_dump_json()
-    key = (model, cfg.data.seed)
+    key = (model, cfg.data.seed, str(tokenizer))
     local = _init_checkpoints.get(key)
     if local is None or not local.is_dir():  # made once per shape in a process (rehearsals of several recipes)
-        local = Path(workdir) / "init-checkpoint"
+        local = Path(workdir) / ("init-checkpoint" if tokenizer is None else "init-checkpoint-tokenizer")
         model_json = Path(workdir) / "init-checkpoint-model.json"
         model_json.write_text(model)
         env = {
@@ -712,6 +745,8 @@ def put_init_checkpoint(s3: LocalS3, client, uri: str, cfg: RunConfig, workdir: 
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
+        for path in sorted(Path(tokenizer).iterdir()) if tokenizer is not None else []:
+            shutil.copy2(path, local / path.name)
         _init_checkpoints[key] = local  # while its workdir lasts
     bucket, _ = split_uri(uri)
     s3.ensure_bucket(client, bucket)

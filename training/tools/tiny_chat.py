@@ -37,6 +37,25 @@ CHAT_TEMPLATE_MARKED = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# With tools: their names in a first system turn, and an assistant tool call as the tool's name and its words.
+CHAT_TEMPLATE_TOOLS = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }} {% endfor %}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.tool_calls %}"
+    "{% for c in m.tool_calls %}{{ c['function']['name'] }} {{ c['function']['arguments']['words'] }}{% endfor %}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "reverse",
+            "description": "reverses words",
+            "parameters": {"type": "object", "properties": {"words": {"type": "string"}}, "required": ["words"]},
+        },
+    }
+]
+
 
 def tiny_chat_tokenizer(path: Path, *, template: str | None = CHAT_TEMPLATE) -> Path:
     """A word-level Hugging Face tokenizer for :func:`tiny_chat_jsonl`'s words (under 64 ids, so it fits
@@ -78,6 +97,26 @@ def tiny_chat_examples(n: int, *, seed: int = 0) -> list[dict]:
     return examples
 
 
+def tiny_tool_examples(n: int, *, seed: int = 0) -> list[dict]:
+    """``n`` tool-calling conversations in the OpenAI form: the tools, the user's words, an assistant turn that
+    calls ``reverse`` (empty content, ``arguments`` a JSON string), the tool's result, then the answer."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for i in range(n):
+        words = " ".join(str(w) for w in rng.choice(CHAT_WORDS, size=int(rng.integers(1, 4))))
+        answer = " ".join(reversed(words.split()))
+        function = {"name": "reverse", "arguments": json.dumps({"words": words})}
+        call = {"id": f"call{i}", "type": "function", "function": function}
+        messages = [
+            {"role": "user", "content": "please reverse " + words},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call{i}", "content": answer},
+            {"role": "assistant", "content": answer},
+        ]
+        examples.append({"messages": messages, "tools": TOOLS})
+    return examples
+
+
 def tiny_chat_jsonl(path: Path, n: int, *, seed: int = 0) -> Path:
     """Writes :func:`tiny_chat_examples` as JSON Lines to ``path`` (for ``python -m training.sft_data``)."""
     Path(path).write_text("".join(json.dumps(example) + "\n" for example in tiny_chat_examples(n, seed=seed)))
@@ -93,7 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss-on", choices=["assistant", "all"], default="assistant")
     parser.add_argument("--overlong", choices=["error", "drop", "truncate"], default="drop")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--raw-tools",
+        action="store_true",
+        help="write OUT/tokenizer (with tools in its template) and OUT/chat.jsonl of tool-calling examples only",
+    )
     args = parser.parse_args(argv)
+    if args.raw_tools:
+        tiny_chat_tokenizer(args.out / "tokenizer", template=CHAT_TEMPLATE_TOOLS)
+        rows = tiny_tool_examples(args.examples, seed=args.seed)
+        (args.out / "chat.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return 0
     from training.sft_data import main as prepare
 
     tokenizer = tiny_chat_tokenizer(args.out / "tokenizer")

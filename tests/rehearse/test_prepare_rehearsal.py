@@ -1,0 +1,75 @@
+"""The tool-calling SFT template (recipes/llama3.1-8b-tools-sft.yaml) rehearses on 2 hosts from raw JSON Lines in
+S3: its pipeline's Prepare step packs the examples (messages with tools and tool calls) with the init checkpoint's
+tokenizer, the training steps read the shards the step names in its property file, and the merged export loads in
+transformers' text-generation pipeline and generates. A second execution on unchanged data reuses the shards."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("moto")
+pytest.importorskip("datasets")
+
+from tiered_training.rehearse.run import Options, Then, rehearse  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "recipes" / "llama3.1-8b-tools-sft.yaml"
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("prepare-rehearsal")
+    out = io.StringIO()
+    result = rehearse(
+        Options(TEMPLATE, hosts=2, workers=1, steps=3, params={"SkipProbe": "true"}, workdir=workdir, then=[Then({})]),
+        out,
+    )
+    return result, out.getvalue(), workdir
+
+
+def test_the_template_prepares_raw_examples_then_trains_and_a_rerun_reuses_them(rehearsal):
+    result, log, workdir = rehearsal
+    assert result.ok, log[-6000:]
+    first, second = result.executions
+    assert list(first.jobs) == ["Prepare", "TrainWithoutProbe"] and list(second.jobs) == list(first.jobs)
+    made = re.search(r"preparing data ([0-9a-f]{32})", log)
+    assert made, log[-6000:]
+    key = made.group(1)
+    assert log.count(f"preparing data {key}") == 1 and log.count(f"reusing prepared data {key}") == 1
+    assert log.index(f"preparing data {key}") < log.index(f"reusing prepared data {key}")
+    prepared = f"s3://rehearsal-checkpoint-store/llama31-8b-tools-sft/output/prepared/{key}/train/"
+    assert first.property_files["Prepare"]["PreparedData"] == {"key": key, "uri": prepared, "reused": False}
+    assert second.property_files["Prepare"]["PreparedData"] == {"key": key, "uri": prepared, "reused": True}
+    # Both runs trained on those shards: the train channel each host got is the packed data of that key.
+    for execution in (first, second):
+        job = next(workdir.glob(f"pipelines-{execution.execution_id}-*-TrainWithoutProbe"))
+        channel = job / "attempt-1" / "algo-2" / "opt/ml/input/data/train"
+        manifest = json.loads((channel / "shards.json").read_text())
+        assert manifest["kind"] == "sft-packed" and manifest["format"] == "messages" and manifest["examples"] > 0
+        hp = json.loads((job / "attempt-1" / "algo-1" / "opt/ml/input/config/hyperparameters.json").read_text())
+        assert json.loads(hp["run.data_uri"]) == prepared
+    assert sorted(result.losses(execution=first)) == [1, 2, 3]
+
+
+def test_the_merged_export_loads_in_transformers_and_generates(rehearsal):
+    from transformers import pipeline
+
+    result, log, _ = rehearsal
+    exported = result.exported_of(result.executions[0])
+    assert {"config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"} <= set(exported["files"])
+    generate = pipeline("text-generation", model=exported["dir"], device="cpu")
+    conversation = [{"role": "user", "content": "please reverse red cat"}]
+    out = generate(conversation, max_new_tokens=4, do_sample=False)
+    reply = out[0]["generated_text"][-1]
+    assert reply["role"] == "assistant" and isinstance(reply["content"], str)
+    prompt = generate.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_tensors="pt")
+    ids = generate.model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert ids.shape[1] > prompt["input_ids"].shape[1]  # new tokens after the prompt

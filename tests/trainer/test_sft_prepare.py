@@ -1,0 +1,132 @@
+"""The Prepare step's command (``python -m training.sft_prepare``) against a local S3: it packs raw examples into the
+same shards as the local command, keys them by content, and an unchanged rerun reuses them and says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+pytest.importorskip("moto")
+
+from tiny import run_sft_data  # noqa: E402
+
+from tiered_training.rehearse.s3 import LocalS3, list_keys, upload_dir  # noqa: E402
+from training import sft_prepare  # noqa: E402
+from training.tools.tiny_chat import CHAT_TEMPLATE_TOOLS, tiny_chat_tokenizer, tiny_tool_examples  # noqa: E402
+
+SEQ = 64
+SETTINGS = ["--sequence-length", str(SEQ), "--format", "messages", "--overlong", "drop", "--dtype", "uint16"]
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    with LocalS3() as local:
+        client = local.client()
+        for bucket in ("raw", "model", "store"):
+            local.ensure_bucket(client, bucket)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", str(local.endpoint))
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        tokenizer = tiny_chat_tokenizer(tmp_path / "tokenizer", template=CHAT_TEMPLATE_TOOLS)
+        upload_dir(client, tokenizer, "s3://model/hf/")
+        client.put_object(Bucket="model", Key="hf/model.safetensors", Body=b"weights, never read")
+        rows = tiny_tool_examples(24)
+        (tmp_path / "chat.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        client.upload_file(str(tmp_path / "chat.jsonl"), "raw", "tools/chat.jsonl")
+        yield client
+
+
+def prepare(tmp_path, capsys, *extra: str, name: str = "prepared.json") -> tuple[int, dict, str]:
+    code = sft_prepare.main(
+        [
+            "--input",
+            "s3://raw/tools/",
+            "--tokenizer",
+            "s3://model/hf/",
+            "--prepared",
+            "s3://store/recipe/output/prepared/",
+            "--property-file",
+            str(tmp_path / name),
+            *SETTINGS,
+            *extra,
+        ]
+    )
+    out = capsys.readouterr()
+    found = json.loads((tmp_path / name).read_text()) if code == 0 else {}
+    return code, found, out.out + out.err
+
+
+def test_prepare_packs_what_the_local_command_packs_and_a_rerun_reuses_it(s3, tmp_path, capsys):
+    code, first, log = prepare(tmp_path, capsys)
+    assert code == 0, log
+    assert not first["reused"] and f"preparing data {first['key']}" in log
+    assert first["uri"] == f"s3://store/recipe/output/prepared/{first['key']}/train/"
+    keys = list_keys(s3, first["uri"])
+    assert {k.rsplit("/", 1)[-1] for k in keys} == {
+        "shards.json",
+        "shard-00000.bin",
+        "shard-00000.mask.bin",
+        "shard-00000.pos.bin",
+    }
+    done = json.loads(
+        s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/manifest.json")["Body"].read()
+    )
+    assert [i["key"] for i in done["inputs"]] == ["chat.jsonl"] and done["train"]["examples"] > 0
+
+    # The same code as the local command: equal shards from the same file and tokenizer.
+    local = tmp_path / "local"
+    code, _, err = run_sft_data(
+        local,
+        tmp_path / "tokenizer",
+        tmp_path / "chat.jsonl",
+        sequence_length=SEQ,
+        format="messages",
+        overlong="drop",
+        dtype="uint16",
+    )
+    assert code == 0, err
+    for name in ("shard-00000.bin", "shard-00000.mask.bin", "shard-00000.pos.bin"):
+        body = s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/train/{name}")["Body"].read()
+        assert body == (local / "train" / name).read_bytes(), name
+
+    before = list_keys(s3, "s3://store/")
+    code, again, log = prepare(tmp_path, capsys, name="again.json")
+    assert code == 0 and again == {**first, "reused": True}
+    assert f"reusing prepared data {first['key']}" in log
+    assert list_keys(s3, "s3://store/") == before  # nothing written
+
+
+def test_the_key_changes_with_the_inputs_the_tokenizer_and_the_settings(s3, tmp_path, capsys):
+    _, base, _ = prepare(tmp_path, capsys)
+    _, other_setting, _ = prepare(tmp_path, capsys, "--loss-on", "all", name="b.json")
+    s3.put_object(
+        Bucket="raw", Key="tools/more.jsonl", Body=(json.dumps(tiny_tool_examples(1, seed=5)[0]) + "\n").encode()
+    )
+    _, more_input, log = prepare(tmp_path, capsys, name="c.json")
+    assert "2 input object(s)" in log
+    tokenizer = json.loads(s3.get_object(Bucket="model", Key="hf/tokenizer_config.json")["Body"].read())
+    template = CHAT_TEMPLATE_TOOLS.replace("<|im_end|>\n{% endfor %}", "<|im_end|>{% endfor %}")
+    assert template != CHAT_TEMPLATE_TOOLS
+    tokenizer["chat_template"] = template
+    s3.put_object(Bucket="model", Key="hf/tokenizer_config.json", Body=json.dumps(tokenizer).encode())
+    s3.delete_object(Bucket="model", Key="hf/chat_template.jinja")  # transformers reads it before the config
+    _, other_template, _ = prepare(tmp_path, capsys, name="d.json")
+    keys = [base["key"], other_setting["key"], more_input["key"], other_template["key"]]
+    assert len(set(keys)) == 4 and not any(f["reused"] for f in (other_setting, more_input, other_template))
+
+
+def test_bad_input_is_one_line_and_exit_2(s3, tmp_path, capsys):
+    s3.put_object(Bucket="raw", Key="tools/chat.jsonl", Body=b'{"messages": [{"role": "user"}]}\n')
+    code, _, log = prepare(tmp_path, capsys)
+    error = log.splitlines()[-1]
+    assert (
+        code == 2
+        and error.startswith("error: s3://raw/tools/chat.jsonl:1: messages[0].content")
+        and "Traceback" not in log
+    )
+    code, _, log = prepare(tmp_path, capsys, "--input", "s3://raw/nothing-here/")
+    assert code == 2 and "no .jsonl, .json or .parquet objects" in log
