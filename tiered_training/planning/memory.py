@@ -101,11 +101,13 @@ def activation_bytes_per_token(
     - ``none``: every tensor autograd saves. Per RMSNorm, an fp32 copy of its input
       (4h), the rsqrt (4) and two h-wide tensors in the compute dtype; Q, K, V after
       RoPE, the attention output and its fp32 log-sum-exp (4 per head); SwiGLU's gate,
-      up, SiLU and product (4f). About 49 h for Llama 3 8B.
+      up, SiLU and product (4f). About 49 h for Llama 3 8B. Qwen3's q/k norms add what
+      ``qk_norm_bytes_per_token`` counts.
     - ``none``, ``compiled``: what Inductor's partitioner keeps of a compiled block, counted
       per saved tensor on ``torch.compile`` of transformers' LlamaDecoderLayer: the block
       input and both RMSNorm outputs (3h), their fp32 rsqrt (4 each), Q, K and V after RoPE
-      (h + 2kv), the attention output and its contiguous copy for o_proj (2h), the log-sum-exp,
+      (q + 2kv, q = n_heads * head_dim, h unless head_dim is set), the attention output and its contiguous copy
+      for o_proj (2q), the log-sum-exp,
       and SwiGLU's gate, up and SiLU(gate) (3f). The fp32 upcasts are recomputed in
       backward. About 34 h for Llama 3 8B. Measured for BF16 and fp32 blocks
       (``bench/activations_compiled.py``); an FP8 block (torchao's float8 linears, which keep
@@ -122,11 +124,11 @@ def activation_bytes_per_token(
     with the adapters' two matmuls counted in order after their projection's.
     """
     e = element_size(precision)
-    h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    h, kv, f, heads, q = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads, arch.q_size
     if checkpointing == "none" and compiled and precision != "fp8" and lora is None:
-        return e * (6 * h + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
+        return e * (3 * h + 3 * q + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
     if checkpointing == "none":
-        attention = e * (2 * h + 2 * kv) + 4 * heads
+        attention = e * (2 * q + 2 * kv) + 4 * heads + qk_norm_bytes_per_token(arch, precision, frozen=lora is not None)
         if lora is None:
             return 2 * (4 * h + 4 + 2 * e * h) + attention + 4 * e * f
         kept = set(lora.targets) if not lora.dropout else set()  # adapters that keep their projection's input
@@ -138,11 +140,21 @@ def activation_bytes_per_token(
     if checkpointing == "selective":
         block_input = e * h
         matmuls = e * sum(_matmul_widths(arch, lora)[0::2])  # without LoRA: q_proj, v_proj, gate_proj, down_proj
-        attention = e * h + 4 * heads  # output and log-sum-exp
+        attention = e * q + 4 * heads  # output and log-sum-exp
         return block_input + matmuls + attention
     if checkpointing == "full":
         return e * h
     raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
+
+
+def qk_norm_bytes_per_token(arch: Architecture, precision: str, *, frozen: bool) -> int:
+    """What Qwen3's q and k norms keep per token (0 without them), counted as for the layer norms: each keeps
+    its input in fp32 and one rsqrt per head; with a trained weight, also the normalised input in the compute
+    dtype. RoPE, which follows, keeps only cos and sin."""
+    if not arch.qk_norm:
+        return 0
+    width, rows = arch.q_size + arch.kv_size, arch.attention_heads + arch.kv_heads
+    return 4 * width + 4 * rows + (0 if frozen else element_size(precision) * width)
 
 
 def _matmul_widths(arch: Architecture, lora: Lora | None) -> list[int]:
