@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -37,10 +38,10 @@ class Architecture(BaseModel):
     qk_norm: bool = Field(default=False, description="an RMSNorm over each head of q and k (Qwen3)")
 
     @model_serializer(mode="wrap")
-    def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
+    def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """``head_size`` and ``qk_norm`` appear only when set, so that the plans and RunConfigs of
         other models stay as they were."""
-        out = handler(self)
+        out: dict[str, Any] = handler(self)
         for key, default in (("head_size", None), ("qk_norm", False)):
             if out.get(key, default) == default:
                 out.pop(key, None)
@@ -177,11 +178,13 @@ def sharded_elements(shapes: list[tuple[str, tuple[int, ...]]], group: int) -> i
 
 @dataclass(frozen=True)
 class Lora:
-    """The adapters the planner accounts for: rank, target projections, whether dropout is on."""
+    """The adapters the planner accounts for: rank, target projections, whether dropout is on, and whether
+    the frozen base's projections are quantised to NF4 (QLoRA)."""
 
     rank: int
     targets: tuple[str, ...]
     dropout: bool = True
+    quantized: bool = False
 
     def layer_elements(self, arch: Architecture) -> int:
         return sum(prod(shape) for _, shape in arch.lora_shapes(self.rank, self.targets))

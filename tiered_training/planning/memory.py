@@ -29,7 +29,9 @@ and ``reserved`` with ``torch.cuda.max_memory_reserved``.
 Under LoRA (``lora``), the base is frozen: its weights are kept as FSDP2 shards them
 (``FROZEN_BASE_BYTES``: bf16 under mixed precision), with no gradient and no optimiser state; the adapters carry fp32
 parameters, gradients and AdamW moments, sharded with their layer. Activations are the
-base's, plus what the adapters save (``lora_activation_bytes_per_token``).
+base's, plus what the adapters save (``lora_activation_bytes_per_token``). Under QLoRA (``lora.quantized``) the
+base's projections are NF4 (``nf4_bytes``: about 0.516 byte per parameter) when stored and gathered, and the
+projection that runs holds its weight dequantised to bf16.
 
 The activation formulas were measured to the byte on transformers' LlamaForCausalLM;
 ``tests/trainer/test_planner_vs_trainer.py`` checks them per layer and checks the whole
@@ -59,6 +61,39 @@ DROPOUT_MASK_BYTES = 1
 # trainer stores it in bf16, the dtype FSDP2 gathers it in (training/models/lora.py store_frozen_base);
 # under fp32 it stays fp32.
 FROZEN_BASE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
+# QLoRA: the frozen base's projections (the seven linear layers of every decoder layer) in torchao's NF4 layout
+# (torchao.quantization.to_nf4 defaults, NF4Tensor): two 4-bit codes per byte; one int8 scale per block of
+# NF4_BLOCK elements; those scales double-quantised, one factor in the source dtype (bf16) per NF4_SCALER_BLOCK
+# scales; per tensor, the scales' mean and the 16-entry code table in bf16. Embedding, norms and head stay bf16.
+NF4_BLOCK = 64
+NF4_SCALER_BLOCK = 256
+NF4_TENSOR_BYTES = 2 + 16 * 2
+
+
+def nf4_bytes(elements: int, source_bytes: int = 2) -> int:
+    """Bytes of an NF4Tensor of ``elements`` (a whole tensor, or one FSDP2 shard of one) quantised from a tensor
+    of ``source_bytes`` per element."""
+    return (
+        elements // 2
+        + elements // NF4_BLOCK
+        + source_bytes * (elements // (NF4_BLOCK * NF4_SCALER_BLOCK))
+        + NF4_TENSOR_BYTES
+    )
+
+
+def _projection(name: str) -> bool:
+    return name.endswith("_proj.weight")
+
+
+def frozen_layer_bytes(arch: Architecture, precision: str, group: int = 1, *, quantized: bool) -> int:
+    """Bytes of one decoder layer's frozen base on rank 0 of a shard group of ``group`` (1: gathered whole):
+    in ``FROZEN_BASE_BYTES``, or with ``quantized`` its projection weights in NF4."""
+    size = FROZEN_BASE_BYTES[precision]
+    total = 0
+    for name, shape in arch.layer_shapes():
+        elements = sharded_elements([(name, shape)], group)
+        total += nf4_bytes(elements) if quantized and _projection(name) else size * elements
+    return total
 
 
 def lora_activation_bytes_per_token(
@@ -262,7 +297,8 @@ def sharded_state_bytes(
     arch: Architecture, shard_group: int, lora: Lora | None = None, precision: str = "bf16"
 ) -> dict[str, int]:
     """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
-    frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each), and only the adapters have state."""
+    frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each; under QLoRA its projections in NF4),
+    and only the adapters have state."""
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
         arch.root_shapes(), shard_group
     )
@@ -270,7 +306,11 @@ def sharded_state_bytes(
         return {kind: elements * size for kind, size in STATE_BYTES.items()}
     adapters = arch.layers * sharded_elements(arch.lora_shapes(lora.rank, lora.targets), shard_group)
     states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
-    states["param"] += elements * FROZEN_BASE_BYTES[precision]
+    if lora.quantized:
+        root = sharded_elements(arch.root_shapes(), shard_group) * FROZEN_BASE_BYTES[precision]
+        states["param"] += arch.layers * frozen_layer_bytes(arch, precision, shard_group, quantized=True) + root
+    else:
+        states["param"] += elements * FROZEN_BASE_BYTES[precision]
     return states
 
 
@@ -294,11 +334,15 @@ def _phases(
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
     kept = activation_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes, compiled=compiled) * tokens
     adapters = 0
+    gathered_layer = e * layer  # one decoder layer's parameters, gathered
     if lora is not None:
         # Frozen base: no head, embedding or layer gradients; the adapters are gathered with
         # their layer, and theirs are the only gradients reduced.
         adapters = lora.layer_elements(arch)
         head_grad = 0
+        if lora.quantized:  # gathered in NF4; each projection dequantises its weight to bf16 when it runs
+            widest = max(fan_in * fan_out for fan_in, fan_out in arch.projection_sizes().values())
+            gathered_layer = frozen_layer_bytes(arch, precision, quantized=True) + e * widest
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
     if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
         rope += tokens * sequence_length
@@ -306,7 +350,7 @@ def _phases(
 
     # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
     loss = (
-        e * (root + layer + adapters) + head_grad,
+        e * (root + adapters) + gathered_layer + head_grad,
         layers * kept + rope,
         final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
         0.0,
@@ -315,7 +359,7 @@ def _phases(
     # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
     # gradient of its output flows in.
     trained = layer if lora is None else adapters
-    in_layer = e * (root + 2 * (layer + adapters)) + head_grad + (e + REDUCE_BYTES) * trained
+    in_layer = e * (root + 2 * adapters) + 2 * gathered_layer + head_grad + (e + REDUCE_BYTES) * trained
     backward = (backward_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes) + e * h) * tokens
     top = (in_layer, layers * kept + rope + backward, 0, 0.0)
     bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)

@@ -1,0 +1,59 @@
+"""QLoRA's frozen base in the planner: NF4 bytes as torchao stores them, and what they save against LoRA."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiered_training.catalog import models
+from tiered_training.contract.architecture import Lora
+from tiered_training.planning import memory
+
+torch = pytest.importorskip("torch")
+nf4_module = pytest.importorskip("torchao.quantization.quantize_.workflows.nf4.nf4_tensor")
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def stored_bytes(tensor) -> int:
+    """Bytes of every tensor an NF4Tensor holds (its codes, scales, factors, their mean and the code table)."""
+    names, _ = tensor.__tensor_flatten__()
+    assert {"quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4"} <= set(names)
+    return sum(getattr(tensor, name).numel() * getattr(tensor, name).element_size() for name in names)
+
+
+@pytest.mark.parametrize("shape", [(128, 128), (1024, 4096), (14336, 64), (512, 896)])
+def test_nf4_bytes_equal_an_nf4_tensors_storage(shape):
+    weight = torch.randn(shape, dtype=torch.bfloat16)
+    quantized = nf4_module.to_nf4(weight)
+    assert (quantized.block_size, quantized.scaler_block_size) == (memory.NF4_BLOCK, memory.NF4_SCALER_BLOCK)
+    assert stored_bytes(quantized) == memory.nf4_bytes(weight.numel())
+    assert quantized.quantized_data.untyped_storage().nbytes() == weight.numel() // 2
+
+
+def test_an_fsdp2_shard_of_an_nf4_tensor_holds_what_the_planner_counts():
+    """FSDP2 shards a parameter with torch.chunk on dim 0; NF4Tensor splits its codes, scales and factors."""
+    weight = torch.randn(4096, 1024, dtype=torch.bfloat16)
+    shards = torch.chunk(nf4_module.to_nf4(weight), 8, dim=0)
+    assert len(shards) == 8
+    for shard in shards:
+        assert stored_bytes(shard) == memory.nf4_bytes(weight.numel() // 8)
+
+
+def test_qlora_stores_the_base_in_about_a_quarter_of_loras_bytes():
+    arch = models()["llama-3.1-70b"].architecture
+    lora, qlora = Lora(16, ALL), Lora(16, ALL, quantized=True)
+    bf16 = memory.sharded_state_bytes(arch, 8, lora)["param"]
+    nf4 = memory.sharded_state_bytes(arch, 8, qlora)["param"]
+    projections = arch.layers * sum(fan_in * fan_out for fan_in, fan_out in arch.projection_sizes().values())
+    # the projections go from 2 bytes to 0.5 + 1/64 + 2/16384 a parameter; the rest is unchanged
+    saved = projections * (2 - (0.5 + 1 / 64 + 2 / 16384)) / 8
+    assert abs((bf16 - nf4) - saved) / saved < 1e-3
+    estimate = dict(
+        precision="bf16",
+        checkpointing="full",
+        sequence_length=4096,
+        micro_batch=1,
+        shard_group=8,
+        hbm_bytes=141 * memory.GIB,
+    )
+    assert memory.estimate(arch, lora=qlora, **estimate).total < memory.estimate(arch, lora=lora, **estimate).total
