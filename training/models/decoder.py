@@ -486,18 +486,22 @@ def materialize(lm: CausalLM, device: torch.device, *, seed: int) -> None:
     (seeded by ``seed`` and its name) and each rank keeps its slice, so every sharding
     layout, one rank included, starts from the same model.
     """
+    from training.models.nf4 import is_nf4
+
     lm.to_empty(device=device)
     layers = lm.config.num_hidden_layers
+    # QLoRA's NF4 base weights are left to the checkpoint (export.load_hf_weights)
+    params = [(name, param) for name, param in lm.named_parameters() if not is_nf4(param)]
     if device.type == "cuda":
         generator_state = torch.get_rng_state()
         torch.manual_seed(seed)
         with torch.no_grad():
-            for name, param in lm.named_parameters():
+            for name, param in params:
                 _init_parameter(name, param, layers)
         torch.set_rng_state(generator_state)
     else:
         with torch.no_grad():
-            for name, param in lm.named_parameters():
+            for name, param in params:
                 _init_whole_then_slice(name, param, layers, seed)
     reset_rope(lm, device)
 
