@@ -57,3 +57,36 @@ def test_qlora_stores_the_base_in_about_a_quarter_of_loras_bytes():
         hbm_bytes=141 * memory.GIB,
     )
     assert memory.estimate(arch, lora=qlora, **estimate).total < memory.estimate(arch, lora=lora, **estimate).total
+
+
+def test_a_qlora_recipe_plans_bf16_eager_with_an_nf4_base_and_less_memory_than_lora():
+    import yaml
+    from support import recipe_dict
+
+    from tiered_training.planning.planner import resolve
+    from tiered_training.recipe.loader import parse_recipe
+
+    def plan(**extra):
+        data = recipe_dict(
+            **{
+                "task": "sft",
+                "model.catalog": "qwen2.5-32b",
+                "model.init_checkpoint": "s3://bucket-for-tests/m/",
+                "data.uri": "s3://bucket-for-tests/sft/",
+                "budget.total_tokens": 100_000_000,
+                "budget.global_batch_tokens": 4096 * 64,
+                "compute.instance_type": "ml.p4de.24xlarge",
+                **extra,
+            }
+        )
+        recipe, lines = parse_recipe(yaml.safe_dump(data, sort_keys=False), "r.yaml")
+        return resolve(recipe, source="r.yaml", lines=lines)
+
+    lora, qlora = plan(**{"tuning.adapter": "lora"}), plan(**{"tuning.adapter": "qlora"})
+    assert qlora.ok, qlora.errors
+    config = qlora.run_config()
+    assert config.sft.adapter == "qlora" and config.precision.precision == "bf16" and not config.precision.compile
+    assert qlora.memory.parameters < lora.memory.parameters / 2
+    assert qlora.to_dict()["tuning"]["adapter"] == "qlora"
+    with pytest.raises(Exception, match="tuning.adapter qlora computes in bf16"):
+        plan(**{"tuning.adapter": "qlora", "tuning.precision": "fp8"})

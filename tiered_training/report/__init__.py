@@ -305,7 +305,7 @@ def explain_lines(plan: Plan) -> list[str]:
             f"{_cost(full.cost_usd)} "
             f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
         )
-    if plan.adapter in ("lora", "qlora"):
+    if getattr(plan, "adapter", None) in ("lora", "qlora"):
         out += ["", *_largest_lines(plan.recipe.sequence_length)]
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
