@@ -119,4 +119,18 @@ def test_qlora_trains_under_fsdp2_on_two_ranks_and_exports_the_dequantised_base_
     assert (logits - saved_logits["logits"]).abs().max() < 0.05 * logits.abs().max()
     adapter = tmp_path / "exports" / "adapter"
     assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
-    assert all(".lora_" in key for key in load_file(str(adapter / "adapter_model.safetensors")))
+    adapters = load_file(str(adapter / "adapter_model.safetensors"))
+    assert adapters and all(".lora_" in key for key in adapters)
+    # each merged weight is the checkpoint's weight through NF4 and back, plus alpha / rank * B @ A, exactly
+    from torchao.quantization import to_nf4
+
+    start, exported = load_file(str(init / "model.safetensors")), load_file(str(merged / "model.safetensors"))
+    for key, weight in exported.items():
+        module = key.removesuffix(".weight")
+        a = adapters.get(f"base_model.model.{module}.lora_A.weight")
+        if a is None:
+            assert torch.equal(weight, start[key].to(torch.bfloat16).float()), key  # the frozen rest, in bf16
+            continue
+        b = adapters[f"base_model.model.{module}.lora_B.weight"]
+        base = to_nf4(start[key].to(torch.bfloat16)).get_original_weight().float()
+        assert torch.equal(weight, base + 2.0 * (b @ a)), key
