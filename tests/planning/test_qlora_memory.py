@@ -90,3 +90,45 @@ def test_a_qlora_recipe_plans_bf16_eager_with_an_nf4_base_and_less_memory_than_l
     assert qlora.to_dict()["tuning"]["adapter"] == "qlora"
     with pytest.raises(Exception, match="tuning.adapter qlora computes in bf16"):
         plan(**{"tuning.adapter": "qlora", "tuning.precision": "fp8"})
+
+
+def test_a_qlora_model_whose_weights_do_not_split_into_whole_nf4_blocks_is_refused_by_the_planner(tmp_path):
+    import json
+
+    import yaml
+    from support import recipe_dict
+
+    from tiered_training.planning.planner import plan_file
+
+    config = {  # Qwen2.5-0.5B's config.json (https://huggingface.co/Qwen/Qwen2.5-0.5B): k/v 128 x 896
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = recipe_dict(
+        **{
+            "task": "sft",
+            "model": {"hf_config": str(tmp_path), "init_checkpoint": "s3://bucket-for-tests/m/"},
+            "data.uri": "s3://bucket-for-tests/sft/",
+            "budget.total_tokens": 10_000_000,
+            "budget.global_batch_tokens": 4096 * 64,
+            "tuning.adapter": "qlora",
+        }
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = plan_file(path)
+    (error,) = plan.errors
+    assert error.code == "qlora-shards" and "k_proj (128 x 896)" in error.message
+    assert memory.nf4_unsplittable(models()["llama-3.1-8b"].architecture, ALL, 8) == []

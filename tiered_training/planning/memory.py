@@ -81,6 +81,19 @@ def nf4_bytes(elements: int, source_bytes: int = 2) -> int:
     )
 
 
+def nf4_unsplittable(arch: Architecture, targets: tuple[str, ...], group: int) -> list[str]:
+    """The target projections whose weights do not split into whole NF4 scale blocks (NF4_BLOCK x
+    NF4_SCALER_BLOCK elements) on each of ``group`` FSDP2 ranks, with their shapes (training/models/nf4.py)."""
+    unit = NF4_BLOCK * NF4_SCALER_BLOCK * group
+    sizes = arch.projection_sizes()
+    out = []
+    for name in targets:
+        fan_in, fan_out = sizes[name]
+        if fan_out % group or (fan_in * fan_out) % unit:
+            out.append(f"{name} ({fan_out} x {fan_in})")
+    return out
+
+
 def _projection(name: str) -> bool:
     return name.endswith("_proj.weight")
 

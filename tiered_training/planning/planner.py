@@ -580,6 +580,21 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
 
     setting = chosen.setting
     gpus, cp = run.gpus, setting.context_parallel
+    unsplittable = (
+        memory.nf4_unsplittable(run.arch, run.lora.targets, setting.shard_group)
+        if run.lora is not None and run.lora.quantized
+        else []
+    )
+    if unsplittable:
+        unit = memory.NF4_BLOCK * memory.NF4_SCALER_BLOCK
+        run.error(
+            "qlora-shards",
+            f"QLoRA under FSDP2 splits each NF4 weight over the shard group of {setting.shard_group}: "
+            f"{', '.join(unsplittable)} do not split into whole blocks of {unit:,} elements per rank",
+            "use tuning.adapter: lora, or a tuning.shard_group_size that divides them",
+            "tuning.adapter",
+        )
+        return run.failure(source, lines, run.arch, run.tier)
     run.decide(
         "grad_accum_steps",
         chosen.accum,
