@@ -132,3 +132,14 @@ def test_a_qlora_model_whose_weights_do_not_split_into_whole_nf4_blocks_is_refus
     (error,) = plan.errors
     assert error.code == "qlora-shards" and "k_proj (128 x 896)" in error.message
     assert memory.nf4_unsplittable(models()["llama-3.1-8b"].architecture, ALL, 8) == []
+
+
+def test_only_the_adapted_projections_are_counted_in_nf4():
+    """The trainer quantises the base of each LoRA layer (training/models/nf4.py); other projections stay bf16."""
+    arch = models()["llama-3.1-8b"].architecture
+    qv = memory.frozen_layer_bytes(arch, "bf16", quantized=("q_proj", "v_proj"))
+    bf16 = memory.frozen_layer_bytes(arch, "bf16", quantized=())
+    sizes = arch.projection_sizes()
+    nf4 = sum(memory.nf4_bytes(sizes[n][0] * sizes[n][1]) for n in ("q_proj", "v_proj"))
+    assert bf16 - qv == 2 * (sizes["q_proj"][0] * sizes["q_proj"][1] + sizes["v_proj"][0] * sizes["v_proj"][1]) - nf4
+    assert bf16 == 2 * arch.layer_parameters

@@ -94,18 +94,19 @@ def nf4_unsplittable(arch: Architecture, targets: tuple[str, ...], group: int) -
     return out
 
 
-def _projection(name: str) -> bool:
-    return name.endswith("_proj.weight")
+def _adapted(name: str, targets: tuple[str, ...]) -> bool:
+    """Whether ``name`` is the weight of a projection that carries an adapter (and so, under QLoRA, is NF4)."""
+    return name.endswith("_proj.weight") and name.split(".")[-2] in targets
 
 
-def frozen_layer_bytes(arch: Architecture, precision: str, group: int = 1, *, quantized: bool) -> int:
+def frozen_layer_bytes(arch: Architecture, precision: str, group: int = 1, *, quantized: tuple[str, ...]) -> int:
     """Bytes of one decoder layer's frozen base on rank 0 of a shard group of ``group`` (1: gathered whole):
-    in ``FROZEN_BASE_BYTES``, or with ``quantized`` its projection weights in NF4."""
+    in ``FROZEN_BASE_BYTES``, the weights of the ``quantized`` projections (QLoRA's targets) in NF4."""
     size = FROZEN_BASE_BYTES[precision]
     total = 0
     for name, shape in arch.layer_shapes():
         elements = sharded_elements([(name, shape)], group)
-        total += nf4_bytes(elements) if quantized and _projection(name) else size * elements
+        total += nf4_bytes(elements) if _adapted(name, quantized) else size * elements
     return total
 
 
@@ -321,7 +322,7 @@ def sharded_state_bytes(
     states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
     if lora.quantized:
         root = sharded_elements(arch.root_shapes(), shard_group) * FROZEN_BASE_BYTES[precision]
-        states["param"] += arch.layers * frozen_layer_bytes(arch, precision, shard_group, quantized=True) + root
+        states["param"] += arch.layers * frozen_layer_bytes(arch, precision, shard_group, quantized=lora.targets) + root
     else:
         states["param"] += elements * FROZEN_BASE_BYTES[precision]
     return states
@@ -354,8 +355,9 @@ def _phases(
         adapters = lora.layer_elements(arch)
         head_grad = 0
         if lora.quantized:  # gathered in NF4; each projection dequantises its weight to bf16 when it runs
-            widest = max(fan_in * fan_out for fan_in, fan_out in arch.projection_sizes().values())
-            gathered_layer = frozen_layer_bytes(arch, precision, quantized=True) + e * widest
+            sizes = arch.projection_sizes()
+            widest = max(sizes[name][0] * sizes[name][1] for name in lora.targets)
+            gathered_layer = frozen_layer_bytes(arch, precision, quantized=lora.targets) + e * widest
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
     if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
         rope += tokens * sequence_length
