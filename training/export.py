@@ -205,6 +205,7 @@ def load_hf_weights(lm: CausalLM, init_dir: Path) -> None:
 
     from training.models.decoder import check_keys
     from training.models.lora import base_name, is_adapter
+    from training.models.nf4 import is_nf4, load_quantized
 
     state = hf_state_dict(lm)
     # With LoRA the checkpoint holds the base: its names are the base layers' (q_proj.base_layer.weight
@@ -217,6 +218,12 @@ def load_hf_weights(lm: CausalLM, init_dir: Path) -> None:
             found.update(f.keys())
     tied = lm.config.tie_word_embeddings
     check_keys(set(base), found, init_dir, tied=tied)
-    dcp.load(base, storage_reader=HuggingFaceStorageReader(str(init_dir)))
-    loaded: dict[str, Any] = {key: base[hf] for hf, key in names.items()}
+    quantized = {hf for hf, value in base.items() if is_nf4(value)}  # QLoRA: filled by load_quantized
+    dcp.load(
+        {hf: value for hf, value in base.items() if hf not in quantized},
+        storage_reader=HuggingFaceStorageReader(str(init_dir)),
+    )
+    if quantized:
+        load_quantized(lm, init_dir)
+    loaded: dict[str, Any] = {key: base[hf] for hf, key in names.items() if hf not in quantized}
     set_model_state_dict(lm, loaded, options=StateDictOptions(strict=not tied and len(loaded) == len(state)))

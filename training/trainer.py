@@ -69,10 +69,11 @@ from training.components.optim import build_optimizer, build_scheduler, clip_gra
 from training.components.packing import check_attention, split_sft_batch
 from training.distributed.context_parallel import ContextParallel, apply_context_parallel
 from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
-from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, sync_replicas
+from training.distributed.parallel import apply_fsdp, build_mesh, enable_tf32, shard_group_size, sync_replicas
 from training.export import export_hf, load_hf_weights, plain_tensor
 from training.models.decoder import CausalLM, CausalLMLoss, build_model, materialize
 from training.models.lora import apply_lora, export_adapter, has_lora, store_frozen_base
+from training.models.nf4 import check_shardable, quantize_base
 from training.paths import Paths
 from training.step_stats import StepStats
 
@@ -287,6 +288,13 @@ def build(
         apply_lora(lm, lora)
         if precision.precision != "fp32":  # mixed precision: the frozen base in bf16, as FSDP2 gathers it
             store_frozen_base(lm, torch.bfloat16)
+        if cfg.sft is not None and cfg.sft.adapter == "qlora":  # the adapted projections' base in NF4
+            if init_dir is None:
+                raise ValueError(
+                    "sft.adapter qlora quantises a trained base: model.init_checkpoint holds no config.json"
+                )
+            quantize_base(lm)
+            check_shardable(lm, shard_group_size(mesh))
     converted = float8.apply_float8(
         lm, precision, sharding=cfg.parallel.sharding, device=info.device, emulate=emulate_fp8
     )
@@ -309,8 +317,8 @@ def build(
 
 
 def lora_config(cfg: RunConfig):
-    """The LoRA settings when the run trains adapters (``sft.adapter: lora``), else None."""
-    return cfg.sft.lora if cfg.sft is not None and cfg.sft.adapter == "lora" else None
+    """The LoRA settings when the run trains adapters (``sft.adapter: lora`` or ``qlora``), else None."""
+    return cfg.sft.lora if cfg.sft is not None and cfg.sft.adapter != "none" else None
 
 
 def _model_state_options(trainer: Trainer) -> StateDictOptions:

@@ -58,7 +58,7 @@ def test_a_pretraining_recipe_is_unchanged_and_plans_no_fine_tuning():
     ({"data.on_bad_example": "ignore"}, (8, "data.on_bad_example", "must be one of 'error', 'skip'")),
     ({"data.on_bad_example": "skip", "data.max_bad_fraction": 1.5}, (9, "data.max_bad_fraction", "less than or equal to 1")),
     ({"data.max_bad_fraction": 0.01}, (8, "data.max_bad_fraction", "applies with data.on_bad_example: skip only")),
-    ({"tuning.adapter": "qlora"}, (16, "tuning.adapter", "must be one of 'none', 'lora', 'auto'")),
+    ({"tuning.adapter": "dora"}, (16, "tuning.adapter", "must be one of 'none', 'lora', 'qlora', 'auto'")),
     ({"tuning.lora": {"rank": 0}}, (17, "tuning.lora.rank", "greater than or equal to 1")),
     ({"tuning.lora": {"alpha": -1}}, (17, "tuning.lora.alpha", "greater than 0")),
     ({"tuning.lora": {"dropout": 1.0}}, (17, "tuning.lora.dropout", "less than 1")),
@@ -279,6 +279,30 @@ def test_qwen3_and_mistral_configs_give_their_catalogue_dimensions(tmp_path, con
                 hf_config.read(tmp_path)
 
 
+# Qwen3's head_dim (128) is not hidden_size / num_attention_heads in the 0.6B, 4B and 32B models; the model cards
+# (https://huggingface.co/Qwen/Qwen3-0.6B, -4B, -32B) give the non-embedding parameters 0.44B, 3.6B and 31.2B.
+@pytest.mark.parametrize("size, dims, non_embedding", [
+    ("0.6B", {"hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 28, "intermediate_size": 3072,
+              "tie_word_embeddings": True}, 0.44e9),
+    ("4B", {"hidden_size": 2560, "num_attention_heads": 32, "num_hidden_layers": 36, "intermediate_size": 9728,
+            "tie_word_embeddings": True}, 3.6e9),
+    ("32B", {"hidden_size": 5120, "num_attention_heads": 64, "num_hidden_layers": 64, "intermediate_size": 25600},
+     31.2e9),
+])
+def test_a_qwen3_head_dim_other_than_hidden_over_heads_plans(tmp_path, size, dims, non_embedding):
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_8B, **dims}))
+    _, arch = hf_config.read(tmp_path)
+    assert arch.head_dim == 128 and arch.q_size == 128 * dims["num_attention_heads"] != arch.hidden_size
+    assert arch.qk_norm and ("self_attn.q_norm.weight", (128,)) in arch.layer_shapes()
+    assert abs(arch.layers * arch.layer_parameters / non_embedding - 1) < 0.02
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(sft(**{"model": {"hf_config": str(tmp_path), "init_checkpoint": CHECKPOINT}})))
+    plan = plan_file(path)
+    assert plan.ok, plan.errors
+    model = plan.run_config().model
+    assert model.head_size == 128 and model.qk_norm and plan.parameters == arch.parameters
+
+
 def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text(json.dumps(LLAMA_31_8B))
@@ -294,7 +318,7 @@ def test_a_recipe_plans_from_a_local_config_relative_to_its_file(tmp_path):
     ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"]}, "model_type 'mixtral' (MixtralForCausalLM) is not one the trainer builds"),
     ({"model_type": "gemma2"}, "it builds llama, qwen2, qwen3, mistral"),
     ({"attention_bias": True}, "attention_bias"),
-    ({"head_dim": 256}, "head_dim 256"),
+    ({"head_dim": 127}, "head_size (head_dim) 127 is odd"),
     ({"num_attention_heads": 30, "head_dim": None}, "hidden_size 4096 is not a multiple of attention_heads 30"),
     ({"vocab_size": "big"}, "vocab_size: input should be a valid integer"),
 ])

@@ -74,3 +74,35 @@ def test_the_trainer_comes_from_the_checkout_or_from_the_wheels_container(tmp_pa
     (library / "container" / "launcher.py").write_text("")
     root = repo_root(library)  # an installed wheel: training/ is its container directory
     assert (root / "training" / "launcher.py").is_file() and (root / "training").resolve() == library / "container"
+
+
+def test_a_qlora_rehearsal_model_splits_into_whole_nf4_blocks_and_scales_a_head_dim_with_its_width(tmp_path):
+    import json
+
+    import yaml
+    from support import recipe_dict
+
+    from tiered_training.contract.architecture import Lora
+    from tiered_training.planning import memory
+
+    qwen3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128, "hidden_size": 2560,
+             "intermediate_size": 9728, "max_position_embeddings": 40960, "num_attention_heads": 32,
+             "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+             "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936}  # Qwen/Qwen3-4B
+    (tmp_path / "config.json").write_text(json.dumps(qwen3))
+    for adapter in ("lora", "qlora"):
+        path = tmp_path / f"{adapter}.yaml"
+        path.write_text(yaml.safe_dump(recipe_dict(**{
+            "task": "sft", "model": {"hf_config": str(tmp_path), "init_checkpoint": "s3://bucket-for-tests/m/"},
+            "data.uri": "s3://bucket-for-tests/sft/", "budget.total_tokens": 10_000_000,
+            "budget.global_batch_tokens": 4096 * 64, "tuning.adapter": adapter})))
+        plan = plan_file(path)
+        assert plan.ok, plan.errors
+        cfg = _scaled(plan).config
+        model = cfg.model
+        assert model.head_size is None and model.qk_norm and cfg.sft.adapter == adapter
+        group = cfg.parallel.shard_group_size
+        targets = tuple(cfg.sft.lora.target_modules)
+        unsplittable = memory.nf4_unsplittable(model, targets, group)
+        assert (unsplittable == []) if adapter == "qlora" else unsplittable, adapter
+        assert Lora(16, targets).parameters(model) > 0

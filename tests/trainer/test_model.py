@@ -103,7 +103,7 @@ def test_llama3_rope_scaling_equals_transformers_and_both_config_forms_read_alik
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, r"rope type 'yarn' is not one the trainer builds"),
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
      r"llama3 rope scaling needs low_freq_factor, high_freq_factor, original_max_position_embeddings"),
-    ({"head_dim": 32}, r"head_dim 32 differs from hidden_size / num_attention_heads"),
+    ({"head_dim": 33}, r"head_dim 33 is not a positive even integer"),
     ({"hidden_act": "gelu"}, r"hidden_act 'gelu': the trainer builds SwiGLU \(silu\) MLPs only"),
     ({"mlp_bias": True}, r"mlp_bias: true; the trainer builds MLPs without biases"),
     ({"model_type": "qwen2", "use_sliding_window": True}, r"use_sliding_window: true; the trainer runs full attention only"),
@@ -140,13 +140,14 @@ def test_a_training_worker_does_not_import_transformers():
     assert out.stdout.strip() == "[]"
 
 
-def _family(kind: str):
-    """A tiny random Qwen3 (QK-norm, rope_theta 1e6) or Mistral (v0.3's shape: no sliding window) of transformers."""
+def _family(kind: str, head_dim: int = 16):
+    """A tiny random Qwen3 (QK-norm, rope_theta 1e6; ``head_dim`` 32 is not hidden / heads, as in Qwen3 0.6B, 4B
+    and 32B) or Mistral (v0.3's shape: no sliding window) of transformers."""
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, use_cache=False)
     torch.manual_seed(0)
     if kind == "qwen3":
-        config = transformers.Qwen3Config(**common, head_dim=16, rope_parameters={"rope_type": "default",
+        config = transformers.Qwen3Config(**common, head_dim=head_dim, rope_parameters={"rope_type": "default",
                                           "rope_theta": 1000000.0}, use_sliding_window=False, attention_bias=False)
         model = transformers.Qwen3ForCausalLM(config)
         with torch.no_grad():  # q/k norm weights that matter (they start as ones)
@@ -159,16 +160,17 @@ def _family(kind: str):
     return transformers.MistralForCausalLM(config)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "mistral"])
-def test_qwen3_and_mistral_equal_transformers_bit_for_bit_and_export_back_bit_equal(tmp_path, kind):
+@pytest.mark.parametrize("kind, head_dim", [("qwen3", 16), ("qwen3", 32), ("mistral", 16)])
+def test_qwen3_and_mistral_equal_transformers_bit_for_bit_and_export_back_bit_equal(tmp_path, kind, head_dim):
     """A transformers checkpoint loads into the decoder with every tensor used; the logits (packed rows too) and
     gradients are transformers' to the last bit; the export is the checkpoint again, tensor for tensor, under
     the same model_type, and loads into the same transformers class."""
     from safetensors.torch import load_file, save_file
 
-    reference = _family(kind)
+    reference = _family(kind, head_dim)
     lm = _pair(tmp_path / "init", reference)
     assert lm.config.model_type == kind and lm.config.qk_norm == (kind == "qwen3")
+    assert lm.model.layers[0].self_attn.q_proj.weight.shape == (4 * head_dim, 64) and lm.config.head_dim == head_dim
     assert set(lm.state_dict()) == set(reference.state_dict())
     ids = _tokens()
     packed = torch.cat([torch.arange(10), torch.arange(22)])[None].expand(2, -1)

@@ -43,6 +43,8 @@ from tiered_training.planning.memory import activation_bytes_per_token  # noqa: 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ, BATCH = 64, 2
 ARCH = dict(hidden_size=128, attention_heads=4, kv_heads=2, ffn_size=352, vocab_size=256, max_sequence_length=256)
+# Qwen3's shape: q/k norms, and a head_dim (64) other than hidden / heads (32)
+QWEN3 = dict(ARCH, head_size=64, qk_norm=True)
 
 
 class _Storages(TorchDispatchMode):
@@ -67,19 +69,19 @@ class _Storages(TorchDispatchMode):
         return sum(size for ref, size in self.created.values() if not ref.expired())
 
 
-def _model(layers: int, dtype: torch.dtype, mode: str):
+def _model(layers: int, dtype: torch.dtype, mode: str, shape: dict = ARCH):
     from tiered_training.contract.runconfig import ModelConfig
     from training.components.ac import apply_ac
     from training.models.decoder import CausalLM, lm_config
 
     torch.manual_seed(0)
-    lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, **ARCH))).to(dtype)
+    lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, **shape))).to(dtype)
     apply_ac(lm.model.layers, mode)
     return lm
 
 
-def _retained(layers: int, dtype: torch.dtype, mode: str) -> int:
-    lm = _model(layers, dtype, mode)
+def _retained(layers: int, dtype: torch.dtype, mode: str, shape: dict = ARCH) -> int:
+    lm = _model(layers, dtype, mode, shape)
     ids = torch.randint(0, 256, (BATCH, SEQ))
     tracker = _Storages(exclude=[*lm.parameters(), *lm.buffers(), ids])
     with tracker:
@@ -116,12 +118,13 @@ def _saved_by_hooks(layers: int, dtype: torch.dtype) -> int:
     return _bench("activations_compiled").autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
 
 
+@pytest.mark.parametrize("shape", [ARCH, QWEN3], ids=["llama", "qwen3"])
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_activation_bytes_per_layer(precision, dtype, mode):
-    arch = Architecture(layers=1, **ARCH)
+def test_activation_bytes_per_layer(precision, dtype, mode, shape):
+    arch = Architecture(layers=1, **shape)
     planned = activation_bytes_per_token(arch, precision, mode) * SEQ * BATCH
-    measured = _retained(2, dtype, mode) - _retained(1, dtype, mode)
+    measured = _retained(2, dtype, mode, shape) - _retained(1, dtype, mode, shape)
     assert measured > 0
     assert abs(planned - measured) / measured <= 0.05, (
         f"{precision}/{mode}: planner {planned} B per layer, trainer keeps {measured} B ({planned / measured:.3f}x)"
@@ -165,13 +168,13 @@ def test_checkpointing_modes_order_the_step_peak(step_peaks):
 LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float) -> int:
+def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float, shape: dict = ARCH) -> int:
     """Bytes a bf16 model with the trainer's adapters and its base frozen keeps for backward after forward."""
     from tiered_training.contract.runconfig import LoraConfig
     from training.components.ac import apply_ac
     from training.models.lora import apply_lora
 
-    lm = _model(layers, torch.float32, "none")
+    lm = _model(layers, torch.float32, "none", shape)
     apply_lora(lm, LoraConfig(rank=16, alpha=32, dropout=dropout, target_modules=list(targets)))
     lm = lm.to(torch.bfloat16).train()
 
@@ -185,17 +188,18 @@ def _lora_retained(layers: int, mode: str, targets: tuple, dropout: float) -> in
     return alive
 
 
+@pytest.mark.parametrize("shape", [ARCH, QWEN3], ids=["llama", "qwen3"])
 @pytest.mark.parametrize("targets,dropout", [(LORA_ALL, 0.05), (("q_proj", "v_proj"), 0.0)], ids=["all-dropout", "qv"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_lora_activation_bytes_per_layer(mode, targets, dropout):
+def test_lora_activation_bytes_per_layer(mode, targets, dropout, shape):
     """Under LoRA the base keeps only what its input gradients need; the adapters add theirs. The CPU's
     dropout keeps its noise in bf16 (2 bytes), where CUDA's fused kernel keeps a bool mask."""
     from tiered_training.contract.architecture import Lora
 
-    arch = Architecture(layers=1, **ARCH)
+    arch = Architecture(layers=1, **shape)
     lora = Lora(16, targets, dropout > 0)
     planned = activation_bytes_per_token(arch, "bf16", mode, lora, mask_bytes=2) * SEQ * BATCH
-    measured = _lora_retained(2, mode, targets, dropout) - _lora_retained(1, mode, targets, dropout)
+    measured = _lora_retained(2, mode, targets, dropout, shape) - _lora_retained(1, mode, targets, dropout, shape)
     assert abs(planned - measured) / measured <= 0.05, f"{mode}: planner {planned} B per layer, trainer keeps {measured} B"
 
 

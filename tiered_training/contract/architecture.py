@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 class Architecture(BaseModel):
@@ -28,10 +29,29 @@ class Architecture(BaseModel):
     rope_theta: float = Field(default=500000.0, gt=0)
     qkv_bias: bool = False
     norm_eps: float = Field(default=1e-5, gt=0, lt=1)
+    head_size: int | None = Field(
+        default=None,
+        ge=8,
+        le=1024,
+        description="the width of one attention head (config.json's head_dim); default hidden_size / attention_heads",
+    )
+    qk_norm: bool = Field(default=False, description="an RMSNorm over each head of q and k (Qwen3)")
+
+    @model_serializer(mode="wrap")
+    def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``head_size`` and ``qk_norm`` appear only when set, so that the plans and RunConfigs of
+        other models stay as they were."""
+        out: dict[str, Any] = handler(self)
+        for key, default in (("head_size", None), ("qk_norm", False)):
+            if out.get(key, default) == default:
+                out.pop(key, None)
+        return out
 
     @model_validator(mode="after")
     def _heads_divide(self) -> Architecture:
-        if self.hidden_size % self.attention_heads:
+        if self.head_size is not None and self.head_size % 2:
+            raise ValueError(f"head_size (head_dim) {self.head_size} is odd; rotary embeddings need an even head width")
+        if self.head_size is None and self.hidden_size % self.attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of attention_heads {self.attention_heads}"
             )
@@ -41,7 +61,12 @@ class Architecture(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.attention_heads
+        return self.head_size if self.head_size is not None else self.hidden_size // self.attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """n_heads * head_dim: the width of Q and of the attention output."""
+        return self.attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
@@ -50,19 +75,21 @@ class Architecture(BaseModel):
 
     def layer_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Parameter shapes of one decoder layer, in module order."""
-        h, kv, f = self.hidden_size, self.kv_size, self.ffn_size
+        h, kv, f, q = self.hidden_size, self.kv_size, self.ffn_size, self.q_size
         shapes: list[tuple[str, tuple[int, ...]]] = [("input_layernorm.weight", (h,))]
-        shapes.append(("self_attn.q_proj.weight", (h, h)))
+        shapes.append(("self_attn.q_proj.weight", (q, h)))
         if self.qkv_bias:
-            shapes.append(("self_attn.q_proj.bias", (h,)))
+            shapes.append(("self_attn.q_proj.bias", (q,)))
         shapes.append(("self_attn.k_proj.weight", (kv, h)))
         if self.qkv_bias:
             shapes.append(("self_attn.k_proj.bias", (kv,)))
         shapes.append(("self_attn.v_proj.weight", (kv, h)))
         if self.qkv_bias:
             shapes.append(("self_attn.v_proj.bias", (kv,)))
+        shapes.append(("self_attn.o_proj.weight", (h, q)))
+        if self.qk_norm:
+            shapes += [("self_attn.q_norm.weight", (self.head_dim,)), ("self_attn.k_norm.weight", (self.head_dim,))]
         shapes += [
-            ("self_attn.o_proj.weight", (h, h)),
             ("post_attention_layernorm.weight", (h,)),
             ("mlp.gate_proj.weight", (f, h)),
             ("mlp.up_proj.weight", (f, h)),
@@ -82,12 +109,12 @@ class Architecture(BaseModel):
 
     def projection_sizes(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each projection of one layer, by peft's module name."""
-        h, kv, f = self.hidden_size, self.kv_size, self.ffn_size
+        h, kv, f, q = self.hidden_size, self.kv_size, self.ffn_size, self.q_size
         return {
-            "q_proj": (h, h),
+            "q_proj": (h, q),
             "k_proj": (h, kv),
             "v_proj": (h, kv),
-            "o_proj": (h, h),
+            "o_proj": (q, h),
             "gate_proj": (h, f),
             "up_proj": (h, f),
             "down_proj": (f, h),
@@ -119,7 +146,8 @@ class Architecture(BaseModel):
         return self.vocab_size * self.hidden_size
 
     def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: Lora | None = None) -> float:
-        """Training FLOPs per token: 6*N + 12*L*h*s (PaLM appendix B, torchtitan's convention),
+        """Training FLOPs per token: 6*N + 12*L*q*s (PaLM appendix B, torchtitan's convention, with q the width
+        of Q, n_heads * head_dim, which is h unless head_dim is set),
         which counts full attention; ``causal``: 6*N + 6*L*h*s, the attention a causal mask
         leaves (half the scores and their products with V).
 
@@ -129,7 +157,7 @@ class Architecture(BaseModel):
         gradients, 4N, and the adapters train fully (6 per adapter parameter); attention is as before.
         """
         matmul_params = self.layers * self.layer_parameters + self.embedding_parameters
-        attention = (6.0 if causal else 12.0) * self.layers * self.hidden_size * sequence_length
+        attention = (6.0 if causal else 12.0) * self.layers * self.q_size * sequence_length
         if lora is not None:
             return 4.0 * matmul_params + 6.0 * lora.parameters(self) + attention
         return 6.0 * matmul_params + attention
@@ -150,11 +178,13 @@ def sharded_elements(shapes: list[tuple[str, tuple[int, ...]]], group: int) -> i
 
 @dataclass(frozen=True)
 class Lora:
-    """The adapters the planner accounts for: rank, target projections, whether dropout is on."""
+    """The adapters the planner accounts for: rank, target projections, whether dropout is on, and whether
+    the frozen base's projections are quantised to NF4 (QLoRA)."""
 
     rank: int
     targets: tuple[str, ...]
     dropout: bool = True
+    quantized: bool = False
 
     def layer_elements(self, arch: Architecture) -> int:
         return sum(prod(shape) for _, shape in arch.lora_shapes(self.rank, self.targets))

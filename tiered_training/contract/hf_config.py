@@ -65,7 +65,8 @@ def _name(config: dict[str, Any], file: Path) -> str:
 
 def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Architecture:
     """The Architecture a Llama, Mistral, Qwen2 or Qwen3 config describes; :class:`ConfigError` for any other.
-    (Qwen3's q/k norms, 2 x head_dim weights per layer, are left out of the count.)"""
+    Qwen3's q/k norms are counted (``qk_norm``), and a ``head_dim`` other than hidden_size / num_attention_heads
+    becomes ``head_size``."""
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
         names = config.get("architectures") or []
@@ -89,6 +90,9 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
     check_buildable(config, file)
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
+    head_dim = config.get("head_dim")
+    if isinstance(heads, int) and isinstance(hidden, int) and heads and head_dim == hidden // heads:
+        head_dim = None  # the default width: leave it unstated
     rope_parameters = config.get("rope_parameters")
     rope = rope_parameters if isinstance(rope_parameters, dict) else {}
     theta = config.get("rope_theta", rope.get("rope_theta", default_theta))
@@ -104,6 +108,8 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         "rope_theta": float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta,
         "qkv_bias": qkv_bias,
         "norm_eps": config.get("rms_norm_eps", 1e-6),
+        "head_size": head_dim,
+        "qk_norm": kind == "qwen3",
     }
     keys = {
         "layers": "num_hidden_layers",
@@ -113,6 +119,7 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
         "tied_embeddings": "tie_word_embeddings",
         "max_sequence_length": "max_position_embeddings",
         "norm_eps": "rms_norm_eps",
+        "head_size": "head_dim",
     }
     try:
         return Architecture.model_validate(fields, strict=True)
@@ -130,7 +137,7 @@ def architecture(config: dict[str, Any], file: Path | str = "config.json") -> Ar
 def check_buildable(config: dict[str, Any], file: Path | str = "config.json") -> None:
     """:class:`ConfigError` for a feature of a config.json that the trainer's decoder
     (``training/models/decoder.py``) does not build: sliding-window attention, MLP biases, an activation
-    other than SwiGLU, a head_dim other than hidden_size / num_attention_heads."""
+    other than SwiGLU."""
     kind = config.get("model_type")
     if kind in ("qwen2", "qwen3") and config.get("use_sliding_window"):
         raise ConfigError(
@@ -150,18 +157,6 @@ def check_buildable(config: dict[str, Any], file: Path | str = "config.json") ->
     if config.get("hidden_act", "silu") != "silu":
         raise ConfigError(
             f"{file}: hidden_act {clip(repr(config.get('hidden_act')))}: the trainer builds SwiGLU (silu) MLPs only"
-        )
-    heads, hidden, head_dim = config.get("num_attention_heads"), config.get("hidden_size"), config.get("head_dim")
-    if (
-        head_dim is not None
-        and isinstance(hidden, int)
-        and isinstance(heads, int)
-        and heads
-        and head_dim != hidden // heads
-    ):
-        raise ConfigError(
-            f"{file}: head_dim {head_dim} differs from hidden_size / num_attention_heads ({hidden // heads}); "
-            "the planner's shapes assume they are equal"
         )
 
 

@@ -206,13 +206,16 @@ class SftConfig(_Frozen):
     The shards carry a loss mask and per-example positions; attention does not cross examples.
     """
 
-    adapter: Literal["none", "lora"] = Field(default="none", description="none: every parameter trains")
-    lora: LoraConfig | None = Field(default=None, description="with adapter=lora")
+    adapter: Literal["none", "lora", "qlora"] = Field(
+        default="none",
+        description="none: every parameter trains; lora: adapters on a bf16 base; qlora: adapters on an NF4 base",
+    )
+    lora: LoraConfig | None = Field(default=None, description="with adapter lora or qlora")
 
     @model_validator(mode="after")
     def _lora_with_adapter(self) -> SftConfig:
-        if self.adapter == "lora" and self.lora is None:
-            raise ValueError("sft.adapter is lora but sft.lora is not set")
+        if self.adapter != "none" and self.lora is None:
+            raise ValueError(f"sft.adapter is {self.adapter} but sft.lora is not set")
         if self.adapter == "none" and self.lora is not None:
             raise ValueError("sft.lora is set but sft.adapter is none")
         return self
@@ -302,8 +305,15 @@ class RunConfig(_Frozen):
 
     @model_validator(mode="after")
     def _export_format_fits_the_task(self) -> RunConfig:
-        if self.export.format == "adapter" and (self.sft is None or self.sft.adapter != "lora"):
+        if self.export.format == "adapter" and (self.sft is None or self.sft.adapter == "none"):
             raise ValueError("export.format is adapter, but the run trains no LoRA adapter (sft.adapter: lora)")
+        if self.sft is not None and self.sft.adapter == "qlora" and self.precision.precision != "bf16":
+            raise ValueError(
+                f"sft.adapter qlora computes in bf16 from an NF4 base; precision.precision is "
+                f"{self.precision.precision} (set bf16)"
+            )
+        if self.sft is not None and self.sft.adapter == "qlora" and self.precision.compile:
+            raise ValueError("sft.adapter qlora runs eager (the NF4 base is not compiled); set precision.compile false")
         if self.sft is not None and self.model.init_checkpoint is None:
             raise ValueError("sft needs model.init_checkpoint: fine-tuning starts from trained weights")
         return self
@@ -334,7 +344,12 @@ class RunConfig(_Frozen):
         if self.sft is not None and self.sft.lora is not None:
             from tiered_training.contract.architecture import Lora
 
-            lora = Lora(self.sft.lora.rank, tuple(self.sft.lora.target_modules), self.sft.lora.dropout > 0)
+            lora = Lora(
+                self.sft.lora.rank,
+                tuple(self.sft.lora.target_modules),
+                self.sft.lora.dropout > 0,
+                quantized=self.sft.adapter == "qlora",
+            )
         flops = self.model.flops_per_token(self.batch.sequence_length, causal=causal, lora=lora)
         return flops * tokens_per_second_per_gpu / self.hardware.peak_bf16_flops
 

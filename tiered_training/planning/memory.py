@@ -29,7 +29,9 @@ and ``reserved`` with ``torch.cuda.max_memory_reserved``.
 Under LoRA (``lora``), the base is frozen: its weights are kept as FSDP2 shards them
 (``FROZEN_BASE_BYTES``: bf16 under mixed precision), with no gradient and no optimiser state; the adapters carry fp32
 parameters, gradients and AdamW moments, sharded with their layer. Activations are the
-base's, plus what the adapters save (``lora_activation_bytes_per_token``).
+base's, plus what the adapters save (``lora_activation_bytes_per_token``). Under QLoRA (``lora.quantized``) the
+base's projections are NF4 (``nf4_bytes``: about 0.516 byte per parameter) when stored and gathered, and the
+projection that runs holds its weight dequantised to bf16.
 
 The activation formulas were measured to the byte on transformers' LlamaForCausalLM;
 ``tests/trainer/test_planner_vs_trainer.py`` checks them per layer and checks the whole
@@ -59,6 +61,53 @@ DROPOUT_MASK_BYTES = 1
 # trainer stores it in bf16, the dtype FSDP2 gathers it in (training/models/lora.py store_frozen_base);
 # under fp32 it stays fp32.
 FROZEN_BASE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
+# QLoRA: the frozen base's projections (the seven linear layers of every decoder layer) in torchao's NF4 layout
+# (torchao.quantization.to_nf4 defaults, NF4Tensor): two 4-bit codes per byte; one int8 scale per block of
+# NF4_BLOCK elements; those scales double-quantised, one factor in the source dtype (bf16) per NF4_SCALER_BLOCK
+# scales; per tensor, the scales' mean and the 16-entry code table in bf16. Embedding, norms and head stay bf16.
+NF4_BLOCK = 64
+NF4_SCALER_BLOCK = 256
+NF4_TENSOR_BYTES = 2 + 16 * 2
+
+
+def nf4_bytes(elements: int, source_bytes: int = 2) -> int:
+    """Bytes of an NF4Tensor of ``elements`` (a whole tensor, or one FSDP2 shard of one) quantised from a tensor
+    of ``source_bytes`` per element."""
+    return (
+        elements // 2
+        + elements // NF4_BLOCK
+        + source_bytes * (elements // (NF4_BLOCK * NF4_SCALER_BLOCK))
+        + NF4_TENSOR_BYTES
+    )
+
+
+def nf4_unsplittable(arch: Architecture, targets: tuple[str, ...], group: int) -> list[str]:
+    """The target projections whose weights do not split into whole NF4 scale blocks (NF4_BLOCK x
+    NF4_SCALER_BLOCK elements) on each of ``group`` FSDP2 ranks, with their shapes (training/models/nf4.py)."""
+    unit = NF4_BLOCK * NF4_SCALER_BLOCK * group
+    sizes = arch.projection_sizes()
+    out = []
+    for name in targets:
+        fan_in, fan_out = sizes[name]
+        if fan_out % group or (fan_in * fan_out) % unit:
+            out.append(f"{name} ({fan_out} x {fan_in})")
+    return out
+
+
+def _adapted(name: str, targets: tuple[str, ...]) -> bool:
+    """Whether ``name`` is the weight of a projection that carries an adapter (and so, under QLoRA, is NF4)."""
+    return name.endswith("_proj.weight") and name.split(".")[-2] in targets
+
+
+def frozen_layer_bytes(arch: Architecture, precision: str, group: int = 1, *, quantized: tuple[str, ...]) -> int:
+    """Bytes of one decoder layer's frozen base on rank 0 of a shard group of ``group`` (1: gathered whole):
+    in ``FROZEN_BASE_BYTES``, the weights of the ``quantized`` projections (QLoRA's targets) in NF4."""
+    size = FROZEN_BASE_BYTES[precision]
+    total = 0
+    for name, shape in arch.layer_shapes():
+        elements = sharded_elements([(name, shape)], group)
+        total += nf4_bytes(elements) if _adapted(name, quantized) else size * elements
+    return total
 
 
 def lora_activation_bytes_per_token(
@@ -101,11 +150,13 @@ def activation_bytes_per_token(
     - ``none``: every tensor autograd saves. Per RMSNorm, an fp32 copy of its input
       (4h), the rsqrt (4) and two h-wide tensors in the compute dtype; Q, K, V after
       RoPE, the attention output and its fp32 log-sum-exp (4 per head); SwiGLU's gate,
-      up, SiLU and product (4f). About 49 h for Llama 3 8B.
+      up, SiLU and product (4f). About 49 h for Llama 3 8B. Qwen3's q/k norms add what
+      ``qk_norm_bytes_per_token`` counts.
     - ``none``, ``compiled``: what Inductor's partitioner keeps of a compiled block, counted
       per saved tensor on ``torch.compile`` of transformers' LlamaDecoderLayer: the block
       input and both RMSNorm outputs (3h), their fp32 rsqrt (4 each), Q, K and V after RoPE
-      (h + 2kv), the attention output and its contiguous copy for o_proj (2h), the log-sum-exp,
+      (q + 2kv, q = n_heads * head_dim, h unless head_dim is set), the attention output and its contiguous copy
+      for o_proj (2q), the log-sum-exp,
       and SwiGLU's gate, up and SiLU(gate) (3f). The fp32 upcasts are recomputed in
       backward. About 34 h for Llama 3 8B. Measured for BF16 and fp32 blocks
       (``bench/activations_compiled.py``); an FP8 block (torchao's float8 linears, which keep
@@ -122,11 +173,11 @@ def activation_bytes_per_token(
     with the adapters' two matmuls counted in order after their projection's.
     """
     e = element_size(precision)
-    h, kv, f, heads = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads
+    h, kv, f, heads, q = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads, arch.q_size
     if checkpointing == "none" and compiled and precision != "fp8" and lora is None:
-        return e * (6 * h + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
+        return e * (3 * h + 3 * q + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
     if checkpointing == "none":
-        attention = e * (2 * h + 2 * kv) + 4 * heads
+        attention = e * (2 * q + 2 * kv) + 4 * heads + qk_norm_bytes_per_token(arch, precision, frozen=lora is not None)
         if lora is None:
             return 2 * (4 * h + 4 + 2 * e * h) + attention + 4 * e * f
         kept = set(lora.targets) if not lora.dropout else set()  # adapters that keep their projection's input
@@ -138,11 +189,21 @@ def activation_bytes_per_token(
     if checkpointing == "selective":
         block_input = e * h
         matmuls = e * sum(_matmul_widths(arch, lora)[0::2])  # without LoRA: q_proj, v_proj, gate_proj, down_proj
-        attention = e * h + 4 * heads  # output and log-sum-exp
+        attention = e * q + 4 * heads  # output and log-sum-exp
         return block_input + matmuls + attention
     if checkpointing == "full":
         return e * h
     raise ValueError(f"unknown activation checkpointing {checkpointing!r}")
+
+
+def qk_norm_bytes_per_token(arch: Architecture, precision: str, *, frozen: bool) -> int:
+    """What Qwen3's q and k norms keep per token (0 without them), counted as for the layer norms: each keeps
+    its input in fp32 and one rsqrt per head; with a trained weight, also the normalised input in the compute
+    dtype. RoPE, which follows, keeps only cos and sin."""
+    if not arch.qk_norm:
+        return 0
+    width, rows = arch.q_size + arch.kv_size, arch.attention_heads + arch.kv_heads
+    return 4 * width + 4 * rows + (0 if frozen else element_size(precision) * width)
 
 
 def _matmul_widths(arch: Architecture, lora: Lora | None) -> list[int]:
@@ -250,7 +311,8 @@ def sharded_state_bytes(
     arch: Architecture, shard_group: int, lora: Lora | None = None, precision: str = "bf16"
 ) -> dict[str, int]:
     """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
-    frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each), and only the adapters have state."""
+    frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each; under QLoRA its projections in NF4),
+    and only the adapters have state."""
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
         arch.root_shapes(), shard_group
     )
@@ -258,7 +320,11 @@ def sharded_state_bytes(
         return {kind: elements * size for kind, size in STATE_BYTES.items()}
     adapters = arch.layers * sharded_elements(arch.lora_shapes(lora.rank, lora.targets), shard_group)
     states = {kind: adapters * size for kind, size in STATE_BYTES.items()}
-    states["param"] += elements * FROZEN_BASE_BYTES[precision]
+    if lora.quantized:
+        root = sharded_elements(arch.root_shapes(), shard_group) * FROZEN_BASE_BYTES[precision]
+        states["param"] += arch.layers * frozen_layer_bytes(arch, precision, shard_group, quantized=lora.targets) + root
+    else:
+        states["param"] += elements * FROZEN_BASE_BYTES[precision]
     return states
 
 
@@ -282,11 +348,16 @@ def _phases(
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
     kept = activation_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes, compiled=compiled) * tokens
     adapters = 0
+    gathered_layer = e * layer  # one decoder layer's parameters, gathered
     if lora is not None:
         # Frozen base: no head, embedding or layer gradients; the adapters are gathered with
         # their layer, and theirs are the only gradients reduced.
         adapters = lora.layer_elements(arch)
         head_grad = 0
+        if lora.quantized:  # gathered in NF4; each projection dequantises its weight to bf16 when it runs
+            sizes = arch.projection_sizes()
+            widest = max(sizes[name][0] * sizes[name][1] for name in lora.targets)
+            gathered_layer = frozen_layer_bytes(arch, precision, quantized=lora.targets) + e * widest
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
     if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
         rope += tokens * sequence_length
@@ -294,7 +365,7 @@ def _phases(
 
     # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
     loss = (
-        e * (root + layer + adapters) + head_grad,
+        e * (root + adapters) + gathered_layer + head_grad,
         layers * kept + rope,
         final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
         0.0,
@@ -303,7 +374,7 @@ def _phases(
     # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
     # gradient of its output flows in.
     trained = layer if lora is None else adapters
-    in_layer = e * (root + 2 * (layer + adapters)) + head_grad + (e + REDUCE_BYTES) * trained
+    in_layer = e * (root + 2 * adapters) + 2 * gathered_layer + head_grad + (e + REDUCE_BYTES) * trained
     backward = (backward_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes) + e * h) * tokens
     top = (in_layer, layers * kept + rope + backward, 0, 0.0)
     bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)

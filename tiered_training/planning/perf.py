@@ -184,8 +184,7 @@ class StepTime:
 
 def _linears(arch: Architecture) -> list[tuple[int, int]]:
     """(K, N) of every Linear in one decoder layer."""
-    h, kv, f = arch.hidden_size, arch.kv_size, arch.ffn_size
-    return [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+    return list(arch.projection_sizes().values())
 
 
 @dataclass(frozen=True)
@@ -315,7 +314,7 @@ def step_time(
     # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
     # A call's queries are the rank's chunk (half of it per call under context parallelism,
     # the head and tail halves), which sets how close the kernel comes to its efficiency.
-    attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.hidden_size / cp
+    attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.q_size / cp
     query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
     if setting.document_mask:
         attn_fwd_flops *= 2  # no causal block skipping under a mask tensor
@@ -333,8 +332,11 @@ def step_time(
     h, kv, f = arch.hidden_size, arch.kv_size, arch.ffn_size
     # Per token and layer, forward: two RMSNorms (read and write h), RoPE on Q and K,
     # SiLU(gate) * up (read 2f, write f), two residual adds (read 2h, write h), the
-    # attention output's layout copy. Backward moves about twice as much.
-    layer_fwd_bytes = (e * (4 * h + 2 * (h + kv) + 3 * f + 6 * h + 2 * h) + adapter_bytes) * eager
+    # attention output's layout copy (q wide); Qwen3's q/k norms read and write Q and K. Backward moves about
+    # twice as much.
+    q = arch.q_size
+    qk_norms = 2 * (q + kv) if arch.qk_norm else 0
+    layer_fwd_bytes = (e * (4 * h + 2 * (q + kv) + 3 * f + 6 * h + 2 * q + qk_norms) + adapter_bytes) * eager
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
     layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
@@ -343,7 +345,7 @@ def step_time(
     if cp > 1:
         # Each ring step's partial attention output is merged into the running one in fp32,
         # rescaled by the log-sum-exp: read and write the output, forward and twice backward.
-        merge = cp * tokens * arch.hidden_size * 4 * 3 / mem_bw
+        merge = cp * tokens * arch.q_size * 4 * 3 / mem_bw
         attn_fwd_merge = merge
         memory_bound += arch.layers * 3 * merge
     else:

@@ -307,10 +307,12 @@ class Plan(_Result):
 
     @property
     def adapter(self) -> str | None:
-        """none or lora for task sft; None for pretraining."""
+        """none, lora or qlora for task sft; None for pretraining."""
         if self.recipe.task != "sft":
             return None
-        return "lora" if self.lora is not None else "none"
+        if self.lora is None:
+            return "none"
+        return "qlora" if self.recipe.tuning.adapter == "qlora" else "lora"
 
     @property
     def gpus(self) -> int:
@@ -404,7 +406,7 @@ class Plan(_Result):
             return SftConfig(adapter="none")
         lora = self.lora
         return SftConfig(
-            adapter="lora",
+            adapter="qlora" if self.adapter == "qlora" else "lora",
             lora=LoraConfig(
                 rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=list(lora.target_modules)
             ),

@@ -284,11 +284,16 @@ def _micro_batches(run: _Run, per_rank: int) -> list[int]:
     return options
 
 
+def _compiles(recipe: Recipe) -> bool:
+    """compute.compile, except under QLoRA, whose NF4 base runs eager."""
+    return recipe.compute.compile and not (recipe.task == "sft" and recipe.tuning.adapter == "qlora")
+
+
 def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
     """A configuration of the search space with the run's fixed choices (compile, LoRA, document mask)."""
     return perf.Setting(
         micro_batch=micro_batch,
-        compile=run.recipe.compute.compile,
+        compile=_compiles(run.recipe),
         lora=run.lora,
         document_mask=run.recipe.task == "sft",
         **kwargs,
@@ -433,6 +438,8 @@ def _precisions(run: _Run) -> tuple[tuple[str, str | None], ...]:
     tuning, instance, tier = run.recipe.tuning, run.instance, run.tier
     if tuning.precision != AUTO:
         precisions = [tuning.precision]
+    elif run.lora is not None and run.lora.quantized:  # QLoRA computes in bf16 from its NF4 base
+        precisions = ["bf16"]
     elif run.strict:
         precisions = [tier.precision if tier.precision != "fp8" or instance.fp8 else "bf16"]
     else:
@@ -573,6 +580,21 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
 
     setting = chosen.setting
     gpus, cp = run.gpus, setting.context_parallel
+    unsplittable = (
+        memory.nf4_unsplittable(run.arch, run.lora.targets, setting.shard_group)
+        if run.lora is not None and run.lora.quantized
+        else []
+    )
+    if unsplittable:
+        unit = memory.NF4_BLOCK * memory.NF4_SCALER_BLOCK
+        run.error(
+            "qlora-shards",
+            f"QLoRA under FSDP2 splits each NF4 weight over the shard group of {setting.shard_group}: "
+            f"{', '.join(unsplittable)} do not split into whole blocks of {unit:,} elements per rank",
+            "use tuning.adapter: lora, or a tuning.shard_group_size that divides them",
+            "tuning.adapter",
+        )
+        return run.failure(source, lines, run.arch, run.tier)
     run.decide(
         "grad_accum_steps",
         chosen.accum,
@@ -609,7 +631,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         ramp_steps=ramp_steps,
         warmup_steps=warmup_steps,
         loss_chunk_tokens=LOSS_CHUNK_TOKENS,
-        compile=recipe.compute.compile,
+        compile=_compiles(recipe),
         memory=chosen.memory,
         estimates=estimates,
         decisions=tuple(run.decisions),
@@ -1038,12 +1060,14 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     else:
         adapter = "lora" if tier.fine_tuning == "lora" else "none"
         reason = f"{tier.name} tier: {tier.fine_tuning_why}"
+    if adapter == "qlora":
+        reason += "; the frozen base's projections in NF4 (torchao), about 0.52 byte per parameter, computing in bf16"
     run.decide("tuning.adapter", adapter, reason, requested)
-    if adapter != "lora":
+    if adapter == "none":
         return
     section = tuning.lora or LoraSection()
     run.lora_section = section
-    run.lora = Lora(section.rank, tuple(section.target_modules), section.dropout > 0)
+    run.lora = Lora(section.rank, tuple(section.target_modules), section.dropout > 0, quantized=adapter == "qlora")
     trainable = run.lora.parameters(run.arch)
     targets = "all seven projections" if len(section.target_modules) == 7 else ", ".join(section.target_modules)
     why = "set in the recipe" if tuning.lora is not None else LORA_DEFAULTS_WHY

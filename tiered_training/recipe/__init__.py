@@ -486,10 +486,11 @@ class TuningSection(_Strict):
             "auto: the fastest configuration that fits, starting from the tier's advice; strict: the tier's choices"
         ),
     )
-    adapter: Literal["none", "lora"] | Auto = Field(
+    adapter: Literal["none", "lora", "qlora"] | Auto = Field(
         default=AUTO,
         description=(
             "task sft: none trains every parameter; lora trains low-rank adapters on a frozen base (peft); "
+            "qlora as lora with the base's projections in NF4 (torchao; bf16 compute, not compiled); "
             "auto: the tier's choice (LoRA for 30B-64B models, where it fits on one node)"
         ),
     )
@@ -597,7 +598,12 @@ class Recipe(_Strict):
             )
         if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
             raise ValueError(
-                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora (or "
-                "auto)"
+                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora, "
+                "qlora (or auto)"
+            )
+        if tuning.adapter == "qlora" and tuning.precision not in (AUTO, "bf16"):
+            raise ValueError(
+                f"{AT}tuning.precision: {tuning.precision}, but tuning.adapter qlora computes in bf16 from its NF4 "
+                "base; set tuning.precision: bf16 (or auto)"
             )
         return self

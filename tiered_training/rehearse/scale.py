@@ -22,6 +22,7 @@ _T = TypeVar("_T")
 
 LAYERS = 2
 HIDDEN = 64
+QLORA_HIDDEN = 512
 HEADS = 4
 VOCAB = 256
 SEQUENCE = 32
@@ -78,18 +79,26 @@ def scale(
     steps = b.total_steps
     share = steps / max(plan_total_steps, 1)
 
-    ffn = max(64, 16 * round(HIDDEN * m.ffn_size / m.hidden_size / 16))
+    qlora = cfg.sft is not None and cfg.sft.adapter == "qlora"
+    # QLoRA's NF4 weights split into whole 64 x 256 blocks per rank: a wider model, its FFN a multiple of 256
+    hidden, width_why, unit = (
+        (QLORA_HIDDEN, "small width whose NF4 weights split over up to 8 ranks", 256)
+        if qlora
+        else (HIDDEN, "tiny width, divisible by 16 for float8", 16)
+    )
+    ffn = max(unit, unit * round(hidden * m.ffn_size / m.hidden_size / unit))
     kv = HEADS if m.kv_heads == m.attention_heads else max(1, HEADS // 2)
     model = m.model_copy(
         update={
             "name": f"{m.name} (scaled down)",
             "layers": change("model.layers", m.layers, LAYERS, "a rehearsal checks the wiring, not the model"),
-            "hidden_size": change("model.hidden_size", m.hidden_size, HIDDEN, "tiny width, divisible by 16 for float8"),
+            "hidden_size": change("model.hidden_size", m.hidden_size, hidden, width_why),
+            "head_size": change("model.head_size", m.head_size, None, "hidden_size / attention_heads, as the width"),
             "attention_heads": change("model.attention_heads", m.attention_heads, HEADS, "tiny width"),
             "kv_heads": change(
                 "model.kv_heads", m.kv_heads, kv, "grouped-query attention kept" if kv < HEADS else "no GQA, as planned"
             ),
-            "ffn_size": change("model.ffn_size", m.ffn_size, ffn, "the plan's FFN/hidden ratio, rounded to 16"),
+            "ffn_size": change("model.ffn_size", m.ffn_size, ffn, f"the plan's FFN/hidden ratio, rounded to {unit}"),
             "vocab_size": change("model.vocab_size", m.vocab_size, VOCAB, "the rehearsal's synthetic tokens"),
             "max_sequence_length": max(128, SEQUENCE),
             # fine-tuning needs it named (RunConfig); the channel holds the random checkpoint either way

@@ -317,6 +317,24 @@ def instances_data(region: str | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "region": region, "instances": instance_rows(region)}
 
 
+def _largest_lines(sequence_length: int) -> list[str]:
+    """The largest model LoRA and QLoRA fit on one node of each instance type (planning/capacity.py)."""
+    from tiered_training.planning.capacity import ADAPTERS, largest
+
+    out = [
+        f"Largest model on one node (sequence {sequence_length:,}, bf16, full checkpointing, micro-batch 1, "
+        "default adapters; a catalogue model, then a catalogue width made deeper)"
+    ]
+    for instance in catalogs.instances().values():
+        cells = []
+        for adapter in ADAPTERS:
+            found = largest(instance, adapter, sequence_length)
+            named = found.model or "no catalogue model"
+            cells.append(f"{adapter} {named}, {found.parameters / 1e9:,.0f}B")
+        out.append(f"  {instance.name:<22} {'; '.join(cells)}")
+    return out
+
+
 def explain_lines(plan: Plan) -> list[str]:
     """Every decision with its reason, the memory proof, the estimates and every finding."""
     out = [f"{plan.name}  ({plan.source or 'recipe'})", ""]
@@ -384,6 +402,8 @@ def explain_lines(plan: Plan) -> list[str]:
             f"{_cost(full.cost_usd)} "
             f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
         )
+    if getattr(plan, "adapter", None) in ("lora", "qlora"):
+        out += ["", *_largest_lines(plan.recipe.sequence_length)]
     alternatives = getattr(plan, "alternatives", ())
     if alternatives:
         out += ["", "Next alternatives that fit"]

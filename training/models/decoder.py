@@ -70,6 +70,7 @@ class LMConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before RoPE
+    head_size: int | None = None  # config.json's head_dim when it is not hidden_size / num_attention_heads
     attn_implementation: str = (
         "sdpa"  # or "context_parallel" (ring attention, training/distributed/context_parallel.py)
     )
@@ -77,7 +78,7 @@ class LMConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.head_size or self.hidden_size // self.num_attention_heads
 
     def to_dict(self) -> dict[str, Any]:
         """The config.json: the source's fields, with this shape (peft reads it too)."""
@@ -127,7 +128,9 @@ class LMConfig:
 
 
 def model_type(model: ModelConfig) -> str:
-    """The Hugging Face model type of the planned architecture: Qwen2 for q/k/v biases."""
+    """The Hugging Face model type of the planned architecture: Qwen3 for q/k norms, Qwen2 for q/k/v biases."""
+    if model.qk_norm:
+        return "qwen3"
     return "qwen2" if model.qkv_bias else "llama"
 
 
@@ -147,6 +150,8 @@ def lm_config(model: ModelConfig) -> LMConfig:
         tie_word_embeddings=model.tied_embeddings,
         qkv_bias=model.qkv_bias,
         o_bias=False,
+        qk_norm=model.qk_norm,
+        head_size=model.head_size,
     )
 
 
@@ -157,6 +162,8 @@ def check_matches(config: LMConfig, model: ModelConfig) -> None:
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "q/k norms": config.qk_norm,
         "intermediate_size": config.intermediate_size,
         "vocab_size": config.vocab_size,
         "q/k/v bias": config.qkv_bias,
@@ -168,6 +175,8 @@ def check_matches(config: LMConfig, model: ModelConfig) -> None:
         "hidden_size": model.hidden_size,
         "num_attention_heads": model.attention_heads,
         "num_key_value_heads": model.kv_heads,
+        "head_dim": model.head_dim,
+        "q/k norms": model.qk_norm,
         "intermediate_size": model.ffn_size,
         "vocab_size": model.vocab_size,
         "q/k/v bias": model.qkv_bias,
@@ -202,6 +211,9 @@ def read_config(init_dir: Path) -> LMConfig:
     if missing:
         raise ValueError(f"{file}: llama3 rope scaling needs {', '.join(missing)}")
     heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2):
+        raise ValueError(f"{file}: head_dim {head_dim!r} is not a positive even integer")
     if kind == "qwen2":
         qkv_bias, o_bias = True, False
     else:  # llama and qwen3: attention_bias puts biases on q, k, v and o; mistral has none
@@ -222,6 +234,7 @@ def read_config(init_dir: Path) -> LMConfig:
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         qk_norm=kind == "qwen3",
+        head_size=head_dim if head_dim != raw["hidden_size"] // heads else None,
         source=raw,
     )
 
@@ -473,18 +486,22 @@ def materialize(lm: CausalLM, device: torch.device, *, seed: int) -> None:
     (seeded by ``seed`` and its name) and each rank keeps its slice, so every sharding
     layout, one rank included, starts from the same model.
     """
+    from training.models.nf4 import is_nf4
+
     lm.to_empty(device=device)
     layers = lm.config.num_hidden_layers
+    # QLoRA's NF4 base weights are left to the checkpoint (export.load_hf_weights)
+    params = [(name, param) for name, param in lm.named_parameters() if not is_nf4(param)]
     if device.type == "cuda":
         generator_state = torch.get_rng_state()
         torch.manual_seed(seed)
         with torch.no_grad():
-            for name, param in lm.named_parameters():
+            for name, param in params:
                 _init_parameter(name, param, layers)
         torch.set_rng_state(generator_state)
     else:
         with torch.no_grad():
-            for name, param in lm.named_parameters():
+            for name, param in params:
                 _init_whole_then_slice(name, param, layers, seed)
     reset_rope(lm, device)
 

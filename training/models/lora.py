@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from tiered_training.contract.runconfig import LoraConfig
+from training.models.nf4 import dequantized
 
 ADAPTER = "default"  # peft's adapter name; the one adapter this trainer trains
 ADAPTER_CONFIG = "adapter_config.json"
@@ -165,8 +166,9 @@ def _full(value: torch.Tensor) -> torch.Tensor:
 
 def merged_weights(lm: nn.Module, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor | None]]:
     """``(Hugging Face name, full weight)`` of ``state`` (``export.hf_state_dict``) with every adapter merged:
-    ``W + alpha / rank * B @ A``, computed in fp32. Each tensor is gathered whole (a collective over
-    all ranks, in the same order everywhere); only rank 0 gets values, the others ``None``."""
+    ``W + alpha / rank * B @ A``, computed in fp32 (QLoRA: W is the NF4 base dequantised). Each tensor is
+    gathered whole (a collective over all ranks, in the same order everywhere); only rank 0 gets values, the
+    others ``None``."""
     layers = _lora_layers(lm)
     rank0 = _rank0()
     for name, value in state.items():
@@ -182,8 +184,8 @@ def merged_weights(lm: nn.Module, state: dict[str, torch.Tensor]) -> Iterator[tu
         prefix = name[: -len("base_layer.weight")]
         a = _full(state[f"{prefix}lora_A.{ADAPTER}.weight"])
         b = _full(state[f"{prefix}lora_B.{ADAPTER}.weight"])
-        if rank0:
-            merged = full.float() + layer.scaling[ADAPTER] * (b.float() @ a.float())
+        if rank0:  # under QLoRA the base is dequantised from NF4
+            merged = dequantized(full) + layer.scaling[ADAPTER] * (b.float() @ a.float())
             yield base_name(plain), merged
         else:
             yield base_name(plain), None
