@@ -150,6 +150,7 @@ class _Run(_Log):
     alternatives: list[Alternative] = field(default_factory=list)
     lora: Lora | None = None  # task sft with LoRA adapters
     lora_section: LoraSection | None = None
+    pinned: bool = False  # the recipe pins one configuration: it must fit the physical HBM, not the headroom
 
     # Derived facts.
     @property
@@ -161,8 +162,13 @@ class _Run(_Log):
         return _hardware(self.instance)
 
     @property
-    def limit(self) -> float:
+    def headroom(self) -> float:
         return self.tier.memory_headroom * self.instance.hbm_bytes
+
+    @property
+    def limit(self) -> float:
+        """Bytes a configuration may take: the headroom for a search, the physical HBM for one the recipe pins."""
+        return float(self.instance.hbm_bytes) if self.pinned else self.headroom
 
     @property
     def sequences(self) -> int:
@@ -677,6 +683,7 @@ def _choose(run: _Run) -> Option | None:
     space = _space(run)
     if space is None or not _batch_fits(run, space):
         return None
+    run.pinned = _pins_one(space)
     options = search(run, space)
     # Fastest first; on a tie, the simpler configuration (less recompute, no context parallelism).
     fitting = sorted(
@@ -709,6 +716,13 @@ def _choose(run: _Run) -> Option | None:
     run.alternatives = _alternatives(fitting, chosen)
     _record(run, chosen, by_tier, fitting)
     return chosen
+
+
+def _pins_one(space: Space) -> bool:
+    """True when the recipe leaves the search one configuration (micro-batch included)."""
+    return space.micro_batch is not None and all(
+        len(choices) == 1 for choices in (space.precisions, space.checkpointing, space.groups, space.context_parallel)
+    )
 
 
 def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
@@ -752,11 +766,23 @@ def _fp8_against_tier(run: _Run) -> bool:
 def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Option]) -> None:
     """Decisions for every tuning field, and the departures from the tier with their gain."""
     tuning, tier, s = run.recipe.tuning, run.tier, chosen.setting
-    margin = (run.limit - chosen.memory.total) / GIB
+    margin = (run.headroom - chosen.memory.total) / GIB
     gain = chosen.speed / by_tier.speed - 1 if by_tier else 0.0
     tier_setting = by_tier.setting if by_tier else None
     speeds = f"{chosen.speed:,.0f} vs {by_tier.speed:,.0f} tokens/s per GPU" if by_tier else ""
-    fit_text = f"{chosen.memory.fraction:.0%} of HBM, {margin:,.1f} GiB under the {tier.memory_headroom:.0%} headroom"
+    side = "under" if margin >= 0 else "over"
+    fit_text = (
+        f"{chosen.memory.fraction:.0%} of HBM, {abs(margin):,.1f} GiB {side} the {tier.memory_headroom:.0%} headroom"
+    )
+    if margin < 0:
+        run.warn(
+            "tight",
+            f"tight: {chosen.memory.fraction:.0%} of HBM ({chosen.memory.total / GIB:,.1f} of "
+            f"{run.instance.usable_hbm_gib:g} GiB), over the {tier.name} tier's {tier.memory_headroom:.0%} headroom; "
+            "the recipe pins this configuration, so the plan keeps it and the probe will measure it",
+            "set tuning.micro_batch_size (or activation_checkpointing) to auto to keep the headroom",
+            "tuning.micro_batch_size",
+        )
 
     def departure(field_path: str, attribute: str, tier_value: str, value: str, what: str) -> str:
         # The gain of this one change: against the same configuration with the tier's value.
@@ -930,7 +956,11 @@ def _does_not_fit(run: _Run, options: list[Option]) -> None:
         f"{s.sharding} sharding over "
         f"{s.shard_group} GPUs, micro-batch {s.micro_batch}{cp}); the {run.instance.gpu}'s limit is "
         f"{run.limit / GIB:,.1f} GiB "
-        f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)",
+        + (
+            "(all of its usable HBM: the recipe pins this configuration)"
+            if run.pinned
+            else f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)"
+        ),
         _fit_fix(run),
         "compute.instance_count",
     )
