@@ -27,6 +27,7 @@ from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
 from tiered_training.planning import memory, perf
+from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
     Decision,
@@ -151,6 +152,7 @@ class _Run(_Log):
     lora: Lora | None = None  # task sft with LoRA adapters
     lora_section: LoraSection | None = None
     pinned: bool = False  # the recipe pins one configuration: it must fit the physical HBM, not the headroom
+    overlay: Overlay | None = None  # the account's own calibration
 
     # Derived facts.
     @property
@@ -503,7 +505,10 @@ def tier_choice(run: _Run, options: list[Option]) -> Option | None:
 # -- resolve ------------------------------------------------------------------------------
 
 
-def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> PlanResult:
+def resolve(
+    recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None, overlay: Overlay | None = None
+) -> PlanResult:
+    """The plan of ``recipe``; ``overlay``: the account's own calibration (planning/overlay.py), if any."""
     log = _Log(recipe, source=source)
     log.model_name, arch = _model(recipe, log)
     instance = _instance(recipe, log)
@@ -531,6 +536,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         arch=arch,
         instance=instance,
         tier=tier,
+        overlay=overlay,
     )
     run.decide("tier", tier.name, _tier_reason(params, tier), None)
     _adapter(recipe, run)
@@ -1541,6 +1547,14 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     summary = catalogs.performance_model().summary
     flops = run.arch.flops_per_token(recipe.sequence_length, lora=run.lora)
     per_gpu = chosen.speed
+    source = f"performance model {summary.wording()} (make calibrate)"
+    if run.overlay is not None:
+        factor, runs = run.overlay.factor(instance.name, chosen.setting.precision)
+        if runs:
+            per_gpu *= factor
+            cited = f"calibrated with {runs} runs of this account"
+            source += f"; {cited} (x{factor:.3f} on {instance.name} in {chosen.setting.precision})"
+            run.info("account-calibration", f"{cited}: their measured tokens/s are x{factor:.3f} the model's")
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
     price, price_source = instance.price(
@@ -1555,7 +1569,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True, lora=run.lora)
         * per_gpu
         / instance.peak_bf16_flops,
-        throughput_source=f"performance model {summary.wording()} (make calibrate)",
+        throughput_source=source,
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.step_time.terms()),
         total_steps=total_steps,
