@@ -36,6 +36,7 @@ def _load_plans(
 
     No recipe at all is a failure too ("no recipes found"); so is a name that two recipes share.
     """
+    from tiered_training.planning.overlay import cached
     from tiered_training.planning.planner import plan_file
     from tiered_training.planning.quotas import with_account
     from tiered_training.recipe.loader import find_recipes
@@ -49,10 +50,11 @@ def _load_plans(
     files, unreadable = find_recipes(named)
     failures += unreadable
     account = _account_quotas(failures)
+    overlay = cached()  # the account's own calibration (`calibrate --from-runs`), if any
     plans = []
     for path in files:
         try:
-            plans.append(with_account(plan_file(path, overrides or ()), account))
+            plans.append(with_account(plan_file(path, overrides or (), overlay), account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:

@@ -13,10 +13,13 @@ predicting it from the others is not better than the shipped model alone (the fa
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Measured over predicted tokens/s that a factor may take: outside, a run is broken, not slow or fast.
@@ -141,3 +144,18 @@ def report(overlay: Overlay) -> str:
             f"(shipped model: median {e['shipped_median']:.1%}, worst {e['shipped_worst']:.1%})"
         )
     return "\n".join(lines)
+
+
+def cache_path() -> Path:
+    """The local copy of the account's overlay: ``$XDG_CACHE_HOME/tiered-training/overlay.json``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tiered-training" / "overlay.json"
+
+
+def cached(path: Path | None = None) -> Overlay | None:
+    """The cached overlay, or None when there is none (or it is unreadable: plans then use the shipped model)."""
+    path = path or cache_path()
+    try:
+        return Overlay.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -76,14 +76,15 @@ FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.4
 GIB = memory.GIB
 
 
-def plan_file(path: str | Path, overrides: Sequence[str] = ()) -> PlanResult:
-    """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides.
+def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay | None = None) -> PlanResult:
+    """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides and the account's
+    calibration ``overlay`` (planning/overlay.py) if given.
 
     Raises :class:`RecipeError` for a bad file or override."""
     from tiered_training.recipe.loader import load_recipe_with_lines, source_name
 
     recipe, lines = load_recipe_with_lines(path, overrides)
-    return resolve(recipe, source=source_name(path), lines=lines)
+    return resolve(recipe, source=source_name(path), lines=lines, overlay=overlay)
 
 
 # -- working state ---------------------------------------------------------------------
