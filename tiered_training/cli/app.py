@@ -1,7 +1,7 @@
 """The ``tiered-training`` command line.
 
 Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
-``instances``, ``run-config``, ``schema``. The account: ``preflight``. Runs: ``rehearse``,
+``instances``, ``run-config``, ``schema``. The account: ``preflight``, ``calibrate``. Runs: ``rehearse``,
 ``start``, ``status``, ``logs``, ``stop``. A command that takes one recipe takes its file or its
 name (the pipeline name, its ``name:``) in ./recipes.
 
