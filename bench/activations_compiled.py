@@ -7,8 +7,10 @@ RMSNorms, for one, are recomputed. The planner counts that per saved tensor
 measures it: the trainer's decoder (training/models/decoder.py) with each decoder layer compiled as the
 trainer does (``training.components.compile.apply_compile``), every distinct storage that autograd
 saves counted once (``saved_tensors_hooks``), per layer = saved(2 layers) - saved(1
-layer), so the embedding, the RoPE tables and the final norm cancel. On the CPU, about a
-minute per case on 2 cores; the partitioner's choice of what to save is the same on a GPU.
+layer), so the embedding, the RoPE tables and the final norm cancel. FP8 cases convert the
+linears as the trainer does (``training.components.float8.apply_float8``: torchao's Float8Linear,
+whose ``_scaled_mm`` runs on the CPU). On the CPU, one to a few minutes per case on 2 cores; the
+partitioner's choice of what to save is the same on a GPU.
 
     .venv/bin/python bench/activations_compiled.py      # table + bench/activations_compiled.json
 
@@ -27,11 +29,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SEQ, BATCH = 64, 2
-# Shapes that tell the terms apart: GQA or not, different FFN widths, BF16 and fp32.
+# Shapes that tell the terms apart: GQA or not, different FFN widths, BF16, fp32 and FP8 (torchao's
+# Float8Linear with each recipe the trainer offers on Hopper; BF16 around the linears).
+SMALL = {"hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352}
+WIDE = {"hidden_size": 192, "attention_heads": 6, "kv_heads": 6, "ffn_size": 512}
 CASES = [
-    ({"hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352}, "bf16"),
-    ({"hidden_size": 128, "attention_heads": 4, "kv_heads": 2, "ffn_size": 352}, "fp32"),
-    ({"hidden_size": 192, "attention_heads": 6, "kv_heads": 6, "ffn_size": 512}, "bf16"),
+    (SMALL, "bf16", None),
+    (SMALL, "fp32", None),
+    (WIDE, "bf16", None),
+    (SMALL, "fp8", "tensorwise"),
+    (SMALL, "fp8", "rowwise"),
+    (WIDE, "fp8", "tensorwise"),
+    (WIDE, "fp8", "rowwise"),
 ]
 
 
@@ -57,15 +66,19 @@ def autograd_saved_bytes(lm, ids) -> int:
     return sum(saved.values())
 
 
-def saved_bytes(shape: dict, layers: int, dtype, compiled: bool) -> int:
+def saved_bytes(shape: dict, layers: int, dtype, compiled: bool, fp8_recipe: str | None = None) -> int:
     import torch
 
-    from tiered_training.contract.runconfig import ModelConfig
+    from tiered_training.contract.runconfig import ModelConfig, PrecisionConfig
     from training.components.compile import apply_compile
+    from training.components.float8 import apply_float8
     from training.models.decoder import CausalLM, lm_config
 
     torch.manual_seed(0)
     lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))).to(dtype)
+    if fp8_recipe is not None:  # the trainer's float8 conversion: torchao's Float8Linear, BF16 around it
+        precision = PrecisionConfig(precision="fp8", fp8_recipe=fp8_recipe, activation_checkpointing="none")
+        apply_float8(lm, precision)
     if compiled:
         apply_compile(lm.model.layers)
     return autograd_saved_bytes(lm, torch.randint(0, 256, (BATCH, SEQ)))
@@ -81,19 +94,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/activations_compiled.json")
     args = parser.parse_args(argv)
     rows = []
-    for shape, precision in CASES:
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    for shape, precision, fp8_recipe in CASES:
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         start = time.time()
-        row = {"shape": shape, "precision": precision, "torch": torch.__version__}
+        row = {"shape": shape, "precision": precision, "fp8_recipe": fp8_recipe, "torch": torch.__version__}
         for name, compiled in (("eager", False), ("compiled", True)):
             torch._dynamo.reset()
-            per_layer = saved_bytes(shape, 2, dtype, compiled) - saved_bytes(shape, 1, dtype, compiled)
+            per_layer = saved_bytes(shape, 2, dtype, compiled, fp8_recipe) - saved_bytes(shape, 1, dtype, compiled, fp8_recipe)
             row[f"{name}_bytes_per_token"] = per_layer / (SEQ * BATCH)
         arch = Architecture(layers=1, vocab_size=256, max_sequence_length=256, **shape)
         row["planned_eager"] = activation_bytes_per_token(arch, precision, "none")
         row["planned_compiled"] = activation_bytes_per_token(arch, precision, "none", compiled=True)
         rows.append(row)
-        print(f"{json.dumps(shape)} {precision}: eager {row['eager_bytes_per_token']:g} (planner {row['planned_eager']}), "
+        print(f"{json.dumps(shape)} {precision} {fp8_recipe or ''}: eager {row['eager_bytes_per_token']:g} (planner {row['planned_eager']}), "
               f"compiled {row['compiled_bytes_per_token']:g} (planner {row['planned_compiled']}) bytes/token/layer, "
               f"{time.time() - start:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,7 @@ def test_diff_shows_the_segments_when_the_accounts_runtime_limit_changes(tmp_pat
     raised.write_text(text.replace("  instance_count: 4\n", "  instance_count: 4\n  quotas:\n    training-job-max-runtime: 1209600\n"))
     (data,) = json.loads(run("diff", "--format", "json", "recipes/qwen2.5-32b-hybrid.yaml", raised).stdout)["diffs"]
     changed = {c["field"]: (c["old"], c["new"]) for c in data["changed"]}
-    assert changed["compute.segments"] == (3, 1) and changed["compute.max_runtime_hours"] == (120.0, 336.0)
+    assert changed["compute.segments"] == (2, 1) and changed["compute.max_runtime_hours"] == (120.0, 336.0)
 
 
 def test_every_template_passes_validate_strict():

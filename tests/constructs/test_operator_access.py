@@ -128,7 +128,30 @@ COMMANDS = [
     ("logs", []),
     ("stop", []),
     ("preflight", []),
+    ("calibrate", ["--from-runs"]),
 ]
+
+
+def steady_run(endpoint: str, plan) -> None:
+    """Per-minute tokens/s per GPU of a finished run, 0.9 times the plan's: what calibrate reads."""
+    from datetime import timedelta
+
+    from tiered_training.contract import metrics as catalogue
+
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    value = 0.9 * plan.estimates.tokens_per_second_per_gpu
+    client("cloudwatch", endpoint).put_metric_data(
+        Namespace=catalogue.NAMESPACE,
+        MetricData=[
+            {
+                "MetricName": catalogue.TOKENS_PER_SECOND_PER_GPU.name,
+                "Dimensions": [{"Name": "Recipe", "Value": plan.name}],
+                "Value": value,
+                "Timestamp": now - timedelta(minutes=m),
+            }
+            for m in range(1, 13)
+        ],
+    )
 
 
 def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Call]:
@@ -140,6 +163,8 @@ def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Cal
     for command, args in COMMANDS:
         if command == "logs":  # the latest execution runs (stop stops it) and has logged
             execution_with_logs(endpoint, plan.name)
+        if command == "calibrate":
+            steady_run(endpoint, plan)
         with recording(command) as recorder:
             result = CliRunner().invoke(app, [command.split()[0], plan.source, "--endpoint-url", endpoint, *args])
         # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
@@ -164,6 +189,7 @@ def test_every_command_makes_calls_and_each_is_mapped(recorded):
     assert {"s3.ListObjectsV2", "s3.GetObject", "cloudwatch.GetMetricData"} <= by_command["status"]
     assert {"logs.DescribeLogStreams", "logs.GetLogEvents"} <= by_command["logs"]
     assert "sagemaker.StopPipelineExecution" in by_command["stop"]
+    assert {"cloudwatch.GetMetricData", "s3.PutObject"} <= by_command["calibrate"]
     assert {"iam.SimulatePrincipalPolicy", "ecr.BatchGetImage", "service-quotas.GetServiceQuota"} <= by_command[
         "preflight"
     ]

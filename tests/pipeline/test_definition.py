@@ -184,20 +184,20 @@ def test_a_new_execution_is_a_new_run_and_runid_resumes_a_named_one(definitions)
 
 
 def test_a_run_longer_than_a_job_is_a_chain_of_segments(definitions):
-    """qwen2.5-32b-hybrid plans about 222 h under AWS's default 5-day job limit: 3 segments in each chain, each after
+    """qwen2.5-32b-hybrid plans about 184 h under AWS's default 5-day job limit: 2 segments in each chain, each after
     the one before, each its share of the run, each handing its instances to the next (a warm pool)."""
     plan, definition = definitions["qwen2.5-32b-hybrid"]
-    assert plan.segments == 3
+    assert plan.segments == 2
     for chain in d.TRAIN_CHAINS:
         names = d.chain_steps(definition, chain)
-        assert names == [chain, f"{chain}-2", f"{chain}-3"]
+        assert names == [chain, f"{chain}-2"]
         steps = [d.find_step(definition, name) for name in names]
-        assert [s.get("DependsOn") for s in steps] == [None, [chain], [f"{chain}-2"]]
-        assert [s["Arguments"]["HyperParameters"]["run.segment"] for s in steps] == ["1", "2", "3"]
-        assert {s["Arguments"]["HyperParameters"]["run.segments"] for s in steps} == {"3"}
+        assert [s.get("DependsOn") for s in steps] == [None, [chain]]
+        assert [s["Arguments"]["HyperParameters"]["run.segment"] for s in steps] == ["1", "2"]
+        assert {s["Arguments"]["HyperParameters"]["run.segments"] for s in steps} == {"2"}
         # the last takes the pool too, so it asks for one (AWS matches only such a job), for a minute
         keep = [s["Arguments"]["ResourceConfig"].get("KeepAlivePeriodInSeconds") for s in steps]
-        assert keep == [d.WARM_POOL_SECONDS, d.WARM_POOL_SECONDS, d.LAST_WARM_POOL_SECONDS] == [600, 600, 60]
+        assert keep == [d.WARM_POOL_SECONDS, d.LAST_WARM_POOL_SECONDS] == [600, 60]
         # every Training step retries a resource limit (another execution holds the instances) for a bounded time
         assert {"ExceptionType": ["SageMaker.RESOURCE_LIMIT"], "IntervalSeconds": 1800, "BackoffRate": 2.0,
                 "MaxAttempts": 4} in steps[0]["RetryPolicies"]
@@ -225,6 +225,6 @@ def test_depends_on_and_execution_variables_are_validated(definitions):
     _plan, definition = definitions["qwen2.5-32b-hybrid"]
     broken = copy.deepcopy(definition)
     d.find_step(broken, "Train-2")["DependsOn"] = ["Trian"]
-    d.find_step(broken, "Train-3")["Arguments"]["CheckpointConfig"]["S3Uri"] = {"Get": "Execution.RunId"}
+    d.find_step(broken, "Train")["Arguments"]["CheckpointConfig"]["S3Uri"] = {"Get": "Execution.RunId"}
     problems = "\n".join(validation.validate_definition(broken))
     assert "DependsOn names no step 'Trian'" in problems and "unknown execution variable 'RunId'" in problems

@@ -1,6 +1,6 @@
 """Activations of a compiled block without checkpointing: the planner's count against the
-recorded measurement of ``bench/activations_compiled.py`` (torch.compile of transformers'
-LlamaDecoderLayer, every tensor autograd saves counted once)."""
+recorded measurement of ``bench/activations_compiled.py`` (torch.compile of the trainer's decoder
+layer in BF16, fp32 and torchao float8, every tensor autograd saves counted once)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ RECORDED = json.loads((ROOT / "bench/activations_compiled.json").read_text())
 
 
 def test_compiled_and_eager_counts_match_the_measured_saved_tensors():
-    assert len(RECORDED["rows"]) >= 3
+    assert len(RECORDED["rows"]) >= 7
+    assert {row.get("fp8_recipe") for row in RECORDED["rows"] if row["precision"] == "fp8"} == {"tensorwise", "rowwise"}
     for row in RECORDED["rows"]:
         arch = Architecture(layers=1, vocab_size=256, max_sequence_length=256, **row["shape"])
         assert activation_bytes_per_token(arch, row["precision"], "none") == row["eager_bytes_per_token"], row
-        assert activation_bytes_per_token(arch, row["precision"], "none", compiled=True) == row["compiled_bytes_per_token"], row
+        # Tensorwise FP8 also keeps a few scalar scales per micro-batch: under one byte per token.
+        compiled = activation_bytes_per_token(arch, row["precision"], "none", compiled=True)
+        assert 0 <= row["compiled_bytes_per_token"] - compiled < 1, row
 
 
 def test_compile_lowers_the_no_checkpointing_peak_and_nothing_else():
@@ -31,5 +34,19 @@ def test_compile_lowers_the_no_checkpointing_peak_and_nothing_else():
     assert compiled.activations < 0.75 * eager.activations  # about 34 h against 49 h per token and layer
     for mode in ("selective", "full"):
         assert estimate(arch, precision="bf16", checkpointing=mode, compiled=True, **kw) == estimate(arch, precision="bf16", checkpointing=mode, **kw)
-    # FP8 blocks were not measured compiled: they keep the eager count.
-    assert estimate(arch, precision="fp8", checkpointing="none", compiled=True, **kw) == estimate(arch, precision="fp8", checkpointing="none", **kw)
+    # A compiled FP8 block keeps less than a compiled BF16 one (the partitioner recomputes more); eager, the same.
+    fp8 = estimate(arch, precision="fp8", checkpointing="none", compiled=True, **kw)
+    assert fp8.activations < compiled.activations
+    assert estimate(arch, precision="fp8", checkpointing="none", **kw).activations == eager.activations
+
+
+def test_published_fp8_run_without_checkpointing_fits_an_h100():
+    """Llama 3.1 8B, FP8, no checkpointing, micro-batch 1 at 8,192 tokens, FSDP over 8 H100s: published runs
+    (torchtitan's FP8 recipe on H100) ran it; the eager count put it above the 79.2 GiB."""
+    from tiered_training import catalog as catalogs
+
+    arch8b = catalogs.models()["llama-3.1-8b"].architecture
+    hbm = catalogs.instances()["ml.p5.48xlarge"].hbm_bytes
+    kw8 = dict(sequence_length=8192, micro_batch=1, shard_group=8, hbm_bytes=hbm)
+    assert estimate(arch8b, precision="fp8", checkpointing="none", **kw8).total > hbm  # eager: does not fit
+    assert estimate(arch8b, precision="fp8", checkpointing="none", compiled=True, **kw8).total < hbm

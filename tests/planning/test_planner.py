@@ -153,7 +153,7 @@ def test_auto_multi_node_takes_the_fastest_shard_group():
 
 
 def test_pinned_hybrid_sharding_is_kept_even_where_full_is_faster():
-    base = {"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 8192, "budget.global_batch_tokens": 8192 * 512}
+    base = {"model.catalog": "qwen2.5-32b", "compute.instance_count": 4, "sequence_length": 16384, "budget.global_batch_tokens": 16384 * 256}
     assert plan_of(**base).sharding == "full"  # the search's own choice here
     plan = plan_of(**base, **{"tuning.sharding": "hybrid"})
     assert plan.ok and plan.sharding == "hybrid" and plan.shard_group_size < plan.gpus

@@ -1,7 +1,7 @@
 """The ``tiered-training`` command line.
 
 Review: ``plan``, ``validate``, ``explain``, ``diff``, ``tiers``, ``models``,
-``instances``, ``run-config``, ``schema``. The account: ``preflight``. Runs: ``rehearse``,
+``instances``, ``run-config``, ``schema``. The account: ``preflight``, ``calibrate``. Runs: ``rehearse``,
 ``start``, ``status``, ``logs``, ``stop``. A command that takes one recipe takes its file or its
 name (the pipeline name, its ``name:``) in ./recipes.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 # The command line uses no pydantic plugins, and looking for them (pydantic does on its first model) reads
@@ -33,7 +34,20 @@ import typer  # noqa: E402
 import typer.core  # noqa: E402
 
 from tiered_training.cli import review, run  # noqa: E402
-from tiered_training.cli.base import EXIT_INVALID, PROG, Failure, _emit_failure, _reports_failures, with_aws_options
+from tiered_training.cli.base import (  # noqa: E402
+    _STAGE,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    PROG,
+    AwsOptions,
+    Failure,
+    TextFormat,
+    _emit_failure,
+    _out,
+    _reports_failures,
+    _run_recipe,
+    with_aws_options,
+)
 
 if TYPE_CHECKING:
     from typer._click.exceptions import UsageError  # the installed typer's
@@ -156,6 +170,45 @@ def _register(*modules) -> None:
 
 
 _register(review, run)
+
+
+@app.command()
+def calibrate(
+    recipes: list[Path] = typer.Argument(..., help="recipes whose deployed runs to read (files or names)"),
+    from_runs: bool = typer.Option(False, "--from-runs", help="fit the account's overlay on its runs' metrics"),
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """Calibrate the planner on this account's runs: per instance type and precision, measured over predicted
+    tokens/s, stored in the account's checkpoint store and cached for `plan` (tiered_training/aws/calibrate.py)."""
+    from tiered_training.aws import calibrate as account
+    from tiered_training.aws.run_list import runs_uri
+    from tiered_training.aws.session import StartError
+    from tiered_training.planning import overlay as overlays
+    from tiered_training.recipe.names import pipeline_name
+    from tiered_training.report.render import print_json, print_lines
+
+    if not from_runs:
+        raise Failure(
+            [{"message": "calibrate needs --from-runs (the only source of measurements so far)"}], EXIT_INVALID
+        )
+    plans = [_run_recipe(r) for r in recipes]
+    sm, cw, s3 = run._clients(plans[0], aws, "sagemaker", "cloudwatch", "s3", services_for="calibrate", stage=stage)
+    try:
+        bucket = runs_uri(sm, pipeline_name(plans[0].name, stage))[len("s3://") :].split("/", 1)[0]
+        found, skipped = account.measurements(cw, plans)
+        fitted = overlays.fit(found)
+        uri = account.store(s3, bucket, fitted)
+    except overlays.OverlayRefused as exc:
+        raise Failure([{"message": f"overlay refused: {exc}"}], EXIT_FAILED) from None
+    except StartError as exc:
+        raise run._aws_failure(exc) from None
+    if format is TextFormat.json:
+        print_json({"ok": True, "overlay": fitted.to_dict(), "uri": uri, "skipped": skipped})
+        return
+    lines = [*overlays.report(fitted).splitlines(), f"stored: {uri}; cached: {overlays.cache_path()}"]
+    print_lines(_out(), lines + [f"left out: {line}" for line in skipped])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,7 @@ def _load_plans(
     plan, validate, explain and diff report the same set.
     """
     from tiered_training.planning.alarms import app_context
+    from tiered_training.planning.overlay import cached
     from tiered_training.planning.planner import plan_file
     from tiered_training.recipe.loader import find_recipes
 
@@ -52,10 +53,11 @@ def _load_plans(
     failures += unreadable
     context = app_context()
     account = _account_quotas(context, failures)
+    overlay = cached()  # the account's own calibration (`calibrate --from-runs`), if any
     plans = []
     for path in files:
         try:
-            plans.append(_with_app_findings(plan_file(path, overrides or ()), context, account))
+            plans.append(_with_app_findings(plan_file(path, overrides or (), overlay), context, account))
         except RecipeError as exc:
             failures.append(exc)
     if not plans and not failures:

@@ -22,6 +22,8 @@ from tiered_training.contract.container import LEASE_NAME
 # checkpoints and output, multipart uploads. Delete only under checkpoints/ (SageMaker mirrors
 # the trainer's pruning there); nothing deletes model output.
 OBJECT_READ_ACTIONS = ["s3:GetObject"]
+# The account's calibration overlay, one object at the store's root (tiered_training/aws/calibrate.py).
+CALIBRATION_KEY = "calibration/overlay.json"
 OBJECT_WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
 CHECKPOINT_DELETE_ACTIONS = ["s3:DeleteObject"]
 # Writing through SSE-KMS needs GenerateDataKey; CreateTrainingJob with OutputDataConfig.KmsKeyId
@@ -355,7 +357,27 @@ class CheckpointStore(Construct):
                 ],
             )
         )
+        # The account's calibration overlay (``calibrate --from-runs`` writes it, tiered_training/aws/calibrate.py).
+        grant = grant.combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["s3:GetObject", "s3:PutObject"],
+                resource_arns=[self.bucket.arn_for_objects(CALIBRATION_KEY)],
+            )
+        )
         if self.encryption_key_arn is not None:
+            overlay = [self.bucket_arn, self.bucket.arn_for_objects(CALIBRATION_KEY)]
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee,
+                    actions=KMS_WRITE_ACTIONS,
+                    resource_arns=[self.encryption_key_arn],
+                    conditions={
+                        **via_services("s3", key_arn=self.encryption_key_arn),
+                        "StringEquals": {"kms:EncryptionContext:aws:s3:arn": overlay},
+                    },
+                )
+            )
             context = [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]
             grant = grant.combine(
                 iam.Grant.add_to_principal(

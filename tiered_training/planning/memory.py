@@ -159,8 +159,13 @@ def activation_bytes_per_token(
       for o_proj (2q), the log-sum-exp,
       and SwiGLU's gate, up and SiLU(gate) (3f). The fp32 upcasts are recomputed in
       backward. About 34 h for Llama 3 8B. Measured for BF16 and fp32 blocks
-      (``bench/activations_compiled.py``); an FP8 block (torchao's float8 linears, which keep
-      their own inputs) is not measured, so FP8 keeps the eager count, the larger.
+      (``bench/activations_compiled.py``).
+    - ``none``, ``compiled``, FP8 (torchao's Float8Linear, tensorwise or rowwise): the partitioner
+      saves no float8 tensor (it recomputes the casts) and keeps fewer compute-dtype tensors:
+      e * (4h + 2kv + 2f) per token (Q, K, V, the attention output, gate and up among them; SiLU(gate)
+      is recomputed), the two rsqrts and the log-sum-exp, plus a few scalar scales per micro-batch
+      (tensorwise). About 23 h for Llama 3 8B. Measured per saved tensor on the CPU
+      (``bench/activations_compiled.py``); eager FP8 keeps what BF16 keeps.
     - ``selective``: the block input, the attention output and its log-sum-exp, and the
       outputs of every other matmul (q, v, gate, down: h + kv + f + h); the rest is
       recomputed.
@@ -174,7 +179,9 @@ def activation_bytes_per_token(
     """
     e = element_size(precision)
     h, kv, f, heads, q = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads, arch.q_size
-    if checkpointing == "none" and compiled and precision != "fp8" and lora is None:
+    if checkpointing == "none" and compiled and precision == "fp8" and lora is None:
+        return e * (4 * h + 2 * kv + 2 * f) + 2 * 4 + 4 * heads
+    if checkpointing == "none" and compiled and lora is None:
         return e * (3 * h + 3 * q + 2 * kv + 3 * f) + 2 * 4 + 4 * heads
     if checkpointing == "none":
         attention = e * (2 * q + 2 * kv) + 4 * heads + qk_norm_bytes_per_token(arch, precision, frozen=lora is not None)

@@ -27,6 +27,7 @@ from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
 from tiered_training.planning import memory, perf
+from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
     Decision,
@@ -75,14 +76,15 @@ FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.4
 GIB = memory.GIB
 
 
-def plan_file(path: str | Path, overrides: Sequence[str] = ()) -> PlanResult:
-    """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides.
+def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay | None = None) -> PlanResult:
+    """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides and the account's
+    calibration ``overlay`` (planning/overlay.py) if given.
 
     Raises :class:`RecipeError` for a bad file or override."""
     from tiered_training.recipe.loader import load_recipe_with_lines, source_name
 
     recipe, lines = load_recipe_with_lines(path, overrides)
-    return resolve(recipe, source=source_name(path), lines=lines)
+    return resolve(recipe, source=source_name(path), lines=lines, overlay=overlay)
 
 
 # -- working state ---------------------------------------------------------------------
@@ -150,6 +152,8 @@ class _Run(_Log):
     alternatives: list[Alternative] = field(default_factory=list)
     lora: Lora | None = None  # task sft with LoRA adapters
     lora_section: LoraSection | None = None
+    pinned: bool = False  # the recipe pins one configuration: it must fit the physical HBM, not the headroom
+    overlay: Overlay | None = None  # the account's own calibration
 
     # Derived facts.
     @property
@@ -161,8 +165,13 @@ class _Run(_Log):
         return _hardware(self.instance)
 
     @property
-    def limit(self) -> float:
+    def headroom(self) -> float:
         return self.tier.memory_headroom * self.instance.hbm_bytes
+
+    @property
+    def limit(self) -> float:
+        """Bytes a configuration may take: the headroom for a search, the physical HBM for one the recipe pins."""
+        return float(self.instance.hbm_bytes) if self.pinned else self.headroom
 
     @property
     def sequences(self) -> int:
@@ -504,7 +513,10 @@ def tier_choice(run: _Run, options: list[Option]) -> Option | None:
 # -- resolve ------------------------------------------------------------------------------
 
 
-def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None) -> PlanResult:
+def resolve(
+    recipe: Recipe, source: str | None = None, lines: dict[str, int] | None = None, overlay: Overlay | None = None
+) -> PlanResult:
+    """The plan of ``recipe``; ``overlay``: the account's own calibration (planning/overlay.py), if any."""
     log = _Log(recipe, source=source)
     log.model_name, arch = _model(recipe, log)
     instance = _instance(recipe, log)
@@ -532,6 +544,7 @@ def resolve(recipe: Recipe, source: str | None = None, lines: dict[str, int] | N
         arch=arch,
         instance=instance,
         tier=tier,
+        overlay=overlay,
     )
     run.decide("tier", tier.name, _tier_reason(params, tier), None)
     _adapter(recipe, run)
@@ -699,6 +712,7 @@ def _choose(run: _Run) -> Option | None:
     space = _space(run)
     if space is None or not _batch_fits(run, space):
         return None
+    run.pinned = _pins_one(space)
     options = search(run, space)
     # Fastest first; on a tie, the simpler configuration (less recompute, no context parallelism).
     fitting = sorted(
@@ -731,6 +745,13 @@ def _choose(run: _Run) -> Option | None:
     run.alternatives = _alternatives(fitting, chosen)
     _record(run, chosen, by_tier, fitting)
     return chosen
+
+
+def _pins_one(space: Space) -> bool:
+    """True when the recipe leaves the search one configuration (micro-batch included)."""
+    return space.micro_batch is not None and all(
+        len(choices) == 1 for choices in (space.precisions, space.checkpointing, space.groups, space.context_parallel)
+    )
 
 
 def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
@@ -774,11 +795,23 @@ def _fp8_against_tier(run: _Run) -> bool:
 def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Option]) -> None:
     """Decisions for every tuning field, and the departures from the tier with their gain."""
     tuning, tier, s = run.recipe.tuning, run.tier, chosen.setting
-    margin = (run.limit - chosen.memory.total) / GIB
+    margin = (run.headroom - chosen.memory.total) / GIB
     gain = chosen.speed / by_tier.speed - 1 if by_tier else 0.0
     tier_setting = by_tier.setting if by_tier else None
     speeds = f"{chosen.speed:,.0f} vs {by_tier.speed:,.0f} tokens/s per GPU" if by_tier else ""
-    fit_text = f"{chosen.memory.fraction:.0%} of HBM, {margin:,.1f} GiB under the {tier.memory_headroom:.0%} headroom"
+    side = "under" if margin >= 0 else "over"
+    fit_text = (
+        f"{chosen.memory.fraction:.0%} of HBM, {abs(margin):,.1f} GiB {side} the {tier.memory_headroom:.0%} headroom"
+    )
+    if margin < 0:
+        run.warn(
+            "tight",
+            f"tight: {chosen.memory.fraction:.0%} of HBM ({chosen.memory.total / GIB:,.1f} of "
+            f"{run.instance.usable_hbm_gib:g} GiB), over the {tier.name} tier's {tier.memory_headroom:.0%} headroom; "
+            "the recipe pins this configuration, so the plan keeps it and the probe will measure it",
+            "set tuning.micro_batch_size (or activation_checkpointing) to auto to keep the headroom",
+            "tuning.micro_batch_size",
+        )
 
     def departure(field_path: str, attribute: str, tier_value: str, value: str, what: str) -> str:
         # The gain of this one change: against the same configuration with the tier's value.
@@ -952,7 +985,11 @@ def _does_not_fit(run: _Run, options: list[Option]) -> None:
         f"{s.sharding} sharding over "
         f"{s.shard_group} GPUs, micro-batch {s.micro_batch}{cp}); the {run.instance.gpu}'s limit is "
         f"{run.limit / GIB:,.1f} GiB "
-        f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)",
+        + (
+            "(all of its usable HBM: the recipe pins this configuration)"
+            if run.pinned
+            else f"({run.tier.memory_headroom:.0%} of {run.instance.usable_hbm_gib:g} GiB)"
+        ),
         _fit_fix(run),
         "compute.instance_count",
     )
@@ -1535,6 +1572,14 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
     summary = catalogs.performance_model().summary
     flops = run.arch.flops_per_token(recipe.sequence_length, lora=run.lora)
     per_gpu = chosen.speed
+    source = f"performance model {summary.wording()} (make calibrate)"
+    if run.overlay is not None:
+        factor, runs = run.overlay.factor(instance.name, chosen.setting.precision)
+        if runs:
+            per_gpu *= factor
+            cited = f"calibrated with {runs} runs of this account"
+            source += f"; {cited} (x{factor:.3f} on {instance.name} in {chosen.setting.precision})"
+            run.info("account-calibration", f"{cited}: their measured tokens/s are x{factor:.3f} the model's")
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600
     price, price_source = instance.price(
@@ -1549,7 +1594,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         mfu_causal=run.arch.flops_per_token(recipe.sequence_length, causal=True, lora=run.lora)
         * per_gpu
         / instance.peak_bf16_flops,
-        throughput_source=f"performance model {summary.wording()} (make calibrate)",
+        throughput_source=source,
         step_time_seconds=recipe.budget.global_batch_tokens / total,
         step_terms=tuple(chosen.step_time.terms()),
         total_steps=total_steps,

@@ -351,7 +351,13 @@ def explain_lines(plan: Plan) -> list[str]:
         for key, gib in plan.memory.as_gib().items():
             if key != "hbm":
                 out.append(f"  {key:<22} {gib:>9,.2f} GiB")
-        verdict = "fits" if plan.memory.fraction <= plan.tier.memory_headroom else "does NOT fit"
+        verdict = (
+            "fits"
+            if plan.memory.fraction <= plan.tier.memory_headroom
+            else "tight: over the headroom, the probe will measure it"
+            if plan.memory.fraction <= 1
+            else "does NOT fit"
+        )
         out.append(f"  {'':<22} {plan.memory.fraction:>9.1%} of HBM: {verdict}")
     if plan.estimates is not None:
         e = plan.estimates

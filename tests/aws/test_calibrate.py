@@ -1,0 +1,111 @@
+"""``calibrate --from-runs`` end to end on a moto server: the runs' metrics as the container's EMF lines become,
+an overlay fitted, stored in the account's store and cached, a plan citing it, and an absurd one refused."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from support import moto_server, offline_aws_env, recipe_dict, write_yaml
+from typer.testing import CliRunner
+
+from tiered_training.aws.calibrate import STORE_KEY
+from tiered_training.cli.app import app
+from tiered_training.contract import metrics as catalogue
+from tiered_training.pipeline import definition as d
+from tiered_training.planning.planner import plan_file
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+RUNNER = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        offline_aws_env(mp, home, REGION)
+        mp.setenv("XDG_CACHE_HOME", str(home / "cache"))
+        with moto_server() as url:
+            client("s3", url).create_bucket(Bucket="tt-store")
+            yield url
+
+
+def client(service: str, endpoint: str):
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION)
+
+
+def deployed(folder, name: str, endpoint: str):
+    path = write_yaml(folder / f"{name}.yaml", recipe_dict(name=name, **{"tuning.precision": "bf16"}))
+    plan = plan_file(path)
+    resources = d.PipelineResources(
+        role_arn=f"arn:aws:iam::{ACCOUNT}:role/exec",
+        image_uri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/t:1",
+        checkpoint_s3_uri="s3://tt-store/c/",
+        output_s3_uri="s3://tt-store/o/",
+    )
+    client("sagemaker", endpoint).create_pipeline(
+        PipelineName=plan.name,
+        PipelineDefinition=d.to_json(d.build_definition(plan, resources)),
+        RoleArn=f"arn:aws:iam::{ACCOUNT}:role/pipeline",
+    )
+    return path, plan
+
+
+def ran(endpoint: str, plan, ratio: float, minutes: int = 20) -> None:
+    """Per-minute TokensPerSecondPerGpu of a run: a slow first quarter (compile, warm-up), then ``ratio`` times
+    the plan's, within 1%."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    predicted = plan.estimates.tokens_per_second_per_gpu
+    data = []
+    for i in range(minutes):
+        value = predicted * (0.2 if i < minutes // 4 else ratio * (1 + 0.01 * ((i % 3) - 1)))
+        data.append(
+            {
+                "MetricName": catalogue.TOKENS_PER_SECOND_PER_GPU.name,
+                "Dimensions": [{"Name": "Recipe", "Value": plan.name}],
+                "Value": value,
+                "Timestamp": now - timedelta(minutes=minutes - i),
+            }
+        )
+    client("cloudwatch", endpoint).put_metric_data(Namespace=catalogue.NAMESPACE, MetricData=data)
+
+
+def invoke(*args):
+    return RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training")
+
+
+def test_an_overlay_from_the_accounts_runs_is_stored_cached_and_cited(endpoint, tmp_path):
+    a, plan_a = deployed(tmp_path, "cal-a", endpoint)
+    b, plan_b = deployed(tmp_path, "cal-b", endpoint)
+    ran(endpoint, plan_a, 0.88)
+    ran(endpoint, plan_b, 0.90)
+    result = invoke("calibrate", a, b, "--from-runs", "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    assert "calibrated with 2 runs of this account" in result.output
+    assert "leave-one-run-out error: median" in result.output
+    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=STORE_KEY)["Body"].read())
+    factor = stored["factors"][f"{plan_a.instance.name}/bf16"]
+    assert factor == pytest.approx(0.89, abs=0.01)
+    planned = invoke("plan", a, "--format", "json")
+    assert planned.exit_code == 0, planned.output
+    estimates = (
+        json.loads(planned.output)["plans"][0]["estimates"]
+        if "plans" in json.loads(planned.output)
+        else json.loads(planned.output)["estimates"]
+    )
+    assert "calibrated with 2 runs of this account" in estimates["throughput_source"]
+    assert estimates["tokens_per_second_per_gpu"] == pytest.approx(
+        factor * plan_a.estimates.tokens_per_second_per_gpu, rel=0.001
+    )
+
+
+def test_an_absurd_overlay_is_refused_with_the_reason(endpoint, tmp_path):
+    path, plan = deployed(tmp_path, "cal-broken", endpoint)
+    ran(endpoint, plan, 0.3)
+    result = invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint)
+    assert result.exit_code == 1, result.output
+    assert "overlay refused: measured over predicted tokens/s outside 0.5-1.5" in result.output
