@@ -22,7 +22,6 @@ A sequence that is one example gets no mask and SDPA's ``is_causal``, as in pret
 
 from __future__ import annotations
 
-import functools
 import shutil
 from collections.abc import Callable
 
@@ -115,9 +114,8 @@ def document_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> Mask | None
     return dense_mask(example)
 
 
-@functools.cache
-def compiled_flex() -> Callable[..., torch.Tensor]:
-    return torch.compile(flex_attention, dynamic=False)
+# One compiled FlexAttention (compiling is lazy: the first call per shape builds the kernel)
+compiled_flex: Callable[..., torch.Tensor] = torch.compile(flex_attention, dynamic=False)
 
 
 def sdpa_attention(
@@ -134,7 +132,7 @@ def sdpa_attention(
     ``[batch, sequence, heads, head_dim]``."""
     groups = query.shape[1] // key.shape[1]
     if isinstance(mask, BlockMask):
-        out = compiled_flex()(query, key, value, block_mask=mask, scale=scale, enable_gqa=groups > 1)
+        out = compiled_flex(query, key, value, block_mask=mask, scale=scale, enable_gqa=groups > 1)
         return out.transpose(1, 2).contiguous()
     kwargs = {}
     if groups > 1:
