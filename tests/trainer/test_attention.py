@@ -150,3 +150,14 @@ def test_packed_examples_through_the_block_mask_are_the_examples_alone(lm):
     with torch.no_grad():  # as one causal sequence the second example sees the first: this test sees a leak
         leak = lm(other)[:, LENGTHS[0] :] - lm(tokens)[:, LENGTHS[0] :]
     assert float(leak.abs().max()) > 100 * MODEL_TOL
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, (1000, 3000, 96)])
+def test_the_planner_counts_the_block_masks_bytes(lengths):
+    """``planning.memory.block_mask_bytes`` is the block mask's index tensors and the example ids it reads."""
+    from tiered_training.planning.memory import block_mask_bytes
+
+    example = document_ids(positions(lengths))
+    tensors = [t for t in block_mask(example).as_tuple() if isinstance(t, torch.Tensor)]
+    held = sum(t.numel() * t.element_size() for t in tensors) + example.numel() * example.element_size()
+    assert block_mask_bytes(sum(lengths)) == held
