@@ -46,7 +46,7 @@ def example_lengths(n: int, seed: int = 0) -> list[int]:
     """Lengths of the examples packed into ``n`` tokens (the last one cut to fit)."""
     import random
 
-    draw, lengths = random.Random(seed), []
+    draw, lengths = random.Random(seed), list[int]()
     while sum(lengths) < n:
         lengths.append(min(draw.randint(*EXAMPLE_TOKENS), n - sum(lengths)))
     return lengths
@@ -85,6 +85,7 @@ def measure(n: int, path: str, repeats: int) -> dict:
 
     def mask():
         example = document_ids(positions)
+        assert example is not None  # several examples
         return block_mask(example) if path == "flex" else dense_mask(example)
 
     def call():

@@ -119,7 +119,7 @@ compiled_flex: Callable[..., torch.Tensor] = torch.compile(flex_attention, dynam
 
 
 def sdpa_attention(
-    module: nn.Module,
+    module: nn.Module | None,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
