@@ -63,9 +63,10 @@ def test_gpu_check_cpu_smoke_writes_calibration_rows(tmp_path):
     assert run["status"] == "ok" and run["steps"] == 3 and run["predicted_allocated_gib"] <= run["predicted_reserved_gib"]
     assert document["environment"]["sys_path_tail"][-1] == str(tmp_path / "carried")
     assert "site-packages" in document["environment"]["packages"]["torch"]["from"]
-    packing = document["packing"]  # packed SFT sequences against each example alone, on the CPU kernel
+    packing = document["packing"]  # packed SFT sequences against each example alone: compiled FlexAttention
     assert packing["status"] == "ok" and packing["relative_error"] <= packing["tolerance"] < packing["leak"]
-    assert packing["kernels"]["packed"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+    assert packing["mask"] == "block" and packing["kernels"]["packed"] == []  # no SDPA kernel with a mask
+    assert packing["kernels"]["single"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]
 
 
 def test_gpu_check_shell_script_parses():

@@ -53,11 +53,13 @@ def test_logits_and_gradients_equal_transformers_bit_for_bit(tmp_path, model):
     for positions in (None, packed):
         with torch.no_grad():
             expected = reference.eval()(input_ids=ids, position_ids=positions).logits
-            assert torch.equal(lm.eval()(ids, positions), expected)
+        # gradients recorded: packed rows take SDPA under the dense mask, as transformers does (without
+        # them the CPU runs FlexAttention, tests/trainer/test_attention.py)
+        assert torch.equal(lm.eval()(ids, positions).detach(), expected)
     with torch.no_grad():  # the packed mask matters: the second example alone gives its logits
         alone = lm(ids[:, 10:])
-        # the same function through another SDPA path (a mask, not is_causal) on another length: fp32
-        # rounding apart (torch.testing's fp32 defaults)
+        # the same function through another kernel (FlexAttention's block mask, not is_causal) on another
+        # length: fp32 rounding apart (torch.testing's fp32 defaults)
         torch.testing.assert_close(lm(ids, packed)[:, 10:], alone)
         assert not torch.allclose(lm(ids)[:, 10:], alone, atol=1e-3)
     reference.train()(input_ids=ids).logits.square().mean().backward()
@@ -174,9 +176,10 @@ def test_qwen3_and_mistral_equal_transformers_bit_for_bit_and_export_back_bit_eq
     assert set(lm.state_dict()) == set(reference.state_dict())
     ids = _tokens()
     packed = torch.cat([torch.arange(10), torch.arange(22)])[None].expand(2, -1)
-    with torch.no_grad():
-        for positions in (None, packed):
-            assert torch.equal(lm.eval()(ids, positions), reference.eval()(input_ids=ids, position_ids=positions).logits)
+    for positions in (None, packed):  # gradients recorded: the dense mask on the CPU, as transformers
+        with torch.no_grad():
+            expected = reference.eval()(input_ids=ids, position_ids=positions).logits
+        assert torch.equal(lm.eval()(ids, positions).detach(), expected)
     reference.train()(input_ids=ids).logits.square().mean().backward()
     lm.train()(ids).square().mean().backward()
     grads = dict(lm.named_parameters())

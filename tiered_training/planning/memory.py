@@ -314,6 +314,14 @@ class MemoryBreakdown:
         return {key: round(value / GIB, 3) for key, value in items.items()}
 
 
+def block_mask_bytes(sequence_length: int, block: int = 128) -> int:
+    """One row's FlexAttention block mask (``training/models/attention.py``): the used and the unmasked
+    key blocks of each query block and their transposes (four ``blocks x blocks`` int32 index tables and
+    four int32 counts per block), and each token's example id (int64) that the element mask reads."""
+    blocks = -(-sequence_length // block)
+    return 16 * blocks * (blocks + 1) + 8 * sequence_length
+
+
 def sharded_state_bytes(
     arch: Architecture, shard_group: int, lora: Lora | None = None, precision: str = "bf16"
 ) -> dict[str, int]:
@@ -366,8 +374,8 @@ def _phases(
             widest = max(sizes[name][0] * sizes[name][1] for name in lora.targets)
             gathered_layer = frozen_layer_bytes(arch, precision, quantized=lora.targets) + e * widest
     rope = 2 * e * arch.head_dim * sequence_length  # RoPE's cos and sin, shared by the micro-batch's rows
-    if document_mask:  # packed examples: one boolean sequence x sequence mask per row, shared by the layers
-        rope += tokens * sequence_length
+    if document_mask:  # packed examples: a FlexAttention block mask per row, shared by the layers
+        rope += tokens // sequence_length * block_mask_bytes(sequence_length)
     final_norm = (4 * h + 4 + 2 * e * h) * tokens  # the final RMSNorm's saved tensors and its output
 
     # End of forward: the root and the last layer stay gathered (FSDP2 does not reshard them).
@@ -419,7 +427,7 @@ def estimate(
     taken as more than one, so the sharded gradients are held throughout.
     ``lora``: LoRA adapters on a frozen base; ``dropout_mask_bytes``: per element of their
     dropout's mask (``DROPOUT_MASK_BYTES``); ``document_mask``: packed SFT examples, whose
-    attention mask (one byte per pair of tokens of a row) lives through the step.
+    FlexAttention block mask (``block_mask_bytes`` per row, no N x N tensor) lives through the step.
     ``compiled``: the decoder layers run under ``torch.compile`` (what they keep without
     checkpointing differs; see :func:`activation_bytes_per_token`).
     """

@@ -2,8 +2,8 @@
 
 - ``none``: autograd keeps everything it saves.
 - ``selective``: op-level selective checkpointing (SAC), torchtitan's per-op policy.
-  Inside each layer the outputs of attention (every SDPA variant) are saved, and so is
-  every other matmul output, counted in forward order: the 1st, 3rd, 5th and 7th of a
+  Inside each layer the outputs of attention (every SDPA variant, FlexAttention) are saved, and so
+  is every other matmul output, counted in forward order: the 1st, 3rd, 5th and 7th of a
   Llama layer (``q_proj``, ``v_proj``, ``gate_proj``, ``down_proj``). The 2nd, 4th and
   6th (``k_proj``, ``o_proj``, ``up_proj``) and everything cheap (norms, RoPE, SiLU,
   products, casts) are recomputed in backward. FP8's ``amax`` reductions are saved so
@@ -29,7 +29,7 @@ MATMUL_OPS = {_aten.mm.default, _aten.addmm.default, _aten.linear.default}
 
 def _save_ops() -> set:
     """Ops whose outputs are saved (matmuls subject to the every-other rule)."""
-    ops = set(MATMUL_OPS) | {_aten.bmm.default, _aten.max.default}
+    ops: set = set(MATMUL_OPS) | {_aten.bmm.default, _aten.max.default}
     for name in (
         "_scaled_mm",  # float8 matmuls reached directly
         "_scaled_dot_product_flash_attention",
@@ -44,6 +44,7 @@ def _save_ops() -> set:
         packet = getattr(_aten, name, None)
         if packet is not None:
             ops.add(packet.default)
+    ops.add(torch.ops.higher_order.flex_attention)  # packed SFT sequences (training/models/attention.py)
     return ops
 
 

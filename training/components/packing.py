@@ -8,16 +8,17 @@ for training, ``sft_validation_batches`` for validation) as dicts ``{"input_ids"
 mask is 1 and it does not start an example.
 
 Document masking: the trainer passes ``position_ids`` to the decoder, which finds the packed
-examples from them (``model.packed_mask``: a new example wherever the position does not go up
-by one, as transformers' ``find_packed_sequence_indices`` does) and builds a causal mask that is
-block-diagonal over the examples; RoPE takes the same positions, so each example sees positions
-``0 .. len - 1`` as if it ran alone. With the ``sdpa`` attention the model uses, that mask is a
-boolean ``[batch, 1, N, N]`` tensor given to
-``torch.nn.functional.scaled_dot_product_attention``: on GPUs it runs the memory-efficient
-(or cuDNN) kernel, since the flash kernel takes no mask, and it computes every block of the
-causal square (no skipping of masked blocks, N x N bytes of mask per sequence); on the CPU it
-runs the CPU flash kernel with the mask. A sequence without packing (positions 0 .. N - 1)
-gets no mask tensor and SDPA's ``is_causal``, as in pretraining.
+examples from them (``training.models.attention.document_ids``: a new example wherever the position
+does not go up by one, as transformers' ``find_packed_sequence_indices`` does) and masks attention
+causally within each example; RoPE takes the same positions, so each example sees positions
+``0 .. len - 1`` as if it ran alone. The mask is a FlexAttention ``BlockMask`` built per block of
+128 tokens from the examples' spans, with no ``N x N`` tensor, and attention runs compiled
+FlexAttention, which skips the blocks that cross examples: on GPUs always, on the CPU without
+gradients (validation). Where FlexAttention cannot run (CPU training: PyTorch 2.13 has no CPU
+backward for it; float64) the mask is a boolean ``[batch, 1, N, N]`` tensor given to
+``torch.nn.functional.scaled_dot_product_attention`` (the CPU flash kernel with a mask).
+A sequence without packing (positions 0 .. N - 1) gets no mask and SDPA's ``is_causal``, as in
+pretraining.
 
 Ring attention (context parallelism) has no document mask: ``RunConfig`` refuses
 ``context_parallel > 1`` with ``sft``, and :func:`check_attention` refuses it here too.

@@ -31,6 +31,7 @@ from torch import nn
 
 from tiered_training.contract.hf_config import check_buildable
 from tiered_training.contract.runconfig import ModelConfig
+from training.models.attention import Mask, document_mask, sdpa_attention
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -295,30 +296,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
-    """Causal SDPA on ``[batch, heads, sequence, head_dim]``; a boolean ``mask`` (packed examples) replaces
-    causality. GQA runs in the kernel without a mask; with one, K/V heads are repeated. Returns
-    ``[batch, sequence, heads, head_dim]``."""
-    groups = query.shape[1] // key.shape[1]
-    kwargs = {}
-    if groups > 1:
-        if mask is None:
-            kwargs["enable_gqa"] = True
-        else:
-            key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scale, is_causal=mask is None and query.shape[2] > 1, **kwargs
-    )
-    return out.transpose(1, 2).contiguous()
-
-
 # attn_implementation -> attention function (context_parallel.py adds the ring)
 ATTENTION_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {"sdpa": sdpa_attention}
 
@@ -339,7 +316,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Mask | None
     ) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k = self.q_proj(x).view(shape), self.k_proj(x).view(shape)
@@ -376,22 +353,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None = None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Mask | None = None
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def packed_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """``[batch, 1, N, N]`` causal attention within each packed example (positions restart at 0 where one
-    starts), or None when every row is one sequence (SDPA's ``is_causal`` then)."""
-    first = position_ids[:, :1] - 1
-    example = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
-    if bool((example[:, -1] == 0).all()):
-        return None
-    n = position_ids.shape[1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=position_ids.device).tril()
-    return (causal & (example[:, :, None] == example[:, None, :]))[:, None]
 
 
 class Decoder(nn.Module):
@@ -414,7 +379,7 @@ class Decoder(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=x.device).unsqueeze(0)
         elif self.config.attn_implementation == "sdpa":
-            mask = packed_mask(position_ids)
+            mask = document_mask(position_ids, x.dtype)
         rope = self.rotary_emb(x, position_ids)
         for layer in self.layers:
             x = layer(x, rope, mask)

@@ -3,15 +3,19 @@
 A Llama-shaped model with random weights runs one packed sequence (several examples, positions
 restarting per example, as the trainer gives them) and each example by itself. It reports:
 
-- ``kernels``: the SDPA kernels that ran for the packed sequence and for a single example
-  (profiler op names: on CUDA the memory-efficient, cuDNN or flash kernel; on the CPU the CPU
-  flash kernel);
+- ``mask``: the packed sequence's mask in evaluation, ``block`` (FlexAttention's block mask, compiled
+  FlexAttention) or ``dense`` (a boolean N x N tensor for SDPA; see ``training/models/attention.py``);
+- ``kernels``: the attention kernels that ran for the packed sequence and for a single example
+  (profiler names: SDPA's aten ops, on CUDA the flash kernel for one example; Inductor's template
+  kernels, ``triton_tem_*``, for FlexAttention on CUDA; compiled FlexAttention on the CPU shows
+  no kernel of its own);
 - ``relative_error``: the largest, over the examples, of ``|logits packed - logits alone| /
   |logits alone|`` (vector norms), against ``tolerance``;
 - ``leak``: the same quantity when the positions are left out (one causal sequence: the examples
   see each other and RoPE does not restart), which must be far above the tolerance;
 - ``packed_ms`` and ``causal_ms``: forward and backward of the packed sequence with its document
-  mask and of the same tokens as one causal sequence (no mask tensor), the cost of the mask path.
+  mask and of the same tokens as one causal sequence (no mask), the cost of the mask path (the CPU
+  trains on the dense mask: FlexAttention has no CPU backward).
 
 Tolerance: ``dtype``'s eps times ``DEPTH``, the rounded operations in sequence between the
 embedding and the logits (per layer: attention and MLP outputs; then the final norm and the
@@ -31,8 +35,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 from tiered_training.contract.runconfig import ModelConfig
+from training.models.attention import document_mask
 from training.models.decoder import build_model, materialize
 
 GPU_MODEL = {
@@ -69,7 +75,13 @@ def _kernels(run) -> list[str]:
 
     with profile() as prof:
         run()
-    return sorted({e.name for e in prof.events() if "attention" in e.name and e.name.startswith("aten::_")})
+    return sorted(
+        {
+            e.name
+            for e in prof.events()
+            if ("attention" in e.name and e.name.startswith("aten::_")) or e.name.startswith("triton_tem")
+        }
+    )
 
 
 def _timed(run, device: torch.device, repeats: int) -> float:
@@ -119,6 +131,8 @@ def check(
 
         return run
 
+    with torch.no_grad():
+        mask = document_mask(positions, dtype)
     depth = 2 * dims["layers"] + 2
     tolerance = depth * torch.finfo(dtype).eps
     result = {
@@ -128,6 +142,7 @@ def check(
         "examples": list(lengths),
         "model": dims,
         "torch": torch.__version__,
+        "mask": "block" if isinstance(mask, BlockMask) else "dense",
         "kernels": {
             "packed": _kernels(lambda: logits(tokens, positions)),
             "single": _kernels(lambda: logits(examples[0][None].to(device))),
