@@ -22,6 +22,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask  # no
 
 from tiered_training.contract.runconfig import ModelConfig  # noqa: E402
 from training.models.attention import (  # noqa: E402
+    CPU_FLEX_MIN_TOKENS,
     block_mask,
     dense_mask,
     document_ids,
@@ -87,14 +88,16 @@ def test_the_kernel_skips_the_blocks_between_examples():
 
 
 def test_where_each_mask_runs():
-    """The block mask wherever compiled FlexAttention runs; the dense mask for CPU gradients and float64;
-    none for one sequence per row."""
-    packed = positions(LENGTHS)
+    """The block mask wherever compiled FlexAttention runs; the dense mask for CPU gradients, float64 and
+    CPU rows shorter than CPU_FLEX_MIN_TOKENS (where compiling costs more than the mask); none for one
+    sequence per row."""
+    packed = positions(LENGTHS * (CPU_FLEX_MIN_TOKENS // N + 1))
     assert document_mask(torch.arange(N)[None], torch.float32) is None
     with torch.no_grad():
         assert isinstance(document_mask(packed, torch.float32), BlockMask)
         assert isinstance(document_mask(packed, torch.bfloat16), BlockMask)
         assert isinstance(document_mask(packed, torch.float64), torch.Tensor)
+        assert isinstance(document_mask(positions(LENGTHS), torch.float32), torch.Tensor)  # a short row
     assert isinstance(document_mask(packed, torch.float32), torch.Tensor)  # gradients on the CPU
 
 
@@ -127,9 +130,12 @@ def lm():
     return model.eval()
 
 
-def test_packed_examples_through_the_block_mask_are_the_examples_alone(lm):
+def test_packed_examples_through_the_block_mask_are_the_examples_alone(lm, monkeypatch):
     """Each example's logits in the pack (block mask) equal its logits alone (plain causal SDPA) and its
     logits in the pack under the dense mask; other tokens in the first example change nothing else."""
+    import training.models.attention as attention
+
+    monkeypatch.setattr(attention, "CPU_FLEX_MIN_TOKENS", 0)  # this short pack through the block mask
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB, (1, N), generator=generator)
     other = tokens.clone()

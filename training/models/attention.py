@@ -32,6 +32,9 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 BLOCK = 128  # FlexAttention's default block of queries and keys
 CPU_FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # Inductor's CPU flex template
+# On the CPU the dense mask of a shorter row is at most 16 MiB, and compiling FlexAttention's kernel costs
+# 15-80 s a shape (bench/packed_attention.json): below this length the dense mask is the cheaper one.
+CPU_FLEX_MIN_TOKENS = 4096
 
 Mask = torch.Tensor | BlockMask
 
@@ -91,12 +94,15 @@ def block_mask(example: torch.Tensor, block: int = BLOCK) -> BlockMask:
     )
 
 
-def flex_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether compiled FlexAttention runs here: CUDA, or the CPU without gradients, in a dtype of
-    Inductor's CPU template, with a C++ compiler to build it."""
+def flex_runs(device: torch.device, dtype: torch.dtype, tokens: int = CPU_FLEX_MIN_TOKENS) -> bool:
+    """Whether compiled FlexAttention runs here, for rows of ``tokens``: CUDA, or the CPU without
+    gradients, in a dtype of Inductor's CPU template, with a C++ compiler to build it, for rows of at
+    least :data:`CPU_FLEX_MIN_TOKENS`."""
     if device.type == "cuda":
         return True
     if device.type != "cpu" or dtype not in CPU_FLEX_DTYPES or torch.is_grad_enabled():
+        return False
+    if tokens < CPU_FLEX_MIN_TOKENS:
         return False
     from torch._inductor import config
 
@@ -109,7 +115,7 @@ def document_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> Mask | None
     example = document_ids(position_ids)
     if example is None:
         return None
-    if flex_runs(position_ids.device, dtype):
+    if flex_runs(position_ids.device, dtype, position_ids.shape[-1]):
         return block_mask(example)
     return dense_mask(example)
 
