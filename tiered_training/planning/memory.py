@@ -40,6 +40,7 @@ step's peak against a real 2-rank FSDP step of the trainer (``bench/memory_peak.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tiered_training.contract.architecture import Architecture, Lora, sharded_elements
@@ -136,6 +137,7 @@ def element_size(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked for each candidate of the planner's search
 def activation_bytes_per_token(
     arch: Architecture,
     precision: str,
@@ -223,6 +225,7 @@ def _matmul_widths(arch: Architecture, lora: Lora | None) -> list[int]:
     return widths
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked for each candidate of the planner's search
 def backward_bytes_per_token(
     arch: Architecture,
     precision: str,
@@ -328,6 +331,18 @@ def sharded_state_bytes(
     """Bytes of fp32 parameters, gradients and AdamW moments that rank 0 holds. Under LoRA the
     frozen base adds its weights (``FROZEN_BASE_BYTES[precision]`` each; under QLoRA its projections in NF4),
     and only the adapters have state."""
+    return dict(_sharded_state(arch, shard_group, lora, precision))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sharded_state(
+    arch: Architecture, shard_group: int, lora: Lora | None, precision: str
+) -> tuple[tuple[str, int], ...]:
+    """:func:`sharded_state_bytes`, kept per model, group, adapters and precision (the planner asks often)."""
+    return tuple(_state_bytes(arch, shard_group, lora, precision).items())
+
+
+def _state_bytes(arch: Architecture, shard_group: int, lora: Lora | None, precision: str) -> dict[str, int]:
     elements = arch.layers * sharded_elements(arch.layer_shapes(), shard_group) + sharded_elements(
         arch.root_shapes(), shard_group
     )
@@ -359,7 +374,7 @@ def _phases(
     already reduced in this micro-batch) at each moment, in bytes."""
     e = element_size(precision)
     h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
-    layer, root = arch.layer_parameters, arch.root_parameters
+    layer, root = _layer_and_root_parameters(arch)
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
     kept = activation_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes, compiled=compiled) * tokens
     adapters = 0
@@ -404,6 +419,19 @@ def _phases(
     }
 
 
+@functools.lru_cache(maxsize=1024)
+def _trained_layer_elements(arch: Architecture, lora: Lora | None, shard_group: int) -> int:
+    """Elements of the trained weights of every decoder layer (the adapters' under LoRA) that rank 0 holds."""
+    trained = arch.layer_shapes() if lora is None else arch.lora_shapes(lora.rank, lora.targets)
+    return arch.layers * sharded_elements(trained, shard_group)
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_and_root_parameters(arch: Architecture) -> tuple[int, int]:
+    return arch.layer_parameters, arch.root_parameters
+
+
+@functools.lru_cache(maxsize=4096)  # pure: the planner's search asks again for settings it has seen
 def estimate(
     arch: Architecture,
     *,
@@ -436,8 +464,7 @@ def estimate(
     chunk = tokens if loss_chunk_tokens is None else min(loss_chunk_tokens, tokens)
     accumulates = grad_accum_steps is None or grad_accum_steps > 1
 
-    trained = arch.layer_shapes() if lora is None else arch.lora_shapes(lora.rank, lora.targets)
-    layer_grads = arch.layers * sharded_elements(trained, shard_group) * STATE_BYTES["grad"]
+    layer_grads = _trained_layer_elements(arch, lora, shard_group) * STATE_BYTES["grad"]
     peaks = []
     for phase, (in_flight, activations, logits, reduced) in _phases(
         arch,
