@@ -25,7 +25,8 @@ from tiered_training.contract.container import TENSORBOARD_DIR, VALIDATION_CHANN
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Validators are built on first use: a plan uses two of these models, the container all of them.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 # A Hugging Face Hub model id, owner/name (what from_pretrained resolves on the Hub)
@@ -35,6 +36,7 @@ HF_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,9
 class ModelConfig(Architecture):
     """The model to train: its architecture, a display name and an optional starting checkpoint."""
 
+    model_config = ConfigDict(defer_build=True)
     name: str
     init_checkpoint: str | None = Field(
         default=None, description="S3 URI of a Hugging Face checkpoint; the pipeline mounts it as the 'model' channel"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +48,8 @@ def _key(instance_type: str, precision: str) -> str:
 
 def _factors(measurements: Sequence[Measurement]) -> dict[str, float]:
     """Per instance type and precision: the geometric mean of measured over predicted."""
+    import statistics  # only when measurements are folded in, not on every plan
+
     groups: dict[str, list[float]] = {}
     for m in measurements:
         groups.setdefault(_key(m.instance_type, m.precision), []).append(math.log(m.ratio))
@@ -114,6 +115,8 @@ def fit(measurements: Sequence[Measurement]) -> Overlay:
             f"measured over predicted tokens/s outside {BOUNDS[0]}-{BOUNDS[1]} ({', '.join(out)}): "
             "a run that far from the model is broken or misconfigured; check its logs"
         )
+    import statistics
+
     with_overlay, shipped = _errors(measurements)
     errors = {
         "median": statistics.median(with_overlay),
