@@ -272,6 +272,8 @@ def with_aws_options(fn: Callable) -> Callable:
     """``fn`` as typer is to see it: its parameter annotated :class:`AwsOptions` (one at most) becomes the
     ``--region``, ``--endpoint-url`` and ``--profile`` options, in its place, and ``fn`` gets their values
     back as one AwsOptions. ``fn`` itself when it has no such parameter."""
+    if not any(a is AwsOptions or "AwsOptions" in str(a) for a in fn.__annotations__.values()):
+        return fn  # resolving the annotations of every command costs each start time
     hints = typing.get_type_hints(fn)
     signature = inspect.signature(fn)
     names = [name for name in signature.parameters if hints.get(name) is AwsOptions]
