@@ -110,29 +110,63 @@ def width_of(con) -> int | None:
     return None if con.width >= UNBOUNDED else con.width
 
 
+class Hang(str):
+    """A line of text that wraps with its continuation lines starting at column ``hang`` (under the
+    column where its prose begins), not at its own indent plus four."""
+
+    hang: int
+
+    def __new__(cls, text: str, hang: int) -> Hang:
+        line = super().__new__(cls, text)
+        line.hang = hang
+        return line
+
+
+# Continuation lines keep at least this many columns for text; a deeper hang falls back to indent + 4.
+MIN_HANG_TEXT = 24
+
+
 def print_lines(con, lines: Iterable[str]) -> None:
     """Plain lines, wrapped at spaces (hanging indent) when the console has a width; a `command` in
     backquotes stays whole on one line, to be copied; never markup."""
-    width = width_of(con)
+    _write_wrapped(con, lines, width_of(con))
+
+
+def print_report(con, lines: Iterable[str]) -> None:
+    """A report's lines (explain, diff), wrapped at spaces to :data:`NOTE_WIDTH` (or the console's width
+    if narrower), piped or not; a :class:`Hang` line's continuation starts under its prose column."""
+    _write_wrapped(con, lines, min(width_of(con) or NOTE_WIDTH, NOTE_WIDTH))
+
+
+def _write_wrapped(con, lines: Iterable[str], width: int | None) -> None:
     out = con.file
     for line in lines:
+        hang = getattr(line, "hang", None)
         line = clip(line, LINE_LIMIT) if len(line) > LINE_LIMIT else line
         line = line if line.isprintable() else escape(line)  # one line, whatever a name holds
         if width is None or len(line) <= width:
             out.write(line + "\n")
             continue
-        indent = " " * (len(line) - len(line.lstrip(" ")))
-        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
-        wrapped = textwrap.wrap(
-            line.strip(" "),
-            width=width,
-            initial_indent=indent,
-            subsequent_indent=indent + "    ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        out.write("\n".join(wrapped or [line]).replace(NBSP, " ") + "\n")
+        out.write("\n".join(wrap_line(line, width, hang)) + "\n")
     out.flush()
+
+
+def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
+    """``line`` wrapped at spaces to ``width``: continuation lines start at column ``hang`` (default:
+    the line's indent plus four); a `command` in backquotes and a word longer than the width stay whole."""
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    if hang is None or width - hang < MIN_HANG_TEXT:
+        hang = min(len(indent) + 4, max(width - MIN_HANG_TEXT, 0))
+    line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+    wrapped = textwrap.wrap(
+        line.strip(" "),
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=" " * hang,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [part.replace(NBSP, " ") for part in wrapped] or [line.replace(NBSP, " ")]
 
 
 def print_notes(con, lines: Iterable[str]) -> None:
