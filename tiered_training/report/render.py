@@ -123,7 +123,7 @@ class Hang(str):
 
 
 # Continuation lines keep at least this many columns for text; a deeper hang falls back to indent + 4.
-MIN_HANG_TEXT = 24
+MIN_HANG_TEXT = 40
 
 
 def print_lines(con, lines: Iterable[str]) -> None:
@@ -155,9 +155,11 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     """``line`` wrapped at spaces to ``width``: continuation lines start at column ``hang`` (default:
     the line's indent plus four); a `command` in backquotes and a word longer than the width stay whole."""
     indent = " " * (len(line) - len(line.lstrip(" ")))
-    if hang is None or width - hang < MIN_HANG_TEXT:
-        hang = min(len(indent) + 4, max(width - MIN_HANG_TEXT, 0))
     line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+    # Under its column where the longest word fits there, else under the line's indent plus four.
+    longest = max(len(word) for word in line.split())
+    if hang is None or width - hang < max(MIN_HANG_TEXT, longest):
+        hang = min(len(indent) + 4, max(width - MIN_HANG_TEXT, 0))
     wrapped = textwrap.wrap(
         line.strip(" "),
         width=width,
