@@ -558,7 +558,10 @@ def _change(key: str, metric: dict[str, Any]) -> str:
 
 def diff_more_line(old: object, new: object) -> str:
     """How to see more than diff's text shows."""
-    return f"more: `tiered-training diff {old} {new} --format json` (every value), or `--format markdown` for a pull request"
+    return (
+        f"more: `tiered-training diff {old} {new} --format json` (every value), "
+        "or `--format markdown` for a pull request"
+    )
 
 
 def diff_text(result: dict[str, Any]) -> str:
