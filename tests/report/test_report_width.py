@@ -73,3 +73,16 @@ def test_a_backquoted_command_is_never_split():
     text = invoke("explain", "llama3-8b-fp8.yaml")
     commands = re.findall(r"`[^`]*`", text)
     assert commands and all("\n" not in command for command in commands)
+
+
+def test_a_row_wraps_under_its_column_unless_a_word_would_not_fit_there():
+    from tiered_training.report.render import Hang, wrap_line
+
+    row = Hang("  field" + " " * 45 + "[auto] " + "a reason of many words " * 6, 52)
+    lines = wrap_line(row, 100, row.hang)
+    assert len(lines) > 1 and all(line.startswith(" " * 52) and line[52] != " " for line in lines[1:])
+    assert " ".join(lines).split() == row.split()
+    command = Hang(row + " run `tiered-training prices --region us-east-1 --format json --price-list-only` now", 52)
+    lines = wrap_line(command, 100, command.hang)
+    assert any("`tiered-training prices --region us-east-1 --format json --price-list-only`" in line for line in lines)
+    assert all(line.startswith("      ") and line[6] != " " for line in lines[1:])  # all under indent + 4

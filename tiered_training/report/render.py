@@ -6,7 +6,8 @@
 - On a terminal, output fits its width: a table too wide for it becomes one block
   of ``key  value`` lines per row, and long lines wrap at spaces with a hanging
   indent, so a number is never split across lines.
-- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is.
+- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is,
+  except a report's (:func:`print_report`: explain, diff) and notes, which wrap at 100 columns.
   A table wider than :data:`PIPED_TABLE_WIDTH` wraps its prose cells at spaces to that
   width (numbers and single words are never split), so ``tiers | less`` stays readable.
 - Every cell and line is capped (:data:`CELL_LIMIT`, :data:`LINE_LIMIT`), so a huge
@@ -157,9 +158,9 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     indent = " " * (len(line) - len(line.lstrip(" ")))
     line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
     # Under its column where the longest word fits there, else under the line's indent plus four.
-    longest = max(len(word) for word in line.split())
+    longest = max((len(word) for word in line.split(" ")), default=0)  # a `command` is one word here
     if hang is None or width - hang < max(MIN_HANG_TEXT, longest):
-        hang = min(len(indent) + 4, max(width - MIN_HANG_TEXT, 0))
+        hang = len(indent) + 4
     wrapped = textwrap.wrap(
         line.strip(" "),
         width=width,
