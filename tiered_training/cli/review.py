@@ -357,6 +357,8 @@ def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format
                 print_report(_out(), [f"== {name}", *report.diff_text(result).splitlines(), ""])
         lines = [f"only in {old}: {name}" for name in removed] + [f"only in {new}: {name}" for name in added]
         print_lines(_out(), lines)
+        if pairs:
+            print_report(_out(), ["", report.diff_more_line(old, new)])
     if code:
         raise typer.Exit(code)
 
