@@ -132,3 +132,18 @@ def json_output(command: str, text: str) -> dict:
     schema = json.loads((ROOT / "docs" / "schemas" / f"{command}.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
     return data
+
+
+def unwrapped(text: str) -> str:
+    """Printed text with its wrapping undone: each continuation line (indented four or more columns deeper
+    than the line it continues) joined to that line with one space."""
+    out: list[str] = []
+    head = 0  # the indent of the line being continued
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if out and out[-1].strip() and line.strip() and indent >= head + 4:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+            head = indent
+    return "\n".join(out) + "\n"

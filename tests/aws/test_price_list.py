@@ -14,7 +14,7 @@ import re
 import botocore.session
 import pytest
 from botocore.stub import Stubber
-from support import RECIPES, recipe_dict, run_cli, write_yaml
+from support import RECIPES, recipe_dict, run_cli, unwrapped, write_yaml
 
 from tiered_training import catalog as catalogs
 from tiered_training.aws import prices as price_list
@@ -201,7 +201,7 @@ def test_a_cached_price_appears_in_plan_and_explain_with_its_source_and_dates(ca
     assert source.startswith("AWS Price List API (pricing:GetProducts, AmazonSageMaker), us-east-1, SKU B200SKU")
     assert "effective 2026-11-01" in source and "published 2026-11-20" in source
     assert re.search(r"read \d{4}-\d\d-\d\d", source)
-    explained = run_cli("explain", path).stdout
+    explained = unwrapped(run_cli("explain", path).stdout)
     assert re.search(r"cost +\$[\d,]+ at \$98\.32 per node-hour \(AWS Price List API .*effective 2026-11-01", explained)
     # The recipe's own price still comes first; a region the cache lacks has no price.
     own = json.loads(
@@ -302,11 +302,11 @@ def test_a_bad_price_variable_is_an_error_naming_it_and_what_is_valid(monkeypatc
 
 def test_diff_shows_each_cost_with_its_source(cached):
     old, new = "recipes/llama3-8b-fp8.yaml", "recipes/llama3-8b-fp8-p5.yaml"  # B200 against P5
-    result = json.loads(run_cli("diff", "-f", "json", old, new).stdout)
+    result = json.loads(run_cli("diff", "-f", "json", old, new).stdout)["diffs"][0]
     cost, sources = result["metrics"]["cost_usd"], result["price_source"]
     assert cost["old"] > 0 and cost["new"] > 0 and cost["delta"] == pytest.approx(cost["new"] - cost["old"])
     assert "SKU B200SKU" in sources["old"] and "SKU P5SKU" in sources["new"]
-    text = run_cli("diff", old, new).stdout
+    text = unwrapped(run_cli("diff", old, new).stdout)
     assert re.search(r"^  old price: AWS Price List API .*SKU B200SKU, effective 2026-11-01", text, re.M)
     assert re.search(r"^  new price: AWS Price List API .*SKU P5SKU, effective 2026-11-01", text, re.M)
     same = run_cli("diff", "-f", "markdown", old, old).stdout

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from support import recipe_dict, write_yaml
+from support import recipe_dict, unwrapped, write_yaml
 from typer.testing import CliRunner
 
 from tiered_training import catalog as catalogs
@@ -53,7 +53,7 @@ def test_cost_follows_compute_region(priced, tmp_path):
     ireland = plan_file(write_yaml(tmp_path / "eu.yaml", recipe_dict(**{"compute.region": "eu-west-1"})))
     assert ireland.estimates.price_per_hour == 120.0 and "eu-west-1" in ireland.estimates.price_source
     assert ireland.estimates.cost_usd == pytest.approx(home.estimates.cost_usd * 1.2)
-    explained = invoke("explain", tmp_path / "eu.yaml").stdout
+    explained = unwrapped(invoke("explain", tmp_path / "eu.yaml").stdout)
     assert re.search(r"cost +\$[\d,]+ at \$120\.00 per node-hour \(SageMaker training, eu-west-1, checked 2026-12-01, https://", explained)
 
 
@@ -64,7 +64,7 @@ def test_a_region_without_a_published_price_says_so_and_prints_no_cost(priced, t
     assert f"no published SageMaker training price for {B200} in ap-south-1" in plan.estimates.price_source
     explained = invoke("explain", path)
     assert explained.exit_code == 0
-    cost_line = next(line for line in explained.stdout.splitlines() if line.strip().startswith("cost"))
+    cost_line = next(line for line in unwrapped(explained.stdout).splitlines() if line.strip().startswith("cost"))
     assert "$" not in cost_line and "ap-south-1" in cost_line and "compute.price_per_hour" in cost_line
     table = invoke("plan", path)
     assert table.exit_code == 0 and "no price" in table.stdout

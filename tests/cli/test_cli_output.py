@@ -8,7 +8,7 @@ import re
 
 import pytest
 import yaml
-from support import RECIPES, ROOT, recipe_dict, write_yaml
+from support import RECIPES, ROOT, recipe_dict, unwrapped, write_yaml
 from typer.testing import CliRunner
 
 from tiered_training import catalog as catalogs
@@ -299,7 +299,7 @@ def test_spot_cost_uses_the_catalogue_discount_labelled_as_an_estimate(tmp_path,
     assert 0 < discount < 1
     assert spot.estimates.cost_usd == pytest.approx(on_demand.estimates.cost_usd * (1 - discount))
     assert "estimate" in spot.estimates.price_source and "spot" in spot.estimates.price_source
-    explained = invoke("explain", tmp_path / "spot.yaml").stdout
+    explained = unwrapped(invoke("explain", tmp_path / "spot.yaml").stdout)
     assert re.search(r"cost .*spot: expected \d+% below on-demand \(estimate\)", explained)
     assert "spot est." in invoke("plan", "--wide", tmp_path / "spot.yaml").stdout
     assert "~$" in invoke("plan", tmp_path / "spot.yaml").stdout

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import yaml
-from support import CLI, RECIPES, ROOT, recipe_dict, write_yaml
+from support import CLI, RECIPES, ROOT, recipe_dict, unwrapped, write_yaml
 from support import run_cli as run
 
 TEMPLATE = ROOT / "recipes" / "llama3-8b-fp8.yaml"
@@ -91,6 +91,7 @@ def test_diff_of_two_directories_pairs_recipes_by_name(tmp_path):
     assert data["added"] == ["later"] and data["removed"] == ["gone"]
     text = run("diff", old, new).stdout
     assert "== keep" in text and f"only in {old}: gone" in text and f"only in {new}: later" in text
+    assert f"diff {old} {new} --format json" in unwrapped(text).splitlines()[-1]  # how to see more
     mixed = run("diff", old, RECIPES[0])
     assert mixed.returncode == 2 and "diff takes two recipe files or two directories" in mixed.stderr
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from support import ROOT
+from support import ROOT, unwrapped
 from typer.testing import CliRunner
 
 from tiered_training import catalog as catalogs
@@ -15,7 +15,7 @@ from tiered_training.cli.app import app
 def explain(path):
     result = CliRunner().invoke(app, ["explain", str(path)], prog_name="tiered-training", env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
-    return result.stdout
+    return unwrapped(result.stdout)
 
 
 def test_explain_and_readme_separate_published_runs_from_this_containers_own():

@@ -264,7 +264,7 @@ def explain(
 ) -> None:
     """Show every decision with its reason, the memory proof, the estimates and every finding."""
     from tiered_training import report
-    from tiered_training.report.render import print_lines
+    from tiered_training.report.render import print_notes, print_report
 
     if recipe.is_dir():
         message = "a directory: explain takes one recipe file or name (plan takes directories)"
@@ -278,7 +278,9 @@ def explain(
         _report_failures(failures)
         out = _out()
         for plan in plans:
-            print_lines(out, report.explain_lines(plan))
+            print_report(out, report.explain_lines(plan))
+        if plans:
+            print_notes(out, ["", report.explain_more_line(recipe)])
     _exit_for(plans, failures)
 
 
@@ -295,7 +297,7 @@ def diff(
     invalid or its plan has errors.
     """
     from tiered_training import report
-    from tiered_training.report.render import print_lines
+    from tiered_training.report.render import print_report
 
     if old.is_dir() or new.is_dir():
         _diff_directories(old, new, overrides, format)
@@ -319,13 +321,13 @@ def diff(
     elif format is Format.markdown:
         _print(report.diff_markdown(result))
     else:
-        print_lines(_out(), report.diff_text(result).splitlines())
+        print_report(_out(), [*report.diff_text(result).splitlines(), "", report.diff_more_line(old, new)])
 
 
 def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format) -> None:
     """``diff DIR DIR``: the recipes of each name compared; those in one directory only are listed."""
     from tiered_training import report
-    from tiered_training.report.render import print_lines
+    from tiered_training.report.render import print_lines, print_report
 
     if not (old.is_dir() and new.is_dir()):
         problem = Problem(f"{old} {new}", None, "", "diff takes two recipe files or two directories, not one of each")
@@ -352,9 +354,11 @@ def _diff_directories(old: Path, new: Path, overrides: list[str], format: Format
             if format is Format.markdown:
                 _print(f"### {name}\n\n{report.diff_markdown(result)}")
             else:
-                print_lines(_out(), [f"== {name}", *report.diff_text(result).splitlines(), ""])
+                print_report(_out(), [f"== {name}", *report.diff_text(result).splitlines(), ""])
         lines = [f"only in {old}: {name}" for name in removed] + [f"only in {new}: {name}" for name in added]
         print_lines(_out(), lines)
+        if pairs:
+            print_report(_out(), ["", report.diff_more_line(old, new)])
     if code:
         raise typer.Exit(code)
 

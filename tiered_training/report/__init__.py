@@ -8,6 +8,7 @@ from typing import Any
 from tiered_training import catalog as catalogs
 from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
 from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.report.render import Hang
 
 GIB = 1024**3
 SCHEMA_VERSION = 3  # 2: estimates.throughput_source and step_terms, departures, alternatives, tuning.context_parallel
@@ -331,8 +332,14 @@ def _largest_lines(sequence_length: int) -> list[str]:
             found = largest(instance, adapter, sequence_length)
             named = found.model or "no catalogue model"
             cells.append(f"{adapter} {named}, {found.parameters / 1e9:,.0f}B")
-        out.append(f"  {instance.name:<22} {'; '.join(cells)}")
+        out.append(Hang(f"  {instance.name:<22} {'; '.join(cells)}", 25))
     return out
+
+
+# Where the prose of explain's rows begins, for the continuation lines of a row that wraps.
+REASON_COLUMN = 2 + 34 + 1 + 14 + 1  # a decision's [source] and reason
+ESTIMATE_COLUMN = 2 + 23  # an estimate's value
+TERM_COLUMN = 2 + 26 + 1 + 9 + 3 + 6 + 2  # what a step-time term is
 
 
 def explain_lines(plan: Plan) -> list[str]:
@@ -341,7 +348,7 @@ def explain_lines(plan: Plan) -> list[str]:
     out.append("Decisions")
     for d in plan.decisions:
         value = d.value if not isinstance(d.value, dict) else ", ".join(f"{k}={v}" for k, v in d.value.items())
-        out.append(f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}")
+        out.append(Hang(f"  {d.field:<34} {str(value):<14} [{d.source}] {d.reason}", REASON_COLUMN))
     if plan.memory is not None:
         out += [
             "",
@@ -366,18 +373,22 @@ def explain_lines(plan: Plan) -> list[str]:
             "Estimates",
             f"  FLOPs per token        {e.flops_per_token:,.3e}",
             f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
-            f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's convention, "
-            "as the container reports it); "
-            f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
+            Hang(
+                f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's "
+                "convention, as the container reports it); "
+                f"{e.mfu_causal:.1%} counting the causal half of attention (6N + 6*L*h*s)",
+                ESTIMATE_COLUMN,
+            ),
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
             f"  wall time              {_hours(e.wall_time_hours)}",
-            (
+            Hang(
                 f"  cost                   none: {e.price_source}"
                 if e.cost_usd is None or e.price_per_hour is None
                 else (
                     f"  cost                   ${e.cost_usd:,.0f} at ${e.price_per_hour:,.2f} per node-hour "
                     f"({e.price_source})"
-                )
+                ),
+                ESTIMATE_COLUMN,
             ),
             *(
                 [f"  spot cost (estimate)   ${e.spot_cost_usd_range[0]:,.0f}-${e.spot_cost_usd_range[1]:,.0f}"]
@@ -389,16 +400,18 @@ def explain_lines(plan: Plan) -> list[str]:
         ]
         total = sum(t.seconds for t in e.step_terms) or 1.0
         for term in e.step_terms:
-            out.append(f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}")
+            line = f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}"
+            out.append(Hang(line, TERM_COLUMN))
         out.append(f"  {'step':<26} {total:>9,.3f} s")
     departures = getattr(plan, "departures", ())
     if departures:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
         for d in departures:
-            out.append(
+            line = (
                 f"  {d.field:<34} {d.tier_value} -> {d.value}: {d.gain:+.1%} predicted, {d.margin_gib:,.1f} GiB kept "
                 "under the headroom"
             )
+            out.append(Hang(line, 2 + 34 + 1))
     full = getattr(plan, "full_parameter", None)
     if full is not None:
         out += ["", "Full-parameter fine-tuning instead of LoRA (tuning.adapter: none)"]
@@ -414,13 +427,19 @@ def explain_lines(plan: Plan) -> list[str]:
     if alternatives:
         out += ["", "Next alternatives that fit"]
         for a in alternatives:
-            out.append(
-                f"  {a.describe():<64} {a.tokens_per_second_per_gpu:>9,.0f} tokens/s per GPU  {a.memory_gib:>7,.1f} "
-                f"GiB ({a.memory_fraction:.0%})"
+            numbers = (
+                f"  {a.tokens_per_second_per_gpu:>6,.0f} tokens/s per GPU  {a.memory_gib:>5,.1f} GiB "
+                f"{'(' + format(a.memory_fraction, '.0%') + ')':<6}"
             )
+            out.append(Hang(f"{numbers} {a.describe()}", len(numbers) + 1))
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
     return out
+
+
+def explain_more_line(recipe: object) -> str:
+    """How to see more than explain's text shows."""
+    return f"more: `tiered-training explain {recipe} --format json` (the whole plan as data: every field, each source)"
 
 
 # -- diff ---------------------------------------------------------------------------
@@ -535,6 +554,14 @@ def _change(key: str, metric: dict[str, Any]) -> str:
     if key in ("mfu", "mfu_causal"):
         return "" if metric["delta"] is None else f"{metric['delta'] * 100:+.1f} points"
     return "" if metric["ratio"] is None else f"{metric['ratio'] - 1:+.1%} relative"
+
+
+def diff_more_line(old: object, new: object) -> str:
+    """How to see more than diff's text shows."""
+    return (
+        f"more: `tiered-training diff {old} {new} --format json` (every value), "
+        "or `--format markdown` for a pull request"
+    )
 
 
 def diff_text(result: dict[str, Any]) -> str:

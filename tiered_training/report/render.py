@@ -6,7 +6,8 @@
 - On a terminal, output fits its width: a table too wide for it becomes one block
   of ``key  value`` lines per row, and long lines wrap at spaces with a hanging
   indent, so a number is never split across lines.
-- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is.
+- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is,
+  except a report's (:func:`print_report`: explain, diff) and notes, which wrap at 100 columns.
   A table wider than :data:`PIPED_TABLE_WIDTH` wraps its prose cells at spaces to that
   width (numbers and single words are never split), so ``tiers | less`` stays readable.
 - Every cell and line is capped (:data:`CELL_LIMIT`, :data:`LINE_LIMIT`), so a huge
@@ -110,29 +111,65 @@ def width_of(con) -> int | None:
     return None if con.width >= UNBOUNDED else con.width
 
 
+class Hang(str):
+    """A line of text that wraps with its continuation lines starting at column ``hang`` (under the
+    column where its prose begins), not at its own indent plus four."""
+
+    hang: int
+
+    def __new__(cls, text: str, hang: int) -> Hang:
+        line = super().__new__(cls, text)
+        line.hang = hang
+        return line
+
+
+# Continuation lines keep at least this many columns for text; a deeper hang falls back to indent + 4.
+MIN_HANG_TEXT = 40
+
+
 def print_lines(con, lines: Iterable[str]) -> None:
     """Plain lines, wrapped at spaces (hanging indent) when the console has a width; a `command` in
     backquotes stays whole on one line, to be copied; never markup."""
-    width = width_of(con)
+    _write_wrapped(con, lines, width_of(con))
+
+
+def print_report(con, lines: Iterable[str]) -> None:
+    """A report's lines (explain, diff), wrapped at spaces to :data:`NOTE_WIDTH` (or the console's width
+    if narrower), piped or not; a :class:`Hang` line's continuation starts under its prose column."""
+    _write_wrapped(con, lines, min(width_of(con) or NOTE_WIDTH, NOTE_WIDTH))
+
+
+def _write_wrapped(con, lines: Iterable[str], width: int | None) -> None:
     out = con.file
     for line in lines:
+        hang = getattr(line, "hang", None)
         line = clip(line, LINE_LIMIT) if len(line) > LINE_LIMIT else line
         line = line if line.isprintable() else escape(line)  # one line, whatever a name holds
         if width is None or len(line) <= width:
             out.write(line + "\n")
             continue
-        indent = " " * (len(line) - len(line.lstrip(" ")))
-        line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
-        wrapped = textwrap.wrap(
-            line.strip(" "),
-            width=width,
-            initial_indent=indent,
-            subsequent_indent=indent + "    ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        out.write("\n".join(wrapped or [line]).replace(NBSP, " ") + "\n")
+        out.write("\n".join(wrap_line(line, width, hang)) + "\n")
     out.flush()
+
+
+def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
+    """``line`` wrapped at spaces to ``width``: continuation lines start at column ``hang`` (default:
+    the line's indent plus four); a `command` in backquotes and a word longer than the width stay whole."""
+    indent = " " * (len(line) - len(line.lstrip(" ")))
+    line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+    # Under its column where the longest word fits there, else under the line's indent plus four.
+    longest = max((len(word) for word in line.split(" ")), default=0)  # a `command` is one word here
+    if hang is None or width - hang < max(MIN_HANG_TEXT, longest):
+        hang = len(indent) + 4
+    wrapped = textwrap.wrap(
+        line.strip(" "),
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=" " * hang,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [part.replace(NBSP, " ") for part in wrapped] or [line.replace(NBSP, " ")]
 
 
 def print_notes(con, lines: Iterable[str]) -> None:
