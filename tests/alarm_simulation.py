@@ -52,9 +52,13 @@ class Simulation:
     plan: Plan
     start: float = field(default_factory=lambda: float(int(time.time()) // 60 * 60 - 2 * 86_400))
     conditions: Conditions = field(default_factory=Conditions)
+    total_steps: int | None = None  # a longer run of the same plan (same step time and alarms); default the plan's
 
     def __post_init__(self) -> None:
         self.cfg = self.plan.run_config()
+        if self.total_steps:  # the run's length as the container sees it (TotalSteps in its metrics)
+            batch = self.cfg.batch.model_copy(update={"total_steps": self.total_steps})
+            self.cfg = self.cfg.model_copy(update={"batch": batch})
         self.clock = Clock(self.start)
         self.out = io.StringIO()
         self.step = 0

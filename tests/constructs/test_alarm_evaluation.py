@@ -71,13 +71,21 @@ def test_a_healthy_life_fires_nothing(recipes):
         assert fired(sim, alarms, sim.now) == {}, name
 
 
+def _steps_for(plan, seconds: float) -> int:
+    """The plan's steps, or enough to train for ``seconds`` when its whole run is shorter (a short fine-tune)."""
+    return max(plan.run_config().batch.total_steps, math.ceil(seconds / plan.estimates.step_time_seconds))
+
+
 def _failure(plan, alarms, conditions_for, alarm_name, *, onset_offset: float = 0.0):
     """Train healthily, then fail from ``onset``; return (time to fire of alarm_name, every alarm fired)."""
     fit = fitting.fit_alarms(plan)
-    sim = Simulation(plan)
+    after = fit[alarm_name].fires_within_seconds + 10 * MINUTE
+    # A template whose whole run is shorter than the healthy start and the alarm's window (a short fine-tune)
+    # is simulated as a longer run of the same plan: the same step time and alarms, more steps.
+    seconds = HEALTHY_BEFORE + after
+    sim = Simulation(plan, total_steps=_steps_for(plan, seconds))
     onset = sim.start + START_UP_SECONDS + HEALTHY_BEFORE
     sim.conditions = conditions_for(onset)
-    after = fit[alarm_name].fires_within_seconds + 10 * MINUTE
     sim.run_process(START_UP_SECONDS * 0 + HEALTHY_BEFORE + after, end="return")
     found = fired(sim, alarms, sim.now)
     condition_at = onset + onset_offset
@@ -133,10 +141,11 @@ def test_diverging_loss_fires_within_the_stated_time_of_crossing_the_ceiling(rec
             return Conditions(loss=loss)
 
         fit = fitting.fit_alarms(plan)
-        sim = Simulation(plan)
+        seconds = HEALTHY_BEFORE + 25 * MINUTE + fit[fitting.LOSS].fires_within_seconds
+        sim = Simulation(plan, total_steps=_steps_for(plan, seconds))
         onset = sim.start + START_UP_SECONDS + HEALTHY_BEFORE
         sim.conditions = conditions(onset)
-        sim.run_process(HEALTHY_BEFORE + 25 * MINUTE + fit[fitting.LOSS].fires_within_seconds, end="return")
+        sim.run_process(seconds, end="return")
         found = fired(sim, alarms, sim.now)
         assert fitting.LOSS in found, f"{name}: {found}"
         # The crossing is seen at the first step that ends above the ceiling.

@@ -16,7 +16,9 @@ RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3:/
 
 @pytest.fixture(scope="module")
 def definition():
-    plan = plan_file(REPO / "recipes/qwen2.5-32b-hybrid.yaml")
+    # three segments under an 80-hour job limit (the interpreter's chains of Train, Train-2, Train-3)
+    plan = plan_file(REPO / "recipes/qwen2.5-32b-hybrid.yaml", ["compute.max_runtime_hours=80"])
+    assert plan.segments == 3
     return plan, build_definition(plan, RESOURCES)
 
 

@@ -7,6 +7,7 @@ of another host count, and two saves close together.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
@@ -35,6 +36,7 @@ def group():
     yield dist.new_group(backend="gloo")
     if created:
         dist.destroy_process_group()
+    gc.collect()  # free the groups here: a process forked later (a DataLoader worker) must not inherit them
 
 
 def _manager(root: Path, group, keep_last: int) -> CheckpointManager:

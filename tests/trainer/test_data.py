@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -13,6 +14,13 @@ from training.components.data import PackedTokenWindows, build_dataloader, find_
 from training.tools import tokenize_to_shards as tts  # noqa: E402
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park and the cat sat", "héllo wörld"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_groups_to_inherit():
+    """A process group that an earlier module of this worker left to the garbage collector must be freed
+    here: a DataLoader worker forked with it would free it again, without its threads, and hang."""
+    gc.collect()
 
 
 @pytest.fixture()

@@ -15,6 +15,7 @@ logits by far more (the leak test checks that it is seen).
 
 from __future__ import annotations
 
+import gc
 import socket
 
 import numpy as np
@@ -194,6 +195,7 @@ def trainer():
     yield build(cfg, None)
     if created:
         dist.destroy_process_group()
+    gc.collect()  # free the groups here: a process forked later (a DataLoader worker) must not inherit them
 
 
 def _step_gradient(trainer, batches) -> tuple[float, torch.Tensor]:
