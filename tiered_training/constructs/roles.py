@@ -238,6 +238,28 @@ def grant_network_interfaces(
     return describe.combine(create).combine(manage)
 
 
+def grant_job_logs(stack: Stack, grantee: iam.IRole, late: LateAcknowledgements, log_group: str, jobs: str) -> None:
+    """Let SageMaker's ``jobs`` (training, processing) jobs of ``grantee`` write their log streams in ``log_group``."""
+    logs = stack.format_arn(
+        service="logs",
+        resource="log-group",
+        resource_name=log_group,
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+    iam.Grant.add_to_principal(
+        grantee=grantee,
+        actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+        resource_arns=[f"{logs}:log-stream:*"],
+    )
+    # CreateLogGroup is authorized on the group's own ARN (log-group:<name>, no ":*"), as the managed
+    # policy AmazonSageMakerFullAccess grants it on log-group:/aws/sagemaker/*; the group is created
+    # by the first job in a region that writes to it.
+    iam.Grant.add_to_principal(grantee=grantee, actions=["logs:CreateLogGroup"], resource_arns=[logs])
+    iam.Grant.add_to_principal(grantee=grantee, actions=["logs:DescribeLogStreams"], resource_arns=[f"{logs}:*"])
+    for arn in (f"{logs}:log-stream:*", f"{logs}:*"):
+        late.add(grantee, arn, f"SageMaker names each {jobs} job's log streams after the generated job name")
+
+
 class TrainingRoles(Construct):
     """The two roles of one recipe's pipeline.
 
@@ -311,24 +333,7 @@ class TrainingRoles(Construct):
                 execution, arn, "Objects under this recipe's own checkpoint or output prefix, named by the trainer"
             )
         image.grant_pull(execution)
-        logs = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=TRAINING_LOG_GROUP,
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        iam.Grant.add_to_principal(
-            grantee=execution,
-            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-            resource_arns=[f"{logs}:log-stream:*"],
-        )
-        # CreateLogGroup is authorized on the group's own ARN (log-group:<name>, no ":*"), as the managed
-        # policy AmazonSageMakerFullAccess grants it on log-group:/aws/sagemaker/*; the group is created
-        # by the first training job in a region that writes to it.
-        iam.Grant.add_to_principal(grantee=execution, actions=["logs:CreateLogGroup"], resource_arns=[logs])
-        iam.Grant.add_to_principal(grantee=execution, actions=["logs:DescribeLogStreams"], resource_arns=[f"{logs}:*"])
-        for arn in (f"{logs}:log-stream:*", f"{logs}:*"):
-            late.add(execution, arn, "SageMaker names each training job's log streams after the generated job name")
+        grant_job_logs(stack, execution, late, TRAINING_LOG_GROUP, "training")
         # cloudwatch:PutMetricData has no resource-level permissions (IAM requires Resource "*");
         # the condition limits it to SageMaker's training-job namespace.
         iam.Grant.add_to_principal(
@@ -388,25 +393,7 @@ class TrainingRoles(Construct):
             for arn in store.prepare_object_arns(recipe_name):
                 late.add(prepare, arn, "Objects under this recipe's prepared data, one prefix per content key")
             image.grant_pull(prepare)
-            processing_logs = stack.format_arn(
-                service="logs",
-                resource="log-group",
-                resource_name=PROCESSING_LOG_GROUP,
-                arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            )
-            iam.Grant.add_to_principal(
-                grantee=prepare,
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resource_arns=[f"{processing_logs}:log-stream:*"],
-            )
-            iam.Grant.add_to_principal(
-                grantee=prepare, actions=["logs:CreateLogGroup"], resource_arns=[processing_logs]
-            )
-            iam.Grant.add_to_principal(
-                grantee=prepare, actions=["logs:DescribeLogStreams"], resource_arns=[f"{processing_logs}:*"]
-            )
-            for arn in (f"{processing_logs}:log-stream:*", f"{processing_logs}:*"):
-                late.add(prepare, arn, "SageMaker names each processing job's log streams after the generated job name")
+            grant_job_logs(stack, prepare, late, PROCESSING_LOG_GROUP, "processing")
             prepare_star = "ecr:GetAuthorizationToken has no resource-level permissions"
             if vpc is not None:
                 grant_network_interfaces(prepare, self, vpc=vpc, subnets=subnets, security_groups=security_groups)
