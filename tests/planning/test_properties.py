@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from pathlib import Path
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -20,9 +21,9 @@ from pydantic import BaseModel, ValidationError
 from support import recipe_dict
 
 from tiered_training import catalog as catalogs
-from tiered_training.contract.runconfig import LoraConfig, RunConfig, SftConfig
+from tiered_training.contract.runconfig import CandidateConfig, LoraConfig, RunConfig, SftConfig
 from tiered_training.planning import memory
-from tiered_training.planning.planner import resolve
+from tiered_training.planning.planner import plan_file, resolve
 from tiered_training.recipe import Recipe
 
 MODELS = sorted(catalogs.models())
@@ -130,6 +131,8 @@ def _leaf(annotation) -> st.SearchStrategy:
         return st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-308, 5e-324, 1.7976931348623157e308, 0.1, 1 / 3]))
     if annotation is str:
         return text
+    if annotation is CandidateConfig:  # nested sections with required fields: the planner's own candidates
+        return st.sampled_from(PLANNED_CANDIDATES)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):  # a nested section (sft, sft.lora)
         return _section(annotation)
     raise AssertionError(f"no strategy for {annotation!r}")
@@ -199,6 +202,13 @@ def _a_plan_run_config() -> RunConfig:
 
 
 RUN_CONFIG = _a_plan_run_config()
+REPO = Path(__file__).resolve().parents[2]
+# The planner's candidates of three templates: alternatives the probe measures, for the round trip.
+PLANNED_CANDIDATES = [
+    c
+    for name in ("llama3-8b-fp8", "llama3-8b-128k", "qwen2.5-32b-lora")
+    for c in plan_file(REPO / "recipes" / f"{name}.yaml").run_config().probe.alternatives
+]
 
 
 @given(run_configs())

@@ -99,6 +99,9 @@ class Plan(_Strict):
     full_parameter: dict[str, Any] | None = None
     departures: list[dict[str, Any]] = []
     alternatives: list[dict[str, Any]] = []
+    candidates: list[dict[str, Any]] = Field(
+        [], description="the configurations the probe measures, the plan's own first, with their predictions"
+    )
     decisions: list[Decision] = []
     findings: list[PlanFinding] = []
 

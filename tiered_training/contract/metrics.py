@@ -78,11 +78,42 @@ ALL: tuple[MetricSpec, ...] = (
 )
 BY_NAME = {m.name: m for m in ALL}
 
-# Probe output: one line per finding, parsed by the pipeline's MetricDefinitions.
+# Probe output: one line per finding, parsed by the Probe step's MetricDefinitions, which put the last
+# value of each in the step's FinalMetricDataList (the gate and the Train step read it from there).
 # The container prints exactly these formats; the definition builder uses these regexes.
 PROBE_METRICS: dict[str, tuple[str, str]] = {
     # metric name: (printf-style format the container prints, regex the pipeline parses)
+    # the chosen candidate's measured tokens/s per GPU and peak reserved memory (fraction of the HBM)
     "probe:tokens_per_second": ("PROBE tokens_per_second={:.2f}", r"PROBE tokens_per_second=([0-9.]+)"),
     "probe:peak_memory_fraction": ("PROBE peak_memory_fraction={:.4f}", r"PROBE peak_memory_fraction=([0-9.]+)"),
-    "probe:best_micro_batch": ("PROBE best_micro_batch={:d}", r"PROBE best_micro_batch=([0-9]+)"),
+    # the chosen candidate, 1-based (1: the plan's first choice); 0: none fits
+    "probe:best_candidate": ("PROBE best_candidate={:d}", r"PROBE best_candidate=([0-9]+)"),
 }
+
+# Per candidate (numbered from 1), printed for each candidate that ran: its tokens/s per GPU after warm-up
+# (0 when it ran out of memory) and its peak allocated and reserved memory as fractions of the HBM (1 when it
+# ran out of memory). A candidate that failed otherwise prints none of them.
+PROBE_CANDIDATE_FIELDS: dict[str, str] = {
+    "tokens_per_second": "{:.2f}",
+    "peak_allocated_fraction": "{:.4f}",
+    "peak_reserved_fraction": "{:.4f}",
+}
+
+
+def probe_candidate_metrics(number: int) -> dict[str, tuple[str, str]]:
+    """Candidate ``number``'s metrics: name -> (format, regex), as :data:`PROBE_METRICS`."""
+    return {
+        f"probe:candidate{number}:{field}": (
+            f"PROBE candidate={number} {field}={fmt}",
+            rf"PROBE candidate={number} {field}=([0-9.]+)",
+        )
+        for field, fmt in PROBE_CANDIDATE_FIELDS.items()
+    }
+
+
+def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
+    """Every metric a probe of ``count`` candidates prints: the summary, then each candidate's."""
+    found = dict(PROBE_METRICS)
+    for number in range(1, count + 1):
+        found.update(probe_candidate_metrics(number))
+    return found

@@ -169,9 +169,38 @@ class HardwareConfig(_Frozen):
     min_nodes: int = Field(default=1, ge=1, description="fewest hosts the plan may run on (the tier's minimum)")
 
 
+MAX_PROBE_CANDIDATES = 5  # the planner's top K the probe may measure (tuning.probe_candidates)
+
+
+class CandidateConfig(_Frozen):
+    """A configuration the probe measures besides the RunConfig's own: what differs between the planner's
+    top candidates (docs/probe.md). The rest of the RunConfig (model, global batch, steps) is shared."""
+
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    micro_batch_size: int = Field(ge=1)
+    grad_accum_steps: int = Field(ge=1, description="at the full global batch")
+    ramp_start_accum_steps: int | None = Field(default=None, description="accumulation at step 0 when ramping")
+
+
 class ProbeConfig(_Frozen):
+    """The probe (``training/probe.py``): ``steps`` optimiser steps of each candidate, each in its own launch.
+
+    Candidate 1 is the RunConfig's own configuration (the planner's first choice); candidates 2.. are
+    ``alternatives``, in the planner's order. The probe names the fastest measured candidate whose peak
+    reserved memory is at most ``memory_limit`` of the HBM; the Train step runs it (``run.candidate``).
+    """
+
     steps: int
-    micro_batch_candidates: list[int]
+    alternatives: list[CandidateConfig] = Field(default_factory=list, max_length=MAX_PROBE_CANDIDATES - 1)
+    memory_limit: float = Field(
+        default=1.0, gt=0, le=1, description="peak reserved memory, as a fraction of hbm_bytes, a candidate may reach"
+    )
+
+    @property
+    def count(self) -> int:
+        """Candidates the probe measures: this configuration and its alternatives."""
+        return 1 + len(self.alternatives)
 
 
 class ExportConfig(_Frozen):
@@ -275,6 +304,15 @@ class RunSection(_Frozen):
     segment_seconds: float = Field(
         default=0.0, ge=0, description="a segment saves and hands over after this long in one attempt; 0: no time limit"
     )
+    candidate: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PROBE_CANDIDATES,
+        description=(
+            "the probe candidate this job trains (1: the RunConfig's own configuration, n: probe.alternatives[n-2]), "
+            "as the probe chose it; 0: the candidate the run's checkpoints record, else 1"
+        ),
+    )
 
     @model_validator(mode="after")
     def _segment_in_range(self) -> RunSection:
@@ -336,6 +374,46 @@ class RunConfig(_Frozen):
                 "of every sequence (load balancing for the causal mask)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _candidate_exists(self) -> RunConfig:
+        if self.run.candidate > self.probe.count:
+            raise ValueError(
+                f"run.candidate {self.run.candidate} is beyond the probe's {self.probe.count} candidate(s) "
+                f"(1 and probe.alternatives)"
+            )
+        return self
+
+    def with_candidate(self, number: int) -> RunConfig:
+        """This RunConfig running probe candidate ``number`` (1-based; 1 is its own configuration):
+        the candidate's parallel layout, precision, micro-batch and accumulation, and ``run.candidate`` set."""
+        if not 1 <= number <= self.probe.count:
+            raise ValueError(f"probe candidate {number} does not exist: the probe has {self.probe.count}")
+        run = self.run.model_copy(update={"candidate": number})
+        if number == 1:
+            return self.model_copy(update={"run": run})
+        c = self.probe.alternatives[number - 2]
+        batch = self.batch.model_copy(
+            update={
+                "micro_batch_size": c.micro_batch_size,
+                "grad_accum_steps": c.grad_accum_steps,
+                "ramp_start_accum_steps": c.ramp_start_accum_steps,
+            }
+        )
+        return self.model_copy(update={"parallel": c.parallel, "precision": c.precision, "batch": batch, "run": run})
+
+    def candidate_config(self, number: int) -> CandidateConfig:
+        """Candidate ``number``'s configuration (1: this RunConfig's own)."""
+        if number == 1:
+            b = self.batch
+            return CandidateConfig(
+                parallel=self.parallel,
+                precision=self.precision,
+                micro_batch_size=b.micro_batch_size,
+                grad_accum_steps=b.grad_accum_steps,
+                ramp_start_accum_steps=b.ramp_start_accum_steps,
+            )
+        return self.probe.alternatives[number - 2]
 
     def mfu(self, tokens_per_second_per_gpu: float, *, causal: bool = False) -> float:
         """Model FLOPs utilisation (a fraction) with the planner's FLOPs formula over the BF16 peak,

@@ -317,9 +317,7 @@ def probe_threshold(plan: Plan) -> float:
 def memory_limit(plan: Plan) -> float:
     """Peak memory fraction (0-1) the probe may reach: the tier's headroom, or all of the HBM for a
     pinned configuration that the plan keeps over the headroom (its "tight" warning)."""
-    if plan.memory is not None and plan.memory.fraction > plan.tier.memory_headroom:
-        return 1.0
-    return plan.tier.memory_headroom
+    return plan.probe_memory_limit
 
 
 def training_arguments(

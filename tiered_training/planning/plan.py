@@ -15,6 +15,7 @@ from tiered_training.contract.architecture import Architecture
 from tiered_training.contract.container import TENSORBOARD_DIR
 from tiered_training.contract.runconfig import (
     BatchConfig,
+    CandidateConfig,
     CheckpointConfig,
     DataConfig,
     ExportConfig,
@@ -105,6 +106,32 @@ class Alternative:
         return (
             f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, "
             f"shard group {self.shard_group_size}{cp}"
+        )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration the probe measures (``tuning.probe_candidates``); number 1 is the plan's own."""
+
+    number: int
+    precision: str
+    fp8_recipe: str | None
+    activation_checkpointing: str
+    sharding: str
+    shard_group_size: int
+    context_parallel: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    ramp_start_accum_steps: int | None
+    tokens_per_second_per_gpu: float  # predicted
+    memory_fraction: float  # predicted
+
+    def describe(self) -> str:
+        precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")
+        cp = f", CP {self.context_parallel}" if self.context_parallel > 1 else ""
+        return (
+            f"{precision}, {self.activation_checkpointing} AC, micro-batch {self.micro_batch_size}, "
+            f"{self.sharding} shard group {self.shard_group_size}{cp}"
         )
 
 
@@ -240,6 +267,7 @@ class FailedPlan(_Result):
             "full_parameter": None,
             "departures": [],
             "alternatives": [],
+            "candidates": [],
             "decisions": [asdict(d) for d in self.decisions],
             "findings": [asdict(f) for f in self.findings],
         }
@@ -290,6 +318,7 @@ class Plan(_Result):
     findings: tuple[Finding, ...] = ()
     departures: tuple[Departure, ...] = ()
     alternatives: tuple[Alternative, ...] = ()  # the next fastest configurations that fit
+    candidates: tuple[Candidate, ...] = ()  # what the probe measures: the plan's own first, then the next fastest
     segments: int = (
         1  # training jobs the run is split into under the runtime limit (tiered_training/planning/segments.py)
     )
@@ -331,7 +360,33 @@ class Plan(_Result):
         """The slice the training container needs. Only for a Plan without errors."""
         self.require_ok()
         recipe = self.recipe
-        candidates = sorted({max(1, self.micro_batch_size // 2), self.micro_batch_size, self.micro_batch_size * 2})
+        precision = PrecisionConfig(
+            precision=self.precision,
+            fp8_recipe=self.fp8_recipe,
+            fp8_all_gather=self.fp8_recipe == "tensorwise" and self.sharding != "none",
+            activation_checkpointing=self.activation_checkpointing,
+            compile=self.compile,
+            loss_chunk_tokens=self.loss_chunk_tokens,
+        )
+        alternatives = [
+            CandidateConfig(
+                parallel=ParallelConfig(
+                    sharding=c.sharding, shard_group_size=c.shard_group_size, context_parallel=c.context_parallel
+                ),
+                precision=precision.model_copy(
+                    update={
+                        "precision": c.precision,
+                        "fp8_recipe": c.fp8_recipe,
+                        "fp8_all_gather": c.fp8_recipe == "tensorwise" and c.sharding != "none",
+                        "activation_checkpointing": c.activation_checkpointing,
+                    }
+                ),
+                micro_batch_size=c.micro_batch_size,
+                grad_accum_steps=c.grad_accum_steps,
+                ramp_start_accum_steps=c.ramp_start_accum_steps,
+            )
+            for c in self.candidates[1:]
+        ]
         return RunConfig(
             recipe_name=recipe.name,
             model=ModelConfig(
@@ -343,14 +398,7 @@ class Plan(_Result):
             parallel=ParallelConfig(
                 sharding=self.sharding, shard_group_size=self.shard_group_size, context_parallel=self.context_parallel
             ),
-            precision=PrecisionConfig(
-                precision=self.precision,
-                fp8_recipe=self.fp8_recipe,
-                fp8_all_gather=self.fp8_recipe == "tensorwise" and self.sharding != "none",
-                activation_checkpointing=self.activation_checkpointing,
-                compile=self.compile,
-                loss_chunk_tokens=self.loss_chunk_tokens,
-            ),
+            precision=precision,
             batch=BatchConfig(
                 sequence_length=recipe.sequence_length,
                 micro_batch_size=self.micro_batch_size,
@@ -385,7 +433,9 @@ class Plan(_Result):
                 hbm_bytes=self.instance.hbm_bytes,
                 min_nodes=self.tier.min_nodes_for(self.lora is not None),
             ),
-            probe=ProbeConfig(steps=recipe.probe.steps, micro_batch_candidates=candidates),
+            probe=ProbeConfig(
+                steps=recipe.probe.steps, alternatives=alternatives, memory_limit=self.probe_memory_limit
+            ),
             metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),
             tracking=TrackingConfig(
                 mlflow_tracking_uri=recipe.tracking.mlflow_tracking_server_arn,
@@ -397,6 +447,14 @@ class Plan(_Result):
             run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
             sft=self.sft_config(),
         )
+
+    @property
+    def probe_memory_limit(self) -> float:
+        """Peak memory fraction (0-1) a probe candidate may reach: the tier's headroom, or all of the HBM for a
+        pinned configuration that the plan keeps over the headroom (its "tight" warning)."""
+        if self.memory.fraction > self.tier.memory_headroom:
+            return 1.0
+        return self.tier.memory_headroom
 
     def sft_config(self) -> SftConfig | None:
         """The fine-tuning section of the RunConfig: None for pretraining."""
@@ -468,6 +526,7 @@ class Plan(_Result):
             "full_parameter": asdict(self.full_parameter) if self.full_parameter else None,
             "departures": [asdict(d) for d in self.departures],
             "alternatives": [asdict(a) for a in self.alternatives],
+            "candidates": [asdict(c) for c in self.candidates],
             "decisions": [asdict(d) for d in self.decisions],
             "findings": [asdict(f) for f in self.findings],
         }

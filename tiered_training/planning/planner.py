@@ -30,6 +30,7 @@ from tiered_training.planning import memory, perf
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
+    Candidate,
     Decision,
     DecisionSource,
     Departure,
@@ -72,6 +73,8 @@ MIN_FP8_GAIN = 0.10
 # Configurations within this of the fastest count as equally fast: the plan takes the one
 # closest to the tier's choice.
 NEAR_FASTEST = 0.02
+# Configurations the probe measures when tuning.probe_candidates is auto and the search has a choice.
+DEFAULT_PROBE_CANDIDATES = 3
 FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.48xlarge or ml.p6-b300.48xlarge"
 GIB = memory.GIB
 
@@ -150,6 +153,7 @@ class _Run(_Log):
     tier: Tier
     departures: list[Departure] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
+    probe_options: list[Option] = field(default_factory=list)  # what the probe measures, the chosen one first
     lora: Lora | None = None  # task sft with LoRA adapters
     lora_section: LoraSection | None = None
     pinned: bool = False  # the recipe pins one configuration: it must fit the physical HBM, not the headroom
@@ -651,6 +655,7 @@ def resolve(
         findings=tuple(run.findings),
         departures=tuple(run.departures),
         alternatives=tuple(run.alternatives),
+        candidates=tuple(_candidates(run, chosen, ramp_start)),
         segments=segments.count,
         job_runtime_seconds=segments.job_runtime_seconds,
         segment_seconds=segments.segment_seconds(),
@@ -744,7 +749,37 @@ def _choose(run: _Run) -> Option | None:
             chosen = min(near, key=lambda o: (_departures_from(o, by_tier), -o.speed))
     run.alternatives = _alternatives(fitting, chosen)
     _record(run, chosen, by_tier, fitting)
+    run.probe_options = _probe_options(run, fitting, chosen)
     return chosen
+
+
+def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Option]:
+    """The configurations the probe measures: the chosen one, then the fastest others that fit (FP8 only where the
+    choice may take it: against a tier that advises BF16, only when the chosen one is FP8 or the recipe pins FP8)."""
+    asked = run.recipe.tuning.probe_candidates
+    count = asked if isinstance(asked, int) else (1 if run.pinned or run.strict else DEFAULT_PROBE_CANDIDATES)
+    pool = [o for o in fitting if o is not chosen]
+    if _fp8_against_tier(run) and chosen.setting.precision != "fp8":
+        pool = [o for o in pool if o.setting.precision != "fp8"]
+    picked = [chosen, *pool[: count - 1]]
+    if count == 1:
+        why = (
+            "set in the recipe: the probe measures the plan's configuration only"
+            if isinstance(asked, int)
+            else "the recipe pins every tuning field, so there is one configuration to measure"
+            if run.pinned
+            else "tuning.follow_tiers is strict: the tier's configuration only"
+        )
+    else:
+        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:]) or "none"
+        short = f"; only {len(picked)} fit" if len(picked) < count else ""
+        why = (
+            f"{'set in the recipe' if isinstance(asked, int) else 'auto'}: the probe measures the {len(picked)} fastest "
+            f"that fit ({chosen.speed:,.0f} predicted for the plan's, then {others} tokens/s per GPU){short}; "
+            "the full run takes the fastest measured under the headroom"
+        )
+    run.decide("tuning.probe_candidates", len(picked), why, asked)
+    return picked
 
 
 def _pins_one(space: Space) -> bool:
@@ -1519,6 +1554,35 @@ def _ramp_and_steps(run: _Run, chosen: Option) -> tuple[int | None, int, int]:
         run.decide("tuning.batch_ramp", False, reason, tuning.batch_ramp)
     total = steps_for_tokens(recipe.budget.total_tokens, tokens_per_accum, start, accum, ramp_steps or 0)
     return start, ramp_steps or 0, total
+
+
+def _candidates(run: _Run, chosen: Option, ramp_start: int | None) -> list[Candidate]:
+    """The probe's candidates as the plan records them: the chosen one (with the plan's ramp), then the others,
+    each ramping from the same share of its own accumulation."""
+    spec = run.recipe.tuning.batch_ramp if isinstance(run.recipe.tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
+    found = []
+    for number, option in enumerate(run.probe_options or [chosen], start=1):
+        s = option.setting
+        start = ramp_start
+        if number > 1 and ramp_start is not None:
+            start = max(1, round(option.accum * spec.start_fraction)) if option.accum >= 2 else None
+        found.append(
+            Candidate(
+                number=number,
+                precision=s.precision,
+                fp8_recipe=s.fp8_recipe,
+                activation_checkpointing=s.checkpointing,
+                sharding=s.sharding,
+                shard_group_size=s.shard_group,
+                context_parallel=s.context_parallel,
+                micro_batch_size=s.micro_batch,
+                grad_accum_steps=option.accum,
+                ramp_start_accum_steps=start,
+                tokens_per_second_per_gpu=round(option.speed, 1),
+                memory_fraction=round(option.memory.fraction, 4),
+            )
+        )
+    return found
 
 
 def _warmup(run: _Run, chosen: Option, start: int | None, ramp_steps: int, total_steps: int) -> int:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tiered_training.contract.architecture import Architecture
-from tiered_training.contract.runconfig import HF_ID_PATTERN
+from tiered_training.contract.runconfig import HF_ID_PATTERN, MAX_PROBE_CANDIDATES
 from tiered_training.recipe.names import longest_name, name_problem
 
 AUTO: Final = "auto"
@@ -497,6 +497,13 @@ class TuningSection(_Strict):
     lora: LoraSection | None = Field(
         default=None,
         description="the LoRA adapters' settings; default: rank 16, alpha 32, dropout 0.05 on all seven projections",
+    )
+    probe_candidates: Annotated[int, Field(ge=1, le=MAX_PROBE_CANDIDATES)] | Auto = Field(
+        default=AUTO,
+        description=(
+            "configurations the probe measures (the planner's fastest K that fit), the full run taking the fastest "
+            "measured; auto: 3, or 1 when the recipe pins every tuning field"
+        ),
     )
 
 
