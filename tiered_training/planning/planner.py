@@ -773,9 +773,10 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
     else:
         others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:]) or "none"
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
+        how = "set in the recipe" if isinstance(asked, int) else "auto"
         why = (
-            f"{'set in the recipe' if isinstance(asked, int) else 'auto'}: the probe measures the {len(picked)} fastest "
-            f"that fit ({chosen.speed:,.0f} predicted for the plan's, then {others} tokens/s per GPU){short}; "
+            f"{how}: the probe measures the {len(picked)} fastest that fit ({chosen.speed:,.0f} predicted for the "
+            f"plan's, then {others} tokens/s per GPU){short}; "
             "the full run takes the fastest measured under the headroom"
         )
     run.decide("tuning.probe_candidates", len(picked), why, asked)
