@@ -261,6 +261,7 @@ def build_launch(
     checkpoint_dir: Path | None = None,
     data_dir: Path | None = None,
     candidate: int = 1,
+    checks: bool = True,
 ) -> Launch:
     """argv and environment of the ``torchrun`` that this host runs.
 
@@ -268,7 +269,8 @@ def build_launch(
     another world size that the plan's global batch cannot be resumed on is refused here.
     ``candidate``: in probe mode, the candidate this launch measures (``--candidate``), on its own rendezvous
     port (the base port + the candidate), so a late host cannot join the previous candidate's store. In train
-    mode the checks use the candidate the trainer will apply (training/candidates.py).
+    mode the checks use the candidate the trainer will apply (training/candidates.py). ``checks=False`` leaves
+    out the run's checks (host count, resume): a probe records a candidate they refuse as failed.
     """
     hosts, current = _hosts(resourceconfig)
     cfg = load_run_config(hyperparameters)
@@ -287,8 +289,9 @@ def build_launch(
     gpus = _gpus(environ, instance_type, cfg.hardware.gpus_per_node)
 
     nnodes, node_rank = len(hosts), hosts.index(current)
-    _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
-    _check_world(cfg, nnodes * gpus, checkpoint_dir, nnodes)
+    if checks:
+        _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
+        _check_world(cfg, nnodes * gpus, checkpoint_dir, nnodes)
     master_addr = environ.get("TIERED_TRAINING_MASTER_ADDR") or hosts[0]
     base_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
     try:
@@ -350,6 +353,7 @@ def launch_from_files(
     checkpoint_dir: Path | None = None,
     data_dir: Path | None = None,
     candidate: int = 1,
+    checks: bool = True,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     resourceconfig = read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
@@ -362,6 +366,7 @@ def launch_from_files(
         checkpoint_dir=checkpoint_dir,
         data_dir=data_dir,
         candidate=candidate,
+        checks=checks,
     )
 
 
@@ -477,13 +482,19 @@ def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str
 
 
 def run_probe_launches(
-    first: Launch, make_launch: Callable[[int], Launch], probe_dir: Path, output_dir: Path, cfg
+    first: Launch,
+    make_launch: Callable[[int], Launch],
+    probe_dir: Path,
+    output_dir: Path,
+    cfg,
+    first_refused: LaunchError | None = None,
 ) -> int:
     """Probe mode: one torchrun per candidate, in order; then, on host 0, the PROBE lines and the choice.
 
     A candidate whose launch fails (for a reason other than running out of memory, which is a result) is
-    recorded as failed with its reason and the others still run. The job fails when no candidate ran and
-    some failed (the failure file names each)."""
+    recorded as failed with its reason and the others still run, as is one the launcher's checks refuse
+    (``first_refused``: candidate 1's refusal). The job fails when no candidate ran and some failed (the failure
+    file names each)."""
     host = first.env.get("SM_CURRENT_HOST", "this host")
     if first.node_rank == 0:
         for number in range(1, first.candidates + 1):
@@ -494,6 +505,8 @@ def run_probe_launches(
             failed[number] = "not run: the probe job was stopped"
             continue
         try:
+            if number == 1 and first_refused is not None:
+                raise first_refused
             launch = first if number == 1 else make_launch(number)
         except LaunchError as error:
             failed[number] = f"{host}: launcher: {error}"
@@ -540,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe_dir = Path(environ.get(PROBE_DIR_VARIABLE) or root / "output/data/probe")
     environ[PROBE_DIR_VARIABLE] = str(probe_dir)
 
-    def make_launch(candidate: int) -> Launch:
+    def make_launch(candidate: int, checks: bool = True) -> Launch:
         return launch_from_files(
             config_dir,
             environ,
@@ -548,17 +561,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"),
             data_dir=Path(environ.get("TT_DATA_DIR") or environ.get("SM_CHANNEL_TRAIN") or root / "input/data/train"),
             candidate=candidate,
+            checks=checks,
         )
 
+    refused = None
     try:
-        launch = make_launch(1)
+        try:
+            launch = make_launch(1)
+        except LaunchError as error:
+            if run_mode(environ) != "probe":
+                raise
+            refused = error  # a probe records candidate 1 as failed if only the run's checks refuse it
+            launch = make_launch(1, checks=False)
     except LaunchError as error:
         print(f"launcher: error: {error}", file=sys.stderr)
         write_failure(root / "output", f"launcher: {error}")
         return EXIT_USAGE
     if launch.mode == "probe":
         cfg = load_run_config(read_json(config_dir / "hyperparameters.json", "hyperparameters.json"))
-        return run_probe_launches(launch, make_launch, probe_dir, root / "output", cfg)
+        return run_probe_launches(launch, make_launch, probe_dir, root / "output", cfg, refused)
     lease = None
     if launch.mode == "train":
         try:

@@ -237,3 +237,46 @@ def test_train_checks_the_host_count_with_the_candidate_it_runs():
     build_launch(rc, _eight_gpu_plan(candidate=1).to_hyperparameters(), {"SM_NUM_GPUS": "8"})
     with pytest.raises(LaunchError, match="InstanceCount 1"):
         build_launch(rc, _eight_gpu_plan(candidate=2).to_hyperparameters(), {"SM_NUM_GPUS": "8"})
+
+
+_PROBE_STUB = """#!/bin/sh
+for a in "$@"; do case $a in --candidate=*) n=${a#--candidate=};; esac; done
+echo "PID $n $$"
+if [ "$n" = "$FAIL" ] || [ "$FAIL" = all ]; then echo "ValueError: boom $n" > "$TIERED_TRAINING_FAILURE_DIR/rank-0"; exit 1; fi
+mkdir -p "$TIERED_TRAINING_PROBE_DIR"
+echo '{"candidate": '$n', "status": "ok", "tokens_per_second": '$n'00.0, "peak_allocated_bytes": 1000, "peak_reserved_bytes": 2000}' > "$TIERED_TRAINING_PROBE_DIR/candidate-$n.json"
+"""
+
+
+def _probe_with_stub(tmp_path, fail):
+    root = tmp_path / "opt/ml"
+    (root / "input/config").mkdir(parents=True)
+    cfg = tiny_config(probe={"steps": 2, "alternatives": [_BIGGER, _BIGGER]})
+    (root / "input/config/hyperparameters.json").write_text(json.dumps(cfg.to_hyperparameters()))
+    (root / "input/config/resourceconfig.json").write_text(json.dumps(_resourceconfig(["algo-1"], "algo-1", "cpu")))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(_PROBE_STUB)
+    (bin_dir / "torchrun").chmod(0o755)
+    result = _run_main(root / "input/config", PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe",
+                       SM_NUM_GPUS="1", TIERED_TRAINING_OPT_ML=str(root), FAIL=fail)
+    failure = root / "output/failure"
+    return result, failure.read_text() if failure.exists() else None
+
+
+def test_a_failed_candidate_is_recorded_and_the_others_still_run(tmp_path):
+    result, failure = _probe_with_stub(tmp_path, fail="3")
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PID ")] == ["1", "2", "3"]
+    assert "PROBE best_candidate=2\n" in result.stdout and "PROBE tokens_per_second=200.00\n" in result.stdout
+    assert "PROBE candidate=3" not in result.stdout  # a failed candidate prints no values
+    assert "candidate 3, failed: algo-1 rank-0: ValueError: boom 3" in result.stdout
+    assert failure is None
+
+
+def test_a_probe_whose_every_candidate_failed_fails_the_job_naming_each(tmp_path):
+    result, failure = _probe_with_stub(tmp_path, fail="all")
+    assert result.returncode == 1
+    assert "PROBE best_candidate=0\n" in result.stdout
+    assert failure.startswith("probe: every candidate failed: candidate 1: algo-1 rank-0: ValueError: boom 1; "
+                              "candidate 2: algo-1 rank-0: ValueError: boom 2; candidate 3: "), failure
