@@ -380,7 +380,8 @@ def explain_lines(plan: Plan) -> list[str]:
                 ESTIMATE_COLUMN,
             ),
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
-            f"  wall time              {_hours(e.wall_time_hours)}",
+            f"  wall time              {_hours(e.wall_time_hours)}"
+            + (f" (the probe's {e.probe_hours * 60:,.0f} min included)" if e.probe_hours else ""),
             Hang(
                 f"  cost                   none: {e.price_source}"
                 if e.cost_usd is None or e.price_per_hour is None
