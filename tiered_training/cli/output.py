@@ -81,6 +81,23 @@ class Decision(_Strict):
     source: str = Field(description="recipe, auto or derived")
 
 
+class Candidate(_Strict):
+    """A configuration the probe measures, with the planner's predictions."""
+
+    number: int = Field(description="1 is the plan's own configuration")
+    precision: str
+    fp8_recipe: str | None
+    activation_checkpointing: str
+    sharding: str
+    shard_group_size: int
+    context_parallel: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    ramp_start_accum_steps: int | None
+    tokens_per_second_per_gpu: float = Field(description="predicted")
+    memory_fraction: float = Field(description="predicted peak, a fraction of the GPU's memory")
+
+
 class Plan(_Strict):
     """A resolved recipe. A plan with errors has the same keys, null where the planner could not decide."""
 
@@ -99,7 +116,7 @@ class Plan(_Strict):
     full_parameter: dict[str, Any] | None = None
     departures: list[dict[str, Any]] = []
     alternatives: list[dict[str, Any]] = []
-    candidates: list[dict[str, Any]] = Field(
+    candidates: list[Candidate] = Field(
         [], description="the configurations the probe measures, the plan's own first, with their predictions"
     )
     decisions: list[Decision] = []

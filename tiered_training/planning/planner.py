@@ -773,8 +773,10 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
             if run.pinned
             else "tuning.follow_tiers is strict: the tier's configuration only"
         )
+    elif len(picked) == 1:
+        why = f"set in the recipe: {count} asked, but only the plan's configuration fits; the probe measures it"
     else:
-        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:]) or "none"
+        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         why = (
