@@ -123,6 +123,26 @@ class Plan(_Strict):
     findings: list[PlanFinding] = []
 
 
+class ProbeCandidate(_Strict):
+    number: int
+    configuration: str
+    predicted_tokens_per_second_per_gpu: float
+    predicted_memory_fraction: float
+    measured_tokens_per_second_per_gpu: float | None = Field(description="null: the candidate failed (not OOM)")
+    measured_peak_allocated_fraction: float | None
+    measured_peak_reserved_fraction: float | None
+    ratio: float | None = Field(description="measured / predicted tokens/s per GPU")
+    trained: bool = Field(description="the candidate Train runs")
+
+
+class ProbeComparison(_Strict):
+    """The Probe job's measurements against the plan's predictions."""
+
+    training_job: str
+    best_candidate: int | None = Field(description="the candidate Train runs; 0: none fits; null: none reported")
+    candidates: list[ProbeCandidate]
+
+
 class Output(_Strict):
     """What every command's JSON has; alone, the output of a command line that names no command."""
 
@@ -144,7 +164,8 @@ class PlanOutput(Output):
 
 
 class ExplainOutput(PlanOutput):
-    pass
+    execution_arn: str | None = Field(None, description="--run: the execution whose probe is shown")
+    probe: ProbeComparison | None = Field(None, description="--run: its probe, predicted against measured")
 
 
 class RecipeCheck(_Strict):
@@ -258,6 +279,8 @@ class StatusOutput(Output):
     runs_uri: str | None = None
     runs: list[dict[str, Any]] | None = None
     runs_error: str | None = None
+    probe: ProbeComparison | None = Field(None, description="null: no Probe job in the execution")
+    probe_error: str | None = None
 
 
 class LogsOutput(Output):
