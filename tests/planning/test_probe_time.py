@@ -68,8 +68,24 @@ def test_candidates_that_would_overrun_the_probe_are_cut_with_a_warning():
     assert len(plan.run_config().probe.alternatives) == len(plan.candidates) - 1
 
 
-def test_fitting_keeps_at_least_one_launch():
+def test_fitting_counts_the_launches_that_finish_in_time():
     launches = [probe.Launch(n, 10.0, 1.0, 50) for n in (1, 2, 3)]  # 60 s each
     assert probe.fitting(launches, 125) == 2
-    assert probe.fitting(launches, 30) == 1
+    assert probe.fitting(launches, 30) == 0
     assert probe.fitting(launches, 1000) == 3
+
+
+def test_a_probe_whose_first_launch_cannot_finish_is_an_error_with_the_steps_that_fit(monkeypatch):
+    from tiered_training.planning import segments
+
+    monkeypatch.setattr(segments, "PROBE_RUNTIME_SECONDS", 60)  # a 60 s probe job
+    plan = resolve(Recipe.model_validate(recipe_dict(**PRICED, **{"probe.steps": 200})))
+    (error,) = plan.errors
+    assert (error.code, error.field) == ("probe-too-long", "probe.steps")
+    assert "over the probe job's runtime of 0.0166667 h" in error.message
+    first = resolve(Recipe.model_validate(recipe_dict(**PRICED))).candidates[0]
+    launch = probe.launches([first], sequence_length=4096, steps=200, compile=True, optimizer_seconds=0.0)[0]
+    assert error.fix.startswith("set probe.steps to at most ")
+    assert int(error.fix.rsplit(" ", 1)[1]) <= (60 - launch.start_up_seconds) / launch.step_seconds
+    off = resolve(Recipe.model_validate(recipe_dict(**PRICED, **{"probe.steps": 200, "probe.enabled": False})))
+    assert off.ok and [f.severity for f in off.findings if f.code == "probe-too-long"] == ["warning"]

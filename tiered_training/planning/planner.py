@@ -1649,7 +1649,8 @@ def _launches(run: _Run, candidates: Sequence[Candidate], chosen: Option) -> lis
 
 
 def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list[Candidate]:
-    """The candidates whose launches finish within the probe job's runtime: fewer where K would not."""
+    """The candidates whose launches finish within the probe job's runtime: fewer where K would not; an error
+    where not even the plan's own would (a warning when the recipe turns the probe off)."""
     recipe = run.recipe
     limit = probe_runtime_seconds(recipe)
     found = _launches(run, candidates, chosen)
@@ -1658,16 +1659,17 @@ def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list
         return candidates
     count = probes.fitting(found, limit)
     minutes = f"{total / 60:,.0f} min"
-    if count < len(candidates):
-        kept = candidates[:count]
+    kept = candidates[: max(1, count)]
+    if len(kept) < len(candidates):
         for index, decision in enumerate(run.decisions):
             if decision.field == "tuning.probe_candidates":
                 run.decisions[index] = replace(
                     decision,
-                    value=count,
-                    reason=f"{decision.reason}; cut to {count}: {len(candidates)} launches would take {minutes}, "
+                    value=len(kept),
+                    reason=f"{decision.reason}; cut to {len(kept)}: {len(candidates)} launches would take {minutes}, "
                     f"over the probe's runtime of {limit / 3600:g} h",
                 )
+    if count >= 1:
         run.warn(
             "probe-candidates-cut",
             f"{len(candidates)} probe candidates of {recipe.probe.steps} steps each would take about {minutes}, "
@@ -1676,14 +1678,18 @@ def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list
             "tuning.probe_candidates",
         )
         return kept
-    run.warn(
-        "probe-too-long",
-        f"the probe's {recipe.probe.steps} steps of the plan's configuration would take about {minutes}, over the "
-        f"probe job's runtime of {limit / 3600:g} h",
-        "lower probe.steps",
-        "probe.steps",
+    first = found[0]
+    steps = int((limit - first.start_up_seconds) // first.step_seconds) if first.step_seconds > 0 else 0
+    message = (
+        f"the probe's {recipe.probe.steps} steps of the plan's configuration would take about "
+        f"{first.seconds / 60:,.0f} min, over the probe job's runtime of {limit / 3600:g} h"
     )
-    return candidates
+    fix = f"set probe.steps to at most {steps}" if steps >= 3 else "raise compute.max_runtime_hours"
+    if recipe.probe.enabled:
+        run.error("probe-too-long", message, fix, "probe.steps")
+    else:
+        run.warn("probe-too-long", message + " (when SkipProbe is false)", fix, "probe.steps")
+    return kept
 
 
 def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> float:

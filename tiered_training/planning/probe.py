@@ -75,14 +75,14 @@ def launches(
 
 
 def fitting(found: Sequence[Launch], limit_seconds: float) -> int:
-    """How many of the first launches run within ``limit_seconds`` together (at least 1)."""
+    """How many of the first launches run within ``limit_seconds`` together (0: not even the first)."""
     total, count = 0.0, 0
     for launch in found:
         total += launch.seconds
         if total > limit_seconds:
             break
         count += 1
-    return max(1, count)
+    return count
 
 
 def optimizer_seconds(plan: Plan) -> float:
