@@ -29,7 +29,7 @@ def test_the_probe_adds_its_launches_to_wall_time_and_cost():
     assert on.estimates.wall_time_hours == pytest.approx(off.estimates.wall_time_hours + seconds / 3600)
     assert on.estimates.cost_usd == pytest.approx(off.estimates.cost_usd + seconds / 3600 * on.nodes * 100.0)
     reason = on.decision("probe.enabled").reason
-    assert reason.startswith("3 candidate(s) x (35 s start-up") and f"{seconds / 60:,.0f} min" in reason
+    assert reason.startswith("3 launch(es) x (35 s start-up") and f"{seconds / 60:,.0f} min" in reason
     assert f"${seconds / 3600 * 100.0:,.0f}" in reason
 
 

@@ -105,7 +105,7 @@ def test_an_explicit_count_is_kept():
 def test_fewer_fit_than_asked():
     plan = plan_of(**PINNED, **{"tuning.probe_candidates": 5})
     assert len(plan.candidates) == 1
-    assert "only the plan's configuration fits" in plan.decision("tuning.probe_candidates").reason
+    assert "5 wanted, but only the plan's configuration fits" in plan.decision("tuning.probe_candidates").reason
     wider = plan_of(**{"tuning.probe_candidates": 5})
     assert 1 < len(wider.candidates) < 5
     assert f"only {len(wider.candidates)} fit" in wider.decision("tuning.probe_candidates").reason

@@ -774,7 +774,8 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
             else "tuning.follow_tiers is strict: the tier's configuration only"
         )
     elif len(picked) == 1:
-        why = f"set in the recipe: {count} asked, but only the plan's configuration fits; the probe measures it"
+        how = "set in the recipe" if isinstance(asked, int) else "auto"
+        why = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
     else:
         others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
@@ -1706,9 +1707,9 @@ def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> floa
     run.decide(
         "probe.enabled",
         True,
-        f"{len(found)} candidate(s) x ({found[0].start_up_seconds:g} s start-up: process start and "
-        f"{'the compiled' if _compiles(recipe) else 'the'} first step, as measured + {recipe.probe.steps} steps of "
-        f"one micro-batch at {steps} s) adds {seconds / 60:,.0f} min{cost} to the run's wall time and cost",
+        f"{len(found)} launch(es) x ({found[0].start_up_seconds:g} s start-up, as measured: process start and the "
+        f"{'compiled ' if _compiles(recipe) else ''}first step; then {recipe.probe.steps} steps of one micro-batch "
+        f"at {steps} s) add {seconds / 60:,.0f} min{cost} to the run's wall time and cost",
         None,
     )
     return seconds / 3600
