@@ -1182,6 +1182,9 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             continue
         gpus = nodes * run.instance.gpus
         hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
+        if lora.probe_hours:  # its probe: as many launches as LoRA's, each of this configuration
+            (launch,) = _launches(full, _candidates(full, found, None)[:1], found)
+            hours += launch.seconds * len(run.probe_options) / 3600
         price, _ = run.instance.price(
             run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot, region=run.recipe.compute.region
         )
