@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from aws import test_runs
 from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
@@ -27,6 +28,7 @@ def endpoint(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         offline_aws_env(mp, home, REGION)
         mp.setenv("XDG_CACHE_HOME", str(home / "cache"))
+        test_runs.add_missing_actions(mp)  # ListPipelineExecutionSteps: the executions' Probe jobs
         with moto_server() as url:
             client("s3", url).create_bucket(Bucket="tt-store")
             yield url
@@ -109,3 +111,25 @@ def test_an_absurd_overlay_is_refused_with_the_reason(endpoint, tmp_path):
     result = invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint)
     assert result.exit_code == 1, result.output
     assert "overlay refused: measured over predicted tokens/s outside 0.5-1.5" in result.output
+
+
+def test_the_probes_candidates_are_points_of_their_own_precision(endpoint, tmp_path):
+    """No full run yet: the probe's two candidates that ran are the overlay's points, the one out of memory is
+    none; the output says where the points came from."""
+    path, plan = deployed(tmp_path, "cal-probe", endpoint)
+    assert len(plan.candidates) == 3 and {c.precision for c in plan.candidates} == {"bf16"}
+    first, second, _third = (c.tokens_per_second_per_gpu for c in plan.candidates)
+    sm = client("sagemaker", endpoint)
+    arn = sm.start_pipeline_execution(PipelineName=plan.name)["PipelineExecutionArn"]
+    test_runs.ran(arn, ("Probe", "Succeeded"), ("Train", "Executing"))
+    test_runs.probe_job(endpoint, arn, best_candidate=2, candidate1_tokens_per_second=round(0.90 * first, 2),
+                        candidate2_tokens_per_second=round(0.92 * second, 2), candidate3_tokens_per_second=0.0)
+    result = invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint)
+    assert result.exit_code == 0, result.output
+    assert "calibrated with 2 runs of this account" in result.output
+    assert "points: 2 from probes (one per measured candidate), 0 from full runs" in result.output
+    assert "left out: cal-probe: 0 per-minute points" in result.output
+    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=STORE_KEY)["Body"].read())
+    assert stored["factors"] == {f"{plan.instance.name}/bf16": pytest.approx((0.90 * 0.92) ** 0.5, abs=1e-3)}
+    data = json.loads(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json").output)
+    assert data["points"] == {"probe": 2, "run": 0}

@@ -225,6 +225,86 @@ def test_status_shows_steps_jobs_and_training_progress(endpoint, recipe):
     assert data["steps"][-1]["training_job"] == f"pipelines-{arn[-12:]}-train"
 
 
+def probe_job(endpoint: str, arn: str, **metrics: float) -> str:
+    """The execution's Probe job in moto, its FinalMetricDataList the given ``probe:...`` values
+    (``candidate2_tokens_per_second`` is ``probe:candidate2:tokens_per_second``)."""
+    from moto.backends import get_backend
+
+    name = f"pipelines-{arn[-12:]}-probe"
+    client("sagemaker", endpoint).create_training_job(
+        TrainingJobName=name, RoleArn=f"arn:aws:iam::{ACCOUNT}:role/exec",
+        AlgorithmSpecification={"TrainingImage": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/t:1", "TrainingInputMode": "File"},
+        OutputDataConfig={"S3OutputPath": "s3://tt-store/o/"},
+        ResourceConfig={"InstanceType": "ml.p6-b200.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
+        StoppingCondition={"MaxRuntimeInSeconds": 7200},
+    )
+    job = get_backend("sagemaker")[ACCOUNT][REGION].training_jobs[name]
+    job.final_metric_data_list = [
+        {"MetricName": "probe:" + key.replace("_", ":", 1) if key.startswith("candidate") else "probe:" + key,
+         "Value": value, "Timestamp": datetime.now(UTC)}
+        for key, value in metrics.items()
+    ]
+    return name
+
+
+def test_status_shows_each_probe_candidate_predicted_against_measured(endpoint, recipe):
+    plan = plan_file(recipe)
+    assert len(plan.candidates) == 3
+    first, second, third = (c.tokens_per_second_per_gpu for c in plan.candidates)
+    arn = started(endpoint, recipe)
+    ran(arn, ("Probe", "Succeeded"), ("Gate", "Succeeded"), ("Train", "Executing"))
+    job = probe_job(endpoint, arn, best_candidate=2,
+                    candidate1_tokens_per_second=round(first * 0.5, 2), candidate1_peak_allocated_fraction=0.5,
+                    candidate1_peak_reserved_fraction=0.6,
+                    candidate2_tokens_per_second=round(second * 1.1, 2), candidate2_peak_allocated_fraction=0.4,
+                    candidate2_peak_reserved_fraction=0.45)  # candidate 3 failed: it printed nothing
+    result = invoke("status", recipe, "--endpoint-url", endpoint, "--execution", arn)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = lines.index(f"probe ({job}): predicted against measured, per candidate")
+    one, two, three = lines[at + 2:at + 5]
+    assert one.split()[:5] == ["1", f"{first:,.0f}", f"{first * 0.5:,.0f}", "0.50", f"{plan.candidates[0].memory_fraction:.0%}"]
+    assert "60%" in one and not one.endswith("<- Train")
+    assert two.split()[3] == "1.10" and two.endswith("<- Train")
+    assert three.split()[:4] == ["3", f"{third:,.0f}", "-", "-"]
+    assert lines[at + 5] == "  Train runs candidate 2: the fastest measured under the memory limit"
+
+    data = json_output("status", invoke("status", recipe, "--endpoint-url", endpoint, "--execution", arn, "-f", "json").stdout)
+    probe = data["probe"]
+    assert probe["training_job"] == job and probe["best_candidate"] == 2
+    assert [c["trained"] for c in probe["candidates"]] == [False, True, False]
+    assert probe["candidates"][1]["ratio"] == pytest.approx(1.1, rel=1e-4)
+    assert probe["candidates"][0]["measured_peak_reserved_fraction"] == 0.6
+    assert probe["candidates"][2]["measured_tokens_per_second_per_gpu"] is None
+
+
+def test_status_without_the_probe_job_says_so_in_a_line(endpoint, recipe):
+    arn = started(endpoint, recipe)
+    ran(arn, ("Probe", "Failed"))  # no such job in moto: DescribeTrainingJob refuses
+    result = invoke("status", recipe, "--endpoint-url", endpoint, "--execution", arn)
+    assert result.exit_code == 0, result.output
+    assert "probe: cannot read its measurements: " in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_explain_run_shows_a_runs_probe_by_run_id_or_execution(endpoint, recipe):
+    arn = started(endpoint, recipe)
+    ran(arn, ("Probe", "Succeeded"))
+    job = probe_job(endpoint, arn, best_candidate=0, candidate1_tokens_per_second=0.0,
+                    candidate1_peak_allocated_fraction=1.0, candidate1_peak_reserved_fraction=1.0)
+    by_id = invoke("explain", recipe, "--run", arn.rsplit("/", 1)[-1], "--endpoint-url", endpoint, "--region", REGION)
+    assert by_id.exit_code == 0, by_id.output
+    assert f"probe ({job}): predicted against measured, per candidate" in by_id.stdout
+    assert "no candidate fits under the memory limit: Train does not run" in by_id.stdout
+    assert by_id.stdout.index("Probe candidates (") < by_id.stdout.index(f"probe ({job})")
+    data = json_output("explain", invoke("explain", recipe, "--run", arn, "--endpoint-url", endpoint, "-f", "json").stdout)
+    assert data["execution_arn"] == arn and data["probe"]["best_candidate"] == 0
+    assert data["probe"]["candidates"][0]["ratio"] == 0.0
+    unknown = invoke("explain", recipe, "--run", "nosuchrun", "--endpoint-url", endpoint, "--region", REGION)
+    assert unknown.exit_code != 0 and "--run nosuchrun: pipeline follow-me has no execution with that id" in unknown.output
+    assert "Traceback" not in unknown.output
+
+
 def test_logs_tail_the_training_jobs_streams(endpoint, recipe):
     arn = started(endpoint, recipe)
     ran(arn, ("Probe", "Succeeded"), ("Train", "Executing"))

@@ -120,6 +120,17 @@ def execution_with_logs(endpoint: str, name: str) -> str:
     return arn
 
 
+def execution_with_probe(endpoint: str, name: str) -> str:
+    """The latest execution with a finished Probe step and its job's measurements."""
+    from aws import test_runs
+
+    listed = client("sagemaker", endpoint).list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"]
+    arn = max(listed, key=lambda e: e["StartTime"])["PipelineExecutionArn"]
+    test_runs.ran(arn, ("Probe", "Succeeded"))
+    test_runs.probe_job(endpoint, arn, best_candidate=1, candidate1_tokens_per_second=1000.0)
+    return arn
+
+
 COMMANDS = [
     ("start", ["--no-follow"]),
     ("start --resume", ["--no-follow", "--resume", RUN]),
@@ -165,6 +176,8 @@ def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Cal
             execution_with_logs(endpoint, plan.name)
         if command == "calibrate":
             steady_run(endpoint, plan)
+        if command == "status":  # the latest execution's probe ran: status reads its job's measurements
+            execution_with_probe(endpoint, plan.name)
         with recording(command) as recorder:
             result = CliRunner().invoke(app, [command.split()[0], plan.source, "--endpoint-url", endpoint, *args])
         # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
@@ -186,7 +199,9 @@ def test_every_command_makes_calls_and_each_is_mapped(recorded):
         by_command.setdefault(call.command, set()).add(f"{call.service}.{call.operation}")
     assert {"sagemaker.StartPipelineExecution"} <= by_command["start"]
     assert {"cloudwatch.GetMetricData", "sagemaker.DescribePipelineExecution"} <= by_command["start (follow)"]
-    assert {"s3.ListObjectsV2", "s3.GetObject", "cloudwatch.GetMetricData"} <= by_command["status"]
+    assert {"s3.ListObjectsV2", "s3.GetObject", "cloudwatch.GetMetricData", "sagemaker.DescribeTrainingJob"} <= (
+        by_command["status"]
+    )
     assert {"logs.DescribeLogStreams", "logs.GetLogEvents"} <= by_command["logs"]
     assert "sagemaker.StopPipelineExecution" in by_command["stop"]
     assert {"cloudwatch.GetMetricData", "s3.PutObject"} <= by_command["calibrate"]

@@ -391,7 +391,8 @@ def test_estimates_are_consistent():
     e = plan.estimates
     assert e.tokens_per_second == pytest.approx(e.tokens_per_second_per_gpu * plan.gpus)
     assert e.mfu == pytest.approx(e.flops_per_token * e.tokens_per_second_per_gpu / plan.instance.peak_bf16_flops)
-    assert e.wall_time_hours == pytest.approx(plan.recipe.budget.total_tokens / e.tokens_per_second / 3600)
+    training = plan.recipe.budget.total_tokens / e.tokens_per_second / 3600
+    assert e.probe_hours > 0 and e.wall_time_hours == pytest.approx(training + e.probe_hours)
     assert e.cost_usd == pytest.approx(e.wall_time_hours * plan.nodes * e.price_per_hour)
 
 

@@ -58,17 +58,66 @@ def test_float8_all_gather_only_where_fsdp_gathers(sharding):
     assert plan.run_config().precision.fp8_all_gather is (sharding != "none")
 
 
-@pytest.mark.parametrize("micro_batch,candidates", [(1, [1, 2]), (2, [1, 2, 4]), (4, [2, 4, 8]), (8, [4, 8, 16])])
-def test_the_probe_tries_half_and_double_the_micro_batch(micro_batch, candidates):
-    plan = plan_of(**{"tuning.micro_batch_size": micro_batch})
-    assert plan.ok, plan.errors
-    assert plan.run_config().probe.micro_batch_candidates == candidates
+PINNED = {"tuning.precision": "bf16", "tuning.activation_checkpointing": "none", "tuning.sharding": "full",
+          "tuning.shard_group_size": 8, "tuning.context_parallel": 1}
 
 
-def test_an_odd_micro_batch_halves_down():
-    plan = plan_of(**{"tuning.micro_batch_size": 3, "budget.global_batch_tokens": 4096 * 96})
+def _configuration(c):
+    return (c.precision, c.fp8_recipe, c.activation_checkpointing, c.sharding, c.shard_group_size,
+            c.context_parallel, c.micro_batch_size, c.grad_accum_steps)
+
+
+def test_auto_measures_three_the_plans_own_first_and_hands_them_to_the_container():
+    plan = plan_of()
     assert plan.ok, plan.errors
-    assert plan.run_config().probe.micro_batch_candidates == [1, 3, 6]
+    first, *others = plan.candidates
+    assert [c.number for c in plan.candidates] == [1, 2, 3]
+    assert _configuration(first) == (plan.precision, plan.fp8_recipe, plan.activation_checkpointing, plan.sharding,
+                                     plan.shard_group_size, plan.context_parallel, plan.micro_batch_size,
+                                     plan.grad_accum_steps)
+    assert first.tokens_per_second_per_gpu == round(plan.estimates.tokens_per_second_per_gpu, 1)
+    assert len({_configuration(c) for c in plan.candidates}) == 3
+    assert all(c.memory_fraction <= plan.tier.memory_headroom for c in plan.candidates)
+    assert plan.decision("tuning.probe_candidates").value == 3
+    config = plan.run_config()
+    assert config.probe.count == 3 and config.probe.memory_limit == plan.tier.memory_headroom
+    for c in others:
+        alt = config.candidate_config(c.number)
+        assert (alt.precision.precision, alt.precision.activation_checkpointing, alt.parallel.shard_group_size,
+                alt.micro_batch_size, alt.grad_accum_steps) == (c.precision, c.activation_checkpointing,
+                                                                 c.shard_group_size, c.micro_batch_size,
+                                                                 c.grad_accum_steps)
+
+
+def test_a_pinned_configuration_measures_one():
+    plan = plan_of(**PINNED, **{"tuning.micro_batch_size": 8})
+    assert [c.number for c in plan.candidates] == [1]
+    assert plan.run_config().probe.alternatives == []
+    assert "pins every tuning field" in plan.decision("tuning.probe_candidates").reason
+
+
+def test_an_explicit_count_is_kept():
+    plan = plan_of(**{"tuning.probe_candidates": 2})
+    assert len(plan.candidates) == 2 and len(plan.run_config().probe.alternatives) == 1
+    assert plan.decision("tuning.probe_candidates").source == "recipe"
+
+
+def test_fewer_fit_than_asked():
+    plan = plan_of(**PINNED, **{"tuning.probe_candidates": 5})
+    assert len(plan.candidates) == 1
+    assert "5 wanted, but only the plan's configuration fits" in plan.decision("tuning.probe_candidates").reason
+    wider = plan_of(**{"tuning.probe_candidates": 5})
+    assert 1 < len(wider.candidates) < 5
+    assert f"only {len(wider.candidates)} fit" in wider.decision("tuning.probe_candidates").reason
+
+
+def test_fp8_is_not_a_candidate_against_a_bf16_tier_unless_the_plan_takes_it():
+    plan = plan_of()  # the small tier advises BF16; FP8 fits on this instance and is faster
+    assert plan.tier.precision == "bf16" and plan.instance.fp8
+    assert plan.precision == "bf16" and {c.precision for c in plan.candidates} == {"bf16"}
+    chosen = plan_of(**{"tuning.precision": "fp8"})
+    assert chosen.candidates[0].precision == "fp8"
+    assert len(chosen.candidates) == 3
 
 
 def test_a_segmented_run_tells_the_container_its_segments():
@@ -154,3 +203,21 @@ def test_plan_json_of_a_plan():
     assert data["run"] == {"segments": plan.segments, "job_runtime_seconds": plan.job_runtime_seconds,
                            "spot_wait_seconds": plan.spot_wait_seconds, "instance_counts": list(plan.instance_counts)}
     assert data["run"]["spot_wait_seconds"] > 0 and data["run"]["instance_counts"]
+
+
+def test_explain_lists_the_candidates_and_the_wide_table_counts_them():
+    from tiered_training import report
+    from tiered_training.cli.output import Plan as PlanModel
+
+    plan = plan_of(**{"compute.price_per_hour": 100.0})
+    lines = [str(line) for line in report.explain_lines(plan)]
+    at = next(i for i, line in enumerate(lines) if line.startswith("Probe candidates"))
+    assert f"under {plan.probe_memory_limit:.0%} of HBM" in lines[at]
+    for c, line in zip(plan.candidates, lines[at + 2 :], strict=False):
+        assert line.split()[:2] == [str(c.number), f"{c.tokens_per_second_per_gpu:,.0f}"]
+        assert c.describe().split(",")[0] in line
+    assert any(line.strip().startswith("wall time") and "the probe's" in line for line in lines)
+    assert report.summary_row(plan)["probe"] == "3"
+    assert report.summary_row(plan_of(**{"probe.enabled": False}))["probe"] == "off"
+    model = PlanModel.model_validate(json.loads(json.dumps(plan.to_dict())))
+    assert [c.number for c in model.candidates] == [1, 2, 3]

@@ -88,7 +88,7 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     text = report.plans_markdown([failed])
     lines = text.splitlines()
     assert lines[0].startswith("| recipe | model | tier |") and lines[1] == "|" + "---|" * len(report.COLUMNS)
-    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 9 + " 1 error(s) |  |"
+    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 10 + " 1 error(s) |  |"
     notes = [line for line in lines if line.startswith("- ")]
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])
@@ -221,8 +221,9 @@ def test_explain_sections_in_order():
     assert headings[1:] == [
         "Decisions", headings[2], "Estimates", headings[4],
         f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)",
-        "Next alternatives that fit", "Findings"]
+        "Next alternatives that fit", headings[7], "Findings"]
     assert headings[2].startswith("Memory per GPU (") and headings[4].startswith("Step time, term by term (")
+    assert headings[7].startswith("Probe candidates (")
     for heading in headings[1:]:
         assert lines[lines.index(heading) - 1] == ""  # each section after a blank line
     fraction = next(line for line in lines if line.endswith("of HBM: fits"))

@@ -3,9 +3,15 @@
 For each recipe, the full runs' steady-state throughput comes from the container's EMF metric
 ``TokensPerSecondPerGpu`` (namespace ``TieredTraining``, dimension ``Recipe``) through ``GetMetricData``: the
 per-minute averages of the window, the first quarter left out (compile, warm-up), their median. The shipped
-model's prediction for the same configuration is the recipe's plan without an overlay. The fitted overlay is
-stored in the account's checkpoint store (``s3://<store>/calibration/overlay.json``, the bucket of the
-recipe's deployed pipeline) and cached locally (``planning.overlay.cache_path``), where ``plan`` reads it.
+model's prediction for the same configuration is the recipe's plan without an overlay.
+
+The probes add a point per candidate they measured: the recipe's executions of the window
+(``ListPipelineExecutions``), each one's Probe job (``ListPipelineExecutionSteps``) and its per-candidate
+tokens/s (``DescribeTrainingJob``'s FinalMetricDataList, aws/probe_runs.py), against that candidate's
+prediction in the plan, in its own precision. A candidate that ran out of memory (0 tokens/s) is no point.
+
+The fitted overlay is stored in the account's checkpoint store (``s3://<store>/calibration/overlay.json``, the
+bucket of the recipe's deployed pipeline) and cached locally (``planning.overlay.cache_path``), where ``plan`` reads it.
 
 Every AWS call goes through :func:`tiered_training.aws.session.aws_errors`: one line, no traceback.
 """
@@ -85,6 +91,58 @@ def measurements(cw: Any, plans: list[Plan], now: datetime | None = None) -> tup
                 predicted=plan.estimates.tokens_per_second_per_gpu,
             )
         )
+    return found, skipped
+
+
+MAX_EXECUTIONS = 20  # the newest executions of a recipe whose probes are read
+
+
+def probe_measurements(
+    sm: Any, plans: list[Plan], pipelines: list[str], now: datetime | None = None
+) -> tuple[list[Measurement], list[str]]:
+    """One measurement per candidate each recent probe measured, and a line for what could not be read."""
+    from tiered_training.aws import probe_runs, runs
+    from tiered_training.aws.session import StartError
+
+    now = now or datetime.now(UTC)
+    found: list[Measurement] = []
+    skipped: list[str] = []
+    for plan, pipeline in zip(plans, pipelines, strict=True):
+        if plan.estimates is None:
+            continue
+        try:
+            with aws_errors(f"list the executions of pipeline {pipeline}"):
+                listed = sm.list_pipeline_executions(
+                    PipelineName=pipeline,
+                    CreatedAfter=now - WINDOW,
+                    SortBy="CreationTime",
+                    SortOrder="Descending",
+                    MaxResults=MAX_EXECUTIONS,
+                ).get("PipelineExecutionSummaries", [])
+            for execution in listed:
+                steps = [runs.step_summary(s) for s in runs.execution_steps(sm, execution["PipelineExecutionArn"])]
+                probe, problem = probe_runs.read_for_steps(sm, steps)
+                if problem is not None:
+                    skipped.append(f"{plan.name}: {problem}")
+                if probe is None:
+                    continue
+                for candidate in plan.candidates:
+                    measured = probe.candidates.get(candidate.number)
+                    tps = measured.tokens_per_second_per_gpu if measured else None
+                    if not tps or tps <= 0:
+                        continue
+                    found.append(
+                        Measurement(
+                            run=f"{probe.training_job}#{candidate.number}",
+                            instance_type=plan.instance.name,
+                            precision=candidate.precision,
+                            measured=tps,
+                            predicted=candidate.tokens_per_second_per_gpu,
+                            kind="probe",
+                        )
+                    )
+        except StartError as error:
+            skipped.append(f"{plan.name}: probes: {error}")
     return found, skipped
 
 

@@ -81,6 +81,23 @@ class Decision(_Strict):
     source: str = Field(description="recipe, auto or derived")
 
 
+class Candidate(_Strict):
+    """A configuration the probe measures, with the planner's predictions."""
+
+    number: int = Field(description="1 is the plan's own configuration")
+    precision: str
+    fp8_recipe: str | None
+    activation_checkpointing: str
+    sharding: str
+    shard_group_size: int
+    context_parallel: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    ramp_start_accum_steps: int | None
+    tokens_per_second_per_gpu: float = Field(description="predicted")
+    memory_fraction: float = Field(description="predicted peak, a fraction of the GPU's memory")
+
+
 class Plan(_Strict):
     """A resolved recipe. A plan with errors has the same keys, null where the planner could not decide."""
 
@@ -99,11 +116,31 @@ class Plan(_Strict):
     full_parameter: dict[str, Any] | None = None
     departures: list[dict[str, Any]] = []
     alternatives: list[dict[str, Any]] = []
-    candidates: list[dict[str, Any]] = Field(
+    candidates: list[Candidate] = Field(
         [], description="the configurations the probe measures, the plan's own first, with their predictions"
     )
     decisions: list[Decision] = []
     findings: list[PlanFinding] = []
+
+
+class ProbeCandidate(_Strict):
+    number: int
+    configuration: str
+    predicted_tokens_per_second_per_gpu: float
+    predicted_memory_fraction: float
+    measured_tokens_per_second_per_gpu: float | None = Field(description="null: the candidate failed (not OOM)")
+    measured_peak_allocated_fraction: float | None
+    measured_peak_reserved_fraction: float | None
+    ratio: float | None = Field(description="measured / predicted tokens/s per GPU")
+    trained: bool = Field(description="the candidate Train runs")
+
+
+class ProbeComparison(_Strict):
+    """The Probe job's measurements against the plan's predictions."""
+
+    training_job: str
+    best_candidate: int | None = Field(description="the candidate Train runs; 0: none fits; null: none reported")
+    candidates: list[ProbeCandidate]
 
 
 class Output(_Strict):
@@ -127,7 +164,8 @@ class PlanOutput(Output):
 
 
 class ExplainOutput(PlanOutput):
-    pass
+    execution_arn: str | None = Field(None, description="--run: the execution whose probe is shown")
+    probe: ProbeComparison | None = Field(None, description="--run: its probe, predicted against measured")
 
 
 class RecipeCheck(_Strict):
@@ -241,6 +279,8 @@ class StatusOutput(Output):
     runs_uri: str | None = None
     runs: list[dict[str, Any]] | None = None
     runs_error: str | None = None
+    probe: ProbeComparison | None = Field(None, description="null: no Probe job in the execution")
+    probe_error: str | None = None
 
 
 class LogsOutput(Output):

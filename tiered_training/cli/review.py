@@ -9,7 +9,9 @@ from pathlib import Path
 import typer
 
 from tiered_training.cli.base import (
+    _STAGE,
     EXIT_INVALID,
+    AwsOptions,
     Commands,
     Failure,
     Format,
@@ -261,6 +263,14 @@ def explain(
     recipe: Path = typer.Argument(..., help="a recipe file, or a recipe's name in ./recipes"),
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
     overrides: list[str] = set_option(),
+    run: str | None = typer.Option(
+        None,
+        "--run",
+        metavar="RUN_OR_EXECUTION",
+        help="also show that run's probe: each candidate predicted against measured (an execution ARN or a run id)",
+    ),
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
 ) -> None:
     """Show every decision with its reason, the memory proof, the estimates and every finding."""
     from tiered_training import report
@@ -272,13 +282,22 @@ def explain(
         failures = [RecipeError([Problem(str(recipe), None, "", message)])]
     else:
         plans, failures = _load_plans([recipe], overrides)
+    measured: dict = {}
+    probe_lines: list[str] = []
+    if run is not None and plans and plans[0].ok and not failures:
+        from tiered_training.cli.run import probe_of_run
+
+        arn, probe, probe_lines = probe_of_run(plans[0], run, aws, stage)
+        measured = {"execution_arn": arn, "probe": probe}
     if format is TextFormat.json:
-        _emit_plans("explain", plans, failures, _exit_code(plans, failures))
+        _emit_plans("explain", plans, failures, _exit_code(plans, failures), **measured)
     else:
         _report_failures(failures)
         out = _out()
         for plan in plans:
             print_report(out, report.explain_lines(plan))
+        if probe_lines:
+            print_report(out, ["", *probe_lines])
         if plans:
             print_notes(out, ["", report.explain_more_line(recipe)])
     _exit_for(plans, failures)

@@ -415,6 +415,7 @@ def status(
     except StartError as exc:
         raise _aws_failure(exc) from None
     result = snap.result()
+    probe, probe_lines, probe_problem = _probe_comparison(sm, plan, snap.steps)
     try:  # the recipe's runs: a store the caller may not read is a line, not a failure
         uri = runs_uri(sm, pipeline_name(plan.name, stage))
         listed, runs_problem = list_runs(s3, uri), None
@@ -431,6 +432,8 @@ def status(
             runs_uri=uri,
             runs=[r.to_dict() for r in listed] if listed is not None else None,
             runs_error=runs_problem,
+            probe=probe,
+            probe_error=probe_problem,
         )
         return
     lines = [f"{snap.arn}", f"status: {snap.status}" + (f": {snap.failure_reason}" if snap.failure_reason else "")]
@@ -440,6 +443,7 @@ def status(
         lines.append(f"  {step['name']}: {step['status']}{job}{reason}")
     if snap.steps is None:
         lines.append("  (the endpoint could not list the steps)")
+    lines += probe_lines
     if snap.progress is not None:
         lines.append(f"training: {snap.progress.describe()}")
     if listed is not None:
@@ -450,6 +454,62 @@ def status(
     else:
         lines.append(f"runs: cannot list them: {runs_problem}")
     print_lines(_out(), lines)
+
+
+def _probe_comparison(sm: Any, plan: Any, steps: list | None) -> tuple[dict | None, list[str], str | None]:
+    """(JSON, text lines, problem) of the Probe job's measurements against the plan's candidates; a job that
+    cannot be described is a line, not a failure."""
+    from tiered_training.aws import probe_runs
+
+    found, problem = probe_runs.read_for_steps(sm, steps)
+    if problem is not None:
+        return None, [f"probe: cannot read its measurements: {problem}"], problem
+    if found is None or not plan.ok:
+        return None, [], None
+    rows = probe_runs.compare(plan.candidates, found)
+    data = {
+        "training_job": found.training_job,
+        "best_candidate": found.best_candidate,
+        "candidates": [r.to_dict() for r in rows],
+    }
+    return data, probe_runs.lines(found, rows), None
+
+
+def probe_of_run(plan: Any, run: str, aws: AwsOptions, stage: str | None) -> tuple[str, dict | None, list[str]]:
+    """``explain --run``: (execution ARN, JSON, text lines) of a run's probe against ``plan``'s candidates.
+    ``run``: an execution ARN, or a run's id (an execution's, the last part of its ARN)."""
+    from tiered_training.aws import runs
+    from tiered_training.aws.session import StartError
+
+    name = pipeline_name(plan.name, stage)
+    execution = run if run.startswith("arn:") else None
+    (sm,) = _clients(plan, aws, "sagemaker", execution=execution, services_for="explain --run", stage=stage)
+    try:
+        arn = execution or _execution_of_run(sm, name, run)
+        steps = [runs.step_summary(s) for s in runs.execution_steps(sm, arn)]
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    data, lines, problem = _probe_comparison(sm, plan, steps)
+    if problem is not None:
+        raise _aws_failure(StartError(problem))
+    if data is None:
+        lines = [f"probe: execution {arn} has no Probe job (skipped, or not started yet)"]
+    return arn, data, lines
+
+
+def _execution_of_run(sm: Any, pipeline: str, run: str) -> str:
+    from tiered_training.aws.session import StartError, aws_errors
+
+    with aws_errors(f"list the executions of pipeline {pipeline}"):
+        pages = sm.get_paginator("list_pipeline_executions").paginate(PipelineName=pipeline)
+        arns = [e["PipelineExecutionArn"] for page in pages for e in page.get("PipelineExecutionSummaries", [])]
+    for arn in arns:
+        if arn.rsplit("/", 1)[-1] == run:
+            return arn
+    raise StartError(
+        f"--run {run}: pipeline {pipeline} has no execution with that id; pass an execution ARN, or a run id "
+        "that `status` lists"
+    )
 
 
 @commands.command()

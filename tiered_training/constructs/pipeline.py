@@ -261,7 +261,8 @@ class TrainingPipeline(Resource):
 
         - the pipeline: :meth:`grant_start_execution`;
         - ``status``, ``start``: ``cloudwatch:GetMetricData``; the recipe's runs in the store
-          (:meth:`CheckpointStore.grant_runs_read`);
+          (:meth:`CheckpointStore.grant_runs_read`); ``status``, ``explain --run`` and ``calibrate --from-runs``:
+          ``sagemaker:DescribeTrainingJob`` on the pipelines' jobs (the Probe's measurements);
         - ``logs``: ``logs:DescribeLogStreams`` and ``logs:GetLogEvents`` on the training jobs' log group;
         - ``preflight``: the SageMaker quotas (Service Quotas), ``ecr:BatchGetImage`` on the image's
           repository, ``iam:SimulatePrincipalPolicy`` on the execution role, ``s3:ListBucket`` on the
@@ -297,6 +298,11 @@ class TrainingPipeline(Resource):
             "pricing:GetProducts have no resource types in IAM",
         )
         allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")
+        # status, explain --run, calibrate --from-runs: the Probe job's final metrics. A pipeline names its jobs
+        # pipelines-<execution id>-<step>-<random> (no pipeline name in them).
+        jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="pipelines-*")
+        add(["sagemaker:DescribeTrainingJob"], [jobs])
+        allow_wildcard(jobs, "A pipeline names its training jobs pipelines-<execution id>-<step>-<random>")
         group = stack.format_arn(
             service="logs",
             resource="log-group",

@@ -78,6 +78,7 @@ class Estimates:
     price_source: str
     cost_usd: float | None
     spot_cost_usd_range: tuple[float, float] | None = None  # spot only, from a price list's on-demand price
+    probe_hours: float = 0.0  # the probe's candidates (planning/probe.py), in wall_time_hours and cost_usd
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -27,6 +27,7 @@ from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
 from tiered_training.planning import memory, perf
+from tiered_training.planning import probe as probes
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
@@ -53,6 +54,7 @@ from tiered_training.planning.segments import (
     Segments,
     job_runtime_seconds,
     plan_segments,
+    probe_runtime_seconds,
     quota_seconds,
     spot_wait_seconds,
 )
@@ -621,7 +623,8 @@ def resolve(
     )
     ramp_start, ramp_steps, total_steps = _ramp_and_steps(run, chosen)
     warmup_steps = _warmup(run, chosen, ramp_start, ramp_steps, total_steps)
-    estimates = _estimates(run, chosen, total_steps)
+    candidates = _bound_probe(run, _candidates(run, chosen, ramp_start), chosen)
+    estimates = _estimates(run, chosen, total_steps, _probe_hours(run, candidates, chosen))
     full_parameter = _full_parameter(run, estimates) if run.lora is not None else None
     segments = _segments(run, estimates)
     instance_counts = _instance_counts(run, chosen, total_steps, ramp_start, ramp_steps, warmup_steps)
@@ -655,7 +658,7 @@ def resolve(
         findings=tuple(run.findings),
         departures=tuple(run.departures),
         alternatives=tuple(run.alternatives),
-        candidates=tuple(_candidates(run, chosen, ramp_start)),
+        candidates=tuple(candidates),
         segments=segments.count,
         job_runtime_seconds=segments.job_runtime_seconds,
         segment_seconds=segments.segment_seconds(),
@@ -770,8 +773,11 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
             if run.pinned
             else "tuning.follow_tiers is strict: the tier's configuration only"
         )
+    elif len(picked) == 1:
+        how = "set in the recipe" if isinstance(asked, int) else "auto"
+        why = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
     else:
-        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:]) or "none"
+        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         why = (
@@ -1176,6 +1182,9 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             continue
         gpus = nodes * run.instance.gpus
         hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
+        if lora.probe_hours:  # its probe: as many launches as LoRA's, each of this configuration
+            (launch,) = _launches(full, _candidates(full, found, None)[:1], found)
+            hours += launch.seconds * len(run.probe_options) / 3600
         price, _ = run.instance.price(
             run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot, region=run.recipe.compute.region
         )
@@ -1370,7 +1379,8 @@ def _warm_pools(run: _Run, count: int) -> None:
 def _segments(run: _Run, estimates: Estimates) -> Segments:
     """The number of training jobs the run needs under the runtime limit (tiered_training/planning/segments.py)."""
     recipe = run.recipe
-    segments = plan_segments(recipe, estimates.wall_time_hours)
+    training_hours = estimates.wall_time_hours - estimates.probe_hours
+    segments = plan_segments(recipe, training_hours)
     if segments.count < 1:
         run.error(
             "runtime-too-short",
@@ -1382,7 +1392,7 @@ def _segments(run: _Run, estimates: Estimates) -> Segments:
         )
         return segments
     reason = (
-        f"the run needs about {estimates.wall_time_hours:,.1f} h; one job trains at most "
+        f"the run needs about {training_hours:,.1f} h; one job trains at most "
         f"{segments.training_seconds / 3600:,.1f} h: its {segments.job_runtime_seconds / 3600:g} h runtime less "
         f"{segments.reserve_seconds / 3600:.1f} h for {JOB_RETRY_ATTEMPTS} retries and the final save, at "
         f"{recipe.probe.min_throughput_fraction:g} x the planned speed (the gate's floor)"
@@ -1632,7 +1642,83 @@ def _spot_range(run: _Run, wall_hours: float) -> tuple[tuple[float, float] | Non
     )
 
 
-def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
+def _launches(run: _Run, candidates: Sequence[Candidate], chosen: Option) -> list[probes.Launch]:
+    return probes.launches(
+        candidates,
+        sequence_length=run.recipe.sequence_length,
+        steps=run.recipe.probe.steps,
+        compile=_compiles(run.recipe),
+        optimizer_seconds=chosen.step_time.optimizer,
+    )
+
+
+def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list[Candidate]:
+    """The candidates whose launches finish within the probe job's runtime: fewer where K would not; an error
+    where not even the plan's own would (a warning when the recipe turns the probe off)."""
+    recipe = run.recipe
+    limit = probe_runtime_seconds(recipe)
+    found = _launches(run, candidates, chosen)
+    total = sum(launch.seconds for launch in found)
+    if total <= limit:
+        return candidates
+    count = probes.fitting(found, limit)
+    minutes = f"{total / 60:,.0f} min"
+    kept = candidates[: max(1, count)]
+    if len(kept) < len(candidates):
+        for index, decision in enumerate(run.decisions):
+            if decision.field == "tuning.probe_candidates":
+                run.decisions[index] = replace(
+                    decision,
+                    value=len(kept),
+                    reason=f"{decision.reason}; cut to {len(kept)}: {len(candidates)} launches would take {minutes}, "
+                    f"over the probe's runtime of {limit / 3600:g} h",
+                )
+    if count >= 1:
+        run.warn(
+            "probe-candidates-cut",
+            f"{len(candidates)} probe candidates of {recipe.probe.steps} steps each would take about {minutes}, "
+            f"over the probe job's runtime of {limit / 3600:g} h; the probe measures the first {count}",
+            f"set tuning.probe_candidates: {count}, or lower probe.steps",
+            "tuning.probe_candidates",
+        )
+        return kept
+    first = found[0]
+    steps = int((limit - first.start_up_seconds) // first.step_seconds) if first.step_seconds > 0 else 0
+    message = (
+        f"the probe's {recipe.probe.steps} steps of the plan's configuration would take about "
+        f"{first.seconds / 60:,.0f} min, over the probe job's runtime of {limit / 3600:g} h"
+    )
+    fix = f"set probe.steps to at most {steps}" if steps >= 3 else "raise compute.max_runtime_hours"
+    if recipe.probe.enabled:
+        run.error("probe-too-long", message, fix, "probe.steps")
+    else:
+        run.warn("probe-too-long", message + " (when SkipProbe is false)", fix, "probe.steps")
+    return kept
+
+
+def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> float:
+    """The probe's time in the run (planning/probe.py), with a decision that says what it adds; 0 when the
+    recipe turns the probe off."""
+    recipe = run.recipe
+    found = _launches(run, candidates, chosen)
+    seconds = sum(launch.seconds for launch in found)
+    if not recipe.probe.enabled:
+        return 0.0
+    steps = ", ".join(f"{launch.step_seconds:,.2f}" for launch in found)
+    price, _ = run.instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
+    cost = "" if price is None else f" and ${seconds / 3600 * run.nodes * price:,.0f}"
+    run.decide(
+        "probe.enabled",
+        True,
+        f"{len(found)} launch(es) x ({found[0].start_up_seconds:g} s start-up, as measured: process start and the "
+        f"{'compiled ' if _compiles(recipe) else ''}first step; then {recipe.probe.steps} steps of one micro-batch "
+        f"at {steps} s) add {seconds / 60:,.0f} min{cost} to the run's wall time and cost",
+        None,
+    )
+    return seconds / 3600
+
+
+def _estimates(run: _Run, chosen: Option, total_steps: int, probe_hours: float = 0.0) -> Estimates:
     recipe, instance = run.recipe, run.instance
     summary = catalogs.performance_model().summary
     flops = run.arch.flops_per_token(recipe.sequence_length, lora=run.lora)
@@ -1646,7 +1732,7 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
             source += f"; {cited} (x{factor:.3f} on {instance.name} in {chosen.setting.precision})"
             run.info("account-calibration", f"{cited}: their measured tokens/s are x{factor:.3f} the model's")
     total = per_gpu * run.gpus
-    wall_hours = recipe.budget.total_tokens / total / 3600
+    wall_hours = recipe.budget.total_tokens / total / 3600 + probe_hours
     price, price_source = instance.price(
         recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region
     )
@@ -1668,4 +1754,5 @@ def _estimates(run: _Run, chosen: Option, total_steps: int) -> Estimates:
         price_source=price_source + spot_note,
         cost_usd=None if price is None else wall_hours * run.nodes * price,
         spot_cost_usd_range=spot_range,
+        probe_hours=probe_hours,
     )

@@ -47,6 +47,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(est.wall_time_hours),
         "cost": _table_cost(plan),
+        "probe": str(len(plan.candidates)) if plan.recipe.probe.enabled else "off",
         "status": _status(plan),
         "quotas": str(len(plan.account_findings)) if plan.account_findings else "",
     }
@@ -118,7 +119,8 @@ WIDE_LEGEND = (
     "(hybrid/8 cp2: shards within 8 GPUs, replicas across them, each sequence split over 2); "
     "mb x accum: micro-batch per GPU x gradient accumulation steps; "
     "MFU full/causal: model FLOPs utilisation counting full attention / its causal half; "
-    "quotas: service quotas to raise before a deploy",
+    "quotas: service quotas to raise before a deploy; "
+    "probe: configurations the probe measures (explain lists them)",
 )
 
 
@@ -186,11 +188,12 @@ COLUMNS = (
     "MFU full/causal",
     "time",
     "cost",
+    "probe",
     "status",
     "quotas",
 )
 # Columns that hold numbers: never wrapped, right-aligned.
-NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost")
+NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost", "probe")
 
 
 def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -380,7 +383,8 @@ def explain_lines(plan: Plan) -> list[str]:
                 ESTIMATE_COLUMN,
             ),
             f"  step time              {e.step_time_seconds:,.2f} s over {e.total_steps:,} steps",
-            f"  wall time              {_hours(e.wall_time_hours)}",
+            f"  wall time              {_hours(e.wall_time_hours)}"
+            + (f" (the probe's {e.probe_hours * 60:,.0f} min included)" if e.probe_hours else ""),
             Hang(
                 f"  cost                   none: {e.price_source}"
                 if e.cost_usd is None or e.price_per_hour is None
@@ -432,8 +436,27 @@ def explain_lines(plan: Plan) -> list[str]:
                 f"{'(' + format(a.memory_fraction, '.0%') + ')':<6}"
             )
             out.append(Hang(f"{numbers} {a.describe()}", len(numbers) + 1))
+    out += candidate_lines(plan)
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
+    return out
+
+
+def candidate_lines(plan: Plan) -> list[str]:
+    """The probe's candidates: number, predicted tokens/s per GPU and memory, configuration."""
+    candidates = getattr(plan, "candidates", ())
+    if not candidates:
+        return []
+    out = [
+        "",
+        f"Probe candidates (the probe measures each; Train runs the fastest measured under "
+        f"{plan.probe_memory_limit:.0%} of HBM)",
+        f"  {'#':>2}  {'tokens/s/GPU':>12}  {'memory':>6}  configuration (predicted)",
+    ]
+    for c in candidates:
+        numbers = f"  {c.number:>2}  {c.tokens_per_second_per_gpu:>12,.0f}  {c.memory_fraction:>6.0%}"
+        accum = f", accumulation {c.grad_accum_steps}"
+        out.append(Hang(f"{numbers}  {c.describe()}{accum}", len(numbers) + 2))
     return out
 
 
