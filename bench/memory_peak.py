@@ -73,7 +73,7 @@ def run_config(mode: str, *, precision: str, world: int, seq: int, micro_batch: 
         "data": {"token_dtype": "uint16", "seed": 0},
         "checkpoint": {"interval_minutes": 0, "interval_steps": 0, "keep_last": 1, "shutdown_deadline_seconds": 60},
         "hardware": {"instance_type": "cpu", "gpus_per_node": world, "peak_bf16_flops": 1e12, "hbm_bytes": 2**34},
-        "probe": {"steps": 2, "micro_batch_candidates": [micro_batch]},
+        "probe": {"steps": 2},
     })
 
 

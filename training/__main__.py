@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 8 -m training --config run.json
     torchrun ... -m training            # SageMaker: /opt/ml/input/config/hyperparameters.json
-    torchrun ... -m training --probe    # a short probe run (training.probe.run_probe)
+    torchrun ... -m training --probe --candidate 2   # measure probe candidate 2 (training.probe.run_probe)
 
 The RunConfig comes from ``--config`` (a RunConfig JSON file, or a hyperparameters JSON
 of flat ``section.field`` keys), else from SageMaker's hyperparameters file. Paths
@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--probe", action="store_true", help="run a probe (training.probe.run_probe) instead of training"
     )
+    parser.add_argument(
+        "--candidate", type=int, default=1, help="with --probe: the probe candidate to measure (1-based, default 1)"
+    )
     return parser.parse_args(argv)
 
 
@@ -79,14 +82,18 @@ def _main(argv: list[str] | None = None) -> int:
         from training.distributed.dist import shut_down
         from training.probe import run_probe
 
-        run_probe(cfg, paths)
+        run_probe(cfg, paths, candidate=args.candidate)
         shut_down()
         return 0
+    from training.candidates import apply
     from training.components.metrics import MetricsHook
     from training.components.tracking import build_sinks
     from training.distributed.dist import shut_down
     from training.trainer import run
 
+    cfg, line = apply(cfg, paths.checkpoint_dir)  # the candidate this job trains (run.candidate)
+    if os.environ.get("RANK", "0") == "0":
+        print(line, flush=True)
     metrics = MetricsHook(cfg, sinks=build_sinks(cfg, int(os.environ.get("RANK", "0")))).start()
     try:
         run(cfg, paths, hooks=[metrics], max_steps=args.max_steps)

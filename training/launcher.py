@@ -69,7 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,9 @@ from tiered_training.catalog.environment import family_environment
 from tiered_training.contract.container import MODE_VARIABLE
 from tiered_training.contract.container import OPT_ML as SAGEMAKER_OPT_ML
 from tiered_training.contract.failures import causes_first
+from training.candidates import apply as apply_candidate
 from training.components.run_lease import LeaseRefused, RunLease
+from training.probe import FAILED, PROBE_DIR_VARIABLE, read_results, result_file, summary_lines
 
 OPT_ML = Path(SAGEMAKER_OPT_ML)
 CONFIG_DIR = OPT_ML / "input/config"
@@ -103,6 +105,7 @@ class Launch:
     nproc_per_node: int
     mode: str
     run_id: str = ""
+    candidates: int = 1  # probe.count: the launches of a probe
 
     def summary(self) -> str:
         return (
@@ -257,23 +260,44 @@ def build_launch(
     extra_args: Sequence[str] = (),
     checkpoint_dir: Path | None = None,
     data_dir: Path | None = None,
+    candidate: int = 1,
+    checks: bool = True,
 ) -> Launch:
     """argv and environment of the ``torchrun`` that this host runs.
 
     ``checkpoint_dir``: this host's checkpoints (downloaded at job start); a committed one saved on
     another world size that the plan's global batch cannot be resumed on is refused here.
+    ``candidate``: in probe mode, the candidate this launch measures (``--candidate``), on its own rendezvous
+    port (the base port + the candidate), so a late host cannot join the previous candidate's store. In train
+    mode the checks use the candidate the trainer will apply (training/candidates.py). ``checks=False`` leaves
+    out the run's checks (host count, resume): a probe records a candidate they refuse as failed.
     """
     hosts, current = _hosts(resourceconfig)
     cfg = load_run_config(hyperparameters)
     mode = run_mode(environ)
+    count = cfg.probe.count
+    try:
+        if mode == "probe":
+            if not 1 <= candidate <= count:
+                raise LaunchError(f"probe candidate {candidate} does not exist: the probe has {count}")
+            cfg = cfg.with_candidate(candidate)
+        else:
+            cfg = apply_candidate(cfg, checkpoint_dir)[0]
+    except ValueError as error:
+        raise LaunchError(str(error)) from None
     instance_type = resourceconfig.get("current_instance_type") or environ.get("SM_CURRENT_INSTANCE_TYPE")
     gpus = _gpus(environ, instance_type, cfg.hardware.gpus_per_node)
 
     nnodes, node_rank = len(hosts), hosts.index(current)
-    _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
-    _check_world(cfg, nnodes * gpus, checkpoint_dir, nnodes)
+    if checks:
+        _check_run(cfg, nnodes * gpus, nnodes, checkpoint_dir, data_dir)
+        _check_world(cfg, nnodes * gpus, checkpoint_dir, nnodes)
     master_addr = environ.get("TIERED_TRAINING_MASTER_ADDR") or hosts[0]
-    master_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
+    base_port = environ.get("TIERED_TRAINING_MASTER_PORT") or str(MASTER_PORT)
+    try:
+        master_port = str(int(base_port) + (candidate if mode == "probe" else 0))
+    except ValueError:
+        raise LaunchError(f"TIERED_TRAINING_MASTER_PORT={base_port!r} is not a port number") from None
     argv = [
         "torchrun",
         f"--nnodes={nnodes}",
@@ -286,7 +310,7 @@ def build_launch(
         "training",
     ]
     if mode == "probe":
-        argv.append("--probe")
+        argv += ["--probe", f"--candidate={candidate}"]
     argv += list(extra_args)
 
     added: dict[str, str] = {
@@ -300,7 +324,14 @@ def build_launch(
     env = {**added, **{k: v for k, v in environ.items() if k != MODE_VARIABLE}}
     env[MODE_VARIABLE] = mode
     return Launch(
-        argv=argv, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=gpus, mode=mode, run_id=cfg.run.id
+        argv=argv,
+        env=env,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=gpus,
+        mode=mode,
+        run_id=cfg.run.id,
+        candidates=count,
     )
 
 
@@ -321,6 +352,8 @@ def launch_from_files(
     extra_args: Sequence[str] = (),
     checkpoint_dir: Path | None = None,
     data_dir: Path | None = None,
+    candidate: int = 1,
+    checks: bool = True,
 ) -> Launch:
     environ = os.environ if environ is None else environ
     resourceconfig = read_json(config_dir / "resourceconfig.json", "resourceconfig.json")
@@ -332,6 +365,8 @@ def launch_from_files(
         extra_args=extra_args,
         checkpoint_dir=checkpoint_dir,
         data_dir=data_dir,
+        candidate=candidate,
+        checks=checks,
     )
 
 
@@ -392,6 +427,17 @@ def run_torchrun(launch: Launch, output_dir: Path, lease: RunLease | None = None
     ``lease``: the run's lease this host holds; released when torchrun exits. Should it be lost (taken over after
     this host stopped renewing it), the workers get SIGTERM: they save and stop, and the job fails naming the taker.
     """
+    status, reason = run_workers(launch, lease)
+    if reason is not None:
+        write_failure(output_dir, reason)
+    return status
+
+
+_stopped = False  # a SIGTERM reached this launcher (a probe then starts no further candidate)
+
+
+def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str | None]:
+    """Run torchrun as a child, sending SIGTERM to its workers: its exit status, and the failure reason if any."""
     failure_dir = Path(tempfile.mkdtemp(prefix="tt-failures-"))
     env = {**launch.env, FAILURE_DIR_VARIABLE: str(failure_dir)}
     argv = list(launch.argv)
@@ -400,6 +446,8 @@ def run_torchrun(launch: Launch, output_dir: Path, lease: RunLease | None = None
     proc = subprocess.Popen(argv, env=env)
 
     def forward(signum, frame):
+        global _stopped
+        _stopped = _stopped or frame is not None  # a real signal, not a lost lease
         workers = children(proc.pid)
         for pid in workers or [proc.pid]:
             try:
@@ -422,14 +470,69 @@ def run_torchrun(launch: Launch, output_dir: Path, lease: RunLease | None = None
     finally:
         if lease is not None:
             lease.release()
+    reason = None
     if status != 0:
         time.sleep(0.2)  # a worker's last words
-        write_failure(output_dir, failure_reason(failure_dir, status, launch.env.get("SM_CURRENT_HOST", "this host")))
+        reason = failure_reason(failure_dir, status, launch.env.get("SM_CURRENT_HOST", "this host"))
     elif lost is not None:
-        write_failure(output_dir, f"launcher: {lost}; the workers were stopped")
+        reason = f"launcher: {lost}; the workers were stopped"
         status = 1
     shutil.rmtree(failure_dir, ignore_errors=True)
-    return status if status >= 0 else 128 - status
+    return (status if status >= 0 else 128 - status), reason
+
+
+def run_probe_launches(
+    first: Launch,
+    make_launch: Callable[[int], Launch],
+    probe_dir: Path,
+    output_dir: Path,
+    cfg,
+    first_refused: LaunchError | None = None,
+) -> int:
+    """Probe mode: one torchrun per candidate, in order; then, on host 0, the PROBE lines and the choice.
+
+    A candidate whose launch fails (for a reason other than running out of memory, which is a result) is
+    recorded as failed with its reason and the others still run, as is one the launcher's checks refuse
+    (``first_refused``: candidate 1's refusal). The job fails when no candidate ran and some failed (the failure
+    file names each)."""
+    host = first.env.get("SM_CURRENT_HOST", "this host")
+    if first.node_rank == 0:
+        for number in range(1, first.candidates + 1):
+            result_file(probe_dir, number).unlink(missing_ok=True)
+    failed: dict[int, str] = {}
+    for number in range(1, first.candidates + 1):
+        if _stopped:
+            failed[number] = "not run: the probe job was stopped"
+            continue
+        try:
+            if number == 1 and first_refused is not None:
+                raise first_refused
+            launch = first if number == 1 else make_launch(number)
+        except LaunchError as error:
+            failed[number] = f"{host}: launcher: {error}"
+            print(f"launcher: probe candidate {number} not launched: {error}", flush=True)
+            continue
+        print(launch.summary(), flush=True)
+        status, reason = run_workers(launch)
+        if status != 0:
+            failed[number] = reason or f"{host}: torchrun exited with status {status}"
+            print(f"launcher: probe candidate {number} failed: {failed[number]}", flush=True)
+    if first.node_rank != 0:
+        if len(failed) == first.candidates:
+            write_failure(output_dir, "probe: every candidate failed on this host: " + _listed(failed))
+            return 1
+        return 0
+    results = read_results(probe_dir, first.candidates, failed)
+    for line in summary_lines(results, cfg):
+        print(line, flush=True)
+    if all(r.status == FAILED for r in results):
+        write_failure(output_dir, "probe: every candidate failed: " + _listed(failed))
+        return 1
+    return 0
+
+
+def _listed(failed: Mapping[int, str]) -> str:
+    return "; ".join(f"candidate {number}: {reason}" for number, reason in sorted(failed.items()))[:1000]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -447,18 +550,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         environ = {**paths_env, **environ}
         extra = paths_args + extra
     config_dir = Path(os.environ.get("TIERED_TRAINING_CONFIG_DIR") or root / "input/config")
-    try:
-        launch = launch_from_files(
+    probe_dir = Path(environ.get(PROBE_DIR_VARIABLE) or root / "output/data/probe")
+    environ[PROBE_DIR_VARIABLE] = str(probe_dir)
+
+    def make_launch(candidate: int, checks: bool = True) -> Launch:
+        return launch_from_files(
             config_dir,
             environ,
             extra,
             checkpoint_dir=Path(environ.get("TT_CHECKPOINT_DIR") or root / "checkpoints"),
             data_dir=Path(environ.get("TT_DATA_DIR") or environ.get("SM_CHANNEL_TRAIN") or root / "input/data/train"),
+            candidate=candidate,
+            checks=checks,
         )
+
+    refused = None
+    try:
+        try:
+            launch = make_launch(1)
+        except LaunchError as error:
+            if run_mode(environ) != "probe":
+                raise
+            refused = error  # a probe records candidate 1 as failed if only the run's checks refuse it
+            launch = make_launch(1, checks=False)
     except LaunchError as error:
         print(f"launcher: error: {error}", file=sys.stderr)
         write_failure(root / "output", f"launcher: {error}")
         return EXIT_USAGE
+    if launch.mode == "probe":
+        cfg = load_run_config(read_json(config_dir / "hyperparameters.json", "hyperparameters.json"))
+        return run_probe_launches(launch, make_launch, probe_dir, root / "output", cfg, refused)
     lease = None
     if launch.mode == "train":
         try:

@@ -1,124 +1,124 @@
-"""Probe mode: measure real throughput and memory at each micro-batch candidate.
+"""Probe mode: measure one of the planner's top candidates with the real trainer.
 
-The pipeline's Probe step runs the container with ``TIERED_TRAINING_MODE=probe``
-(see :mod:`training.launcher`); every worker then runs ``python -m training --probe``,
-which calls :func:`run_probe`. For each ``cfg.probe.micro_batch_candidates`` value,
-smallest first, it runs the real trainer (:func:`training.trainer.run`) for
-``cfg.probe.steps`` optimiser steps:
+The pipeline's Probe step runs the container with ``TIERED_TRAINING_MODE=probe``. The launcher
+(:mod:`training.launcher`) then starts, for each candidate n = 1..``probe.count`` in order, its own
+``torchrun ... --module training --probe --candidate n`` (a new process tree, so the allocator starts
+clean), and every worker calls :func:`run_probe`. Candidate 1 is the RunConfig's own configuration;
+candidate n is ``probe.alternatives[n-2]`` (``RunConfig.with_candidate``). A candidate runs the real trainer
+(:func:`training.trainer.run`) for ``probe.steps`` optimiser steps:
 
-- one micro-batch per optimiser step (``grad_accum_steps=1``, no batch ramp), so a
-  candidate costs ``steps`` forward/backward passes whatever the plan's global batch;
-  the optimiser step's share of the time is therefore slightly larger than in the
-  full run, which makes the probe's tokens/s a little conservative;
-- the plan's LR schedule (the probe runs its first ``probe.steps`` steps);
-- no resume, no checkpoint, no export: ``/opt/ml/checkpoints`` and the model
-  directory are left alone;
-- tokens/s is **per GPU** (the global tokens/s over the world size: the unit of the plan's
-  ``tokens_per_second_per_gpu``, which the pipeline's gate compares it with), measured over
-  the steps after the first (warm-up, compile);
-  peak memory is the largest ``torch.cuda.max_memory_allocated`` on any rank,
-  as a fraction of ``cfg.hardware.hbm_bytes``.
+- at its own micro-batch, one micro-batch per optimiser step (``grad_accum_steps=1``, no batch ramp), so a
+  candidate costs ``steps`` forward/backward passes whatever the plan's global batch; the optimiser step's
+  share of the time is slightly larger than in the full run, which makes tokens/s a little conservative;
+- the plan's LR schedule; no resume, no checkpoint, no export;
+- tokens/s is **per GPU** (the unit of the plan's ``tokens_per_second_per_gpu``), over the steps after
+  warm-up: the first step is left out, and the second too when compile is on and there are 4 steps or more;
+- peak memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``, the largest on any rank.
+  Without a GPU (a CPU rehearsal or test) both are the workers' peak resident set (``ru_maxrss``), and the
+  line says so.
 
-A candidate that runs out of GPU memory (``torch.OutOfMemoryError``) is recorded as
-``oom`` and ends the sweep: a larger one cannot fit. The ranks agree on the outcome
-through a gloo all-reduce after every candidate. (An OOM on only some ranks while
-the others wait inside an NCCL collective is not recoverable here; the NCCL timeout
-then fails the job, and the pipeline's gate treats a failed probe as a failed gate.)
+A candidate that runs out of GPU memory is a result (status ``oom``), agreed over the ranks through a gloo
+all-reduce. Any other error fails the launch; the launcher records the candidate as failed and goes on.
 
-Output (rank 0), one readable line per candidate and then exactly one line per
-metric in the formats of ``tiered_training.contract.metrics.PROBE_METRICS``, which the Probe
-step's MetricDefinitions parse::
+Rank 0 prints one readable line and, when ``TIERED_TRAINING_PROBE_DIR`` is set (the launcher sets it on every
+host; the directory is host 0's), writes the result to ``candidate-N.json`` there. After the last candidate,
+the host-0 launcher reads them all and prints :func:`summary_lines`: each candidate's PROBE lines
+(``probe_candidate_metrics``), the summary (``PROBE_METRICS``) and one line that says why.
 
-    probe candidate: micro_batch=2 status=ok tokens/s/gpu=1234.5 peak_memory=0.4123 steps=5
-    PROBE tokens_per_second=1234.50
-    PROBE peak_memory_fraction=0.4123
-    PROBE best_micro_batch=2
-
-The best micro-batch is the fitting candidate with the highest tokens/s. Every value the
-pipeline's Gate reads is always printed:
-
-- **Nothing fits** (every candidate ran out of memory): ``best_micro_batch=0``,
-  ``tokens_per_second=0.00`` and ``peak_memory_fraction=1.0000`` (each candidate needed at
-  least all of the memory), so the Gate fails on memory, and its FailMemory step says that
-  no micro-batch fits.
-- **No GPU** (a CPU rehearsal or test): peak memory is the workers' peak resident set
-  (``getrusage``'s ``ru_maxrss``, the largest on any rank), as a fraction of
-  ``hardware.hbm_bytes``; the candidate line says so (``(resident set, CPU)``).
+``TIERED_TRAINING_SLOW_CANDIDATE="N:SECONDS"`` (rehearsals only) makes each of candidate N's steps SECONDS
+longer, inside the timed step, so its measured tokens/s drops and the choice can be tested.
 """
 
 from __future__ import annotations
 
-import gc
+import json
 import os
 import resource
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from tiered_training.contract.metrics import PROBE_METRICS
+from tiered_training.contract.metrics import PROBE_METRICS, probe_candidate_metrics
 from tiered_training.contract.runconfig import RunConfig
+from training.candidates import summary
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-OK, OOM = "ok", "oom"
+OK, OOM, FAILED = "ok", "oom", "failed"
+PROBE_DIR_VARIABLE = "TIERED_TRAINING_PROBE_DIR"
+SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"
 
 
 @dataclass(frozen=True)
 class CandidateResult:
-    micro_batch_size: int
-    status: str  # "ok" or "oom"
-    tokens_per_second: float | None = None  # per GPU (the plan's unit, which the gate compares), steady state
-    peak_memory_bytes: int | None = None  # max over ranks; None without a GPU
+    candidate: int
+    status: str  # ok, oom or failed
+    tokens_per_second: float | None = None  # per GPU, after warm-up
+    peak_allocated_bytes: int | None = None  # max over ranks
+    peak_reserved_bytes: int | None = None
     steps: int = 0
     error: str | None = None
-    gpu_memory: bool = True  # peak_memory_bytes is the GPU allocator's peak (else the CPU's resident set)
+    gpu_memory: bool = True  # the peaks are the GPU allocator's (else the CPU's resident set)
+    slowed_s: float = 0.0  # seconds added to each step on purpose (TIERED_TRAINING_SLOW_CANDIDATE)
+    pid: int = 0  # rank 0's process: each candidate runs in its own launch
 
-    def fraction(self, hbm_bytes: int) -> float | None:
-        return None if self.peak_memory_bytes is None else self.peak_memory_bytes / hbm_bytes
+    def allocated_fraction(self, hbm_bytes: int) -> float | None:
+        return None if self.peak_allocated_bytes is None else self.peak_allocated_bytes / hbm_bytes
 
+    def reserved_fraction(self, hbm_bytes: int) -> float | None:
+        return None if self.peak_reserved_bytes is None else self.peak_reserved_bytes / hbm_bytes
 
-@dataclass
-class ProbeReport:
-    candidates: list[CandidateResult] = field(default_factory=list)
-    hbm_bytes: int = 0
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
-    @property
-    def best(self) -> CandidateResult | None:
-        fitting = [c for c in self.candidates if c.status == OK and c.tokens_per_second is not None]
-        return max(fitting, key=lambda c: c.tokens_per_second or 0.0, default=None)  # (never None here)
-
-    def probe_lines(self) -> list[str]:
-        """The lines the pipeline's MetricDefinitions parse, in PROBE_METRICS' exact formats: all of them, always."""
-        best = self.best
-        lines = [PROBE_METRICS["probe:tokens_per_second"][0].format(best.tokens_per_second if best else 0.0)]
-        # Nothing fits: every candidate needed at least all of the memory.
-        fraction = best.fraction(self.hbm_bytes) if best else 1.0
-        if fraction is not None:  # None only for a stand-in trainer that reports no memory
-            lines.append(PROBE_METRICS["probe:peak_memory_fraction"][0].format(fraction))
-        lines.append(PROBE_METRICS["probe:best_micro_batch"][0].format(best.micro_batch_size if best else 0))
-        return lines
+    @classmethod
+    def from_json(cls, text: str) -> CandidateResult:
+        return cls(**json.loads(text))
 
 
-def candidate_config(cfg: RunConfig, micro_batch_size: int, world_size: int = 1) -> RunConfig:
-    """The RunConfig of one probe candidate: this micro-batch, one micro-batch per optimiser step
-    on each of ``world_size`` ranks.
+def result_file(directory: Path, candidate: int) -> Path:
+    return directory / f"candidate-{candidate}.json"
 
-    ``total_steps`` (and so the LR schedule) is the plan's; :func:`run_probe` stops after
-    ``probe.steps`` steps with ``max_steps``.
-    """
+
+def slow_seconds(environ: Mapping[str, str], candidate: int) -> float:
+    """Seconds ``TIERED_TRAINING_SLOW_CANDIDATE="N:SECONDS"`` adds to each of candidate N's steps (0 otherwise)."""
+    raw = (environ.get(SLOW_VARIABLE) or "").strip()
+    if not raw:
+        return 0.0
+    number, sep, seconds = raw.partition(":")
+    try:
+        value = float(seconds)
+        if not sep or int(number) < 1 or value < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f'{SLOW_VARIABLE}={raw!r}: expected "CANDIDATE:SECONDS", for example "1:0.5"') from None
+    return value if int(number) == candidate else 0.0
+
+
+def probe_config(cfg: RunConfig, candidate: int, world_size: int = 1) -> RunConfig:
+    """The RunConfig that measures ``candidate``: its layout, precision and micro-batch, one micro-batch per
+    optimiser step on each of ``world_size`` ranks, no checkpoints. ``total_steps`` (the LR schedule) is the
+    plan's; :func:`run_probe` stops after ``probe.steps`` steps."""
+    cfg = cfg.with_candidate(candidate)
+    micro_batch = cfg.batch.micro_batch_size
     batch = cfg.batch.model_copy(
         update={
-            "micro_batch_size": micro_batch_size,
             "grad_accum_steps": 1,
             "ramp_start_accum_steps": None,
             "ramp_steps": 0,
-            "global_batch_tokens": micro_batch_size * cfg.batch.sequence_length * world_size,
+            "global_batch_tokens": micro_batch * cfg.batch.sequence_length * world_size,
         }
     )
     checkpoint = cfg.checkpoint.model_copy(update={"interval_minutes": 0.0, "interval_steps": 0})
     return cfg.model_copy(update={"batch": batch, "checkpoint": checkpoint})
+
+
+def warmup_steps(cfg: RunConfig) -> int:
+    """Steps left out of tokens/s: the first, and the second too when compile is on and there are 4 or more."""
+    return 2 if cfg.precision.compile and cfg.probe.steps >= 4 else 1
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -130,47 +130,32 @@ def _is_oom(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
-def _steady_tokens_per_second(stats: list) -> float | None:
-    """Tokens per second per GPU after the first step (which warms up the allocator and compiles)."""
-    timed = stats[1:] if len(stats) > 1 else stats
+def steady_tokens_per_second(stats: list, warmup: int) -> float | None:
+    """Tokens per second per GPU over the steps after ``warmup`` (all of them when there are no more)."""
+    timed = stats[warmup:] if len(stats) > warmup else stats
     seconds = sum(s.step_time_s for s in timed)
     if not timed or seconds <= 0:
         return None
     return sum(s.tokens for s in timed) / seconds / max(1, timed[-1].world_size)
 
 
-_agree_group: ProcessGroup | None = None  # _agree's gloo group, made at its first collective call
-
-
-def _agree(oom: bool, peak: int | None) -> tuple[bool, int | None]:
-    """All ranks: an OOM anywhere is an OOM everywhere; peak memory is the largest on any rank."""
-    global _agree_group
+def _agree(oom: bool, peaks: Sequence[int | None]) -> tuple[bool, list[int | None]]:
+    """All ranks: an OOM anywhere is an OOM everywhere; each peak is the largest on any rank."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return oom, peak
-    group = _agree_group = _agree_group or dist.new_group(backend="gloo")
-    flags = torch.tensor([1 if oom else 0, -1 if peak is None else peak], dtype=torch.int64)
+        return oom, list(peaks)
+    group: ProcessGroup = dist.new_group(backend="gloo")
+    flags = torch.tensor([1 if oom else 0, *(-1 if p is None else p for p in peaks)], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-    return bool(flags[0]), None if flags[1] < 0 else int(flags[1])
+    dist.destroy_process_group(group)
+    return bool(flags[0]), [None if value < 0 else int(value) for value in flags[1:].tolist()]
 
 
 def _resident_peak() -> int:
     """This process's peak resident set in bytes (Linux reports kilobytes): the CPU's peak memory."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _release_memory() -> None:
-    gc.collect()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-    except Exception:  # noqa: BLE001 - best effort between candidates
-        pass
 
 
 def _rank() -> int:
@@ -181,81 +166,213 @@ def _rank() -> int:
             return dist.get_rank()
     except Exception:  # noqa: BLE001
         pass
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 
-def run_probe(cfg: RunConfig, paths, *, run_fn: Callable | None = None, stream: IO[str] | None = None) -> ProbeReport:
-    """Sweep ``cfg.probe.micro_batch_candidates`` with the real trainer; print the PROBE lines on rank 0.
+def run_probe(
+    cfg: RunConfig,
+    paths,
+    *,
+    candidate: int = 1,
+    run_fn: Callable | None = None,
+    stream: IO[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> CandidateResult:
+    """Measure ``candidate`` with the real trainer; rank 0 prints its line and writes its result file.
 
     ``run_fn`` replaces :func:`training.trainer.run` in tests (same signature).
     """
+    environ = os.environ if environ is None else environ
     run_fn_is_real = run_fn is None
     if run_fn is None:
         from training.trainer import run
 
         run_fn = run
     out = stream or sys.stdout
-    report = ProbeReport(hbm_bytes=cfg.hardware.hbm_bytes)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    for micro_batch in sorted(set(cfg.probe.micro_batch_candidates)):
-        collected: list = []
-        oom, error = False, None
-        try:
-            run_fn(
-                candidate_config(cfg, micro_batch, world_size),
-                paths,
-                hooks=[collected.append],
-                max_steps=cfg.probe.steps,
-                resume=False,
-                save_checkpoints=False,
-                export=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - only OOM is a result; anything else is re-raised
-            if not _is_oom(exc):
-                raise
-            oom, error = True, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        peaks = [s.peak_memory_bytes for s in collected if s.peak_memory_bytes is not None]
-        cpu = bool(collected) and not peaks and run_fn_is_real
-        oom, peak = _agree(oom, max(peaks) if peaks else (_resident_peak() if cpu else None))
-        if oom:
-            result = CandidateResult(
-                micro_batch, OOM, steps=len(collected), error=error or "out of memory on another rank"
-            )
-        else:
-            result = CandidateResult(
-                micro_batch,
-                OK,
-                _steady_tokens_per_second(collected),
-                peak,
-                steps=len(collected),
-                gpu_memory=bool(peaks),
-            )
-        report.candidates.append(result)
-        if _rank() == 0:
-            _print_candidate(result, report.hbm_bytes, out)
-        collected.clear()
-        _release_memory()
-        if oom:
-            break  # a larger micro-batch cannot fit either
+    slowed = slow_seconds(environ, candidate)
+    measured = probe_config(cfg, candidate, int(environ.get("WORLD_SIZE", "1")))
+    collected: list = []
+    oom, error = False, None
+    try:
+        run_fn(
+            measured,
+            paths,
+            hooks=[collected.append],
+            max_steps=cfg.probe.steps,
+            resume=False,
+            save_checkpoints=False,
+            export=False,
+            step_delay_s=slowed,
+        )
+    except Exception as exc:  # noqa: BLE001 - only OOM is a result; anything else fails the launch
+        if not _is_oom(exc):
+            raise
+        oom, error = True, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    allocated = [s.peak_memory_bytes for s in collected if s.peak_memory_bytes is not None]
+    reserved = [s.peak_reserved_bytes for s in collected if s.peak_reserved_bytes is not None]
+    cpu = bool(collected) and not allocated and run_fn_is_real
+    if cpu:
+        allocated = reserved = [_resident_peak()]
+    oom, (peak_allocated, peak_reserved) = _agree(
+        oom, [max(allocated) if allocated else None, max(reserved) if reserved else None]
+    )
+    if oom:
+        result = CandidateResult(
+            candidate, OOM, steps=len(collected), error=error or "out of memory on another rank", pid=os.getpid()
+        )
+    else:
+        result = CandidateResult(
+            candidate,
+            OK,
+            steady_tokens_per_second(collected, warmup_steps(measured)),
+            peak_allocated,
+            peak_reserved,
+            steps=len(collected),
+            gpu_memory=not cpu,
+            slowed_s=slowed,
+            pid=os.getpid(),
+        )
     if _rank() == 0:
-        for line in report.probe_lines():
-            out.write(line + "\n")
+        out.write(candidate_line(result, cfg) + "\n")
         out.flush()
-    return report
+        where = environ.get(PROBE_DIR_VARIABLE)
+        if where:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            path = result_file(Path(where), candidate)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(result.to_json())
+            os.replace(tmp, path)
+    return result
 
 
-def _print_candidate(result: CandidateResult, hbm_bytes: int, out: IO[str]) -> None:
-    # Deliberately not in the PROBE format, so the MetricDefinitions see only the final summary.
-    parts = [f"probe candidate: micro_batch={result.micro_batch_size}", f"status={result.status}"]
+# -- the choice and the lines the pipeline reads -----------------------------------------------------------------
+
+
+def candidate_line(result: CandidateResult, cfg: RunConfig) -> str:
+    """The readable line of one candidate (not in the PROBE formats, so MetricDefinitions skip it)."""
+    hbm = cfg.hardware.hbm_bytes
+    parts = [f"probe candidate {result.candidate} ({summary(cfg.candidate_config(result.candidate))}):"]
+    parts.append(f"status={result.status}")
     if result.tokens_per_second is not None:
         parts.append(f"tokens/s/gpu={result.tokens_per_second:.1f}")
-    fraction = result.fraction(hbm_bytes)
-    if fraction is not None:
-        parts.append(f"peak_memory={fraction:.4f}" + ("" if result.gpu_memory else " (resident set, CPU)"))
+    allocated, reserved = result.allocated_fraction(hbm), result.reserved_fraction(hbm)
+    if allocated is not None and reserved is not None:
+        parts.append(f"peak_allocated={allocated:.4f} peak_reserved={reserved:.4f}")
+        if not result.gpu_memory:
+            parts.append("(resident set, CPU)")
     parts.append(f"steps={result.steps}")
+    if result.slowed_s:
+        parts.append(f"(slowed on purpose by {SLOW_VARIABLE}: +{result.slowed_s:g} s a step)")
     if result.error:
         parts.append(f"error={result.error}")
-    out.write(" ".join(parts) + "\n")
-    out.flush()
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Choice:
+    best: CandidateResult | None
+    reasons: dict[int, str]  # why each candidate not chosen was not
+
+
+def choose(results: Sequence[CandidateResult], memory_limit: float, hbm_bytes: int) -> Choice:
+    """The fastest measured candidate whose peak reserved memory is at most ``memory_limit`` of the HBM."""
+    reasons: dict[int, str] = {}
+    fitting = []
+    for r in results:
+        reserved = r.reserved_fraction(hbm_bytes)
+        if r.status == OOM:
+            reasons[r.candidate] = "ran out of memory"
+        elif r.status != OK:
+            reasons[r.candidate] = f"failed: {r.error or 'no result'}"
+        elif r.tokens_per_second is None:
+            reasons[r.candidate] = "measured no steady step"
+        elif reserved is not None and reserved > memory_limit:
+            reasons[r.candidate] = f"over the memory limit: reserved {reserved:.0%} > {memory_limit:.0%}"
+        else:
+            fitting.append(r)
+    best = max(fitting, key=lambda r: r.tokens_per_second or 0.0, default=None)
+    for r in fitting:
+        if r is not best:
+            reasons[r.candidate] = "slower"
+    return Choice(best, reasons)
+
+
+def summary_lines(results: Sequence[CandidateResult], cfg: RunConfig) -> list[str]:
+    """Each candidate's PROBE lines, the summary PROBE lines (every value the gate reads, always) and the line
+    that says why."""
+    hbm, limit = cfg.hardware.hbm_bytes, cfg.probe.memory_limit
+    lines: list[str] = []
+    for r in sorted(results, key=lambda r: r.candidate):
+        if r.status == FAILED:
+            continue
+        formats = {name.rsplit(":", 1)[1]: fmt for name, (fmt, _) in probe_candidate_metrics(r.candidate).items()}
+        values: dict[str, float | None]
+        if r.status == OOM:
+            values = {"tokens_per_second": 0.0, "peak_allocated_fraction": 1.0, "peak_reserved_fraction": 1.0}
+        else:
+            values = {
+                "tokens_per_second": r.tokens_per_second or 0.0,
+                "peak_allocated_fraction": r.allocated_fraction(hbm),
+                "peak_reserved_fraction": r.reserved_fraction(hbm),
+            }
+        lines += [formats[field].format(value) for field, value in values.items() if value is not None]
+    choice = choose(results, limit, hbm)
+    best = choice.best
+    if best is not None:
+        tokens, fraction, number = best.tokens_per_second or 0.0, best.reserved_fraction(hbm), best.candidate
+    else:
+        measured = [f for r in results if r.status == OK and (f := r.reserved_fraction(hbm)) is not None]
+        tokens, fraction, number = 0.0, min(measured, default=1.0), 0
+    lines.append(PROBE_METRICS["probe:tokens_per_second"][0].format(tokens))
+    if fraction is not None:  # None only for a stand-in trainer that reports no memory
+        lines.append(PROBE_METRICS["probe:peak_memory_fraction"][0].format(fraction))
+    lines.append(PROBE_METRICS["probe:best_candidate"][0].format(number))
+    lines.append(reason_line(results, choice, cfg))
+    return lines
+
+
+def reason_line(results: Sequence[CandidateResult], choice: Choice, cfg: RunConfig) -> str:
+    """``probe: chose candidate 2 (...): 9,870 tokens/s per GPU measured; candidate 1 (predicted 10,634):
+    7,020, slower; reserved 61% <= 85%``, or why none was chosen."""
+    hbm, limit = cfg.hardware.hbm_bytes, cfg.probe.memory_limit
+
+    def predicted(number: int) -> str:
+        value = cfg.metrics.plan_tokens_per_second_per_gpu if number == 1 else 0.0
+        return f" (predicted {value:,.0f})" if value > 0 else ""
+
+    def slowed(r: CandidateResult) -> str:
+        return f" (slowed on purpose by {SLOW_VARIABLE})" if r.slowed_s else ""
+
+    others = []
+    for r in sorted(results, key=lambda r: r.candidate):
+        if choice.best is not None and r.candidate == choice.best.candidate:
+            continue
+        measured = f": {r.tokens_per_second:,.0f}" if r.status == OK and r.tokens_per_second is not None else ""
+        reason = choice.reasons[r.candidate]
+        others.append(f"candidate {r.candidate}{predicted(r.candidate)}{measured}{slowed(r)}, {reason}")
+    best = choice.best
+    if best is None:
+        return "probe: no candidate fits: " + "; ".join(others)
+    reserved = best.reserved_fraction(hbm)
+    memory = "" if reserved is None else f"; reserved {reserved:.0%} <= {limit:.0%}"
+    head = (
+        f"probe: chose candidate {best.candidate} ({summary(cfg.candidate_config(best.candidate))}): "
+        f"{best.tokens_per_second or 0.0:,.0f} tokens/s per GPU measured{predicted(best.candidate)}{slowed(best)}"
+    )
+    return head + memory + "".join(f"; {o}" for o in others)
+
+
+def read_results(directory: Path, count: int, failed: Mapping[int, str]) -> list[CandidateResult]:
+    """Every candidate's result: its file, else failed with the launch's reason."""
+    results = []
+    for number in range(1, count + 1):
+        path = result_file(directory, number)
+        try:
+            found: CandidateResult | None = CandidateResult.from_json(path.read_text())
+        except (OSError, ValueError, TypeError):
+            found = None
+        if found is None or number in failed:
+            reason = failed.get(number) or "the launch wrote no result"
+            found = CandidateResult(number, FAILED, error=reason)
+        results.append(found)
+    return results

@@ -19,6 +19,7 @@ class StepStats:
     grad_accum_steps: int  # accumulation used by this step (ramps up if the plan asks)
     checkpoint_save_s: float | None = None  # blocking part of a checkpoint save started at this step
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated() this step (CUDA only)
+    peak_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved() this step (CUDA only)
     world_size: int = 1
     skipped: bool = (
         False  # non-finite loss or gradient norm on some rank: no update was applied, ``step`` did not advance

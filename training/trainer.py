@@ -57,6 +57,7 @@ from torch.distributed.tensor import DTensor
 
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.contract.world import accumulation, resume_accumulation
+from training.candidates import summary
 from training.components import float8
 from training.components.ac import apply_ac
 from training.components.checkpoint import CheckpointManager
@@ -554,12 +555,14 @@ def run(
     resume: bool = True,
     save_checkpoints: bool = True,
     export: bool | None = None,
+    step_delay_s: float = 0.0,
 ) -> RunResult:
     """Train as ``cfg`` says; see the module docstring.
 
     max_steps: stop after this many optimiser steps in this call (a probe); such a run
         saves no final checkpoint and exports nothing unless it also reaches total_steps.
     export: write the HF model to ``paths.model_dir`` at the end (default: when total_steps is reached).
+    step_delay_s: seconds added inside each timed step (a probe's TIERED_TRAINING_SLOW_CANDIDATE, rehearsals only).
     """
     info = init_distributed()
     setup_logging(info.rank)
@@ -570,14 +573,14 @@ def run(
     gc.disable()
     gc.collect(1)
     try:
-        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export)
+        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s)
     finally:
         stop.uninstall()
         if gc_was_enabled:
             gc.enable()
 
 
-def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export) -> RunResult:
+def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s=0.0) -> RunResult:
     accum_at, exact = accumulation(cfg, info.world_size)
     if not exact and info.rank == 0:
         log.warning(
@@ -598,6 +601,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         control_group=control_group,
         identity=identity,
         accept=same_run(identity) if identity else None,
+        candidate=(cfg.run.candidate or 1, summary(cfg.candidate_config(1))),  # cfg runs its candidate as its own
     )
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
@@ -610,7 +614,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
     end = _end_step(cfg, step, max_steps, info.is_main)
     result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
     policy = SaveStopPolicy(cfg, stop, control_group, saved_at=resumed_from, save_checkpoints=save_checkpoints)
-    if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at):
+    if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at, step_delay_s):
         _finish(trainer, ckpt, result, paths.model_dir, export)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
@@ -667,6 +671,7 @@ def _loop(
     result: RunResult,
     end: int,
     accum_at: Callable[[int], int],
+    step_delay_s: float = 0.0,
 ) -> bool:
     """Train from ``result.step`` to ``end``, recording into ``result``. True when ``end`` is reached; False when
     the run stops before it (SIGTERM, the segment's time limit)."""
@@ -691,6 +696,8 @@ def _loop(
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()
         done = train_step(trainer, data_iter, accum_at(step), ckpt.control_group, precompute=precompute)
+        if step_delay_s:
+            time.sleep(step_delay_s)
         if done.skipped:
             result.skipped_steps += 1
         else:
@@ -787,6 +794,7 @@ def _step_stats(trainer: Trainer, step: int, done: StepOutcome, step_time: float
         grad_accum_steps=done.accum,
         checkpoint_save_s=save_s,
         peak_memory_bytes=torch.cuda.max_memory_allocated(info.device) if cuda else None,
+        peak_reserved_bytes=torch.cuda.max_memory_reserved(info.device) if cuda else None,
         world_size=info.world_size,
         skipped=done.skipped,
     )

@@ -50,7 +50,7 @@ TINY = {
         "peak_bf16_flops": 2.25e15,
         "hbm_bytes": 179 * 1024**3,
     },
-    "probe": {"steps": 2, "micro_batch_candidates": [1, 2, 4]},
+    "probe": {"steps": 2},
     "metrics": {"namespace": "TieredTraining", "interval_seconds": 60.0, "plan_tokens_per_second_per_gpu": 1000.0},
 }
 

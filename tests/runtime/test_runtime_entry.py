@@ -79,3 +79,7 @@ def test_python_m_training_emits_metrics_checkpoints_and_exports(tmp_path, monke
     committed = sorted(p.parent.name for p in (tmp_path / "ckpt").rglob("COMMITTED"))
     assert committed, list((tmp_path / "ckpt").iterdir())
     assert any((tmp_path / "model").rglob("*.safetensors"))
+    # the candidate trained: said once at start, recorded in every checkpoint (a resume with run.candidate 0 reads it)
+    assert result.stdout.count("training candidate 1 of 1 (fp32, none AC, full shard 2, micro-batch 2 x 1): ") == 1
+    manifest = json.loads((tmp_path / "ckpt" / committed[-1] / "COMMITTED").read_text())
+    assert (manifest["candidate"], manifest["candidate_summary"]) == (1, "fp32, none AC, full shard 2, micro-batch 2 x 1")

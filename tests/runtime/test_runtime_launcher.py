@@ -84,7 +84,8 @@ def test_environment_wins_and_probe_mode():
     rc = _resourceconfig(["algo-1"], "algo-1", "ml.p6-b200.48xlarge")
     environ = {"TIERED_TRAINING_MODE": "probe", "NCCL_DEBUG": "INFO", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}
     launch = build_launch(rc, cfg.to_hyperparameters(), environ, extra_args=["--foo"])
-    assert launch.argv[-3:] == ["training", "--probe", "--foo"]
+    assert launch.argv[-4:] == ["training", "--probe", "--candidate=1", "--foo"]
+    assert _argdict(launch.argv)["master_port"] == str(launcher.MASTER_PORT + 1)  # a port of its own per candidate
     assert launch.env["NCCL_DEBUG"] == "INFO"
     assert launch.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "90"
     assert launch.mode == "probe"
@@ -163,7 +164,7 @@ def test_main_execs_torchrun(tmp_path):
     result = _run_main(tmp_path, "train", PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe", SM_NUM_GPUS="8")
     assert result.returncode == 0, result.stderr
     assert "ARGS --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=algo-1" in result.stdout
-    assert "--module training --probe\n" in result.stdout
+    assert "--module training --probe --candidate=1\n" in result.stdout
     assert "SHUTDOWN 100 MODE probe" in result.stdout
 
 
@@ -206,3 +207,76 @@ def test_a_resume_is_checked_from_the_manifest_without_importing_torch(tmp_path)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.strip().splitlines() == ["False"], proc.stdout + proc.stderr[-2000:]
+
+
+# -- probe candidates: each its own launch and port; train checks the candidate it will run -------------------
+
+_BIGGER = {"parallel": {"sharding": "full", "shard_group_size": 1}, "micro_batch_size": 4, "grad_accum_steps": 1,
+           "precision": {"precision": "fp32", "activation_checkpointing": "none", "loss_chunk_tokens": 64}}
+
+
+def _eight_gpu_plan(**run):
+    # candidate 1 (micro-batch 2) keeps 512 tokens a step whole on 8 GPUs; candidate 2 (micro-batch 4) does not
+    return tiny_config(batch__global_batch_tokens=512, probe={"steps": 2, "alternatives": [_BIGGER]},
+                       run={"id": "run-1", **run})
+
+
+def test_probe_candidate_launch_has_its_own_port_and_layout():
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.p6-b200.48xlarge")
+    environ = {"TIERED_TRAINING_MODE": "probe", "SM_NUM_GPUS": "8", "TIERED_TRAINING_MASTER_PORT": "31000"}
+    one = build_launch(rc, _eight_gpu_plan().to_hyperparameters(), environ, candidate=1)
+    assert one.candidates == 2 and _argdict(one.argv)["master_port"] == "31001"
+    with pytest.raises(LaunchError, match=r"InstanceCount 1 \(8 GPUs\) cannot run the plan"):
+        build_launch(rc, _eight_gpu_plan().to_hyperparameters(), environ, candidate=2)  # checked on its own layout
+    with pytest.raises(LaunchError, match="probe candidate 3 does not exist: the probe has 2"):
+        build_launch(rc, _eight_gpu_plan().to_hyperparameters(), environ, candidate=3)
+
+
+def test_train_checks_the_host_count_with_the_candidate_it_runs():
+    rc = _resourceconfig(["algo-1"], "algo-1", "ml.p6-b200.48xlarge")
+    build_launch(rc, _eight_gpu_plan(candidate=1).to_hyperparameters(), {"SM_NUM_GPUS": "8"})
+    with pytest.raises(LaunchError, match="InstanceCount 1"):
+        build_launch(rc, _eight_gpu_plan(candidate=2).to_hyperparameters(), {"SM_NUM_GPUS": "8"})
+
+
+_PROBE_STUB = """#!/bin/sh
+for a in "$@"; do case $a in --candidate=*) n=${a#--candidate=};; esac; done
+echo "PID $n $$"
+if [ "$n" = "$FAIL" ] || [ "$FAIL" = all ]; then echo "ValueError: boom $n" > "$TIERED_TRAINING_FAILURE_DIR/rank-0"; exit 1; fi
+mkdir -p "$TIERED_TRAINING_PROBE_DIR"
+echo '{"candidate": '$n', "status": "ok", "tokens_per_second": '$n'00.0, "peak_allocated_bytes": 1000, "peak_reserved_bytes": 2000}' > "$TIERED_TRAINING_PROBE_DIR/candidate-$n.json"
+"""
+
+
+def _probe_with_stub(tmp_path, fail):
+    root = tmp_path / "opt/ml"
+    (root / "input/config").mkdir(parents=True)
+    cfg = tiny_config(probe={"steps": 2, "alternatives": [_BIGGER, _BIGGER]})
+    (root / "input/config/hyperparameters.json").write_text(json.dumps(cfg.to_hyperparameters()))
+    (root / "input/config/resourceconfig.json").write_text(json.dumps(_resourceconfig(["algo-1"], "algo-1", "cpu")))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(_PROBE_STUB)
+    (bin_dir / "torchrun").chmod(0o755)
+    result = _run_main(root / "input/config", PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe",
+                       SM_NUM_GPUS="1", TIERED_TRAINING_OPT_ML=str(root), FAIL=fail)
+    failure = root / "output/failure"
+    return result, failure.read_text() if failure.exists() else None
+
+
+def test_a_failed_candidate_is_recorded_and_the_others_still_run(tmp_path):
+    result, failure = _probe_with_stub(tmp_path, fail="3")
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PID ")] == ["1", "2", "3"]
+    assert "PROBE best_candidate=2\n" in result.stdout and "PROBE tokens_per_second=200.00\n" in result.stdout
+    assert "PROBE candidate=3" not in result.stdout  # a failed candidate prints no values
+    assert "candidate 3, failed: algo-1 rank-0: ValueError: boom 3" in result.stdout
+    assert failure is None
+
+
+def test_a_probe_whose_every_candidate_failed_fails_the_job_naming_each(tmp_path):
+    result, failure = _probe_with_stub(tmp_path, fail="all")
+    assert result.returncode == 1
+    assert "PROBE best_candidate=0\n" in result.stdout
+    assert failure.startswith("probe: every candidate failed: candidate 1: algo-1 rank-0: ValueError: boom 1; "
+                              "candidate 2: algo-1 rank-0: ValueError: boom 2; candidate 3: "), failure

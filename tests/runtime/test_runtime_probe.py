@@ -1,108 +1,217 @@
-"""Probe mode: the sweep's logic with a stand-in trainer, and the real trainer under torchrun on the CPU."""
+"""Probe mode: one candidate's measurement with a stand-in trainer, the choice over the candidates' results, and
+the launcher running each candidate in its own torchrun on the CPU."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tiered_training.contract.metrics import PROBE_METRICS
-from training.probe import OK, OOM, candidate_config, run_probe
+from tiered_training.contract.metrics import probe_metric_definitions
+from training.probe import (
+    FAILED,
+    OK,
+    OOM,
+    CandidateResult,
+    choose,
+    probe_config,
+    read_results,
+    result_file,
+    run_probe,
+    slow_seconds,
+    summary_lines,
+)
 from training.step_stats import StepStats
 
-from .helpers import run_training_module, tiny_config
+from .helpers import REPO, tiny_config
 
 GIB = 1024**3
+ALTERNATIVE = {
+    "parallel": {"sharding": "full", "shard_group_size": 1},
+    "precision": {"precision": "bf16", "activation_checkpointing": "selective", "loss_chunk_tokens": 64},
+    "micro_batch_size": 4,
+    "grad_accum_steps": 1,
+}
 
 
-def _matches(text: str) -> dict[str, list[str]]:
+def _matches(text: str, count: int) -> dict[str, list[str]]:
     """What SageMaker's MetricDefinitions would extract from this log, metric by metric."""
-    return {name: re.findall(regex, text) for name, (_, regex) in PROBE_METRICS.items()}
+    return {name: re.findall(regex, text) for name, (_, regex) in probe_metric_definitions(count).items()}
 
 
-def _fake_trainer(oom_at: int | None, calls: list, peak_per_sample: int | None = GIB):
-    def run(cfg, paths, *, hooks, max_steps, resume, save_checkpoints, export):
+def _two_candidates(**probe):
+    return tiny_config(probe={"steps": 3, "alternatives": [ALTERNATIVE], **probe})
+
+
+def _fake_trainer(calls: list, *, oom: bool = False, compile_warmup: bool = False):
+    def run(cfg, paths, *, hooks, max_steps, resume, save_checkpoints, export, step_delay_s):
         mb = cfg.batch.micro_batch_size
-        calls.append((mb, max_steps, resume, save_checkpoints, export, cfg.batch.grad_accum_steps))
-        if oom_at is not None and mb >= oom_at:
+        calls.append((mb, cfg.precision.precision, cfg.batch.grad_accum_steps, max_steps, resume, save_checkpoints,
+                      export, step_delay_s))
+        if oom:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         for step in range(1, max_steps + 1):
             tokens = mb * cfg.batch.sequence_length * 8
-            time_s = 2.0 if step == 1 else 0.1 * (1 + 0.2 * mb)  # warm-up step, then steady
+            slow = step == 1 or (compile_warmup and step == 2)
+            time_s = (2.0 if slow else 0.1) + step_delay_s
             for hook in hooks:
                 hook(StepStats(step=step, loss=3.0, grad_norm=1.0, lr=1e-3, tokens=tokens, step_time_s=time_s,
                                data_wait_s=0.0, tokens_per_second=tokens / time_s, micro_batch_size=mb,
-                               grad_accum_steps=1, world_size=8,
-                               peak_memory_bytes=None if peak_per_sample is None else peak_per_sample * mb * 10))
+                               grad_accum_steps=1, world_size=8, peak_memory_bytes=mb * 10 * GIB,
+                               peak_reserved_bytes=mb * 12 * GIB))
 
     return run
 
 
-def test_oom_is_a_result_and_stops_the_sweep():
-    cfg = tiny_config(probe={"steps": 3, "micro_batch_candidates": [8, 1, 2, 4]})  # unsorted on purpose
+def test_a_candidate_runs_its_own_configuration_and_writes_its_result(tmp_path):
+    cfg = _two_candidates()
     calls, out = [], io.StringIO()
-    report = run_probe(cfg, paths=None, run_fn=_fake_trainer(oom_at=4, calls=calls), stream=out)
-    assert [c[0] for c in calls] == [1, 2, 4]  # small to large; 8 never runs
-    assert all(c[1:] == (3, False, False, False, 1) for c in calls)
-    assert [(c.micro_batch_size, c.status) for c in report.candidates] == [(1, OK), (2, OK), (4, OOM)]
-    assert "OutOfMemoryError" in report.candidates[-1].error
-    best = report.best
-    assert best.micro_batch_size == 2
-    # steady state: the warm-up step is left out
-    assert best.tokens_per_second == pytest.approx(2 * 32 * 8 / (0.1 * 1.4) / 8)  # per GPU (world size 8)
-    text = out.getvalue()
-    found = _matches(text)
-    assert found == {
-        "probe:tokens_per_second": [f"{best.tokens_per_second:.2f}"],
-        "probe:peak_memory_fraction": [f"{20 * GIB / cfg.hardware.hbm_bytes:.4f}"],
-        "probe:best_micro_batch": ["2"],
-    }
-    assert "probe candidate: micro_batch=4 status=oom" in text
+    environ = {"TIERED_TRAINING_PROBE_DIR": str(tmp_path), "TIERED_TRAINING_SLOW_CANDIDATE": "2:0.4"}
+    result = run_probe(cfg, None, candidate=2, run_fn=_fake_trainer(calls), stream=out, environ=environ)
+    # candidate 2: the alternative's micro-batch and precision, one micro-batch a step, nothing saved, slowed
+    assert calls == [(4, "bf16", 1, 3, False, False, False, 0.4)]
+    assert result.status == OK and result.slowed_s == 0.4
+    assert result.tokens_per_second == pytest.approx(4 * 32 * 8 / 0.5 / 8)  # steps 2 and 3; per GPU (8)
+    assert (result.peak_allocated_bytes, result.peak_reserved_bytes) == (40 * GIB, 48 * GIB)
+    assert CandidateResult.from_json(result_file(tmp_path, 2).read_text()) == result
+    line = out.getvalue()
+    assert line.startswith("probe candidate 2 (bf16, selective AC, full shard 1, micro-batch 4 x 1): status=ok")
+    assert "(slowed on purpose by TIERED_TRAINING_SLOW_CANDIDATE: +0.4 s a step)" in line
+    assert "PROBE" not in line  # the host-0 launcher prints the lines the pipeline parses
 
 
-def test_nothing_fits_reports_zero():
-    cfg = tiny_config(probe={"steps": 2, "micro_batch_candidates": [1, 2]})
-    calls, out = [], io.StringIO()
-    report = run_probe(cfg, None, run_fn=_fake_trainer(oom_at=1, calls=calls), stream=out)
-    assert [c.status for c in report.candidates] == [OOM]
-    assert _matches(out.getvalue())["probe:best_micro_batch"] == ["0"]
-    assert _matches(out.getvalue())["probe:tokens_per_second"] == ["0.00"]
+def test_compile_leaves_out_two_warm_up_steps():
+    cfg = tiny_config(probe={"steps": 4}, precision__compile=True)
+    result = run_probe(cfg, None, run_fn=_fake_trainer([], compile_warmup=True), stream=io.StringIO(), environ={})
+    assert result.tokens_per_second == pytest.approx(2 * 32 * 8 / 0.1 / 8)  # steps 3 and 4 only
 
 
-def test_other_errors_are_not_swallowed():
+def test_oom_is_a_result_and_other_errors_are_not():
+    result = run_probe(_two_candidates(), None, run_fn=_fake_trainer([], oom=True), stream=io.StringIO(), environ={})
+    assert result.status == OOM and "OutOfMemoryError" in result.error
+
     def broken(cfg, paths, **_):
         raise ValueError("no *.bin token shards")
 
     with pytest.raises(ValueError):
-        run_probe(tiny_config(), None, run_fn=broken, stream=io.StringIO())
+        run_probe(tiny_config(), None, run_fn=broken, stream=io.StringIO(), environ={})
 
 
-def test_candidate_config_keeps_the_plan_apart_from_the_batch():
+def test_slow_candidate_variable():
+    assert slow_seconds({"TIERED_TRAINING_SLOW_CANDIDATE": "1:2.5"}, 1) == 2.5
+    assert slow_seconds({"TIERED_TRAINING_SLOW_CANDIDATE": "1:2.5"}, 2) == 0.0
+    with pytest.raises(ValueError, match='expected "CANDIDATE:SECONDS"'):
+        slow_seconds({"TIERED_TRAINING_SLOW_CANDIDATE": "fast"}, 1)
+
+
+def test_probe_config_keeps_the_plan_apart_from_the_batch():
     cfg = tiny_config(batch__grad_accum_steps=4, batch__ramp_start_accum_steps=1, batch__ramp_steps=10)
-    probe_cfg = candidate_config(cfg, 8)
-    assert (probe_cfg.batch.micro_batch_size, probe_cfg.batch.grad_accum_steps, probe_cfg.batch.ramp_steps) == (8, 1, 0)
-    assert probe_cfg.batch.total_steps == cfg.batch.total_steps
-    assert probe_cfg.model == cfg.model and probe_cfg.precision == cfg.precision
+    one = probe_config(cfg, 1)
+    assert (one.batch.micro_batch_size, one.batch.grad_accum_steps, one.batch.ramp_steps) == (2, 1, 0)
+    assert one.batch.total_steps == cfg.batch.total_steps and one.model == cfg.model and one.run.candidate == 1
+
+
+def _result(number, status=OK, tokens=None, reserved=None, **kw):
+    hbm = 179 * GIB
+    return CandidateResult(number, status, tokens, None if reserved is None else int(reserved * hbm * 0.9),
+                           None if reserved is None else int(reserved * hbm), **kw)
+
+
+def test_the_fastest_under_the_memory_limit_is_chosen_and_every_value_is_printed():
+    cfg = tiny_config(probe={"steps": 3, "alternatives": [ALTERNATIVE] * 3, "memory_limit": 0.85},
+                      metrics__plan_tokens_per_second_per_gpu=10634.0)
+    results = [_result(1, tokens=7020.0, reserved=0.5), _result(2, tokens=9870.0, reserved=0.61),
+               _result(3, tokens=12000.0, reserved=0.92), _result(4, FAILED, error="algo-2 rank-1: ValueError: bad")]
+    assert choose(results, 0.85, cfg.hardware.hbm_bytes).best.candidate == 2
+    text = "\n".join(summary_lines(results, cfg))
+    found = _matches(text, 4)
+    assert found["probe:best_candidate"] == ["2"]
+    assert found["probe:tokens_per_second"] == ["9870.00"]
+    assert found["probe:peak_memory_fraction"] == ["0.6100"]
+    assert found["probe:candidate3:peak_reserved_fraction"] == ["0.9200"]
+    assert found["probe:candidate1:peak_allocated_fraction"] == ["0.4500"]
+    assert not any(found[f"probe:candidate4:{f}"] for f in ("tokens_per_second", "peak_reserved_fraction"))
+    why = text.splitlines()[-1]
+    assert why.startswith("probe: chose candidate 2 (bf16, selective AC, full shard 1, micro-batch 4 x 1): "
+                          "9,870 tokens/s per GPU measured; reserved 61% <= 85%")
+    assert "candidate 1 (predicted 10,634): 7,020, slower" in why
+    assert "candidate 3: 12,000, over the memory limit: reserved 92% > 85%" in why
+    assert "candidate 4, failed: algo-2 rank-1: ValueError: bad" in why
+
+
+def test_nothing_fits_prints_zero_and_the_smallest_reserved_fraction():
+    cfg = tiny_config(probe={"steps": 3, "alternatives": [ALTERNATIVE] * 2, "memory_limit": 0.5})
+    results = [_result(1, OOM), _result(2, tokens=900.0, reserved=0.7), _result(3, tokens=800.0, reserved=0.6)]
+    found = _matches("\n".join(summary_lines(results, cfg)), 3)
+    assert found["probe:best_candidate"] == ["0"] and found["probe:tokens_per_second"] == ["0.00"]
+    assert found["probe:peak_memory_fraction"] == ["0.6000"]
+    assert found["probe:candidate1:tokens_per_second"] == ["0.00"]
+    assert found["probe:candidate1:peak_reserved_fraction"] == ["1.0000"]
+    only_oom = _matches("\n".join(summary_lines([_result(1, OOM)], tiny_config())), 1)
+    assert only_oom["probe:peak_memory_fraction"] == ["1.0000"] and only_oom["probe:best_candidate"] == ["0"]
+
+
+def test_a_launch_without_a_result_is_a_failed_candidate(tmp_path):
+    result_file(tmp_path, 1).write_text(_result(1, tokens=5.0, reserved=0.1).to_json())
+    results = read_results(tmp_path, 3, {3: "algo-1 rank-0: RuntimeError: boom"})
+    assert [r.status for r in results] == [OK, FAILED, FAILED]
+    assert results[1].error == "the launch wrote no result" and results[2].error.endswith("boom")
+
+
+# -- the launcher: one torchrun per candidate, then the choice --------------------------------------------------
+
+
+def _opt_ml(tmp_path: Path, cfg) -> Path:
+    import numpy as np
+
+    root = tmp_path / "opt/ml"
+    (root / "input/config").mkdir(parents=True)
+    (root / "input/config/hyperparameters.json").write_text(json.dumps(cfg.to_hyperparameters()))
+    (root / "input/config/resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-1", "hosts": ["algo-1"], "current_instance_type": "cpu", "network_interface_name": "lo"}))
+    data = root / "input/data/train"
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for index in range(2):
+        rng.integers(0, cfg.model.vocab_size, 20_000).astype(np.uint16).tofile(data / f"shard-{index:05d}.bin")
+    return root
 
 
 @pytest.mark.torch
-def test_probe_runs_the_real_trainer_under_torchrun(tmp_path):
-    """``torchrun --nproc_per_node 2 -m training --probe`` on the tiny model (gloo); regexes over the real log."""
-    cfg = tiny_config(
-        parallel={"sharding": "full", "shard_group_size": 2},
-        hardware__gpus_per_node=2,
-        probe={"steps": 3, "micro_batch_candidates": [2, 1]},
-    )
-    result = run_training_module(tmp_path, cfg, "--probe", timeout=240)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-4000:]
-    found = _matches(result.stdout)
-    assert len(found["probe:tokens_per_second"]) == 1 and float(found["probe:tokens_per_second"][0]) > 0
-    assert found["probe:best_micro_batch"] in (["1"], ["2"])
-    # No GPU: the workers' peak resident set as a fraction of hbm_bytes, and the candidate lines say so.
-    assert len(found["probe:peak_memory_fraction"]) == 1 and 0 < float(found["probe:peak_memory_fraction"][0]) < 1
-    assert "(resident set, CPU)" in result.stdout
-    assert result.stdout.count("probe candidate: micro_batch=") == 2
-    assert not any((tmp_path / "ckpt").rglob("*.distcp")) and not any((tmp_path / "model").rglob("*.safetensors"))
+def test_each_candidate_runs_in_its_own_torchrun_and_the_slowed_first_is_not_chosen(tmp_path):
+    from tiered_training.contract.ports import loopback_port
+
+    two = {"sharding": "full", "shard_group_size": 2}
+    alternative = {**ALTERNATIVE, "parallel": two, "micro_batch_size": 1, "grad_accum_steps": 2,
+                   "precision": {"precision": "fp32", "activation_checkpointing": "none", "loss_chunk_tokens": 64}}
+    cfg = tiny_config(parallel=two, hardware__gpus_per_node=2, batch__global_batch_tokens=128,
+                      probe={"steps": 3, "alternatives": [alternative]})
+    root = _opt_ml(tmp_path, cfg)
+    env = {**os.environ, "TIERED_TRAINING_OPT_ML": str(root), "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
+           "TIERED_TRAINING_MASTER_PORT": str(loopback_port()), "SM_NUM_GPUS": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "TIERED_TRAINING_MODE": "probe", "TIERED_TRAINING_SLOW_CANDIDATE": "1:1.0"}
+    proc = subprocess.run([sys.executable, "-m", "training.launcher", "train"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert "--probe --candidate=1" in text and "--probe --candidate=2" in text
+    results = [CandidateResult.from_json(result_file(root / "output/data/probe", n).read_text()) for n in (1, 2)]
+    assert results[0].pid != results[1].pid  # a new process tree each
+    assert [r.status for r in results] == [OK, OK]
+    found = _matches(proc.stdout, 2)
+    assert {name: len(values) for name, values in found.items()} == dict.fromkeys(found, 1)  # each once
+    assert found["probe:best_candidate"] == ["2"]  # candidate 1 is slowed by a second a step
+    assert float(found["probe:candidate2:tokens_per_second"][0]) > float(found["probe:candidate1:tokens_per_second"][0])
+    assert 0 < float(found["probe:peak_memory_fraction"][0]) < 1
+    assert "(resident set, CPU)" in proc.stdout and "(slowed on purpose by TIERED_TRAINING_SLOW_CANDIDATE)" in proc.stdout
+    assert "probe: chose candidate 2 (fp32, none AC, full shard 2, micro-batch 1 x 2)" in proc.stdout
+    assert not (root / "output/failure").exists()
+    assert not any((root / "checkpoints").rglob("*.distcp")) and not any((root / "model").rglob("*.safetensors"))

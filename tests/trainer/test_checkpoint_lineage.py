@@ -178,3 +178,30 @@ def test_a_full_disk_during_a_save_names_the_disk_and_keeps_the_committed_checkp
         assert not (step_dir(root, 6) / "COMMITTED").exists()
         assert (step_dir(root, 3) / "COMMITTED").read_bytes() == before
         assert find_resumable(root) == (3, ["step-6: not committed (no COMMITTED marker: the save did not finish)"])
+
+
+def test_a_resume_with_run_candidate_0_trains_the_candidate_its_checkpoint_records(tmp_path, group):
+    from training.candidates import apply
+
+    alternative = {"parallel": {"sharding": "full", "shard_group_size": 1}, "micro_batch_size": 4,
+                   "grad_accum_steps": 1,
+                   "precision": {"precision": "bf16", "activation_checkpointing": "selective"}}
+    cfg = tiny_config(probe={"steps": 2, "alternatives": [alternative, alternative]})
+    root = tmp_path / "checkpoints"
+    assert apply(cfg, root)[1].startswith("training candidate 1 of 3 (fp32, ")  # nothing to resume: the plan's own
+    second = cfg.with_candidate(2)
+    manager = CheckpointManager(root, keep_last=1, rank=0, save_group=group, control_group=group,
+                                candidate=(2, "bf16, selective AC, full shard 1, micro-batch 4 x 1"))
+    _save(manager, 4)
+    manifest = json.loads((step_dir(root, 4) / "COMMITTED").read_text())
+    assert (manifest["candidate"], manifest["candidate_summary"]) == (2, "bf16, selective AC, full shard 1, micro-batch 4 x 1")
+
+    resumed, line = apply(cfg, root)  # run.candidate 0: the recorded one
+    assert resumed == second and resumed.batch.micro_batch_size == 4 and resumed.precision.precision == "bf16"
+    assert line == ("training candidate 2 of 3 (bf16, selective AC, full shard 1, micro-batch 4 x 1): "
+                    "recorded in the checkpoint it resumes")
+    chosen, line = apply(cfg.model_copy(update={"run": cfg.run.model_copy(update={"candidate": 3})}), root)
+    assert chosen.run.candidate == 3 and "differs from candidate 2 of the checkpoint it resumes" in line
+    shrunk = cfg.model_copy(update={"probe": cfg.probe.model_copy(update={"alternatives": []})})
+    with pytest.raises(ValueError, match="records probe candidate 2, but this RunConfig has 1"):
+        apply(shrunk, root)

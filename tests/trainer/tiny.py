@@ -29,7 +29,7 @@ def tiny_config(**overrides) -> RunConfig:
         "data": {"token_dtype": "uint16", "seed": 1234},
         "checkpoint": {"interval_minutes": 0, "interval_steps": 5, "keep_last": 3, "shutdown_deadline_seconds": 60},
         "hardware": {"instance_type": "cpu", "gpus_per_node": 2, "peak_bf16_flops": 1e12, "hbm_bytes": 2**34},
-        "probe": {"steps": 3, "micro_batch_candidates": [1, 2]},
+        "probe": {"steps": 3},
     }
     for section, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(section), dict):

@@ -124,11 +124,15 @@ class CheckpointManager:
         control_group: dist.ProcessGroup,
         accept: Acceptor | None = None,
         identity: dict[str, Any] | None = None,
+        candidate: tuple[int, str] | None = None,
     ):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
         checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
-        run's identity (training/components/identity.py), recorded in every manifest."""
+        run's identity (training/components/identity.py), recorded in every manifest. ``candidate``: the
+        probe candidate trained and its summary, recorded in every manifest (a resume with run.candidate 0
+        trains it again)."""
         self.root = Path(root)
+        self.candidate = candidate
         self.accept = accept
         self.identity = identity
         self.keep_last = max(1, keep_last)
@@ -237,6 +241,8 @@ class CheckpointManager:
                     "world_size": dist.get_world_size(),
                     "files": dict(sorted(files.items())),
                 }
+                if self.candidate is not None:
+                    manifest["candidate"], manifest["candidate_summary"] = self.candidate
                 manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
                 marker = path / COMMITTED
                 tmp = path / (COMMITTED + ".tmp")

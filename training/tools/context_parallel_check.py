@@ -154,7 +154,7 @@ def trainer_cases(info, root: Path, seq: int, steps: int) -> list[dict]:
                     "peak_bf16_flops": 1e15,
                     "hbm_bytes": 2**37,
                 },
-                "probe": {"steps": steps, "micro_batch_candidates": [micro_batch]},
+                "probe": {"steps": steps},
             }
         )
 

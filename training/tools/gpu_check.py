@@ -169,7 +169,7 @@ def run_config(case: Case, *, steps: int, instance: str, hbm_bytes: int) -> RunC
                 "peak_bf16_flops": peak,
                 "hbm_bytes": hbm_bytes,
             },
-            "probe": {"steps": steps, "micro_batch_candidates": [case.micro_batch]},
+            "probe": {"steps": steps},
         }
     )
 
