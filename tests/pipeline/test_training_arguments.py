@@ -157,12 +157,11 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
 
 def test_probe_runtime_estimate(tmp_path):
     plan = plan_of(tmp_path, **{"probe.steps": 9})
-    # each candidate's launch, then 9 steps of one micro-batch per rank at its own predicted speed
-    per_step = [c.micro_batch_size * plan.recipe.sequence_length / c.context_parallel / c.tokens_per_second_per_gpu
-                for c in plan.candidates]
-    launch = probe.LAUNCH_SECONDS + (probe.COMPILE_SECONDS if plan.compile else 0)
-    assert len(per_step) == 3 and len(set(per_step)) > 1
-    assert d.probe_runtime_estimate(plan) == pytest.approx(sum(launch + 9 * t for t in per_step), rel=1e-12)
+    # each candidate's launch: its start-up allowance, then 9 steps at its own predicted speed
+    launches = probe.plan_launches(plan)
+    assert [launch.number for launch in launches] == [1, 2, 3] and all(launch.steps == 9 for launch in launches)
+    assert len({launch.step_seconds for launch in launches}) > 1
+    assert d.probe_runtime_estimate(plan) == pytest.approx(sum(launch.seconds for launch in launches), rel=1e-12)
     # a probe that takes longer than the probe's limit still gets the time, within the job runtime
     slow = plan_of(tmp_path, **{"probe.steps": 9, "compute.max_runtime_hours": 12.0})
     long_plan = dataclasses.replace(slow, candidates=tuple(

@@ -1,46 +1,107 @@
-"""How long the probe job takes: each of its candidates in its own launch (training/probe.py).
+"""How long the probe runs: its K candidates, each in its own process launch (training/probe.py).
 
-A launch starts torchrun and its workers, joins the process group, builds the model (or loads
-its checkpoint) and, with ``precision.compile``, compiles it; then it runs ``probe.steps``
-optimiser steps of one micro-batch each at the candidate's own speed. So:
+One launch costs a start-up allowance, then ``probe.steps`` optimiser steps of one micro-batch each
+(``grad_accum_steps=1``: the optimiser steps after every micro-batch):
 
-    probe seconds = sum over the candidates of (launch allowance [+ compile allowance]
-                                                 + probe.steps x micro-batch x sequence / CP / tokens/s per GPU)
+    launch = process start + first step (torch.compile when compile is on) + steps x probe step time
+    probe step time = micro-batch tokens per GPU / predicted tokens/s per GPU
+                      + the optimiser step's share the full run spreads over its accumulation
 
-The allowances are bounds, not measurements: the one GPU check of this repo measured a 3B model's
-first compiled step at 12.3 s against 2.8 s eager on an H200
-(bench/gpu/gpu-check-nvidia-h200-2026-11-30-compiled.json and -eager.json, ``first_step_s``);
-a multi-node launch adds the process group's start and the checkpoint's load, which it did not measure.
-The Probe job's MaxRuntimeInSeconds is at least this (tiered_training/pipeline/definition.py).
+The allowance comes from this repository's own measurements:
+
+- process start: a trainer process spends about 6 to 7 s importing torch, its distributed and checkpoint
+  modules and torchao before its first step, its torchrun agent about 2 s (``bench/suite_cost.py``, README);
+- the first step, which builds the model's kernels and which the probe leaves out of tokens/s: on one H200 with
+  torch 2.11 (``bench/gpu/gpu-check-nvidia-h200-2026-11-30-*.json``, ``first_step_s``), compiled 4.8 to 22.5 s
+  for Llama 3.2 1B and 3B in BF16 and FP8, eager 0.6 to 2.8 s.
+
+Each is rounded up. The probe's whole time must stay under its job's runtime (``probe_runtime_seconds``); the
+planner measures fewer candidates where K would not fit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Candidate, Plan
 
-# Per launch: torchrun and its workers, the process group, the model's build or load.
-LAUNCH_SECONDS = 180
-# Per launch with precision.compile: torch.compile of the model (the measured 3B compile took ~10 s of a first step;
-# larger models and their graph breaks take longer).
-COMPILE_SECONDS = 300
+PROCESS_START_SECONDS = 10.0  # measured 6 to 7 s (trainer) + about 2 s (torchrun agent)
+FIRST_STEP_SECONDS = {True: 25.0, False: 5.0}  # compile on: measured at most 22.5 s; eager: at most 2.8 s
 
 
-def candidate_step_seconds(plan: Plan, candidate: Candidate) -> float:
-    """One probe step of ``candidate`` (one micro-batch per rank) at its predicted tokens/s per GPU."""
-    tokens = candidate.micro_batch_size * plan.recipe.sequence_length / max(1, candidate.context_parallel)
-    speed = candidate.tokens_per_second_per_gpu
-    return tokens / speed if speed > 0 else float("inf")
+@dataclass(frozen=True)
+class Launch:
+    """One candidate's launch in the probe job."""
+
+    number: int
+    start_up_seconds: float
+    step_seconds: float
+    steps: int
+
+    @property
+    def seconds(self) -> float:
+        return self.start_up_seconds + self.steps * self.step_seconds
 
 
-def launch_seconds(plan: Plan) -> int:
-    """The start-up allowance of one candidate's launch."""
-    return LAUNCH_SECONDS + (COMPILE_SECONDS if plan.compile else 0)
+def start_up_seconds(compile: bool) -> float:
+    """A launch's allowance before its measured steps: process start, then the first step."""
+    return PROCESS_START_SECONDS + FIRST_STEP_SECONDS[compile]
+
+
+def probe_step_seconds(candidate: Candidate, sequence_length: int, optimizer_seconds: float) -> float:
+    """One probe step of ``candidate``: one micro-batch at its predicted speed, and a whole optimiser step
+    (``optimizer_seconds``: the plan's, which its predicted speed spreads over ``grad_accum_steps``)."""
+    tokens = candidate.micro_batch_size * sequence_length / candidate.context_parallel
+    spread = optimizer_seconds * (1 - 1 / max(1, candidate.grad_accum_steps))
+    return tokens / max(candidate.tokens_per_second_per_gpu, 1e-9) + spread
+
+
+def launches(
+    candidates: Sequence[Candidate], *, sequence_length: int, steps: int, compile: bool, optimizer_seconds: float
+) -> list[Launch]:
+    """Each candidate's launch, in order."""
+    return [
+        Launch(
+            number=c.number,
+            start_up_seconds=start_up_seconds(compile),
+            step_seconds=probe_step_seconds(c, sequence_length, optimizer_seconds),
+            steps=steps,
+        )
+        for c in candidates
+    ]
+
+
+def fitting(found: Sequence[Launch], limit_seconds: float) -> int:
+    """How many of the first launches run within ``limit_seconds`` together (at least 1)."""
+    total, count = 0.0, 0
+    for launch in found:
+        total += launch.seconds
+        if total > limit_seconds:
+            break
+        count += 1
+    return max(1, count)
+
+
+def optimizer_seconds(plan: Plan) -> float:
+    """The plan's optimiser step, from its step-time terms."""
+    return sum(t.seconds for t in plan.estimates.step_terms if t.name == "optimiser step")
+
+
+def plan_launches(plan: Plan) -> list[Launch]:
+    """The launches of ``plan``'s probe: one per candidate."""
+    return launches(
+        plan.candidates,
+        sequence_length=plan.recipe.sequence_length,
+        steps=plan.recipe.probe.steps,
+        compile=plan.compile,
+        optimizer_seconds=optimizer_seconds(plan),
+    )
 
 
 def probe_seconds(plan: Plan) -> float:
-    """Seconds the probe job runs: each candidate's launch and its ``probe.steps`` steps, one after another."""
-    steps = plan.recipe.probe.steps
-    return sum(launch_seconds(plan) + steps * candidate_step_seconds(plan, c) for c in plan.candidates)
+    """The probe's estimated time: every candidate's launch (start-up allowance and steps), in seconds.
+    Not counted: the job's own provisioning and image pull."""
+    return sum(launch.seconds for launch in plan_launches(plan))
