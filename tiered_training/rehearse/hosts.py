@@ -609,7 +609,7 @@ def _run_candidate(args: dict[str, Any]) -> int | None:
         return None
 
 
-CANDIDATE_LINE = re.compile(r"\bprobe: |\btraining candidate \d+ of \d+")
+CANDIDATE_LINE = re.compile(r"\bprobe: |\bprobe candidate \d+ \(|\btraining candidate \d+ of \d+")
 
 
 def _says_candidate(line: str) -> bool:

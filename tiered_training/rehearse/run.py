@@ -990,7 +990,8 @@ def _print_candidates(say, result: Rehearsal, execution: Execution) -> None:
                 + f"; {row['status']}"
                 + (" (slowed on purpose: --slow-candidate)" if row["slowed"] else "")
             )
-        for line in {line for a in execution.jobs.get("Probe", []) for line in a.detail.get("candidate_lines", [])}:
+        said = [line for a in execution.jobs.get("Probe", []) for line in a.detail.get("candidate_lines", [])]
+        for line in dict.fromkeys(said):
             say(f"  the probe said: {line}")
     for entry in record["train"]:
         said = f"; the trainer said: {entry['said'][0]}" if entry["said"] else ""
