@@ -497,6 +497,12 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             f"--slow-candidate {options.slow_candidate}: the plan's probe measures {len(plan.candidates)} "
             f"candidate(s) (tuning.probe_candidates), 1 to {len(plan.candidates)}"
         )
+    skipped = options.params.get("SkipProbe", "false" if plan.recipe.probe.enabled else "true") == "true"
+    if slowed is not None and skipped:
+        raise RehearsalError(
+            f"--slow-candidate {options.slow_candidate} slows a candidate of the Probe, and this execution runs no "
+            "probe (SkipProbe=true, or probe.enabled false in the recipe)"
+        )
     memory = _memory_bytes() // max(1, options.hosts * options.workers)
     repo = repo_root()
     context_parallel = (repo / "training" / "context_parallel.py").is_file()
