@@ -30,11 +30,12 @@ job's ``Environment``, always wins):
 
 Run mode: the environment variable :data:`MODE_VARIABLE` (``TIERED_TRAINING_MODE``)
 is ``train`` (default) or ``probe``. The pipeline's Probe step sets
-``TIERED_TRAINING_MODE=probe`` in the training job's ``Environment``; the workers then
-run ``python -m training --probe``, which sweeps micro-batch sizes and prints the
-``PROBE ...`` lines that the step's MetricDefinitions parse
-(``tiered_training.contract.metrics.PROBE_METRICS``). Hyperparameters cannot carry the mode:
-they are exactly the RunConfig, and unknown keys are errors.
+``TIERED_TRAINING_MODE=probe`` in the training job's ``Environment``; the launcher then runs one
+``torchrun ... --probe --candidate=n`` per probe candidate, in order, each on port ``MASTER_PORT + n``,
+and after the last the host-0 launcher prints the ``PROBE ...`` lines that the step's MetricDefinitions
+parse (:mod:`training.probe`). In train mode the checks use the candidate the trainer applies
+(``run.candidate``, else the checkpoint's; :mod:`training.candidates`). Hyperparameters cannot carry the
+mode: they are exactly the RunConfig, and unknown keys are errors.
 
 Errors in SageMaker's files (missing or malformed resourceconfig, invalid
 hyperparameters, unknown mode) print one line ``launcher: error: ...`` on stderr

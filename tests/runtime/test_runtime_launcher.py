@@ -248,10 +248,10 @@ echo '{"candidate": '$n', "status": "ok", "tokens_per_second": '$n'00.0, "peak_a
 """
 
 
-def _probe_with_stub(tmp_path, fail):
+def _probe_with_stub(tmp_path, fail, cfg=None, gpus="1"):
     root = tmp_path / "opt/ml"
     (root / "input/config").mkdir(parents=True)
-    cfg = tiny_config(probe={"steps": 2, "alternatives": [_BIGGER, _BIGGER]})
+    cfg = cfg or tiny_config(probe={"steps": 2, "alternatives": [_BIGGER, _BIGGER]})
     (root / "input/config/hyperparameters.json").write_text(json.dumps(cfg.to_hyperparameters()))
     (root / "input/config/resourceconfig.json").write_text(json.dumps(_resourceconfig(["algo-1"], "algo-1", "cpu")))
     bin_dir = tmp_path / "bin"
@@ -259,7 +259,7 @@ def _probe_with_stub(tmp_path, fail):
     (bin_dir / "torchrun").write_text(_PROBE_STUB)
     (bin_dir / "torchrun").chmod(0o755)
     result = _run_main(root / "input/config", PATH=f"{bin_dir}:{os.environ['PATH']}", TIERED_TRAINING_MODE="probe",
-                       SM_NUM_GPUS="1", TIERED_TRAINING_OPT_ML=str(root), FAIL=fail)
+                       SM_NUM_GPUS=gpus, TIERED_TRAINING_OPT_ML=str(root), FAIL=fail)
     failure = root / "output/failure"
     return result, failure.read_text() if failure.exists() else None
 
@@ -280,3 +280,14 @@ def test_a_probe_whose_every_candidate_failed_fails_the_job_naming_each(tmp_path
     assert "PROBE best_candidate=0\n" in result.stdout
     assert failure.startswith("probe: every candidate failed: candidate 1: algo-1 rank-0: ValueError: boom 1; "
                               "candidate 2: algo-1 rank-0: ValueError: boom 2; candidate 3: "), failure
+
+
+def test_a_candidate_the_host_count_refuses_is_failed_without_a_launch(tmp_path):
+    smaller = {**_BIGGER, "micro_batch_size": 2}  # 512 tokens a step stay whole on 8 GPUs at micro-batch 2, not 4
+    cfg = tiny_config(batch__micro_batch_size=4, batch__global_batch_tokens=512, run={"id": "run-1"},
+                      probe={"steps": 2, "alternatives": [smaller]})
+    result, failure = _probe_with_stub(tmp_path, fail="none", cfg=cfg, gpus="8")
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PID ")] == ["2"]
+    assert "launcher: probe candidate 1 not launched: InstanceCount 1 (8 GPUs) cannot run the plan" in result.stdout
+    assert "PROBE best_candidate=2\n" in result.stdout and failure is None
