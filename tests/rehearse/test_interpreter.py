@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support import ROOT as REPO
 
+from tiered_training.contract import metrics
+from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline.definition import PipelineResources, build_definition, find_step
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
 from tiered_training.rehearse.run import attempt_names
-from tiered_training.contract import metrics
-from tiered_training.contract.runconfig import RunConfig
 
 RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
 

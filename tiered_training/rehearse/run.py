@@ -1000,8 +1000,8 @@ def _print_candidates(say, result: Rehearsal, execution: Execution) -> None:
         for line in dict.fromkeys(said):
             say(f"  the probe said: {line}")
     for entry in record["train"]:
-        said = f"; the trainer said: {entry['said'][0]}" if entry["said"] else ""
-        say(f"{entry['job']}: candidate {entry['candidate']} ({entry['why']}){said}")
+        trainer = f"; the trainer said: {entry['said'][0]}" if entry["said"] else ""
+        say(f"{entry['job']}: candidate {entry['candidate']} ({entry['why']}){trainer}")
 
 
 def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
