@@ -92,9 +92,10 @@ def test_hyperparameters_are_the_run_config(definitions):
     # The candidate the Probe chose: its FinalMetricDataList value (a float) as a string.
     assert hp["run.candidate"] == {"Std:Join": {"On": "", "Values": [
         {"Get": "Steps.Probe.FinalMetricDataList['probe:best_candidate'].Value"}]}}
-    hp["run.candidate"] = "2.0"  # what SageMaker substitutes
-    config = RunConfig.from_hyperparameters(hp)
-    assert config.batch.total_steps == 123 and config.run.candidate == 2
+    for rendered in ("2.0", "2"):  # a Float metric joined into a string: either form reads as candidate 2
+        hp["run.candidate"] = rendered
+        config = RunConfig.from_hyperparameters(hp)
+        assert config.batch.total_steps == 123 and config.run.candidate == 2
     assert config.model_dump(exclude={"batch", "run"}) == plan.run_config().model_dump(exclude={"batch", "run"})
 
 
