@@ -385,6 +385,10 @@ def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
         ("parameter out of range", ["rehearse", recipe, "--param", "InstanceCount=100000"], ["InstanceCount", "1 to 8"]),
         ("restart with an unknown parameter", ["rehearse", recipe, "--restart-with", "Foo=1"], ["--restart-with", "'Foo'"]),
         ("workdir is a file", ["rehearse", recipe, "--workdir", a_file], ["--workdir", "not a directory"]),
+        ("slow candidate garbage", ["rehearse", recipe, "--slow-candidate", "first:x"], ["--slow-candidate", "N:SECONDS"]),
+        ("slow candidate the plan lacks", ["rehearse", recipe, "--slow-candidate", "5"], ["measures 3 candidate(s)", "1 to 3"]),
+        ("slow candidate without a probe", ["rehearse", recipe, "--slow-candidate", "1", "--param", "SkipProbe=true"],
+         ["--slow-candidate 1", "runs no probe"]),
     ]
     if Path("/proc/version").is_file():
         cases.append(("workdir /proc/version", ["rehearse", recipe, "--workdir", "/proc/version"], ["--workdir /proc/version", "not a directory"]))

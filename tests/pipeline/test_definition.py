@@ -58,11 +58,14 @@ def test_probe_uses_the_container_contract_and_metric_catalogue(definitions):
     assert probe["Environment"][MODE_VARIABLE] == "probe"
     assert "CheckpointConfig" not in probe
     regexes = {m["Name"]: m["Regex"] for m in probe["AlgorithmSpecification"]["MetricDefinitions"]}
-    assert regexes == {name: regex for name, (_fmt, regex) in metrics.PROBE_METRICS.items()}
-    # The regexes parse what the container prints.
-    for name, (fmt, regex) in metrics.PROBE_METRICS.items():
-        line = fmt.format(3 if "micro_batch" in name else 1234.5)
-        assert re.search(regex, line), name
+    # The summary, then each of the plan's candidates' figures (3 of them: tuning auto).
+    assert len(plan.candidates) == 3
+    assert regexes == {name: regex for name, (_fmt, regex) in metrics.probe_metric_definitions(3).items()}
+    assert len(regexes) == 3 + 3 * 3 and "probe:candidate3:peak_reserved_fraction" in regexes
+    # The regexes parse what the container prints, each only its own candidate's line.
+    for name, (fmt, _regex) in metrics.probe_metric_definitions(3).items():
+        line = fmt.format(3 if "best_candidate" in name else 1234.5)
+        assert [other for other, pattern in regexes.items() if re.search(pattern, line)] == [name]
     train = d.find_step(definition, d.S_TRAIN)["Arguments"]
     assert train["Environment"][MODE_VARIABLE] == "train"
     assert train["Environment"]["FI_PROVIDER"] == "efa"
@@ -86,8 +89,13 @@ def test_hyperparameters_are_the_run_config(definitions):
     assert hp["batch.total_steps"] == {"Std:Join": {"On": "", "Values": [{"Get": "Parameters.MaxSteps"}]}}
     hp["batch.total_steps"] = "123"  # what SageMaker substitutes
     hp["run.id"], hp["run.data_uri"] = '"abc123"', '"s3://data/x/"'
-    config = RunConfig.from_hyperparameters(hp)
-    assert config.batch.total_steps == 123
+    # The candidate the Probe chose: its FinalMetricDataList value (a float) as a string.
+    assert hp["run.candidate"] == {"Std:Join": {"On": "", "Values": [
+        {"Get": "Steps.Probe.FinalMetricDataList['probe:best_candidate'].Value"}]}}
+    for rendered in ("2.0", "2"):  # a Float metric joined into a string: either form reads as candidate 2
+        hp["run.candidate"] = rendered
+        config = RunConfig.from_hyperparameters(hp)
+        assert config.batch.total_steps == 123 and config.run.candidate == 2
     assert config.model_dump(exclude={"batch", "run"}) == plan.run_config().model_dump(exclude={"batch", "run"})
 
 

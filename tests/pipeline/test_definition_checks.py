@@ -227,3 +227,16 @@ def test_property_files_and_processing_arguments_are_checked(raw_body):
     broken = copy.deepcopy(raw_body)
     broken["Steps"][0]["Arguments"]["ProcessingResources"]["ClusterConfig"]["VolumeSizeInGb"] = 1
     assert any("CreateProcessingJob" in p and "VolumeSizeInGb" in p for p in validation.validate_definition(broken))
+
+
+def test_a_metric_the_probe_does_not_define_never_resolves(body):
+    # SageMaker lists only the metrics of a job's MetricDefinitions: Train's run.candidate and the Fail messages
+    # read probe:best_candidate, so a Probe without it is refused at synth, not when the gate runs.
+    broken = copy.deepcopy(body)
+    definitions = d.find_step(broken, d.S_PROBE)["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]
+    definitions[:] = [m for m in definitions if m["Name"] != "probe:best_candidate"]
+    problems = validation.validate_definition(broken)
+    ref = "Steps.Probe.FinalMetricDataList['probe:best_candidate'].Value"
+    readers = {p.split(":")[0] for p in problems if f"{ref} names no metric of step Probe's MetricDefinitions" in p}
+    assert {"step Train", "step FailThroughput", "step FailMemory"} <= readers
+    assert all("probe:best_candidate" in p for p in problems)

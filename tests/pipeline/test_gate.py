@@ -11,6 +11,7 @@ import pytest
 from support import recipe_dict, write_yaml
 
 from tiered_training.contract import metrics
+from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline import definition as d
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
@@ -18,9 +19,14 @@ from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
 RESOURCES = d.PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
 
 
-def probe_lines(tokens: float, memory: float, micro_batch: int) -> list[str]:
-    values = {"probe:tokens_per_second": tokens, "probe:peak_memory_fraction": memory, "probe:best_micro_batch": micro_batch}
-    return [fmt.format(values[name]) for name, (fmt, _regex) in metrics.PROBE_METRICS.items()]
+def probe_lines(tokens: float, memory: float, best: int) -> list[str]:
+    """What the container prints: each candidate's lines (the chosen one's the given figures), then the summary."""
+    values = {"probe:tokens_per_second": tokens, "probe:peak_memory_fraction": memory, "probe:best_candidate": best}
+    lines = []
+    for number in (1, 2, 3):
+        figures = (tokens, memory * 0.9, memory) if number == best else (tokens / 2, 0.5, 0.6)
+        lines += [fmt.format(v) for (fmt, _), v in zip(metrics.probe_candidate_metrics(number).values(), figures)]
+    return lines + [fmt.format(values[name]) for name, (fmt, _regex) in metrics.PROBE_METRICS.items()]
 
 
 class Jobs:
@@ -46,8 +52,8 @@ def body(plan):  # per test: mutation testing sees which tests reach build_defin
     return d.build_definition(plan, RESOURCES)
 
 
-def run(body, tokens, memory, micro_batch=4):
-    jobs = Jobs(probe_lines(tokens, memory, micro_batch))
+def run(body, tokens, memory, best=2):
+    jobs = Jobs(probe_lines(tokens, memory, best))
     execution = Interpreter(body, jobs).run({})
     return execution, [step for step, _ in jobs.calls]
 
@@ -80,20 +86,50 @@ def test_gate_decision_table(plan, body, case, tokens_factor, memory_delta, outc
         return
     assert execution.status == "Failed" and execution.failed_step == outcome, (case, execution.failed_step)
     assert steps == [d.S_PROBE], case  # no training job after a failed gate
-    # The failure reason gives the measured value next to the limit.
+    # The failure reason gives the measured value next to the limit, names the best candidate and lists them all.
     planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
-    candidates = plan.run_config().probe.micro_batch_candidates
+    listed = "; ".join(f"{c.number} = {c.describe()}" for c in plan.candidates)
     if outcome == d.S_FAIL_THROUGHPUT:
         assert execution.failure == (
-            f"unit-test: probe throughput check failed: measured {tokens} tokens/s per GPU, needs at least {threshold} "
-            f"(0.75 x the plan's {planned}); peak memory fraction {memory} (limit {limit}); best micro-batch 4.0 "
-            f"(plan {plan.micro_batch_size}). Fix the recipe or rerun with SkipProbe=true.")
+            f"unit-test: probe throughput check failed: the fastest candidate under the memory limit, 2.0, measured "
+            f"{tokens} tokens/s per GPU, needs at least {threshold} (0.75 x the plan's {planned}); its peak reserved "
+            f"memory fraction {memory} (limit {limit}). Candidates: {listed}. Fix the recipe or rerun with "
+            "SkipProbe=true.")
     else:
         assert execution.failure == (
-            f"unit-test: probe memory check failed: peak memory fraction {memory} is above the tier's headroom {limit} "
-            f"(plan {plan.memory.fraction:.3f}); best micro-batch 4.0 of the candidates {candidates} (0: no micro-batch "
-            f"fits, every candidate ran out of memory); throughput {tokens} tokens/s per GPU (needs {threshold}). "
-            "Lower tuning.micro_batch_size or raise activation checkpointing.")
+            f"unit-test: probe memory check failed: best candidate 2.0 (0: none fits under the limit), peak reserved "
+            f"memory fraction {memory} is above the limit {limit} (plan {plan.memory.fraction:.3f}); throughput "
+            f"{tokens} tokens/s per GPU (needs {threshold}). Candidates: {listed}. Lower tuning.micro_batch_size or "
+            "raise activation checkpointing.")
+
+
+def test_the_plan_has_three_candidates_and_the_fail_messages_list_them(plan):
+    assert len(plan.candidates) == 3  # tuning auto: the probe measures the three fastest that fit
+    for message in (d.throughput_failure(plan), d.memory_failure(plan)):
+        text = "".join(part for part in message if isinstance(part, str))
+        assert all(f"{c.number} = {c.describe()}" in text for c in plan.candidates)
+        assert [part.name for part in message if isinstance(part, d.ProbeMetric)].count(d.PROBE_CANDIDATE) == 1
+
+
+@pytest.mark.parametrize("best", [1, 3])
+def test_train_runs_the_candidate_the_probe_chose(plan, body, best):
+    threshold, limit = d.probe_threshold(plan), d.memory_limit(plan)
+    jobs = Jobs(probe_lines(threshold * 2, limit / 2, best))
+    assert Interpreter(body, jobs).run({}).status == "Succeeded"
+    (train,) = [args for step, args in jobs.calls if step == d.S_TRAIN]
+    # SageMaker's metric values are floats; the container reads "3.0" as candidate 3.
+    assert train["HyperParameters"]["run.candidate"] == f"{best}.0"
+    cfg = RunConfig.from_hyperparameters(train["HyperParameters"])
+    assert cfg.run.candidate == best
+    assert cfg.with_candidate(best).batch.micro_batch_size == plan.candidates[best - 1].micro_batch_size
+
+
+def test_without_the_probe_and_on_resume_the_run_keeps_its_recorded_candidate(body):
+    for params, chain in (({"SkipProbe": "true"}, d.S_TRAIN_WITHOUT_PROBE), ({"RunId": "run-1"}, d.S_RESUME)):
+        jobs = Jobs([])
+        assert Interpreter(body, jobs).run(params).status == "Succeeded"
+        (args,) = [args for step, args in jobs.calls if step == chain]
+        assert RunConfig.from_hyperparameters(args["HyperParameters"]).run.candidate == 0
 
 
 def test_throughput_just_below_the_threshold_fails(plan, body):
@@ -110,13 +146,16 @@ def test_probe_runtime_is_capped_and_train_keeps_the_recipes(tmp_path):
             "compute.max_runtime_hours": hours, "checkpointing.interval_minutes": interval}))
         plan = plan_file(path)
         body = d.build_definition(plan, RESOURCES)
-        jobs = Jobs(probe_lines(d.probe_threshold(plan) * 2, 0.1, 4))
+        jobs = Jobs(probe_lines(d.probe_threshold(plan) * 2, 0.1, 2))
         assert Interpreter(body, jobs).run({}).status == "Succeeded"
         runtime = {step: args["StoppingCondition"]["MaxRuntimeInSeconds"] for step, args in jobs.calls}
-        assert runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS) <= 2 * 3600
+        # the probe's limit covers its candidates' launches (probe_seconds), within the job runtime
+        assert d.probe_runtime_estimate(plan) < runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS)
         train = d.chain_steps(body, d.S_TRAIN)
         assert len(train) == plan.segments == (1 if hours == 120.0 else 8)
         assert runtime == {d.S_PROBE: runtime[d.S_PROBE], **dict.fromkeys(train, hours * 3600)}
+        # every segment trains the candidate the probe chose
+        assert {args["HyperParameters"]["run.candidate"] for step, args in jobs.calls if step in train} == {"2.0"}
 
 
 def test_skip_probe_runs_train_without_probe_and_no_gate(body):

@@ -59,6 +59,10 @@ between double quotes (``Std:Join``), so each is a JSON string whatever it reads
 right; the oracle builds the same with the SDK's ``Join``, and
 :func:`test_the_comparison_catches_a_wrong_definition` shows the reader refusing the bare form.
 
+After the probe, ``run.candidate`` is the Probe step's ``FinalMetricDataList['probe:best_candidate'].Value``
+joined into a string (the SDK's ``Join`` over ``properties.FinalMetricDataList[...]``, what its ``to_string`` makes);
+the value SageMaker renders is a float's text ("2.0"), which the container reads as candidate 2.
+
 The SDK is a test-only dependency (``requirements-oracle.txt``); ``tests/test_imports.py``
 checks that nothing in the synth or runtime paths imports it.
 """
@@ -84,6 +88,7 @@ from tiered_training.pipeline import definition as d
 from tiered_training.pipeline import validation
 from tiered_training.planning import segments
 from tiered_training.planning.planner import plan_file
+from tiered_training.planning.probe import probe_seconds
 
 # The SDK's own notices (moved modules, "no job is started in a PipelineSession") are not ours.
 pytestmark = [
@@ -325,10 +330,10 @@ def quoted(sdk, expression):
     return sdk.functions.Join(on="", values=['"', expression, '"'])
 
 
-def sdk_hyperparameters(sdk, plan, params, spec: TrainingSpec) -> dict[str, Any]:
+def sdk_hyperparameters(sdk, plan, params, spec: TrainingSpec, candidate=None) -> dict[str, Any]:
     """The RunConfig as hyperparameters; the step count follows MaxSteps (a string, as the API wants),
     and the ``run.*`` keys name the run and the segment (the probe names the run it probes for, and
-    is no segment: no time limit)."""
+    is no segment: no time limit); after the probe, ``run.candidate`` is the one it chose."""
     return {
         **runconfig_values(plan),
         "batch.total_steps": params[d.P_MAX_STEPS].to_string(),
@@ -338,6 +343,7 @@ def sdk_hyperparameters(sdk, plan, params, spec: TrainingSpec) -> dict[str, Any]
         "run.segment": spec.number,
         "run.segments": spec.count,
         "run.segment_seconds": 0.0 if spec.probe else segment_plan(plan).segment_seconds(),
+        **({"run.candidate": candidate} if candidate is not None else {}),
     }
 
 
@@ -355,7 +361,7 @@ def stopping(plan, spec: TrainingSpec) -> tuple[int, int | None, int | None]:
     """MaxRuntimeInSeconds, MaxWaitTimeInSeconds (spot only) and the warm pool's keep-alive of a job."""
     recipe = plan.recipe
     if spec.probe:
-        runtime = segments.probe_runtime_seconds(recipe)
+        runtime = segments.probe_runtime_seconds(recipe, probe_seconds(plan))
         wait = runtime + segments.PROBE_SPOT_WAIT_SECONDS
     else:
         runtime = segments.job_runtime_seconds(recipe)
@@ -369,8 +375,11 @@ def stopping(plan, spec: TrainingSpec) -> tuple[int, int | None, int | None]:
     return runtime, max(runtime, wait) if spot else None, None if spot else keep
 
 
-def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: TrainingSpec, depends_on=None):
-    """One TrainingStep, through ModelTrainer.train() as the SDK's documentation builds one."""
+def sdk_training_step(
+    sdk, plan, resources: d.PipelineResources, params, spec: TrainingSpec, depends_on=None, candidate=None
+):
+    """One TrainingStep, through ModelTrainer.train() as the SDK's documentation builds one; ``candidate``: the
+    expression of the probe candidate it trains (after the probe)."""
     s = sdk.shapes
     recipe, compute = plan.recipe, plan.recipe.compute
     probe = spec.probe
@@ -415,12 +424,15 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
         input_data_config=channels,
         checkpoint_config=None if probe else sdk.CheckpointConfig(s3_uri=checkpoints, local_path=d.CHECKPOINT_LOCAL_PATH),
         environment=environment,
-        hyperparameters=sdk_hyperparameters(sdk, plan, params, spec),
+        hyperparameters=sdk_hyperparameters(sdk, plan, params, spec, candidate),
         tags=[s.Tag(key=k, value=v) for k, v in d.tags_for(plan, resources.extra_tags).items()],
     )
     if probe:
         trainer = trainer.with_metric_definitions(
-            [s.MetricDefinition(name=name, regex=regex) for name, (_fmt, regex) in metrics.PROBE_METRICS.items()]
+            [
+                s.MetricDefinition(name=name, regex=regex)
+                for name, (_fmt, regex) in metrics.probe_metric_definitions(len(plan.candidates)).items()
+            ]
         )
     else:
         trainer = trainer.with_retry_strategy(s.RetryStrategy(maximum_retry_attempts=d.JOB_RETRY_ATTEMPTS))
@@ -435,11 +447,13 @@ def sdk_training_step(sdk, plan, resources: d.PipelineResources, params, spec: T
     )
 
 
-def sdk_chain(sdk, plan, resources: d.PipelineResources, params, specs: list[TrainingSpec]) -> list:
+def sdk_chain(sdk, plan, resources: d.PipelineResources, params, specs: list[TrainingSpec], candidate=None) -> list:
     """A run's segments, each after the one before (``depends_on`` the previous TrainingStep)."""
     steps: list = []
     for spec in specs:
-        steps.append(sdk_training_step(sdk, plan, resources, params, spec, depends_on=steps[-1:] or None))
+        steps.append(
+            sdk_training_step(sdk, plan, resources, params, spec, depends_on=steps[-1:] or None, candidate=candidate)
+        )
     return steps
 
 
@@ -469,10 +483,16 @@ def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
     plan.require_ok()
     params = sdk_parameters(sdk, plan)
     probe = sdk_training_step(sdk, plan, resources, params, TrainingSpec(d.S_PROBE, probe=True))
-    chains = {name: sdk_chain(sdk, plan, resources, params, specs) for name, specs in chain_specs(plan).items()}
 
     def metric(name: str):
         return probe.properties.FinalMetricDataList[name].Value
+
+    # After the probe, every segment trains the candidate it chose: its metric value rendered as a string.
+    chosen = sdk.functions.Join(on="", values=[metric("probe:best_candidate")])
+    chains = {
+        name: sdk_chain(sdk, plan, resources, params, specs, candidate=chosen if name == d.S_TRAIN else None)
+        for name, specs in chain_specs(plan).items()
+    }
 
     def fail(name: str, parts: list) -> Any:
         values = [metric(part.name) if isinstance(part, d.ProbeMetric) else part for part in parts]

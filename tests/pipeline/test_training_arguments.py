@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 from support import recipe_dict, write_yaml
 
 from tiered_training.catalog import environment
 from tiered_training.pipeline import definition as d
+from tiered_training.planning import probe
 from tiered_training.planning.planner import plan_file
 
 RESOURCES = d.PipelineResources(
@@ -61,8 +65,8 @@ def test_probe_and_train_differ_where_they_must(tmp_path):
     assert train["TensorBoardOutputConfig"] == {"S3OutputPath": "s3://store/r/output/tensorboard",
                                                 "LocalPath": "/opt/ml/output/tensorboard"}
     # Only the probe reports metrics to the gate and keeps its instances warm for the full run.
-    assert [m["Name"] for m in probe["AlgorithmSpecification"]["MetricDefinitions"]] == [
-        "probe:tokens_per_second", "probe:peak_memory_fraction", "probe:best_micro_batch"]
+    assert [m["Name"] for m in probe["AlgorithmSpecification"]["MetricDefinitions"]][:3] == [
+        "probe:tokens_per_second", "probe:peak_memory_fraction", "probe:best_candidate"]
     assert "MetricDefinitions" not in train["AlgorithmSpecification"]
     assert probe["ResourceConfig"]["KeepAlivePeriodInSeconds"] == d.WARM_POOL_SECONDS
     assert "KeepAlivePeriodInSeconds" not in train["ResourceConfig"]  # a run that no job precedes (no probe)
@@ -129,8 +133,11 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
     plan = plan_of(tmp_path, **{"probe.steps": 9})
     body = d.build_definition(plan, RESOURCES)
     probe, train = d.find_step(body, d.S_PROBE), d.find_step(body, d.S_TRAIN)
-    assert probe["Description"] == "Short run (9 steps per micro-batch candidate): measures tokens/s and peak memory"
-    assert train["Description"] == f"Full run: {plan.estimates.total_steps} steps, a new run"
+    assert probe["Description"] == (
+        "Short run of 3 candidate configuration(s), 9 steps each in its own launch: measures tokens/s and peak memory, "
+        "names the fastest under the memory limit")
+    assert train["Description"] == (
+        f"Full run: {plan.estimates.total_steps} steps, a new run, of the candidate the Probe chose")
     assert d.find_step(body, d.S_TRAIN_WITHOUT_PROBE)["Description"] == "Full run without a probe (SkipProbe=true), a new run"
     assert d.find_step(body, d.S_RESUME)["Description"] == "Resumes the run named by RunId from its checkpoints"
     for step in (probe, train):
@@ -150,8 +157,20 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
 
 def test_probe_runtime_estimate(tmp_path):
     plan = plan_of(tmp_path, **{"probe.steps": 9})
-    candidates = plan.run_config().probe.micro_batch_candidates
-    assert d.probe_runtime_estimate(plan) == pytest.approx(len(candidates) * 9 * plan.estimates.step_time_seconds, rel=1e-12)
+    # each candidate's launch: its start-up allowance, then 9 steps at its own predicted speed
+    launches = probe.plan_launches(plan)
+    assert [launch.number for launch in launches] == [1, 2, 3] and all(launch.steps == 9 for launch in launches)
+    assert len({launch.step_seconds for launch in launches}) > 1
+    assert d.probe_runtime_estimate(plan) == pytest.approx(sum(launch.seconds for launch in launches), rel=1e-12)
+    # a probe that takes longer than the probe's limit still gets the time, within the job runtime
+    slow = plan_of(tmp_path, **{"probe.steps": 9, "compute.max_runtime_hours": 12.0})
+    long_plan = dataclasses.replace(slow, candidates=tuple(
+        dataclasses.replace(c, tokens_per_second_per_gpu=c.tokens_per_second_per_gpu / 1000) for c in slow.candidates))
+    needed = d.probe_runtime_estimate(long_plan)
+    assert 2 * 3600 < needed < 12 * 3600
+    assert d.training_arguments(long_plan, RESOURCES, probe=True)["StoppingCondition"]["MaxRuntimeInSeconds"] == (
+        math.ceil(needed))
+    assert d.training_arguments(slow, RESOURCES, probe=True)["StoppingCondition"]["MaxRuntimeInSeconds"] == 2 * 3600
 
 
 def test_join_uri_has_one_slash():

@@ -1,6 +1,8 @@
 """Every template in ``recipes/`` rehearses on 2 hosts: its own pipeline definition, a scaled-down model,
 data and checkpoints through one shared local S3 (moto), the shortest run (2 steps, no probe,
-1 worker per host), and a SIGTERM with a restart in one of them. qwen2.5-32b-hybrid is rehearsed
+1 worker per host), and a SIGTERM with a restart in one of them. One, PROBED, runs its probe of 3
+candidates with the planner's first choice slowed on purpose (``--slow-candidate 1``): the probe
+measures each in its own launch, the gate passes, and Train runs the measured fastest, another one. qwen2.5-32b-hybrid is rehearsed
 in test_rehearsal.py (probe, gate, a host killed during a save). A template with
 ``model.init_checkpoint`` starts from the random checkpoint the rehearsal puts in its model channel;
 a fine-tuning template (``task: sft``) trains on packed chat shards the rehearsal prepares."""
@@ -8,6 +10,7 @@ a fine-tuning template (``task: sft``) trains on packed chat shards the rehearsa
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py",  # rehearsed there,
              "llama3.1-8b-tools-sft.yaml": "test_prepare_rehearsal.py"}  # there: Prepare from raw data, and its reuse
 TEMPLATES = [name for name in ALL if name not in ELSEWHERE]
 INTERRUPTED = "llama3-8b-fp8.yaml"  # the flagship: an init checkpoint, and a spot interruption
+PROBED = "llama3-8b-fp8-p5.yaml"  # auto tuning: 3 candidates (FP8 tensorwise each), the first slowed
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def shared_s3():
 
 
 def test_every_template_is_rehearsed_here_or_elsewhere():
-    assert set(TEMPLATES) | set(ELSEWHERE) == set(ALL) and INTERRUPTED in TEMPLATES
+    assert set(TEMPLATES) | set(ELSEWHERE) == set(ALL) and {INTERRUPTED, PROBED} <= set(TEMPLATES)
     for name, test in ELSEWHERE.items():
         assert f"recipes/{name}" in (Path(__file__).parent / test).read_text()
 
@@ -46,11 +50,15 @@ def test_every_template_is_rehearsed_here_or_elsewhere():
 def test_template_rehearses_on_two_hosts(template, shared_s3, tmp_path):
     interrupt = "sigterm@1" if template == INTERRUPTED else None
     clean = template == TEMPLATES[0]  # --clean: the work directory (here, one that existed before) is left empty
+    probed = template == PROBED
     out = io.StringIO()
     result = rehearse(Options(REPO / "recipes" / template, hosts=2, workers=1, steps=3 if interrupt else 2,
-                              params={"SkipProbe": "true"}, interrupt=interrupt, workdir=tmp_path, clean=clean), out)
+                              params={} if probed else {"SkipProbe": "true"}, interrupt=interrupt, workdir=tmp_path,
+                              clean=clean, slow_candidate="1" if probed else None), out)
     log = out.getvalue()
     assert result.ok, log[-6000:]
+    if probed:
+        _check_the_probe_chose_by_measurement(result, log, tmp_path)
     if clean:
         assert "removed at the end: --clean" in log and "(removed with the work directory: --clean)" in log
         assert tmp_path.is_dir() and not any(tmp_path.iterdir())
@@ -68,3 +76,34 @@ def test_template_rehearses_on_two_hosts(template, shared_s3, tmp_path):
     if interrupt:
         assert [a.status for a in attempts] == ["Interrupted", "Completed"], log[-6000:]
         assert result.interrupted
+
+
+def _check_the_probe_chose_by_measurement(result, log: str, workdir: Path) -> None:
+    execution = result.execution
+    found = execution.metrics["Probe"]
+    # each candidate measured (its own launch printed its figures), the first slowed on purpose
+    measured = {n: found[f"probe:candidate{n}:tokens_per_second"] for n in (1, 2, 3)}
+    assert all(value > 0 for value in measured.values()), found
+    (probe,) = execution.jobs["Probe"]
+    said = probe.detail["candidate_lines"]
+    for n in (1, 2, 3):
+        assert any(line.startswith(f"probe candidate {n} (") for line in said), said
+    assert "slowed on purpose" in next(line for line in said if line.startswith("probe candidate 1 ("))
+    chosen = int(found["probe:best_candidate"])
+    assert chosen != 1 and measured[chosen] == max(measured.values()) > measured[1]
+    gate = [e for e in execution.trace if e.kind == "condition" and e.step == "Gate"]
+    assert gate and gate[0].data["outcome"] is True
+    # Train runs the chosen one, and the run's record says why
+    (train,) = result.train_attempts()
+    assert train.detail["run_candidate"] == chosen
+    assert train.detail["candidate_lines"] == [
+        line for line in train.detail["candidate_lines"] if line.startswith(f"training candidate {chosen} of 3 (")]
+    assert train.detail["candidate_lines"]
+    record = json.loads((workdir / "summary.json").read_text())["executions"][0]["candidates"]
+    assert record["probe"]["chosen"] == chosen
+    assert [row["status"] for row in record["probe"]["candidates"]].count("chosen") == 1
+    assert record["probe"]["candidates"][0]["slowed"] is True
+    (why,) = record["train"]
+    assert why["candidate"] == chosen and "the probe's choice" in why["why"] and "slowed on purpose" in why["why"]
+    assert f"Train attempt 1: candidate {chosen} (the probe's choice" in log
+    assert "TIERED_TRAINING_SLOW_CANDIDATE=1:0.5 in the Probe job's environment only" in log

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from support import ROOT as REPO
 
+from tiered_training.contract import metrics
+from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline.definition import PipelineResources, build_definition, find_step
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt, PipelineError, final_metrics
 from tiered_training.rehearse.run import attempt_names
-from training.probe import OOM, CandidateResult, ProbeReport
 
 RESOURCES = PipelineResources("arn:aws:iam::000000000000:role/r", "image", "s3://b/ck/", "s3://b/out")
 
@@ -26,10 +27,11 @@ class Jobs:
     """Stand-in jobs: each step's attempts end as scripted; the Probe prints ``probe_lines``."""
 
     def __init__(self, probe_lines, script=None):
-        self.probe_lines, self.script, self.calls = probe_lines, dict(script or {}), []
+        self.probe_lines, self.script, self.calls, self.args = probe_lines, dict(script or {}), [], {}
 
     def __call__(self, step, job_name, args, attempt, *, warm_from):
         self.calls.append((step, attempt, warm_from))
+        self.args[step] = args
         outcomes = self.script.get(step, [])
         outcome = outcomes.pop(0) if outcomes else JobAttempt("Completed")
         if step == "Probe" and outcome.status == "Completed":
@@ -37,27 +39,39 @@ class Jobs:
         return outcome
 
 
+def lines_of(values: dict[str, float]) -> list[str]:
+    """The container's PROBE lines (the contract's formats) for the given metric values."""
+    formats = metrics.probe_metric_definitions(3)
+    return [formats[name][0].format(int(value) if name == "probe:best_candidate" else value)
+            for name, value in values.items()]
+
+
 def test_a_probe_where_nothing_fits_ends_at_fail_memory_saying_so(definition):
     plan, body = definition
-    candidates = plan.run_config().probe.micro_batch_candidates
-    report = ProbeReport([CandidateResult(c, OOM, error="OutOfMemoryError") for c in candidates],
-                         hbm_bytes=plan.instance.hbm_bytes)
-    execution = Interpreter(body, Jobs(report.probe_lines())).run({})
+    # every candidate ran out of memory: tokens 0 and fractions 1 each, and no candidate chosen
+    oom = {f"probe:candidate{n}:{field}": 0.0 if field == "tokens_per_second" else 1.0
+           for n in (1, 2, 3) for field in metrics.PROBE_CANDIDATE_FIELDS}
+    summary = {"probe:tokens_per_second": 0.0, "probe:peak_memory_fraction": 1.0, "probe:best_candidate": 0}
+    execution = Interpreter(body, Jobs(lines_of({**oom, **summary}))).run({})
     assert execution.status == "Failed" and execution.failed_step == "FailMemory"
-    assert f"best micro-batch 0.0 of the candidates {candidates} (0: no micro-batch fits" in execution.failure
-    assert execution.metrics["Probe"] == {"probe:tokens_per_second": 0.0, "probe:peak_memory_fraction": 1.0,
-                                          "probe:best_micro_batch": 0.0}
+    assert "best candidate 0.0 (0: none fits under the limit), peak reserved memory fraction 1.0 is above" in (
+        execution.failure)
+    assert f"Candidates: 1 = {plan.candidates[0].describe()}; 2 = " in execution.failure
+    assert execution.metrics["Probe"] == {**oom, **summary}
 
 
 def test_a_good_probe_runs_train_on_the_probes_warm_pool(definition):
     plan, body = definition
     lines = ["PROBE tokens_per_second=1.00", "PROBE tokens_per_second=50000.00",  # the last match counts
-             "PROBE peak_memory_fraction=0.5000", "PROBE best_micro_batch=8"]
+             "PROBE peak_memory_fraction=0.5000", "PROBE best_candidate=2"]
     jobs = Jobs(lines)
     execution = Interpreter(body, jobs).run({"InstanceCount": 2})
     assert execution.status == "Succeeded"
-    # The plan's 3 segments, each on the warm pool of the job before it.
+    # The plan's 3 segments, each on the warm pool of the job before it, each training the candidate chosen.
     assert jobs.calls == [("Probe", 1, None), ("Train", 1, "Probe"), ("Train-2", 1, "Train"), ("Train-3", 1, "Train-2")]
+    for step in ("Train", "Train-2", "Train-3"):
+        assert jobs.args[step]["HyperParameters"]["run.candidate"] == "2.0"
+        assert RunConfig.from_hyperparameters(jobs.args[step]["HyperParameters"]).run.candidate == 2
     assert execution.metrics["Probe"]["probe:tokens_per_second"] == 50000.0
     assert find_step(body, "Probe")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
     assert find_step(body, "Train")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"] > 0
@@ -72,7 +86,7 @@ def test_a_job_that_sets_no_keep_alive_does_not_take_the_warm_pool(definition):
     plan, body = definition
     broken = copy.deepcopy(body)
     del find_step(broken, "Train-3")["Arguments"]["ResourceConfig"]["KeepAlivePeriodInSeconds"]
-    lines = ["PROBE tokens_per_second=50000.00", "PROBE peak_memory_fraction=0.5000", "PROBE best_micro_batch=8"]
+    lines = ["PROBE tokens_per_second=50000.00", "PROBE peak_memory_fraction=0.5000", "PROBE best_candidate=1"]
     jobs = Jobs(lines)
     execution = Interpreter(broken, jobs).run({"InstanceCount": 2})
     assert jobs.calls[-1] == ("Train-3", 1, None)
@@ -154,7 +168,7 @@ def test_unknown_expressions_and_parameters_are_named(definition):
     broken = {**body, "Steps": [{"Name": "X", "Type": "Fail", "Arguments": {"ErrorMessage": {"Std:Format": "x"}}}]}
     with pytest.raises(PipelineError, match="Std:Format"):
         Interpreter(broken, Jobs([])).run({})
-    missing = Interpreter(body, Jobs(["PROBE tokens_per_second=9.0", "PROBE best_micro_batch=1"]))
+    missing = Interpreter(body, Jobs(["PROBE tokens_per_second=9.0", "PROBE best_candidate=1"]))
     with pytest.raises(PipelineError, match="probe:peak_memory_fraction.*unresolved"):
         missing.run({})
 

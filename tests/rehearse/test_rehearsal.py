@@ -34,11 +34,13 @@ def _test_recipe(root: Path) -> Path:
     text = (REPO / "recipes/qwen2.5-32b-hybrid.yaml").read_text().replace("keep_last: 4", f"keep_last: {KEEP_LAST}")
     assert "\ntuning:\n  sharding: hybrid\n" in text
     text = text.replace("\ntuning:\n", "\ntuning:\n  shard_group_size: 16\n")
+    # One probe candidate, the plan's own: Train runs it (the choice among several is test_every_template.py's PROBED).
+    text = text.replace("\ntuning:\n", "\ntuning:\n  probe_candidates: 1\n")
     # One training job: the account's runtime limit raised to 28 days (segments are tests/rehearse/test_runs_rehearsal.py's).
     text = text.replace("  instance_count: 4\n", "  instance_count: 4\n  quotas:\n    training-job-max-runtime: 2419200\n")
     recipe = root / "qwen2.5-32b-hybrid.yaml"
     recipe.write_text(text)
-    assert plan_file(recipe).segments == 1
+    assert plan_file(recipe).segments == 1 and len(plan_file(recipe).candidates) == 1
     step_seconds = plan_file(recipe).estimates.step_time_seconds
     recipe.write_text(text.replace("interval_minutes: 20", f"interval_minutes: {INTERVAL * step_seconds / 60:.4f}"))
     return recipe

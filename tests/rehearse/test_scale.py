@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tiered_training.contract.runconfig import RunConfig
+from tiered_training.contract.world import planned_world
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.hosts import Interrupt
 from tiered_training.rehearse.run import steps_for
@@ -53,6 +55,42 @@ def test_accumulation_shrinks_by_one_factor_keeping_the_ramp_shape():
     if planned.ramp_start_accum_steps:
         assert b.ramp_start_accum_steps / b.grad_accum_steps == pytest.approx(
             planned.ramp_start_accum_steps / planned.grad_accum_steps, rel=0.5)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
+def test_every_probe_candidate_is_scaled_as_the_plans_own_at_the_shared_global_batch(recipe):
+    plan = plan_file(REPO / "recipes" / recipe)
+    planned = plan.run_config()
+    scaled = _scaled(plan)
+    cfg = scaled.config
+    assert cfg.probe.count == planned.probe.count == len(plan.candidates) == 3
+    for number in range(1, cfg.probe.count + 1):
+        run = cfg.with_candidate(number)
+        RunConfig.model_validate(run.model_dump())
+        # the trainer keeps the global batch only where the candidate's own counts make it on these 4 workers
+        assert planned_world(run) == 4, (recipe, number)
+        mine, theirs = run.candidate_config(number), planned.candidate_config(number)
+        assert (mine.precision.precision, mine.precision.fp8_recipe, mine.precision.activation_checkpointing) == (
+            theirs.precision.precision, theirs.precision.fp8_recipe, theirs.precision.activation_checkpointing)
+        assert mine.parallel.sharding == theirs.parallel.sharding
+        assert mine.precision.compile is False and mine.precision.loss_chunk_tokens == cfg.precision.loss_chunk_tokens
+    listed = dict(scaled.kept)["probe candidates"]
+    assert [part.split(" = ")[0] for part in listed.split("; ")] == ["1", "2", "3"]
+
+
+def test_a_candidate_micro_batch_that_cannot_make_the_global_batch_is_lowered_and_listed():
+    plan = plan_file(REPO / "recipes/llama3-1b-bf16.yaml")
+    cfg = plan.run_config()
+    odd = cfg.probe.alternatives[0].model_copy(update={"micro_batch_size": 3})
+    cfg = cfg.model_copy(update={"probe": cfg.probe.model_copy(update={"alternatives": [odd, *cfg.probe.alternatives[1:]]})})
+    scaled = scale(cfg, hosts=2, workers=2, plan_step_seconds=plan.estimates.step_time_seconds,
+                   plan_total_steps=plan.estimates.total_steps, memory_per_worker=2**30)
+    b = scaled.config.batch
+    sequences = b.global_batch_tokens // (b.sequence_length * 4)  # per data-parallel rank and step
+    (change,) = [c for c in scaled.changes if c.field == "probe.alternatives[0].micro_batch_size"]
+    assert change.plan == 3 and sequences % change.rehearsal == 0 and change.rehearsal < 3
+    assert "candidate 2" in change.why
+    assert planned_world(scaled.config.with_candidate(2)) == 4
 
 
 def test_an_interrupt_the_run_cannot_reach_is_refused_before_anything_runs():

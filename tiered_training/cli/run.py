@@ -324,6 +324,12 @@ def rehearse(
         "--restart-with",
         help="then resume the same run in a second execution with this parameter, Name=Value (e.g. InstanceCount=1)",
     ),
+    slow_candidate: str | None = typer.Option(
+        None,
+        "--slow-candidate",
+        help="N[:SECONDS]: the Probe's candidate N takes SECONDS (default 0.5) longer a step, to rehearse the "
+        "probe's choice by measurement (the Probe job's TIERED_TRAINING_SLOW_CANDIDATE)",
+    ),
     format: TextFormat = typer.Option(
         TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"
     ),
@@ -356,6 +362,7 @@ def rehearse(
             clean=clean,
             then=parse_params(restart_with, "--restart-with") if restart_with else None,
             overrides=tuple(overrides),
+            slow_candidate=slow_candidate,
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
     except Stopped as stopped:  # SIGTERM or SIGINT: the hosts are stopped; 143 or 130

@@ -11,13 +11,22 @@ Shape of every pipeline (schema version 2020-12-01)::
     NewRunOrResume (Condition: RunId == "new")
       if:   ProbeOrSkip (Condition: SkipProbe == true); the run id is the execution id
               if:   TrainWithoutProbe, TrainWithoutProbe-2 ... (one Training step per segment)
-              else: Probe (Training, TIERED_TRAINING_MODE=probe, MetricDefinitions from PROBE_METRICS)
-                    Gate  (Condition: probe tokens/s per GPU >= fraction x plan AND peak memory <= headroom)
-                      if:   Train, Train-2 ... (one Training step per segment)
+              else: Probe (Training, TIERED_TRAINING_MODE=probe: each of the plan's K candidates in its own
+                          launch; MetricDefinitions from probe_metric_definitions(K))
+                    Gate  (Condition: the chosen candidate's tokens/s per GPU >= fraction x plan AND its peak
+                           reserved memory <= headroom)
+                      if:   Train, Train-2 ... (one Training step per segment, each with run.candidate = the
+                            Probe's probe:best_candidate)
                       else: GateReason (Condition: memory check alone)
                               if:   FailThroughput (Fail)
-                              else: FailMemory (Fail; also when no micro-batch fits at all)
+                              else: FailMemory (Fail; also when no candidate fits at all)
       else: Resume, Resume-2 ... (the run named by RunId, from its checkpoints; no probe)
+
+The probe measures the plan's candidates (``Plan.candidates``: the plan's own configuration first, then the
+next fastest that fit) and names the fastest measured one under the memory limit in ``probe:best_candidate``;
+the Train chain's ``run.candidate`` hyperparameter is that metric, rendered as a string, so the container runs
+that candidate (``RunConfig.with_candidate``). TrainWithoutProbe and Resume keep ``run.candidate`` 0: the
+candidate the run's checkpoints record, else the plan's own.
 
 ``SkipProbe`` defaults to ``not recipe.probe.enabled``, so every pipeline has the
 same parameters and steps, and a probe can still be forced (or skipped) per
@@ -75,6 +84,7 @@ from tiered_training.contract.container import (
     TRAIN_CHANNEL,
     VALIDATION_CHANNEL,
 )
+from tiered_training.planning.probe import probe_seconds
 from tiered_training.planning.segments import (
     JOB_RETRY_ATTEMPTS,
     LAST_WARM_POOL_SECONDS,
@@ -141,7 +151,7 @@ PREPARED_URI = "uri"
 
 PROBE_TOKENS = "probe:tokens_per_second"
 PROBE_MEMORY = "probe:peak_memory_fraction"
-PROBE_MICRO_BATCH = "probe:best_micro_batch"
+PROBE_CANDIDATE = "probe:best_candidate"
 
 # Retry: capacity and internal errors are worth retrying (the job resumes from the
 # checkpoint store); a bug in the recipe or the image is not.
@@ -281,6 +291,7 @@ class Segment:
     count: int = 1
     seconds: float = 0.0
     after_probe: bool = False  # the chain starts after the Probe (Train), whose warm pool its first segment takes
+    candidate: Any = None  # run.candidate: the Probe's choice (an expression) after the Probe; None: the default 0
 
     @property
     def follows_a_job(self) -> bool:
@@ -300,6 +311,8 @@ def hyperparameters(plan: Plan, segment: Segment | None = None) -> dict[str, Any
         hp["run.segment"] = json.dumps(segment.number)
         hp["run.segments"] = json.dumps(segment.count)
         hp["run.segment_seconds"] = json.dumps(segment.seconds)
+        if segment.candidate is not None:
+            hp["run.candidate"] = as_string(segment.candidate)
     return hp
 
 
@@ -312,6 +325,17 @@ def probe_threshold(plan: Plan) -> float:
     """Tokens/s per GPU the probe must reach: the recipe's fraction of the plan."""
     assert plan.estimates is not None
     return round(plan.recipe.probe.min_throughput_fraction * plan.estimates.tokens_per_second_per_gpu, 2)
+
+
+def candidate_count(plan: Plan) -> int:
+    """Candidates the probe measures (the RunConfig's ``probe.count``)."""
+    return max(1, len(plan.candidates))
+
+
+def probe_job_seconds(plan: Plan) -> int:
+    """MaxRuntimeInSeconds of the Probe job: the probe's limit, or the estimate of its K launches where that
+    is longer (``planning.probe.probe_seconds``), within the account's job runtime."""
+    return probe_runtime_seconds(plan.recipe, probe_seconds(plan))
 
 
 def memory_limit(plan: Plan) -> float:
@@ -342,7 +366,7 @@ def training_arguments(
         channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
 
     # MaxRuntimeInSeconds bounds every attempt of the job together (RetryStrategy included).
-    max_runtime = probe_runtime_seconds(recipe) if probe else plan.job_runtime_seconds
+    max_runtime = probe_job_seconds(plan) if probe else plan.job_runtime_seconds
     stopping: dict[str, Any] = {"MaxRuntimeInSeconds": max_runtime}
     if compute.spot:
         wait = max_runtime + PROBE_SPOT_WAIT_SECONDS if probe else (plan.spot_wait_seconds or max_runtime)
@@ -373,7 +397,8 @@ def training_arguments(
     }
     if probe:
         algorithm["MetricDefinitions"] = [
-            {"Name": name, "Regex": regex} for name, (_fmt, regex) in metrics.PROBE_METRICS.items()
+            {"Name": name, "Regex": regex}
+            for name, (_fmt, regex) in metrics.probe_metric_definitions(candidate_count(plan)).items()
         ]
 
     args: dict[str, Any] = {
@@ -540,11 +565,14 @@ def segment_chain(
     after_probe: bool = False,
 ) -> list[dict[str, Any]]:
     """The Training steps of one run, a segment each, each after the one before (the first after the
-    Probe with ``after_probe``)."""
+    Probe with ``after_probe``, every segment then training the candidate the Probe chose)."""
     count = plan.segments
+    candidate = probe_metric(PROBE_CANDIDATE) if after_probe else None
     steps = []
     for number in range(1, count + 1):
-        segment = Segment(run_id, resume, number, count, plan.segment_seconds, after_probe=after_probe)
+        segment = Segment(
+            run_id, resume, number, count, plan.segment_seconds, after_probe=after_probe, candidate=candidate
+        )
         part = f" (segment {number} of {count})" if count > 1 else ""
         steps.append(
             training_step(
@@ -574,6 +602,12 @@ class ProbeMetric:
     name: str
 
 
+def candidates_text(plan: Plan) -> str:
+    """The probe's candidates, as a Fail message lists them."""
+    found = plan.candidates
+    return "; ".join(f"{c.number} = {c.describe()}" for c in found) if found else "1 = the plan's configuration"
+
+
 def throughput_failure(plan: Plan) -> list[str | ProbeMetric]:
     """The FailThroughput message: text, and the measured values where they go."""
     assert plan.estimates is not None
@@ -582,34 +616,32 @@ def throughput_failure(plan: Plan) -> list[str | ProbeMetric]:
     planned = round(plan.estimates.tokens_per_second_per_gpu, 2)
     fraction = plan.recipe.probe.min_throughput_fraction
     return [
-        f"{plan.name}: probe throughput check failed: measured ",
+        f"{plan.name}: probe throughput check failed: the fastest candidate under the memory limit, ",
+        ProbeMetric(PROBE_CANDIDATE),
+        ", measured ",
         ProbeMetric(PROBE_TOKENS),
         f" tokens/s per GPU, needs at least {threshold} ({fraction:g} x the plan's {planned})",
-        "; peak memory fraction ",
+        "; its peak reserved memory fraction ",
         ProbeMetric(PROBE_MEMORY),
-        f" (limit {limit}); best micro-batch ",
-        ProbeMetric(PROBE_MICRO_BATCH),
-        f" (plan {plan.micro_batch_size}).",
+        f" (limit {limit}). Candidates: {candidates_text(plan)}.",
         " Fix the recipe or rerun with SkipProbe=true.",
     ]
 
 
 def memory_failure(plan: Plan) -> list[str | ProbeMetric]:
-    """The FailMemory message (also when no micro-batch fits at all)."""
+    """The FailMemory message (also when no candidate fits at all)."""
     threshold = probe_threshold(plan)
     limit = memory_limit(plan)
-    candidates = plan.run_config().probe.micro_batch_candidates
     return [
-        f"{plan.name}: probe memory check failed: peak memory fraction ",
+        f"{plan.name}: probe memory check failed: best candidate ",
+        ProbeMetric(PROBE_CANDIDATE),
+        " (0: none fits under the limit), peak reserved memory fraction ",
         ProbeMetric(PROBE_MEMORY),
-        f" is above the tier's headroom {limit} (plan {plan.memory.fraction:.3f})"
-        if plan.memory
-        else f" is above {limit}",
-        "; best micro-batch ",
-        ProbeMetric(PROBE_MICRO_BATCH),
-        f" of the candidates {candidates} (0: no micro-batch fits, every candidate ran out of memory); throughput ",
+        f" is above the limit {limit} (plan {plan.memory.fraction:.3f})" if plan.memory else f" is above {limit}",
+        "; throughput ",
         ProbeMetric(PROBE_TOKENS),
-        f" tokens/s per GPU (needs {threshold}). Lower tuning.micro_batch_size or raise activation checkpointing.",
+        f" tokens/s per GPU (needs {threshold}). Candidates: {candidates_text(plan)}.",
+        " Lower tuning.micro_batch_size or raise activation checkpointing.",
     ]
 
 
@@ -643,13 +675,21 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
     """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
     plan.require_ok()
     steps = plan.estimates.total_steps if plan.estimates else "?"
+    count = candidate_count(plan)
     probe = training_step(
         S_PROBE,
         training_arguments(plan, resources, probe=True),
-        f"Short run ({plan.recipe.probe.steps} steps per micro-batch candidate): measures tokens/s and peak memory",
+        f"Short run of {count} candidate configuration(s), {plan.recipe.probe.steps} steps each in its own launch: "
+        "measures tokens/s and peak memory, names the fastest under the memory limit",
     )
     train = segment_chain(
-        plan, resources, S_TRAIN, EXECUTION_ID, False, f"Full run: {steps} steps, a new run", after_probe=True
+        plan,
+        resources,
+        S_TRAIN,
+        EXECUTION_ID,
+        False,
+        f"Full run: {steps} steps, a new run, of the candidate the Probe chose",
+        after_probe=True,
     )
     unprobed = segment_chain(
         plan,
@@ -719,8 +759,7 @@ def find_step(definition: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def probe_runtime_estimate(plan: Plan) -> float:
-    """Seconds the probe's steps take at the plan's speed (not counting start-up)."""
+    """Seconds the probe job runs: each candidate's launch and steps (``planning.probe.probe_seconds``)."""
     if plan.estimates is None:
         return math.nan
-    candidates = len(plan.run_config().probe.micro_batch_candidates)
-    return candidates * plan.recipe.probe.steps * plan.estimates.step_time_seconds
+    return probe_seconds(plan)

@@ -175,6 +175,31 @@ def _property_file_problems(steps: list[dict[str, Any]], step: dict[str, Any]) -
     return problems
 
 
+METRIC_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.FinalMetricDataList\['(?P<metric>[^']+)'\]\.Value$")
+
+
+def _metric_problems(steps: list[dict[str, Any]], step: dict[str, Any]) -> list[str]:
+    """Each ``Steps.S.FinalMetricDataList['m'].Value`` a step reads names a metric that Training step S defines
+    (SageMaker lists only the metrics of the job's MetricDefinitions: another name never resolves)."""
+    defined = {
+        s.get("Name"): {
+            m.get("Name")
+            for m in ((s.get("Arguments") or {}).get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
+        }
+        for s in steps
+        if s.get("Type") == "Training"
+    }
+    problems = []
+    for ref in _expressions(step.get("Arguments", {})):
+        match = METRIC_REF.match(ref)
+        if match and match.group("step") in defined and match.group("metric") not in defined[match.group("step")]:
+            problems.append(
+                f"step {step.get('Name', '')}: {ref} names no metric of step {match.group('step')}'s "
+                f"MetricDefinitions ({', '.join(sorted(defined[match.group('step')])) or 'none'})"
+            )
+    return problems
+
+
 def validate_definition(definition: dict[str, Any], body: str | None = None) -> list[str]:
     """Everything SageMaker would reject when the pipeline is created or run. Empty when valid."""
     problems: list[str] = []
@@ -205,6 +230,7 @@ def validate_definition(definition: dict[str, Any], body: str | None = None) -> 
         elif step.get("Type") not in ("Condition", "Fail"):
             problems.append(f"step {name}: unknown step type {step.get('Type')!r}")
         problems += _property_file_problems(steps, step)
+        problems += _metric_problems(steps, step)
         for ref in _expressions(step.get("Arguments", {})):
             head, _, rest = ref.partition(".")
             target = rest.split(".")[0].split("[")[0]

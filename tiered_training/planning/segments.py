@@ -94,5 +94,7 @@ def spot_wait_seconds(recipe: Recipe, runtime_seconds: int) -> int:
     return min(API_MAX_SECONDS, runtime_seconds + SPOT_WAIT_SECONDS)
 
 
-def probe_runtime_seconds(recipe: Recipe) -> int:
-    return min(job_runtime_seconds(recipe), PROBE_RUNTIME_SECONDS)
+def probe_runtime_seconds(recipe: Recipe, needed: float = 0.0) -> int:
+    """MaxRuntimeInSeconds of the probe: PROBE_RUNTIME_SECONDS, or ``needed`` (its estimate) where longer, within
+    the job runtime limit."""
+    return min(job_runtime_seconds(recipe), max(PROBE_RUNTIME_SECONDS, math.ceil(needed)))

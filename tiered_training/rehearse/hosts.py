@@ -198,8 +198,12 @@ class JobRunner:
         hyperparameters: Callable[[dict[str, Any]], dict[str, str]],
         interrupt: Interrupt | None = None,
         say: Callable[[str], None] = print,
+        environment: dict[str, dict[str, str]] | None = None,
     ):
+        """``environment``: per step name, variables added to its jobs' environment (a rehearsal's own, such as
+        the Probe's slowed candidate), after the step's ``Environment``."""
         self.s3 = s3
+        self.environment = dict(environment or {})
         self.client = s3.client()
         self.workdir = Path(workdir)
         self.workers = workers
@@ -435,6 +439,7 @@ class JobRunner:
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             }
         )
+        env.update(self.environment.get(step, {}))
         for channel in args.get("InputDataConfig", []):  # SageMaker names each channel's directory
             name = channel["ChannelName"]
             env[f"SM_CHANNEL_{name.upper()}"] = str(host.root / "input/data" / name)
@@ -496,6 +501,8 @@ class JobRunner:
             "uploads": {name: sorted(s.uploaded_keys) for name, s in stats.items()},
             "interrupt": interrupted_by,
             "checkpoint_uri": checkpoint_uri,
+            "run_candidate": _run_candidate(args),
+            "candidate_lines": [_short(line, 400) for _, line in hosts[0].lines if _says_candidate(line)],
         }
         killed = [h for h in hosts if h.killed and h.killed.startswith("SIGKILL")]
         if checkpoint_uri:
@@ -591,6 +598,23 @@ class _Watch:
                 say(f"    >>> interrupt: SIGKILL of {self.target.name} while it writes {entry.name}")
                 return f"SIGKILL of {self.target.name} during the save of {entry.name}"
         return None
+
+
+def _run_candidate(args: dict[str, Any]) -> int | None:
+    """The job's ``run.candidate`` hyperparameter as the container reads it ("2.0", a metric rendered, is 2)."""
+    raw = (args.get("HyperParameters") or {}).get("run.candidate")
+    try:
+        return int(float(json.loads(raw))) if isinstance(raw, str) else None
+    except (ValueError, TypeError):
+        return None
+
+
+CANDIDATE_LINE = re.compile(r"\bprobe: |\bprobe candidate \d+ \(|\btraining candidate \d+ of \d+")
+
+
+def _says_candidate(line: str) -> bool:
+    """The container's readable lines about candidates: the probe's choice, the trainer's candidate."""
+    return bool(CANDIDATE_LINE.search(line)) and not line.lstrip().startswith("PROBE ")
 
 
 def _step_of(line: str) -> int:

@@ -18,7 +18,9 @@ It walks the very dict that :func:`tiered_training.pipeline.definition.build_def
   ``PropertyFiles`` is read from the output it names, for ``{"Std:JsonGet": {"PropertyFile": {"Get":
   "Steps.S.PropertyFiles.F"}, "Path": "a.b[0]"}}`` in later steps (a file that is missing, not JSON, or
   without the path is a :class:`PipelineError`, as SageMaker fails the step that reads it).
-- **Training steps**: arguments rendered, then run by a :class:`JobRunner`. The job's
+- **Training steps**: arguments rendered (a metric of an earlier step, such as Train's ``run.candidate`` from the
+  Probe's ``probe:best_candidate``, joined into a string as SageMaker renders a Float: "2.0"), then run by a
+  :class:`JobRunner`. The job's
   ``FinalMetricDataList`` comes from its log through its own ``MetricDefinitions``: for
   each metric, the last value the regex matched (SageMaker lists "the metric values that it
   computes in its final iteration"). A job that fails on an instance (``InternalServerError``)

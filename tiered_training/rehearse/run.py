@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tiered_training.contract.runconfig import RunConfig
+from tiered_training.contract.runconfig import MAX_PROBE_CANDIDATES, RunConfig
 from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition
 from tiered_training.pipeline.validation import validate_definition
 from tiered_training.rehearse.errors import (  # noqa: F401 (the CLI imports them from here)
@@ -79,6 +79,41 @@ class Options:
     # Later executions on the same S3: parameters (a restart), or Then entries.
     then: dict[str, str] | list[Then] | None = None
     overrides: tuple[str, ...] = ()  # --set key.path=value on the recipe
+    slow_candidate: str | None = None  # N[:SECONDS]: the Probe slows candidate N's steps (SlowCandidate)
+
+
+SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"  # the container's rehearsal-only slow-down (docs/container.md)
+DEFAULT_SLOW_SECONDS = 0.5  # per step: many times a scaled-down step on a CPU
+
+
+@dataclass(frozen=True)
+class SlowCandidate:
+    """``--slow-candidate N[:SECONDS]``: the Probe job's candidate N takes SECONDS longer a step, so the probe's
+    choice by measurement can be rehearsed (set in the Probe job's environment only)."""
+
+    number: int
+    seconds: float = DEFAULT_SLOW_SECONDS
+
+    @classmethod
+    def parse(cls, text: str) -> SlowCandidate:
+        number, sep, seconds = text.partition(":")
+        bad = f"--slow-candidate {clip(repr(text), 60)}: expected N or N:SECONDS (a candidate number, seconds > 0)"
+        if not number.isdigit() or len(number) > 2:
+            raise ValueError(bad)
+        try:
+            value = float(seconds) if sep else DEFAULT_SLOW_SECONDS
+        except ValueError:
+            raise ValueError(bad) from None
+        if not 1 <= int(number) <= MAX_PROBE_CANDIDATES or not 0 < value <= 60:
+            raise ValueError(
+                f"--slow-candidate {clip(repr(text), 60)}: a candidate from 1 to {MAX_PROBE_CANDIDATES}, "
+                "and from more than 0 to 60 seconds"
+            )
+        return cls(int(number), value)
+
+    @property
+    def value(self) -> str:
+        return f"{self.number}:{self.seconds:g}"
 
 
 @dataclass
@@ -114,6 +149,9 @@ class Rehearsal:
     later: list[Execution] = field(default_factory=list)  # every later execution, in order
     store: str = STORE  # the checkpoint store; a run's checkpoints are under run_prefix(run id)
     recipe_name: str = ""
+    candidates: tuple[Any, ...] = ()  # the plan's probe candidates (planning.plan.Candidate), predicted figures
+    memory_limit: float = 1.0  # the probe's peak reserved memory limit (a fraction of the worker's memory)
+    slowed: SlowCandidate | None = None  # --slow-candidate
 
     @property
     def executions(self) -> list[Execution]:
@@ -147,6 +185,12 @@ class Rehearsal:
             return describe_export(Path(attempts[-1].detail["model_dir"]))
         return {}
 
+    def candidate_record(self, execution: Execution) -> dict[str, Any]:
+        """Why each training job ran the candidate it ran: the probe's measurements of every candidate beside the
+        plan's predictions (``probe``, None without a probe), then each Train, TrainWithoutProbe or Resume
+        segment's candidate and why (``train``)."""
+        return candidate_record(execution, self.candidates, self.memory_limit, self.slowed)
+
     def validation_losses(self) -> dict[int, float]:
         """The validation loss after the steps that had a validation pass (the last attempt's where redone)."""
         return self.losses("validation_losses")
@@ -164,6 +208,7 @@ class Rehearsal:
                     step: [{"status": a.status, "failure_reason": a.failure_reason or None} for a in attempts]
                     for step, attempts in e.jobs.items()
                 },
+                "candidates": self.candidate_record(e),
             }
 
         return {
@@ -183,6 +228,99 @@ class Rehearsal:
                 {"field": c.field, "plan": c.plan, "rehearsal": c.rehearsal, "why": c.why} for c in self.scaled.changes
             ],
         }
+
+
+def probe_candidates(
+    execution: Execution, candidates: tuple[Any, ...], memory_limit: float, slowed: SlowCandidate | None
+) -> dict[str, Any] | None:
+    """The Probe's measurement of each candidate (its FinalMetricDataList) beside the plan's prediction, and the
+    one it chose; None when no Probe ran."""
+    found = execution.metrics.get("Probe")
+    if found is None:
+        return None
+    chosen = int(found.get("probe:best_candidate", 0))
+    rows = []
+    for c in candidates:
+        n = c.number
+        tokens = found.get(f"probe:candidate{n}:tokens_per_second")
+        reserved = found.get(f"probe:candidate{n}:peak_reserved_fraction")
+        if tokens is None:
+            status = "no result (its launch failed)"
+        elif tokens == 0 and (reserved or 0) >= 1:
+            status = "out of memory"
+        elif n == chosen:
+            status = "chosen"
+        elif reserved is not None and reserved > memory_limit:
+            status = f"over the memory limit ({reserved:.2f} > {memory_limit:g})"
+        else:
+            status = "slower"
+        rows.append(
+            {
+                "number": n,
+                "configuration": c.describe(),
+                "predicted_tokens_per_second_per_gpu": c.tokens_per_second_per_gpu,
+                "predicted_memory_fraction": c.memory_fraction,
+                "measured_tokens_per_second": tokens,
+                "peak_allocated_fraction": found.get(f"probe:candidate{n}:peak_allocated_fraction"),
+                "peak_reserved_fraction": reserved,
+                "slowed": slowed is not None and slowed.number == n,
+                "status": status,
+            }
+        )
+    return {"chosen": chosen, "memory_limit": memory_limit, "candidates": rows}
+
+
+def candidate_record(
+    execution: Execution, candidates: tuple[Any, ...], memory_limit: float, slowed: SlowCandidate | None
+) -> dict[str, Any]:
+    """What :meth:`Rehearsal.candidate_record` returns."""
+    probe = probe_candidates(execution, candidates, memory_limit, slowed)
+    train = []
+    for name, attempt in attempt_names(execution):
+        number = attempt.detail.get("run_candidate")
+        step = name.split(" attempt ")[0]
+        train.append(
+            {
+                "job": name,
+                "candidate": number,
+                "why": _why_candidate(step, number, probe, slowed),
+                "said": attempt.detail.get("candidate_lines", []),
+            }
+        )
+    return {"probe": probe, "train": train}
+
+
+def _why_candidate(step: str, number: int | None, probe: dict[str, Any] | None, slowed: SlowCandidate | None) -> str:
+    chain = step.split("-")[0]
+    if not number:
+        if chain == "Resume":
+            return "run.candidate 0: the candidate the run's checkpoints record (a resume measures nothing)"
+        return "run.candidate 0, no probe (SkipProbe=true): the plan's own configuration, candidate 1"
+    if probe is None:
+        return f"run.candidate {number}"
+    rows = {row["number"]: row for row in probe["candidates"]}
+    mine = rows.get(number, {})
+    others = [
+        f"{row['measured_tokens_per_second']:,.0f} for candidate {n}"
+        + (" (slowed on purpose)" if row["slowed"] else "")
+        + (f" ({row['status']})" if row["status"] not in ("slower", "chosen") else "")
+        for n, row in rows.items()
+        if n != number and row["measured_tokens_per_second"] is not None
+    ]
+    measured = mine.get("measured_tokens_per_second")
+    text = (
+        f"the probe's choice: the fastest measured under the memory limit {probe['memory_limit']:g}"
+        + (f", {measured:,.0f} tokens/s per worker" if measured is not None else "")
+        + (f" against {', '.join(others)}" if others else "")
+        + (
+            f"; the plan predicted {mine['predicted_tokens_per_second_per_gpu']:,.0f} tokens/s per GPU for it"
+            if mine
+            else ""
+        )
+    )
+    if slowed is not None and number != 1 and slowed.number == 1:
+        text += " (the plan's first choice, candidate 1, was slowed on purpose by --slow-candidate)"
+    return text
 
 
 MIN_STEPS = 12
@@ -295,6 +433,11 @@ def check_options(options: Options) -> Interrupt | None:
                     f"--interrupt {clip(options.interrupt, 60)}: step {clip(str(interrupt.step), 30)} is not within "
                     f"{within}"
                 )
+    if options.slow_candidate is not None:
+        try:
+            SlowCandidate.parse(options.slow_candidate)
+        except ValueError as error:
+            problems.append(str(error))
     if options.workdir is not None:
         problem = _workdir_problem(Path(options.workdir))
         if problem:
@@ -348,6 +491,18 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
 
         raise PlanError(plan)
     assert plan.estimates is not None
+    slowed = SlowCandidate.parse(options.slow_candidate) if options.slow_candidate is not None else None
+    if slowed is not None and slowed.number > len(plan.candidates):
+        raise RehearsalError(
+            f"--slow-candidate {options.slow_candidate}: the plan's probe measures {len(plan.candidates)} "
+            f"candidate(s) (tuning.probe_candidates), 1 to {len(plan.candidates)}"
+        )
+    skipped = options.params.get("SkipProbe", "false" if plan.recipe.probe.enabled else "true") == "true"
+    if slowed is not None and skipped:
+        raise RehearsalError(
+            f"--slow-candidate {options.slow_candidate} slows a candidate of the Probe, and this execution runs no "
+            "probe (SkipProbe=true, or probe.enabled false in the recipe)"
+        )
     memory = _memory_bytes() // max(1, options.hosts * options.workers)
     repo = repo_root()
     context_parallel = (repo / "training" / "context_parallel.py").is_file()
@@ -415,6 +570,11 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
         )
     if interrupt:
         say(f"interrupt: {interrupt.describe()}")
+    if slowed is not None:
+        say(
+            f"slowed: the Probe's candidate {slowed.number} takes {slowed.seconds:g} s longer a step "
+            f"({SLOW_VARIABLE}={slowed.value} in the Probe job's environment only)"
+        )
     say("")
 
     previous = _stop_on_signals()
@@ -481,6 +641,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                 interrupt=interrupt,
                 say=say,
+                environment={"Probe": {SLOW_VARIABLE: slowed.value}} if slowed is not None else None,
             )
             limits = {
                 "probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")
@@ -503,6 +664,9 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 [],
                 STORE,
                 plan.name,
+                plan.candidates,
+                plan.probe_memory_limit,
+                slowed,
             )
             try:
                 execution = interpreter.run(params)
@@ -811,6 +975,35 @@ def _emf_summary(lines: list[str]) -> str:
     return text + (f"; last event: {events[-1][:300]}" if events else "")
 
 
+def _print_candidates(say, result: Rehearsal, execution: Execution) -> None:
+    """The probe's candidates, predicted (the plan, per GPU) against measured (here, per CPU worker), and the
+    candidate each training job ran, with why."""
+    record = result.candidate_record(execution)
+    probe = record["probe"]
+    if probe is not None:
+        say(
+            f"probe candidates (predicted: the plan's tokens/s per GPU; measured: this rehearsal's per CPU worker; "
+            f"memory limit {probe['memory_limit']:g} of the reserved peak):"
+        )
+        for row in probe["candidates"]:
+            measured = row["measured_tokens_per_second"]
+            reserved = row["peak_reserved_fraction"]
+            predicted = row["predicted_tokens_per_second_per_gpu"]
+            say(
+                f"  {row['number']}: {row['configuration']}: predicted {predicted:,.0f}, measured "
+                + (f"{measured:,.1f}" if measured is not None else "none")
+                + (f", reserved {reserved:.3f}" if reserved is not None else "")
+                + f"; {row['status']}"
+                + (" (slowed on purpose: --slow-candidate)" if row["slowed"] else "")
+            )
+        said = [line for a in execution.jobs.get("Probe", []) for line in a.detail.get("candidate_lines", [])]
+        for line in dict.fromkeys(said):
+            say(f"  the probe said: {line}")
+    for entry in record["train"]:
+        trainer = f"; the trainer said: {entry['said'][0]}" if entry["said"] else ""
+        say(f"{entry['job']}: candidate {entry['candidate']} ({entry['why']}){trainer}")
+
+
 def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
     execution = result.execution
     say("")
@@ -819,6 +1012,7 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
         if event.kind == "condition" and event.step in ("Gate", "GateReason"):
             for check in event.data.get("checks", []):
                 say(f"  {event.step}: {check}")
+    _print_candidates(say, result, execution)
     restarts = [e for e in execution.trace if e.kind in ("retry", "restart")]
     say(f"retries and restarts: {len(restarts) or 'none'}")
     for event in restarts:

@@ -6,7 +6,10 @@ decided is kept: the precision path (FP8 recipe and float8 all-gather, emulated 
 CPU), the activation-checkpointing mode, the sharding kind with the shard group spanning
 the same share of a host (or the same number of hosts), the micro-batch, the batch ramp's
 shape (the accumulation is divided by one factor, so a step costs at most a few
-micro-batches), ``keep_last``, the probe's micro-batch candidates and the metrics.
+micro-batches), ``keep_last``, the probe's candidates and the metrics. Each of the probe's
+other candidates is scaled as the plan's own configuration is, at the same global batch (the
+candidates share it): its accumulation follows from its micro-batch, and where no whole number
+does, its micro-batch is lowered to one that divides (listed as a change).
 Plan figures that are in minutes become steps at the plan's own step time. Context
 parallelism is kept where the trainer has it, and rehearsed as 1 (and listed) where not.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tiered_training.contract.runconfig import RunConfig
+from tiered_training.contract.runconfig import CandidateConfig, ParallelConfig, RunConfig
 
 _T = TypeVar("_T")
 
@@ -114,46 +117,8 @@ def scale(
     )
 
     world = hosts * workers
-    cp = p.context_parallel
-    if cp > 1:
-        if not context_parallel:
-            cp = change(
-                "parallel.context_parallel",
-                p.context_parallel,
-                1,
-                "this checkout's trainer has no context parallelism (training/distributed/context_parallel.py): "
-                "each worker holds whole sequences",
-            )
-        else:
-            fitting = [c for c in range(min(cp, workers), 0, -1) if workers % c == 0 and SEQUENCE % (2 * c) == 0]
-            cp = change(
-                "parallel.context_parallel",
-                p.context_parallel,
-                fitting[0],
-                f"the largest degree that a simulated host of {workers} workers and {SEQUENCE}-token windows take",
-            )
-
-    if p.sharding == "hybrid":
-        if p.shard_group_size >= plan_gpus and p.shard_group_size % plan_gpus == 0:
-            group = p.shard_group_size // plan_gpus * workers
-            why = f"{p.shard_group_size // plan_gpus} host(s) per shard group, as planned"
-        else:
-            group = max(1, workers * p.shard_group_size // plan_gpus)
-            why = "the same share of a host per shard group, as planned"
-        if group > world:
-            group, why = world, f"{why}, but at most the rehearsal's {hosts} host(s)"
-    elif p.sharding == "full":
-        group, why = hosts * workers, "full sharding over every worker"
-    else:
-        group, why = 1, "no sharding"
-    if cp > 1 and group % cp:
-        group = cp * max(1, group // cp)
-    parallel = p.model_copy(
-        update={
-            "shard_group_size": change("parallel.shard_group_size", p.shard_group_size, group, why),
-            "context_parallel": cp,
-        }
-    )
+    parallel = _parallel(p, hosts=hosts, workers=workers, plan_gpus=plan_gpus, cp_ok=context_parallel, change=change)
+    cp = parallel.context_parallel
 
     ramp_steps = b.ramp_steps
     if b.ramp_steps and b.ramp_start_accum_steps:
@@ -261,6 +226,12 @@ def scale(
             ),
         }
     )
+    own = cfg.model_copy(update={"batch": batch, "precision": precision})
+    probe = probe.model_copy(
+        update={
+            "alternatives": _alternatives(cfg, own, hosts=hosts, workers=workers, cp_ok=context_parallel, change=change)
+        }
+    )
     # On the plan's hardware a step takes longer than the metrics interval, so every step has its own
     # EMF event; a rehearsal's step is far shorter, so the interval shrinks to keep one event per step.
     metrics = cfg.metrics.model_copy(
@@ -345,7 +316,11 @@ def scale(
         ("batch.total_steps", b.total_steps),
         ("checkpoint.keep_last", ck.keep_last),
         *((("run.segments", f"{run.segment} of {run.segments}"),) if run.segments > 1 else ()),
-        ("probe.micro_batch_candidates", cfg.probe.micro_batch_candidates),
+        (
+            "probe candidates",
+            "; ".join(_candidate_text(n, scaled.candidate_config(n)) for n in range(1, scaled.probe.count + 1)),
+        ),
+        ("probe.memory_limit", cfg.probe.memory_limit),
         ("optimizer", f"{cfg.optimizer.schedule}, lr {cfg.optimizer.lr:g}"),
         ("data", f"{cfg.data.token_dtype}, seed {cfg.data.seed}"),
         ("export.dtype", cfg.export.dtype),
@@ -353,6 +328,134 @@ def scale(
         ("hardware.instance_type", cfg.hardware.instance_type),
     )
     return Scaled(scaled, tuple(changes), kept)
+
+
+def _parallel(
+    p: ParallelConfig, *, hosts: int, workers: int, plan_gpus: int, cp_ok: bool, change, prefix: str = ""
+) -> ParallelConfig:
+    """The parallel layout on ``hosts`` x ``workers``: the shard group spanning the same share of a host (or the
+    same hosts), context parallelism where the trainer has it; each change recorded under ``prefix``."""
+    world = hosts * workers
+    cp = p.context_parallel
+    if cp > 1:
+        if not cp_ok:
+            cp = change(
+                f"{prefix}parallel.context_parallel",
+                p.context_parallel,
+                1,
+                "this checkout's trainer has no context parallelism (training/distributed/context_parallel.py): "
+                "each worker holds whole sequences",
+            )
+        else:
+            fitting = [c for c in range(min(cp, workers), 0, -1) if workers % c == 0 and SEQUENCE % (2 * c) == 0]
+            cp = change(
+                f"{prefix}parallel.context_parallel",
+                p.context_parallel,
+                fitting[0],
+                f"the largest degree that a simulated host of {workers} workers and {SEQUENCE}-token windows take",
+            )
+
+    if p.sharding == "hybrid":
+        if p.shard_group_size >= plan_gpus and p.shard_group_size % plan_gpus == 0:
+            group = p.shard_group_size // plan_gpus * workers
+            why = f"{p.shard_group_size // plan_gpus} host(s) per shard group, as planned"
+        else:
+            group = max(1, workers * p.shard_group_size // plan_gpus)
+            why = "the same share of a host per shard group, as planned"
+        if group > world:
+            group, why = world, f"{why}, but at most the rehearsal's {hosts} host(s)"
+    elif p.sharding == "full":
+        group, why = hosts * workers, "full sharding over every worker"
+    else:
+        group, why = 1, "no sharding"
+    if cp > 1 and group % cp:
+        group = cp * max(1, group // cp)
+    return p.model_copy(
+        update={
+            "shard_group_size": change(f"{prefix}parallel.shard_group_size", p.shard_group_size, group, why),
+            "context_parallel": cp,
+        }
+    )
+
+
+def _alternatives(
+    cfg: RunConfig, scaled: RunConfig, *, hosts: int, workers: int, cp_ok: bool, change
+) -> list[CandidateConfig]:
+    """The probe's other candidates scaled as the RunConfig's own configuration is, each at the scaled run's
+    global batch (the candidates share it): its accumulation is what its micro-batch needs on its data-parallel
+    ranks; where no whole accumulation does, the micro-batch is lowered to one that divides, and the change listed."""
+    world = hosts * workers
+    tokens = scaled.batch.global_batch_tokens
+    sequence = scaled.batch.sequence_length
+    found = []
+    for index, c in enumerate(cfg.probe.alternatives):
+        prefix = f"probe.alternatives[{index}]."
+        number = index + 2
+        parallel = _parallel(
+            c.parallel,
+            hosts=hosts,
+            workers=workers,
+            plan_gpus=cfg.hardware.gpus_per_node,
+            cp_ok=cp_ok,
+            change=change,
+            prefix=prefix,
+        )
+        ranks = world // parallel.context_parallel
+        sequences, rest = divmod(tokens, sequence * ranks)  # per data-parallel rank and step
+        micro, accum = c.micro_batch_size, max(1, sequences)
+        if rest or sequences < 1:
+            accum = max(1, round(tokens / (sequence * ranks * micro)))
+            why = (
+                f"candidate {number}: {ranks} data-parallel ranks cannot take the shared global batch of "
+                f"{tokens} tokens in whole {sequence}-token sequences; the nearest accumulation"
+            )
+        else:
+            micro = max(m for m in range(1, min(micro, sequences) + 1) if sequences % m == 0)
+            accum = sequences // micro
+            why = (
+                f"candidate {number}: the shared global batch of {tokens} tokens on its {ranks} data-parallel "
+                f"ranks at micro-batch {micro}"
+            )
+        micro = change(
+            f"{prefix}micro_batch_size",
+            c.micro_batch_size,
+            micro,
+            f"candidate {number}: the largest micro-batch up to the plan's that divides the {sequences} sequences "
+            "a data-parallel rank takes per step",
+        )
+        accum = change(f"{prefix}grad_accum_steps", c.grad_accum_steps, accum, why)
+        start = c.ramp_start_accum_steps
+        if start:
+            start = change(
+                f"{prefix}ramp_start_accum_steps",
+                start,
+                max(1, round(start * accum / c.grad_accum_steps)),
+                f"candidate {number}: the plan's start/full ratio ({start}/{c.grad_accum_steps})",
+            )
+        precision = c.precision.model_copy(
+            update={"compile": scaled.precision.compile, "loss_chunk_tokens": scaled.precision.loss_chunk_tokens}
+        )
+        found.append(
+            c.model_copy(
+                update={
+                    "parallel": parallel,
+                    "precision": precision,
+                    "micro_batch_size": micro,
+                    "grad_accum_steps": accum,
+                    "ramp_start_accum_steps": start,
+                }
+            )
+        )
+    return found
+
+
+def _candidate_text(number: int, c: CandidateConfig) -> str:
+    fp8 = f"/{c.precision.fp8_recipe}" if c.precision.fp8_recipe else ""
+    cp = f", CP {c.parallel.context_parallel}" if c.parallel.context_parallel > 1 else ""
+    return (
+        f"{number} = {c.precision.precision}{fp8}, {c.precision.activation_checkpointing} AC, "
+        f"micro-batch {c.micro_batch_size}, {c.parallel.sharding} sharding{cp}"
+    )
 
 
 def _metrics_why(interval: float, plan_step_seconds: float) -> str:
