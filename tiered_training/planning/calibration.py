@@ -280,9 +280,9 @@ _ABOVE_ONE: Transform = (lambda v: math.log(v - 1 + 1e-12), lambda x: 1 + math.e
 def _transforms(names: list[str]) -> list[Transform]:
     out: list[Transform] = []
     for name in names:
-        if name in ("megatron_te", "fp8_cast_factor", "ring_step_overhead"):
+        if name in ("megatron_te", "fp8_cast_factor", "fp8_eager_cast_factor", "ring_step_overhead"):
             out.append(_POSITIVE)
-        elif name in ("eager_memory_factor", "fp8_eager_cast_factor"):
+        elif name == "eager_memory_factor":
             out.append(_ABOVE_ONE)
         else:
             out.append(_UNIT)  # efficiencies and power factors lie in (0, 1)
@@ -306,7 +306,7 @@ START = {
     "attention_kernel_share": 0.7,
     "eager_memory_factor": 2.0,
     "fp8_cast_factor": 1.5,
-    "fp8_eager_cast_factor": 5.0,
+    "fp8_eager_cast_factor": 1.5,
     **{f"recipe_{r}": 0.9 for r in RECIPES},
 }
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
@@ -326,16 +326,15 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     names = {"gemm_efficiency", "attention_efficiency"}
     for r in rows:
         names |= _factor_names(r, cal)
-        if cal.frameworks.get(r.framework, {}).get("attention_kernel", "sdpa") != "sdpa":
+        if cal.frameworks.get(r.framework, {}).get("attention_kernel", "sdpa") == "flash2":
             names.add("attention_kernel_share")
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
         if not r.compile:
             names.add("eager_memory_factor")
         if r.precision == "fp8":
-            names |= {"fp8_gemm_efficiency", "fp8_cast_factor"} | (
-                {"fp8_eager_cast_factor"} if not r.compile else set()
-            )
+            names.add("fp8_gemm_efficiency")
+            names.add("fp8_cast_factor" if r.compile else "fp8_eager_cast_factor")
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")
     for linear_row in linear:
