@@ -416,7 +416,8 @@ def test_write_needs_the_leave_one_source_out_errors(capsys):
         calibration.main(["--write", "--no-loso"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "python -m tiered_training.planning.calibration: error: --write stores the leave-one-source-out errors: drop --no-loso")
+        "python -m tiered_training.planning.calibration: error: --write and --json store the leave-one-source-out errors: "
+        "drop --no-loso")
 
 
 def test_help_names_every_option(capsys):
