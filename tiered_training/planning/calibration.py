@@ -264,7 +264,6 @@ FITTED = (
     "fp8_gemm_efficiency",
     "attention_efficiency",
     "ring_step_overhead",
-    "attention_kernel_share",
     "eager_memory_factor",
     "fp8_cast_factor",
     "fp8_eager_cast_factor",
@@ -303,7 +302,6 @@ START = {
     "fp8_gemm_efficiency": 0.5,
     "attention_efficiency": 0.4,
     "ring_step_overhead": 0.1,
-    "attention_kernel_share": 0.7,
     "eager_memory_factor": 2.0,
     "fp8_cast_factor": 1.5,
     "fp8_eager_cast_factor": 1.5,
@@ -313,7 +311,6 @@ START = {
 # step then costs nothing more than its share of one attention call).
 NEUTRAL = {
     "ring_step_overhead": 0.0,
-    "attention_kernel_share": 1.0,
     "eager_memory_factor": 1.0,
     "fp8_cast_factor": 1.0,
     "fp8_eager_cast_factor": 1.0,
@@ -326,8 +323,6 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     names = {"gemm_efficiency", "attention_efficiency"}
     for r in rows:
         names |= _factor_names(r, cal)
-        if cal.frameworks.get(r.framework, {}).get("attention_kernel", "sdpa") == "flash2":
-            names.add("attention_kernel_share")
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
         if not r.compile:

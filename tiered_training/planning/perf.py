@@ -147,7 +147,6 @@ class Parameters:
     fp8_eager_cast_factor: float  # torchao's eager casts, measured over the time counted (eager_fp8_casts)
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
     ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
-    attention_kernel_share: float  # flash-attn 2 in training, as a share of its published peak utilisation
     flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
     flash2_utilization_h100: float  # the same on H100 (and H200)
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
@@ -278,22 +277,24 @@ def eager_fp8_casts(m: float, k: int, n: int, bandwidth: float) -> float:
 
 
 def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
-    """Fraction of the BF16 peak that attention reaches. PyTorch SDPA's flash-attention 2
-    backend: the fitted ``attention_efficiency``. cuDNN's fused attention (this container's
-    SDPA on torch 2.11, Transformer Engine's): the same on Ampere and Blackwell (the B200
-    kernel benchmark behind ``attention_half_length`` is cuDNN's), and on Hopper
-    ``CUDNN_OVER_FLASH2_HOPPER`` times it. The flash-attn 2 library (published runs only): a
-    fitted share of its published peak utilisation on that GPU, which is far lower on Hopper
-    than on Ampere (the library predates Hopper's asynchronous tensor cores)."""
-    if setting.attention_kernel == "sdpa-flash2":
-        return params.attention_efficiency
-    if setting.attention_kernel in ("sdpa", "cudnn"):
-        hopper = hw.gpu.startswith(("H100", "H200"))
-        return params.attention_efficiency * (CUDNN_OVER_FLASH2_HOPPER if hopper else 1.0)
-    if setting.attention_kernel == "flash2":
-        ceiling = params.flash2_utilization_a100 if hw.gpu.startswith("A100") else params.flash2_utilization_h100
-        return params.attention_kernel_share * ceiling
-    raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
+    """Fraction of the BF16 peak that attention reaches. ``attention_efficiency`` is
+    flash-attention 2's on Hopper, fitted. The same kernel (the flash-attn 2 library, or
+    PyTorch SDPA's flash backend, which is its code) on Ampere: scaled by the library's
+    published peak utilisation on A100 over H100's (it predates Hopper's asynchronous
+    tensor cores). cuDNN's fused attention (this container's SDPA on torch 2.11,
+    Transformer Engine's): ``CUDNN_OVER_FLASH2_HOPPER`` times it on Hopper; on Blackwell the
+    same fraction of the peak (the B200 kernel benchmark behind ``attention_half_length``
+    levels off there). This container's SDPA on Ampere runs flash-attention 2."""
+    kernel = setting.attention_kernel
+    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2"):
+        raise ValueError(f"unknown attention kernel {kernel!r}")
+    ampere = hw.gpu.startswith("A100")
+    if ampere:
+        return params.attention_efficiency * params.flash2_utilization_a100 / params.flash2_utilization_h100
+    hopper = hw.gpu.startswith(("H100", "H200"))
+    if kernel in ("sdpa", "cudnn") and hopper:
+        return params.attention_efficiency * CUDNN_OVER_FLASH2_HOPPER
+    return params.attention_efficiency
 
 
 def attention_length_factor(query_tokens: float, params: Parameters) -> float:
