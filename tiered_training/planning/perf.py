@@ -12,7 +12,8 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
   code runs, counted op by op (``eager_fp8_casts``). Only this container's runs are eager
   FP8: a factor fitted on them scales the count, and held out it is 1, the count alone.
 - **attention**: causal FLOPs of flash attention (forward ``2 s^2 h`` per sequence and
-  layer, backward 2.5 times that), at their own efficiency of the BF16 peak, which falls
+  layer, backward 2.5 times that), at the kernel's efficiency of the BF16 peak
+  (``attention_efficiency``: flash-attention 2 or cuDNN), which falls
   for short calls (the per-rank chunk under context parallelism) as published kernel
   benchmarks show.
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
