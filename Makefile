@@ -112,9 +112,10 @@ suite-cost: $(TEST_STAMP) $(NODE_STAMP)
 # Fit the performance model on the published runs (tiered_training/catalog/calibration.yaml)
 # and the GPU-check results (bench/gpu/*.json); print predicted against published and the
 # leave-one-source-out error (each source refitted without it: about 5 minutes on one CPU);
-# store the fitted parameters and those errors in tiered_training/catalog/performance.yaml.
+# store the fitted parameters and those errors in tiered_training/catalog/performance.yaml,
+# and the leave-one-source-out table in bench/calibration_loso.json.
 calibrate: $(SYNTH_STAMP)
-	$(PY) -m tiered_training.planning.calibration --write
+	$(PY) -m tiered_training.planning.calibration --write --json bench/calibration_loso.json
 
 # The planner's memory model against the peak of a real 2-rank trainer step, per checkpointing mode.
 memory-bench: $(TEST_STAMP)

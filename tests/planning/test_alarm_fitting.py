@@ -147,7 +147,7 @@ def test_validation_pass_length(tmp_path):
     assert plan.grad_accum_steps == 1
     assert alarms.validation_seconds(plan) == pytest.approx(6 * plan.estimates.step_time_seconds / 2, rel=1e-12)
     assert alarms.fit_alarms(plan).validation_seconds == alarms.validation_seconds(plan)
-    accumulating = plan_of(tmp_path, "accumulating", **{"validation.batches": 6})
+    accumulating = plan_of(tmp_path, "accumulating", **{"validation.batches": 6, "tuning.micro_batch_size": 1})
     assert accumulating.grad_accum_steps > 1
     per_micro_batch = accumulating.estimates.step_time_seconds / accumulating.grad_accum_steps
     assert alarms.validation_seconds(accumulating) == pytest.approx(6 * per_micro_batch / 2, rel=1e-12)

@@ -13,7 +13,7 @@ median and worst error by source and overall, for throughput and peak memory.
 ``--write`` stores the fitted parameters and these errors in ``catalog/performance.yaml``,
 which the planner reads.
 
-    python -m tiered_training.planning.calibration [--write] [--gpu-dir bench/gpu] [--no-loso]
+    python -m tiered_training.planning.calibration [--write] [--json FILE] [--gpu-dir bench/gpu] [--no-loso]
 """
 
 from __future__ import annotations
@@ -264,7 +264,6 @@ FITTED = (
     "fp8_gemm_efficiency",
     "attention_efficiency",
     "ring_step_overhead",
-    "attention_kernel_share",
     "eager_memory_factor",
     "fp8_cast_factor",
     "fp8_eager_cast_factor",
@@ -280,9 +279,9 @@ _ABOVE_ONE: Transform = (lambda v: math.log(v - 1 + 1e-12), lambda x: 1 + math.e
 def _transforms(names: list[str]) -> list[Transform]:
     out: list[Transform] = []
     for name in names:
-        if name in ("megatron_te", "fp8_cast_factor", "ring_step_overhead"):
+        if name in ("megatron_te", "fp8_cast_factor", "fp8_eager_cast_factor", "ring_step_overhead"):
             out.append(_POSITIVE)
-        elif name in ("eager_memory_factor", "fp8_eager_cast_factor"):
+        elif name == "eager_memory_factor":
             out.append(_ABOVE_ONE)
         else:
             out.append(_UNIT)  # efficiencies and power factors lie in (0, 1)
@@ -303,17 +302,15 @@ START = {
     "fp8_gemm_efficiency": 0.5,
     "attention_efficiency": 0.4,
     "ring_step_overhead": 0.1,
-    "attention_kernel_share": 0.7,
     "eager_memory_factor": 2.0,
     "fp8_cast_factor": 1.5,
-    "fp8_eager_cast_factor": 5.0,
+    "fp8_eager_cast_factor": 1.5,
     **{f"recipe_{r}": 0.9 for r in RECIPES},
 }
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
 # step then costs nothing more than its share of one attention call).
 NEUTRAL = {
     "ring_step_overhead": 0.0,
-    "attention_kernel_share": 1.0,
     "eager_memory_factor": 1.0,
     "fp8_cast_factor": 1.0,
     "fp8_eager_cast_factor": 1.0,
@@ -326,16 +323,13 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
     names = {"gemm_efficiency", "attention_efficiency"}
     for r in rows:
         names |= _factor_names(r, cal)
-        if cal.frameworks.get(r.framework, {}).get("attention_kernel", "sdpa") != "sdpa":
-            names.add("attention_kernel_share")
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
         if not r.compile:
             names.add("eager_memory_factor")
         if r.precision == "fp8":
-            names |= {"fp8_gemm_efficiency", "fp8_cast_factor"} | (
-                {"fp8_eager_cast_factor"} if not r.compile else set()
-            )
+            names.add("fp8_gemm_efficiency")
+            names.add("fp8_cast_factor" if r.compile else "fp8_eager_cast_factor")
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")
     for linear_row in linear:
@@ -541,6 +535,36 @@ def loso_table(cal: Calibration, loso: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def loso_record(cal: Calibration, loso: list[Result], params: Parameters) -> dict[str, Any]:
+    """The leave-one-source-out table as data (``--json``): by source, then published and all,
+    each row's held-out error, and the parameters fitted on every source."""
+
+    def group(results: list[Result]) -> dict[str, Any]:
+        thr = _median_worst([r.error for r in results])
+        mem = _median_worst([r.memory_error for r in results if r.memory_error is not None])
+        return {
+            "rows": len(results),
+            "median": thr[0],
+            "worst": thr[1],
+            "memory_median": mem[0],
+            "memory_worst": mem[1],
+        }
+
+    by_source = {
+        _label(k, [r.row for r in loso if source_key(r.row) == k]): group([r for r in loso if source_key(r.row) == k])
+        for k in sources(cal)
+    }
+    fitted: dict[str, Any] = {k: _round(getattr(params, k)) for k in FITTED}
+    fitted["fp8_recipe_efficiency"] = {k: _round(v) for k, v in params.fp8_recipe_efficiency.items()}
+    return {
+        "sources": by_source,
+        "published sources": group([r for r in loso if r.row.published]),
+        "all sources": group(loso),
+        "rows": {r.row.id: round(r.error, 4) for r in loso},
+        "fitted": fitted,
+    }
+
+
 def table(results: list[Result], loso: list[Result] | None = None) -> str:
     """Every row: published against predicted by the fit on every source and, where given,
     by the fit without the row's source."""
@@ -605,9 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-dir", type=Path, default=GPU_DIR, help="GPU-check results (*.json) to add as rows")
     parser.add_argument("--no-fit", action="store_true", help="evaluate the stored parameters without fitting")
     parser.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits")
+    parser.add_argument("--json", type=Path, help="also save the leave-one-source-out table as JSON here")
     args = parser.parse_args(argv)
-    if args.write and args.no_loso:
-        parser.error("--write stores the leave-one-source-out errors: drop --no-loso")
+    if (args.write or args.json) and args.no_loso:
+        parser.error("--write and --json store the leave-one-source-out errors: drop --no-loso")
 
     cal = load(args.gpu_dir)
     model = catalogs.performance_model()
@@ -649,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write and loso is not None:  # --write without the held-out errors stopped above
         write_parameters(params, factors, summary(cal, loso))
         print(f"wrote {catalogs.CATALOG_DIR / 'performance.yaml'}")
+    if args.json and loso is not None:
+        args.json.write_text(json.dumps(loso_record(cal, loso, params), indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -7,9 +7,13 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
   that depends on the precision and the GEMM's size: each GEMM costs its FLOPs over
   ``efficiency x peak`` plus a fixed time, so small GEMMs reach a smaller fraction of
   the peak, and a GPU with a higher peak needs bigger GEMMs to reach it.
-  FP8 (torchao) adds its casts: bytes over HBM bandwidth.
+  FP8 (torchao) adds its casts: bytes over HBM bandwidth. Compiled, the casts are fused
+  (a fitted factor on the bytes counted); eager, each is the chain of kernels torchao's
+  code runs, counted op by op (``eager_fp8_casts``). Only this container's runs are eager
+  FP8: a factor fitted on them scales the count, and held out it is 1, the count alone.
 - **attention**: causal FLOPs of flash attention (forward ``2 s^2 h`` per sequence and
-  layer, backward 2.5 times that), at their own efficiency of the BF16 peak, which falls
+  layer, backward 2.5 times that), at the kernel's efficiency of the BF16 peak
+  (``attention_efficiency``: flash-attention 2 or cuDNN), which falls
   for short calls (the per-rank chunk under context parallelism) as published kernel
   benchmarks show.
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
@@ -65,6 +69,24 @@ LOSS_BYTES_PER_LOGIT = 24
 # FlexAttention's throughput as a share of FlashAttention-2's (https://pytorch.org/blog/flexattention/)
 FLEX_FORWARD_SHARE = 0.90
 FLEX_BACKWARD_SHARE = 0.85
+# cuDNN's fused attention on Hopper over PyTorch SDPA's flash-attention 2 backend: 631 against
+# 329 TFLOPS forward on H100 (tritonbench, batch 1, 24 heads, 4,608 tokens, head dim 128:
+# https://github.com/pytorch/pytorch/issues/142132). PyTorch SDPA prefers cuDNN on sm90 and sm100
+# once its bundled cuDNN is newer than 9.15, as in torch 2.11 (``check_prefer_cudnn_attention``
+# in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; https://github.com/huggingface/transformers/pull/48163);
+# before, it ran flash-attention 2 there (https://github.com/pytorch/pytorch/pull/128539).
+CUDNN_OVER_FLASH2_HOPPER = 631.3 / 329.5
+# torchao's float8 cast of one tensor without torch.compile, kernel by kernel
+# (torchao/float8/float8_utils.py: tensor_to_amax, amax_to_scale, to_fp8_saturated;
+# float8_training_tensor.py: _ToFloat8ConstrFunc): abs (reads 2 bytes per element, writes 2),
+# max (reads 2), the upcast to fp32 (2, 4), the multiply by the scale (4, 4), the clamp
+# (4, 4) and the cast to float8 (4, 1): 33 bytes per element; and four kernels on the
+# scalar scale (to float64, clamp, divide, to float32).
+EAGER_CAST_BYTES = 33
+EAGER_CAST_KERNELS = 6 + 4
+# One short kernel launched back to back costs a few microseconds whatever it moves
+# (NVIDIA, "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/).
+KERNEL_SECONDS = 4e-6
 
 
 @dataclass(frozen=True)
@@ -107,7 +129,10 @@ class Setting:
     context_parallel: int = 1
     compile: bool = True
     fp8_all_gather: bool = True  # FSDP all-gathers float8 weights (tensorwise scaling only)
-    attention_kernel: str = "sdpa"  # sdpa: this container's (PyTorch SDPA); flash2: the flash-attn 2 library
+    # sdpa: this container's PyTorch SDPA (torch 2.11: cuDNN on Hopper and Blackwell, flash-attention 2 on Ampere);
+    # sdpa-flash2: PyTorch SDPA before torch 2.11 (flash-attention 2 on Hopper); cudnn: Transformer Engine's
+    # fused attention; flash2: the flash-attn 2 library
+    attention_kernel: str = "sdpa"
     lora: Lora | None = None  # LoRA adapters on a frozen base
     document_mask: bool = False  # packed SFT examples: FlexAttention under a block mask
 
@@ -120,10 +145,9 @@ class Parameters:
     fp8_gemm_efficiency: float  # large FP8 GEMMs, fraction of the FP8 peak
     gemm_overhead_seconds: float  # fixed cost of one GEMM (launch, tail, small-size inefficiency)
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
-    fp8_eager_cast_factor: float  # torchao's casts without torch.compile (unfused kernels), relative to compiled
+    fp8_eager_cast_factor: float  # torchao's eager casts, measured over the time counted (eager_fp8_casts)
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
     ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
-    attention_kernel_share: float  # flash-attn 2 in training, as a share of its published peak utilisation
     flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
     flash2_utilization_h100: float  # the same on H100 (and H200)
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
@@ -228,26 +252,50 @@ class LinearCost:
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0
-        if self.precision == "fp8":
+        if self.precision == "fp8" and self.compile:
             # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
             # and the transposed copies backward needs: input, weight, output gradient.
             moved = 8 * m * k + 5 * m * n + 7 * k * n
-            eager = 1.0 if self.compile else p.fp8_eager_cast_factor
-            casts = p.fp8_cast_factor * moved * eager / (hw.hbm_bytes_per_s * p.memory_efficiency)
+            casts = p.fp8_cast_factor * moved / (hw.hbm_bytes_per_s * p.memory_efficiency)
+        elif self.precision == "fp8":
+            casts = p.fp8_eager_cast_factor * eager_fp8_casts(m, k, n, hw.hbm_bytes_per_s * p.memory_efficiency)
         return gemm, (1 if frozen else 2) * gemm, casts
 
 
+def eager_fp8_casts(m: float, k: int, n: int, bandwidth: float) -> float:
+    """Seconds of torchao's float8 casts of one Linear without torch.compile, forward and
+    backward (torchao/float8/float8_linear.py, ``matmul_with_hp_or_float8_args``): forward
+    casts the input and the weight; backward casts the output gradient twice (for the input
+    gradient and for the weight gradient), the weight and the input again, each at
+    ``EAGER_CAST_BYTES`` per element. ``preprocess_addmm`` (float8_ops.py) copies the
+    operands that ``torch._scaled_mm`` needs in the other layout: the weight, and the
+    output gradient and input of the weight-gradient GEMM (one byte read and one written
+    per element). Every kernel also pays ``KERNEL_SECONDS``."""
+    elements = m * k + k * n + m * n
+    moved = 2 * EAGER_CAST_BYTES * elements + 2 * elements
+    kernels = 6 * EAGER_CAST_KERNELS + 3
+    return moved / bandwidth + kernels * KERNEL_SECONDS
+
+
 def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
-    """Fraction of the BF16 peak that attention reaches. This container's PyTorch SDPA: the
-    fitted ``attention_efficiency``. The flash-attn 2 library (published runs only): a fitted
-    share of its published peak utilisation on that GPU, which is far lower on Hopper than
-    on Ampere (the library predates Hopper's asynchronous tensor cores)."""
-    if setting.attention_kernel == "sdpa":
-        return params.attention_efficiency
-    if setting.attention_kernel == "flash2":
-        ceiling = params.flash2_utilization_a100 if hw.gpu.startswith("A100") else params.flash2_utilization_h100
-        return params.attention_kernel_share * ceiling
-    raise ValueError(f"unknown attention kernel {setting.attention_kernel!r}")
+    """Fraction of the BF16 peak that attention reaches. ``attention_efficiency`` is
+    flash-attention 2's on Hopper, fitted. The same kernel (the flash-attn 2 library, or
+    PyTorch SDPA's flash backend, which is its code) on Ampere: scaled by the library's
+    published peak utilisation on A100 over H100's (it predates Hopper's asynchronous
+    tensor cores). cuDNN's fused attention (this container's SDPA on torch 2.11,
+    Transformer Engine's): ``CUDNN_OVER_FLASH2_HOPPER`` times it on Hopper; on Blackwell the
+    same fraction of the peak (the B200 kernel benchmark behind ``attention_half_length``
+    levels off there). This container's SDPA on Ampere runs flash-attention 2."""
+    kernel = setting.attention_kernel
+    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2"):
+        raise ValueError(f"unknown attention kernel {kernel!r}")
+    ampere = hw.gpu.startswith("A100")
+    if ampere:
+        return params.attention_efficiency * params.flash2_utilization_a100 / params.flash2_utilization_h100
+    hopper = hw.gpu.startswith(("H100", "H200"))
+    if kernel in ("sdpa", "cudnn") and hopper:
+        return params.attention_efficiency * CUDNN_OVER_FLASH2_HOPPER
+    return params.attention_efficiency
 
 
 def attention_length_factor(query_tokens: float, params: Parameters) -> float:
