@@ -213,7 +213,8 @@ class TrainingSpec:
 
 def segment_plan(plan) -> segments.Segments:
     """How many jobs the run takes and how long each may run, from the recipe and the plan's wall time."""
-    return segments.plan_segments(plan.recipe, plan.estimates.wall_time_hours)
+    # The training's hours: the wall time less the probe's, which runs as its own job before them.
+    return segments.plan_segments(plan.recipe, plan.estimates.wall_time_hours - plan.estimates.probe_hours)
 
 
 def chain_specs(plan) -> dict[str, list[TrainingSpec]]:

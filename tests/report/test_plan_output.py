@@ -106,15 +106,23 @@ def test_fewer_fit_than_asked():
     plan = plan_of(**PINNED, **{"tuning.probe_candidates": 5})
     assert len(plan.candidates) == 1
     assert "5 wanted, but only the plan's configuration fits" in plan.decision("tuning.probe_candidates").reason
-    wider = plan_of(**{"tuning.probe_candidates": 5})
+    # Llama 3.1 8B on p4d at 2K: no FP8, and few layouts fit the 40 GB GPUs
+    wider = plan_of(**{"tuning.probe_candidates": 5, "model.catalog": "llama-3.1-8b",
+                       "compute.instance_type": "ml.p4d.24xlarge", "sequence_length": 2048})
     assert 1 < len(wider.candidates) < 5
     assert f"only {len(wider.candidates)} fit" in wider.decision("tuning.probe_candidates").reason
 
 
-def test_fp8_is_not_a_candidate_against_a_bf16_tier_unless_the_plan_takes_it():
-    plan = plan_of()  # the small tier advises BF16; FP8 fits on this instance and is faster
+def test_fp8_is_not_a_candidate_against_a_bf16_tier_unless_the_plan_takes_it(monkeypatch):
+    from tiered_training.planning import planner
+
+    # FP8 that does not earn its numerical risk (a gain threshold it cannot reach): the plan keeps the tier's BF16,
+    # and the probe does not measure FP8 behind the plan's back.
+    monkeypatch.setattr(planner, "MIN_FP8_GAIN", 10.0)
+    plan = plan_of()  # the small tier advises BF16; FP8 fits on this instance
     assert plan.tier.precision == "bf16" and plan.instance.fp8
     assert plan.precision == "bf16" and {c.precision for c in plan.candidates} == {"bf16"}
+    monkeypatch.undo()
     chosen = plan_of(**{"tuning.precision": "fp8"})
     assert chosen.candidates[0].precision == "fp8"
     assert len(chosen.candidates) == 3
