@@ -47,11 +47,9 @@ def then(*args: object) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def full_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("full")
-    torchrun(2, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "full",
-             "--combos", COMBOS + ",fp8:selective,fp8row:full,fp32:none:none", "--steps", str(STEPS))
-    return json.loads((root / "out.json").read_text())
+def full_runs(first_runs, resume_root):
+    """The full-sharding combos: run in the 2-rank launch of ``first_runs``."""
+    return json.loads((resume_root / "full" / "out.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +119,18 @@ def resume_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def first_runs(resume_root):
-    """One launch: the uninterrupted run, then a run stopped by SIGTERM after step 10 (last: the signal ends
-    the launch)."""
+    """One launch of 2 ranks: the uninterrupted run, the full-sharding combos (``full_runs``), then a run stopped
+    by SIGTERM after step 10 (last: the signal ends the launch)."""
     root = resume_root
-    proc = torchrun(2, *then("train", "--root", root, "--ckpt", root / "ck-term", "--model", root / "m-term",
-                             "--out", root / "term1.json", "--sigterm-after", "10"),
+    (root / "full").mkdir()
+    proc = torchrun(2, *then("losses", "--root", root / "full", "--out", root / "full" / "out.json", "--sharding", "full",
+                             "--combos", COMBOS + ",fp8:selective,fp8row:full,fp32:none:none", "--steps", STEPS),
+                    *then("train", "--root", root, "--ckpt", root / "ck-term", "--model", root / "m-term",
+                          "--out", root / "term1.json", "--sigterm-after", "10"),
                     "train", "--root", str(root), "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
-                    "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"), check=False)
-    assert (root / "full.json").is_file(), f"torchrun failed ({proc.returncode}):\n{proc.stderr[-8000:]}"
+                    "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"), check=False, timeout=600)
+    for done in ("full.json", "full/out.json"):
+        assert (root / done).is_file(), f"torchrun failed ({proc.returncode}):\n{proc.stderr[-8000:]}"
     return proc
 
 
