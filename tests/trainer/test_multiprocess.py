@@ -189,6 +189,7 @@ def test_uninterrupted_run_commits_and_prunes(uninterrupted, resume_root):
 
 def test_resume_after_sigterm_is_bit_identical(first_runs, resumed, uninterrupted, resume_root):
     root = resume_root
+    assert (root / "term1.json").is_file(), first_runs.stderr[-3000:]
     stopped = json.loads((root / "term1.json").read_text())
     assert stopped["stopped"], first_runs.stderr[-3000:]
     assert 10 <= stopped["step"] <= 12 and stopped["checkpoint_step"] == stopped["step"]
