@@ -71,31 +71,40 @@ def write_recipe(tmp_path):
 # run once; tests/constructs as one unit, so that its session-scoped synth runs in one worker only; SPLIT
 # modules test by test (their fixtures are cheap). Units run heaviest first, so that the last one to start
 # is short (longest processing time first): HEAVY lists them by measured wall time (pytest --durations on
-# 2 CPUs); unlisted ones follow in collection order. A new module with a slow fixture belongs in HEAVY.
+# 2 CPUs; tests/constructs is the longest unit); unlisted ones follow in collection order. A new module with a slow fixture belongs in HEAVY.
 HEAVY = (
-    "tests/rehearse/test_rehearsal.py",
-    "tests/trainer/test_multiprocess.py",
-    "tests/rehearse/test_runs_rehearsal.py",
-    "tests/trainer/test_sft_end_to_end.py",  # three torchrun launches of an SFT run
-    "tests/rehearse/test_sft_rehearsal.py",
-    "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
-    "tests/rehearse/test_every_template.py",
-    "tests/test_packaging.py",
-    "tests/trainer/test_context_parallel.py",
-    "tests/trainer/test_planner_vs_trainer.py",
-    "tests/trainer/test_compile.py",
-    "tests/trainer/test_lora.py",
-    "tests/test_mutation.py",
-    "tests/trainer/test_multihost_fixes.py",
-    "tests/rehearse/test_stop.py",  # one rehearsal stopped by SIGTERM once its trainers run (about 65 s)
-    "tests/runtime/test_runtime_entry.py",
-    "tests/trainer/test_grad_sync.py",
-    "tests/runtime/test_runtime_probe.py",
-    "tests/runtime/test_runtime_gpu_check.py",
     "tests/constructs",
+    "tests/trainer/test_multiprocess.py",
+    "tests/rehearse/test_prepare_rehearsal.py",  # Prepare from raw examples, then two executions on 2 hosts
+    "tests/trainer/test_planner_vs_trainer.py",
+    "tests/rehearse/test_runs_rehearsal.py",
+    "tests/rehearse/test_sft_rehearsal.py",
+    "tests/trainer/test_multihost_fixes.py",
+    "tests/rehearse/test_rehearsal.py",
+    "tests/trainer/test_lora.py",
+    "tests/trainer/test_attention.py",  # compiled FlexAttention
+    "tests/runtime/test_runtime_gpu_check.py",
+    "tests/rehearse/test_lease_rehearsal.py",
+    "tests/trainer/test_compile.py",
+    "tests/test_mutation.py",
+    "tests/trainer/test_model.py",
+    "tests/rehearse/test_every_template.py",
+    "tests/trainer/test_sft_end_to_end.py",  # two torchrun launches of an SFT run
+    "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
+    "tests/trainer/test_init_checkpoint_loss.py",
+    "tests/rehearse/test_stop.py",  # one rehearsal stopped by SIGTERM once its trainers run (about 65 s)
+    "tests/trainer/test_qlora.py",
+    "tests/planning/test_perf.py",
+    "tests/trainer/test_context_parallel.py",
+    "tests/trainer/test_grad_sync.py",
+    "tests/runtime/test_runtime_entry.py",
+    "tests/runtime/test_runtime_probe.py",
+    "tests/trainer/test_packing.py",
     "tests/trainer/test_optim_and_entry.py",
+    "tests/test_packaging.py",
     "tests/planning/test_properties.py",
 )
+
 SPLIT = ("tests/rehearse/test_every_template.py",)  # one rehearsal per test, on a shared moto server per worker
 
 

@@ -1,5 +1,6 @@
 """A run's life across executions, in one rehearsal (one moto server, one store, five executions) of the
-llama3-1b-bf16 template, on 2 simulated hosts:
+llama3-1b-bf16 template, on 1 simulated host of 2 CPU workers (2 ranks; what a run is across
+executions does not depend on hosts, which test_rehearsal.py and test_every_template.py cover):
 
 1. a run trained to its end (4 steps);
 2. the pipeline redeployed with the account's runtime limit lowered so that the plan needs 2 segments, then started
@@ -9,7 +10,7 @@ llama3-1b-bf16 template, on 2 simulated hosts:
 5. the first run resumed by name after a stale copy of its step 2 was put under a higher name (step-99): it resumes
    from its newest checkpoint (step 4), not from the copy (checkpoints are identified by their manifests).
 
-About 4 to 5 minutes on 2 busy CPUs (2 minutes of CPU): eight training jobs of 2 hosts each.
+1 host, not 2: each of the six training jobs starts one torchrun agent instead of two.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def runs(tmp_path_factory):
     plain, segmented = _recipes(root)
     out = io.StringIO()
     started = time.monotonic()
-    result = rehearse(Options(plain, hosts=2, workers=1, steps=STEPS, params={"SkipProbe": "true"}, workdir=root / "work",
+    result = rehearse(Options(plain, hosts=1, workers=2, steps=STEPS, params={"SkipProbe": "true"}, workdir=root / "work",
                               then=[Then({}, recipe=segmented),
                                     Then({"DataUri": OTHER_DATA, "MaxSteps": "2"}),
                                     Then({"DataUri": OTHER_DATA}, resume=True),

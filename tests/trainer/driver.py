@@ -3,6 +3,10 @@
     torchrun --nproc_per_node N tests/trainer/driver.py losses --root DIR --sharding full --combos fp32:none,...
     torchrun --nproc_per_node N tests/trainer/driver.py train --root DIR --out result.json [--sigterm-after 10] ...
     torchrun --nproc_per_node N tests/trainer/driver.py train --sft-data DIR --init DIR ...   # fine-tuning
+    torchrun --nproc_per_node N tests/trainer/driver.py --then '["train", "--root", ...]' train --root DIR ...
+
+``--then`` (repeatable) runs further commands in the same launch, after the first: each start of torchrun and
+its workers costs seconds of imports. A run stopped by a signal ends the launch, so it comes last.
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ def cmd_init(args, info) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--then", action="append", default=[], metavar="JSON",
+                        help="a further command of this launch: its arguments as a JSON list")
     sub = parser.add_subparsers(dest="cmd", required=True)
     losses = sub.add_parser("losses")
     losses.add_argument("--root", required=True)
@@ -183,8 +189,10 @@ def main() -> None:
     init.add_argument("--init", required=True)
     init.add_argument("--sharding", default="hybrid")
     args = parser.parse_args()
+    commands = [args, *(parser.parse_args(json.loads(more)) for more in args.then)]
     info = init_distributed()
-    {"losses": cmd_losses, "train": cmd_train, "init": cmd_init}[args.cmd](args, info)
+    for command in commands:
+        {"losses": cmd_losses, "train": cmd_train, "init": cmd_init}[command.cmd](command, info)
     shut_down()
 
 

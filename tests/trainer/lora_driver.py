@@ -2,7 +2,10 @@
 checkpoint, with a SIGTERM, and (with ``--exports``) what the test checks afterwards.
 
     torchrun --nproc_per_node 2 tests/trainer/lora_driver.py --root DIR --init INIT --ckpt CKPT --out result.json \
-        [--sigterm-after 4] [--exports DIR] [--ac full]
+        [--sigterm-after 4] [--exports DIR] [--ac full] [--then '["--root", ...]' ...]
+
+``--then`` (repeatable) runs further runs in the same launch, after the first: each start of torchrun and its
+workers costs seconds of imports. A run stopped by a signal ends the launch, so it comes last.
 """
 
 from __future__ import annotations
@@ -93,8 +96,17 @@ def main() -> None:
     parser.add_argument("--exports")
     parser.add_argument("--ac", default="none")
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--then", action="append", default=[], metavar="JSON",
+                        help="a further run of this launch: its arguments as a JSON list")
     args = parser.parse_args()
+    runs = [args, *(parser.parse_args(json.loads(more)) for more in args.then)]
     info = init_distributed()
+    for each in runs:
+        launch(each, info)
+    shut_down()
+
+
+def launch(args: argparse.Namespace, info) -> None:
     root = Path(args.root)
     data = root / "chat" / "prepared" / "train"
     if info.rank == 0 and not data.exists():  # packed SFT shards of the tiny chat dataset
@@ -128,7 +140,6 @@ def main() -> None:
                        exports / "trained.pt")
     if info.rank == 0:
         Path(args.out).write_text(json.dumps(out, indent=1))
-    shut_down()
 
 
 if __name__ == "__main__":

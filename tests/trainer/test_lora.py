@@ -107,12 +107,39 @@ def _torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def _then(*args: object) -> list[str]:
+    """A further run of the same launch, after the first (``lora_driver.py --then``)."""
+    return ["--then", json.dumps([str(a) for a in args])]
+
+
+TERM = ("--ac", "full")  # the SIGTERM-stopped run and its resume recompute activations; the reference does not
+
+
 @pytest.fixture(scope="module")
 def lora_root(tmp_path_factory):
+    """One launch: the reference run with its exports, then a run stopped by SIGTERM after step 3 (last: the
+    signal ends the launch)."""
     root = tmp_path_factory.mktemp("lora")
     _init_checkpoint(root / "init")
-    _torchrun("--root", str(root), "--init", str(root / "init"), "--ckpt", str(root / "ck-full"),
-              "--out", str(root / "full.json"), "--exports", str(root / "exports"))
+    common = ("--root", root, "--init", root / "init")
+    first = _torchrun(*_then(*common, "--ckpt", root / "ck-term", *TERM, "--out", root / "term1.json",
+                             "--sigterm-after", "3"),
+                      *map(str, common), "--ckpt", str(root / "ck-full"), "--out", str(root / "full.json"),
+                      "--exports", str(root / "exports"), check=False)
+    assert (root / "full.json").is_file(), f"torchrun failed ({first.returncode}):\n{first.stderr[-6000:]}"
+    (root / "term1.stderr").write_text(first.stderr)
+    return root
+
+
+@pytest.fixture(scope="module")
+def lora_resumed(lora_root):
+    """One launch: the resume of the SIGTERM-stopped run, then a run in bf16 and one in fp8 (the launch's
+    first run is the resume, in fresh processes)."""
+    root = lora_root
+    common = ("--root", root, "--init", root / "init")
+    _torchrun(*_then(*common, "--ckpt", root / "ck-bf16", "--out", root / "bf16.json", "--precision", "bf16"),
+              *_then(*common, "--ckpt", root / "ck-fp8", "--out", root / "fp8.json", "--precision", "fp8"),
+              *map(str, common), "--ckpt", str(root / "ck-term"), *TERM, "--out", str(root / "term2.json"))
     return root
 
 
@@ -178,15 +205,12 @@ def test_checkpoints_hold_the_adapters_and_their_optimiser_state_not_the_base(lo
 
 
 @pytest.mark.torch
-def test_resume_after_sigterm_is_bit_identical(lora_root):
+def test_resume_after_sigterm_is_bit_identical(lora_resumed):
     """The interrupted and resumed runs recompute activations (full checkpointing, LoRA dropout
     replayed from the saved RNG state); the reference does not: the losses agree to the last bit."""
-    root = lora_root
-    args = ("--root", str(root), "--init", str(root / "init"), "--ckpt", str(root / "ck-term"), "--ac", "full")
-    first = _torchrun(*args, "--out", str(root / "term1.json"), "--sigterm-after", "3", check=False)
+    root = lora_resumed
     stopped = _result(root, "term1.json")
-    assert stopped["stopped"], first.stderr[-3000:]
-    _torchrun(*args, "--out", str(root / "term2.json"))
+    assert stopped["stopped"], (root / "term1.stderr").read_text()[-3000:]
     resumed = _result(root, "term2.json")
     assert resumed["resumed_from"] == stopped["step"] and resumed["step"] == 8
     full = _result(root, "full.json")["losses"]
@@ -410,13 +434,10 @@ def test_the_adapter_config_is_what_peft_writes_for_the_same_settings(tmp_path):
 
 @pytest.mark.torch
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_under_mixed_precision_the_frozen_base_is_stored_in_bf16_and_the_adapters_train(tmp_path, precision):
+def test_under_mixed_precision_the_frozen_base_is_stored_in_bf16_and_the_adapters_train(lora_resumed, precision):
     """The frozen base takes 2 bytes per parameter (the dtype FSDP2 gathers it in), not 4; the adapters stay
     fp32. The fp32 checkpoint loads into it and the adapters learn. (fp8 is emulated on the CPU.)"""
-    _init_checkpoint(tmp_path / "init")
-    _torchrun("--root", str(tmp_path), "--init", str(tmp_path / "init"), "--ckpt", str(tmp_path / "ck"),
-              "--out", str(tmp_path / "out.json"), "--precision", precision)
-    out = _result(tmp_path, "out.json")
+    out = _result(lora_resumed, f"{precision}.json")
     assert out["dtypes"] == {"base": ["torch.bfloat16"], "adapters": ["torch.float32"]}
     losses = [out["losses"][str(step)] for step in range(1, 9)]
     assert max(losses[-2:]) < losses[0] - 0.1, losses  # ln(256) = 5.55 at the start

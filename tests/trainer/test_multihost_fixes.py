@@ -128,32 +128,37 @@ from tiny import tiny_config
 from training.paths import Paths
 from training.trainer import run
 root = Path({tmp!r})
-cfg = tiny_config(batch={{"total_steps": int(sys.argv[2])}},
-                  checkpoint={{"interval_minutes": 0, "interval_steps": 2, "keep_last": int(sys.argv[3]), "shutdown_deadline_seconds": 30}})
-result = run(cfg, Paths(root / "data", root / "ckpt", root / "model"), export=False)
-Path(sys.argv[1]).write_text(json.dumps({{"resumed_from": result.resumed_from, "losses": result.losses}}))
+
+
+def train(out, steps, keep):
+    cfg = tiny_config(batch={{"total_steps": steps}},
+                      checkpoint={{"interval_minutes": 0, "interval_steps": 2, "keep_last": keep, "shutdown_deadline_seconds": 30}})
+    result = run(cfg, Paths(root / "data", root / "ckpt", root / "model"), export=False)
+    (root / out).write_text(json.dumps({{"resumed_from": result.resumed_from, "losses": result.losses}}))
+
+
+train("a.json", 4, 2)  # checkpoints at 2 and 4
+shard = root / "ckpt/step-4/__0_0.distcp"
+data = bytearray(shard.read_bytes())
+for i in range(len(data) // 2, len(data) // 2 + 64):
+    data[i] ^= 0xFF
+shard.write_bytes(bytes(data))  # same size: only a checksum can tell
+print("FLIPPED", file=sys.stderr, flush=True)
+train("b.json", 4, 1)
 """
 
 
 def test_flipped_bytes_in_a_shard_are_found_and_the_previous_checkpoint_is_used(tmp_path):
+    """Both runs in one process (its imports cost seconds): the first writes step-2 and step-4, bytes of step-4
+    are flipped, the second resumes."""
     write_learnable_shards(tmp_path / "data")
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.format(root=str(ROOT), tests=str(Path(__file__).parent), tmp=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def train(out, steps, keep):
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path / out), str(steps), str(keep)], env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads((tmp_path / out).read_text()), proc.stderr
-
-    first, _ = train("a.json", 4, 2)  # checkpoints at 2 and 4
-    shard = tmp_path / "ckpt/step-4/__0_0.distcp"
-    data = bytearray(shard.read_bytes())
-    for i in range(len(data) // 2, len(data) // 2 + 64):
-        data[i] ^= 0xFF
-    shard.write_bytes(bytes(data))  # same size: only a checksum can tell
-    second, log = train("b.json", 4, 1)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads((tmp_path / out).read_text()) for out in ("a.json", "b.json"))
+    log = proc.stderr.split("FLIPPED\n", 1)[1]  # the second run's
     assert "skipping checkpoint step-4: __0_0.distcp fails its checksum" in log
     assert second["resumed_from"] == 2
     assert second["losses"] == {k: v for k, v in first["losses"].items() if int(k) > 2}

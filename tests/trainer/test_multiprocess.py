@@ -1,6 +1,7 @@
 """Real multi-process training on the CPU: ``torchrun`` with gloo, 2 ranks (4 for a 2x2 hybrid mesh).
 
-Launches are shared: one torchrun per group of assertions (see ``driver.py``).
+Launches are shared: one torchrun per group of assertions, several runs in one launch where no signal ends
+it (``driver.py --then``).
 """
 
 from __future__ import annotations
@@ -37,21 +38,28 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, check: bool = True) -
     return proc
 
 
+def then(*args: object) -> list[str]:
+    """A further command of the same launch, after the first (``driver.py --then``)."""
+    return ["--then", json.dumps([str(a) for a in args])]
+
+
 # -- loss falls, every precision x checkpointing x sharding ----------------------------
 
 
 @pytest.fixture(scope="module")
-def full_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("full")
-    torchrun(2, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "full",
-             "--combos", COMBOS + ",fp8:selective,fp8row:full,fp32:none:none", "--steps", str(STEPS))
-    return json.loads((root / "out.json").read_text())
+def full_runs(first_runs, resume_root):
+    """The full-sharding combos: run in the 2-rank launch of ``first_runs``."""
+    return json.loads((resume_root / "full" / "out.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def hybrid_runs(tmp_path_factory):
+def hybrid_runs(tmp_path_factory, uninterrupted, resume_root):
+    """The hybrid combos; then, in the same 4-rank launch, the sharded model built from the uninterrupted
+    run's export (test_init_from_hf_checkpoint_loads_exactly_into_sharded_model)."""
     root = tmp_path_factory.mktemp("hybrid")
-    torchrun(4, "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "hybrid",
+    torchrun(4, *then("init", "--root", resume_root / "init-run", "--out", resume_root / "init.pt",
+                      "--init", resume_root / "model"),
+             "losses", "--root", str(root), "--out", str(root / "out.json"), "--sharding", "hybrid",
              "--shard-group", "2", "--combos", COMBOS, "--steps", str(STEPS))
     return json.loads((root / "out.json").read_text())
 
@@ -110,11 +118,45 @@ def resume_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(resume_root):
+def first_runs(resume_root):
+    """One launch of 2 ranks: the uninterrupted run, the full-sharding combos (``full_runs``), then a run stopped
+    by SIGTERM after step 10 (last: the signal ends the launch)."""
     root = resume_root
-    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
-             "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"))
-    return json.loads((root / "full.json").read_text())
+    (root / "full").mkdir()
+    proc = torchrun(2, *then("losses", "--root", root / "full", "--out", root / "full" / "out.json", "--sharding", "full",
+                             "--combos", COMBOS + ",fp8:selective,fp8row:full,fp32:none:none", "--steps", STEPS),
+                    *then("train", "--root", root, "--ckpt", root / "ck-term", "--model", root / "m-term",
+                          "--out", root / "term1.json", "--sigterm-after", "10"),
+                    "train", "--root", str(root), "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
+                    "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"), check=False, timeout=600)
+    for done in ("full.json", "full/out.json"):
+        assert (root / done).is_file(), f"torchrun failed ({proc.returncode}):\n{proc.stderr[-8000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(first_runs, resume_root):
+    return json.loads((resume_root / "full.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def resumed(first_runs, uninterrupted, resume_root):
+    """A run whose rank 1 is SIGKILLed after step 10 (a launch of its own); then one launch that resumes the
+    SIGTERM-stopped run, the SIGKILLed run, and a copy of the uninterrupted run whose step-20 lost a shard file.
+    Returns the SIGKILLed launch and the resuming one."""
+    root = resume_root
+    killed = torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-kill"), "--model", str(root / "m-kill"),
+                      "--out", str(root / "kill1.json"), "--sigkill-after", "10", "--sigkill-rank", "1", check=False)
+    damaged = root / "ck-damaged"
+    shutil.copytree(root / "ck-full", damaged)
+    (damaged / "step-20" / "__1_0.distcp").unlink()
+    proc = torchrun(2, *then("train", "--root", root, "--ckpt", root / "ck-kill", "--model", root / "m-kill",
+                             "--out", root / "kill2.json"),
+                    *then("train", "--root", root, "--ckpt", damaged, "--model", root / "m-damaged",
+                          "--out", root / "damaged.json"),
+                    "train", "--root", str(root), "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
+                    "--out", str(root / "term2.json"))
+    return killed, proc
 
 
 def test_hooks_get_step_stats_on_every_rank(uninterrupted, resume_root):
@@ -145,49 +187,38 @@ def test_uninterrupted_run_commits_and_prunes(uninterrupted, resume_root):
     assert all((resume_root / "ck-full" / s / "COMMITTED").is_file() for s in steps)
 
 
-def test_resume_after_sigterm_is_bit_identical(uninterrupted, resume_root):
+def test_resume_after_sigterm_is_bit_identical(first_runs, resumed, uninterrupted, resume_root):
     root = resume_root
-    first = torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
-                     "--out", str(root / "term1.json"), "--sigterm-after", "10", check=False)
+    assert (root / "term1.json").is_file(), first_runs.stderr[-3000:]
     stopped = json.loads((root / "term1.json").read_text())
-    assert stopped["stopped"], first.stderr[-3000:]
+    assert stopped["stopped"], first_runs.stderr[-3000:]
     assert 10 <= stopped["step"] <= 12 and stopped["checkpoint_step"] == stopped["step"]
-    assert "SIGTERM received" in first.stderr and "stopped by SIGTERM" in first.stderr
+    assert "SIGTERM received" in first_runs.stderr and "stopped by SIGTERM" in first_runs.stderr
     for rank in (0, 1):  # every worker returned from the trainer and exited normally
         assert (root / f"term1.json.rank{rank}.exit").read_text() == "0"
-    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
-             "--out", str(root / "term2.json"))
-    resumed = json.loads((root / "term2.json").read_text())
-    assert resumed["resumed_from"] == stopped["step"]
-    _compare_from(resumed, uninterrupted)
+    resumed_run = json.loads((root / "term2.json").read_text())
+    assert resumed_run["resumed_from"] == stopped["step"]
+    _compare_from(resumed_run, uninterrupted)
 
 
-def test_resume_after_sigkill_of_one_rank_is_bit_identical(uninterrupted, resume_root):
+def test_resume_after_sigkill_of_one_rank_is_bit_identical(resumed, uninterrupted, resume_root):
     root = resume_root
-    killed = torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-kill"), "--model", str(root / "m-kill"),
-                      "--out", str(root / "kill1.json"), "--sigkill-after", "10", "--sigkill-rank", "1", check=False)
+    killed, _ = resumed
     assert killed.returncode != 0
     assert not (root / "kill1.json").exists()
-    torchrun(2, "train", "--root", str(root), "--ckpt", str(root / "ck-kill"), "--model", str(root / "m-kill"),
-             "--out", str(root / "kill2.json"))
-    resumed = json.loads((root / "kill2.json").read_text())
-    assert resumed["resumed_from"] in (10, 5)
-    _compare_from(resumed, uninterrupted)
+    resumed_run = json.loads((root / "kill2.json").read_text())
+    assert resumed_run["resumed_from"] in (10, 5)
+    _compare_from(resumed_run, uninterrupted)
 
 
-def test_damaged_newest_checkpoint_falls_back(uninterrupted, resume_root):
+def test_damaged_newest_checkpoint_falls_back(resumed, uninterrupted, resume_root):
     """step-20 loses a shard file: resume skips it, says why, and resumes bit-identically from step-15."""
-    root = resume_root
-    ckpt = root / "ck-damaged"
-    shutil.copytree(root / "ck-full", ckpt)
-    (ckpt / "step-20" / "__1_0.distcp").unlink()
-    proc = torchrun(2, "train", "--root", str(root), "--ckpt", str(ckpt), "--model", str(root / "m-damaged"),
-                    "--out", str(root / "damaged.json"))
+    _, proc = resumed
     assert "skipping checkpoint step-20: __1_0.distcp is listed but missing" in proc.stderr
-    assert "resuming from checkpoint step-15" in proc.stderr
-    resumed = json.loads((root / "damaged.json").read_text())
-    assert resumed["resumed_from"] == 15
-    _compare_from(resumed, uninterrupted)
+    assert "resuming from checkpoint step-15" in proc.stderr  # the other resumes start at step 5 to 12
+    resumed_run = json.loads((resume_root / "damaged.json").read_text())
+    assert resumed_run["resumed_from"] == 15
+    _compare_from(resumed_run, uninterrupted)
 
 
 def test_resume_on_another_world_keeps_the_global_batch_and_the_data(uninterrupted, resume_root):
@@ -254,14 +285,12 @@ def test_safetensors_export_reloads_exactly(uninterrupted, resume_root):
         torch.testing.assert_close(reloaded(ids).logits, reference.eval()(ids).logits, rtol=2e-2, atol=2e-2)
 
 
-def test_init_from_hf_checkpoint_loads_exactly_into_sharded_model(uninterrupted, resume_root):
+def test_init_from_hf_checkpoint_loads_exactly_into_sharded_model(hybrid_runs, resume_root):
     """Continued training: a 2x2 hybrid-sharded, fully checkpointed model built on the meta device
     loads the exported safetensors exactly, and RoPE's inv_freq is recomputed, not garbage."""
     from transformers import LlamaForCausalLM
 
-    out = resume_root / "init.pt"
-    torchrun(4, "init", "--root", str(resume_root / "init-run"), "--out", str(out), "--init", str(resume_root / "model"))
-    loaded = torch.load(out)
+    loaded = torch.load(resume_root / "init.pt")  # written by the hybrid launch, from the uninterrupted run's export
     expected = LlamaForCausalLM.from_pretrained(resume_root / "model")
     state = expected.state_dict()
     assert set(loaded["state"]) == set(state)

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_multiprocess import ROOT, torchrun  # noqa: E402
+from test_multiprocess import ROOT, then, torchrun  # noqa: E402
 from tiny import tiny_chat_jsonl, tiny_chat_tokenizer, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -25,7 +25,8 @@ SEQ = 32  # tiny_config's sequence length
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    """Prepared data and an init checkpoint, then the uninterrupted run."""
+    """Prepared data and an init checkpoint, then one launch: the uninterrupted run, and a run stopped by
+    SIGTERM after step 3 (last: the signal ends the launch)."""
     from training.models.random_checkpoint import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("sft")
@@ -41,16 +42,18 @@ def sft(tmp_path_factory):
     write_random_checkpoint(cfg.model, root / "init", seed=5)
     common = ["--root", str(root), "--steps", str(STEPS), "--sft-data", str(root / "prepared" / "train"),
               "--init", str(root / "init")]
-    torchrun(2, "train", *common, "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
-             "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"), "--loss-sums", str(root / "sums.pt"))
-    return root, common, json.loads((root / "full.json").read_text())
+    first = torchrun(2, *then("train", *common, "--ckpt", root / "ck-term", "--model", root / "m-term",
+                              "--out", root / "term1.json", "--sigterm-after", "3"),
+                     "train", *common, "--ckpt", str(root / "ck-full"), "--model", str(root / "model"),
+                     "--out", str(root / "full.json"), "--dump-full", str(root / "full.pt"),
+                     "--loss-sums", str(root / "sums.pt"), check=False)
+    assert (root / "full.json").is_file(), f"torchrun failed ({first.returncode}):\n{first.stderr[-8000:]}"
+    return root, common, json.loads((root / "full.json").read_text()), first
 
 
 def test_sft_resume_after_sigterm_is_bit_identical(sft):
-    root, common, full = sft
+    root, common, full, first = sft
     assert full["step"] == STEPS and len(full["losses"]) == STEPS
-    first = torchrun(2, "train", *common, "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
-                     "--out", str(root / "term1.json"), "--sigterm-after", "3", check=False)
     stopped = json.loads((root / "term1.json").read_text())
     assert stopped["stopped"] and 3 <= stopped["step"] < STEPS, first.stderr[-3000:]
     torchrun(2, "train", *common, "--ckpt", str(root / "ck-term"), "--model", str(root / "m-term"),
@@ -75,7 +78,7 @@ def test_the_export_loads_with_transformers_and_gives_the_trainers_loss(sft):
     find the packed examples from the positions, and a sequence of two examples leaks between them."""
     from transformers import AutoModelForCausalLM
 
-    root, _, _ = sft
+    root, _, _, _ = sft
     exported = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32).eval()
     trained = torch.load(root / "full.pt")
     state = exported.state_dict()
