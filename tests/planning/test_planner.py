@@ -249,7 +249,7 @@ def test_a_run_longer_than_one_job_is_planned_as_segments():
     plan = plan_of(**{"model.catalog": "qwen2.5-32b", "compute.instance_count": 2, "budget.total_tokens": 400 * 10**9,
                       "budget.global_batch_tokens": 4_194_304})
     assert plan.ok, [f.message for f in plan.errors]
-    hours = plan.estimates.wall_time_hours
+    hours = plan.estimates.wall_time_hours - plan.estimates.probe_hours  # the training's, without the probe's job
     decision = plan.decision("compute.segments")
     from tiered_training.planning.segments import reserve_seconds
 
