@@ -40,7 +40,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from tiered_training.contract.metrics import PROBE_METRICS, probe_candidate_metrics
+from tiered_training.contract.metrics import (
+    PROBE_BEST_CANDIDATE,
+    PROBE_MEMORY,
+    PROBE_METRICS,
+    PROBE_TOKENS,
+    probe_candidate_metrics,
+)
 from tiered_training.contract.runconfig import RunConfig
 from training.candidates import summary
 
@@ -323,10 +329,10 @@ def summary_lines(results: Sequence[CandidateResult], cfg: RunConfig) -> list[st
     else:
         measured = [f for r in results if r.status == OK and (f := r.reserved_fraction(hbm)) is not None]
         tokens, fraction, number = 0.0, min(measured, default=1.0), 0
-    lines.append(PROBE_METRICS["probe:tokens_per_second"][0].format(tokens))
+    lines.append(PROBE_METRICS[PROBE_TOKENS][0].format(tokens))
     if fraction is not None:  # None only for a stand-in trainer that reports no memory
-        lines.append(PROBE_METRICS["probe:peak_memory_fraction"][0].format(fraction))
-    lines.append(PROBE_METRICS["probe:best_candidate"][0].format(number))
+        lines.append(PROBE_METRICS[PROBE_MEMORY][0].format(fraction))
+    lines.append(PROBE_METRICS[PROBE_BEST_CANDIDATE][0].format(number))
     lines.append(reason_line(results, choice, cfg))
     return lines
 

@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tiered_training.aws.session import StartError, aws_errors
-from tiered_training.contract.metrics import PROBE_CANDIDATE_FIELDS
+from tiered_training.contract.metrics import PROBE_BEST_CANDIDATE, PROBE_CANDIDATE_FIELDS
 from tiered_training.pipeline.definition import S_PROBE
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Candidate
 
-_CANDIDATE = re.compile(r"probe:candidate(\d+):(\w+)")
-BEST = "probe:best_candidate"
+_CANDIDATE = re.compile(r"probe:candidate(\d+):(\w+)")  # probe_candidate_metric(number, field), read back
+BEST = PROBE_BEST_CANDIDATE
 
 
 @dataclass(frozen=True)

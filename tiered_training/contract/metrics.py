@@ -81,13 +81,16 @@ BY_NAME = {m.name: m for m in ALL}
 # Probe output: one line per finding, parsed by the Probe step's MetricDefinitions, which put the last
 # value of each in the step's FinalMetricDataList (the gate and the Train step read it from there).
 # The container prints exactly these formats; the definition builder uses these regexes.
+# The chosen candidate's measured tokens/s per GPU and peak reserved memory (fraction of the HBM), and the
+# chosen candidate, 1-based (1: the plan's first choice); 0: none fits.
+PROBE_TOKENS = "probe:tokens_per_second"
+PROBE_MEMORY = "probe:peak_memory_fraction"
+PROBE_BEST_CANDIDATE = "probe:best_candidate"
 PROBE_METRICS: dict[str, tuple[str, str]] = {
     # metric name: (printf-style format the container prints, regex the pipeline parses)
-    # the chosen candidate's measured tokens/s per GPU and peak reserved memory (fraction of the HBM)
-    "probe:tokens_per_second": ("PROBE tokens_per_second={:.2f}", r"PROBE tokens_per_second=([0-9.]+)"),
-    "probe:peak_memory_fraction": ("PROBE peak_memory_fraction={:.4f}", r"PROBE peak_memory_fraction=([0-9.]+)"),
-    # the chosen candidate, 1-based (1: the plan's first choice); 0: none fits
-    "probe:best_candidate": ("PROBE best_candidate={:d}", r"PROBE best_candidate=([0-9]+)"),
+    PROBE_TOKENS: ("PROBE tokens_per_second={:.2f}", r"PROBE tokens_per_second=([0-9.]+)"),
+    PROBE_MEMORY: ("PROBE peak_memory_fraction={:.4f}", r"PROBE peak_memory_fraction=([0-9.]+)"),
+    PROBE_BEST_CANDIDATE: ("PROBE best_candidate={:d}", r"PROBE best_candidate=([0-9]+)"),
 }
 
 # Per candidate (numbered from 1), printed for each candidate that ran: its tokens/s per GPU after warm-up
@@ -100,10 +103,15 @@ PROBE_CANDIDATE_FIELDS: dict[str, str] = {
 }
 
 
+def probe_candidate_metric(number: int, field: str) -> str:
+    """The name of candidate ``number``'s ``field`` (a key of :data:`PROBE_CANDIDATE_FIELDS`)."""
+    return f"probe:candidate{number}:{field}"
+
+
 def probe_candidate_metrics(number: int) -> dict[str, tuple[str, str]]:
     """Candidate ``number``'s metrics: name -> (format, regex), as :data:`PROBE_METRICS`."""
     return {
-        f"probe:candidate{number}:{field}": (
+        probe_candidate_metric(number, field): (
             f"PROBE candidate={number} {field}={fmt}",
             rf"PROBE candidate={number} {field}=([0-9.]+)",
         )

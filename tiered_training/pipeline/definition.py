@@ -149,9 +149,9 @@ PREPARED_PROPERTY_FILE = "PreparedData"
 PREPARED_JSON = "prepared.json"  # {"key", "uri", "reused"}
 PREPARED_URI = "uri"
 
-PROBE_TOKENS = "probe:tokens_per_second"
-PROBE_MEMORY = "probe:peak_memory_fraction"
-PROBE_CANDIDATE = "probe:best_candidate"
+PROBE_TOKENS = metrics.PROBE_TOKENS
+PROBE_MEMORY = metrics.PROBE_MEMORY
+PROBE_CANDIDATE = metrics.PROBE_BEST_CANDIDATE
 
 # Retry: capacity and internal errors are worth retrying (the job resumes from the
 # checkpoint store); a bug in the recipe or the image is not.

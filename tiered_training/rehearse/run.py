@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tiered_training.aws import probe_runs
 from tiered_training.contract.runconfig import MAX_PROBE_CANDIDATES, RunConfig
 from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition
 from tiered_training.pipeline.validation import validate_definition
@@ -238,12 +239,13 @@ def probe_candidates(
     found = execution.metrics.get("Probe")
     if found is None:
         return None
-    chosen = int(found.get("probe:best_candidate", 0))
+    # The same reading of the Probe's FinalMetricDataList as `status` makes of a real execution's.
+    measured = probe_runs.parse("Probe", [{"MetricName": name, "Value": value} for name, value in found.items()])
+    chosen = measured.best_candidate or 0
     rows = []
-    for c in candidates:
-        n = c.number
-        tokens = found.get(f"probe:candidate{n}:tokens_per_second")
-        reserved = found.get(f"probe:candidate{n}:peak_reserved_fraction")
+    for row in probe_runs.compare(candidates, measured):
+        n, tokens = row.number, row.measured_tokens_per_second_per_gpu
+        reserved = row.measured_peak_reserved_fraction
         if tokens is None:
             status = "no result (its launch failed)"
         elif tokens == 0 and (reserved or 0) >= 1:
@@ -257,11 +259,11 @@ def probe_candidates(
         rows.append(
             {
                 "number": n,
-                "configuration": c.describe(),
-                "predicted_tokens_per_second_per_gpu": c.tokens_per_second_per_gpu,
-                "predicted_memory_fraction": c.memory_fraction,
+                "configuration": row.configuration,
+                "predicted_tokens_per_second_per_gpu": row.predicted_tokens_per_second_per_gpu,
+                "predicted_memory_fraction": row.predicted_memory_fraction,
                 "measured_tokens_per_second": tokens,
-                "peak_allocated_fraction": found.get(f"probe:candidate{n}:peak_allocated_fraction"),
+                "peak_allocated_fraction": row.measured_peak_allocated_fraction,
                 "peak_reserved_fraction": reserved,
                 "slowed": slowed is not None and slowed.number == n,
                 "status": status,
