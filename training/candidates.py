@@ -12,21 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tiered_training.contract.runconfig import CandidateConfig, RunConfig
-
-
-def summary(candidate: CandidateConfig) -> str:
-    """A short description: ``bf16, selective AC, full shard 8, micro-batch 2 x 4``."""
-    p, par = candidate.precision, candidate.parallel
-    precision = f"{p.precision} {p.fp8_recipe}" if p.precision == "fp8" and p.fp8_recipe else p.precision
-    parts = [precision, f"{p.activation_checkpointing} AC"]
-    parts.append("no sharding" if par.sharding == "none" else f"{par.sharding} shard {par.shard_group_size}")
-    if par.context_parallel > 1:
-        parts.append(f"CP {par.context_parallel}")
-    if p.compile:
-        parts.append("compiled")
-    parts.append(f"micro-batch {candidate.micro_batch_size} x {candidate.grad_accum_steps}")
-    return ", ".join(parts)
+from tiered_training.contract.runconfig import RunConfig
 
 
 def newest_manifest(cfg: RunConfig, checkpoint_dir: Path | None) -> dict[str, Any] | None:
@@ -67,5 +53,5 @@ def apply(cfg: RunConfig, checkpoint_dir: Path | None) -> tuple[RunConfig, str]:
         number, why = saved, "recorded in the checkpoint it resumes"
     else:
         number, why = 1, "the plan's own configuration"
-    line = f"training candidate {number} of {count} ({summary(cfg.candidate_config(number))}): {why}"
+    line = f"training candidate {number} of {count} ({cfg.candidate_config(number).describe()}): {why}"
     return cfg.with_candidate(number), line

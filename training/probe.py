@@ -48,7 +48,6 @@ from tiered_training.contract.metrics import (
     probe_candidate_metrics,
 )
 from tiered_training.contract.runconfig import RunConfig
-from training.candidates import summary
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -257,7 +256,7 @@ def run_probe(
 def candidate_line(result: CandidateResult, cfg: RunConfig) -> str:
     """The readable line of one candidate (not in the PROBE formats, so MetricDefinitions skip it)."""
     hbm = cfg.hardware.hbm_bytes
-    parts = [f"probe candidate {result.candidate} ({summary(cfg.candidate_config(result.candidate))}):"]
+    parts = [f"probe candidate {result.candidate} ({cfg.candidate_config(result.candidate).describe()}):"]
     parts.append(f"status={result.status}")
     if result.tokens_per_second is not None:
         parts.append(f"tokens/s/gpu={result.tokens_per_second:.1f}")
@@ -362,7 +361,7 @@ def reason_line(results: Sequence[CandidateResult], choice: Choice, cfg: RunConf
     reserved = best.reserved_fraction(hbm)
     memory = "" if reserved is None else f"; reserved {reserved:.0%} <= {limit:.0%}"
     head = (
-        f"probe: chose candidate {best.candidate} ({summary(cfg.candidate_config(best.candidate))}): "
+        f"probe: chose candidate {best.candidate} ({cfg.candidate_config(best.candidate).describe()}): "
         f"{best.tokens_per_second or 0.0:,.0f} tokens/s per GPU measured{predicted(best.candidate)}{slowed(best)}"
     )
     return head + memory + "".join(f"; {o}" for o in others)

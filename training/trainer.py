@@ -57,7 +57,6 @@ from torch.distributed.tensor import DTensor
 
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.contract.world import accumulation, resume_accumulation
-from training.candidates import summary
 from training.components import float8
 from training.components.ac import apply_ac
 from training.components.checkpoint import CheckpointManager
@@ -601,7 +600,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         control_group=control_group,
         identity=identity,
         accept=same_run(identity) if identity else None,
-        candidate=(cfg.run.candidate or 1, summary(cfg.candidate_config(1))),  # cfg runs its candidate as its own
+        candidate=(cfg.run.candidate or 1, cfg.candidate_config(1).describe()),  # cfg runs its candidate as its own
     )
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;

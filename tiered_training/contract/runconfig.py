@@ -182,6 +182,19 @@ class CandidateConfig(_Frozen):
     grad_accum_steps: int = Field(ge=1, description="at the full global batch")
     ramp_start_accum_steps: int | None = Field(default=None, description="accumulation at step 0 when ramping")
 
+    def describe(self) -> str:
+        """A short description: ``bf16, selective AC, full shard 8, micro-batch 2 x 4``."""
+        p, par = self.precision, self.parallel
+        precision = f"{p.precision} {p.fp8_recipe}" if p.precision == "fp8" and p.fp8_recipe else p.precision
+        parts = [precision, f"{p.activation_checkpointing} AC"]
+        parts.append("no sharding" if par.sharding == "none" else f"{par.sharding} shard {par.shard_group_size}")
+        if par.context_parallel > 1:
+            parts.append(f"CP {par.context_parallel}")
+        if p.compile:
+            parts.append("compiled")
+        parts.append(f"micro-batch {self.micro_batch_size} x {self.grad_accum_steps}")
+        return ", ".join(parts)
+
 
 class ProbeConfig(_Frozen):
     """The probe (``training/probe.py``): ``steps`` optimiser steps of each candidate, each in its own launch.

@@ -318,7 +318,7 @@ def scale(
         *((("run.segments", f"{run.segment} of {run.segments}"),) if run.segments > 1 else ()),
         (
             "probe candidates",
-            "; ".join(_candidate_text(n, scaled.candidate_config(n)) for n in range(1, scaled.probe.count + 1)),
+            "; ".join(f"{n} = {scaled.candidate_config(n).describe()}" for n in range(1, scaled.probe.count + 1)),
         ),
         ("probe.memory_limit", cfg.probe.memory_limit),
         ("optimizer", f"{cfg.optimizer.schedule}, lr {cfg.optimizer.lr:g}"),
@@ -447,15 +447,6 @@ def _alternatives(
             )
         )
     return found
-
-
-def _candidate_text(number: int, c: CandidateConfig) -> str:
-    fp8 = f"/{c.precision.fp8_recipe}" if c.precision.fp8_recipe else ""
-    cp = f", CP {c.parallel.context_parallel}" if c.parallel.context_parallel > 1 else ""
-    return (
-        f"{number} = {c.precision.precision}{fp8}, {c.precision.activation_checkpointing} AC, "
-        f"micro-batch {c.micro_batch_size}, {c.parallel.sharding} sharding{cp}"
-    )
 
 
 def _metrics_why(interval: float, plan_step_seconds: float) -> str:
