@@ -1534,24 +1534,35 @@ def _tokens_per_accum(run: _Run, chosen: Option) -> int:
     return s.micro_batch * run.recipe.sequence_length * (run.gpus // s.context_parallel)
 
 
+def _ramp_spec(recipe: Recipe) -> BatchRampSpec:
+    """The recipe's batch ramp, or the default one (for ``auto`` and ``true``)."""
+    return recipe.tuning.batch_ramp if isinstance(recipe.tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
+
+
+def _ramp_start(spec: BatchRampSpec, accum: int) -> int | None:
+    """Accumulation steps at a ramp's step 0: ``spec.start_fraction`` of ``accum``; None when a step is one
+    micro-batch per data-parallel rank (there is nothing to ramp)."""
+    return max(1, round(accum * spec.start_fraction)) if accum >= 2 else None
+
+
 def _ramp_and_steps(run: _Run, chosen: Option) -> tuple[int | None, int, int]:
     """Batch ramp (linear in gradient-accumulation steps) and the step count that meets the token budget."""
     recipe, tier, tuning = run.recipe, run.tier, run.recipe.tuning
     accum = chosen.accum
     want = _wants_ramp(recipe, tier)
-    spec = tuning.batch_ramp if isinstance(tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
+    spec = _ramp_spec(recipe)
     global_tokens = recipe.budget.global_batch_tokens
     tokens_per_accum = _tokens_per_accum(run, chosen)
-    start = ramp_steps = None
-    if want and accum < 2:
+    start = _ramp_start(spec, accum) if want else None
+    ramp_steps = None
+    if want and start is None:
         run.decide(
             "tuning.batch_ramp",
             False,
             "the global batch is one micro-batch per data-parallel rank; there is nothing to ramp",
             tuning.batch_ramp,
         )
-    elif want:
-        start = max(1, round(accum * spec.start_fraction))
+    elif start is not None:
         ramp_steps = max(1, math.ceil(spec.ramp_fraction * recipe.budget.total_tokens / global_tokens))
         why = tier.batch_why if tuning.batch_ramp == AUTO else "set in the recipe"
         run.decide(
@@ -1570,13 +1581,13 @@ def _ramp_and_steps(run: _Run, chosen: Option) -> tuple[int | None, int, int]:
 def _candidates(run: _Run, chosen: Option, ramp_start: int | None) -> list[Candidate]:
     """The probe's candidates as the plan records them: the chosen one (with the plan's ramp), then the others,
     each ramping from the same share of its own accumulation."""
-    spec = run.recipe.tuning.batch_ramp if isinstance(run.recipe.tuning.batch_ramp, BatchRampSpec) else BatchRampSpec()
+    spec = _ramp_spec(run.recipe)
     found = []
     for number, option in enumerate(run.probe_options or [chosen], start=1):
         s = option.setting
         start = ramp_start
         if number > 1 and ramp_start is not None:
-            start = max(1, round(option.accum * spec.start_fraction)) if option.accum >= 2 else None
+            start = _ramp_start(spec, option.accum)
         found.append(
             Candidate(
                 number=number,
