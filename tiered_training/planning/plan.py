@@ -361,27 +361,15 @@ class Plan(_Result):
         """The slice the training container needs. Only for a Plan without errors."""
         self.require_ok()
         recipe = self.recipe
-        precision = PrecisionConfig(
-            precision=self.precision,
-            fp8_recipe=self.fp8_recipe,
-            fp8_all_gather=self.fp8_recipe == "tensorwise" and self.sharding != "none",
-            activation_checkpointing=self.activation_checkpointing,
-            compile=self.compile,
-            loss_chunk_tokens=self.loss_chunk_tokens,
+        precision = self._precision_config(
+            self.precision, self.fp8_recipe, self.activation_checkpointing, self.sharding
         )
         alternatives = [
             CandidateConfig(
                 parallel=ParallelConfig(
                     sharding=c.sharding, shard_group_size=c.shard_group_size, context_parallel=c.context_parallel
                 ),
-                precision=precision.model_copy(
-                    update={
-                        "precision": c.precision,
-                        "fp8_recipe": c.fp8_recipe,
-                        "fp8_all_gather": c.fp8_recipe == "tensorwise" and c.sharding != "none",
-                        "activation_checkpointing": c.activation_checkpointing,
-                    }
-                ),
+                precision=self._precision_config(c.precision, c.fp8_recipe, c.activation_checkpointing, c.sharding),
                 micro_batch_size=c.micro_batch_size,
                 grad_accum_steps=c.grad_accum_steps,
                 ramp_start_accum_steps=c.ramp_start_accum_steps,
@@ -447,6 +435,19 @@ class Plan(_Result):
             export=ExportConfig(format=self.recipe.export.format),
             run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
             sft=self.sft_config(),
+        )
+
+    def _precision_config(
+        self, precision: str, fp8_recipe: str | None, checkpointing: str, sharding: str
+    ) -> PrecisionConfig:
+        """A configuration's precision section: FSDP all-gathers in float8 with tensorwise scaling when sharded."""
+        return PrecisionConfig(
+            precision=precision,
+            fp8_recipe=fp8_recipe,
+            fp8_all_gather=fp8_recipe == "tensorwise" and sharding != "none",
+            activation_checkpointing=checkpointing,
+            compile=self.compile,
+            loss_chunk_tokens=self.loss_chunk_tokens,
         )
 
     @property
