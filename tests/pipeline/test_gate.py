@@ -13,6 +13,7 @@ from support import recipe_dict, write_yaml
 from tiered_training.contract import metrics
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.pipeline import definition as d
+from tiered_training.planning import probe
 from tiered_training.planning.planner import plan_file
 from tiered_training.rehearse.interpreter import Interpreter, JobAttempt
 
@@ -150,7 +151,7 @@ def test_probe_runtime_is_capped_and_train_keeps_the_recipes(tmp_path):
         assert Interpreter(body, jobs).run({}).status == "Succeeded"
         runtime = {step: args["StoppingCondition"]["MaxRuntimeInSeconds"] for step, args in jobs.calls}
         # the probe's limit covers its candidates' launches (probe_seconds), within the job runtime
-        assert d.probe_runtime_estimate(plan) < runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS)
+        assert probe.probe_seconds(plan) < runtime[d.S_PROBE] == min(hours * 3600, d.PROBE_MAX_RUNTIME_SECONDS)
         train = d.chain_steps(body, d.S_TRAIN)
         assert len(train) == plan.segments == (1 if hours == 120.0 else 8)
         assert runtime == {d.S_PROBE: runtime[d.S_PROBE], **dict.fromkeys(train, hours * 3600)}

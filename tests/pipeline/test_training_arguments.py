@@ -155,18 +155,18 @@ def test_steps_carry_their_retry_policies_and_descriptions(tmp_path):
     assert d.to_json(body) == d.to_json(d.build_definition(plan, RESOURCES)) and ", " not in d.to_json(body)[:200]
 
 
-def test_probe_runtime_estimate(tmp_path):
+def test_probe_seconds_cover_every_launch(tmp_path):
     plan = plan_of(tmp_path, **{"probe.steps": 9})
     # each candidate's launch: its start-up allowance, then 9 steps at its own predicted speed
     launches = probe.plan_launches(plan)
     assert [launch.number for launch in launches] == [1, 2, 3] and all(launch.steps == 9 for launch in launches)
     assert len({launch.step_seconds for launch in launches}) > 1
-    assert d.probe_runtime_estimate(plan) == pytest.approx(sum(launch.seconds for launch in launches), rel=1e-12)
+    assert probe.probe_seconds(plan) == pytest.approx(sum(launch.seconds for launch in launches), rel=1e-12)
     # a probe that takes longer than the probe's limit still gets the time, within the job runtime
     slow = plan_of(tmp_path, **{"probe.steps": 9, "compute.max_runtime_hours": 12.0})
     long_plan = dataclasses.replace(slow, candidates=tuple(
         dataclasses.replace(c, tokens_per_second_per_gpu=c.tokens_per_second_per_gpu / 1000) for c in slow.candidates))
-    needed = d.probe_runtime_estimate(long_plan)
+    needed = probe.probe_seconds(long_plan)
     assert 2 * 3600 < needed < 12 * 3600
     assert d.training_arguments(long_plan, RESOURCES, probe=True)["StoppingCondition"]["MaxRuntimeInSeconds"] == (
         math.ceil(needed))

@@ -67,7 +67,6 @@ same inputs and compares the two; its docstring lists the differences and which 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -756,10 +755,3 @@ def find_step(definition: dict[str, Any], name: str) -> dict[str, Any]:
         if step["Name"] == name:
             return step
     raise KeyError(name)
-
-
-def probe_runtime_estimate(plan: Plan) -> float:
-    """Seconds the probe job runs: each candidate's launch and steps (``planning.probe.probe_seconds``)."""
-    if plan.estimates is None:
-        return math.nan
-    return probe_seconds(plan)
