@@ -1,0 +1,94 @@
+"""The pretraining corpus: raw sources mixed by weight, tokenized by the Prepare step, read by the trainer.
+
+One contract, three readers:
+
+- the recipe and the planner build a :class:`CorpusSpec` (which sources, their weights, the budget);
+- the Prepare step (``python -m training.corpus_prepare --spec JSON ...``, a SageMaker Processing job on
+  ``InstanceCount`` hosts) reads it, tokenizes each source's units and writes the layout below;
+- the trainer reads the mixture (:class:`MixtureSource` in ``RunConfig.data.mixture``) and the prepared layout.
+
+Prepared layout under ``<prepared prefix><key>/`` (``key``: a content hash of the inputs' listing, the tokenizer,
+the settings and the preparing code's version :data:`CORPUS_KEY_VERSION`):
+
+- ``train/<source>/<unit>.bin`` and ``validation/<source>/<unit>.bin``: flat little-endian token ids, documents
+  separated by the end-of-text token (the trainer's shard format, training/components/data.py);
+- ``units/<source>/<unit>.json``: the done-marker of one unit (a file, or a Parquet row group), written after its
+  shards, naming them with their token count, byte size and SHA-256; a rerun skips units whose marker is there
+  and whose shards still match it;
+- ``train/<source>/shards.json`` and ``validation/<source>/shards.json``: the source's shards (entries with
+  ``file``, ``tokens``, ``bytes``, ``sha256``, ``max_token_id``, ``source``), written when every unit is done;
+- ``manifest.json`` (:data:`CORPUS_MANIFEST`): per source its documents, tokens, bad records and shards; written
+  last, by the first host, after every host has finished, so a key with it reads as complete.
+
+The property file of the step (``prepared.json``) names ``{"key", "uri", "validation_uri", "reused"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CORPUS_MANIFEST = "manifest.json"
+CORPUS_KEY_VERSION = "corpus-prepare/1"  # bump when the prepared bytes for the same inputs would change
+SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,39}$"
+CorpusFormat = Literal["auto", "parquet", "jsonl", "json", "text", "text_lines", "saved_dataset"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
+class CorpusSource(_Frozen):
+    """One raw source: an S3 prefix of files of one format, and its share of the token budget."""
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, description="names the source in shards, metrics and messages")
+    uri: str = Field(description="S3 prefix of the raw files (gzip or zstd compressed files are read as such)")
+    format: CorpusFormat = Field(
+        default="auto",
+        description=(
+            "parquet (a column), jsonl / json (a field), text (a file per document), text_lines (a line per "
+            "document), saved_dataset (datasets' save_to_disk), or auto (by each file's suffix)"
+        ),
+    )
+    field: str = Field(default="text", min_length=1, description="the column or field that holds the text")
+    weight: float | None = Field(default=None, gt=0, description="the source's share of the budget, relative")
+    tokens: int | None = Field(default=None, gt=0, description="or the tokens to train on from this source")
+    max_epochs: float = Field(default=4.0, gt=0, description="the most times the budget may repeat the source")
+
+    @model_validator(mode="after")
+    def _one_share(self) -> CorpusSource:
+        if (self.weight is None) == (self.tokens is None):
+            raise ValueError(f"source {self.name}: give exactly one of weight or tokens")
+        return self
+
+
+class CorpusSpec(_Frozen):
+    """What the Prepare step makes: every source tokenized once, with a held-out share per source."""
+
+    sources: list[CorpusSource] = Field(min_length=1, max_length=32)
+    tokenizer: str = Field(description="S3 URI (or local directory in rehearsal) of the tokenizer's files")
+    token_dtype: Literal["uint16", "uint32"] = "uint32"
+    validation_fraction: float = Field(
+        default=0.001, ge=0, le=0.5, description="the share of each source's documents held out for validation"
+    )
+    on_bad_example: Literal["error", "skip"] = "error"
+    max_bad_fraction: float = Field(default=0.0, ge=0, le=1, description="per source, with on_bad_example skip")
+    ignore: list[str] = Field(default_factory=list, description="globs of raw files to leave out on purpose")
+    seed: int = 1234
+    total_tokens: int = Field(gt=0, description="the run's token budget, which the weights share out")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> CorpusSpec:
+        names = [source.name for source in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source names repeat: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+        return self
+
+
+class MixtureSource(_Frozen):
+    """The trainer's view of one source: where its shards are (a folder of the data channel) and its weight
+    over the whole budget (normalised over the sources)."""
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN)
+    weight: float = Field(gt=0)
