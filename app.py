@@ -22,7 +22,17 @@ A recipe with errors stops synth with the same messages as `tiered-training vali
 
 import sys
 
-from tiered_training.constructs.app import main
+try:
+    import aws_cdk  # noqa: F401
+except ImportError:
+    print(
+        "error: cdk synth needs aws-cdk-lib, which the 'cdk' extra installs: pip install 'tiered-training[cdk]' "
+        "(or make synth)",
+        file=sys.stderr,
+    )
+    sys.exit(3)
+
+from tiered_training.constructs.app import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,6 +52,8 @@ def with_text(base: dict, old: str, new: str) -> str:
 # The table of the hostile inputs: (label, file text, words the one line must hold).
 CASES = [
     ("alias bomb", alias_bomb(), ["aliases expand"]),
+    ("self-referencing alias in a list", "d: &d [*d]\nname: x\n", ["alias *d is inside the collection &d", "recursive"]),
+    ("self-referencing alias in a mapping", "a: &a {b: {c: *a}}\nname: x\n", ["alias *a is inside", "recursive"]),
     ("nesting 2,000 deep", "name: " + "[" * 2000 + "]" * 2000 + "\n", ["nested more than"]),
     ("nesting 50,000 deep", "name: " + "[" * 50_000 + "]" * 50_000 + "\n", ["nested more than"]),
     ("deep mapping", "".join(" " * i + f"k{i}:\n" for i in range(200)), ["nested more than"]),
@@ -290,6 +292,51 @@ def test_synth_app_exits_2_on_a_bad_entry(tmp_path, monkeypatch, capsys):
     assert cdk_app.main() == 2
     err = capsys.readouterr().err
     assert "gone.yaml" in err and "dangling symbolic link" in err
+
+
+@pytest.mark.parametrize("name", ["", ".", "FOLDER", "memory.jpg", "memory"])
+def test_plan_chart_refuses_a_folder_an_empty_name_and_other_suffixes_writing_nothing(tmp_path, monkeypatch, name):
+    recipe = write_yaml(tmp_path / "r.yaml", recipe_dict())
+    (tmp_path / "FOLDER").mkdir()
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result, _ = invoke("plan", recipe, "--chart", name)
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --chart ") and (".png" in line), line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no ./.png, no FOLDER.png
+
+
+def test_a_recursive_alias_in_one_file_leaves_the_verdict_on_the_others(tmp_path):
+    write_yaml(tmp_path / "a-loop.yaml", "d: &d [*d]\nname: x\n")
+    write_yaml(tmp_path / "b-good.yaml", recipe_dict())
+    result, _ = invoke("validate", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path}/b-good.yaml: ok" in result.output
+    assert "recursive" in result.stderr and "Traceback" not in result.output
+
+
+def test_validate_with_standard_input_closed_is_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "tiered_training.cli.app", "validate", "-"],
+        capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "error: <stdin>: standard input is closed: pipe a recipe into the command"
+
+
+def test_cdk_app_without_the_cdk_extra_names_it(tmp_path):
+    """``python app.py`` (what cdk synth runs) in an interpreter that cannot import aws_cdk: exit 3, one line."""
+    blocker = tmp_path / "aws_cdk.py"
+    blocker.write_text("raise ImportError('no aws_cdk here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "app.py"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: cdk synth needs aws-cdk-lib, which the 'cdk' extra installs: pip install 'tiered-training[cdk]' "
+        "(or make synth)"
+    ]
 
 
 def test_empty_input_is_exit_2_no_recipes_found(tmp_path):

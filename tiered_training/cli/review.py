@@ -147,6 +147,16 @@ def _emit_plans(command: str, plans: list, failures: list[RecipeError], code: in
     emit(command, code, plans=data["plans"], invalid=data["invalid"], errors=errors, **fields)
 
 
+def _check_chart_path(chart: Path) -> None:
+    """``--chart`` names the PNG file to write: not a directory, not an empty name, and ending in .png (matplotlib
+    would otherwise add the suffix and write a file the message does not name)."""
+    shown = escape(str(chart))
+    if chart.is_dir():
+        raise Failure([f"--chart {shown}: a directory; give a file name ending in .png"], EXIT_INVALID)
+    if chart.suffix.lower() != ".png":
+        raise Failure([f"--chart {shown}: give a file name ending in .png (e.g. memory.png)"], EXIT_INVALID)
+
+
 @commands.command()
 def plan(
     recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
@@ -161,6 +171,7 @@ def plan(
     from tiered_training import report
 
     if chart is not None:
+        _check_chart_path(chart)
         need_extra("matplotlib", "plot", "plan --chart")
     plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:

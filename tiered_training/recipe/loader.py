@@ -154,6 +154,8 @@ def read_recipe_text(path: str | Path) -> str:
 
 def _stdin_text() -> str:
     """Standard input as a recipe's text, bounded as a file is."""
+    if sys.stdin is None or sys.stdin.closed:
+        raise RecipeError([Problem(STDIN_NAME, None, "", "standard input is closed: pipe a recipe into the command")])
     data = sys.stdin.buffer.read(MAX_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
     if len(data) > MAX_BYTES:
         raise RecipeError(
@@ -296,6 +298,18 @@ def _check_events(text: str, name: str) -> None:
                 stack[-1][0] += 1
                 added = 1
             elif isinstance(event, yaml.AliasEvent):
+                if any(anchor == event.anchor for _, anchor in stack):
+                    raise RecipeError(
+                        [
+                            Problem(
+                                name,
+                                _start_line(event),
+                                "",
+                                f"YAML alias *{event.anchor} is inside the collection &{event.anchor} it names: "
+                                "a recursive value, which no recipe field takes; copy the values instead",
+                            )
+                        ]
+                    )
                 added = sizes.get(event.anchor, 1)
                 stack[-1][0] += added
             total += added
