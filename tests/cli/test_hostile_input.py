@@ -52,6 +52,7 @@ def with_text(base: dict, old: str, new: str) -> str:
 # The table of the hostile inputs: (label, file text, words the one line must hold).
 CASES = [
     ("alias bomb", alias_bomb(), ["aliases expand"]),
+    ("YAML 1.1 directive", "%YAML 1.1\n---\nname: x\n", [":1:", "%YAML 1.1 directive", "YAML 1.2 only"]),
     ("self-referencing alias in a list", "d: &d [*d]\nname: x\n", ["alias *d is inside the collection &d", "recursive"]),
     ("self-referencing alias in a mapping", "a: &a {b: {c: *a}}\nname: x\n", ["alias *a is inside", "recursive"]),
     ("nesting 2,000 deep", "name: " + "[" * 2000 + "]" * 2000 + "\n", ["nested more than"]),

@@ -133,3 +133,23 @@ def test_diff_as_markdown():
     same = RESULT | {"changed": [], "findings_added": [], "findings_removed": []}
     text = report.diff_markdown(same)
     assert text.splitlines()[2] == "No decision changed." and "| decision |" not in text and "findings" not in text
+
+
+def test_an_estimate_that_shows_the_same_is_left_out_of_text_and_markdown():
+    """``wall_time_hours: 70.1 -> 70.1 (-0.0% relative)`` says nothing: text and markdown leave it out, JSON keeps it."""
+    old = plan_of()
+    new = plan_of(**{"tags": {"team": "other"}})  # a change that moves no estimate
+    result = report.diff(old, new)
+    assert set(result["metrics"]) >= {"wall_time_hours", "cost_usd"}
+    text, markdown = report.diff_text(result), report.diff_markdown(result)
+    assert "wall_time_hours" not in text and "relative" not in text
+    assert "  no estimate changed (as shown)" in text.splitlines()
+    assert "| estimate |" not in markdown and "No estimate changed (as shown)." in markdown
+    # A figure that moves by less than its last shown digit is left out; one that shows a change stays.
+    nudged = dict(result, metrics={
+        "wall_time_hours": {"old": 70.12, "new": 70.14, "delta": 0.02, "ratio": 70.14 / 70.12},
+        "cost_usd": {"old": 1000.0, "new": 1100.0, "delta": 100.0, "ratio": 1.1},
+    })
+    lines = report.diff_text(nudged).splitlines()
+    assert not any("wall_time_hours" in line for line in lines)
+    assert any(line.startswith("  cost_usd: $1,000 -> $1,100 (+10.0% relative)") for line in lines), lines

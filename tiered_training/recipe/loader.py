@@ -273,6 +273,19 @@ def _check_events(text: str, name: str) -> None:
         while loader.check_event():
             event: yaml.Event = loader.get_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
             added = 0
+            version = getattr(event, "version", None) if isinstance(event, yaml.DocumentStartEvent) else None
+            if version is not None and tuple(version) != (1, 2):
+                raise RecipeError(
+                    [
+                        Problem(
+                            name,
+                            _start_line(event),
+                            "",
+                            f"a %YAML {'.'.join(map(str, version))} directive: recipes are read as YAML 1.2 only "
+                            "(1.1 reads yes/no, on/off and 1:30 otherwise); remove the directive or write %YAML 1.2",
+                        )
+                    ]
+                )
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) > MAX_DEPTH:
                     raise RecipeError(

@@ -553,8 +553,12 @@ def diff_markdown(result: dict[str, Any]) -> str:
         ]
     else:
         out.append("No decision changed.")
-    out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
-    for key, m in result["metrics"].items():
+    shown = _changed_metrics(result)
+    if shown:
+        out += ["", "| estimate | old | new | change |", "|---|---|---|---|"]
+    else:
+        out += ["", "No estimate changed (as shown)."]
+    for key, m in shown.items():
         out.append(f"| {key} | {_fmt(key, m['old'])} | {_fmt(key, m['new'])} | {_change(key, m) or '-'} |")
     out += [f"\n{line}" for line in _price_sources(result)]
     for title, key in (("New findings", "findings_added"), ("Resolved findings", "findings_removed")):
@@ -570,6 +574,11 @@ def _price_sources(result: dict[str, Any]) -> list[str]:
     if old == new:
         return [f"price: {old}"] if old else []
     return [f"{side} price: {source}" for side, source in (("old", old), ("new", new)) if source]
+
+
+def _changed_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The estimates whose shown figure differs (``70.1 -> 70.1`` is left out); the JSON keeps every one."""
+    return {key: m for key, m in result["metrics"].items() if _fmt(key, m["old"]) != _fmt(key, m["new"])}
 
 
 def _change(key: str, metric: dict[str, Any]) -> str:
@@ -596,7 +605,10 @@ def diff_text(result: dict[str, Any]) -> str:
         )
     if not result["changed"]:
         out.append("  no decision changed")
-    for key, m in result["metrics"].items():
+    shown = _changed_metrics(result)
+    if not shown:
+        out.append("  no estimate changed (as shown)")
+    for key, m in shown.items():
         change = _change(key, m)
         out.append(f"  {key}: {_fmt(key, m['old'])} -> {_fmt(key, m['new'])}" + (f" ({change})" if change else ""))
     out += [f"  {line}" for line in _price_sources(result)]
