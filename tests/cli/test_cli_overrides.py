@@ -40,6 +40,21 @@ def test_a_bad_override_is_checked_like_the_file_and_named():
     assert integer.returncode == 2 and "--set compute.instance_count=1.5" in integer.stderr
 
 
+def test_a_planner_finding_an_override_caused_names_the_override_not_the_file_line():
+    """The file says ``precision: auto``; ``--set tuning.precision=fp8`` on an A100 makes the error, so the error
+    points at the override (JSON too), while a finding on a field no override touched keeps the file's line."""
+    args = ("--set", "compute.instance_type=ml.p4d.24xlarge", "--set", "tuning.precision=fp8")
+    result = run("validate", TEMPLATE, *args)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in unwrapped(result.stderr).splitlines() if line.startswith("error:")]
+    assert errors and errors[0].startswith("error: --set tuning.precision=fp8: tuning.precision: FP8 needs Hopper"), errors
+    assert f"{TEMPLATE.relative_to(ROOT)}:" not in errors[0] and str(TEMPLATE) not in errors[0]
+    failed = json.loads(run("validate", TEMPLATE, *args, "--format", "json").stdout)
+    assert any(e["file"] == "--set tuning.precision=fp8" and e["field"] == "tuning.precision" for e in failed["errors"]), failed
+    kept = run("validate", TEMPLATE, "--set", "compute.instance_type=ml.p4d.24xlarge")
+    assert "--set tuning.precision" not in kept.stderr
+
+
 def test_overrides_apply_to_run_config():
     one = json.loads(run("run-config", TEMPLATE).stdout)
     result = run("run-config", TEMPLATE, "--set", "compute.instance_count=2")

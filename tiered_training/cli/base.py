@@ -68,13 +68,14 @@ class Failure(Exception):
         if isinstance(exc, RecipeError):
             return cls([p.to_dict() | {"text": str(p)} for p in exc.problems], code)
         if isinstance(exc, PlanError):
+            from tiered_training.planning.plan import finding_place
             from tiered_training.report import format_finding
 
             plan = exc.plan
             return cls(
                 [
                     {
-                        "file": plan.source,
+                        "file": finding_place(plan, f)[0],
                         "code": f.code,
                         "field": f.field,
                         "message": f.message,

@@ -375,7 +375,7 @@ def finding_errors(entries: list[dict[str, Any]], *, warnings: bool = False) -> 
 def plan_errors(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The error findings of plans (``Plan.to_dict()``), for ``errors``."""
     return [
-        {"file": p["source"], **{k: f[k] for k in ("severity", "code", "field", "message", "fix")}}
+        {"file": f.get("file") or p["source"], **{k: f[k] for k in ("severity", "code", "field", "message", "fix")}}
         for p in plans
         for f in p["findings"]
         if f["severity"] == "error"

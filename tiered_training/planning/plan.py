@@ -168,6 +168,7 @@ class _Result:
     decisions: tuple[Decision, ...]
     findings: tuple[Finding, ...]
     locations: dict[str, int]
+    overrides: dict[str, str]
 
     @property
     def name(self) -> str:
@@ -220,6 +221,7 @@ class FailedPlan(_Result):
     decisions: tuple[Decision, ...] = ()
     findings: tuple[Finding, ...] = ()
     locations: dict[str, int] = field(default_factory=dict, compare=False)
+    overrides: dict[str, str] = field(default_factory=dict, compare=False)  # field path -> its --set text
 
     memory = None  # never estimated
     estimates = None
@@ -328,6 +330,7 @@ class Plan(_Result):
     spot_wait_seconds: int | None = None  # MaxWaitTimeInSeconds of each spot segment
     instance_counts: tuple[int, ...] = ()  # InstanceCount values that keep the planned global batch
     locations: dict[str, int] = field(default_factory=dict, compare=False)  # field path -> line in source
+    overrides: dict[str, str] = field(default_factory=dict, compare=False)  # field path -> its --set text
     lora: LoraSection | None = None  # task sft with LoRA: the adapters' settings
     full_parameter: FullParameter | None = None  # under LoRA: the full-parameter alternative
 
@@ -549,11 +552,33 @@ def finding_line(plan: PlanResult, finding: Finding) -> int | None:
     return line
 
 
+def finding_override(plan: PlanResult, finding: Finding) -> str | None:
+    """The ``--set`` that gave the finding's field (or a section above it) its value: where the cause is, not the
+    file's line of a value the override replaced."""
+    if not finding.field:
+        return None
+    parts = finding.field.split(".")
+    for end in range(len(parts), 0, -1):
+        text = plan.overrides.get(".".join(parts[:end]))
+        if text:
+            return text
+    return None
+
+
+def finding_place(plan: PlanResult, finding: Finding) -> tuple[str | None, int | None]:
+    """Where a finding points: ``("--set key=value", None)`` when an override set its field, else the recipe's
+    source and the line of the field (or its nearest parent)."""
+    override = finding_override(plan, finding)
+    if override:
+        return f"--set {override}", None
+    return plan.source, finding_line(plan, finding)
+
+
 def format_finding(plan: PlanResult, finding: Finding) -> str:
     """``error: FILE:LINE: FIELD: MESSAGE. Fix: FIX. [CODE]``: the command line's one error format
     (a recipe problem's, with the severity first and the finding's code last)."""
-    line = finding_line(plan, finding)
-    where = escape(plan.source or plan.name)
+    source, line = finding_place(plan, finding)
+    where = escape(source or plan.name)
     if line:
         where += f":{line}"
     field = f" {finding.field}:" if finding.field else ""

@@ -88,8 +88,13 @@ def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay 
     Raises :class:`RecipeError` for a bad file or override."""
     from tiered_training.recipe.loader import load_recipe_with_lines, source_name
 
+    from tiered_training.recipe.overrides import parse_overrides
+    from tiered_training.text import clip
+
     recipe, lines = load_recipe_with_lines(path, overrides)
-    return resolve(recipe, source=source_name(path), lines=lines, overlay=overlay)
+    plan = resolve(recipe, source=source_name(path), lines=lines, overlay=overlay)
+    plan.overrides.update({o.dotted: clip(o.text, 100) for o in parse_overrides(overrides)})
+    return plan
 
 
 # -- working state ---------------------------------------------------------------------

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiered_training import catalog as catalogs
-from tiered_training.planning.plan import Finding, Plan, finding_line, format_finding
+from tiered_training.planning.plan import Finding, Plan, finding_line, finding_place, format_finding
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.report.render import Hang
 
@@ -232,11 +232,12 @@ def problem_dict(problem: Problem) -> dict[str, Any]:
 
 
 def finding_dict(plan: Plan, finding: Finding) -> dict[str, Any]:
+    source, line = finding_place(plan, finding)
     return {
         "severity": finding.severity,
         "code": finding.code,
-        "file": plan.source,
-        "line": finding_line(plan, finding),
+        "file": source,
+        "line": line,
         "field": finding.field,
         "message": finding.message,
         "fix": finding.fix,
