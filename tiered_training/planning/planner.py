@@ -87,7 +87,6 @@ def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay 
 
     Raises :class:`RecipeError` for a bad file or override."""
     from tiered_training.recipe.loader import load_recipe_with_lines, source_name
-
     from tiered_training.recipe.overrides import parse_overrides
     from tiered_training.text import clip
 
