@@ -266,8 +266,10 @@ def test_a_full_disk_during_a_save_leaves_it_uncommitted_and_the_failure_names_t
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-4000:]
     failure = (root / "output/failure").read_text()
-    assert failure.count("\n") == 1 and "CheckpointDiskFull: checkpoint step-6 NOT committed: the disk is full" in failure
-    assert "No space left on device" in failure and "(ENOSPC)" in failure and "rank 1: the write failed" in failure
+    assert failure.count("\n") == 1, failure
+    assert failure.startswith(f"algo-1 rank-0: CheckpointDiskFull: the disk is full on host algo-1 at {root}/checkpoints/"
+                              "step-6/__1_0.distcp (ENOSPC) while writing step-6: checkpoint step-6 is NOT committed"), failure
+    assert "No space left on device" in failure and "host algo-1 rank 1: the write failed" in failure
     assert "the newest: step-3" in failure and "CheckpointException" not in failure, failure
     # the save that failed is not committed; the one before it is, and a restart would resume it
     assert (root / "checkpoints/step-3/COMMITTED").is_file()
