@@ -250,7 +250,7 @@ class Trainer:
     lm: CausalLM
     model: CausalLMLoss
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # build_scheduler's
     mesh: DeviceMesh
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
