@@ -44,9 +44,10 @@ and exit with status 2, with no traceback.
 The launcher stays the parent of ``torchrun`` (SageMaker's PID 1 in the container):
 
 - **Failure reason.** On any failure it writes one line to ``/opt/ml/output/failure``,
-  which SageMaker shows as the job's FailureReason: a worker's own error (each worker
-  records its exception in :data:`FAILURE_DIR_VARIABLE`; the first one wins), else
-  torchrun's exit status.
+  which SageMaker shows as the job's FailureReason: the cause first, a worker's own error
+  (each worker records its exception in :data:`FAILURE_DIR_VARIABLE`) or a worker that a
+  signal ended (SIGKILL: "possibly the kernel's OOM killer"; read from torchrun's stderr,
+  which the launcher relays), ahead of the peers' closed connections; else torchrun's exit status.
 - **SIGTERM** (stop, spot interruption) goes to the workers, not to torchrun: they finish
   the step, save, commit and exit 0, and torchrun then exits 0 (torchrun itself would
   answer a SIGTERM with a ``SignalException`` and status 1 even after a clean save).
@@ -64,11 +65,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -391,12 +394,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def failure_reason(failure_dir: Path, status: int, host: str) -> str:
+def failure_reason(failure_dir: Path, status: int, host: str, killed: str | None = None) -> str:
     """One line: the first error a worker recorded that is not a consequence of another
     worker's exit (a peer's closed connection, an aborted communicator), else the first
-    recorded, else torchrun's status."""
+    recorded, else torchrun's status. ``killed``: the worker that torchrun saw fail first, when a
+    signal ended it (:func:`signalled_worker`); it records nothing itself, and its peers' errors
+    are consequences of it."""
     recorded = sorted((p for p in failure_dir.glob("rank-*") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name))
     lines: dict[str, None] = {}  # first lines, in order, once each
+    if killed:
+        lines[f"{host} {killed}"] = None
     for path in recorded:
         text = path.read_text(errors="replace").strip()
         if text:
@@ -404,11 +411,59 @@ def failure_reason(failure_dir: Path, status: int, host: str) -> str:
     if lines:
         return causes_first(list(lines))[0][:1000]
     if status < 0:
-        return f"{host}: torchrun was killed by signal {signal.Signals(-status).name}"
+        name = _signal_name(-status)
+        hint = f": {OOM_HINT}" if -status == signal.SIGKILL else ""
+        return f"{host}: torchrun was killed by {name} (exit {status}, {128 - status} from a shell){hint}"
     return (
         f"{host}: training exited with status {status} and no worker recorded an error "
         "(a worker killed by a signal, or out of host memory?)"
     )
+
+
+OOM_HINT = "possibly the kernel's OOM killer: check the host's memory"
+# torchrun's agent, on the first worker that failed (torch.distributed.elastic.multiprocessing.api)
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+
+
+def signalled_worker(line: str, node_rank: int, nproc_per_node: int) -> str | None:
+    """From torchrun's line about the first worker that failed, when a signal ended that worker: which worker
+    (global rank, local rank, pid) and which signal, in words; else None."""
+    match = _WORKER_FAILED.search(line)
+    if match is None or int(match.group(1)) >= 0:
+        return None
+    code, local, pid = (int(group) for group in match.groups())
+    text = (
+        f"rank {node_rank * nproc_per_node + local} (local rank {local}, pid {pid}): the worker process was killed by "
+        f"{_signal_name(-code)} (exit {code}, {128 - code} from a shell)"
+    )
+    return f"{text}, {OOM_HINT}" if -code == signal.SIGKILL else text
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _relay(stream, watch: Callable[[str], None]) -> threading.Thread:
+    """Copy torchrun's stderr (its workers' too) to ours, line by line, showing each line to ``watch``."""
+    out = getattr(sys.stderr, "buffer", None)
+
+    def work() -> None:
+        for raw in iter(stream.readline, b""):
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            else:
+                sys.stderr.write(raw.decode(errors="replace"))
+                sys.stderr.flush()
+            watch(raw.decode(errors="replace"))
+        stream.close()
+
+    thread = threading.Thread(target=work, name="torchrun-stderr", daemon=True)
+    thread.start()
+    return thread
 
 
 def write_failure(output_dir: Path, reason: str) -> None:
@@ -444,7 +499,14 @@ def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str
     argv = list(launch.argv)
     if shutil.which(argv[0], path=env.get("PATH")) is None:
         argv[:1] = [sys.executable, "-m", "torch.distributed.run"]
-    proc = subprocess.Popen(argv, env=env)
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+    killed: list[str] = []  # torchrun's first failed worker, when a signal ended it
+
+    def watch(line: str) -> None:
+        if not killed and (found := signalled_worker(line, launch.node_rank, launch.nproc_per_node)):
+            killed.append(found)
+
+    relay = _relay(proc.stderr, watch)
 
     def forward(signum, frame):
         global _stopped
@@ -471,10 +533,12 @@ def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str
     finally:
         if lease is not None:
             lease.release()
+    relay.join(timeout=5)  # torchrun's last lines
     reason = None
     if status != 0:
         time.sleep(0.2)  # a worker's last words
-        reason = failure_reason(failure_dir, status, launch.env.get("SM_CURRENT_HOST", "this host"))
+        host = launch.env.get("SM_CURRENT_HOST", "this host")
+        reason = failure_reason(failure_dir, status, host, killed[0] if killed else None)
     elif lost is not None:
         reason = f"launcher: {lost}; the workers were stopped"
         status = 1

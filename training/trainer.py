@@ -65,7 +65,7 @@ from training.components.data import build_dataloader, build_sft_dataloader, spl
 from training.components.identity import identity as run_identity
 from training.components.identity import same_run
 from training.components.loss import valid_tokens
-from training.components.optim import build_optimizer, build_scheduler, clip_grad_norm
+from training.components.optim import build_optimizer, build_scheduler, clip_grad_norm, resume_schedule
 from training.components.packing import check_attention, split_sft_batch
 from training.distributed.context_parallel import ContextParallel, apply_context_parallel
 from training.distributed.dist import DistInfo, init_distributed, new_gloo_group
@@ -250,7 +250,7 @@ class Trainer:
     lm: CausalLM
     model: CausalLMLoss
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # build_scheduler's
     mesh: DeviceMesh
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
@@ -485,6 +485,7 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
             {
                 "step": step,
                 "scheduler": trainer.scheduler.state_dict(),
+                "total_steps": trainer.cfg.batch.total_steps,  # the schedule's total (MaxSteps may change on resume)
                 "data": dataloader.state_dict(),
                 "world_size": trainer.info.world_size,
             }
@@ -519,6 +520,7 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     train = pickle.loads(state["train"])
     trainer.scheduler.load_state_dict(train["scheduler"])
+    _resume_schedule(trainer, train, rank)
     if "data" not in train:
         raise ValueError("the checkpoint stores per-rank data positions (an older format) and cannot be resumed")
     dataloader.load_state_dict(train["data"])
@@ -537,6 +539,24 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
             trainer.info.world_size,
         )
     return int(train["step"])
+
+
+def _resume_schedule(trainer: Trainer, train: dict, rank: int) -> None:
+    """The learning rate from the step resumed on follows this run's schedule; a changed total is logged."""
+    restored, rate = resume_schedule(trainer.scheduler)
+    total, saved_total = trainer.cfg.batch.total_steps, train.get("total_steps")
+    if rank == 0 and (saved_total not in (None, total) or not math.isclose(restored, rate, rel_tol=1e-9)):
+        step = int(train["step"])
+        log.info(
+            "the learning-rate schedule is rebuilt for %d total steps (the checkpoint's: %s): step %d runs at %.3e "
+            "(the checkpoint's schedule: %.3e), warmup %d steps",
+            total,
+            saved_total if saved_total is not None else "not recorded",
+            step + 1,
+            rate,
+            restored,
+            trainer.cfg.optimizer.warmup_steps,
+        )
 
 
 def _resume_accumulation(cfg: RunConfig, state: dict, world: int):

@@ -77,3 +77,30 @@ def test_rehearsal_failure_reason_puts_the_failing_host_first(tmp_path):
     attempt = runner._result("Train", "job", {}, hosts, {}, None, 1.0, None)
     assert attempt.status == "Failed"
     assert attempt.failure_reason == f"algo-2 rank-1: {CAUSE}; algo-1 rank-0: {GLOO}"
+
+
+def test_a_processing_job_killed_by_sigkill_is_reported_as_such_not_by_its_last_line(tmp_path):
+    """The Prepare step's process, SIGKILLed (by the OOM killer, say) while it works: the signal comes first."""
+    import sys
+
+    runner = JobRunner.__new__(JobRunner)  # process() reads only these
+    runner.workdir, runner.repo, runner.say = tmp_path, Path.cwd(), lambda line: None
+    runner.s3 = SimpleNamespace(endpoint="http://127.0.0.1:1")
+    (tmp_path / "prepare-job/opt/ml").mkdir(parents=True)  # the job's /opt/ml tree (its inputs, downloaded)
+    kill = "print('tokenizing shard 3 of 8', flush=True); import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    args = {"AppSpecification": {"ContainerEntrypoint": [sys.executable, "-c", kill]}}
+    attempt = runner.process("Prepare", "prepare-job", args)
+    assert attempt.status == "Failed"
+    assert attempt.failure_reason == ("the process was killed by SIGKILL (exit -9, 137 from a shell): possibly the "
+                                      "kernel's OOM killer: check the instance's memory; its last output: tokenizing "
+                                      "shard 3 of 8")
+
+
+def test_a_process_that_exits_on_its_own_is_reported_by_its_last_line():
+    from tiered_training.rehearse.hosts import exit_reason
+
+    assert exit_reason(1, ["reading raw/part-1.jsonl", "error: raw/part-1.jsonl line 3: not JSON", ""]) == (
+        "error: raw/part-1.jsonl line 3: not JSON")
+    assert exit_reason(137, []).startswith("the process was killed by SIGKILL (exit -9, 137 from a shell)")
+    assert exit_reason(-11, ["x"]) == "the process was killed by SIGSEGV (exit -11, 139 from a shell); its last output: x"
+    assert exit_reason(2, []) == "exited with status 2"

@@ -291,3 +291,80 @@ def test_a_candidate_the_host_count_refuses_is_failed_without_a_launch(tmp_path)
     assert [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PID ")] == ["2"]
     assert "launcher: probe candidate 1 not launched: InstanceCount 1 (8 GPUs) cannot run the plan" in result.stdout
     assert "PROBE best_candidate=2\n" in result.stdout and failure is None
+
+
+# -- a worker killed by a signal: named as such, ahead of its peers' errors ------------------------------------------
+
+# torchrun's words when its worker with local rank 1 was SIGKILLed (torch 2.13; its peer then got SIGTERM)
+TORCHRUN_SIGKILL = ("E1205 08:12:30.411000 7171 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+                    "(exitcode: -9) local_rank: 1 (pid: 7175) of binary: /usr/bin/python3\n")
+PEER = "DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:29500"
+
+
+def test_a_sigkilled_worker_is_the_reason_ahead_of_its_peers_closed_connections(tmp_path):
+    killed = launcher.signalled_worker(TORCHRUN_SIGKILL, node_rank=1, nproc_per_node=8)
+    assert killed == ("rank 9 (local rank 1, pid 7175): the worker process was killed by SIGKILL (exit -9, 137 from a "
+                      "shell), possibly the kernel's OOM killer: check the host's memory")
+    (tmp_path / "rank-8").write_text(PEER + "\n")  # the peer on the same host recorded its consequence
+    assert launcher.failure_reason(tmp_path, 1, "algo-2", killed) == f"algo-2 {killed}"
+    assert launcher.failure_reason(tmp_path, 1, "algo-2") == f"algo-2 rank-8: {PEER}"  # what was said before
+
+
+def test_a_worker_ended_by_sigterm_or_by_its_own_error_is_not_called_killed(tmp_path):
+    assert launcher.signalled_worker(TORCHRUN_SIGKILL.replace("-9", "1"), 0, 2) is None  # it raised: it recorded why
+    assert launcher.signalled_worker("step 9 | loss 2.1 | failed (exitcode", 0, 2) is None
+    sigterm = launcher.signalled_worker(TORCHRUN_SIGKILL.replace("-9", "-15"), 0, 2)
+    assert sigterm.endswith("killed by SIGTERM (exit -15, 143 from a shell)")  # a stop: no memory hint
+    cause = "DataError: /opt/ml/input/data/train/shard-00007.bin: at token 912: token id 131072, outside the vocabulary"
+    (tmp_path / "rank-0").write_text(cause + "\n")
+    assert launcher.failure_reason(tmp_path, 1, "algo-1", sigterm) == f"algo-1 rank-0: {cause}"
+    assert launcher.failure_reason(tmp_path / "none", -9, "algo-1") == (
+        "algo-1: torchrun was killed by SIGKILL (exit -9, 137 from a shell): possibly the kernel's OOM killer: check "
+        "the host's memory")
+
+
+_KILLED_WORKER = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import torch.distributed as dist
+from training.__main__ import record_failure
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's OOM killer does
+try:
+    dist.barrier()
+    dist.barrier()
+except BaseException as error:
+    record_failure(error)
+    raise
+"""
+
+
+@pytest.mark.torch
+def test_the_failure_file_names_a_worker_that_sigkill_ended(tmp_path):
+    """A real torchrun of two gloo workers; one is SIGKILLed, the other loses its peer: the failure file names the
+    killed worker, and torchrun's own output still reaches the launcher's stderr."""
+    (tmp_path / "worker.py").write_text(_KILLED_WORKER.format(repo=str(REPO)))
+    code = (
+        "import os, sys; from pathlib import Path; from training import launcher\n"
+        "argv = ['torchrun', '--nnodes=1', '--node_rank=0', '--nproc_per_node=2', '--master_addr=127.0.0.1',\n"
+        f"        '--master_port={_port()}', '--max_restarts=0', {str(tmp_path / 'worker.py')!r}]\n"
+        "env = {**os.environ, 'SM_CURRENT_HOST': 'algo-1', 'OMP_NUM_THREADS': '1'}\n"
+        "run = launcher.Launch(argv=argv, env=env, nnodes=1, node_rank=0, nproc_per_node=2, mode='train')\n"
+        f"sys.exit(launcher.run_torchrun(run, Path({str(tmp_path / 'output')!r})))\n"
+    )
+    path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "PATH": path})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    failure = (tmp_path / "output" / "failure").read_text()
+    assert failure.startswith("algo-1 rank 1 (local rank 1, pid "), failure
+    assert failure.endswith("): the worker process was killed by SIGKILL (exit -9, 137 from a shell), possibly the "
+                            "kernel's OOM killer: check the host's memory\n"), failure
+    assert "failed (exitcode: -9) local_rank: 1" in proc.stderr  # relayed
+
+
+def _port() -> int:
+    from tiered_training.contract.ports import loopback_port
+
+    return loopback_port()

@@ -8,8 +8,9 @@ file as the worker instead of ``--module training``. A worker makes the loss of 
 comma-separated; ``N-`` means from N on), without touching its gradients: only that rank sees
 a non-finite value, so only the all-reduced flag can make the other ranks skip too. With
 ``TT_TEST_ENOSPC_STEP`` set, rank ``TT_TEST_ENOSPC_RANK``'s checkpoint writer finds the disk full
-(``OSError(ENOSPC)`` from its file write) while writing ``step-<TT_TEST_ENOSPC_STEP>``. Then it
-runs ``training.__main__.main``, as the container does.
+(``OSError(ENOSPC)`` from its file write) while writing ``step-<TT_TEST_ENOSPC_STEP>`` (with
+``TT_TEST_ENOSPC_MARKER=1``: while rank 0 writes its ``COMMITTED`` marker). Then it runs
+``training.__main__.main``, as the container does.
 """
 
 from __future__ import annotations
@@ -52,7 +53,19 @@ def worker() -> int:
 
     model.CausalLMLoss.forward = forward
     full_at = os.environ.get("TT_TEST_ENOSPC_STEP")
-    if full_at and rank == int(os.environ.get("TT_TEST_ENOSPC_RANK", "1")):
+    marker = os.environ.get("TT_TEST_ENOSPC_MARKER") == "1"
+    if full_at and marker and rank == 0:
+        import errno
+
+        write_text = Path.write_text
+
+        def full_marker(self, data, *args, **kwargs):
+            if self.name == "COMMITTED.tmp" and self.parent.name == f"step-{full_at}":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+            return write_text(self, data, *args, **kwargs)
+
+        Path.write_text = full_marker  # type: ignore[method-assign]
+    elif full_at and not marker and rank == int(os.environ.get("TT_TEST_ENOSPC_RANK", "1")):
         import errno
 
         from torch.distributed.checkpoint import filesystem

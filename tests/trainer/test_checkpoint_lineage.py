@@ -153,6 +153,7 @@ def test_a_full_disk_during_a_save_names_the_disk_and_keeps_the_committed_checkp
 
     from training.components.checkpoint import CheckpointDiskFull
 
+    monkeypatch.setenv("SM_CURRENT_HOST", "algo-1")
     root = tmp_path / "checkpoints"
     manager = _manager(root, group, keep_last=2)
     _save(manager, 3)
@@ -171,8 +172,10 @@ def test_a_full_disk_during_a_save_names_the_disk_and_keeps_the_committed_checkp
                 _save(manager, 6, blocking=blocking)
                 manager.wait()
         message = str(raised.value)
-        assert message.startswith("checkpoint step-6 NOT committed: the disk is full (rank 0: the write failed (OSError: ")
-        assert "No space left on device" in message and "(ENOSPC)" in message and "the newest: step-3" in message
+        assert message.startswith(f"the disk is full on host algo-1 at {step_dir(root, 6)}/__0_0.distcp (ENOSPC) while "
+                                  "writing step-6: checkpoint step-6 is NOT committed;"), message
+        assert "host algo-1 rank 0: the write failed (OSError: " in message and "No space left on device" in message
+        assert "the newest: step-3" in message
         assert "\n" not in message and "CheckpointException" not in message
         assert "checkpoint step-6 NOT committed" in caplog.text
         assert not (step_dir(root, 6) / "COMMITTED").exists()
@@ -205,3 +208,91 @@ def test_a_resume_with_run_candidate_0_trains_the_candidate_its_checkpoint_recor
     shrunk = cfg.model_copy(update={"probe": cfg.probe.model_copy(update={"alternatives": []})})
     with pytest.raises(ValueError, match="records probe candidate 2, but this RunConfig has 1"):
         apply(shrunk, root)
+
+
+# -- bounded across resumes: pruning counts what the run holds, not what this process wrote ------------
+
+
+def _committed(root: Path) -> list[int]:
+    return sorted(s for s in (int(n[5:]) for n in _held(root)) if (step_dir(root, s) / "COMMITTED").is_file())
+
+
+def test_short_resumes_never_hold_more_than_keep_last_plus_one_committed_checkpoints(tmp_path, group):
+    """Each execution resumes the newest checkpoint and commits one or two more (a periodic save, then the SIGTERM or
+    segment-end one while the first is in flight): the directory never holds more than keep_last + 1 committed, and
+    the checkpoint resumed from stays until a newer one is committed."""
+    root, keep_last = tmp_path / "checkpoints", 3
+    first = _manager(root, group, keep_last)
+    for step in (1, 2):
+        _save(first, step)
+    counts, step = [], 2
+    for execution in range(6):
+        manager = _manager(root, group, keep_last)
+        resumed = manager.resumable_step()
+        assert resumed == step
+        state = _state(0)
+        manager.load(resumed, state)
+        assert state["train"]["step"].item() == resumed
+        saves = 1 if execution % 2 else 2
+        for _ in range(saves):
+            step += 1
+            _save(manager, step, blocking=False)  # in flight: committed when the next save starts, or by wait()
+            counts.append(len(_committed(root)))
+            assert resumed in _committed(root)  # nothing newer is committed yet, or it was kept
+        manager.wait()
+        counts.append(len(_committed(root)))
+    assert max(counts) <= keep_last + 1, counts
+    assert _committed(root) == [step - 2, step - 1, step] and _held(root) == [f"step-{s}" for s in _committed(root)]
+    assert find_resumable(root) == (step, [])
+
+
+def test_a_pile_left_by_earlier_executions_is_pruned_at_the_first_commit_after_a_resume(tmp_path, group):
+    """Checkpoints restored from S3 at a restart (each host gets the whole prefix) count: here eight, left by
+    executions that each kept a few; a damaged newest one is skipped at resume and deleted, never counted."""
+    root = tmp_path / "checkpoints"
+    earlier = _manager(root, group, keep_last=100)
+    for step in range(1, 9):
+        _save(earlier, step)
+    (step_dir(root, 8) / "__0_0.distcp").write_bytes(b"damaged")
+    manager = _manager(root, group, keep_last=2)
+    assert manager.resumable_step() == 7
+    _save(manager, 9)
+    assert _held(root) == ["step-7", "step-9"]
+    # keep_last 1: the checkpoint resumed from goes only once the newer one is committed
+    again = _manager(root, group, keep_last=1)
+    assert again.resumable_step() == 9
+    again.save(10, _state(10), blocking=False)
+    assert _committed(root) == [7, 9]
+    again.wait()
+    assert _held(root) == ["step-10"]
+
+
+def test_a_full_disk_while_writing_the_committed_marker_names_the_host_and_the_path(tmp_path, group, monkeypatch):
+    """The files are written; the COMMITTED marker is not (the disk filled up in between): the job ends with the host,
+    the path and the step first, nothing half-written is left, and the checkpoint before it stays resumable."""
+    import errno
+
+    from training.components.checkpoint import CheckpointDiskFull
+
+    monkeypatch.setenv("SM_CURRENT_HOST", "algo-2")
+    root = tmp_path / "checkpoints"
+    manager = _manager(root, group, keep_last=1)
+    _save(manager, 3)
+    write_text = Path.write_text
+
+    def full_disk(self, data, *args, **kwargs):
+        if self.name == "COMMITTED.tmp" and self.parent.name == "step-6":
+            write_text(self, data[:10], *args, **kwargs)  # a partial write, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(CheckpointDiskFull) as raised:
+        _save(manager, 6)
+    message = str(raised.value)
+    assert message.startswith(f"the disk is full on host algo-2 at {step_dir(root, 6)}/COMMITTED (ENOSPC) while "
+                              "committing checkpoint step-6 (its COMMITTED marker): checkpoint step-6 is NOT committed; "
+                              "the checkpoints committed before it are intact (the newest: step-3)"), message
+    assert "rank 1" not in message and "\n" not in message
+    assert sorted(p.name for p in step_dir(root, 6).iterdir() if p.name.startswith("COMMITTED")) == []
+    assert find_resumable(root) == (3, ["step-6: not committed (no COMMITTED marker: the save did not finish)"])

@@ -253,25 +253,39 @@ def test_a_nan_on_one_rank_is_skipped_everywhere_and_too_many_in_a_row_stop_the_
 
 
 @pytest.mark.torch
-def test_a_full_disk_during_a_save_leaves_it_uncommitted_and_the_failure_names_the_disk(tmp_path):
+@pytest.mark.parametrize("where", ["files", "marker"])
+def test_a_full_disk_during_a_save_leaves_it_uncommitted_and_the_failure_names_the_disk(tmp_path, where):
+    """Rank 1 finds the disk full writing its files of step-6, or rank 0 writing step-6's COMMITTED marker: every rank
+    ends with the same reason, the host and the path first (no bare OSError, no peer's closed connection)."""
     cfg = tiny_config(batch={"total_steps": 12},
                       checkpoint={"interval_minutes": 0, "interval_steps": 3, "keep_last": 2, "shutdown_deadline_seconds": 60})
     root = _opt_ml(tmp_path, cfg, write_learnable_shards)
     env = {**os.environ, "TIERED_TRAINING_OPT_ML": str(root), "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
            "TIERED_TRAINING_MASTER_PORT": str(_port()), "SM_NUM_GPUS": "2", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "TT_TEST_ENOSPC_RANK": "1", "TT_TEST_ENOSPC_STEP": "6"}  # rank 1 alone finds the disk full at step-6
+           "TT_TEST_ENOSPC_RANK": "1", "TT_TEST_ENOSPC_STEP": "6", "TT_TEST_ENOSPC_MARKER": str(int(where == "marker"))}
     proc = subprocess.run([sys.executable, str(ROOT / "tests/trainer/nonfinite_driver.py"), "launch"], cwd=root,
                           env=env, capture_output=True, text=True, timeout=240)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-4000:]
     failure = (root / "output/failure").read_text()
-    assert failure.count("\n") == 1 and "CheckpointDiskFull: checkpoint step-6 NOT committed: the disk is full" in failure
-    assert "No space left on device" in failure and "(ENOSPC)" in failure and "rank 1: the write failed" in failure
+    assert failure.count("\n") == 1, failure
+    first = {
+        "files": f"the disk is full on host algo-1 at {root}/checkpoints/step-6/__1_0.distcp (ENOSPC) while writing "
+                 "step-6: checkpoint step-6 is NOT committed",
+        "marker": f"the disk is full on host algo-1 at {root}/checkpoints/step-6/COMMITTED (ENOSPC) while committing "
+                  "checkpoint step-6 (its COMMITTED marker): checkpoint step-6 is NOT committed",
+    }[where]
+    # every rank ends with the same reason: the first recorded, whichever rank it was
+    assert re.sub(r"^algo-1 rank-[01]: ", "", failure).startswith(f"CheckpointDiskFull: {first}"), failure
+    rank = {"files": 1, "marker": 0}[where]
+    assert "No space left on device" in failure and f"host algo-1 rank {rank}: the write failed" in failure
     assert "the newest: step-3" in failure and "CheckpointException" not in failure, failure
+    assert "Connection closed" not in text and "Traceback" not in failure, text[-4000:]
     # the save that failed is not committed; the one before it is, and a restart would resume it
     assert (root / "checkpoints/step-3/COMMITTED").is_file()
     assert not (root / "checkpoints/step-6/COMMITTED").exists()
+    assert not (root / "checkpoints/step-6/COMMITTED.tmp").exists()
     from training.components.checkpoint import find_resumable
 
     assert find_resumable(root / "checkpoints")[0] == 3

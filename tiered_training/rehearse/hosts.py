@@ -353,8 +353,7 @@ class JobRunner:
         seconds = round(time.monotonic() - started, 1)
         detail: dict[str, Any] = {"outputs": outputs, "exit_code": code, "seconds": seconds}
         if code != 0:
-            reason = next((line for line in reversed(lines) if line.strip()), f"exited with status {code}")
-            return JobAttempt("Failed", _short(reason, 500), log=log, detail=detail)
+            return JobAttempt("Failed", _short(exit_reason(code, lines), 500), log=log, detail=detail)
         for output in (args.get("ProcessingOutputConfig") or {}).get("Outputs", []):
             s3_output = output["S3Output"]
             self.s3.ensure_bucket(self.client, split_uri(s3_output["S3Uri"])[0])
@@ -624,6 +623,23 @@ def _step_of(line: str) -> int:
 
 
 _STEP = re.compile(r"metrics: step (\d+)/")
+
+
+def exit_reason(code: int, lines: list[str]) -> str:
+    """Why a process failed: the signal that ended it (with the OOM killer named for SIGKILL) ahead of its last
+    output line, else its last output line, else its status."""
+    last = next((line for line in reversed(lines) if line.strip()), "")
+    number = -code if code < 0 else code - 128 if code == 128 + signal.SIGKILL else 0
+    if not number:
+        return last or f"exited with status {code}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    reason = f"the process was killed by {name} (exit {-number}, {128 + number} from a shell)"
+    if number == signal.SIGKILL:
+        reason += ": possibly the kernel's OOM killer: check the instance's memory"
+    return f"{reason}; its last output: {last}" if last else reason
 
 
 def _short(line: str, width: int = 160) -> str:

@@ -20,13 +20,16 @@ Life of a checkpoint:
    the listed size. Only then does rank 0 write ``COMMITTED``, a JSON manifest of every
    file with its size and checksum. The decision is global: each host checked its own
    files, no host needs the others' files.
-3. Pruning: rank 0 keeps the checkpoint just committed and the newest ``keep_last - 1``
-   older ones that were *verified* in this process (committed here, or checked file by file
-   at resume), and deletes everything older, plus the damaged ones; a checkpoint that
-   carries ``COMMITTED`` but failed a check, or whose manifest disagrees with its name,
-   never counts as kept. The first rank of every host deletes its own copies. Every host
-   therefore holds at most ``keep_last + 1`` checkpoints (the kept ones and the one being
-   written). In S3 the bound is looser: each host's sync runs on its own, so until every
+3. Pruning, right after each commit: rank 0 keeps the checkpoint just committed and the newest
+   ``keep_last - 1`` older committed checkpoints of this run that the directory holds (checked in
+   this process, or committed by an earlier execution or segment and restored from S3 at the
+   restart), and deletes everything older, plus the damaged ones; a checkpoint that carries
+   ``COMMITTED`` but failed a check, or whose manifest disagrees with its name or run, never counts
+   as kept. The bound counts what the run holds, not what this process wrote, so it holds across
+   resumes and segments; the checkpoint resumed from is deleted only once a newer one is committed.
+   The decision is rank 0's, and the first rank of every host deletes the same steps from its own
+   disk. Every host therefore holds at most ``keep_last + 1`` checkpoints (the kept ones and the one
+   being written). In S3 the bound is looser: each host's sync runs on its own, so until every
    host's sync has carried a deletion to S3, the prefix may also hold a pruned checkpoint;
    a save that starts within that lag (a periodic save followed closely by the final or
    SIGTERM one) is seen as ``keep_last + 2`` (see ``tests/rehearse``).
@@ -41,13 +44,15 @@ as ``step-99`` says ``"step": 6`` in its manifest, and is skipped (and pruned as
 
 A write that fails on any rank leaves the checkpoint without ``COMMITTED`` (a restart skips it)
 and the ones committed before it as they were. DCP reports it as a ``CheckpointException`` (a
-``BaseException``) holding each rank's own error; the reason names that error. A full disk
-(ENOSPC, EDQUOT) does not empty itself, so it ends the job on every rank with
-:class:`CheckpointDiskFull`, naming the disk; other write failures are logged and training goes on.
+``BaseException``) holding each rank's own error; the reason names that error and the rank's host.
+A full disk (ENOSPC, EDQUOT), while writing the files or the ``COMMITTED`` marker, does not empty
+itself, so it ends the job on every rank with :class:`CheckpointDiskFull`, which says first on which
+host and at which path the disk was full; other write failures are logged and training goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -206,50 +211,31 @@ class CheckpointManager:
         flight, self.in_flight = self.in_flight, None
         assert flight is not None  # poll and wait commit only a save in flight
         path = step_dir(self.root, flight.step)
-        full = False
         try:
-            mine, error = flight.future.result(), None
+            mine, failures = flight.future.result(), []
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a failed write on any rank means no commit
-            error, full = write_failure(exc, self.rank)
-            mine = {}
+            mine, failures = {}, write_failures(exc, self.rank)
         gathered: list | None = [None] * dist.get_world_size(self.control_group) if self.rank == 0 else None
-        dist.gather_object((mine, error, full), gathered, dst=0, group=self.control_group)
+        dist.gather_object((mine, failures, _host()), gathered, dst=0, group=self.control_group)
         doomed: list[int] = []
         committed = False
         disk_full = None
         if self.rank == 0:
             assert gathered is not None  # rank 0 gathers
+            hosts = [host for _, _, host in gathered]  # by rank: the control group spans every rank
             files: dict[str, dict] = {}
-            issues = list(dict.fromkeys(err for _, err, _ in gathered if err))  # each rank may hold every rank's error
+            causes = list(dict.fromkeys(cause for _, rank_failures, _ in gathered for cause in rank_failures))
             for rank_files, _, _ in gathered:
                 files.update(rank_files or {})
+            issues = [_describe(cause, hosts) for cause in causes] or _check_against_metadata(path, files)
+            full = next((cause for cause in causes if cause.code), None)
             if not issues:
-                issues = _check_against_metadata(path, files)
+                committed, full = self._write_marker(flight, path, files, hosts, issues)
             if issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
-                if any(f for _, _, f in gathered):
-                    before = f"step-{self.last_committed}" if self.last_committed is not None else "none in this job"
-                    disk_full = (
-                        f"checkpoint step-{flight.step} NOT committed: the disk is full ({'; '.join(issues)}); "
-                        f"the checkpoints committed before it are intact (the newest: {before}); free space under "
-                        f"{self.root} (fewer checkpoints: checkpoint.keep_last) or give the job a larger volume"
-                    )
+                if full:
+                    disk_full = self._disk_full_reason(flight.step, full, hosts, issues)
             else:
-                manifest = {
-                    "step": flight.step,
-                    "committed_at": round(time.time(), 3),
-                    "world_size": dist.get_world_size(),
-                    "files": dict(sorted(files.items())),
-                }
-                if self.candidate is not None:
-                    manifest["candidate"], manifest["candidate_summary"] = self.candidate
-                manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
-                marker = path / COMMITTED
-                tmp = path / (COMMITTED + ".tmp")
-                tmp.write_text(json.dumps(manifest, indent=1))
-                os.replace(tmp, marker)
-                _fsync_dir(path)
-                committed = True
                 log.info(
                     "checkpoint step-%d committed (%.1f s after the save started)",
                     flight.step,
@@ -261,8 +247,9 @@ class CheckpointManager:
                         log.warning("checkpoint step-%d is not this run's (%s): pruned as damaged", step, reason)
                     self.damaged.add(step)
                     self.verified.discard(step)
+                steps = list_steps(self.root)
                 doomed = plan_pruning(
-                    list_steps(self.root), self.verified, self.damaged, self.keep_last, committed=flight.step
+                    steps, self.verified, self.damaged, self.keep_last, committed=flight.step, held=self._held(steps)
                 )
         # Rank 0 decides; the first rank of every host deletes its local copies.
         shared: list[Any] = [committed, doomed, disk_full]
@@ -278,6 +265,52 @@ class CheckpointManager:
         self.verified.difference_update(doomed)
         self.last_committed = flight.step
         return flight.step
+
+    def _write_marker(
+        self, flight: _InFlight, path: Path, files: dict[str, dict], hosts: list[str], issues: list[str]
+    ) -> tuple[bool, WriteFailure | None]:
+        """Rank 0: write ``COMMITTED`` (through a temporary file); whether it was written, and the failure when the
+        disk was full. A failed write is added to ``issues`` and leaves no marker."""
+        manifest = {
+            "step": flight.step,
+            "committed_at": round(time.time(), 3),
+            "world_size": dist.get_world_size(),
+            "files": dict(sorted(files.items())),
+        }
+        if self.candidate is not None:
+            manifest["candidate"], manifest["candidate_summary"] = self.candidate
+        manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
+        marker = path / COMMITTED
+        tmp = path / (COMMITTED + ".tmp")
+        try:
+            tmp.write_text(json.dumps(manifest, indent=1))
+            os.replace(tmp, marker)
+            _fsync_dir(path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            failure = WriteFailure(self.rank, f"{type(exc).__name__}: {exc}", _disk_full(exc), str(marker), True)
+            issues.append(_describe(failure, hosts))
+            return False, failure if failure.code else None
+        return True, None
+
+    def _disk_full_reason(self, step: int, full: WriteFailure, hosts: list[str], issues: list[str]) -> str:
+        """What a full disk did, first: on which host, at which path, while doing what; then what is left."""
+        host = hosts[full.rank] if full.rank < len(hosts) else f"of rank {full.rank}"
+        doing = f"committing checkpoint step-{step} (its {COMMITTED} marker)" if full.marker else f"writing step-{step}"
+        where = full.path or step_dir(self.root, step)
+        before = f"step-{self.last_committed}" if self.last_committed is not None else "none in this job"
+        return (
+            f"the disk is full on host {host} at {where} ({full.code}) while {doing}: checkpoint step-{step} is NOT "
+            f"committed; the checkpoints committed before it are intact (the newest: {before}); free space "
+            f"under {self.root} on {host} (fewer checkpoints: checkpoint.keep_last) or give the job a larger "
+            f"volume ({'; '.join(issues)})"
+        )
+
+    def _held(self, steps: list[int]) -> set[int]:
+        """Rank 0: the committed checkpoints of this run in the directory (from earlier executions and segments too,
+        restored from S3 on every host at a restart), whether or not this process checked them."""
+        return {s for s in steps if s not in self.damaged and read_manifest(step_dir(self.root, s)) is not None}
 
     def _delete(self, steps: list[int]) -> None:
         if _local_rank() == 0:
@@ -347,20 +380,47 @@ class CheckpointManager:
         return keys[0]
 
 
-def write_failure(exc: BaseException, rank: int) -> tuple[str, bool]:
-    """A failed checkpoint write in one line, and whether a disk was full. DCP's ``CheckpointException`` holds
-    each failing rank's own error (its message is only their ranks); a full disk is named as such."""
+@dataclass(frozen=True)
+class WriteFailure:
+    """One rank's failed checkpoint write: the rank, its error, ``ENOSPC``/``EDQUOT`` when a disk was full, the file
+    it was writing (when the error names one), and whether it was the ``COMMITTED`` marker."""
+
+    rank: int
+    error: str
+    code: str | None = None
+    path: str | None = None
+    marker: bool = False
+
+
+def write_failures(exc: BaseException, rank: int) -> list[WriteFailure]:
+    """A failed checkpoint write, by failing rank. DCP's ``CheckpointException`` holds each failing rank's own error
+    (its message is only their ranks); a full disk is named as such, with the file being written."""
     if isinstance(exc, CheckpointException):
         causes = sorted(((r, pair[0]) for r, pair in exc.failures.items()), key=lambda item: item[0])
     else:
         causes = [(rank, exc)]
-    texts, full = [], False
-    for failed, cause in causes:
-        code = _disk_full(cause)
-        full = full or code is not None
-        text = f"rank {failed}: the write failed ({type(cause).__name__}: {cause})"
-        texts.append(f"{text}: no space left on the disk ({code})" if code else text)
-    return "; ".join(texts).replace("\n", " "), full
+    return [
+        WriteFailure(failed, f"{type(cause).__name__}: {cause}".replace("\n", " "), _disk_full(cause), _filename(cause))
+        for failed, cause in causes
+    ]
+
+
+def _describe(failure: WriteFailure, hosts: list[str]) -> str:
+    """One failure in words, naming the host of the rank (``hosts`` by rank)."""
+    where = f"host {hosts[failure.rank]} rank {failure.rank}" if failure.rank < len(hosts) else f"rank {failure.rank}"
+    text = f"{where}: the write failed ({failure.error})"
+    return f"{text}: no space left on the disk ({failure.code})" if failure.code else text
+
+
+def _filename(exc: BaseException | None) -> str | None:
+    """The file an OSError (or what caused it) names."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.filename:
+            return str(exc.filename)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _disk_full(exc: BaseException | None) -> str | None:

@@ -186,16 +186,22 @@ def plan_pruning(
     keep_last: int,
     in_flight: int | None = None,
     committed: int | None = None,
+    held: set[int] | frozenset[int] = frozenset(),
 ) -> list[int]:
     """Steps to delete: everything older than the kept checkpoints (once there are ``keep_last``),
     and the damaged ones.
 
-    Kept: ``committed`` (the checkpoint just committed) and the newest verified checkpoints
-    older than it, ``keep_last`` in all. Unverified checkpoints never count as kept; neither
-    ``committed`` nor the save in flight is ever deleted. ``verified`` holds only checkpoints
-    whose manifest names their directory's step, so the order is the manifests' order.
+    Kept: ``committed`` (the checkpoint just committed) and the newest checkpoints older than it that
+    are verified (checked in this process) or ``held`` (committed checkpoints of this run found in the
+    directory, from earlier executions or segments), ``keep_last`` in all: the bound counts what the
+    run holds, not what this process wrote. Damaged checkpoints never count as kept; neither
+    ``committed`` nor the save in flight is ever deleted (the checkpointer prunes only right after a
+    commit, so the checkpoint a run resumed from stays until a newer one is committed). ``verified`` and
+    ``held`` hold only checkpoints whose manifest names their directory's step, so the order is the
+    manifests' order.
     """
-    older = sorted(v for v in verified if committed is None or v < committed)
+    counted = (set(verified) | set(held)) - set(damaged)
+    older = sorted(v for v in counted if committed is None or v < committed)
     keep = ([committed] if committed is not None else []) + older
     keep = sorted(keep, reverse=True)[:keep_last] if keep_last > 0 else []
     full = len(keep) >= keep_last and keep

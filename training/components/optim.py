@@ -53,6 +53,24 @@ def build_scheduler(optimizer: torch.optim.Optimizer, opt: OptimizerConfig, tota
     return LambdaLR(optimizer, lambda step: lr_factor(step, opt, total_steps))
 
 
+def resume_schedule(scheduler: LambdaLR) -> tuple[float, float]:
+    """After a checkpoint's optimiser and scheduler state are loaded: set the learning rate of the step the run
+    resumes at from this run's schedule; ``(the rate restored, the rate set)``.
+
+    The loaded state carries the rate the checkpoint's own schedule computed for that step; a resume with another
+    ``total_steps`` (MaxSteps changed) would run its first step on it. The schedule is a function of the step, the
+    warmup and the total, so the rebuilt one is what a run planned with the new total does from this step on:
+    warmup done stays done, the decay is the new total's.
+    """
+    step = scheduler.last_epoch
+    rates = [base * factor(step) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    restored = float(scheduler.optimizer.param_groups[0]["lr"])
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = list(rates)  # what get_last_lr() reports (LambdaLR keeps it so)
+    return restored, float(rates[0])
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Total norm over all (sharded) gradients, clipped to ``max_norm`` if it is positive."""
     params = [p for p in model.parameters() if p.grad is not None]
