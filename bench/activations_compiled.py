@@ -42,6 +42,9 @@ CASES = [
     (WIDE, "fp8", "tensorwise"),
     (WIDE, "fp8", "rowwise"),
 ]
+# LoRA (rank 8 on every projection, no dropout) on a frozen BF16 base, and on a frozen float8 one.
+LORA_RANK = 8
+LORA_CASES = [(SMALL, "bf16", None), (SMALL, "fp8", "tensorwise")]
 
 
 def autograd_saved_bytes(lm, ids) -> int:
@@ -66,7 +69,7 @@ def autograd_saved_bytes(lm, ids) -> int:
     return sum(saved.values())
 
 
-def saved_bytes(shape: dict, layers: int, dtype, compiled: bool, fp8_recipe: str | None = None) -> int:
+def saved_bytes(shape: dict, layers: int, dtype, compiled: bool, fp8_recipe: str | None = None, lora_rank: int = 0) -> int:
     import torch
 
     from tiered_training.contract.runconfig import ModelConfig, PrecisionConfig
@@ -76,6 +79,11 @@ def saved_bytes(shape: dict, layers: int, dtype, compiled: bool, fp8_recipe: str
 
     torch.manual_seed(0)
     lm = CausalLM(lm_config(ModelConfig(name="t", layers=layers, vocab_size=256, max_sequence_length=256, **shape))).to(dtype)
+    if lora_rank:  # the trainer's adapters (training/models/lora.py), in the compute dtype as FSDP2 runs them
+        from tiered_training.contract.runconfig import LoraConfig
+        from training.models.lora import apply_lora
+
+        apply_lora(lm, LoraConfig(rank=lora_rank, alpha=2 * lora_rank, dropout=0.0))
     if fp8_recipe is not None:  # the trainer's float8 conversion: torchao's Float8Linear, BF16 around it
         precision = PrecisionConfig(precision="fp8", fp8_recipe=fp8_recipe, activation_checkpointing="none")
         apply_float8(lm, precision)
@@ -87,26 +95,33 @@ def saved_bytes(shape: dict, layers: int, dtype, compiled: bool, fp8_recipe: str
 def main(argv=None) -> int:
     import torch
 
-    from tiered_training.contract.architecture import Architecture
+    from tiered_training.contract.architecture import Architecture, Lora
+    from tiered_training.contract.runconfig import LORA_TARGET_MODULES
     from tiered_training.planning.memory import activation_bytes_per_token
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench/activations_compiled.json")
     args = parser.parse_args(argv)
     rows = []
-    for shape, precision, fp8_recipe in CASES:
+    cases = [(*case, 0) for case in CASES] + [(*case, LORA_RANK) for case in LORA_CASES]
+    for shape, precision, fp8_recipe, rank in cases:
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         start = time.time()
         row = {"shape": shape, "precision": precision, "fp8_recipe": fp8_recipe, "torch": torch.__version__}
+        if rank:
+            row["lora_rank"] = rank
         for name, compiled in (("eager", False), ("compiled", True)):
             torch._dynamo.reset()
-            per_layer = saved_bytes(shape, 2, dtype, compiled, fp8_recipe) - saved_bytes(shape, 1, dtype, compiled, fp8_recipe)
+            per_layer = saved_bytes(shape, 2, dtype, compiled, fp8_recipe, rank) - saved_bytes(
+                shape, 1, dtype, compiled, fp8_recipe, rank
+            )
             row[f"{name}_bytes_per_token"] = per_layer / (SEQ * BATCH)
         arch = Architecture(layers=1, vocab_size=256, max_sequence_length=256, **shape)
-        row["planned_eager"] = activation_bytes_per_token(arch, precision, "none")
-        row["planned_compiled"] = activation_bytes_per_token(arch, precision, "none", compiled=True)
+        lora = Lora(rank, tuple(LORA_TARGET_MODULES), dropout=False) if rank else None
+        row["planned_eager"] = activation_bytes_per_token(arch, precision, "none", lora)
+        row["planned_compiled"] = activation_bytes_per_token(arch, precision, "none", lora, compiled=True)
         rows.append(row)
-        print(f"{json.dumps(shape)} {precision} {fp8_recipe or ''}: eager {row['eager_bytes_per_token']:g} (planner {row['planned_eager']}), "
+        print(f"{json.dumps(shape)} {precision} {fp8_recipe or ''}{f' LoRA r{rank}' if rank else ''}: eager {row['eager_bytes_per_token']:g} (planner {row['planned_eager']}), "
               f"compiled {row['compiled_bytes_per_token']:g} (planner {row['planned_compiled']}) bytes/token/layer, "
               f"{time.time() - start:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -215,8 +215,14 @@ def test_lora_dropout_copies_are_counted_without_checkpointing():
     h, f, e = ARCH.hidden_size, ARCH.ffn_size, 2
     # With dropout each adapter keeps its own copy of its input (bf16) and a one-byte mask; the base's
     # norm outputs (2 x h) and SwiGLU product (f), kept without dropout by the adapters, are released.
-    per_token = (e + 1) * (6 * h + f) - 2 * e * h - e * f
-    assert with_dropout.activations - without.activations == ARCH.layers * per_token * 2048
+    copies = (e + 1) * (6 * h + f)
+    per_token = copies - 2 * e * h - e * f
+    kept = with_dropout.activations + with_dropout.adapter_dropout
+    assert kept - without.activations == ARCH.layers * per_token * 2048
+    # The copies are their own term, apart from the activations, and in the total.
+    assert with_dropout.adapter_dropout == ARCH.layers * copies * 2048 and without.adapter_dropout == 0
+    assert with_dropout.as_gib()["adapter_dropout"] > 0 and "adapter_dropout" not in without.as_gib()
+    assert with_dropout.total - without.total > ARCH.layers * per_token * 2048
 
 
 def test_lora_runs_about_two_thirds_of_the_base_gemm_time_plus_the_adapters():

@@ -8,7 +8,8 @@ import json
 
 from support import ROOT
 
-from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.architecture import Architecture, Lora
+from tiered_training.contract.runconfig import LORA_TARGET_MODULES
 from tiered_training.planning.memory import activation_bytes_per_token, estimate
 
 RECORDED = json.loads((ROOT / "bench/activations_compiled.json").read_text())
@@ -17,11 +18,14 @@ RECORDED = json.loads((ROOT / "bench/activations_compiled.json").read_text())
 def test_compiled_and_eager_counts_match_the_measured_saved_tensors():
     assert len(RECORDED["rows"]) >= 7
     assert {row.get("fp8_recipe") for row in RECORDED["rows"] if row["precision"] == "fp8"} == {"tensorwise", "rowwise"}
+    # LoRA on every projection over a frozen BF16 and a frozen float8 base
+    assert {row["precision"] for row in RECORDED["rows"] if row.get("lora_rank")} == {"bf16", "fp8"}
     for row in RECORDED["rows"]:
         arch = Architecture(layers=1, vocab_size=256, max_sequence_length=256, **row["shape"])
-        assert activation_bytes_per_token(arch, row["precision"], "none") == row["eager_bytes_per_token"], row
+        lora = Lora(row["lora_rank"], LORA_TARGET_MODULES, dropout=False) if row.get("lora_rank") else None
+        assert activation_bytes_per_token(arch, row["precision"], "none", lora) == row["eager_bytes_per_token"], row
         # Tensorwise FP8 also keeps a few scalar scales per micro-batch: under one byte per token.
-        compiled = activation_bytes_per_token(arch, row["precision"], "none", compiled=True)
+        compiled = activation_bytes_per_token(arch, row["precision"], "none", lora, compiled=True)
         assert 0 <= row["compiled_bytes_per_token"] - compiled < 1, row
 
 

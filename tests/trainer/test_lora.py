@@ -457,3 +457,53 @@ def test_the_adapter_names_its_base_by_id_and_loads_with_auto_peft(lora_root, tm
     with torch.no_grad():
         got = model(input_ids=trained["tokens"]).logits
     torch.testing.assert_close(got, trained["logits"])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_frozen_float8_weight_computes_its_weight_gradient_eager_and_not_compiled(compiled):
+    """What the planner counts for FP8 under LoRA (planning/perf.py): torchao's Float8Linear backward computes the
+    weight gradient whether or not the weight needs it; compiled, AOTAutograd drops that unused GEMM."""
+    pytest.importorskip("torchao")
+    from functorch.compile import make_boxed_func
+    from torch import nn
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tiered_training.contract.runconfig import PrecisionConfig
+    from training.components import float8
+
+    def backward_gemms(frozen: bool) -> int:
+        torch._dynamo.reset()
+        model = nn.Sequential(nn.Linear(64, 64, bias=False)).to(torch.bfloat16)
+        model[0].weight.requires_grad_(not frozen)
+        precision = PrecisionConfig(precision="fp8", fp8_recipe="tensorwise", activation_checkpointing="none")
+        assert float8.apply_float8(model, precision, emulate=True) == ["0"]
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        if compiled:
+            found: list[int] = []
+
+            def backend(gm, inputs):
+                def graph_gemms(g, _):
+                    found.append(sum(n.op == "call_function" and "mm" in str(n.target) for n in g.graph.nodes))
+                    return make_boxed_func(g.forward)
+
+                forward = lambda g, _: make_boxed_func(g.forward)  # noqa: E731
+                return aot_module_simplified(gm, inputs, fw_compiler=forward, bw_compiler=graph_gemms)
+
+            torch.compile(model, backend=backend)(x).sum().backward()
+            return found[-1]
+
+        class Count(TorchDispatchMode):
+            gemms = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Count.gemms += "mm" in func.__name__
+                return func(*args, **(kwargs or {}))
+
+        y = model(x).sum()
+        with Count():
+            y.backward()
+        return Count.gemms
+
+    assert backward_gemms(frozen=False) == 2  # input gradient and weight gradient
+    assert backward_gemms(frozen=True) == (1 if compiled else 2)

@@ -111,6 +111,15 @@ def frozen_layer_bytes(arch: Architecture, precision: str, group: int = 1, *, qu
     return total
 
 
+def adapter_dropout_bytes_per_token(arch: Architecture, precision: str, lora: Lora | None, mask_bytes: int) -> int:
+    """Bytes one layer's adapter dropout keeps per token: each adapter's own copy of its projection's input
+    and the mask (0 without dropout)."""
+    if lora is None or not lora.dropout:
+        return 0
+    sizes = arch.projection_sizes()
+    return sum((element_size(precision) + mask_bytes) * sizes[name][0] for name in lora.targets)
+
+
 def lora_activation_bytes_per_token(
     arch: Architecture, precision: str, lora: Lora, mask_bytes: int = DROPOUT_MASK_BYTES
 ) -> int:
@@ -119,13 +128,8 @@ def lora_activation_bytes_per_token(
     projection's input (kept by ``lora_A``) and a mask (peft applies
     ``lora_B(lora_A(dropout(x)))``). Without dropout ``lora_A`` keeps ``x`` itself, counted
     with the base's tensors."""
-    e = element_size(precision)
-    sizes = arch.projection_sizes()
-    total = 0
-    for name in lora.targets:
-        fan_in = sizes[name][0]
-        total += e * lora.rank + ((e + mask_bytes) * fan_in if lora.dropout else 0)
-    return total
+    ranks = element_size(precision) * lora.rank * len(lora.targets)
+    return ranks + adapter_dropout_bytes_per_token(arch, precision, lora, mask_bytes)
 
 
 PHASES = ("loss backward", "top layer backward", "bottom layer backward", "root reduce", "optimizer step")
@@ -176,11 +180,17 @@ def activation_bytes_per_token(
     Under ``lora`` (a frozen base): ``none`` drops what the base keeps only for its weight
     gradients (each RMSNorm's normalised input and output, SwiGLU's product) unless an
     adapter without dropout keeps the same tensor, and adds the adapters' own
-    (``lora_activation_bytes_per_token``); ``selective`` saves every other matmul output
-    with the adapters' two matmuls counted in order after their projection's.
+    (``lora_activation_bytes_per_token``); ``none``, ``compiled``: what a compiled BF16 block keeps
+    without adapters (the projections' inputs that lora_A's weight gradient reads among them), plus the
+    adapters' own, under FP8 too: with the adapters reading the BF16 inputs, the partitioner keeps
+    them rather than recompute them (measured, ``bench/activations_compiled.py``); ``selective`` saves
+    every other matmul output with the adapters' two matmuls counted in order after their projection's.
     """
     e = element_size(precision)
     h, kv, f, heads, q = arch.hidden_size, arch.kv_size, arch.ffn_size, arch.attention_heads, arch.q_size
+    if checkpointing == "none" and compiled and lora is not None:
+        base = activation_bytes_per_token(arch, "bf16" if precision == "fp8" else precision, "none", compiled=True)
+        return base + lora_activation_bytes_per_token(arch, precision, lora, mask_bytes)
     if checkpointing == "none" and compiled and precision == "fp8" and lora is None:
         return e * (4 * h + 2 * kv + 2 * f) + 2 * 4 + 4 * heads
     if checkpointing == "none" and compiled and lora is None:
@@ -276,6 +286,7 @@ class MemoryBreakdown:
     hbm: int
     fragmentation: int = 0  # the part of ``overhead`` that the caching allocator reserves but does not allocate
     peak_at: str = ""  # which moment of the step the peak is (one of PHASES)
+    adapter_dropout: int = 0  # LoRA: each adapter dropout's copy of its input and mask, apart from ``activations``
 
     @property
     def total(self) -> int:
@@ -291,6 +302,7 @@ class MemoryBreakdown:
             + self.unsharded_in_flight
             + self.activations
             + self.logits_and_loss
+            + self.adapter_dropout
         )
 
     @property
@@ -309,6 +321,7 @@ class MemoryBreakdown:
             "optimizer_states": self.optimizer_states,
             "unsharded_in_flight": self.unsharded_in_flight,
             "activations": self.activations,
+            **({"adapter_dropout": self.adapter_dropout} if self.adapter_dropout else {}),
             "logits_and_loss": self.logits_and_loss,
             "overhead": self.overhead,
             "total": self.total,
@@ -369,14 +382,17 @@ def _phases(
     mask_bytes: int = DROPOUT_MASK_BYTES,
     document_mask: bool = False,
     compiled: bool = False,
-) -> dict[str, tuple[int, int, int, float]]:
+) -> dict[str, tuple[int, int, int, float, int]]:
     """(unsharded in flight, activations, logits and loss, share of the sharded gradients
-    already reduced in this micro-batch) at each moment, in bytes."""
+    already reduced in this micro-batch, adapter dropout's part of the activations) at each moment, in bytes."""
     e = element_size(precision)
     h, vocab, layers = arch.hidden_size, arch.vocab_size, arch.layers
     layer, root = _layer_and_root_parameters(arch)
     head_grad = e * vocab * h  # the output head's (or tied embedding's) unsharded gradient, until the root reduces
     kept = activation_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes, compiled=compiled) * tokens
+    # adapter dropout's copies and masks: kept by every layer without checkpointing, else by the layer in backward
+    dropout = adapter_dropout_bytes_per_token(arch, precision, lora, mask_bytes) * tokens
+    kept_dropout = dropout if checkpointing == "none" else 0
     adapters = 0
     gathered_layer = e * layer  # one decoder layer's parameters, gathered
     if lora is not None:
@@ -399,6 +415,7 @@ def _phases(
         layers * kept + rope,
         final_norm + loss_bytes_per_logit(precision) * chunk * vocab + e * h * tokens,
         0.0,
+        layers * kept_dropout,
     )
     # The last layer's backward: it and the prefetched layer below are gathered; its gradients
     # exist unsharded and, for the layer above it, as the fp32 reduce-scatter input; the
@@ -406,16 +423,17 @@ def _phases(
     trained = layer if lora is None else adapters
     in_layer = e * (root + 2 * adapters) + 2 * gathered_layer + head_grad + (e + REDUCE_BYTES) * trained
     backward = (backward_bytes_per_token(arch, precision, checkpointing, lora, mask_bytes) + e * h) * tokens
-    top = (in_layer, layers * kept + rope + backward, 0, 0.0)
-    bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers)
+    in_backward = dropout if checkpointing != "none" else 0  # the recomputed layer's copies
+    top = (in_layer, layers * kept + rope + backward, 0, 0.0, layers * kept_dropout + in_backward)
+    bottom = (in_layer, kept + rope + backward, 0, (layers - 1) / layers, kept_dropout + in_backward)
     # End of backward: the root's gradients, unsharded and as the fp32 reduce-scatter input.
-    root_reduce = (e * root + (e + REDUCE_BYTES) * root if lora is None else e * root, rope, 0, 1.0)
+    root_reduce = (e * root + (e + REDUCE_BYTES) * root if lora is None else e * root, rope, 0, 1.0, 0)
     return {
         "loss backward": loss,
         "top layer backward": top,
         "bottom layer backward": bottom,
         "root reduce": root_reduce,
-        "optimizer step": (0, 0, 0, 1.0),
+        "optimizer step": (0, 0, 0, 1.0, 0),
     }
 
 
@@ -466,7 +484,7 @@ def estimate(
 
     layer_grads = _trained_layer_elements(arch, lora, shard_group) * STATE_BYTES["grad"]
     peaks = []
-    for phase, (in_flight, activations, logits, reduced) in _phases(
+    for phase, (in_flight, activations, logits, reduced, dropout) in _phases(
         arch,
         precision,
         checkpointing,
@@ -483,9 +501,9 @@ def estimate(
         else:
             grads = int(reduced * layer_grads)
         allocated = states["param"] + states["optimizer"] + grads + in_flight + activations + logits
-        peaks.append((allocated, phase, grads, in_flight, activations, logits))
+        peaks.append((allocated, phase, grads, in_flight, activations, logits, dropout))
     # The phase of the highest peak (the first, on a tie).
-    _, phase, grads, in_flight, activations, logits = max(peaks, key=lambda peak: peak[0])
+    _, phase, grads, in_flight, activations, logits, dropout = max(peaks, key=lambda peak: peak[0])
 
     # With one micro-batch per step the gradients are allocated only as backward reduces
     # them, but the caching allocator keeps their blocks reserved from one step to the
@@ -496,8 +514,9 @@ def estimate(
         gradients=grads,
         optimizer_states=states["optimizer"],
         unsharded_in_flight=in_flight,
-        activations=activations,
+        activations=activations - dropout,
         logits_and_loss=logits,
+        adapter_dropout=dropout,
         overhead=FIXED_OVERHEAD_BYTES + fragmentation,
         hbm=hbm_bytes,
         fragmentation=fragmentation,

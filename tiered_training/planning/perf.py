@@ -35,14 +35,24 @@ document mask keeps it inside each example (``document_mask``). The trainer runs
 compiled FlexAttention with a block mask, which skips the blocks between examples: at
 most the causal FLOPs (one example filling the sequence), at the SDPA kernel's rate times
 FlexAttention's published share of FlashAttention-2's, 90% forward and 85% backward
-(https://pytorch.org/blog/flexattention/, "Performance"). Under **LoRA** the frozen
-base still runs forward and backward through its activations: per Linear the forward
-GEMM and the input-gradient GEMM, but no weight-gradient GEMM, about 2/3 of the 6N
-FLOPs per token of full training (forward 2N, backward 4N, half of it for the weights:
-Kaplan et al. 2020, https://arxiv.org/abs/2001.08361, section 2.1; the LoRA paper
-reports the saving, https://arxiv.org/abs/2106.09685, section 4.2). The adapters add
-their own small GEMMs, each paying the fixed per-GEMM cost; only the adapters'
-gradients are reduced and only their optimiser state is stepped.
+(https://pytorch.org/blog/flexattention/, "Performance").
+
+**Frozen weights (LoRA, QLoRA).** The frozen base still runs forward and backward through
+its activations: per Linear the forward GEMM and the input-gradient GEMM, but no
+weight-gradient GEMM, about 2/3 of the 6N FLOPs per token of full training (Kaplan et al.
+2020, https://arxiv.org/abs/2001.08361, section 2.1; https://arxiv.org/abs/2106.09685,
+section 4.2). Under FP8, torchao's ``Float8Linear`` computes the weight gradient whatever
+the weight needs (``matmul_with_hp_or_float8_args.backward``): compiled, AOTAutograd drops
+that unused GEMM and its casts; eager, it runs, and the model counts it. Each adapter
+(``adapter_seconds``) adds six thin GEMMs, ``lora_A`` and ``lora_B`` forward and both
+backward GEMMs of each, at the roofline of their FLOPs and the bytes they move (the adapted
+input read by ``lora_A`` forward and by its weight gradient, the input gradient it writes,
+the projection-wide output and gradient of ``lora_B``); the add of its scaled output, the
+scaled gradient and the extra input-gradient sum (``ADAPTER_ELEMENTWISE``); its dropout, when
+set, as its own term. QLoRA's NF4 base is dequantised by torchao's ``linear_nf4`` each time a
+projection runs, forward and again backward (``NF4_DEQUANT_BYTES`` per weight each time).
+Only the adapters' gradients are reduce-scattered and only their optimiser state is
+stepped; FSDP still all-gathers the frozen weights (in NF4 under QLoRA).
 
 Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitted by
 ``make calibrate`` on published runs (``catalog/calibration.yaml``).
@@ -56,6 +66,7 @@ from typing import Any
 
 from tiered_training.catalog import Instance, PerformanceModel, performance_model
 from tiered_training.contract.architecture import Architecture, Lora
+from tiered_training.planning.memory import frozen_layer_bytes
 
 # The selective checkpointing policy saves attention and every other matmul output:
 # backward recomputes about half of the forward matmul FLOPs, and every elementwise op.
@@ -87,6 +98,21 @@ EAGER_CAST_KERNELS = 6 + 4
 # One short kernel launched back to back costs a few microseconds whatever it moves
 # (NVIDIA, "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/).
 KERNEL_SECONDS = 4e-6
+# torchao's NF4 dequantisation of one weight (NF4Tensor.get_original_weight, eager), bytes per weight
+# element: the two nibbles shifted and masked (read 0.5, write 0.5 each) and widened to int64 (read 0.5,
+# write 4 each); each looked up in the 16-entry table (read 4, write 1 each); the block scales expanded
+# (write 1); each half multiplied by its scale (read 2, write 1 each); the halves stacked (read 2, write 2).
+# Ten kernels on the weight and four on the double-quantised scales.
+NF4_DEQUANT_BYTES = 32
+NF4_DEQUANT_KERNELS = 14
+# An adapter's elementwise work per token, in elements of (fan-in, fan-out), forward and backward,
+# besides its GEMMs. Compiled, Inductor fuses it into the neighbouring kernels: forward reads lora_B's
+# output once more (the scaled add), backward writes the scaled output gradient and reads lora_A's
+# input gradient once more (summed with the base's). Eager, each is its own kernel: the scale (read and
+# write the output) and the add (read two, write one) forward, the scale backward and the input
+# gradient's sum (read two, write one).
+# {compiled: ((forward fan-in, fan-out), (backward fan-in, fan-out))}
+ADAPTER_ELEMENTWISE = {True: ((0, 1), (1, 1)), False: ((0, 5), (3, 2))}
 
 
 @dataclass(frozen=True)
@@ -181,10 +207,30 @@ class StepTime:
     communication_total: float  # before overlap
     tokens_per_gpu: float
     micro_batches: int
+    # LoRA and QLoRA (0 without adapters): the adapters' GEMMs, their elementwise work, their dropout,
+    # and the NF4 base's dequantisation; ``frozen``: the base runs no weight-gradient GEMM
+    adapter_gemm: float = 0.0
+    adapter_elementwise: float = 0.0
+    adapter_dropout: float = 0.0
+    dequantization: float = 0.0
+    adapters: bool = False
+    frozen: bool = False
+    quantized: bool = False
 
     @property
     def seconds(self) -> float:
-        return self.gemm + self.attention + self.memory_bound + self.recompute + self.communication + self.optimizer
+        return (
+            self.gemm
+            + self.attention
+            + self.memory_bound
+            + self.recompute
+            + self.communication
+            + self.optimizer
+            + self.adapter_gemm
+            + self.adapter_elementwise
+            + self.adapter_dropout
+            + self.dequantization
+        )
 
     @property
     def tokens_per_second_per_gpu(self) -> float:
@@ -192,8 +238,40 @@ class StepTime:
 
     def terms(self) -> list[Term]:
         hidden = self.communication_total - self.communication
+        if not self.adapters:
+            gemms = "Linear layers and the output head, forward and backward, by shape"
+        elif self.frozen:
+            gemms = "frozen Linear layers and output head: forward and input-gradient GEMMs, no weight gradient"
+        else:
+            gemms = (
+                "frozen Linear layers: forward and both backward GEMMs (eager FP8 computes the unused weight gradient)"
+            )
+        adapters = []
+        if self.adapters:
+            adapters = [
+                Term(
+                    "LoRA: adapter GEMMs",
+                    self.adapter_gemm,
+                    "lora_A and lora_B, forward and both backward GEMMs, at the roofline of FLOPs and bytes moved",
+                ),
+                Term(
+                    "LoRA: adapter elementwise",
+                    self.adapter_elementwise,
+                    "the scaled add of lora_B's output, its scaled gradient, the input-gradient sum",
+                ),
+                Term("LoRA: adapter dropout", self.adapter_dropout, "each adapter's copy of its input and its mask"),
+            ]
+            if self.quantized:
+                adapters.append(
+                    Term(
+                        "QLoRA: NF4 dequantisation",
+                        self.dequantization,
+                        "each projection's NF4 weight to bf16 when it runs, forward and backward (torchao linear_nf4)",
+                    )
+                )
         return [
-            Term("compute: GEMMs", self.gemm, "Linear layers and the output head, forward and backward, by shape"),
+            Term("compute: GEMMs", self.gemm, gemms),
+            *adapters,
             Term("compute: attention", self.attention, "causal flash attention, forward and backward"),
             Term(
                 "compute: memory-bound",
@@ -206,7 +284,12 @@ class StepTime:
                 self.communication,
                 f"of {self.communication_total:.3f} s in all; {max(0.0, hidden):.3f} s hidden behind compute",
             ),
-            Term("optimiser step", self.optimizer, "AdamW and gradient clipping over the sharded fp32 state"),
+            Term(
+                "optimiser step",
+                self.optimizer,
+                "AdamW and gradient clipping over the "
+                + ("adapters' sharded fp32 state" if self.adapters else "sharded fp32 state"),
+            ),
         ]
 
 
@@ -254,8 +337,9 @@ class LinearCost:
         casts = 0.0
         if self.precision == "fp8" and self.compile:
             # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
-            # and the transposed copies backward needs: input, weight, output gradient.
-            moved = 8 * m * k + 5 * m * n + 7 * k * n
+            # and the transposed copies backward needs: input, weight, output gradient. A frozen
+            # weight's layer casts neither operand of the weight-gradient GEMM (compiled, it is dropped).
+            moved = (4 * m * k + 3 * m * n if frozen else 8 * m * k + 5 * m * n) + 7 * k * n
             casts = p.fp8_cast_factor * moved / (hw.hbm_bytes_per_s * p.memory_efficiency)
         elif self.precision == "fp8":
             casts = p.fp8_eager_cast_factor * eager_fp8_casts(m, k, n, hw.hbm_bytes_per_s * p.memory_efficiency)
@@ -275,6 +359,62 @@ def eager_fp8_casts(m: float, k: int, n: int, bandwidth: float) -> float:
     moved = 2 * EAGER_CAST_BYTES * elements + 2 * elements
     kernels = 6 * EAGER_CAST_KERNELS + 3
     return moved / bandwidth + kernels * KERNEL_SECONDS
+
+
+@dataclass(frozen=True)
+class AdapterCost:
+    """Seconds of one decoder layer's adapters (and, under QLoRA, its NF4 dequantisation) per micro-batch."""
+
+    gemm_fwd: float = 0.0
+    gemm_bwd: float = 0.0
+    elementwise_fwd: float = 0.0
+    elementwise_bwd: float = 0.0
+    dropout_fwd: float = 0.0
+    dropout_bwd: float = 0.0
+    dequant_fwd: float = 0.0
+    dequant_bwd: float = 0.0
+
+
+def thin_gemm_seconds(m: float, k: float, n: float, e: int, rate: float, bandwidth: float, overhead: float) -> float:
+    """One GEMM (``M x K`` by ``K x N``) at the roofline: its FLOPs at ``rate`` or the bytes it reads and
+    writes (both operands and the output, ``e`` bytes each) at ``bandwidth``, whichever is longer, plus
+    the fixed cost. An adapter's GEMMs have one side of ``rank`` elements: the bytes bound them."""
+    return max(2 * m * k * n / rate, e * (m * k + k * n + m * n) / bandwidth) + overhead
+
+
+def adapter_seconds(
+    arch: Architecture, hw: Hardware, setting: Setting, tokens: float, params: Parameters
+) -> AdapterCost:
+    """One layer's adapters on ``tokens`` tokens, per micro-batch (see the module docstring): for each
+    target projection (``K`` in, ``N`` out, rank ``r``), forward ``x @ A`` (M x K x r) and ``h @ B``
+    (M x r x N); backward ``g @ B`` and ``g^T h`` for lora_B, ``dh @ A`` and ``dh^T x`` for lora_A, in the high
+    precision. Under QLoRA, each projection's NF4 weight dequantised forward and backward."""
+    lora = setting.lora
+    if lora is None:
+        return AdapterCost()
+    e = 4 if setting.precision == "fp32" else 2
+    rate = hw.peak_bf16_flops * hw.compute_factor * params.gemm_efficiency / (2 if setting.precision == "fp32" else 1)
+    bw = hw.hbm_bytes_per_s * params.memory_efficiency
+    fixed = params.gemm_overhead_seconds
+    m, r = tokens, lora.rank
+    (in_fwd, out_fwd), (in_bwd, out_bwd) = ADAPTER_ELEMENTWISE[setting.compile]
+    gemm_fwd = gemm_bwd = elem_fwd = elem_bwd = dropout = dequant = 0.0
+    for name in lora.targets:
+        k, n = arch.projection_sizes()[name]
+        gemm_fwd += thin_gemm_seconds(m, k, r, e, rate, bw, fixed) + thin_gemm_seconds(m, r, n, e, rate, bw, fixed)
+        gemm_bwd += (
+            thin_gemm_seconds(m, n, r, e, rate, bw, fixed)  # lora_B input gradient
+            + thin_gemm_seconds(n, m, r, e, rate, bw, fixed)  # lora_B weight gradient
+            + thin_gemm_seconds(m, r, k, e, rate, bw, fixed)  # lora_A input gradient
+            + thin_gemm_seconds(r, m, k, e, rate, bw, fixed)  # lora_A weight gradient
+        )
+        elem_fwd += e * m * (in_fwd * k + out_fwd * n) / bw
+        elem_bwd += e * m * (in_bwd * k + out_bwd * n) / bw
+        if lora.dropout:  # forward: read x, write its copy and a one-byte mask; backward: read both, write
+            dropout += (2 * e + 1) * m * k / bw + KERNEL_SECONDS
+        if lora.quantized:
+            dequant += NF4_DEQUANT_BYTES * k * n / bw + NF4_DEQUANT_KERNELS * KERNEL_SECONDS
+    return AdapterCost(gemm_fwd, gemm_bwd, elem_fwd, elem_bwd, dropout, dropout, dequant, dequant)
 
 
 def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> float:
@@ -340,21 +480,15 @@ def step_time(
 
     # -- GEMMs --------------------------------------------------------------------------
     lora = setting.lora
-    frozen = lora is not None
+    # A frozen base runs no weight-gradient GEMM, except eager FP8: torchao's backward computes it anyway.
+    frozen = lora is not None and (setting.compile or setting.precision != "fp8")
     linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params)
     layer = [linear.seconds(tokens, k, n, frozen=frozen) for k, n in _linears(arch)]
     high = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)
-    adapter_bytes = 0.0
-    if lora is not None:
-        # Each adapter: lora_A (in -> rank) and lora_B (rank -> out), in the high precision,
-        # with their weight gradients; the dropout, scaling and add stream the input and output.
-        for name in lora.targets:
-            fan_in, fan_out = arch.projection_sizes()[name]
-            layer += [high.seconds(tokens, fan_in, lora.rank), high.seconds(tokens, lora.rank, fan_out)]
-            adapter_bytes += e * ((2 if lora.dropout else 0) * fan_in + 3 * fan_out)
+    adapter = adapter_seconds(arch, hw, setting, tokens, params)
     layer_gemm_fwd = sum(fwd for fwd, _, _ in layer)
     head_fwd, head_bwd, _ = high.seconds(
-        tokens, arch.hidden_size, arch.vocab_size, frozen=frozen
+        tokens, arch.hidden_size, arch.vocab_size, frozen=lora is not None
     )  # lm_head stays high precision
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
@@ -388,7 +522,7 @@ def step_time(
     # twice as much.
     q = arch.q_size
     qk_norms = 2 * (q + kv) if arch.qk_norm else 0
-    layer_fwd_bytes = (e * (4 * h + 2 * (q + kv) + 3 * f + 6 * h + 2 * q + qk_norms) + adapter_bytes) * eager
+    layer_fwd_bytes = e * (4 * h + 2 * (q + kv) + 3 * f + 6 * h + 2 * q + qk_norms) * eager
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
     layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
@@ -403,15 +537,30 @@ def step_time(
     else:
         attn_fwd_merge = 0.0
 
+    # -- the adapters (LoRA) and the NF4 base's dequantisation (QLoRA) ------------------------
+    adapter_gemm = arch.layers * (adapter.gemm_fwd + adapter.gemm_bwd)
+    adapter_elementwise = arch.layers * (adapter.elementwise_fwd + adapter.elementwise_bwd)
+    adapter_dropout = arch.layers * (adapter.dropout_fwd + adapter.dropout_bwd)
+    dequantization = arch.layers * (adapter.dequant_fwd + adapter.dequant_bwd)
+    adapter_fwd = adapter.elementwise_fwd + adapter.dropout_fwd  # the adapters' forward besides GEMMs
+
     # -- recomputation ---------------------------------------------------------------------
     if setting.checkpointing == "full":
-        recompute = arch.layers * (layer_gemm_fwd + attn_fwd + attn_fwd_merge + layer_fwd_mem)
+        recompute = arch.layers * (
+            layer_gemm_fwd + attn_fwd + attn_fwd_merge + layer_fwd_mem
+            + adapter.gemm_fwd + adapter_fwd + adapter.dequant_fwd
+        )  # fmt: skip
     elif setting.checkpointing == "selective":
-        recompute = arch.layers * (SELECTIVE_RECOMPUTED_MATMULS * layer_gemm_fwd + layer_fwd_mem)
+        recompute = arch.layers * (
+            SELECTIVE_RECOMPUTED_MATMULS * (layer_gemm_fwd + adapter.gemm_fwd + adapter.dequant_fwd)
+            + layer_fwd_mem
+            + adapter_fwd
+        )
     else:
         recompute = 0.0
 
-    compute = gemm + attention + memory_bound + recompute
+    compute = gemm + attention + memory_bound + recompute + adapter_gemm + adapter_elementwise + adapter_dropout
+    compute += dequantization
 
     # -- communication -------------------------------------------------------------------
     comm, first_unit, cp_exposed = _communication(
@@ -437,6 +586,13 @@ def step_time(
         communication_total=accum * (comm + first_unit + cp_exposed) + replicate,
         tokens_per_gpu=accum * tokens,
         micro_batches=accum,
+        adapter_gemm=accum * adapter_gemm,
+        adapter_elementwise=accum * adapter_elementwise,
+        adapter_dropout=accum * adapter_dropout,
+        dequantization=accum * dequantization,
+        adapters=lora is not None,
+        frozen=frozen,
+        quantized=lora is not None and lora.quantized,
     )
 
 
@@ -466,12 +622,14 @@ def _communication(
     param_bytes = 4 if setting.precision == "fp32" else 2
     counts = _counts(arch)
     layer_params, linear_params = counts.layer, counts.linear
-    if setting.precision == "fp8" and setting.fp8_recipe == "tensorwise" and setting.fp8_all_gather and group > 1:
+    lora = setting.lora
+    if lora is not None and lora.quantized:  # QLoRA: the adapted projections gathered in NF4
+        gathered = frozen_layer_bytes(arch, setting.precision, quantized=lora.targets)
+    elif setting.precision == "fp8" and setting.fp8_recipe == "tensorwise" and setting.fp8_all_gather and group > 1:
         gathered = linear_params * 1 + (layer_params - linear_params) * param_bytes  # float8 all-gather
     else:
         gathered = layer_params * param_bytes
     bw = bandwidth(group)
-    lora = setting.lora
     adapters = lora.layer_elements(arch) if lora is not None else 0
     layer_ag = _collective_seconds(gathered + adapters * param_bytes, group, bw)
     # fp32 gradient reduction: every parameter's, or under LoRA the adapters' only

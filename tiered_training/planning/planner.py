@@ -1204,8 +1204,8 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
             "full-parameter-alternative",
             f"full-parameter fine-tuning instead of LoRA needs {nodes} x {run.instance.name} ({alternative.setting}, "
             f"{found.memory.fraction:.0%} of HBM): {found.speed:,.0f} tokens/s per GPU, {hours:,.1f} h, "
-            f"{_dollars(alternative.cost_usd)}, against LoRA's {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, "
-            f"{_dollars(lora.cost_usd)}",
+            f"{_dollars(alternative.cost_usd)}, against LoRA's {lora.tokens_per_second_per_gpu:,.0f} tokens/s per GPU "
+            f"on {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, {_dollars(lora.cost_usd)}",
             "tuning.adapter",
         )
         return alternative
