@@ -90,7 +90,8 @@ def planned(cfg, world: int) -> dict:
                    hbm_bytes=cfg.hardware.hbm_bytes, loss_chunk_tokens=cfg.precision.loss_chunk_tokens,
                    grad_accum_steps=cfg.batch.grad_accum_steps, lora=lora, compiled=cfg.precision.compile,
                    dropout_mask_bytes=element_size(cfg.precision.precision))  # the CPU's dropout keeps its noise
-    terms = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "logits_and_loss")
+    terms = ("parameters", "gradients", "optimizer_states", "unsharded_in_flight", "activations", "adapter_dropout",
+             "logits_and_loss")
     return {"allocated": est.allocated, "peak_at": est.peak_at, **{k: getattr(est, k) for k in terms}}
 
 
