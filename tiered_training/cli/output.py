@@ -96,6 +96,7 @@ class Candidate(_Strict):
     ramp_start_accum_steps: int | None
     tokens_per_second_per_gpu: float = Field(description="predicted")
     memory_fraction: float = Field(description="predicted peak, a fraction of the GPU's memory")
+    why: str = Field("", description="why the probe measures it")
 
 
 class Plan(_Strict):

@@ -126,6 +126,7 @@ class Candidate:
     ramp_start_accum_steps: int | None
     tokens_per_second_per_gpu: float  # predicted
     memory_fraction: float  # predicted
+    why: str = ""  # why the probe measures it
 
     def describe(self) -> str:
         precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")

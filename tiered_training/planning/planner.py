@@ -160,6 +160,7 @@ class _Run(_Log):
     departures: list[Departure] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
     probe_options: list[Option] = field(default_factory=list)  # what the probe measures, the chosen one first
+    probe_why: list[str] = field(default_factory=list)  # why each of probe_options is measured
     lora: Lora | None = None  # task sft with LoRA adapters
     lora_section: LoraSection | None = None
     pinned: bool = False  # the recipe pins one configuration: it must fit the physical HBM, not the headroom
@@ -762,13 +763,34 @@ def _choose(run: _Run) -> Option | None:
 
 def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Option]:
     """The configurations the probe measures: the chosen one, then the fastest others that fit (FP8 only where the
-    choice may take it: against a tier that advises BF16, only when the chosen one is FP8 or the recipe pins FP8)."""
+    choice may take it: against a tier that advises BF16, only when the chosen one is FP8 or the recipe pins FP8).
+    An FP8 plan measures the fastest BF16 that fits (FP8 against BF16 is where the model errs most); context
+    parallelism is not measured where the sequence fits without it (the ring only adds work there).
+    ``run.probe_why`` gets the reason for each."""
     asked = run.recipe.tuning.probe_candidates
     count = asked if isinstance(asked, int) else (1 if run.pinned or run.strict else DEFAULT_PROBE_CANDIDATES)
     pool = [o for o in fitting if o is not chosen]
     if _fp8_against_tier(run) and chosen.setting.precision != "fp8":
         pool = [o for o in pool if o.setting.precision != "fp8"]
+    fits_without_cp = any(o.setting.context_parallel == 1 for o in fitting)
+    if fits_without_cp:
+        pool = [o for o in pool if o.setting.context_parallel == 1]
     picked = [chosen, *pool[: count - 1]]
+    bf16 = next((o for o in pool if o.setting.precision == "bf16"), None) if chosen.setting.precision == "fp8" else None
+    if count > 1 and bf16 is not None and bf16 not in picked:
+        picked = [*picked[: min(len(picked), count - 1)], bf16]
+
+    def against(o: Option) -> str:
+        return (
+            f"{round(o.speed, 1):,.0f} tokens/s per GPU predicted, {o.speed / chosen.speed - 1:+.1%} against the plan's"
+        )
+
+    run.probe_why = ["the plan's own configuration"] + [
+        f"BF16 against the plan's FP8, where the model errs most: the fastest BF16 that fits, {against(o)}"
+        if o is bf16
+        else f"the next fastest that fits: {against(o)}"
+        for o in picked[1:]
+    ]
     if count == 1:
         why = (
             "set in the recipe: the probe measures the plan's configuration only"
@@ -784,11 +806,16 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
         how = "set in the recipe" if isinstance(asked, int) else "auto"
+        fastest = "fastest " if bf16 not in picked[1:] else ""
         why = (
-            f"{how}: the probe measures the {len(picked)} fastest that fit ({chosen.speed:,.0f} predicted for the "
+            f"{how}: the probe measures the {len(picked)} {fastest}that fit ({chosen.speed:,.0f} predicted for the "
             f"plan's, then {others} tokens/s per GPU){short}; "
             "the full run takes the fastest measured under the headroom"
         )
+        if bf16 in picked[1:]:
+            why += "; an FP8 plan measures the fastest BF16"
+        if fits_without_cp and any(o.setting.context_parallel > 1 for o in fitting):
+            why += "; no context-parallel candidate: the sequence fits without it"
     run.decide("tuning.probe_candidates", len(picked), why, asked)
     return picked
 
@@ -1606,6 +1633,7 @@ def _candidates(run: _Run, chosen: Option, ramp_start: int | None) -> list[Candi
                 ramp_start_accum_steps=start,
                 tokens_per_second_per_gpu=round(option.speed, 1),
                 memory_fraction=round(option.memory.fraction, 4),
+                why=run.probe_why[number - 1] if number <= len(run.probe_why) else "the plan's own configuration",
             )
         )
     return found

@@ -458,7 +458,8 @@ def candidate_lines(plan: Plan) -> list[str]:
     for c in candidates:
         numbers = f"  {c.number:>2}  {c.tokens_per_second_per_gpu:>12,.0f}  {c.memory_fraction:>6.0%}"
         accum = f", accumulation {c.grad_accum_steps}"
-        out.append(Hang(f"{numbers}  {c.describe()}{accum}", len(numbers) + 2))
+        why = f": {c.why}" if getattr(c, "why", "") else ""
+        out.append(Hang(f"{numbers}  {c.describe()}{accum}{why}", len(numbers) + 2))
     return out
 
 
