@@ -150,6 +150,8 @@ def test_the_full_parameter_alternative_is_slower_than_lora_at_the_same_shape(pr
     assert f"LoRA's {plan.estimates.tokens_per_second_per_gpu:,.0f} tokens/s per GPU" in finding.message
     lines = [str(line) for line in report.explain_lines(plan)]
     assert all(any(line.strip().startswith(name) for line in lines) for name in ADAPTER_TERMS)
+    text = " ".join(" ".join(line.split()) for line in lines)
+    assert f"(LoRA: {plan.estimates.tokens_per_second_per_gpu:,.0f} tokens/s per GPU on 1 node(s)" in text
 
 
 def test_explain_of_the_lora_template_and_a_qlora_plan_lists_the_terms():

@@ -425,7 +425,8 @@ def explain_lines(plan: Plan) -> list[str]:
             f"  {full.nodes} x {plan.instance.name}: {full.setting}, {full.memory_fraction:.0%} of HBM, "
             f"{full.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, {_hours(full.wall_time_hours)}, "
             f"{_cost(full.cost_usd)} "
-            f"(LoRA: {plan.nodes} node(s), {_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
+            f"(LoRA: {plan.estimates.tokens_per_second_per_gpu:,.0f} tokens/s per GPU on {plan.nodes} node(s), "
+            f"{_hours(plan.estimates.wall_time_hours)}, {_cost(plan.estimates.cost_usd)})"
         )
     if getattr(plan, "adapter", None) in ("lora", "qlora"):
         out += ["", *_largest_lines(plan.recipe.sequence_length)]
