@@ -76,7 +76,24 @@ ALL: tuple[MetricSpec, ...] = (
     NON_FINITE_LOSS,
     VALIDATION_LOSS,
 )
-BY_NAME = {m.name: m for m in ALL}
+
+# Straggler scores (``training/components/straggler.py``): each rank's time over a window of steps, the fastest
+# rank's over its own, per phase and for the step (NVIDIA Resiliency Extension's relative score), gathered every few
+# steps and published by global rank 0 at the metrics cadence. 1 is the fastest rank; 0.8 takes 1.25 times as long.
+GPU_DIMENSIONS: tuple[str, ...] = ("Recipe", "Node", "Gpu")  # Gpu: the rank's local rank on its node
+STRAGGLER_SCORE = MetricSpec(
+    "StragglerScore",
+    "None",
+    "the slowest rank's score: the fastest rank's step time over its own (its host, GPU and slow phase are the "
+    "event's StragglerHost, StragglerGpu and StragglerPhase; HostStragglerScore names the host as a dimension)",
+)
+HOST_STRAGGLER_SCORE = MetricSpec(
+    "HostStragglerScore", "None", "the lowest straggler score of the host's ranks", NODE_DIMENSIONS
+)
+GPU_STRAGGLER_SCORE = MetricSpec("GpuStragglerScore", "None", "the straggler score of one rank", GPU_DIMENSIONS)
+STRAGGLER: tuple[MetricSpec, ...] = (STRAGGLER_SCORE, HOST_STRAGGLER_SCORE, GPU_STRAGGLER_SCORE)
+
+BY_NAME = {m.name: m for m in ALL + STRAGGLER}
 
 # Probe output: one line per finding, parsed by the Probe step's MetricDefinitions, which put the last
 # value of each in the step's FinalMetricDataList (the gate and the Train step read it from there).
