@@ -273,6 +273,10 @@ class TrainingMonitoring(Construct):
             fitting.LOSS: m.loss_or_nan(period=period(fitting.LOSS)),
             fitting.STALLED: m.stalled(fit.stall_min_reports, period=period(fitting.STALLED)),
             fitting.EXECUTION_FAILED: m.execution_failed(period=period(fitting.EXECUTION_FAILED)),
+            # the window's highest score: below the threshold only when the slow rank stayed slow throughout
+            fitting.STRAGGLER: m.metric(
+                catalogue.STRAGGLER_SCORE, statistic="Maximum", period=period(fitting.STRAGGLER)
+            ),
         }
         if fitting.VALIDATION in fit.alarms:
             watched[fitting.VALIDATION] = m.validation_gap(period=period(fitting.VALIDATION))
@@ -395,6 +399,18 @@ class TrainingMonitoring(Construct):
                     line(round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, "plan"),
                     line(round(mon.max_memory_fraction * 100, 2), "alarm"),
                 ],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Straggler score by host (fastest rank's step time over the host's slowest rank's)",
+                [m.insights(catalogue.HOST_STRAGGLER_SCORE, "MIN", group_by_node=True, label="straggler score")],
+                annotations=[line(fitting.STRAGGLER_THRESHOLD, "alarm", "#d62728")],
+            ),
+            graph(
+                "Slowest rank's straggler score",
+                [m.metric(catalogue.STRAGGLER_SCORE, statistic="Minimum")],
+                annotations=[line(fitting.STRAGGLER_THRESHOLD, "alarm", "#d62728")],
             ),
         )
         dashboard.add_widgets(

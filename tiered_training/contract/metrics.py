@@ -81,6 +81,7 @@ ALL: tuple[MetricSpec, ...] = (
 # rank's over its own, per phase and for the step (NVIDIA Resiliency Extension's relative score), gathered every few
 # steps and published by global rank 0 at the metrics cadence. 1 is the fastest rank; 0.8 takes 1.25 times as long.
 GPU_DIMENSIONS: tuple[str, ...] = ("Recipe", "Node", "Gpu")  # Gpu: the rank's local rank on its node
+STRAGGLER_GATHER_EVERY_STEPS = 5  # the ranks' times are gathered every this many steps (the alarm is fitted to it)
 STRAGGLER_SCORE = MetricSpec(
     "StragglerScore",
     "None",

@@ -52,6 +52,11 @@ LOSS = "LossDiverging"
 VALIDATION = "ValidationLossDiverging"
 STALLED = "Stalled"
 EXECUTION_FAILED = "ExecutionFailed"
+STRAGGLER = "Straggler"
+# The slowest rank's straggler score (the fastest rank's step time over its own) below which a whole window
+# alarms. Healthy ranks of one plan differ by a few percent; a GPU at 0.85 of the others' speed in forward and
+# backward scores about 0.86.
+STRAGGLER_THRESHOLD = 0.9
 
 
 def whole_minutes(seconds: float) -> int:
@@ -135,6 +140,11 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
     ceiling = loss_ceiling(plan)
     plan_rate = plan.estimates.tokens_per_second_per_gpu
     minutes = window // MINUTE
+    # Straggler scores are gathered every few steps and published at the first gather after the cadence: one
+    # datapoint at least every C + (gather steps) * T. The alarm watches the window's highest score, so it fires
+    # once every score in the window is below the threshold: the slow rank stayed slow for the whole window.
+    straggler_every = c + catalogue.STRAGGLER_GATHER_EVERY_STEPS * t
+    straggler_window = whole_minutes(max(MIN_WINDOW_SECONDS, 2 * straggler_every + c))
 
     alarms = [
         AlarmFit(
@@ -177,6 +187,17 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
             1,
             "GreaterThanOrEqualToThreshold",
             stall + 2 * EVALUATION_SECONDS + int(math.ceil(c)),
+        ),
+        AlarmFit(
+            STRAGGLER,
+            f"the slowest rank's straggler score (StragglerScore) below {STRAGGLER_THRESHOLD:g} of the fastest "
+            f"rank for {straggler_window // MINUTE} min; the host is the Node dimension of the lowest "
+            "HostStragglerScore (GpuStragglerScore: host and GPU; the log line and the event's StragglerHost, "
+            "StragglerGpu and StragglerPhase say the same)",
+            straggler_window,
+            STRAGGLER_THRESHOLD,
+            "LessThanThreshold",
+            straggler_window + int(math.ceil(straggler_every)) + 2 * EVALUATION_SECONDS,
         ),
         AlarmFit(
             EXECUTION_FAILED,

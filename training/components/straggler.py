@@ -47,7 +47,7 @@ PHASE_NAMES = {
     "optimizer": "optimiser",
     "checkpoint": "checkpoint",
 }
-GATHER_EVERY_STEPS = 5
+GATHER_EVERY_STEPS = catalogue.STRAGGLER_GATHER_EVERY_STEPS
 SLOW_SCORE = 0.95  # below it, the line names the rank as a straggler
 SLOW_HOST_VARIABLE = "TIERED_TRAINING_SLOW_HOST"
 TINY_SECONDS = 1e-6  # a phase this short on a rank scores 1 (nothing to compare)
