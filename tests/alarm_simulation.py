@@ -5,7 +5,7 @@ SageMaker: global rank 0 on the first node, local rank 0 on every node) through 
 the plan's step time, checkpoint saves, validation passes, start-ups, hangs and stops,
 with the heartbeat ticking as its thread would. Global rank 0's ``StragglerHook``
 (training/components/straggler.py) gathers every rank's phase times from :class:`RankTimes`:
-each rank a few percent apart (a healthy run's spread), one host slower when the conditions say so. No torch: the hooks get the trainer's
+each rank a few percent apart (a healthy run's spread), one GPU slower when the conditions say so. No torch: the hooks get the trainer's
 ``StepStats`` as the trainer would fill them. The lines land in a
 :class:`cloudwatch_alarms.MetricStore`.
 """
@@ -49,13 +49,13 @@ class Conditions:
     validation_gap: Callable[[float], float] = lambda t: 0.03
     idle_node: Callable[[float], int | None] = lambda t: None  # index of a node whose GPUs idle
     hang_at: float | None = None  # a step that starts after this never ends
-    slow_host: Callable[[float], tuple[int, float] | None] = lambda t: None  # (node index, its speed) when slow
+    slow_gpu: Callable[[float], tuple[int, float] | None] = lambda t: None  # (node index, speed): its last GPU
 
 
 class RankTimes:
     """The all-gather of a StragglerHook on global rank 0: every rank's window, from rank 0's own.
 
-    Forward/backward differs per rank by up to RANK_SPREAD (changing at every gather), and on a slow host it takes
+    Forward/backward differs per rank by up to RANK_SPREAD (changing at every gather), and on the slow GPU it takes
     1/speed as long; the other phases are rank 0's."""
 
     def __init__(self, sim: Simulation):
@@ -69,11 +69,11 @@ class RankTimes:
     def floats(self, values):
         self.gathers += 1
         gpus = self.sim.plan.instance.gpus
-        slow = self.sim.conditions.slow_host(self.sim.now)
+        slow = self.sim.conditions.slow_gpu(self.sim.now)
         rows = []
         for rank in range(self.sim.plan.gpus):
             spread = 1 + RANK_SPREAD * (((rank * 7 + self.gathers * 3) % 11) / 10)
-            speed = slow[1] if slow is not None and rank // gpus == slow[0] else 1.0
+            speed = slow[1] if slow is not None and rank == slow[0] * gpus + gpus - 1 else 1.0
             row = list(values)
             row[1] = values[1] * spread / speed
             rows.append(row)

@@ -291,8 +291,9 @@ def with_routing_findings(plan: Plan, context: Mapping[str, object] | None = Non
 def markdown_table(plans: list[Plan]) -> str:
     """Each plan's step time, windows and times to fire, in minutes (``python -m tiered_training.planning.alarms``)."""
     rows = [
-        "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation |",
-        "|---|---|---|---|---|---|---|",
+        "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation "
+        "| straggler window | straggler |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for plan in plans:
         fit = fit_alarms(plan)
@@ -303,8 +304,11 @@ def markdown_table(plans: list[Plan]) -> str:
             fit[STALLED].fires_within_seconds / MINUTE,
         ]
         validation = fit.alarms.get(VALIDATION)
+        straggler = fit[STRAGGLER]
         cells = [f"{m:.0f}" for m in minutes] + [
-            f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-"
+            f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-",
+            f"{straggler.period_seconds / MINUTE:.0f}",
+            f"{straggler.fires_within_seconds / MINUTE:.0f}",
         ]
         rows.append(f"| {plan.name} | {fit.step_seconds:.0f} s | " + " | ".join(cells) + " |")
     return "\n".join(rows)
