@@ -94,7 +94,37 @@ HOST_STRAGGLER_SCORE = MetricSpec(
 GPU_STRAGGLER_SCORE = MetricSpec("GpuStragglerScore", "None", "the straggler score of one rank", GPU_DIMENSIONS)
 STRAGGLER: tuple[MetricSpec, ...] = (STRAGGLER_SCORE, HOST_STRAGGLER_SCORE, GPU_STRAGGLER_SCORE)
 
-BY_NAME = {m.name: m for m in ALL + STRAGGLER}
+
+# What NVML says about each GPU (``training/components/gpu_health.py``), per GPU on each node's local rank 0 at the
+# metrics cadence; left out where NVML or a GPU is absent.
+def _gpu(name: str, unit: str, description: str) -> MetricSpec:
+    return MetricSpec(name, unit, description, GPU_DIMENSIONS, gpu_only=True)
+
+
+GPU_SM_CLOCK = _gpu("GpuSmClockFraction", "Percent", "SM clock as a percentage of its maximum")
+GPU_THROTTLE_THERMAL = _gpu("GpuThrottleThermal", "Count", "1 when a thermal slowdown (software or hardware) holds")
+GPU_THROTTLE_POWER = _gpu("GpuThrottlePower", "Count", "1 when the power cap or the hardware power brake holds")
+GPU_THROTTLE_HARDWARE = _gpu("GpuThrottleHardware", "Count", "1 when a hardware slowdown holds")
+GPU_TEMPERATURE = _gpu("GpuTemperature", "None", "GPU temperature, degrees Celsius")
+GPU_POWER = _gpu("GpuPowerWatts", "None", "GPU power draw, watts")
+GPU_ECC_UNCORRECTED = _gpu("GpuEccUncorrected", "Count", "volatile uncorrected ECC errors since the driver loaded")
+GPU_REMAP_PENDING = _gpu("GpuRemappedRowsPending", "Count", "1 when a row remapping waits for a GPU reset")
+GPU_REMAP_FAILED = _gpu("GpuRemappedRowsFailed", "Count", "1 when a row remapping failed")
+GPU_XID = _gpu("GpuXidErrors", "Count", "critical XID events in the interval (NVML's event set)")
+GPU_HEALTH: tuple[MetricSpec, ...] = (
+    GPU_SM_CLOCK,
+    GPU_THROTTLE_THERMAL,
+    GPU_THROTTLE_POWER,
+    GPU_THROTTLE_HARDWARE,
+    GPU_TEMPERATURE,
+    GPU_POWER,
+    GPU_ECC_UNCORRECTED,
+    GPU_REMAP_PENDING,
+    GPU_REMAP_FAILED,
+    GPU_XID,
+)
+
+BY_NAME = {m.name: m for m in ALL + STRAGGLER + GPU_HEALTH}
 
 # Probe output: one line per finding, parsed by the Probe step's MetricDefinitions, which put the last
 # value of each in the step's FinalMetricDataList (the gate and the Train step read it from there).
