@@ -18,6 +18,7 @@ XID meanings: NVIDIA's XID catalogue, https://docs.nvidia.com/deploy/xid-errors/
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -81,7 +82,7 @@ class GpuHealth:
         self._events: Any = None
         try:
             if nvml is None:
-                import pynvml as nvml
+                nvml = importlib.import_module("pynvml")
             nvml.nvmlInit()
             self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
             self.nvml = nvml
@@ -100,9 +101,9 @@ class GpuHealth:
     def available(self) -> bool:
         return bool(self.handles)
 
-    def _try(self, fn: Callable[[], Any]) -> Any:
+    def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return fn()
+            return fn(*args)
         except Exception:  # this query is not supported on this GPU: left out
             return None
 
@@ -112,31 +113,32 @@ class GpuHealth:
         found = []
         for handle in self.handles:
             values: list[tuple[MetricSpec, float]] = []
-            sm = self._try(lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
-            top = self._try(lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, nvml.NVML_CLOCK_SM))
+            sm = self._try(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+            top = self._try(nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM)
             if sm is not None and top:
                 values.append((c.GPU_SM_CLOCK, 100.0 * sm / top))
-            reasons = self._try(lambda h=handle: nvml.nvmlDeviceGetCurrentClocksEventReasons(h))
+            reasons = self._try(nvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
             if reasons is not None:
                 values += [
                     (c.GPU_THROTTLE_THERMAL, 1.0 if reasons & THERMAL_BITS else 0.0),
                     (c.GPU_THROTTLE_POWER, 1.0 if reasons & POWER_BITS else 0.0),
                     (c.GPU_THROTTLE_HARDWARE, 1.0 if reasons & HARDWARE_BITS else 0.0),
                 ]
-            temperature = self._try(lambda h=handle: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
+            temperature = self._try(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
             if temperature is not None:
                 values.append((c.GPU_TEMPERATURE, float(temperature)))
-            power = self._try(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h))
+            power = self._try(nvml.nvmlDeviceGetPowerUsage, handle)
             if power is not None:
                 values.append((c.GPU_POWER, power / 1000.0))  # milliwatts
             ecc = self._try(
-                lambda h=handle: nvml.nvmlDeviceGetTotalEccErrors(
-                    h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
-                )
+                nvml.nvmlDeviceGetTotalEccErrors,
+                handle,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
             )
             if ecc is not None:
                 values.append((c.GPU_ECC_UNCORRECTED, float(ecc)))
-            rows = self._try(lambda h=handle: nvml.nvmlDeviceGetRemappedRows(h))
+            rows = self._try(nvml.nvmlDeviceGetRemappedRows, handle)
             if rows is not None:
                 _, _, pending, failed = rows
                 values += [(c.GPU_REMAP_PENDING, float(bool(pending))), (c.GPU_REMAP_FAILED, float(bool(failed)))]
@@ -153,7 +155,7 @@ class GpuHealth:
             data = nvml.nvmlEventSetWait_v2(self._events, int(timeout_s * 1000))
         except Exception:  # NVML_ERROR_TIMEOUT: no event in the time
             return None
-        index = self._try(lambda: nvml.nvmlDeviceGetIndex(data.device))
+        index = self._try(nvml.nvmlDeviceGetIndex, data.device)
         return XidEvent(int(index) if index is not None else -1, int(data.eventData))
 
 

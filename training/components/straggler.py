@@ -69,9 +69,7 @@ def relative_scores(times: Sequence[Sequence[float]]) -> list[list[float]]:
         return []
     columns = len(times[0])
     fastest = [min(row[c] for row in times) for c in range(columns)]
-    return [
-        [1.0 if row[c] <= TINY_SECONDS else max(0.0, fastest[c]) / row[c] for c in range(columns)] for row in times
-    ]
+    return [[1.0 if row[c] <= TINY_SECONDS else max(0.0, fastest[c]) / row[c] for c in range(columns)] for row in times]
 
 
 @dataclass(frozen=True)
@@ -285,7 +283,8 @@ class StragglerHook:
             hosts[r.host] = min(hosts.get(r.host, 1.0), r.step)
         per_host = ", ".join(f"{h} {s:.2f}" for h, s in sorted(hosts.items()))
         if slowest.step >= SLOW_SCORE or self._slow_since is None:
-            return f"straggler: none (slowest {slowest.host} GPU {slowest.gpu} at {slowest.step:.2f}; hosts: {per_host})"
+            where = f"{slowest.host} GPU {slowest.gpu}"
+            return f"straggler: none (slowest {where} at {slowest.step:.2f}; hosts: {per_host})"
         since = (now if now is not None else self.clock()) - self._slow_since[1]
         phase = slowest.slow_phase
         return (
