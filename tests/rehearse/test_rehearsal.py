@@ -116,6 +116,32 @@ def test_the_slowed_host_is_named_by_the_straggler_score(rehearsal):
     assert result.to_dict()["executions"][0]["stragglers"]["Train attempt 1"]["host"] == "algo-2"
 
 
+def test_the_straggler_alarm_fires_on_the_rehearsals_metrics(rehearsal):
+    """The plan's fitted Straggler alarm (its metric, statistic, period and threshold as the construct builds it),
+    evaluated minute by minute as CloudWatch would on the EMF lines rank 0 printed: it fires."""
+    from cloudwatch_alarms import Alarm, MetricStore
+
+    from tiered_training.contract import metrics as catalogue
+    from tiered_training.planning import alarms as fitting
+    from tiered_training.planning.planner import plan_file
+
+    result, log, root = rehearsal
+    plan = plan_file(root / "qwen2.5-32b-hybrid.yaml")
+    fit = fitting.fit_alarms(plan)[fitting.STRAGGLER]
+    alarm = Alarm({
+        "Namespace": catalogue.NAMESPACE, "MetricName": catalogue.STRAGGLER_SCORE.name, "Statistic": "Maximum",
+        "Dimensions": [{"Name": "Recipe", "Value": plan.name}], "Period": fit.period_seconds,
+        "Threshold": fit.threshold, "ComparisonOperator": fit.comparison, "EvaluationPeriods": fit.evaluation_periods,
+        "DatapointsToAlarm": fit.datapoints_to_alarm, "TreatMissingData": fit.treat_missing_data,
+    }, name=fitting.STRAGGLER)
+    store = MetricStore()
+    lines = [line for attempt in result.train_attempts() for line in attempt.detail["emf"]["algo-1"]]
+    assert store.add_emf_lines("\n".join(lines))
+    times = [json.loads(line)["_aws"]["Timestamp"] / 1000 for line in lines if '"StragglerScore"' in line]
+    at = alarm.first_alarm(store, min(times), max(times) + fit.fires_within_seconds)
+    assert at is not None and at - min(times) <= fit.fires_within_seconds
+
+
 def test_the_work_directory_keeps_the_trace_the_summary_and_the_export(rehearsal):
     result, log, root = rehearsal
     work = root / "work"
