@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from cloudwatch_alarms import MetricStore
 
 from tiered_training.planning.plan import Plan
+from training.components.gpu_health import GpuHealth, GpuHealthMonitor, XidEvent
 from training.components.metrics import MetricsHook
 from training.components.straggler import StragglerHook
 from training.step_stats import StepStats
@@ -49,7 +50,30 @@ class Conditions:
     validation_gap: Callable[[float], float] = lambda t: 0.03
     idle_node: Callable[[float], int | None] = lambda t: None  # index of a node whose GPUs idle
     hang_at: float | None = None  # a step that starts after this never ends
+    xid: tuple[float, int, int, int] | None = None  # (time, node index, GPU, XID): that GPU reports it then
     slow_gpu: Callable[[float], tuple[int, float] | None] = lambda t: None  # (node index, speed): its last GPU
+
+
+class HealthyNvml:
+    """An NVML stand-in (tests only): every GPU at its full clock, 65 C, 700 W, no errors."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 1, 0, 1, 0
+    nvmlEventTypeXidCriticalError = 0x8
+
+    def __init__(self, gpus: int):
+        self.gpus = gpus
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return self.gpus
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetMaxClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0
+    def nvmlDeviceGetTemperature(self, h, sensor): return 65
+    def nvmlDeviceGetPowerUsage(self, h): return 700_000
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return 0
+    def nvmlDeviceGetRemappedRows(self, h): return (0, 0, 0, 0)
+    def nvmlEventSetCreate(self): raise RuntimeError("the simulation sends XID events itself")
 
 
 class RankTimes:
@@ -127,6 +151,13 @@ class Simulation:
             )
             for i in range(self.plan.nodes)
         ]
+        gpus = self.plan.instance.gpus
+        self.health = [
+            GpuHealthMonitor(self.cfg, GpuHealth(HealthyNvml(gpus)), node=f"algo-{i + 1}", stream=self.out,
+                             clock=self.clock, failure_dir="")
+            for i in range(self.plan.nodes)
+        ]
+        self._next_health = self.now + self.cfg.metrics.interval_seconds
         self.straggler = StragglerHook(self.cfg, rank=0, local_rank=0, node="algo-1", gather=RankTimes(self),
                                        stream=self.out, clock=self.clock)
 
@@ -139,7 +170,22 @@ class Simulation:
             self.clock.now += TICK_SECONDS
             for hook in self.hooks:
                 hook.tick()
+            self._gpu_health()
         self.clock.now = end
+        self._gpu_health()
+
+    def _gpu_health(self) -> None:
+        """Each node's GPU monitor (while a process runs): an XID when the conditions say, events at the cadence."""
+        if not self.hooks:
+            return
+        xid = self.conditions.xid
+        if xid is not None and xid[0] <= self.now and not getattr(self, "_xid_sent", False):
+            self.health[xid[1]].record(XidEvent(xid[2], xid[3]))
+            self._xid_sent = True
+        if self.now >= self._next_health:
+            for monitor in self.health:
+                monitor.emit()
+            self._next_health = self.now + self.cfg.metrics.interval_seconds
 
     def healthy_loss(self) -> float:
         return 2.2 + (self.ln_v - 2.2) * math.exp(-self.step / 400)

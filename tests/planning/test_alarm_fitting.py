@@ -128,7 +128,7 @@ def test_validation_alarm_only_with_a_validation_loss(tmp_path):
     none = alarms.fit_alarms(plan_of(tmp_path, "none", **{"data.validation_fraction": 0}))
     assert alarms.VALIDATION not in none.alarms
     assert set(none.alarms) == {alarms.THROUGHPUT, alarms.GPU_UTILIZATION, alarms.MEMORY, alarms.LOSS,
-                                alarms.STALLED, alarms.EXECUTION_FAILED, alarms.STRAGGLER}
+                                alarms.STALLED, alarms.EXECUTION_FAILED, alarms.STRAGGLER, alarms.GPU_FAULT}
     failed = none[alarms.EXECUTION_FAILED]
     assert (failed.period_seconds, failed.threshold, failed.comparison, failed.fires_within_seconds, failed.notifies) == (
         300, 1, "GreaterThanOrEqualToThreshold", 360, False)

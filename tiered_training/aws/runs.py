@@ -306,7 +306,7 @@ def read_progress(
         pairs = sorted(zip(result.get("Timestamps", []), result.get("Values", [])), key=lambda p: p[0])
         if pairs:
             latest[result["Id"]] = float(pairs[-1][1])
-    straggler = read_straggler(cw, target, start, now) if latest else None
+    straggler = read_straggler(cw, target, start, now)
     in_probe = bool(running) and running[-1]["name"] == S_PROBE
     total = target.probe_steps if in_probe else target.total_steps
     step = int(latest["step"]) if "step" in latest else None

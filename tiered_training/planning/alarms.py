@@ -53,6 +53,7 @@ VALIDATION = "ValidationLossDiverging"
 STALLED = "Stalled"
 EXECUTION_FAILED = "ExecutionFailed"
 STRAGGLER = "Straggler"
+GPU_FAULT = "GpuFault"
 # The slowest rank's straggler score (the fastest rank's step time over its own) below which a whole window
 # alarms. Healthy ranks of one plan differ by a few percent; a GPU at 0.85 of the others' speed in forward and
 # backward scores about 0.86.
@@ -198,6 +199,17 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
             STRAGGLER_THRESHOLD,
             "LessThanThreshold",
             straggler_window + int(math.ceil(straggler_every)) + 2 * EVALUATION_SECONDS,
+        ),
+        AlarmFit(
+            GPU_FAULT,
+            f"a GPU reported a critical XID event (GpuXidErrors; its Node and Gpu dimensions name the host and GPU, "
+            f"the log's gpu-health line the XID: uncorrectable ECC 48, row remapping 63/64, NVLink 74, lost GPU 79, "
+            f"...) within {minutes} min",
+            window,
+            1,
+            "GreaterThanOrEqualToThreshold",
+            # counted in the GPU's next event (at most C later), seen at the next evaluation
+            int(math.ceil(c)) + 2 * EVALUATION_SECONDS,
         ),
         AlarmFit(
             EXECUTION_FAILED,
