@@ -12,7 +12,7 @@ NVIDIA's datasheet dense BF16 peak and NVLink bandwidth, AWS's EFA bandwidth per
   NVLink bandwidth per GPU and direction;
 - all-reduce across nodes: at least :data:`NETWORK_FRACTION` of the instance's EFA bandwidth over its GPUs.
 
-A rank below its figure fails the check: rank 0 raises :class:`HealthCheckFailed` naming the host, the GPU and the
+A rank below its figure fails the check: every rank raises :class:`HealthCheckFailed` naming the host, the GPU and the
 figure, the launcher writes it as the Probe job's FailureReason, and the job fails before any candidate runs, so
 the pipeline's gate never starts training on those instances.
 
@@ -186,9 +186,7 @@ def run(cfg, environ: Mapping[str, str] | None = None) -> list[RankFigures]:
     gathered: list = [None] * info.world_size
     dist.all_gather_object(gathered, asdict(mine))
     figures = [RankFigures(**found) for found in gathered]
-    if info.rank != 0:
-        return figures
-    for rank in figures:
+    for rank in figures if info.rank == 0 else []:
         print(
             f"health check: {rank.host} GPU {rank.gpu}: matmul {rank.matmul_tflops:,.2f} TFLOP/s"
             + (f", all-reduce in node {rank.node_gbps:,.2f} GB/s" if rank.node_gbps is not None else "")
@@ -198,19 +196,21 @@ def run(cfg, environ: Mapping[str, str] | None = None) -> list[RankFigures]:
     if expected is None and cuda:
         expected = Expected.from_catalogue(cfg.hardware)
     if expected is None:
-        print(
-            "health check: figures measured on the CPU are not compared with the catalogue's GPU figures "
-            f"({EXPECT_VARIABLE} gives a rehearsal's own)",
-            flush=True,
-        )
+        if info.rank == 0:
+            print(
+                "health check: figures measured on the CPU are not compared with the catalogue's GPU figures "
+                f"({EXPECT_VARIABLE} gives a rehearsal's own)",
+                flush=True,
+            )
         return figures
-    found = problems(figures, expected)
+    found = problems(figures, expected)  # every rank decides alike: each host's job fails at once
     seconds = time.perf_counter() - started
     if found:
         raise HealthCheckFailed(
             f"health check failed on {len({line.split(' GPU ')[0] for line in found})} host(s): " + "; ".join(found)
         )
-    print(f"health check: every rank meets the expected figures ({expected.source}); {seconds:.1f} s", flush=True)
+    if info.rank == 0:
+        print(f"health check: every rank meets the expected figures ({expected.source}); {seconds:.1f} s", flush=True)
     return figures
 
 
