@@ -44,6 +44,7 @@ JOB_TIMEOUT_S = 900.0
 STOP_GRACE_S = 2.0  # when the rehearsal itself is stopped: SIGTERM, then SIGKILL this much later
 PROGRESS = (
     "straggler: ",
+    "health check: ",
     "step ",
     "probe candidate",
     "PROBE ",

@@ -82,6 +82,9 @@ class Options:
     overrides: tuple[str, ...] = ()  # --set key.path=value on the recipe
     slow_candidate: str | None = None  # N[:SECONDS]: the Probe slows candidate N's steps (SlowCandidate)
     slow_host: str | None = None  # N[:FACTOR]: host algo-N's forward/backward at FACTOR of its speed (SlowHost)
+    # The Probe's health check compares this machine's figures with these (TIERED_TRAINING_HEALTH_EXPECT,
+    # training/health_check.py), e.g. "matmul_tflops=1000000" to fail it; none: CPU figures are not compared.
+    health_expect: str | None = None
 
 
 SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"  # the container's rehearsal-only slow-down (docs/container.md)
@@ -118,6 +121,7 @@ class SlowCandidate:
         return f"{self.number}:{self.seconds:g}"
 
 
+HEALTH_EXPECT_VARIABLE = "TIERED_TRAINING_HEALTH_EXPECT"  # training.health_check reads it (rehearsals only)
 SLOW_HOST_VARIABLE = "TIERED_TRAINING_SLOW_HOST"  # training.components.straggler reads it (rehearsals only)
 DEFAULT_SLOW_FACTOR = 0.5
 # The straggler scores are gathered every 5 steps (training.components.straggler.GATHER_EVERY_STEPS), the
@@ -699,7 +703,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                 interrupt=interrupt,
                 say=say,
-                environment=_environment(slowed, slow_host),
+                environment=_environment(slowed, slow_host, options.health_expect),
             )
             limits = {
                 "probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")
@@ -1033,11 +1037,15 @@ def _emf_summary(lines: list[str]) -> str:
     return text + (f"; last event: {events[-1][:300]}" if events else "")
 
 
-def _environment(slowed: SlowCandidate | None, slow_host: SlowHost | None) -> dict[str, dict[str, str]]:
+def _environment(
+    slowed: SlowCandidate | None, slow_host: SlowHost | None, health_expect: str | None = None
+) -> dict[str, dict[str, str]]:
     """The rehearsal's own variables, per step name (a training chain's name stands for its segments)."""
     found: dict[str, dict[str, str]] = {}
     if slowed is not None:
         found["Probe"] = {SLOW_VARIABLE: slowed.value}
+    if health_expect is not None:
+        found.setdefault("Probe", {})[HEALTH_EXPECT_VARIABLE] = health_expect
     if slow_host is not None:
         for chain in TRAIN_CHAINS:
             found[chain] = {SLOW_HOST_VARIABLE: slow_host.value}
