@@ -117,6 +117,26 @@ def _bus_gbps(seconds: float, size_bytes: int, ranks: int) -> float:
     return size_bytes * 2 * (ranks - 1) / ranks / seconds / 1e9
 
 
+def matmul_tflops(device, size: int, iterations: int) -> float:
+    """This device's matrix-multiply speed: BF16 on a GPU, FP32 on the CPU, TFLOP/s."""
+    import torch
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(iterations):
+        a @ b
+    if cuda:
+        torch.cuda.synchronize(device)
+    return 2 * size**3 * iterations / (time.perf_counter() - started) / 1e12
+
+
 def measure(
     device, *, matmul_size: int, iterations: int, all_reduce_bytes: int
 ) -> tuple[float, float | None, float | None]:
@@ -125,22 +145,12 @@ def measure(
     import torch.distributed as dist
 
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    a = torch.randn(matmul_size, matmul_size, device=device, dtype=dtype)
-    b = torch.randn(matmul_size, matmul_size, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    sync()
-    started = time.perf_counter()
-    for _ in range(iterations):
-        a @ b
-    sync()
-    tflops = 2 * matmul_size**3 * iterations / (time.perf_counter() - started) / 1e12
+    tflops = matmul_tflops(device, matmul_size, iterations)
 
     world = dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
