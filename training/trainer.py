@@ -589,9 +589,7 @@ def run(
     gc.disable()
     gc.collect(1)
     try:
-        return _run(
-            cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s, slowdown
-        )
+        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s, slowdown)
     finally:
         stop.uninstall()
         if gc_was_enabled:

@@ -430,9 +430,7 @@ def health_case(cpu: bool, cfg: RunConfig) -> dict:
         found["expected_matmul_tflops"] = Expected.from_catalogue(cfg.hardware).matmul_tflops
         found["instance"] = cfg.hardware.instance_type
     health = GpuHealth()
-    found["nvml"] = (
-        [{spec.name: value for spec, value in gpu} for gpu in health.read()] if health.available else "none"
-    )
+    found["nvml"] = [{spec.name: value for spec, value in gpu} for gpu in health.read()] if health.available else "none"
     return found
 
 
@@ -511,8 +509,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     document: dict = {"rows": [], "environment": env, "runs": []}
-    document["health"] = health_case(args.cpu_smoke, run_config(cases(args)[0], steps=1, instance=env["instance"],
-                                                                hbm_bytes=hbm))
+    document["health"] = health_case(
+        args.cpu_smoke, run_config(cases(args)[0], steps=1, instance=env["instance"], hbm_bytes=hbm)
+    )
     print("gpu_check: health: " + json.dumps(document["health"]), flush=True)
     document["packing"] = packing_case(args.cpu_smoke)
     print(
