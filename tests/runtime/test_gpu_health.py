@@ -150,9 +150,8 @@ def test_a_fatal_xid_is_the_first_thing_the_failure_reason_says(tmp_path):
     (failures / "rank-8").write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
     reason = failure_reason(failures, 1, "algo-2")
     assert reason == "algo-2 rank-8-gpu1: GpuFault: XID 79 on algo-2 GPU 1 (GPU has fallen off the bus)"
-    monitor.emit()
-    (event, other) = parse_emf_lines(out.getvalue())
-    assert event["GpuXidErrors"] == 0 and other["GpuXidErrors"] == 2  # this interval's XIDs, per GPU
+    (event, other) = parse_emf_lines(out.getvalue())  # sent at once with a fatal XID: this interval's, per GPU
+    assert event["GpuXidErrors"] == 0 and other["GpuXidErrors"] == 2 and other["Gpu"] == "1"
 
 
 def test_across_hosts_the_gpu_fault_comes_before_other_causes_and_the_timeouts():

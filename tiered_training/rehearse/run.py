@@ -85,6 +85,9 @@ class Options:
     # The Probe's health check compares this machine's figures with these (TIERED_TRAINING_HEALTH_EXPECT,
     # training/health_check.py), e.g. "matmul_tflops=1000000" to fail it; none: CPU figures are not compared.
     health_expect: str | None = None
+    # Variables added to the named steps' jobs (a training chain's name stands for its segments), after the
+    # rehearsal's own: fault hooks of tests, e.g. TIERED_TRAINING_NVML_STANDIN.
+    environment: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"  # the container's rehearsal-only slow-down (docs/container.md)
@@ -703,7 +706,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                 interrupt=interrupt,
                 say=say,
-                environment=_environment(slowed, slow_host, options.health_expect),
+                environment=_environment(slowed, slow_host, options.health_expect, options.environment),
             )
             limits = {
                 "probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")
@@ -1038,7 +1041,10 @@ def _emf_summary(lines: list[str]) -> str:
 
 
 def _environment(
-    slowed: SlowCandidate | None, slow_host: SlowHost | None, health_expect: str | None = None
+    slowed: SlowCandidate | None,
+    slow_host: SlowHost | None,
+    health_expect: str | None = None,
+    extra: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, str]]:
     """The rehearsal's own variables, per step name (a training chain's name stands for its segments)."""
     found: dict[str, dict[str, str]] = {}
@@ -1046,6 +1052,8 @@ def _environment(
         found["Probe"] = {SLOW_VARIABLE: slowed.value}
     if health_expect is not None:
         found.setdefault("Probe", {})[HEALTH_EXPECT_VARIABLE] = health_expect
+    for step, variables in (extra or {}).items():
+        found.setdefault(step, {}).update(variables)
     if slow_host is not None:
         for chain in TRAIN_CHAINS:
             found[chain] = {SLOW_HOST_VARIABLE: slow_host.value}

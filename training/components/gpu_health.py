@@ -13,6 +13,12 @@ directory (``TIERED_TRAINING_FAILURE_DIR``) as ``rank-<RANK>-gpu<N>``: the job's
 the GPU and the XID ahead of the collective timeouts it causes on other ranks
 (:func:`tiered_training.contract.failures.causes_first`).
 
+The process then exits at once (:data:`GPU_FAULT_EXIT`): the GPU cannot go on, and torchrun stops the node's
+other workers, so the job fails now instead of at the next collective timeout.
+
+``TIERED_TRAINING_NVML_STANDIN=module`` (rehearsals and tests only) makes :func:`start_monitor` read that module
+instead of ``pynvml``: how a rehearsal makes one simulated host report an XID without a GPU.
+
 XID meanings: NVIDIA's XID catalogue, https://docs.nvidia.com/deploy/xid-errors/index.html.
 """
 
@@ -23,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -56,6 +62,8 @@ FATAL_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120})
 THERMAL_BITS = 0x20 | 0x40  # software thermal slowdown, hardware thermal slowdown
 POWER_BITS = 0x04 | 0x80  # software power cap, hardware power brake
 HARDWARE_BITS = 0x08  # hardware slowdown
+GPU_FAULT_EXIT = 75  # the exit status of a process whose GPU reported a fatal XID
+STANDIN_VARIABLE = "TIERED_TRAINING_NVML_STANDIN"
 
 
 @dataclass(frozen=True)
@@ -172,7 +180,9 @@ class GpuHealthMonitor(threading.Thread):
         clock: Callable[[], float] = time.time,
         failure_dir: str | None = None,
         rank: str | None = None,
+        on_fatal: Callable[[XidEvent], None] | None = None,
     ) -> None:
+        """``on_fatal``: called after a fatal XID is recorded (:func:`start_monitor` exits the process)."""
         super().__init__(name="gpu-health", daemon=True)
         self.cfg, self.health = cfg, health
         self.node = node or node_name()
@@ -181,6 +191,7 @@ class GpuHealthMonitor(threading.Thread):
         self.interval = float(cfg.metrics.interval_seconds)
         self.failure_dir = failure_dir if failure_dir is not None else os.environ.get("TIERED_TRAINING_FAILURE_DIR")
         self.rank = rank if rank is not None else os.environ.get("RANK", "0")
+        self.on_fatal = on_fatal
         self.xids: dict[int, int] = {}  # GPU -> XID events in the interval
         self.events: list[XidEvent] = []
         self._stop_event = threading.Event()
@@ -216,6 +227,10 @@ class GpuHealthMonitor(threading.Thread):
                 Path(self.failure_dir, f"rank-{self.rank}-gpu{event.gpu}").write_text(f"{GPU_FAULT_PREFIX} {text}\n")
             except OSError:
                 pass
+        if event.fatal:
+            self.emit()  # its count reaches CloudWatch (the GpuFault alarm) before the process goes
+            if self.on_fatal is not None:
+                self.on_fatal(event)
 
     def emit(self) -> None:
         """One EMF event per GPU with this interval's readings and XID count."""
@@ -233,13 +248,20 @@ class GpuHealthMonitor(threading.Thread):
                 self._warned = True
 
 
-def start_monitor(cfg, local_rank: int) -> GpuHealthMonitor | None:
+def _exit(event: XidEvent) -> None:
+    sys.stdout.flush()
+    os._exit(GPU_FAULT_EXIT)  # from the monitor's thread: the trainer's collectives on this GPU would hang
+
+
+def start_monitor(cfg, local_rank: int, environ: Mapping[str, str] | None = None) -> GpuHealthMonitor | None:
     """The monitor of this node's GPUs, started on local rank 0 when NVML sees a GPU; None otherwise."""
+    environ = os.environ if environ is None else environ
     if local_rank != 0:
         return None
-    health = GpuHealth()
+    standin = environ.get(STANDIN_VARIABLE)
+    health = GpuHealth(importlib.import_module(standin) if standin else None)
     if not health.available:
         return None
-    monitor = GpuHealthMonitor(cfg, health)
+    monitor = GpuHealthMonitor(cfg, health, on_fatal=_exit)
     monitor.start()
     return monitor
