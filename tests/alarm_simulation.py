@@ -3,7 +3,9 @@
 :class:`Simulation` drives ``training.components.metrics.MetricsHook`` (one per node, as on
 SageMaker: global rank 0 on the first node, local rank 0 on every node) through steps of
 the plan's step time, checkpoint saves, validation passes, start-ups, hangs and stops,
-with the heartbeat ticking as its thread would. No torch: the hooks get the trainer's
+with the heartbeat ticking as its thread would. Global rank 0's ``StragglerHook``
+(training/components/straggler.py) gathers every rank's phase times from :class:`RankTimes`:
+each rank a few percent apart (a healthy run's spread), one GPU slower when the conditions say so. No torch: the hooks get the trainer's
 ``StepStats`` as the trainer would fill them. The lines land in a
 :class:`cloudwatch_alarms.MetricStore`.
 """
@@ -19,13 +21,16 @@ from dataclasses import dataclass, field
 from cloudwatch_alarms import MetricStore
 
 from tiered_training.planning.plan import Plan
+from training.components.gpu_health import GpuHealth, GpuHealthMonitor, XidEvent
 from training.components.metrics import MetricsHook
+from training.components.straggler import StragglerHook
 from training.step_stats import StepStats
 
 TICK_SECONDS = 10.0  # the heartbeat thread's period (5 s in the container; coarser here for speed)
 START_UP_SECONDS = 300.0  # model build, checkpoint load: no metrics yet
 COMPILE_SECONDS = 180.0  # the first step of a process is longer (torch.compile, warm-up)
 GPU_BUSY = 97.0
+RANK_SPREAD = 0.03  # healthy ranks' forward/backward times differ by up to 3 %
 
 
 class Clock:
@@ -45,6 +50,58 @@ class Conditions:
     validation_gap: Callable[[float], float] = lambda t: 0.03
     idle_node: Callable[[float], int | None] = lambda t: None  # index of a node whose GPUs idle
     hang_at: float | None = None  # a step that starts after this never ends
+    xid: tuple[float, int, int, int] | None = None  # (time, node index, GPU, XID): that GPU reports it then
+    slow_gpu: Callable[[float], tuple[int, float] | None] = lambda t: None  # (node index, speed): its last GPU
+
+
+class HealthyNvml:
+    """An NVML stand-in (tests only): every GPU at its full clock, 65 C, 700 W, no errors."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 1, 0, 1, 0
+    nvmlEventTypeXidCriticalError = 0x8
+
+    def __init__(self, gpus: int):
+        self.gpus = gpus
+
+    def nvmlInit(self): pass
+    def nvmlDeviceGetCount(self): return self.gpus
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetMaxClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0
+    def nvmlDeviceGetTemperature(self, h, sensor): return 65
+    def nvmlDeviceGetPowerUsage(self, h): return 700_000
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return 0
+    def nvmlDeviceGetRemappedRows(self, h): return (0, 0, 0, 0)
+    def nvmlEventSetCreate(self): raise RuntimeError("the simulation sends XID events itself")
+
+
+class RankTimes:
+    """The all-gather of a StragglerHook on global rank 0: every rank's window, from rank 0's own.
+
+    Forward/backward differs per rank by up to RANK_SPREAD (changing at every gather), and on the slow GPU it takes
+    1/speed as long; the other phases are rank 0's."""
+
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+        self.gathers = 0
+
+    def objects(self, value):
+        gpus = self.sim.plan.instance.gpus
+        return [(f"algo-{r // gpus + 1}", r % gpus) for r in range(self.sim.plan.gpus)]
+
+    def floats(self, values):
+        self.gathers += 1
+        gpus = self.sim.plan.instance.gpus
+        slow = self.sim.conditions.slow_gpu(self.sim.now)
+        rows = []
+        for rank in range(self.sim.plan.gpus):
+            spread = 1 + RANK_SPREAD * (((rank * 7 + self.gathers * 3) % 11) / 10)
+            speed = slow[1] if slow is not None and rank == slow[0] * gpus + gpus - 1 else 1.0
+            row = list(values)
+            row[1] = values[1] * spread / speed
+            rows.append(row)
+        return rows
 
 
 @dataclass
@@ -94,6 +151,15 @@ class Simulation:
             )
             for i in range(self.plan.nodes)
         ]
+        gpus = self.plan.instance.gpus
+        self.health = [
+            GpuHealthMonitor(self.cfg, GpuHealth(HealthyNvml(gpus)), node=f"algo-{i + 1}", stream=self.out,
+                             clock=self.clock, failure_dir="")
+            for i in range(self.plan.nodes)
+        ]
+        self._next_health = self.now + self.cfg.metrics.interval_seconds
+        self.straggler = StragglerHook(self.cfg, rank=0, local_rank=0, node="algo-1", gather=RankTimes(self),
+                                       stream=self.out, clock=self.clock)
 
     def wait(self, seconds: float, phase: str | None = None) -> None:
         """Time passes; the heartbeat ticks (when a process runs)."""
@@ -104,7 +170,22 @@ class Simulation:
             self.clock.now += TICK_SECONDS
             for hook in self.hooks:
                 hook.tick()
+            self._gpu_health()
         self.clock.now = end
+        self._gpu_health()
+
+    def _gpu_health(self) -> None:
+        """Each node's GPU monitor (while a process runs): an XID when the conditions say, events at the cadence."""
+        if not self.hooks:
+            return
+        xid = self.conditions.xid
+        if xid is not None and xid[0] <= self.now and not getattr(self, "_xid_sent", False):
+            self.health[xid[1]].record(XidEvent(xid[2], xid[3]))
+            self._xid_sent = True
+        if self.now >= self._next_health:
+            for monitor in self.health:
+                monitor.emit()
+            self._next_health = self.now + self.cfg.metrics.interval_seconds
 
     def healthy_loss(self) -> float:
         return 2.2 + (self.ln_v - 2.2) * math.exp(-self.step / 400)
@@ -133,10 +214,11 @@ class Simulation:
             step=self.step, loss=loss, grad_norm=0.8, lr=1e-4, tokens=tokens, step_time_s=seconds,
             data_wait_s=0.01 * seconds, tokens_per_second=tokens / seconds, micro_batch_size=batch.micro_batch_size,
             grad_accum_steps=accum, checkpoint_save_s=save_s, peak_memory_bytes=self.memory_bytes,
-            world_size=self.plan.gpus,
+            world_size=self.plan.gpus, forward_backward_s=0.9 * seconds, optimizer_s=0.05 * seconds,
         )
         for hook in self.hooks:
             hook(stats)
+        self.straggler(stats)
         self.phase = "idle"
         return True
 

@@ -99,6 +99,7 @@ HEAVY = (
     "tests/trainer/test_grad_sync.py",
     "tests/runtime/test_runtime_entry.py",
     "tests/runtime/test_runtime_probe.py",
+    "tests/rehearse/test_health_rehearsal.py",  # a Probe failing its health check, a training job's XID (about 30 s)
     "tests/trainer/test_packing.py",
     "tests/trainer/test_optim_and_entry.py",
     "tests/test_packaging.py",

@@ -94,11 +94,24 @@ def _main(argv: list[str] | None = None) -> int:
     cfg, line = apply(cfg, paths.checkpoint_dir)  # the candidate this job trains (run.candidate)
     if os.environ.get("RANK", "0") == "0":
         print(line, flush=True)
+    from training.components.gpu_health import start_monitor
+    from training.components.metrics import node_name
+    from training.components.straggler import StragglerHook, slowdown
+
     metrics = MetricsHook(cfg, sinks=build_sinks(cfg, int(os.environ.get("RANK", "0")))).start()
+    gpus = start_monitor(cfg, int(os.environ.get("LOCAL_RANK", "0")))  # None without NVML or a GPU
     try:
-        run(cfg, paths, hooks=[metrics], max_steps=args.max_steps)
+        run(
+            cfg,
+            paths,
+            hooks=[metrics, StragglerHook(cfg)],
+            max_steps=args.max_steps,
+            slowdown=slowdown(os.environ, node_name()),
+        )
     finally:
         metrics.close()  # the heartbeat stops with the run: a finished or shortened run goes quiet
+        if gpus is not None:
+            gpus.stop()
     shut_down()
     return 0
 

@@ -74,7 +74,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -546,6 +546,31 @@ def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str
     return (status if status >= 0 else 128 - status), reason
 
 
+def health_launch(first: Launch) -> Launch:
+    """The probe's health check (``training.health_check``) on candidate 1's hosts and ranks, on the base
+    rendezvous port (candidate N uses the base + N)."""
+    argv: list[str] = []
+    for arg in first.argv:
+        if arg == "--probe" or arg.startswith("--candidate="):
+            continue
+        if arg.startswith("--master_port="):
+            arg = f"--master_port={int(arg.split('=', 1)[1]) - 1}"
+        argv.append(arg)
+    argv[argv.index("--module") + 1] = "training.health_check"
+    return replace(first, argv=argv)
+
+
+def run_health_check(first: Launch) -> str | None:
+    """Run the health check; the reason it failed (naming the host, GPU and figure), or None."""
+    launch = health_launch(first)
+    print(launch.summary(), flush=True)
+    status, reason = run_workers(launch)
+    if status == 0:
+        return None
+    host = first.env.get("SM_CURRENT_HOST", "this host")
+    return reason or f"{host}: the health check exited with status {status}"
+
+
 def run_probe_launches(
     first: Launch,
     make_launch: Callable[[int], Launch],
@@ -564,6 +589,10 @@ def run_probe_launches(
     if first.node_rank == 0:
         for number in range(1, first.candidates + 1):
             result_file(probe_dir, number).unlink(missing_ok=True)
+    unhealthy = run_health_check(first)
+    if unhealthy is not None:  # no candidate runs on these instances; the gate never starts training
+        write_failure(output_dir, f"probe: {unhealthy}")
+        return 1
     failed: dict[int, str] = {}
     for number in range(1, first.candidates + 1):
         if _stopped:

@@ -21,6 +21,8 @@ class StepStats:
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated() this step (CUDA only)
     peak_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved() this step (CUDA only)
     world_size: int = 1
+    forward_backward_s: float = 0.0  # this rank's forward, backward and clipping (training.components.straggler)
+    optimizer_s: float = 0.0  # this rank's update
     skipped: bool = (
         False  # non-finite loss or gradient norm on some rank: no update was applied, ``step`` did not advance
     )

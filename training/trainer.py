@@ -255,6 +255,7 @@ class Trainer:
     float8_modules: list[str]
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
     init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
+    slowdown: float = 1.0  # forward/backward at this fraction of its speed (a rehearsal's --slow-host)
 
 
 def setup_logging(rank: int) -> None:
@@ -422,6 +423,8 @@ class StepOutcome:
     skipped: bool  # non-finite loss or gradient norm on some rank: no update (see the module docstring)
     accum: int  # micro-batches
     data_wait_s: float  # time spent waiting for them
+    forward_backward_s: float = 0.0  # forward, backward and clipping, to the step's one wait for the device
+    optimizer_s: float = 0.0  # the update (as launched on a GPU)
 
 
 def next_micro_batches(trainer: Trainer, data_iter, accum: int) -> tuple[list[tuple], float]:
@@ -443,6 +446,7 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     all-reduce that sums the loss and counts those ranks. ``precompute``: FP8 scales recomputed after the update."""
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     micro_batches, data_wait = next_micro_batches(trainer, data_iter, accum)
+    computed = time.perf_counter()
     loss_sum = forward_backward(trainer, micro_batches)
     grad_norm = clip_grad_norm(model, trainer.cfg.optimizer.grad_clip)
     lr = float(scheduler.get_last_lr()[0])  # a float already (AdamW's lr is the config's float)
@@ -451,11 +455,15 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     # inf, so that a NaN on one rank skips the step on every rank. The optimiser step is queued
     # behind it, and the next step's batch is read while the GPU runs it.
     loss_local, grad_norm_value = torch.stack([loss_sum.detach().float(), grad_norm.detach().float()]).cpu().tolist()
+    if trainer.slowdown < 1:  # a rehearsal's slowed host
+        time.sleep((time.perf_counter() - computed) * (1 / trainer.slowdown - 1))
+    forward_backward_s = time.perf_counter() - computed
     finite = math.isfinite(loss_local) and math.isfinite(grad_norm_value)
     reduced = torch.tensor([loss_local, 0.0 if finite else 1.0], dtype=torch.float64)
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
     loss_value, bad_ranks = reduced.tolist()
     skipped = bad_ranks > 0
+    updated = time.perf_counter()
     if skipped:  # no update, no schedule step; the batch is consumed
         optimizer.zero_grad(set_to_none=True)
     else:
@@ -465,7 +473,14 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
         if precompute:
             float8.precompute_scales(model)
     return StepOutcome(
-        loss=loss_value, grad_norm=grad_norm_value, lr=lr, skipped=skipped, accum=accum, data_wait_s=data_wait
+        loss=loss_value,
+        grad_norm=grad_norm_value,
+        lr=lr,
+        skipped=skipped,
+        accum=accum,
+        data_wait_s=data_wait,
+        forward_backward_s=forward_backward_s,
+        optimizer_s=time.perf_counter() - updated,
     )
 
 
@@ -575,6 +590,7 @@ def run(
     save_checkpoints: bool = True,
     export: bool | None = None,
     step_delay_s: float = 0.0,
+    slowdown: float = 1.0,
 ) -> RunResult:
     """Train as ``cfg`` says; see the module docstring.
 
@@ -582,6 +598,7 @@ def run(
         saves no final checkpoint and exports nothing unless it also reaches total_steps.
     export: write the HF model to ``paths.model_dir`` at the end (default: when total_steps is reached).
     step_delay_s: seconds added inside each timed step (a probe's TIERED_TRAINING_SLOW_CANDIDATE, rehearsals only).
+    slowdown: this rank's forward/backward at this fraction of its speed (TIERED_TRAINING_SLOW_HOST, rehearsals only).
     """
     info = init_distributed()
     setup_logging(info.rank)
@@ -592,14 +609,16 @@ def run(
     gc.disable()
     gc.collect(1)
     try:
-        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s)
+        return _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s, slowdown)
     finally:
         stop.uninstall()
         if gc_was_enabled:
             gc.enable()
 
 
-def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s=0.0) -> RunResult:
+def _run(
+    cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, export, step_delay_s=0.0, slowdown=1.0
+) -> RunResult:
     accum_at, exact = accumulation(cfg, info.world_size)
     if not exact and info.rank == 0:
         log.warning(
@@ -609,6 +628,7 @@ def _run(cfg, paths, info, stop, hooks, max_steps, resume, save_checkpoints, exp
         )
     torch.manual_seed(cfg.data.seed + info.rank)
     trainer = build(cfg, paths, info=info)
+    trainer.slowdown = slowdown
     dataloader = build_train_dataloader(cfg, paths, trainer)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
@@ -808,6 +828,8 @@ def _step_stats(trainer: Trainer, step: int, done: StepOutcome, step_time: float
         tokens=tokens_global,
         step_time_s=step_time,
         data_wait_s=done.data_wait_s,
+        forward_backward_s=done.forward_backward_s,
+        optimizer_s=done.optimizer_s,
         tokens_per_second=tokens_global / step_time,
         micro_batch_size=batch.micro_batch_size,
         grad_accum_steps=done.accum,

@@ -225,6 +225,29 @@ def test_status_shows_steps_jobs_and_training_progress(endpoint, recipe):
     assert data["steps"][-1]["training_job"] == f"pipelines-{arn[-12:]}-train"
 
 
+def test_status_names_the_slowest_gpu_by_its_straggler_score(endpoint, recipe):
+    """Each rank's GpuStragglerScore (dimensions Recipe, Node, Gpu), as the container's rank 0 publishes them."""
+    arn = started(endpoint, recipe)
+    ran(arn, ("ProbeOrSkip", "Succeeded"), ("Probe", "Succeeded"), ("Gate", "Succeeded"), ("Train", "Executing"))
+    put_metrics(endpoint, "follow-me", step=130, loss=2.4, tps=64_000, tps_gpu=8_000)
+    scores = {("algo-1", "0"): 1.0, ("algo-1", "1"): 0.98, ("algo-2", "0"): 0.97, ("algo-2", "1"): 0.81}
+    client("cloudwatch", endpoint).put_metric_data(
+        Namespace=catalogue.NAMESPACE,
+        MetricData=[
+            {"MetricName": catalogue.GPU_STRAGGLER_SCORE.name, "Value": score, "Timestamp": datetime.now(UTC),
+             "Dimensions": [{"Name": "Recipe", "Value": "follow-me"}, {"Name": "Node", "Value": node},
+                            {"Name": "Gpu", "Value": gpu}]}
+            for (node, gpu), score in scores.items()
+        ],
+    )
+    result = invoke("status", recipe, "--endpoint-url", endpoint, "--execution", arn)
+    assert result.exit_code == 0, result.output
+    assert "straggler: algo-2 GPU 1: 0.81 of the fastest rank" in result.stdout
+    data = json_output("status", invoke("status", recipe, "--endpoint-url", endpoint, "-f", "json", "--execution", arn).stdout)
+    assert data["progress"]["straggler"] == {"host": "algo-2", "gpu": "1", "score": 0.81, "phase": None,
+                                             "phase_score": None, "straggler": True}
+
+
 def probe_job(endpoint: str, arn: str, **metrics: float) -> str:
     """The execution's Probe job in moto, its FinalMetricDataList the given ``probe:...`` values
     (``candidate2_tokens_per_second`` is ``probe:candidate2:tokens_per_second``)."""

@@ -437,6 +437,9 @@ def option_cases(recipe: Path, tmp: Path) -> list[tuple[str, list, list[str]]]:
         ("slow candidate the plan lacks", ["rehearse", recipe, "--slow-candidate", "5"], ["measures 3 candidate(s)", "1 to 3"]),
         ("slow candidate without a probe", ["rehearse", recipe, "--slow-candidate", "1", "--param", "SkipProbe=true"],
          ["--slow-candidate 1", "runs no probe"]),
+        ("slow host garbage", ["rehearse", recipe, "--slow-host", "2:fast"], ["--slow-host '2:fast'", "N:FACTOR"]),
+        ("slow host beyond --hosts", ["rehearse", recipe, "--hosts", "2", "--slow-host", "3:0.5"],
+         ["--slow-host '3:0.5'", "from 1 to 2"]),
     ]
     if Path("/proc/version").is_file():
         cases.append(("workdir /proc/version", ["rehearse", recipe, "--workdir", "/proc/version"], ["--workdir /proc/version", "not a directory"]))

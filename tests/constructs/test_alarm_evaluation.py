@@ -99,6 +99,9 @@ SCENARIOS = {
     "stall": (fitting.STALLED, lambda onset: Conditions(hang_at=onset)),
     "NaN loss": (fitting.LOSS, lambda onset: Conditions(loss=lambda t, loss: float("nan") if t >= onset else loss)),
     "idle GPU node": (fitting.GPU_UTILIZATION, None),
+    # one GPU of the last node at 0.85 of the others' speed (the whole step waits for it: 1/0.86 as long)
+    "a GPU at 0.85": (fitting.STRAGGLER, "slow"),
+    "XID 79 on one GPU": (fitting.GPU_FAULT, "xid"),
     "validation loss diverging": (
         fitting.VALIDATION, lambda onset: Conditions(validation_gap=lambda t: 1.0 if t >= onset else 0.03)
     ),
@@ -110,9 +113,17 @@ def test_a_failure_fires_its_alarm_alone_within_the_stated_time(recipes, scenari
     alarm_name, conditions = SCENARIOS[scenario]
     report = []
     for name, (plan, alarms) in recipes.items():
+        last = plan.nodes - 1
         if conditions is None:  # the last node's GPUs idle
-            last = plan.nodes - 1
             make = lambda onset, last=last: Conditions(idle_node=lambda t: last if t >= onset else None)  # noqa: E731
+        elif conditions == "xid":  # the last node's last GPU falls off the bus
+            gpus = plan.instance.gpus
+            make = lambda onset, last=last, gpus=gpus: Conditions(xid=(onset, last, gpus - 1, 79))  # noqa: E731
+        elif conditions == "slow":
+            make = lambda onset, last=last: Conditions(  # noqa: E731
+                slow_gpu=lambda t: (last, 0.85) if t >= onset else None,
+                slowdown=lambda t: 1 / 0.86 if t >= onset else 1.0,
+            )
         else:
             make = conditions
         took, found, stated = _failure(plan, alarms, make, alarm_name)

@@ -14,7 +14,7 @@ from tiered_training.planning import alarms as fitting
 
 ALARMS = {
     "ThroughputBelowPlan", "GpuUtilizationLow", "MemoryNearlyFull", "LossDiverging", "ValidationLossDiverging",
-    "Stalled", "ExecutionFailed",
+    "Stalled", "ExecutionFailed", "Straggler", "GpuFault",
 }
 
 
@@ -57,6 +57,12 @@ def test_alarms_carry_the_fitted_periods_and_plan_thresholds(plans, templates):
         (query,) = found["GpuUtilizationLow"]["Metrics"]
         assert query["Expression"].startswith(f'SELECT MIN("{metrics.GPU_UTILIZATION.name}")')
         assert f"Recipe = '{name}'" in query["Expression"]
+        straggler = found["Straggler"]  # the window's highest score: the slowest rank stayed slow throughout
+        (query,) = straggler["Metrics"]
+        assert (query["MetricStat"]["Metric"]["MetricName"], query["MetricStat"]["Stat"]) == (
+            metrics.STRAGGLER_SCORE.name, "Maximum")
+        assert query["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "Recipe", "Value": name}]
+        assert "HostStragglerScore" in straggler["AlarmDescription"]
         failed = found["ExecutionFailed"]
         assert failed["Namespace"] == "AWS/Sagemaker/ModelBuildingPipeline"
         assert failed["Dimensions"] == [{"Name": "PipelineName", "Value": name}]

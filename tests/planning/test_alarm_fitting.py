@@ -128,7 +128,7 @@ def test_validation_alarm_only_with_a_validation_loss(tmp_path):
     none = alarms.fit_alarms(plan_of(tmp_path, "none", **{"data.validation_fraction": 0}))
     assert alarms.VALIDATION not in none.alarms
     assert set(none.alarms) == {alarms.THROUGHPUT, alarms.GPU_UTILIZATION, alarms.MEMORY, alarms.LOSS,
-                                alarms.STALLED, alarms.EXECUTION_FAILED}
+                                alarms.STALLED, alarms.EXECUTION_FAILED, alarms.STRAGGLER, alarms.GPU_FAULT}
     failed = none[alarms.EXECUTION_FAILED]
     assert (failed.period_seconds, failed.threshold, failed.comparison, failed.fires_within_seconds, failed.notifies) == (
         300, 1, "GreaterThanOrEqualToThreshold", 360, False)
@@ -204,4 +204,20 @@ def test_the_docs_table_shows_a_dash_without_a_validation_alarm(tmp_path):
     fit = alarms.fit_alarms(plan)
     row = alarms.markdown_table([plan]).splitlines()[2]
     assert row == (f"| unit-test | {fit.step_seconds:.0f} s | {fit.window_seconds // 60} | {fit.stall_seconds // 60} | "
-                   f"{fit[alarms.THROUGHPUT].fires_within_seconds / 60:.0f} | {fit[alarms.STALLED].fires_within_seconds / 60:.0f} | - |")
+                   f"{fit[alarms.THROUGHPUT].fires_within_seconds / 60:.0f} | {fit[alarms.STALLED].fires_within_seconds / 60:.0f} | - | "
+                   f"{fit[alarms.STRAGGLER].period_seconds // 60} | {fit[alarms.STRAGGLER].fires_within_seconds / 60:.0f} |")
+
+
+def test_straggler_alarm_watches_the_window_s_highest_score_and_names_where_the_host_is(plan, fit):
+    """Scores arrive at least every C + 5 T; the window holds two of them and the cadence, so one healthy
+    datapoint in it keeps the alarm quiet, and a rank slow for the whole window fires it."""
+    from tiered_training.contract import metrics as catalogue
+
+    alarm = fit[alarms.STRAGGLER]
+    every = fit.cadence_seconds + catalogue.STRAGGLER_GATHER_EVERY_STEPS * fit.step_seconds
+    assert alarm.period_seconds >= 2 * every + fit.cadence_seconds and alarm.period_seconds % 60 == 0
+    assert alarm.threshold == alarms.STRAGGLER_THRESHOLD == 0.9 and alarm.comparison == "LessThanThreshold"
+    assert breaches(alarm, 0.86) and not breaches(alarm, 0.94)  # a GPU at 0.85 in forward/backward; 3 % spread
+    assert alarm.fires_within_seconds == alarm.period_seconds + math.ceil(every) + 120
+    for name in ("StragglerScore", "HostStragglerScore", "GpuStragglerScore", "StragglerHost"):
+        assert name in alarm.condition

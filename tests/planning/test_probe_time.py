@@ -29,7 +29,8 @@ def test_the_probe_adds_its_launches_to_wall_time_and_cost():
     assert on.estimates.wall_time_hours == pytest.approx(off.estimates.wall_time_hours + seconds / 3600)
     assert on.estimates.cost_usd == pytest.approx(off.estimates.cost_usd + seconds / 3600 * on.nodes * 100.0)
     reason = on.decision("probe.enabled").reason
-    assert reason.startswith("3 launch(es) x (35 s start-up") and f"{seconds / 60:,.0f} min" in reason
+    assert reason.startswith("a health check (25 s) and 3 launch(es) x (35 s start-up")
+    assert seconds == pytest.approx(probe.HEALTH_CHECK_SECONDS + sum(launch.seconds for launch in probe.plan_launches(on))) and f"{seconds / 60:,.0f} min" in reason
     assert f"${seconds / 3600 * 100.0:,.0f}" in reason
 
 
@@ -70,22 +71,23 @@ def test_candidates_that_would_overrun_the_probe_are_cut_with_a_warning():
 
 def test_fitting_counts_the_launches_that_finish_in_time():
     launches = [probe.Launch(n, 10.0, 1.0, 50) for n in (1, 2, 3)]  # 60 s each
-    assert probe.fitting(launches, 125) == 2
-    assert probe.fitting(launches, 30) == 0
-    assert probe.fitting(launches, 1000) == 3
+    health = probe.HEALTH_CHECK_SECONDS  # the health check runs first
+    assert probe.fitting(launches, health + 125) == 2
+    assert probe.fitting(launches, health + 30) == 0 == probe.fitting(launches, 125 - 60)
+    assert probe.fitting(launches, health + 1000) == 3
 
 
 def test_a_probe_whose_first_launch_cannot_finish_is_an_error_with_the_steps_that_fit(monkeypatch):
     from tiered_training.planning import segments
 
-    monkeypatch.setattr(segments, "PROBE_RUNTIME_SECONDS", 60)  # a 60 s probe job
+    monkeypatch.setattr(segments, "PROBE_RUNTIME_SECONDS", 90)  # a 90 s probe job: 25 s health check, 35 s start-up
     plan = resolve(Recipe.model_validate(recipe_dict(**PRICED, **{"probe.steps": 200})))
     (error,) = plan.errors
     assert (error.code, error.field) == ("probe-too-long", "probe.steps")
-    assert "over the probe job's runtime of 0.0166667 h" in error.message
+    assert "over the probe job's runtime of 0.025 h" in error.message
     first = resolve(Recipe.model_validate(recipe_dict(**PRICED))).candidates[0]
     launch = probe.launches([first], sequence_length=4096, steps=200, compile=True, optimizer_seconds=0.0)[0]
     assert error.fix.startswith("set probe.steps to at most ")
-    assert int(error.fix.rsplit(" ", 1)[1]) <= (60 - launch.start_up_seconds) / launch.step_seconds
+    assert int(error.fix.rsplit(" ", 1)[1]) <= (90 - probe.HEALTH_CHECK_SECONDS - launch.start_up_seconds) / launch.step_seconds
     off = resolve(Recipe.model_validate(recipe_dict(**PRICED, **{"probe.steps": 200, "probe.enabled": False})))
     assert off.ok and [f.severity for f in off.findings if f.code == "probe-too-long"] == ["warning"]

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 7
 INTERVAL = 3  # a checkpoint every 3 steps; the second save (step 6) is interrupted
 KEEP_LAST = 1
+SLOW_FACTOR = 0.5  # --slow-host 2:0.5: algo-2's forward/backward at half speed in the training jobs
 
 
 def _test_recipe(root: Path) -> Path:
@@ -54,7 +55,7 @@ def rehearsal(tmp_path_factory):
     root = tmp_path_factory.mktemp("rehearsal")
     out = io.StringIO()
     result = rehearse(Options(_test_recipe(root), hosts=2, workers=2, steps=STEPS, interrupt="kill-host@save",
-                              workdir=root / "work",
+                              workdir=root / "work", slow_host=f"2:{SLOW_FACTOR}",
                               then={"InstanceCount": "1", "SkipProbe": "true", "MaxSteps": str(STEPS + 1)}), out)
     (root / "rehearsal.log").write_text(out.getvalue())
     return result, out.getvalue(), root
@@ -89,6 +90,56 @@ def test_the_validation_loss_and_each_hosts_emf_lines_are_shown(rehearsal):
     assert "Train attempt 1 algo-1: " in log and "Train attempt 1 algo-2: none" in log
     job = [json.loads(line) for line in first.detail["emf"]["algo-1"] if '"Loss"' in line]
     assert [record["Step"] for record in job][:3] == [1, 2, 3]  # one event per step
+
+
+def test_the_slowed_host_is_named_by_the_straggler_score(rehearsal):
+    """Every Train attempt names algo-2 (slowed by --slow-host) within SLOW_HOST_NAMED_WITHIN_STEPS steps: its
+    rank 0's EMF, the readable line, the summary and its JSON."""
+    from tiered_training.rehearse.run import SLOW_HOST_NAMED_WITHIN_STEPS, stragglers
+
+    result, log, _ = rehearsal
+    assert "slowed: algo-2's forward/backward runs at 0.5 of its speed in the training jobs" in log
+    named = dict(stragglers(result.execution))
+    assert set(named) == {"Train attempt 1", "Train attempt 2"}, log[-4000:]
+    for name, straggler in named.items():
+        assert straggler.host == "algo-2" and straggler.phase == "forward/backward", (name, straggler)
+        assert straggler.phase_score < 0.75 and straggler.score < 0.95
+        assert f"straggler: {name}: algo-2 GPU " in log
+    first = result.train_attempts()[0]
+    events = [json.loads(line) for line in first.detail["emf"]["algo-1"] if '"StragglerScore"' in line]
+    assert events[0]["Step"] <= SLOW_HOST_NAMED_WITHIN_STEPS and events[0]["StragglerHost"] == "algo-2"
+    hosts = {json.loads(line)["Node"]: json.loads(line)["HostStragglerScore"]
+             for line in first.detail["emf"]["algo-1"] if '"HostStragglerScore"' in line}
+    assert hosts["algo-1"] > 0.9 > hosts["algo-2"]
+    probe = [line for lines in result.execution.jobs["Probe"][0].detail["emf"].values() for line in lines]
+    assert not any('"StragglerScore"' in line for line in probe)  # the Probe runs no straggler hook
+    assert result.to_dict()["executions"][0]["stragglers"]["Train attempt 1"]["host"] == "algo-2"
+
+
+def test_the_straggler_alarm_fires_on_the_rehearsals_metrics(rehearsal):
+    """The plan's fitted Straggler alarm (its metric, statistic, period and threshold as the construct builds it),
+    evaluated minute by minute as CloudWatch would on the EMF lines rank 0 printed: it fires."""
+    from cloudwatch_alarms import Alarm, MetricStore
+
+    from tiered_training.contract import metrics as catalogue
+    from tiered_training.planning import alarms as fitting
+    from tiered_training.planning.planner import plan_file
+
+    result, log, root = rehearsal
+    plan = plan_file(root / "qwen2.5-32b-hybrid.yaml")
+    fit = fitting.fit_alarms(plan)[fitting.STRAGGLER]
+    alarm = Alarm({
+        "Namespace": catalogue.NAMESPACE, "MetricName": catalogue.STRAGGLER_SCORE.name, "Statistic": "Maximum",
+        "Dimensions": [{"Name": "Recipe", "Value": plan.name}], "Period": fit.period_seconds,
+        "Threshold": fit.threshold, "ComparisonOperator": fit.comparison, "EvaluationPeriods": fit.evaluation_periods,
+        "DatapointsToAlarm": fit.datapoints_to_alarm, "TreatMissingData": fit.treat_missing_data,
+    }, name=fitting.STRAGGLER)
+    store = MetricStore()
+    lines = [line for attempt in result.train_attempts() for line in attempt.detail["emf"]["algo-1"]]
+    assert store.add_emf_lines("\n".join(lines))
+    times = [json.loads(line)["_aws"]["Timestamp"] / 1000 for line in lines if '"StragglerScore"' in line]
+    at = alarm.first_alarm(store, min(times), max(times) + fit.fires_within_seconds)
+    assert at is not None and at - min(times) <= fit.fires_within_seconds
 
 
 def test_the_work_directory_keeps_the_trace_the_summary_and_the_export(rehearsal):

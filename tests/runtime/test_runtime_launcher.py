@@ -240,6 +240,15 @@ def test_train_checks_the_host_count_with_the_candidate_it_runs():
 
 
 _PROBE_STUB = """#!/bin/sh
+for a in "$@"; do
+  if [ "$a" = training.health_check ]; then
+    echo "HEALTH $*"
+    if [ "$FAIL" = health ]; then
+      echo "HealthCheckFailed: health check failed on 1 host(s): algo-1 GPU 0: 1.0 TFLOP/s matmul, below the 2.0 expected (x)" > "$TIERED_TRAINING_FAILURE_DIR/rank-0"; exit 1
+    fi
+    exit 0
+  fi
+done
 for a in "$@"; do case $a in --candidate=*) n=${a#--candidate=};; esac; done
 echo "PID $n $$"
 if [ "$n" = "$FAIL" ] || [ "$FAIL" = all ]; then echo "ValueError: boom $n" > "$TIERED_TRAINING_FAILURE_DIR/rank-0"; exit 1; fi
@@ -272,6 +281,17 @@ def test_a_failed_candidate_is_recorded_and_the_others_still_run(tmp_path):
     assert "PROBE candidate=3" not in result.stdout  # a failed candidate prints no values
     assert "candidate 3, failed: algo-1 rank-0: ValueError: boom 3" in result.stdout
     assert failure is None
+    health = [line for line in result.stdout.splitlines() if line.startswith("HEALTH ")]
+    assert len(health) == 1 and "--probe" not in health[0] and "--candidate" not in health[0]
+    assert result.stdout.index("HEALTH ") < result.stdout.index("PID 1")  # before the candidates
+
+
+def test_a_failed_health_check_fails_the_probe_before_any_candidate(tmp_path):
+    result, failure = _probe_with_stub(tmp_path, fail="health")
+    assert result.returncode == 1
+    assert "PID " not in result.stdout  # no candidate was launched
+    assert failure.startswith("probe: algo-1 rank-0: HealthCheckFailed: health check failed on 1 host(s): algo-1 GPU 0: "
+                              "1.0 TFLOP/s matmul"), failure
 
 
 def test_a_probe_whose_every_candidate_failed_fails_the_job_naming_each(tmp_path):

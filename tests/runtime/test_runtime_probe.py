@@ -215,3 +215,30 @@ def test_each_candidate_runs_in_its_own_torchrun_and_the_slowed_first_is_not_cho
     assert "probe: chose candidate 2 (fp32, none AC, full shard 2, micro-batch 1 x 2)" in proc.stdout
     assert not (root / "output/failure").exists()
     assert not any((root / "checkpoints").rglob("*.distcp")) and not any((root / "model").rglob("*.safetensors"))
+    # the health check ran first, on the same ranks; its CPU figures are printed, not compared with GPU figures
+    assert text.index("--module training.health_check") < text.index("--probe --candidate=1")
+    assert "health check: algo-1 GPU 1: matmul " in proc.stdout and ", all-reduce in node " in proc.stdout
+    assert "not compared with the catalogue's GPU figures" in proc.stdout
+
+
+@pytest.mark.torch
+def test_a_host_below_the_health_check_fails_the_probe_before_any_candidate(tmp_path):
+    """TIERED_TRAINING_HEALTH_EXPECT asks this CPU for a matmul figure it cannot reach: the Probe job fails, its
+    FailureReason names the host, the GPU and the figure, and no candidate runs (the gate never starts Train)."""
+    from tiered_training.contract.ports import loopback_port
+
+    cfg = tiny_config(hardware__gpus_per_node=2, probe={"steps": 3})
+    root = _opt_ml(tmp_path, cfg)
+    env = {**os.environ, "TIERED_TRAINING_OPT_ML": str(root), "TIERED_TRAINING_MASTER_ADDR": "127.0.0.1",
+           "TIERED_TRAINING_MASTER_PORT": str(loopback_port()), "SM_NUM_GPUS": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "TIERED_TRAINING_MODE": "probe", "TIERED_TRAINING_HEALTH_EXPECT": "matmul_tflops=1000000"}
+    proc = subprocess.run([sys.executable, "-m", "training.launcher", "train"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-4000:]
+    assert "--probe --candidate" not in text
+    reason = (root / "output/failure").read_text().strip()
+    assert reason.startswith("probe: algo-1 rank-"), reason
+    assert "HealthCheckFailed: health check failed on 1 host(s): algo-1 GPU " in reason
+    assert "TFLOP/s matmul, below the 1,000,000.0 expected (TIERED_TRAINING_HEALTH_EXPECT)" in reason

@@ -4,7 +4,8 @@
 - **Progress**: the container's EMF metrics (``tiered_training.contract.metrics``, namespace
   ``TieredTraining``, dimension ``Recipe``) through ``GetMetricData``: the step
   (``StepsCompleted``), the loss, tokens/s per GPU against the plan's, and the ETA
-  from the measured tokens/s and the tokens left.
+  from the measured tokens/s and the tokens left; the slowest GPU by its straggler score
+  (``GpuStragglerScore``, dimensions Recipe, Node and Gpu: ``ListMetrics``, then its latest values).
 - **Logs**: training jobs log to the group ``/aws/sagemaker/TrainingJobs``, one stream
   per host, ``<job>/algo-N-<epoch>``; the job names come from the steps' metadata.
 - **Stop**: ``StopPipelineExecution``.
@@ -63,6 +64,48 @@ class Target:
         )
 
 
+STRAGGLER_SCORE = 0.95  # training.components.straggler.SLOW_SCORE: below it a rank is named as a straggler
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slowest rank by its straggler score (the fastest rank's step time over its own)."""
+
+    host: str
+    gpu: str
+    score: float
+    phase: str | None = None  # the phase that makes it slow (in the EMF event; not a metric)
+    phase_score: float | None = None
+
+    @classmethod
+    def from_emf(cls, events: list[dict[str, Any]]) -> Straggler | None:
+        """The last ``StragglerScore`` event of a job's EMF lines, or None."""
+        name = catalogue.STRAGGLER_SCORE.name
+        found = [e for e in events if name in e and "StragglerHost" in e]
+        if not found:
+            return None
+        last = found[-1]
+        phase_score = last.get("StragglerPhaseScore")
+        return cls(
+            str(last["StragglerHost"]),
+            str(last.get("StragglerGpu", "")),
+            float(last[name]),
+            last.get("StragglerPhase"),
+            float(phase_score) if phase_score is not None else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "straggler": self.score < STRAGGLER_SCORE}
+
+    def describe(self) -> str:
+        where = f"{self.host} GPU {self.gpu}"
+        if self.score >= STRAGGLER_SCORE:
+            return f"none (slowest {where} at {self.score:.2f} of the fastest rank)"
+        if self.phase and self.phase_score is not None:
+            return f"{where}: {self.phase_score:.2f} of the fastest rank in {self.phase} (step {self.score:.2f})"
+        return f"{where}: {self.score:.2f} of the fastest rank"
+
+
 @dataclass
 class Progress:
     """The latest training metrics of a run, and what they imply."""
@@ -74,6 +117,7 @@ class Progress:
     tokens_per_second_per_gpu: float | None = None
     plan_tokens_per_second_per_gpu: float | None = None
     eta_seconds: float | None = None
+    straggler: Straggler | None = None
 
     @property
     def of_plan(self) -> float | None:
@@ -82,7 +126,9 @@ class Progress:
         return self.tokens_per_second_per_gpu / self.plan_tokens_per_second_per_gpu
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "fraction_of_plan": self.of_plan}
+        found = {**asdict(self), "fraction_of_plan": self.of_plan}
+        found["straggler"] = self.straggler.to_dict() if self.straggler else None
+        return found
 
     def describe(self) -> str:
         parts = []
@@ -97,6 +143,8 @@ class Progress:
             parts.append(rate)
         if self.eta_seconds is not None:
             parts.append(f"ETA {format_duration(self.eta_seconds)}")
+        if self.straggler is not None:
+            parts.append(f"straggler: {self.straggler.describe()}")
         return "  ".join(parts) if parts else "no metrics yet"
 
 
@@ -258,6 +306,7 @@ def read_progress(
         pairs = sorted(zip(result.get("Timestamps", []), result.get("Values", [])), key=lambda p: p[0])
         if pairs:
             latest[result["Id"]] = float(pairs[-1][1])
+    straggler = read_straggler(cw, target, start, now)
     in_probe = bool(running) and running[-1]["name"] == S_PROBE
     total = target.probe_steps if in_probe else target.total_steps
     step = int(latest["step"]) if "step" in latest else None
@@ -273,7 +322,52 @@ def read_progress(
         tokens_per_second_per_gpu=latest.get("tpsgpu"),
         plan_tokens_per_second_per_gpu=target.plan_tokens_per_second_per_gpu,
         eta_seconds=eta,
+        straggler=straggler,
     )
+
+
+def read_straggler(cw: Any, target: Target, start: datetime, now: datetime) -> Straggler | None:
+    """The rank with the lowest latest ``GpuStragglerScore`` of the recipe (host and GPU are its dimensions)."""
+    spec = catalogue.GPU_STRAGGLER_SCORE
+    recipe = {"Name": catalogue.DIMENSIONS[0], "Value": target.recipe_name}
+    with aws_errors("list the run's straggler metrics in CloudWatch"):
+        pages = cw.get_paginator("list_metrics").paginate(
+            Namespace=target.namespace, MetricName=spec.name, Dimensions=[recipe]
+        )
+        listed = [m for page in pages for m in page.get("Metrics", [])]
+    ranks = []
+    for metric in listed[:500]:  # one GetMetricData call: 500 queries (62 hosts of 8 GPUs)
+        dims = {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
+        if set(dims) == set(spec.dimensions):
+            ranks.append((dims["Node"], dims["Gpu"], metric["Dimensions"]))
+    if not ranks:
+        return None
+    queries = [
+        {
+            "Id": f"rank{index}",
+            "MetricStat": {
+                "Metric": {"Namespace": target.namespace, "MetricName": spec.name, "Dimensions": dims},
+                "Period": METRIC_PERIOD,
+                "Stat": "Minimum",
+            },
+            "ReturnData": True,
+        }
+        for index, (_, _, dims) in enumerate(ranks)
+    ]
+    with aws_errors("read the run's straggler scores from CloudWatch"):
+        answer = cw.get_metric_data(
+            MetricDataQueries=queries, StartTime=start, EndTime=now + timedelta(minutes=1), ScanBy="TimestampDescending"
+        )
+    scores = []
+    for result in answer.get("MetricDataResults", []):
+        pairs = sorted(zip(result.get("Timestamps", []), result.get("Values", [])), key=lambda p: p[0])
+        if pairs and result["Id"].startswith("rank"):
+            node, gpu, _ = ranks[int(result["Id"][4:])]
+            scores.append((float(pairs[-1][1]), node, gpu))
+    if not scores:
+        return None
+    score, node, gpu = min(scores)
+    return Straggler(node, gpu, score)
 
 
 # -- CloudWatch Logs ----------------------------------------------------------------------

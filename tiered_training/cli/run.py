@@ -330,6 +330,12 @@ def rehearse(
         help="N[:SECONDS]: the Probe's candidate N takes SECONDS (default 0.5) longer a step, to rehearse the "
         "probe's choice by measurement (the Probe job's TIERED_TRAINING_SLOW_CANDIDATE)",
     ),
+    slow_host: str | None = typer.Option(
+        None,
+        "--slow-host",
+        help="N[:FACTOR]: simulated host N's forward/backward runs at FACTOR (default 0.5) of its speed in the "
+        "training jobs, to rehearse the straggler score and its alarm (TIERED_TRAINING_SLOW_HOST)",
+    ),
     format: TextFormat = typer.Option(
         TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"
     ),
@@ -363,6 +369,7 @@ def rehearse(
             then=parse_params(restart_with, "--restart-with") if restart_with else None,
             overrides=tuple(overrides),
             slow_candidate=slow_candidate,
+            slow_host=slow_host,
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
     except Stopped as stopped:  # SIGTERM or SIGINT: the hosts are stopped; 143 or 130

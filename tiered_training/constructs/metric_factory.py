@@ -137,6 +137,10 @@ class TrainingMetricFactory:
         """The lowest node GPU utilisation reported in the period (MIN over every node's observations)."""
         return self.insights(catalogue.GPU_UTILIZATION, "MIN", period=period, label="GPU utilisation, least busy node")
 
+    def gpu_xid_events(self, *, period: Duration | None = None) -> cloudwatch.MathExpression:
+        """The most critical XID events any one GPU reported in an event of the period."""
+        return self.insights(catalogue.GPU_XID, "MAX", period=period, label="XID events, any GPU")
+
     def most_memory(self, *, period: Duration | None = None) -> cloudwatch.MathExpression:
         """The highest node peak-memory fraction reported in the period."""
         return self.insights(catalogue.PEAK_MEMORY_FRACTION, "MAX", period=period, label="peak memory, fullest node")

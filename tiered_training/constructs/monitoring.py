@@ -273,6 +273,11 @@ class TrainingMonitoring(Construct):
             fitting.LOSS: m.loss_or_nan(period=period(fitting.LOSS)),
             fitting.STALLED: m.stalled(fit.stall_min_reports, period=period(fitting.STALLED)),
             fitting.EXECUTION_FAILED: m.execution_failed(period=period(fitting.EXECUTION_FAILED)),
+            # the window's highest score: below the threshold only when the slow rank stayed slow throughout
+            fitting.GPU_FAULT: m.gpu_xid_events(period=period(fitting.GPU_FAULT)),
+            fitting.STRAGGLER: m.metric(
+                catalogue.STRAGGLER_SCORE, statistic="Maximum", period=period(fitting.STRAGGLER)
+            ),
         }
         if fitting.VALIDATION in fit.alarms:
             watched[fitting.VALIDATION] = m.validation_gap(period=period(fitting.VALIDATION))
@@ -394,6 +399,38 @@ class TrainingMonitoring(Construct):
                 annotations=[
                     line(round(plan.memory.fraction * 100, 2) if plan.memory else 0.0, "plan"),
                     line(round(mon.max_memory_fraction * 100, 2), "alarm"),
+                ],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "Straggler score by host (fastest rank's step time over the host's slowest rank's)",
+                [m.insights(catalogue.HOST_STRAGGLER_SCORE, "MIN", group_by_node=True, label="straggler score")],
+                annotations=[line(fitting.STRAGGLER_THRESHOLD, "alarm", "#d62728")],
+            ),
+            graph(
+                "Slowest rank's straggler score",
+                [m.metric(catalogue.STRAGGLER_SCORE, statistic="Minimum")],
+                annotations=[line(fitting.STRAGGLER_THRESHOLD, "alarm", "#d62728")],
+            ),
+        )
+        dashboard.add_widgets(
+            graph(
+                "SM clock by host (% of max, slowest GPU) and throttling (1 = held)",
+                [m.insights(catalogue.GPU_SM_CLOCK, "MIN", group_by_node=True, label="SM clock")],
+                right=[
+                    m.insights(catalogue.GPU_THROTTLE_THERMAL, "MAX", group_by_node=True, label="thermal"),
+                    m.insights(catalogue.GPU_THROTTLE_POWER, "MAX", group_by_node=True, label="power"),
+                    m.insights(catalogue.GPU_THROTTLE_HARDWARE, "MAX", group_by_node=True, label="hardware"),
+                ],
+            ),
+            graph(
+                "GPU temperature (hottest GPU, C) and errors by host",
+                [m.insights(catalogue.GPU_TEMPERATURE, "MAX", group_by_node=True, label="temperature")],
+                right=[
+                    m.insights(catalogue.GPU_XID, "SUM", group_by_node=True, label="XID events"),
+                    m.insights(catalogue.GPU_ECC_UNCORRECTED, "MAX", group_by_node=True, label="uncorrected ECC"),
+                    m.insights(catalogue.GPU_REMAP_FAILED, "MAX", group_by_node=True, label="row remap failed"),
                 ],
             ),
         )

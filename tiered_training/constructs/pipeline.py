@@ -260,7 +260,8 @@ class TrainingPipeline(Resource):
         ``iam.ManagedPolicy`` to fill.
 
         - the pipeline: :meth:`grant_start_execution`;
-        - ``status``, ``start``: ``cloudwatch:GetMetricData``; the recipe's runs in the store
+        - ``status``, ``start``: ``cloudwatch:GetMetricData`` (and ``cloudwatch:ListMetrics``: the ranks' straggler
+          scores); the recipe's runs in the store
           (:meth:`CheckpointStore.grant_runs_read`); ``status``, ``explain --run`` and ``calibrate --from-runs``:
           ``sagemaker:DescribeTrainingJob`` on the pipelines' jobs (the Probe's measurements);
         - ``logs``: ``logs:DescribeLogStreams`` and ``logs:GetLogEvents`` on the training jobs' log group;
@@ -291,10 +292,10 @@ class TrainingPipeline(Resource):
 
         # GetMetricData, the Service Quotas reads other than GetServiceQuota and pricing:GetProducts
         # have no resource types in IAM: Resource "*" is the only form.
-        add(["cloudwatch:GetMetricData"], ["*"])
+        add(["cloudwatch:GetMetricData", "cloudwatch:ListMetrics"], ["*"])
         allow_wildcard(
             "*",
-            "cloudwatch:GetMetricData, servicequotas:List*/GetAWSDefaultServiceQuota and "
+            "cloudwatch:GetMetricData, cloudwatch:ListMetrics, servicequotas:List*/GetAWSDefaultServiceQuota and "
             "pricing:GetProducts have no resource types in IAM",
         )
         allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")

@@ -4,7 +4,8 @@ When one rank or host fails, the others fail after it: their collectives see the
 connection close (gloo), NCCL aborts the communicator, a collective or the c10d store times
 out, or the rendezvous times out. Those errors are consequences. A timeout of anything else
 (reading a data shard, a download) is a cause. A job's FailureReason lists the errors that are
-not consequences first.
+not consequences first, and among them a GPU's own fault (an XID, an uncorrectable ECC error, a lost GPU: the
+container's NVML monitor writes it with :data:`GPU_FAULT_PREFIX`) before anything else.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ DISTRIBUTED = re.compile(
 )
 
 
+GPU_FAULT_PREFIX = "GpuFault:"  # training/components/gpu_health.py starts its failure line with it
+GPU_FAULT = re.compile(
+    re.escape(GPU_FAULT_PREFIX) + r"|\bXID \d+|uncorrectable ECC|fallen off the bus",
+    re.IGNORECASE,
+)
+
+
+def is_gpu_fault(text: str) -> bool:
+    """True when the error is a GPU's own fault, the cause of the timeouts it brings on other ranks."""
+    return bool(GPU_FAULT.search(text))
+
+
 def is_consequence(text: str) -> bool:
     """True when the error reads as a consequence of another rank's or host's exit."""
     if CONSEQUENCE.search(text):
@@ -38,5 +51,6 @@ def is_consequence(text: str) -> bool:
 
 
 def causes_first(reasons: list[str]) -> list[str]:
-    """``reasons`` with the errors that are not consequences first, each group in its order."""
-    return sorted(reasons, key=is_consequence)  # stable: False sorts before True
+    """``reasons`` with a GPU's own faults first, then the other errors that are not consequences, then the
+    consequences, each group in its order."""
+    return sorted(reasons, key=lambda text: 0 if is_gpu_fault(text) else 1 + is_consequence(text))  # stable

@@ -76,7 +76,55 @@ ALL: tuple[MetricSpec, ...] = (
     NON_FINITE_LOSS,
     VALIDATION_LOSS,
 )
-BY_NAME = {m.name: m for m in ALL}
+
+# Straggler scores (``training/components/straggler.py``): each rank's time over a window of steps, the fastest
+# rank's over its own, per phase and for the step (NVIDIA Resiliency Extension's relative score), gathered every few
+# steps and published by global rank 0 at the metrics cadence. 1 is the fastest rank; 0.8 takes 1.25 times as long.
+GPU_DIMENSIONS: tuple[str, ...] = ("Recipe", "Node", "Gpu")  # Gpu: the rank's local rank on its node
+STRAGGLER_GATHER_EVERY_STEPS = 5  # the ranks' times are gathered every this many steps (the alarm is fitted to it)
+STRAGGLER_SCORE = MetricSpec(
+    "StragglerScore",
+    "None",
+    "the slowest rank's score: the fastest rank's step time over its own (its host, GPU and slow phase are the "
+    "event's StragglerHost, StragglerGpu and StragglerPhase; HostStragglerScore names the host as a dimension)",
+)
+HOST_STRAGGLER_SCORE = MetricSpec(
+    "HostStragglerScore", "None", "the lowest straggler score of the host's ranks", NODE_DIMENSIONS
+)
+GPU_STRAGGLER_SCORE = MetricSpec("GpuStragglerScore", "None", "the straggler score of one rank", GPU_DIMENSIONS)
+STRAGGLER: tuple[MetricSpec, ...] = (STRAGGLER_SCORE, HOST_STRAGGLER_SCORE, GPU_STRAGGLER_SCORE)
+
+
+# What NVML says about each GPU (``training/components/gpu_health.py``), per GPU on each node's local rank 0 at the
+# metrics cadence; left out where NVML or a GPU is absent.
+def _gpu(name: str, unit: str, description: str) -> MetricSpec:
+    return MetricSpec(name, unit, description, GPU_DIMENSIONS, gpu_only=True)
+
+
+GPU_SM_CLOCK = _gpu("GpuSmClockFraction", "Percent", "SM clock as a percentage of its maximum")
+GPU_THROTTLE_THERMAL = _gpu("GpuThrottleThermal", "Count", "1 when a thermal slowdown (software or hardware) holds")
+GPU_THROTTLE_POWER = _gpu("GpuThrottlePower", "Count", "1 when the power cap or the hardware power brake holds")
+GPU_THROTTLE_HARDWARE = _gpu("GpuThrottleHardware", "Count", "1 when a hardware slowdown holds")
+GPU_TEMPERATURE = _gpu("GpuTemperature", "None", "GPU temperature, degrees Celsius")
+GPU_POWER = _gpu("GpuPowerWatts", "None", "GPU power draw, watts")
+GPU_ECC_UNCORRECTED = _gpu("GpuEccUncorrected", "Count", "volatile uncorrected ECC errors since the driver loaded")
+GPU_REMAP_PENDING = _gpu("GpuRemappedRowsPending", "Count", "1 when a row remapping waits for a GPU reset")
+GPU_REMAP_FAILED = _gpu("GpuRemappedRowsFailed", "Count", "1 when a row remapping failed")
+GPU_XID = _gpu("GpuXidErrors", "Count", "critical XID events in the interval (NVML's event set)")
+GPU_HEALTH: tuple[MetricSpec, ...] = (
+    GPU_SM_CLOCK,
+    GPU_THROTTLE_THERMAL,
+    GPU_THROTTLE_POWER,
+    GPU_THROTTLE_HARDWARE,
+    GPU_TEMPERATURE,
+    GPU_POWER,
+    GPU_ECC_UNCORRECTED,
+    GPU_REMAP_PENDING,
+    GPU_REMAP_FAILED,
+    GPU_XID,
+)
+
+BY_NAME = {m.name: m for m in ALL + STRAGGLER + GPU_HEALTH}
 
 # Probe output: one line per finding, parsed by the Probe step's MetricDefinitions, which put the last
 # value of each in the step's FinalMetricDataList (the gate and the Train step read it from there).

@@ -167,6 +167,12 @@ class HardwareConfig(_Frozen):
     peak_bf16_flops: float = Field(description="dense BF16 FLOP/s per GPU")
     hbm_bytes: int = Field(description="usable HBM per GPU")
     min_nodes: int = Field(default=1, ge=1, description="fewest hosts the plan may run on (the tier's minimum)")
+    nvlink_bytes_per_s: float = Field(
+        default=0.0, ge=0, description="NVLink bandwidth per GPU and direction (the probe's health check; 0: none)"
+    )
+    network_bits_per_s: float = Field(
+        default=0.0, ge=0, description="EFA bandwidth per instance (the probe's health check; 0: none)"
+    )
 
 
 MAX_PROBE_CANDIDATES = 5  # the planner's top K the probe may measure (tuning.probe_candidates)

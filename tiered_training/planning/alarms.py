@@ -52,6 +52,12 @@ LOSS = "LossDiverging"
 VALIDATION = "ValidationLossDiverging"
 STALLED = "Stalled"
 EXECUTION_FAILED = "ExecutionFailed"
+STRAGGLER = "Straggler"
+GPU_FAULT = "GpuFault"
+# The slowest rank's straggler score (the fastest rank's step time over its own) below which a whole window
+# alarms. Healthy ranks of one plan differ by a few percent; a GPU at 0.85 of the others' speed in forward and
+# backward scores about 0.86.
+STRAGGLER_THRESHOLD = 0.9
 
 
 def whole_minutes(seconds: float) -> int:
@@ -135,6 +141,11 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
     ceiling = loss_ceiling(plan)
     plan_rate = plan.estimates.tokens_per_second_per_gpu
     minutes = window // MINUTE
+    # Straggler scores are gathered every few steps and published at the first gather after the cadence: one
+    # datapoint at least every C + (gather steps) * T. The alarm watches the window's highest score, so it fires
+    # once every score in the window is below the threshold: the slow rank stayed slow for the whole window.
+    straggler_every = c + catalogue.STRAGGLER_GATHER_EVERY_STEPS * t
+    straggler_window = whole_minutes(max(MIN_WINDOW_SECONDS, 2 * straggler_every + c))
 
     alarms = [
         AlarmFit(
@@ -177,6 +188,28 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
             1,
             "GreaterThanOrEqualToThreshold",
             stall + 2 * EVALUATION_SECONDS + int(math.ceil(c)),
+        ),
+        AlarmFit(
+            STRAGGLER,
+            f"the slowest rank's straggler score (StragglerScore) below {STRAGGLER_THRESHOLD:g} of the fastest "
+            f"rank for {straggler_window // MINUTE} min; the host is the Node dimension of the lowest "
+            "HostStragglerScore (GpuStragglerScore: host and GPU; the log line and the event's StragglerHost, "
+            "StragglerGpu and StragglerPhase say the same)",
+            straggler_window,
+            STRAGGLER_THRESHOLD,
+            "LessThanThreshold",
+            straggler_window + int(math.ceil(straggler_every)) + 2 * EVALUATION_SECONDS,
+        ),
+        AlarmFit(
+            GPU_FAULT,
+            f"a GPU reported a critical XID event (GpuXidErrors; its Node and Gpu dimensions name the host and GPU, "
+            f"the log's gpu-health line the XID: uncorrectable ECC 48, row remapping 63/64, NVLink 74, lost GPU 79, "
+            f"...) within {minutes} min",
+            window,
+            1,
+            "GreaterThanOrEqualToThreshold",
+            # counted in the GPU's next event (at most C later), seen at the next evaluation
+            int(math.ceil(c)) + 2 * EVALUATION_SECONDS,
         ),
         AlarmFit(
             EXECUTION_FAILED,
@@ -270,8 +303,9 @@ def with_routing_findings(plan: Plan, context: Mapping[str, object] | None = Non
 def markdown_table(plans: list[Plan]) -> str:
     """Each plan's step time, windows and times to fire, in minutes (``python -m tiered_training.planning.alarms``)."""
     rows = [
-        "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation |",
-        "|---|---|---|---|---|---|---|",
+        "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation "
+        "| straggler window | straggler |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for plan in plans:
         fit = fit_alarms(plan)
@@ -282,8 +316,11 @@ def markdown_table(plans: list[Plan]) -> str:
             fit[STALLED].fires_within_seconds / MINUTE,
         ]
         validation = fit.alarms.get(VALIDATION)
+        straggler = fit[STRAGGLER]
         cells = [f"{m:.0f}" for m in minutes] + [
-            f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-"
+            f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-",
+            f"{straggler.period_seconds / MINUTE:.0f}",
+            f"{straggler.fires_within_seconds / MINUTE:.0f}",
         ]
         rows.append(f"| {plan.name} | {fit.step_seconds:.0f} s | " + " | ".join(cells) + " |")
     return "\n".join(rows)

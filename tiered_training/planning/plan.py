@@ -425,6 +425,8 @@ class Plan(_Result):
                 peak_bf16_flops=self.instance.peak_bf16_flops,
                 hbm_bytes=self.instance.hbm_bytes,
                 min_nodes=self.tier.min_nodes_for(self.lora is not None),
+                nvlink_bytes_per_s=self.instance.nvlink_gbytes_per_s * 1e9,
+                network_bits_per_s=self.instance.efa_gbps * 1e9,
             ),
             probe=ProbeConfig(
                 steps=recipe.probe.steps, alternatives=alternatives, memory_limit=self.probe_memory_limit

@@ -1215,7 +1215,7 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
         hours = run.recipe.budget.total_tokens / (found.speed * gpus) / 3600
         if lora.probe_hours:  # its probe: as many launches as LoRA's, each of this configuration
             (launch,) = _launches(full, _candidates(full, found, None)[:1], found)
-            hours += launch.seconds * len(run.probe_options) / 3600
+            hours += probes.total_seconds([launch] * len(run.probe_options)) / 3600
         price, _ = run.instance.price(
             run.recipe.compute.price_per_hour, spot=run.recipe.compute.spot, region=run.recipe.compute.region
         )
@@ -1701,7 +1701,7 @@ def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list
     recipe = run.recipe
     limit = probe_runtime_seconds(recipe)
     found = _launches(run, candidates, chosen)
-    total = sum(launch.seconds for launch in found)
+    total = probes.total_seconds(found)
     if total <= limit:
         return candidates
     count = probes.fitting(found, limit)
@@ -1726,7 +1726,8 @@ def _bound_probe(run: _Run, candidates: list[Candidate], chosen: Option) -> list
         )
         return kept
     first = found[0]
-    steps = int((limit - first.start_up_seconds) // first.step_seconds) if first.step_seconds > 0 else 0
+    room = limit - probes.HEALTH_CHECK_SECONDS - first.start_up_seconds
+    steps = int(room // first.step_seconds) if first.step_seconds > 0 else 0
     message = (
         f"the probe's {recipe.probe.steps} steps of the plan's configuration would take about "
         f"{first.seconds / 60:,.0f} min, over the probe job's runtime of {limit / 3600:g} h"
@@ -1744,7 +1745,7 @@ def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> floa
     recipe turns the probe off."""
     recipe = run.recipe
     found = _launches(run, candidates, chosen)
-    seconds = sum(launch.seconds for launch in found)
+    seconds = probes.total_seconds(found)
     if not recipe.probe.enabled:
         return 0.0
     steps = ", ".join(f"{launch.step_seconds:,.2f}" for launch in found)
@@ -1753,6 +1754,7 @@ def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> floa
     run.decide(
         "probe.enabled",
         True,
+        f"a health check ({probes.HEALTH_CHECK_SECONDS:g} s) and "
         f"{len(found)} launch(es) x ({found[0].start_up_seconds:g} s start-up, as measured: process start and the "
         f"{'compiled ' if _compiles(recipe) else ''}first step; then {recipe.probe.steps} steps of one micro-batch "
         f"at {steps} s) add {seconds / 60:,.0f} min{cost} to the run's wall time and cost",

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 PROCESS_START_SECONDS = 10.0  # measured 6 to 7 s (trainer) + about 2 s (torchrun agent)
 FIRST_STEP_SECONDS = {True: 25.0, False: 5.0}  # compile on: measured at most 22.5 s; eager: at most 2.8 s
+# The health check (training/health_check.py) runs once before the candidates: one launch's process start, then a
+# matmul and two all-reduces of 256 MiB, 20 times each (a few seconds on a GPU) and NCCL's set-up. An allowance,
+# not yet measured on a GPU.
+HEALTH_CHECK_SECONDS = PROCESS_START_SECONDS + 15.0
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,15 @@ def launches(
     ]
 
 
+def total_seconds(found: Sequence[Launch]) -> float:
+    """The probe's time: the health check, then every launch."""
+    return HEALTH_CHECK_SECONDS + sum(launch.seconds for launch in found)
+
+
 def fitting(found: Sequence[Launch], limit_seconds: float) -> int:
-    """How many of the first launches run within ``limit_seconds`` together (0: not even the first)."""
-    total, count = 0.0, 0
+    """How many of the first launches run within ``limit_seconds`` together, after the health check (0: not even
+    the first)."""
+    total, count = HEALTH_CHECK_SECONDS, 0
     for launch in found:
         total += launch.seconds
         if total > limit_seconds:
@@ -102,6 +112,6 @@ def plan_launches(plan: Plan) -> list[Launch]:
 
 
 def probe_seconds(plan: Plan) -> float:
-    """The probe's estimated time: every candidate's launch (start-up allowance and steps), in seconds.
-    Not counted: the job's own provisioning and image pull."""
-    return sum(launch.seconds for launch in plan_launches(plan))
+    """The probe's estimated time: the health check and every candidate's launch (start-up allowance and steps), in
+    seconds. Not counted: the job's own provisioning and image pull."""
+    return total_seconds(plan_launches(plan))

@@ -43,6 +43,8 @@ GRACE_S = 45.0
 JOB_TIMEOUT_S = 900.0
 STOP_GRACE_S = 2.0  # when the rehearsal itself is stopped: SIGTERM, then SIGKILL this much later
 PROGRESS = (
+    "straggler: ",
+    "health check: ",
     "step ",
     "probe candidate",
     "PROBE ",
@@ -438,6 +440,7 @@ class JobRunner:
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
             }
         )
+        env.update(self.environment.get(step.split("-")[0], {}))  # a chain's variables reach its segments
         env.update(self.environment.get(step, {}))
         for channel in args.get("InputDataConfig", []):  # SageMaker names each channel's directory
             name = channel["ChannelName"]

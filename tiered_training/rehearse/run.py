@@ -81,6 +81,13 @@ class Options:
     then: dict[str, str] | list[Then] | None = None
     overrides: tuple[str, ...] = ()  # --set key.path=value on the recipe
     slow_candidate: str | None = None  # N[:SECONDS]: the Probe slows candidate N's steps (SlowCandidate)
+    slow_host: str | None = None  # N[:FACTOR]: host algo-N's forward/backward at FACTOR of its speed (SlowHost)
+    # The Probe's health check compares this machine's figures with these (TIERED_TRAINING_HEALTH_EXPECT,
+    # training/health_check.py), e.g. "matmul_tflops=1000000" to fail it; none: CPU figures are not compared.
+    health_expect: str | None = None
+    # Variables added to the named steps' jobs (a training chain's name stands for its segments), after the
+    # rehearsal's own: fault hooks of tests, e.g. TIERED_TRAINING_NVML_STANDIN.
+    environment: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"  # the container's rehearsal-only slow-down (docs/container.md)
@@ -115,6 +122,49 @@ class SlowCandidate:
     @property
     def value(self) -> str:
         return f"{self.number}:{self.seconds:g}"
+
+
+HEALTH_EXPECT_VARIABLE = "TIERED_TRAINING_HEALTH_EXPECT"  # training.health_check reads it (rehearsals only)
+SLOW_HOST_VARIABLE = "TIERED_TRAINING_SLOW_HOST"  # training.components.straggler reads it (rehearsals only)
+DEFAULT_SLOW_FACTOR = 0.5
+# The straggler scores are gathered every 5 steps (training.components.straggler.GATHER_EVERY_STEPS), the
+# process's first step left out, and published at the last step at the latest: a slowed host is named within
+# this many steps of a training job.
+SLOW_HOST_NAMED_WITHIN_STEPS = 10
+
+
+@dataclass(frozen=True)
+class SlowHost:
+    """``--slow-host N[:FACTOR]``: simulated host algo-N's forward and backward run at FACTOR of their speed in the
+    training jobs (not the Probe), so that the straggler score, its metrics and the alarm can be rehearsed."""
+
+    number: int
+    factor: float = DEFAULT_SLOW_FACTOR
+
+    @classmethod
+    def parse(cls, text: str, hosts: int) -> SlowHost:
+        number, sep, factor = text.partition(":")
+        bad = (
+            f"--slow-host {clip(repr(text), 60)}: expected N or N:FACTOR (a simulated host from 1 to {hosts}, "
+            "its speed as a fraction of the others', more than 0 and less than 1)"
+        )
+        if not number.isdigit() or len(number) > 2:
+            raise ValueError(bad)
+        try:
+            value = float(factor) if sep else DEFAULT_SLOW_FACTOR
+        except ValueError:
+            raise ValueError(bad) from None
+        if not 1 <= int(number) <= hosts or not 0 < value < 1:
+            raise ValueError(bad)
+        return cls(int(number), value)
+
+    @property
+    def host(self) -> str:
+        return f"algo-{self.number}"
+
+    @property
+    def value(self) -> str:
+        return f"{self.host}:{self.factor:g}"
 
 
 @dataclass
@@ -210,6 +260,7 @@ class Rehearsal:
                     for step, attempts in e.jobs.items()
                 },
                 "candidates": self.candidate_record(e),
+                "stragglers": {name: s.to_dict() for name, s in stragglers(e)},
             }
 
         return {
@@ -440,6 +491,11 @@ def check_options(options: Options) -> Interrupt | None:
             SlowCandidate.parse(options.slow_candidate)
         except ValueError as error:
             problems.append(str(error))
+    if options.slow_host is not None:
+        try:
+            SlowHost.parse(options.slow_host, max(1, options.hosts))
+        except ValueError as error:
+            problems.append(str(error))
     if options.workdir is not None:
         problem = _workdir_problem(Path(options.workdir))
         if problem:
@@ -577,6 +633,13 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             f"slowed: the Probe's candidate {slowed.number} takes {slowed.seconds:g} s longer a step "
             f"({SLOW_VARIABLE}={slowed.value} in the Probe job's environment only)"
         )
+    slow_host = SlowHost.parse(options.slow_host, options.hosts) if options.slow_host is not None else None
+    if slow_host is not None:
+        say(
+            f"slowed: {slow_host.host}'s forward/backward runs at {slow_host.factor:g} of its speed in the training "
+            f"jobs ({SLOW_HOST_VARIABLE}={slow_host.value}); the straggler score names it within "
+            f"{SLOW_HOST_NAMED_WITHIN_STEPS} steps"
+        )
     say("")
 
     previous = _stop_on_signals()
@@ -643,7 +706,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 hyperparameters=lambda hp: scaled_for(hp).config.to_hyperparameters(),
                 interrupt=interrupt,
                 say=say,
-                environment={"Probe": {SLOW_VARIABLE: slowed.value}} if slowed is not None else None,
+                environment=_environment(slowed, slow_host, options.health_expect, options.environment),
             )
             limits = {
                 "probe:tokens_per_second": (0.0, "is tokens/s per GPU on the plan's hardware, which a CPU cannot show")
@@ -977,6 +1040,39 @@ def _emf_summary(lines: list[str]) -> str:
     return text + (f"; last event: {events[-1][:300]}" if events else "")
 
 
+def _environment(
+    slowed: SlowCandidate | None,
+    slow_host: SlowHost | None,
+    health_expect: str | None = None,
+    extra: dict[str, dict[str, str]] | None = None,
+) -> dict[str, dict[str, str]]:
+    """The rehearsal's own variables, per step name (a training chain's name stands for its segments)."""
+    found: dict[str, dict[str, str]] = {}
+    if slowed is not None:
+        found["Probe"] = {SLOW_VARIABLE: slowed.value}
+    if health_expect is not None:
+        found.setdefault("Probe", {})[HEALTH_EXPECT_VARIABLE] = health_expect
+    for step, variables in (extra or {}).items():
+        found.setdefault(step, {}).update(variables)
+    if slow_host is not None:
+        for chain in TRAIN_CHAINS:
+            found[chain] = {SLOW_HOST_VARIABLE: slow_host.value}
+    return found
+
+
+def stragglers(execution: Execution) -> list[tuple[str, Any]]:
+    """``(job attempt, the last straggler its rank 0 published)`` for each training attempt that published one."""
+    from tiered_training.aws.runs import Straggler
+
+    found = []
+    for name, attempt in attempt_names(execution):
+        events = [json.loads(line) for lines in attempt.detail.get("emf", {}).values() for line in lines]
+        straggler = Straggler.from_emf(events)
+        if straggler is not None:
+            found.append((name, straggler))
+    return found
+
+
 def _print_candidates(say, result: Rehearsal, execution: Execution) -> None:
     """The probe's candidates, predicted (the plan, per GPU) against measured (here, per CPU worker), and the
     candidate each training job ran, with why."""
@@ -1024,6 +1120,9 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
         for name, attempt in attempt_names(run, train_only=False):
             for host, lines in attempt.detail.get("emf", {}).items():
                 say(f"  {name} {host}: {_emf_summary(lines)}")
+    for run in result.executions:
+        for name, straggler in stragglers(run):
+            say(f"straggler: {name}: {straggler.describe()}")
     say(f"checkpoints: {result.checkpoint_uri}")
     for host, count in sorted(result.uploads_by_host.items()):
         say(f"  {host} uploaded {count} file(s)")

@@ -416,6 +416,24 @@ def _table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def health_case(cpu: bool, cfg: RunConfig) -> dict:
+    """The probe's health-check matmul on this device, against the catalogue's figure (GPU only), and what NVML
+    says about each GPU (none without NVML or a GPU: nothing is made up)."""
+    import torch
+
+    from training.components.gpu_health import GpuHealth
+    from training.health_check import Expected, matmul_tflops
+
+    device = torch.device("cpu") if cpu else torch.device("cuda", 0)
+    found: dict = {"matmul_tflops": round(matmul_tflops(device, 256 if cpu else 8192, 5 if cpu else 20), 3)}
+    if not cpu:
+        found["expected_matmul_tflops"] = Expected.from_catalogue(cfg.hardware).matmul_tflops
+        found["instance"] = cfg.hardware.instance_type
+    health = GpuHealth()
+    found["nvml"] = [{spec.name: value for spec, value in gpu} for gpu in health.read()] if health.available else "none"
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.tools.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the runs and the planner's predictions, run nothing")
@@ -491,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     document: dict = {"rows": [], "environment": env, "runs": []}
+    document["health"] = health_case(
+        args.cpu_smoke, run_config(cases(args)[0], steps=1, instance=env["instance"], hbm_bytes=hbm)
+    )
+    print("gpu_check: health: " + json.dumps(document["health"]), flush=True)
     document["packing"] = packing_case(args.cpu_smoke)
     print(
         "gpu_check: packing: "
