@@ -197,9 +197,11 @@ def _splits(path: Path) -> list[str]:
         return []
 
 
-def _open(path: Path) -> BinaryIO:
+def _open(path: Path) -> BinaryIO | gzip.GzipFile:
     """The file's bytes, decompressed when it is gzipped (``.gz``, as the datasets library reads it)."""
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(path, "rb")
+    return open(path, "rb")  # noqa: SIM115
 
 
 def _first_character(path: Path) -> str:

@@ -98,7 +98,7 @@ def find_shards(
         )
     if checksums:
         rank, world_size = local_ranks()
-        files = [(path, entry["sha256"], name(manifest)) for path, (manifest, entry) in listed.items()]
+        files = [(path, entry["sha256"], name(manifest, short=True)) for path, (manifest, entry) in listed.items()]
         verify_checksums(files, rank=rank, world_size=world_size, name=name)
     return shards
 
@@ -459,7 +459,7 @@ def read_sft_manifest(
                 )
             if not isinstance(sums.get(file.name), str):
                 raise DataError(f"{shown}: {entry['file']}: no sha256 for {file.name}; {prepare} again")
-            files.append((file, sums[file.name], shown))
+            files.append((file, sums[file.name], name(path, short=True)))
         if vocab_size is not None and entry.get("max_token", 0) >= vocab_size:
             raise DataError(
                 _oov_message(Path(name(data_dir / entry["file"])), entry["max_token"], vocab_size, "its manifest says")

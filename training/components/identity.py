@@ -2,12 +2,13 @@
 
 Every checkpoint's manifest (the ``COMMITTED`` marker, training/components/checkpoint.py) carries a ``run``
 entry: the run id, the recipe, the plan hash and its parts (``RunConfig.identity_parts``: the
-model, the sequence length and global batch, the token type and shuffle seed), the data URI
-and the data's files with a fingerprint of them (the shards' names, sizes and manifest checksums;
-for fine-tuning also the packed shards' own fingerprint of examples, tokenizer and packing), the world size, the step and the
-tokens seen. Before torchrun starts, the launcher compares the newest committed checkpoint's
-identity with this job's (:func:`mismatches`) and refuses a resume that would not continue the
-same run, naming what changed and what to do. Torch is not imported here.
+model, the sequence length and global batch, the token type and shuffle seed), the data URI,
+the data's files (``data_files``: each shard's and manifest's size and checksum, the checksums the
+manifests give) with a fingerprint of them, for fine-tuning also the packed shards' own fingerprint
+of examples, tokenizer and packing, the world size, the step and the tokens seen. Before torchrun
+starts, the launcher compares the newest committed checkpoint's identity with this job's
+(:func:`mismatches`) and refuses a resume that would not continue the same run, naming what changed
+(the object, by S3 URI) and what to do. Torch is not imported here.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +46,32 @@ def file_sha256(path: Path) -> str:
     return _hashes[key]
 
 
-def namer(data_dir: Path, data_uri: str | None) -> Callable[[Path], str]:
+class Namer:
     """How an error names a file under ``data_dir``: the S3 URI it was copied from (``data_uri`` is the
-    directory's), with the local path, or the path alone."""
-    root = Path(data_dir).resolve()
+    directory's) with the local path (``short``: the URI alone), or the path."""
 
-    def name(path: Path) -> str:
-        if not data_uri:
+    def __init__(self, data_dir: Path, data_uri: str | None = None):
+        self.root, self.data_uri = Path(data_dir).resolve(), data_uri
+
+    def __call__(self, path: Path, short: bool = False) -> str:
+        if not self.data_uri:
             return str(path)
         try:
-            relative = Path(path).resolve().relative_to(root).as_posix()
+            relative = Path(path).resolve().relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
-        uri = data_uri.rstrip("/") + ("/" + relative if relative != "." else "/")
-        return f"{uri} (local copy {path})"
-
-    return name
+        uri = self.data_uri.rstrip("/") + ("/" + relative if relative != "." else "/")
+        return uri if short else f"{uri} (local copy {path})"
 
 
-def read_manifests(data_dir: Path, name: Callable[[Path], str] = str) -> dict[Path, tuple[Path, dict]]:
+def namer(data_dir: Path, data_uri: str | None) -> Namer:
+    return Namer(data_dir, data_uri)
+
+
+def read_manifests(data_dir: Path, name: Namer | None = None) -> dict[Path, tuple[Path, dict]]:
     """Every token-shard entry of every ``shards.json`` under ``data_dir``, by the shard's resolved path:
     ``(the manifest, the entry)``. A manifest that is not JSON, or of packed SFT shards, is refused."""
+    name = name or Namer(data_dir)
     entries: dict[Path, tuple[Path, dict]] = {}
     for manifest in sorted(Path(data_dir).rglob(MANIFEST)):
         try:
@@ -87,27 +92,30 @@ def read_manifests(data_dir: Path, name: Callable[[Path], str] = str) -> dict[Pa
 
 
 def check_listed(
-    data_dir: Path, entries: dict[Path, tuple[Path, dict]], itemsize: int, name: Callable[[Path], str] = str
+    data_dir: Path, entries: dict[Path, tuple[Path, dict]], itemsize: int, name: Namer | None = None
 ) -> None:
     """Every listed shard exists with the manifest's bytes and tokens, and the entry has a checksum."""
+    name = name or Namer(data_dir)
     for path, (manifest, entry) in sorted(entries.items()):
         shown = name(manifest.parent / entry["file"])
         if not path.is_file():
             raise DataError(
-                f"{shown}: missing; {name(manifest)} lists it: the shard was deleted or the upload is incomplete"
+                f"{shown}: missing; {name(manifest, short=True)} lists it: the shard was deleted or the upload "
+                "is incomplete"
             )
         size = path.stat().st_size
         tokens = entry.get("tokens")
         expected = entry.get("bytes", tokens * itemsize if isinstance(tokens, int) else None)
         if expected is not None and size != expected:
             raise DataError(
-                f"{shown}: {size:,} bytes, but {name(manifest)} says {expected:,}"
+                f"{shown}: {size:,} bytes, but {name(manifest, short=True)} says {expected:,}"
                 + (f" ({tokens:,} tokens)" if isinstance(tokens, int) else "")
                 + ": the shard was cut short or changed; restore it from its source, or tokenise again"
             )
         if isinstance(tokens, int) and size != tokens * itemsize:
             raise DataError(
-                f"{shown}: {size // itemsize:,} tokens of {itemsize} bytes, but {name(manifest)} says {tokens:,}: "
+                f"{shown}: {size // itemsize:,} tokens of {itemsize} bytes, but {name(manifest, short=True)} says "
+                f"{tokens:,}: "
                 "the manifest is of another token type, or the shard was changed"
             )
         if not isinstance(entry.get("sha256"), str):
@@ -118,10 +126,11 @@ def check_listed(
 
 
 def verify_checksums(
-    files: Iterable[tuple[Path, str, str]], *, rank: int = 0, world_size: int = 1, name: Callable[[Path], str] = str
+    files: Iterable[tuple[Path, str, str]], *, rank: int = 0, world_size: int = 1, name: Namer | None = None
 ) -> None:
     """Refuse a file whose SHA-256 is not the one its manifest gives. ``files``: (path, sha256 hex, the
     manifest's name); rank ``r`` of a host's ``world_size`` local ranks hashes every ``world_size``-th file."""
+    name = name or Namer(Path("/"))
     for path, expected, manifest in sorted(files)[rank::world_size]:
         found = file_sha256(path)
         if found != expected:

@@ -9,9 +9,9 @@ is followed by the end-of-text token. Tokens are written as flat little-endian u
 named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
 lists each shard's token count, bytes, SHA-256 and largest token id (the trainer refuses a shard whose
 size, checksum or largest id does not fit before it trains a step; training/components/shard_manifest.py).
-``--add-checksums DIR`` adds ``bytes`` and ``sha256`` to a manifest written before they existed. The tokenizer is loaded from
-a local directory with ``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
-tokenizer: token = byte value (0-255), end-of-text = 256.
+``--add-checksums DIR`` adds ``bytes`` and ``sha256`` to a manifest written before they existed.
+The tokenizer is loaded from a local directory with ``transformers.AutoTokenizer``: nothing is
+downloaded. ``--byte-level`` needs no tokenizer: token = byte value (0-255), end-of-text = 256.
 """
 
 from __future__ import annotations
