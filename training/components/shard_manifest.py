@@ -163,6 +163,6 @@ def listing(data_dir: Path | None) -> dict[str, list[Any]]:
                     checksums[(manifest.parent / entry["file"]).parent.resolve() / Path(file).name] = sha
     found: dict[str, list[Any]] = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file() and (p.suffix == ".bin" or p.name == MANIFEST)):
-        sha = file_sha256(path) if path.name == MANIFEST else checksums.get(path.resolve())
+        sha = hashlib.sha256(path.read_bytes()).hexdigest() if path.name == MANIFEST else checksums.get(path.resolve())
         found[path.relative_to(root).as_posix()] = [path.stat().st_size, sha]
     return found
