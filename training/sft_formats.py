@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")  # JSON Lines or a JSON array, gzipped or not
+from tiered_training.contract.raw_data import JSON_SUFFIXES
+
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
 ROLES = ("system", "user", "assistant", "tool", "ipython")
 SHAREGPT_ROLES = {

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -39,11 +38,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
 from training.sft_data import Settings, SftTokenizer, prepare
-from training.sft_formats import FORMATS, JSON_SUFFIXES, BadData
+from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
-INPUT_SUFFIXES = (*JSON_SUFFIXES, ".parquet")
 CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats")  # what decides the shards
 MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
@@ -85,20 +84,20 @@ def input_objects(client, uri: str, ignore: tuple[str, ...] = (), log=print) -> 
     reader takes are refused by name unless a glob of ``ignore`` (the recipe's ``data.ignore``, matched
     against the key under ``uri`` and its file name) matches them; the ignored ones are logged."""
     objects = list_objects(client, uri)
-    if any(o["relative"] == "state.json" for o in objects):
+    if any(o["relative"] == SAVED_MARKER for o in objects):
         return objects, True
-    chosen = [o for o in objects if o["relative"].endswith(INPUT_SUFFIXES)]
-    others = [o for o in objects if o not in chosen]
-    ignored = [o for o in others if ignored_by(o["relative"], ignore)]
-    refused = [o for o in others if o not in ignored]
+    inputs, left_out, refused = sort_raw([o["relative"] for o in objects], ignore)
+    chosen = [o for o in objects if o["relative"] in set(inputs)]
     prefix = as_prefix(uri)
-    if ignored:
-        shown = ", ".join(prefix + o["relative"] for o in ignored[:10]) + (" ..." if len(ignored) > 10 else "")
-        log(f"ignoring {len(ignored)} object(s) under {uri} as data.ignore says: {shown}")
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(prefix + name for name in names[:10]) + (" ..." if len(names) > 10 else "")
+
+    if left_out:
+        log(f"ignoring {len(left_out)} object(s) under {uri} as data.ignore says: {shown(left_out)}")
     if refused:
-        shown = ", ".join(prefix + o["relative"] for o in refused[:10]) + (" ..." if len(refused) > 10 else "")
         raise BadData(
-            f"{len(refused)} object(s) under {uri} that no reader takes: {shown}; the inputs are "
+            f"{len(refused)} object(s) under {uri} that no reader takes: {shown(refused)}; the inputs are "
             f"{', '.join(INPUT_SUFFIXES)} files or one Dataset.save_to_disk directory: remove them, or list them "
             "in the recipe's data.ignore (globs such as '*.md')",
             "input",
@@ -110,11 +109,6 @@ def input_objects(client, uri: str, ignore: tuple[str, ...] = (), log=print) -> 
             "input",
         )
     return chosen, False
-
-
-def ignored_by(relative: str, globs: tuple[str, ...]) -> bool:
-    name = relative.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatchcase(relative, g) or fnmatch.fnmatchcase(name, g) for g in globs)
 
 
 def code_version() -> str:
@@ -283,9 +277,7 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         "train": manifest,
     }
     bucket, done_key = split_uri(base + DONE)
-    client.put_object(
-        Bucket=bucket, Key=done_key, Body=json.dumps(done, indent=1).encode(), ChecksumAlgorithm="SHA256"
-    )
+    client.put_object(Bucket=bucket, Key=done_key, Body=json.dumps(done, indent=1).encode(), ChecksumAlgorithm="SHA256")
     log(
         f"prepared data {key}: {manifest['examples']:,} examples in "
         f"{sum(s['sequences'] for s in manifest['shards']):,} sequences at {train}"
