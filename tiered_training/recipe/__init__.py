@@ -237,7 +237,8 @@ class DataSection(_Strict):
         description=(
             "task sft: uri holds raw examples (JSON Lines, JSON, Parquet or save_to_disk files, in data.format), and "
             "the pipeline packs them in a Prepare step before the probe, keyed by a hash of the inputs' ETags and "
-            "sizes, the tokenizer, its chat template and the settings (an unchanged rerun reuses them); "
+            "sizes, the tokenizer, its chat template, the settings and the preparing code (an unchanged rerun "
+            "reuses them once their S3 SHA-256 checksums match; damaged ones are prepared again); "
             "default: uri holds packed shards"
         ),
     )
