@@ -11,7 +11,7 @@ prepared by other code is never reused). When ``<prepared><key>/manifest.json`` 
 object it lists under ``<prepared><key>/train/`` has the SHA-256 it records (S3's own
 ``ChecksumSHA256``, stored at upload and read with ``ChecksumMode``), the shards are reused
 ("reusing prepared data <key>") and nothing is downloaded. A missing or changed object is named by
-its S3 URI and the key is prepared again (its manifest deleted first). Otherwise the inputs are
+its S3 URI and the key is prepared again (the same bytes: packing is deterministic). Otherwise the inputs are
 downloaded and packed by :func:`training.sft_data.prepare` (the code of the local command), each
 file uploaded in one PutObject with ``ChecksumAlgorithm`` SHA256 (S3 refuses a body that does not
 match the checksum botocore sends, and the stored one must be the manifest's), and
@@ -241,11 +241,9 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         if not bad:
             log(f"reusing prepared data {key}: {train} ({len(inputs)} input object(s), {size:,} bytes, unchanged)")
             return {"key": key, "uri": train, "reused": True}
-        # The key says what the shards must be, so preparing them again restores them. The manifest goes
-        # first: a job that stops halfway then leaves a key that reads as not done.
+        # The key fixes what the shards are (packing is deterministic), so preparing again writes the bytes the
+        # manifest records; a job that stops halfway leaves objects that still fail this check.
         log(f"prepared data {key} is damaged, preparing it again: {'; '.join(bad)}", file=sys.stderr)
-        bucket, done_key = split_uri(base + DONE)
-        client.delete_object(Bucket=bucket, Key=done_key)
     log(f"preparing data {key}: {len(inputs)} input object(s), {size:,} bytes under {args.input}")
     raw = work / "raw"
     download(client, inputs, split_uri(args.input)[0], raw)
