@@ -154,3 +154,49 @@ def test_packed_shards_without_checksums_are_refused(packed):
     (packed / "shards.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="no sha256 .packed by a version before checksums.; prepare the data"):
         read_sft_manifest(packed, None, 64)
+
+
+# ---- the trainer, as it runs ---------------------------------------------------------------------
+
+TRAIN = """
+import sys
+from pathlib import Path
+sys.path[:0] = [{root!r}, {here!r}]
+from tiny import tiny_config
+from training.paths import Paths
+from training.trainer import run
+root = Path({tmp!r})
+cfg = tiny_config(parallel={{"sharding": "full", "shard_group_size": 1}}, batch={{"total_steps": 2, "global_batch_tokens": 64}},
+                  run={{"data_uri": {uri!r}}})
+run(cfg, Paths(root / "data", root / "ck", root / "model"), resume=False, save_checkpoints=False, export=False,
+    hooks=[lambda *a, **k: print("STEP", flush=True)])
+"""
+
+
+@pytest.mark.torch
+def test_the_trainer_stops_before_step_1_on_a_truncated_shard_naming_its_s3_uri(tmp_path):
+    """A token shard cut by whole tokens after its manifest was written: the run fails when it opens the data,
+    with one line naming the object, and trains no step."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny import write_learnable_shards
+
+    here = Path(__file__).resolve().parent
+    root = here.parents[1]
+    data = tmp_path / "data"
+    write_learnable_shards(data, tokens=6000)
+    files = sorted(data.glob("*.bin"))
+    entries = [{"file": f.name, "tokens": f.stat().st_size // 2, "max_token_id": 255} for f in files]
+    (data / "shards.json").write_text(json.dumps({"dtype": "uint16", "shards": entries}))
+    assert tts.main(["--add-checksums", str(data)]) == 0
+    files[1].write_bytes(files[1].read_bytes()[:-128])  # 64 tokens fewer
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    env.pop("RANK", None)
+    script = TRAIN.format(root=str(root), here=str(here), tmp=str(tmp_path), uri=URI)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "STEP" not in proc.stdout
+    assert f"DataError: {URI}{files[1].name} (local copy {files[1]}): " in proc.stderr, proc.stderr[-3000:]
+    assert "cut short or changed" in proc.stderr
