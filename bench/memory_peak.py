@@ -180,13 +180,18 @@ def measure(cfg, root: Path) -> dict:
 def write_packed_manifest(data: Path, sequences: int, seq: int) -> None:
     """Make the token shard a packed SFT shard too (one example per sequence: no document mask),
     for a trainer that reads SFT runs' data as packed sequences (training/components/packing.py)."""
+    import hashlib
+
     import numpy as np
 
     np.ones(sequences * (seq + 1), dtype=np.uint8).tofile(data / "shard-00000.mask.bin")
     np.tile(np.arange(seq + 1, dtype=np.uint16), sequences).tofile(data / "shard-00000.pos.bin")
     manifest = {"kind": "sft-packed", "sequence_length": seq, "token_dtype": "uint16", "fingerprint": "0" * 64,
                 "loss_on": "all", "overlong": "drop", "examples": sequences, "dropped": 0, "truncated": 0,
-                "tokenizer": "none", "shards": [{"file": "shard-00000.bin", "sequences": sequences, "max_token": 255}]}
+                "tokenizer": "none", "shards": [{"file": "shard-00000.bin", "sequences": sequences, "max_token": 255,
+                                                  "sha256": {name: hashlib.sha256((data / name).read_bytes()).hexdigest()
+                                                             for name in ("shard-00000.bin", "shard-00000.mask.bin",
+                                                                          "shard-00000.pos.bin")}}]}
     (data / "shards.json").write_text(json.dumps(manifest))
 
 

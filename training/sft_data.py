@@ -288,14 +288,18 @@ class ShardWriter:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.shards: list[dict] = []
         self._files: list[BinaryIO] | None = None
+        self._digests: list[Any] = []
         self._count = self._max = 0
 
     def add(self, tokens: list[int], mask: list[int], pos: list[int]) -> None:
         if self._files is None:
             self._files = [open(path, "wb") for path in sft_files(self.out / f"shard-{len(self.shards):05d}.bin")]
+            self._digests = [hashlib.sha256() for _ in self._files]
         dtypes = (self.dtype, np.dtype(np.uint8), self.dtype)
-        for handle, values, dtype in zip(self._files, (tokens, mask, pos), dtypes):
-            handle.write(np.asarray(values, dtype=dtype).tobytes())
+        for handle, digest, values, dtype in zip(self._files, self._digests, (tokens, mask, pos), dtypes):
+            data = np.asarray(values, dtype=dtype).tobytes()
+            handle.write(data)
+            digest.update(data)
         self._count += 1
         self._max = max(self._max, max(tokens))
         if self._count == self.sequences_per_shard:
@@ -306,8 +310,14 @@ class ShardWriter:
             return
         for handle in self._files:
             handle.close()
+        files = sft_files(self.out / f"shard-{len(self.shards):05d}.bin")
         self.shards.append(
-            {"file": f"shard-{len(self.shards):05d}.bin", "sequences": self._count, "max_token": self._max}
+            {
+                "file": files[0].name,
+                "sequences": self._count,
+                "max_token": self._max,
+                "sha256": {path.name: digest.hexdigest() for path, digest in zip(files, self._digests)},
+            }
         )
         self._files, self._count, self._max = None, 0, 0
 

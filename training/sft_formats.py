@@ -2,8 +2,8 @@
 
 Inputs (a path; the reader takes any string ``datasets`` can open as ``data_files``):
 
-- JSON Lines (``.jsonl``, or ``.json`` whose first character is not ``[``) and JSON arrays (``.json``):
-  ``datasets.load_dataset("json", data_files=..., streaming=True)``;
+- JSON Lines (``.jsonl``, or ``.json`` whose first character is not ``[``) and JSON arrays (``.json``), either
+  gzipped (``.jsonl.gz``, ``.json.gz``): ``datasets.load_dataset("json", data_files=..., streaming=True)``;
 - Parquet (``.parquet``): ``datasets.load_dataset("parquet", ...)``;
 - a directory written by ``Dataset.save_to_disk``: ``datasets.load_from_disk``.
 
@@ -27,12 +27,16 @@ Formats (``--format``, the recipe's ``data.format``; ``auto`` decides per file f
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+from tiered_training.contract.raw_data import JSON_SUFFIXES
 
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
 ROLES = ("system", "user", "assistant", "tool", "ipython")
@@ -98,12 +102,13 @@ class Source:
             raise BadData(f"{self.path}: no such file or directory", "input")
         elif self.path.suffix == ".parquet":
             self.kind = "parquet"
-        elif self.path.suffix in (".jsonl", ".json"):
+        elif self.path.name.endswith(JSON_SUFFIXES):
             self.kind = "array" if _first_character(self.path) == "[" else "jsonl"
         else:
             raise BadData(
                 f"{self.path}: {self.path.suffix or 'no suffix'}: not a format the reader knows; give JSON Lines "
-                "(.jsonl), a JSON array (.json), Parquet (.parquet) or a Dataset.save_to_disk directory",
+                "(.jsonl), a JSON array (.json), either gzipped (.gz), Parquet (.parquet) or a Dataset.save_to_disk "
+                "directory",
                 "input",
             )
 
@@ -146,7 +151,7 @@ class Source:
 
     def _line_numbers(self) -> Iterator[int]:
         """The numbers of the non-blank lines (those the JSON reader makes records of), hashing the file."""
-        with open(self.path, "rb") as handle:
+        with _open(self.path) as handle:
             for number, raw in enumerate(handle, start=1):
                 self.digest.update(raw)
                 if raw.strip(b" \t\r\n\xef\xbb\xbf" if number == 1 else b" \t\r\n"):
@@ -156,7 +161,7 @@ class Source:
         """The first line of a JSON file that is not UTF-8, not JSON or not an object; else the reader's error."""
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         if self.kind == "jsonl":
-            with open(self.path, "rb") as handle:
+            with _open(self.path) as handle:
                 for number, raw in enumerate(handle, start=1):
                     where = f"{self.path}:{number}"
                     try:
@@ -193,8 +198,15 @@ def _splits(path: Path) -> list[str]:
         return []
 
 
+def _open(path: Path) -> BinaryIO | gzip.GzipFile:
+    """The file's bytes, decompressed when it is gzipped (``.gz``, as the datasets library reads it)."""
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(path, "rb")
+    return open(path, "rb")  # noqa: SIM115
+
+
 def _first_character(path: Path) -> str:
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
         head = handle.read(4096).decode("utf-8-sig", errors="replace").lstrip()
     return head[:1]
 

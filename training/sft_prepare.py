@@ -2,37 +2,49 @@
 
     python -m training.sft_prepare --input s3://bucket/raw/ --tokenizer s3://bucket/checkpoint/ \\
         --prepared s3://store/recipe/output/prepared/ --property-file OUT/prepared.json \\
-        --sequence-length 8192 [the settings of python -m training.sft_data]
+        --sequence-length 8192 [--ignore GLOB ...] [the settings of python -m training.sft_data]
 
 The key is the SHA-256 of the inputs (each object's key, ETag and size under ``--input``), the
-tokenizer and its chat template (:meth:`SftTokenizer.fingerprint_material`) and the settings. When
-``<prepared><key>/manifest.json`` exists, the shards under ``<prepared><key>/train/`` are reused
-("reusing prepared data <key>") and nothing is downloaded. Otherwise the inputs are downloaded and
-packed by :func:`training.sft_data.prepare` (the code of the local command), the shards uploaded,
-and ``manifest.json`` written last, so a job that stops halfway leaves no key that reads as done.
+tokenizer and its chat template (:meth:`SftTokenizer.fingerprint_material`), the settings and the
+version of the preparing code (:func:`code_version`, a hash of the preparing modules' source: data
+prepared by other code is never reused). When ``<prepared><key>/manifest.json`` exists and every
+object it lists under ``<prepared><key>/train/`` has the SHA-256 it records (S3's own
+``ChecksumSHA256``, stored at upload and read with ``ChecksumMode``), the shards are reused
+("reusing prepared data <key>") and nothing is downloaded. A missing or changed object is named by
+its S3 URI and the key is prepared again (the same bytes: packing is deterministic). Otherwise the inputs are
+downloaded and packed by :func:`training.sft_data.prepare` (the code of the local command), each
+file uploaded in one PutObject with ``ChecksumAlgorithm`` SHA256 (S3 refuses a body that does not
+match the checksum botocore sends, and the stored one must be the manifest's), and
+``manifest.json`` written last, so a job that stops halfway leaves no key that reads as done.
 Either way the property file names the shards: ``{"key": ..., "uri": ..., "reused": ...}``.
 
-The inputs under ``--input``: JSON Lines, JSON, Parquet files (every object with one of those
-suffixes, in key order), or one ``Dataset.save_to_disk`` directory (a ``state.json`` at the top).
-Only the tokenizer files of ``--tokenizer`` are read (every top-level object but the weights).
-Bad input exits 2 with one line, as the local command does.
+The inputs under ``--input``: JSON Lines, JSON (either gzipped, ``.gz``), Parquet files (every object
+with one of those suffixes, in key order), or one ``Dataset.save_to_disk`` directory (a ``state.json``
+at the top). Any other object (a README, ``.DS_Store``) is refused by its S3 URI unless a ``--ignore``
+glob (the recipe's ``data.ignore``) matches its key or name; the ignored ones are logged. Only the
+tokenizer files of ``--tokenizer`` are read (every top-level object but the weights). Bad input exits
+2 with one line, as the local command does.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import importlib.util
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
 from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
-KEY_VERSION = "sft-prepare/1"
-INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
+KEY_VERSION = "sft-prepare/2"
+CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats")  # what decides the shards
+MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 DONE = "manifest.json"  # written last under the key's prefix
 
@@ -67,12 +79,29 @@ def list_objects(client, uri: str) -> list[dict]:
     return sorted(found, key=lambda o: o["key"])
 
 
-def input_objects(client, uri: str) -> tuple[list[dict], bool]:
-    """The objects that are the inputs, and whether they are one ``save_to_disk`` directory."""
+def input_objects(client, uri: str, ignore: tuple[str, ...] = (), log=print) -> tuple[list[dict], bool]:
+    """The objects that are the inputs, and whether they are one ``save_to_disk`` directory. Objects no
+    reader takes are refused by name unless a glob of ``ignore`` (the recipe's ``data.ignore``, matched
+    against the key under ``uri`` and its file name) matches them; the ignored ones are logged."""
     objects = list_objects(client, uri)
-    if any(o["relative"] == "state.json" for o in objects):
+    if any(o["relative"] == SAVED_MARKER for o in objects):
         return objects, True
-    chosen = [o for o in objects if o["relative"].endswith(INPUT_SUFFIXES)]
+    inputs, left_out, refused = sort_raw([o["relative"] for o in objects], ignore)
+    chosen = [o for o in objects if o["relative"] in set(inputs)]
+    prefix = as_prefix(uri)
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(prefix + name for name in names[:10]) + (" ..." if len(names) > 10 else "")
+
+    if left_out:
+        log(f"ignoring {len(left_out)} object(s) under {uri} as data.ignore says: {shown(left_out)}")
+    if refused:
+        raise BadData(
+            f"{len(refused)} object(s) under {uri} that no reader takes: {shown(refused)}; the inputs are "
+            f"{', '.join(INPUT_SUFFIXES)} files or one Dataset.save_to_disk directory: remove them, or list them "
+            "in the recipe's data.ignore (globs such as '*.md')",
+            "input",
+        )
     if not chosen:
         raise BadData(
             f"{uri}: no .jsonl, .json or .parquet objects and no Dataset.save_to_disk directory (state.json) "
@@ -80,6 +109,17 @@ def input_objects(client, uri: str) -> tuple[list[dict], bool]:
             "input",
         )
     return chosen, False
+
+
+def code_version() -> str:
+    """A hash of the preparing modules' source (:data:`CODE_MODULES`): any change to the code that decides
+    the shards makes a new key, so data prepared by an earlier version is prepared again, not reused."""
+    digest = hashlib.sha256()
+    for name in CODE_MODULES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        digest.update(name.encode() + b"\0" + (Path(origin).read_bytes() if origin else b"") + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def settings_material(settings: Settings) -> dict:
@@ -94,9 +134,10 @@ def settings_material(settings: Settings) -> dict:
     }
 
 
-def content_key(inputs: list[dict], tokenizer: SftTokenizer, settings: Settings) -> str:
-    """The inputs' keys, ETags and sizes, the tokenizer with its chat template, and the settings."""
-    digest = hashlib.sha256(KEY_VERSION.encode())
+def content_key(inputs: list[dict], tokenizer: SftTokenizer, settings: Settings, code: str | None = None) -> str:
+    """The inputs' keys, ETags and sizes, the tokenizer with its chat template, the settings and the version
+    of the preparing code (``code``, default :func:`code_version`)."""
+    digest = hashlib.sha256(KEY_VERSION.encode() + b"\0" + (code or code_version()).encode())
     listing = [[o["relative"], o["etag"], o["size"]] for o in inputs]
     digest.update(json.dumps({"inputs": listing, "settings": settings_material(settings)}, sort_keys=True).encode())
     digest.update(b"\0" + tokenizer.fingerprint_material())
@@ -110,6 +151,10 @@ def download(client, objects: list[dict], bucket: str, target: Path) -> None:
         client.download_file(bucket, o["key"], str(path))
 
 
+def _missing(error) -> bool:
+    return error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
 def exists(client, uri: str) -> bool:
     bucket, key = split_uri(uri)
     from botocore.exceptions import ClientError
@@ -117,10 +162,60 @@ def exists(client, uri: str) -> bool:
     try:
         client.head_object(Bucket=bucket, Key=key)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if _missing(error):
             return False
         raise
     return True
+
+
+def b64(hex_digest: str) -> str:
+    """A hex SHA-256 as S3 gives it (``ChecksumSHA256``: base64 of the digest's bytes)."""
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def damaged(client, base: str) -> list[str]:
+    """The prepared objects under ``base`` that are not as its manifest says, by S3 URI with why: each shard
+    file's SHA-256 that S3 keeps (``ChecksumSHA256``, stored when Prepare uploaded it with that checksum and
+    returned with ``ChecksumMode``) must be the manifest's. An object written again since (even with the same
+    size) has another checksum, or none."""
+    from botocore.exceptions import ClientError
+
+    train = f"{base}train/"
+    bucket, key = split_uri(base + DONE)
+    body = client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["Body"].read()
+    try:
+        done = json.loads(body)
+        files = [(f"{train}{name}", str(sha)) for name, sha in done["checksums"].items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [f"{base}{DONE} (not a manifest with shard checksums)"]
+    found = []
+    for uri, sha in files:
+        bucket, key = split_uri(uri)
+        try:
+            head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except ClientError as error:
+            if not _missing(error):
+                raise
+            found.append(f"{uri} (missing)")
+            continue
+        stored = head.get("ChecksumSHA256")
+        if stored != b64(sha):
+            why = "no SHA-256 checksum: written again since" if not stored else f"SHA-256 {stored}, manifest {b64(sha)}"
+            found.append(f"{uri} ({why})")
+    return found
+
+
+def upload(client, path: Path, uri: str, sha256: str) -> None:
+    """One PutObject with ``ChecksumAlgorithm`` SHA256: botocore sends the body's SHA-256, S3 refuses a body
+    that does not match it (BadDigest) and keeps it (``ChecksumSHA256``) for :func:`damaged`; the stored
+    checksum must be the manifest's ``sha256`` (the file sent is the file packed)."""
+    if path.stat().st_size > MAX_PUT:
+        raise BadData(f"{path.name}: over 5 GiB, more than one PutObject takes; pack with fewer sequences per shard")
+    bucket, key = split_uri(uri)
+    with open(path, "rb") as body:
+        stored = client.put_object(Bucket=bucket, Key=key, Body=body, ChecksumAlgorithm="SHA256").get("ChecksumSHA256")
+    if stored != b64(sha256):
+        raise BadData(f"{uri}: S3 stored SHA-256 {stored}, but the packed file's is {b64(sha256)}; run the step again")
 
 
 def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=print) -> dict:
@@ -135,14 +230,20 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     download(client, tokenizer_objects, split_uri(args.tokenizer)[0], work / "tokenizer")
     tokenizer = SftTokenizer(work / "tokenizer")
     tokenizer.path = args.tokenizer  # the manifest names the checkpoint, not the job's copy
-    inputs, saved = input_objects(client, args.input)
-    key = content_key(inputs, tokenizer, settings)
+    inputs, saved = input_objects(client, args.input, tuple(getattr(args, "ignore", None) or ()), log)
+    code = code_version()
+    key = content_key(inputs, tokenizer, settings, code)
     base = f"{as_prefix(args.prepared)}{key}/"
     train = f"{base}train/"
     size = sum(o["size"] for o in inputs)
     if exists(client, base + DONE):
-        log(f"reusing prepared data {key}: {train} ({len(inputs)} input object(s), {size:,} bytes, unchanged)")
-        return {"key": key, "uri": train, "reused": True}
+        bad = damaged(client, base)
+        if not bad:
+            log(f"reusing prepared data {key}: {train} ({len(inputs)} input object(s), {size:,} bytes, unchanged)")
+            return {"key": key, "uri": train, "reused": True}
+        # The key fixes what the shards are (packing is deterministic), so preparing again writes the bytes the
+        # manifest records; a job that stops halfway leaves objects that still fail this check.
+        log(f"prepared data {key} is damaged, preparing it again: {'; '.join(bad)}", file=sys.stderr)
     log(f"preparing data {key}: {len(inputs)} input object(s), {size:,} bytes under {args.input}")
     raw = work / "raw"
     download(client, inputs, split_uri(args.input)[0], raw)
@@ -157,12 +258,16 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     except BadData as error:  # named by its S3 URI, not the job's local copy
         raise BadData(str(error).replace(f"{raw}/", as_prefix(args.input)), error.reason) from None
     manifest = manifests["train"]
-    bucket, prefix = split_uri(train)
+    checksums = {name: sha for entry in manifest["shards"] for name, sha in entry["sha256"].items()}
     for path in sorted((out / "train").iterdir()):
-        client.upload_file(str(path), bucket, prefix + path.name)
+        if path.name not in checksums:  # shards.json
+            checksums[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        upload(client, path, train + path.name, checksums[path.name])
     done = {
         "key": key,
         "uri": train,
+        "code_version": code,
+        "checksums": checksums,  # every object under uri: its SHA-256 (hex)
         "inputs": [{"key": o["relative"], "etag": o["etag"], "size": o["size"]} for o in inputs],
         "input_uri": args.input,
         "tokenizer_uri": args.tokenizer,
@@ -170,7 +275,7 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         "train": manifest,
     }
     bucket, done_key = split_uri(base + DONE)
-    client.put_object(Bucket=bucket, Key=done_key, Body=json.dumps(done, indent=1).encode())
+    client.put_object(Bucket=bucket, Key=done_key, Body=json.dumps(done, indent=1).encode(), ChecksumAlgorithm="SHA256")
     log(
         f"prepared data {key}: {manifest['examples']:,} examples in "
         f"{sum(s['sequences'] for s in manifest['shards']):,} sequences at {train}"
@@ -191,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=FORMATS, default="auto")
     parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
     parser.add_argument("--max-bad-fraction", type=float, default=0.0)
+    parser.add_argument(
+        "--ignore", action="append", default=[], metavar="GLOB", help="objects under --input to leave out (data.ignore)"
+    )
     args = parser.parse_args(argv)
     settings = Settings(
         args.sequence_length,

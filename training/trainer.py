@@ -375,6 +375,7 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
         num_workers=int(os.environ.get("TT_DATA_WORKERS", "0")),
         vocab_size=cfg.model.vocab_size,
         holdout_every=cfg.validation.holdout_every if cfg.validation.source == "holdout" else 0,
+        data_uri=cfg.run.data_uri or None,  # errors name the shard by its S3 URI
     )
     if cfg.sft is not None:
         return build_sft_dataloader(

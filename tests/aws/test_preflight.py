@@ -384,6 +384,12 @@ def test_a_recipe_with_raw_data_checks_its_first_record_in_the_declared_format(e
 
     s3.put_object(Bucket="sft-raw-data", Key="tokens/a.jsonl", Body=b'{"conversations": [{"from": "human", "value": "hi"}]}\n')
     _, report = preflight(endpoint, path)
+    raw, = [c for c in by_check(report)["data"] if "no reader takes" in c["detail"]]
+    assert raw["status"] == "fail" and raw["detail"].endswith("1 object(s) that no reader takes: s3://sft-raw-data/tokens/readme.txt")
+    assert "data.ignore" in raw["fix"]
+    path = write_recipe(tmp_path, "sft-raw", **{"task": "sft", "model.init_checkpoint": "s3://sft-raw-models/base/",
+                                                "data.format": "messages", "data.prepare": {}, "data.ignore": ["*.txt"]})
+    _, report = preflight(endpoint, path)
     raw, = [c for c in by_check(report)["data"] if "a.jsonl:" in c["detail"] or "raw examples" in c["detail"]]
     assert raw["status"] == "fail" and raw["detail"].endswith(
         "s3://sft-raw-data/tokens/a.jsonl:1: the first record (keys: conversations) is not in data.format messages "
@@ -399,4 +405,5 @@ def test_a_recipe_with_raw_data_checks_its_first_record_in_the_declared_format(e
     _, report = preflight(endpoint, path)
     raw, = [c for c in by_check(report)["data"] if "a.jsonl:" in c["detail"] or "raw examples" in c["detail"]]
     assert raw["status"] == "pass" and "the first record of s3://sft-raw-data/tokens/a.jsonl is messages" in raw["detail"]
+    assert raw["detail"].endswith("; ignoring 1 object(s) as data.ignore says: readme.txt")
     assert not any("shards.json" in c["detail"] for c in by_check(report)["data"])  # no packed manifest is asked for

@@ -311,6 +311,8 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
     ]
     if data.max_bad_fraction is not None:
         arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
+    for glob in data.ignore:
+        arguments += ["--ignore", glob]
     prepared = sdk.PropertyFile(name="PreparedData", output_name="prepared", path="prepared.json")
     return sdk.ProcessingStep(
         name="Prepare",

@@ -58,6 +58,8 @@ def test_a_pretraining_recipe_is_unchanged_and_plans_no_fine_tuning():
     ({"data.on_bad_example": "ignore"}, (8, "data.on_bad_example", "must be one of 'error', 'skip'")),
     ({"data.on_bad_example": "skip", "data.max_bad_fraction": 1.5}, (9, "data.max_bad_fraction", "less than or equal to 1")),
     ({"data.max_bad_fraction": 0.01}, (8, "data.max_bad_fraction", "applies with data.on_bad_example: skip only")),
+    ({"data.ignore": ["*.md"]}, (8, "data.ignore", "applies with data.prepare only")),
+    ({"data.prepare": {}, "data.ignore": [""]}, (10, "data.ignore.0", "at least 1 character")),
     ({"tuning.adapter": "dora"}, (16, "tuning.adapter", "must be one of 'none', 'lora', 'qlora', 'auto'")),
     ({"tuning.lora": {"rank": 0}}, (17, "tuning.lora.rank", "greater than or equal to 1")),
     ({"tuning.lora": {"alpha": -1}}, (17, "tuning.lora.alpha", "greater than 0")),

@@ -198,3 +198,49 @@ def test_a_resume_on_a_host_count_a_new_run_may_not_use_is_refused(tmp_path):
     new = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": False})})
     with pytest.raises(LaunchError, match="InstanceCount 1 .* cannot run the plan as planned"):
         _launch(new, tmp_path / "empty", data, hosts=1)
+
+
+def _tokenized(root: Path, docs: list[str]) -> Path:
+    from training.tools.tokenize_to_shards import ByteTokenizer, write_shards
+
+    write_shards(docs, ByteTokenizer(), root / "data", tokens_per_shard=300)
+    return root / "data"
+
+
+def test_a_same_size_change_before_a_resume_is_refused_naming_the_object(tmp_path):
+    """The shard rewritten with the same number of tokens and its manifest with it: names and sizes are equal,
+    the checksums are not."""
+    docs = [letter * 299 for letter in "abcd"]  # with its end-of-text token, one shard each
+    data = _tokenized(tmp_path, docs)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    _tokenized(tmp_path, ["e" * 299, *docs[1:]])  # same length, other bytes
+    with pytest.raises(LaunchError) as raised:
+        _launch(_cfg(), checkpoints, data)
+    message = str(raised.value)
+    assert f"({DATA}shard-00000.bin changed content (sha256 " in message
+    assert f"{DATA}shards.json changed content" in message and "shard-00001.bin" not in message
+
+
+def test_a_deleted_shard_is_named_on_resume(tmp_path):
+    data = _data(tmp_path, sizes=(400, 800, 600))
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    (data / "shard-00001.bin").unlink()
+    with pytest.raises(LaunchError, match=rf"saved step 6 \({DATA}shard-00001.bin was deleted\)"):
+        _launch(_cfg(), checkpoints, data)
+
+
+def test_a_checkpoint_saved_before_data_files_still_resumes(tmp_path):
+    """Its fingerprint is of names and sizes: compared as such, so upgrading does not refuse a resume."""
+    from training.components.identity import names_and_sizes
+
+    data = _data(tmp_path)
+    checkpoints = _checkpoint(tmp_path, _cfg(), data)
+    marker = checkpoints / "step-6" / "COMMITTED"
+    manifest = json.loads(marker.read_text())
+    del manifest["run"]["data_files"]
+    manifest["run"]["data_fingerprint"] = names_and_sizes(data)
+    marker.write_text(json.dumps(manifest))
+    assert _launch(_cfg(), checkpoints, data).nnodes == 1
+    (data / "shard-00001.bin").write_bytes(b"\0" * 1200)
+    with pytest.raises(LaunchError, match="names, sizes or checksums differ"):
+        _launch(_cfg(), checkpoints, data)

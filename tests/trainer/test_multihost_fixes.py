@@ -3,6 +3,7 @@ restarts on another host count, out-of-vocabulary shards, and the launcher's exi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -98,7 +99,9 @@ def test_out_of_vocabulary_ids_are_caught_naming_the_shard(tmp_path):
     np.full(200, 300, dtype=np.uint16).tofile(tmp_path / "shard-00000.bin")
     with pytest.raises(DataError, match=r"shard-00000.bin: at token \d+: token id 300, outside the model's vocabulary of 256"):
         next(iter(PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=1, seed=0, vocab_size=256)))
-    (tmp_path / "shards.json").write_text(json.dumps({"shards": [{"file": "shard-00000.bin", "max_token_id": 300}]}))
+    entry = {"file": "shard-00000.bin", "tokens": 200, "bytes": 400, "max_token_id": 300}
+    entry["sha256"] = hashlib.sha256((tmp_path / "shard-00000.bin").read_bytes()).hexdigest()
+    (tmp_path / "shards.json").write_text(json.dumps({"shards": [entry]}))
     with pytest.raises(DataError, match="shard-00000.bin: its manifest says token id 300"):
         PackedTokenWindows(tmp_path, "uint16", 32, rank=0, world_size=1, seed=0, vocab_size=256)
 

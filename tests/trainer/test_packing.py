@@ -148,6 +148,7 @@ def test_attention_does_not_cross_examples(model):
 
 def write_packed(directory, shards: list[list[tuple]]) -> None:
     """Packed SFT shards as the contract has them: tokens, loss mask and positions, and shards.json."""
+    import hashlib
     import json
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,9 @@ def write_packed(directory, shards: list[list[tuple]]) -> None:
         np.stack([r[0] for r in rows]).astype(np.uint16).tofile(directory / f"{name}.bin")
         np.stack([r[1] for r in rows]).astype(np.uint8).tofile(directory / f"{name}.mask.bin")
         np.stack([r[2] for r in rows]).astype(np.uint16).tofile(directory / f"{name}.pos.bin")
-        entries.append({"file": f"{name}.bin", "sequences": len(rows), "max_token": VOCAB - 1})
+        files = [f"{name}.bin", f"{name}.mask.bin", f"{name}.pos.bin"]
+        sums = {file: hashlib.sha256((directory / file).read_bytes()).hexdigest() for file in files}
+        entries.append({"file": f"{name}.bin", "sequences": len(rows), "max_token": VOCAB - 1, "sha256": sums})
     (directory / "shards.json").write_text(json.dumps({
         "kind": "sft-packed", "sequence_length": N, "token_dtype": "uint16", "fingerprint": "0" * 64,
         "loss_on": "assistant", "overlong": "drop", "shards": entries}))

@@ -235,7 +235,8 @@ def test_inputs_the_reader_cannot_use_are_named(tmp_path, qwen):
     other.write_text("a,b\n")
     code, _, err = run(tmp_path, qwen["marked"], other)
     assert code == 2 and err == (f"error: {other}: .csv: not a format the reader knows; give JSON Lines (.jsonl), a JSON array "
-                                 "(.json), Parquet (.parquet) or a Dataset.save_to_disk directory\n")
+                                 "(.json), either gzipped (.gz), Parquet (.parquet) or a Dataset.save_to_disk "
+                                 "directory\n")
     folder = tmp_path / "folder"
     folder.mkdir()
     code, _, err = run(tmp_path, qwen["marked"], folder)

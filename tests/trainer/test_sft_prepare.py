@@ -130,3 +130,81 @@ def test_bad_input_is_one_line_and_exit_2(s3, tmp_path, capsys):
     )
     code, _, log = prepare(tmp_path, capsys, "--input", "s3://raw/nothing-here/")
     assert code == 2 and "no .jsonl, .json or .parquet objects" in log
+
+
+def _key(first: dict, name: str) -> str:
+    return f"recipe/output/prepared/{first['key']}/train/{name}"
+
+
+@pytest.mark.parametrize("damage", ["same size", "deleted"])
+def test_damaged_prepared_shards_are_named_and_prepared_again(s3, tmp_path, capsys, damage):
+    code, first, log = prepare(tmp_path, capsys)
+    assert code == 0, log
+    name = "shard-00000.mask.bin"
+    body = s3.get_object(Bucket="store", Key=_key(first, name))["Body"].read()
+    if damage == "deleted":
+        s3.delete_object(Bucket="store", Key=_key(first, name))
+    else:  # the loss mask flipped where it was 0: as many bytes, other targets
+        s3.put_object(Bucket="store", Key=_key(first, name), Body=bytes(1 - b for b in body))
+    code, again, log = prepare(tmp_path, capsys, name="again.json")
+    assert code == 0 and again == first, log  # the same key, prepared again, not reused
+    assert f"prepared data {first['key']} is damaged, preparing it again: s3://store/{_key(first, name)}" in log
+    assert s3.get_object(Bucket="store", Key=_key(first, name))["Body"].read() == body
+    code, third, log = prepare(tmp_path, capsys, name="third.json")
+    assert third == {**first, "reused": True} and "damaged" not in log
+
+
+def test_other_preparing_code_prepares_again(s3, tmp_path, capsys, monkeypatch):
+    _, first, _ = prepare(tmp_path, capsys)
+    done = json.loads(
+        s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{first['key']}/manifest.json")["Body"].read()
+    )
+    assert done["code_version"] == sft_prepare.code_version()
+    monkeypatch.setattr(sft_prepare, "code_version", lambda: "a-later-version")
+    code, again, log = prepare(tmp_path, capsys, name="again.json")
+    assert code == 0 and again["key"] != first["key"] and not again["reused"], log
+
+
+def test_code_version_is_a_hash_of_the_preparing_modules(tmp_path, monkeypatch):
+    before = sft_prepare.code_version()
+    source = tmp_path / "sft_formats.py"
+    source.write_text("# another version\n")
+
+    class Spec:
+        origin = str(source)
+
+    real = sft_prepare.importlib.util.find_spec
+    monkeypatch.setattr(
+        sft_prepare.importlib.util, "find_spec", lambda name: Spec() if name == "training.sft_formats" else real(name)
+    )
+    assert sft_prepare.code_version() != before
+
+
+def test_objects_no_reader_takes_are_refused_unless_ignored(s3, tmp_path, capsys):
+    s3.put_object(Bucket="raw", Key="tools/README.md", Body=b"# the examples")
+    s3.put_object(Bucket="raw", Key="tools/.DS_Store", Body=b"\0")
+    code, _, log = prepare(tmp_path, capsys)
+    assert code == 2 and "Traceback" not in log
+    error = log.splitlines()[-1]
+    assert "s3://raw/tools/.DS_Store, s3://raw/tools/README.md" in error and "data.ignore" in error
+    code, found, log = prepare(tmp_path, capsys, "--ignore", "*.md", "--ignore", ".DS_Store", name="b.json")
+    assert code == 0, log
+    assert "ignoring 2 object(s) under s3://raw/tools/ as data.ignore says" in log and "1 input object(s)" in log
+
+
+def test_gzipped_json_lines_are_read(s3, tmp_path, capsys):
+    import gzip
+
+    _, plain, _ = prepare(tmp_path, capsys)
+    body = s3.get_object(Bucket="raw", Key="tools/chat.jsonl")["Body"].read()
+    s3.delete_object(Bucket="raw", Key="tools/chat.jsonl")
+    s3.put_object(Bucket="raw", Key="tools/chat.jsonl.gz", Body=gzip.compress(body))
+    code, zipped, log = prepare(tmp_path, capsys, name="b.json")
+    assert code == 0, log
+    done = json.loads(
+        s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{zipped['key']}/manifest.json")["Body"].read()
+    )
+    first = json.loads(
+        s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{plain['key']}/manifest.json")["Body"].read()
+    )
+    assert done["checksums"]["shard-00000.bin"] == first["checksums"]["shard-00000.bin"]  # the same tokens

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tiered_training.contract.raw_data import SAVED_MARKER, sort_raw
 from tiered_training.planning import quotas as quota_needs
 from tiered_training.text import clip
 
@@ -646,7 +648,6 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
     )
 
 
-RAW_SUFFIXES = (".jsonl", ".json", ".parquet")  # what the Prepare job reads (training/sft_prepare.py)
 RAW_SAMPLE_BYTES = 1 << 20
 # The keys a record of each format has (training/sft_formats.py reads them; auto takes the first that fits).
 FORMAT_KEYS = {
@@ -667,27 +668,45 @@ def check_raw_data(s3: Any, plan: Plan) -> Check:
     fmt = recipe.data.format or "auto"
     bucket, prefix = _split(uri)
     folder = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
-    fix = "upload the examples as .jsonl, .json or .parquet files (or a Dataset.save_to_disk directory) under data.uri"
+    fix = (
+        "upload the examples as .jsonl, .json (either gzipped) or .parquet files (or a Dataset.save_to_disk "
+        "directory) under data.uri"
+    )
     try:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=folder, MaxKeys=1000).get("Contents", [])
     except _client_error() as error:
         if _code(error) == "NoSuchBucket":
             return Check("data", uri, FAIL, f"no bucket {bucket}", fix)
         raise
-    names = sorted(item["Key"] for item in listed)
-    if any(name == f"{folder}state.json" for name in names):
+    names = sorted(item["Key"] for item in listed if not item["Key"].endswith("/"))
+    if any(name == f"{folder}{SAVED_MARKER}" for name in names):
         return Check("data", uri, PASS, f"raw examples: a Dataset.save_to_disk directory ({len(names)} objects)")
-    inputs = [name for name in names if name.endswith(RAW_SUFFIXES)]
+    relatives, left_out, refused = sort_raw([name[len(folder) :] for name in names], recipe.data.ignore)
+    inputs = [folder + name for name in relatives]
     if not inputs:
         return Check(
             "data", uri, FAIL, f"no .jsonl, .json or .parquet objects under it ({len(names)} other objects)", fix
         )
+    if refused:
+        shown = ", ".join(f"s3://{bucket}/{folder}{name}" for name in refused[:10])
+        return Check(
+            "data",
+            uri,
+            FAIL,
+            f"{len(refused)} object(s) that no reader takes: {shown}" + (" ..." if len(refused) > 10 else ""),
+            "remove them, or list them in data.ignore (globs such as '*.md')",
+        )
+    ignoring = (
+        f"; ignoring {len(left_out)} object(s) as data.ignore says: {', '.join(left_out[:10])}" if left_out else ""
+    )
     first = inputs[0]
     where = f"s3://{bucket}/{first}"
     if first.endswith(".parquet"):
         s3.head_object(Bucket=bucket, Key=first)
-        return Check("data", uri, PASS, f"raw examples: {len(inputs)} file(s); {where} is readable (Parquet)")
+        return Check("data", uri, PASS, f"raw examples: {len(inputs)} file(s); {where} is readable (Parquet){ignoring}")
     body = s3.get_object(Bucket=bucket, Key=first, Range=f"bytes=0-{RAW_SAMPLE_BYTES - 1}")["Body"].read()
+    if first.endswith(".gz"):  # the first bytes of the stream, as far as they go
+        body = zlib.decompressobj(wbits=31).decompress(body)
     text = body.decode("utf-8", errors="replace").lstrip("\ufeff")
     record, line = _first_record(text)
     if record is None:
@@ -715,7 +734,8 @@ def check_raw_data(s3: Any, plan: Plan) -> Check:
         uri,
         PASS,
         f"raw examples: {len(inputs)} file(s); the first record of {where} is {found}"
-        + (" (data.format auto)" if fmt == "auto" else ""),
+        + (" (data.format auto)" if fmt == "auto" else "")
+        + ignoring,
     )
 
 

@@ -466,6 +466,8 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
     ]
     if data.max_bad_fraction is not None:
         arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
+    for glob in data.ignore:
+        arguments += ["--ignore", glob]
     cluster: dict[str, Any] = {
         "InstanceCount": 1,
         "InstanceType": prepare.instance_type,

@@ -221,13 +221,24 @@ class DataSection(_Strict):
             "(the command's default: 0)"
         ),
     )
+    ignore: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=100,
+        description=(
+            "task sft with data.prepare: globs of objects under uri that are not examples (such as '*.md', "
+            "'.DS_Store'), matched against the key under uri and the file name; the Prepare step and preflight "
+            "list them and leave them out; any other object that is not .jsonl, .json (either gzipped) or "
+            ".parquet is refused, by name; default: none"
+        ),
+    )
 
     prepare: PrepareSection | None = Field(
         default=None,
         description=(
             "task sft: uri holds raw examples (JSON Lines, JSON, Parquet or save_to_disk files, in data.format), and "
             "the pipeline packs them in a Prepare step before the probe, keyed by a hash of the inputs' ETags and "
-            "sizes, the tokenizer, its chat template and the settings (an unchanged rerun reuses them); "
+            "sizes, the tokenizer, its chat template, the settings and the preparing code (an unchanged rerun "
+            "reuses them once their S3 SHA-256 checksums match; damaged ones are prepared again); "
             "default: uri holds packed shards"
         ),
     )
@@ -247,6 +258,15 @@ class DataSection(_Strict):
             raise ValueError(
                 f"{AT}data.max_bad_fraction: applies with data.on_bad_example: skip only; "
                 "set it, or remove the fraction"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ignore(self) -> DataSection:
+        if self.ignore and self.prepare is None:
+            raise ValueError(
+                f"{AT}data.ignore: applies with data.prepare only (the Prepare step reads the raw prefix); "
+                "set data.prepare, or remove it"
             )
         return self
 
@@ -589,6 +609,7 @@ class Recipe(_Strict):
                 ("data.on_bad_example", data.on_bad_example),
                 ("data.max_bad_fraction", data.max_bad_fraction),
                 ("data.prepare", data.prepare),
+                ("data.ignore", data.ignore or None),
             )
             for path, value in sft_only:
                 if value is not None:

@@ -2,7 +2,8 @@
 
 A noisy bigram language (next token = (3 x previous + 7) mod 256, one token in ten random),
 which a tiny model learns within a few steps, so the rehearsal's losses fall. The shards
-have the recipe's token dtype and a ``shards.json`` manifest with each shard's largest id, as
+have the recipe's token dtype and a ``shards.json`` manifest with each shard's tokens, bytes, SHA-256
+and largest id, as
 ``training/tools/tokenize_to_shards.py`` writes them.
 
 A fine-tuning recipe (``task: sft``) gets packed SFT shards of a tiny chat dataset instead
@@ -11,6 +12,7 @@ A fine-tuning recipe (``task: sft``) gets packed SFT shards of a tiny chat datas
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -31,6 +33,8 @@ class ShardEntry(TypedDict):
 
     file: str
     tokens: int
+    bytes: int
+    sha256: str
     max_token_id: int
 
 
@@ -58,8 +62,17 @@ def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, sha
         if sys.byteorder == "big":
             data.byteswap()  # the shards are little-endian
         name = f"shard-{index:05d}.bin"
-        client.upload_fileobj(io.BytesIO(data.tobytes()), bucket, f"{prefix}/{name}" if prefix else name)
-        entries.append({"file": name, "tokens": len(chunk), "max_token_id": max(chunk)})
+        body = data.tobytes()
+        client.upload_fileobj(io.BytesIO(body), bucket, f"{prefix}/{name}" if prefix else name)
+        entries.append(
+            {
+                "file": name,
+                "tokens": len(chunk),
+                "bytes": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "max_token_id": max(chunk),
+            }
+        )
     manifest = {
         "format": "flat little-endian token ids",
         "dtype": token_dtype,

@@ -37,6 +37,7 @@ refused for a run of another sequence length or token type.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,17 @@ import torch
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from training.components.shard_manifest import (
+    MANIFEST,
+    DataError,
+    check_listed,
+    namer,
+    read_manifests,
+    verify_checksums,
+)
 from training.sft_data import SFT_KIND, sft_files
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-
-
-MANIFEST = "shards.json"
 
 
 @dataclass(frozen=True)
@@ -60,43 +66,41 @@ class Shard:
     max_token_id: int | None = None  # from the manifest, when there is one
 
 
-class DataError(ValueError):
-    """Token shards the run cannot use; the message names the shard."""
+def local_ranks() -> tuple[int, int]:
+    """This process's rank among its host's ranks and their count (torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE):
+    each host checks its own copy of the data, its ranks sharing the work."""
+    return int(os.environ.get("LOCAL_RANK", "0")), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def find_shards(data_dir: Path, token_dtype: str) -> list[Shard]:
+def find_shards(
+    data_dir: Path, token_dtype: str, *, data_uri: str | None = None, checksums: bool = True
+) -> list[Shard]:
+    """The ``*.bin`` shards under ``data_dir`` in path order. Each shard a ``shards.json`` lists must have its
+    manifest's bytes, tokens and (``checksums``) SHA-256 (training/components/shard_manifest.py); errors name
+    the shard by its S3 URI (``data_uri``, the directory's) where there is one."""
     itemsize = np.dtype(DTYPES[token_dtype]).itemsize
-    listed = _manifest_entries(Path(data_dir))
+    name = namer(data_dir, data_uri)
+    listed = read_manifests(Path(data_dir), name)
+    check_listed(Path(data_dir), listed, itemsize, name)
     shards = []
     for path in sorted(Path(data_dir).rglob("*.bin")):
         size = path.stat().st_size
         if size % itemsize:
-            raise DataError(f"{path}: {size} bytes is not a whole number of {token_dtype} tokens")
-        entry = listed.get(path.resolve(), {})
+            raise DataError(f"{name(path)}: {size} bytes is not a whole number of {token_dtype} tokens")
+        entry = listed.get(path.resolve(), (None, {}))[1]
         shards.append(Shard(path, size // itemsize, entry.get("max_token_id")))
     if not shards:
-        raise FileNotFoundError(f"no *.bin token shards under {data_dir}")
+        where = data_uri or str(data_dir)
+        raise FileNotFoundError(
+            f"no *.bin token shards under {where}"
+            + (f" (copied to {data_dir})" if data_uri else "")
+            + "; tokenise text with python -m training.tools.tokenize_to_shards and upload its output there"
+        )
+    if checksums:
+        rank, world_size = local_ranks()
+        files = [(path, entry["sha256"], name(manifest, short=True)) for path, (manifest, entry) in listed.items()]
+        verify_checksums(files, rank=rank, world_size=world_size, name=name)
     return shards
-
-
-def _manifest_entries(data_dir: Path) -> dict[Path, dict]:
-    """Shard entries of every ``shards.json`` under ``data_dir``, by the shard's resolved path."""
-    entries: dict[Path, dict] = {}
-    for manifest in sorted(data_dir.rglob(MANIFEST)):
-        try:
-            content = json.loads(manifest.read_text())
-            shards = content.get("shards") or []
-        except (ValueError, OSError, AttributeError):
-            continue  # informational; every window is checked anyway
-        if content.get("kind") == SFT_KIND:
-            raise DataError(
-                f"{manifest}: packed SFT shards (with loss masks), not flat token shards: fine-tune on "
-                "them (sft), or tokenise text for pretraining with training.tools.tokenize_to_shards"
-            )
-        for entry in shards:
-            if isinstance(entry, dict) and "file" in entry:
-                entries[(manifest.parent / entry["file"]).resolve()] = entry
-    return entries
 
 
 def check_vocabulary(shards: list[Shard], vocab_size: int) -> None:
@@ -212,8 +216,9 @@ class PackedTokenWindows(GlobalStream):
         holdout_every: int = 0,
         micro_batch_size: int = 1,
         vocab_size: int | None = None,
+        data_uri: str | None = None,
     ):
-        self.shards = find_shards(data_dir, token_dtype)
+        self.shards = find_shards(data_dir, token_dtype, data_uri=data_uri)
         if vocab_size is not None:
             check_vocabulary(self.shards, vocab_size)
             scan_vocabulary(self.shards, token_dtype, vocab_size, rank=rank, world_size=world_size)
@@ -267,6 +272,7 @@ def build_dataloader(
     pin_memory: bool = False,
     holdout_every: int = 0,
     vocab_size: int | None = None,
+    data_uri: str | None = None,
 ) -> StatefulDataLoader:
     """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows.
 
@@ -285,6 +291,7 @@ def build_dataloader(
         holdout_every=holdout_every,
         micro_batch_size=micro_batch_size,
         vocab_size=vocab_size,
+        data_uri=data_uri,
     )
     # A generator of its own: without one, every iter() draws a worker seed from the global RNG, which
     # then differs between a resumed run and an uninterrupted one (LoRA dropout draws from it).
@@ -321,9 +328,13 @@ class SftSequences(GlobalStream):
         holdout_every: int = 0,
         micro_batch_size: int = 1,
         vocab_size: int | None = None,
+        data_uri: str | None = None,
+        checksums: bool = True,
     ):
         self.data_dir = Path(data_dir)
-        self.manifest = read_sft_manifest(self.data_dir, token_dtype, sequence_length, vocab_size=vocab_size)
+        self.manifest = read_sft_manifest(
+            self.data_dir, token_dtype, sequence_length, vocab_size=vocab_size, data_uri=data_uri, checksums=checksums
+        )
         self.dtype = DTYPES[self.manifest["token_dtype"]]
         self.sequence_length = sequence_length
         self.vocab_size = vocab_size
@@ -377,61 +388,85 @@ def sft_sample(tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> dict[st
 
 
 def read_sft_manifest(
-    data_dir: Path, token_dtype: str | None, sequence_length: int, *, vocab_size: int | None = None
+    data_dir: Path,
+    token_dtype: str | None,
+    sequence_length: int,
+    *,
+    vocab_size: int | None = None,
+    data_uri: str | None = None,
+    checksums: bool = True,
 ) -> dict:
     """The ``shards.json`` of a packed SFT directory, checked against what the run asks for; the
-    shard files' sizes are checked too. Raises DataError naming the directory and what to do."""
+    shard files' sizes are checked too, and (``checksums``) their SHA-256 against the manifest's, the hashing
+    split over the host's local ranks. Raises DataError naming the file (by S3 URI under ``data_uri``) and
+    what to do."""
     data_dir = Path(data_dir)
+    name = namer(data_dir, data_uri)
     path = data_dir / MANIFEST
+    shown = name(path)
     prepare = "prepare the data with python -m training.sft_data (training/README.md)"
     if not path.is_file():
         nested = sorted(str(p.parent) for p in data_dir.rglob(MANIFEST)) if data_dir.is_dir() else []
         hint = (
             f"; manifests found in {', '.join(nested[:3])}: point the data at one of them" if nested else f"; {prepare}"
         )
-        raise DataError(f"{data_dir}: no {MANIFEST}, so no packed SFT shards{hint}")
+        raise DataError(f"{name(data_dir)}: no {MANIFEST}, so no packed SFT shards{hint}")
     try:
         manifest = json.loads(path.read_text())
     except ValueError as error:
-        raise DataError(f"{path}: not JSON ({error})") from None
+        raise DataError(f"{shown}: not JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != SFT_KIND:
         kind = manifest.get("kind") if isinstance(manifest, dict) else None
         raise DataError(
-            f"{path}: kind is {kind!r}, not {SFT_KIND!r}: these are not packed SFT shards "
+            f"{shown}: kind is {kind!r}, not {SFT_KIND!r}: these are not packed SFT shards "
             f"(token shards for pretraining are read without sft); {prepare}"
         )
     if manifest.get("sequence_length") != sequence_length:
         raise DataError(
-            f"{path}: sequence_length is {manifest.get('sequence_length')}, but the run trains on "
+            f"{shown}: sequence_length is {manifest.get('sequence_length')}, but the run trains on "
             f"{sequence_length}; prepare the data again with --sequence-length {sequence_length}"
         )
     if manifest.get("token_dtype") not in DTYPES:
-        raise DataError(f"{path}: token_dtype is {manifest.get('token_dtype')!r}, not one of {', '.join(DTYPES)}")
+        raise DataError(f"{shown}: token_dtype is {manifest.get('token_dtype')!r}, not one of {', '.join(DTYPES)}")
     if token_dtype is not None and manifest["token_dtype"] != token_dtype:
         raise DataError(
-            f"{path}: token_dtype is {manifest['token_dtype']}, but the run reads {token_dtype} "
+            f"{shown}: token_dtype is {manifest['token_dtype']}, but the run reads {token_dtype} "
             f"(data.token_dtype): set data.token_dtype: {manifest['token_dtype']} in the recipe, or "
             f"prepare the data again with --dtype {token_dtype}"
         )
     token_dtype = manifest["token_dtype"]
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
-        raise DataError(f"{path}: lists no shards; {prepare}")
+        raise DataError(f"{shown}: lists no shards; {prepare}")
     width = sequence_length + 1
+    files: list[tuple[Path, str, str]] = []
     for entry in shards:
         if not isinstance(entry, dict) or not isinstance(entry.get("sequences"), int) or "file" not in entry:
-            raise DataError(f"{path}: a shard entry without file and sequences: {entry!r}")
+            raise DataError(f"{shown}: a shard entry without file and sequences: {entry!r}")
+        sums = entry.get("sha256")
+        if not isinstance(sums, dict):
+            raise DataError(
+                f"{shown}: {entry['file']} has no sha256 (packed by a version before checksums); {prepare} again"
+            )
         for file, dtype in zip(sft_files(data_dir / entry["file"]), (token_dtype, "uint8", token_dtype)):
             expected = entry["sequences"] * width * np.dtype(DTYPES.get(dtype, dtype)).itemsize
             size = file.stat().st_size if file.is_file() else None
             if size != expected:
                 found = "missing" if size is None else f"{size} bytes"
                 raise DataError(
-                    f"{file}: {found}, expected {expected} bytes ({entry['sequences']} sequences of {width} "
-                    f"{dtype}) as {path} says; the upload is incomplete or the files are from another run"
+                    f"{name(file)}: {found}, expected {expected} bytes ({entry['sequences']} sequences of {width} "
+                    f"{dtype}) as {shown} says; the upload is incomplete or the files are from another run"
                 )
+            if not isinstance(sums.get(file.name), str):
+                raise DataError(f"{shown}: {entry['file']}: no sha256 for {file.name}; {prepare} again")
+            files.append((file, sums[file.name], name(path, short=True)))
         if vocab_size is not None and entry.get("max_token", 0) >= vocab_size:
-            raise DataError(_oov_message(data_dir / entry["file"], entry["max_token"], vocab_size, "its manifest says"))
+            raise DataError(
+                _oov_message(Path(name(data_dir / entry["file"])), entry["max_token"], vocab_size, "its manifest says")
+            )
+    if checksums:
+        rank, world_size = local_ranks()
+        verify_checksums(files, rank=rank, world_size=world_size, name=name)
     return manifest
 
 
@@ -448,6 +483,7 @@ def build_sft_dataloader(
     pin_memory: bool = False,
     holdout_every: int = 0,
     vocab_size: int | None = None,
+    data_uri: str | None = None,
 ) -> StatefulDataLoader:
     """Batches of packed SFT sequences: dicts of ``[micro_batch_size, sequence_length]`` int64 tensors
     (``input_ids``, ``labels``, ``position_ids``); the arguments are those of :func:`build_dataloader`."""
@@ -463,6 +499,7 @@ def build_sft_dataloader(
         holdout_every=holdout_every,
         micro_batch_size=micro_batch_size,
         vocab_size=vocab_size,
+        data_uri=data_uri,
     )
     # A generator of its own, as build_dataloader: iter() draws no seed from the global RNG (LoRA dropout's)
     return StatefulDataLoader(
@@ -486,10 +523,13 @@ def sft_validation_batches(
     count: int,
     holdout_every: int = 0,
     vocab_size: int | None = None,
+    checksums: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     """This rank's fixed validation batches of packed SFT sequences, in the data's order: rank ``r``
     takes every ``world_size``-th sequence (of the held-out ones with ``holdout_every``), ``count`` in all."""
-    data = SftSequences(data_dir, token_dtype, sequence_length, rank=0, world_size=1, seed=0, vocab_size=vocab_size)
+    data = SftSequences(
+        data_dir, token_dtype, sequence_length, rank=0, world_size=1, seed=0, vocab_size=vocab_size, checksums=checksums
+    )
     total = int(data.starts[-1])
     index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
     mine = index[rank::world_size][:count]

@@ -2,12 +2,13 @@
 
 Every checkpoint's manifest (the ``COMMITTED`` marker, training/components/checkpoint.py) carries a ``run``
 entry: the run id, the recipe, the plan hash and its parts (``RunConfig.identity_parts``: the
-model, the sequence length and global batch, the token type and shuffle seed), the data URI
-and a fingerprint of the data (the shards' names and sizes; for fine-tuning also the packed
-shards' own fingerprint of examples, tokenizer and packing), the world size, the step and the
-tokens seen. Before torchrun starts, the launcher compares the newest committed checkpoint's
-identity with this job's (:func:`mismatches`) and refuses a resume that would not continue the
-same run, naming what changed and what to do. Torch is not imported here.
+model, the sequence length and global batch, the token type and shuffle seed), the data URI,
+the data's files (``data_files``: each shard's and manifest's size and checksum, the checksums the
+manifests give) with a fingerprint of them, for fine-tuning also the packed shards' own fingerprint
+of examples, tokenizer and packing, the world size, the step and the tokens seen. Before torchrun
+starts, the launcher compares the newest committed checkpoint's identity with this job's
+(:func:`mismatches`) and refuses a resume that would not continue the same run, naming what changed
+(the object, by S3 URI) and what to do. Torch is not imported here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from tiered_training.contract.runconfig import RUN_ID_PATTERN, RunConfig
 from training.components.checkpoint_files import COMMITTED, lineage_problem
+from training.components.shard_manifest import listing
 
 PART_NAMES = {
     "model": "the model (architecture or starting checkpoint)",
@@ -30,8 +32,23 @@ PART_NAMES = {
 SFT_KIND = "sft-packed"
 
 
-def data_fingerprint(data_dir: Path | None) -> str:
-    """A short hash of the token shards' relative paths and sizes (and their manifests' bytes)."""
+def data_files(data_dir: Path | None) -> dict[str, list[Any]]:
+    """The data's shards and manifests for the identity: ``{relative path: [bytes, sha256 prefix or None]}``,
+    the checksums the manifests give (training/components/shard_manifest.py; the trainer proves the files
+    equal them when it opens the data)."""
+    return {name: [size, sha[:16] if sha else None] for name, (size, sha) in listing(data_dir).items()}
+
+
+def data_fingerprint(data_dir: Path | None, files: dict[str, list[Any]] | None = None) -> str:
+    """A short hash of :func:`data_files`: the shards' relative paths, sizes and checksums."""
+    files = data_files(data_dir) if files is None else files
+    if not files:
+        return ""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def names_and_sizes(data_dir: Path | None) -> str:
+    """The fingerprint checkpoints saved before ``data_files`` (names, sizes and the manifests' bytes)."""
     if data_dir is None or not Path(data_dir).is_dir():
         return ""
     digest = hashlib.sha256()
@@ -41,6 +58,24 @@ def data_fingerprint(data_dir: Path | None) -> str:
         if path.name == "shards.json":
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def changed_files(saved: dict[str, list[Any]], current: dict[str, list[Any]], data_uri: str | None) -> str:
+    """The objects that differ between two :func:`data_files`, each named (by S3 URI under ``data_uri``)."""
+
+    def name(path: str) -> str:
+        return f"{data_uri.rstrip('/')}/{path}" if data_uri else path
+
+    found = [f"{name(p)} was deleted" for p in sorted(set(saved) - set(current))]
+    found += [f"{name(p)} is new" for p in sorted(set(current) - set(saved))]
+    for path in sorted(set(saved) & set(current)):
+        (size, sha), (new_size, new_sha) = saved[path], current[path]
+        if size != new_size:
+            found.append(f"{name(path)} changed size ({size:,} -> {new_size:,} bytes)")
+        elif sha != new_sha:
+            found.append(f"{name(path)} changed content (sha256 {sha or 'none'} -> {new_sha or 'none'})")
+    shown = found[:5] + ([f"and {len(found) - 5} more"] if len(found) > 5 else [])
+    return ", ".join(shown)
 
 
 def sft_fingerprint(data_dir: Path | None) -> str:
@@ -60,13 +95,15 @@ def sft_fingerprint(data_dir: Path | None) -> str:
 
 def identity(cfg: RunConfig, data_dir: Path | None, world_size: int) -> dict[str, Any]:
     """This job's run identity, without the step (which the checkpoint adds)."""
+    files = data_files(data_dir)
     found = {
         "run_id": cfg.run.id,
         "recipe": cfg.recipe_name,
         "plan_hash": cfg.plan_hash(),
         "plan_parts": cfg.identity_parts(),
         "data_uri": cfg.run.data_uri,
-        "data_fingerprint": data_fingerprint(data_dir),
+        "data_fingerprint": data_fingerprint(data_dir, files),
+        "data_files": files,
         "world_size": world_size,
     }
     if cfg.sft is not None:
@@ -144,10 +181,13 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         and current.get("data_fingerprint")
         and saved["data_fingerprint"] != current["data_fingerprint"]
     ):
+        what = "its shards' names, sizes or checksums differ"
+        if isinstance(saved.get("data_files"), dict) and isinstance(current.get("data_files"), dict):
+            what = changed_files(saved["data_files"], current["data_files"], current.get("data_uri")) or what
         found.append(
             f"the data at {current.get('data_uri') or 'the train channel'} changed since run {run!r} saved "
-            f"step {saved.get('step')} (its shards' names or sizes differ), so the run's data position does not "
-            f"carry over; restore the data, or {new_run}"
+            f"step {saved.get('step')} ({what}), so the run's data position does not carry over; restore the "
+            f"data, or {new_run}"
         )
     return found
 
@@ -174,7 +214,10 @@ def check_resume(cfg: RunConfig, checkpoint_dir: Path | None, data_dir: Path | N
     for _step, _path, manifest in own or manifests:
         saved = manifest.get("run")
         if isinstance(saved, dict):
-            problems = mismatches(saved, identity(cfg, data_dir, world_size))
+            current = identity(cfg, data_dir, world_size)
+            if "data_files" not in saved:  # saved before checksums: its fingerprint is of names and sizes
+                current["data_fingerprint"] = names_and_sizes(data_dir)
+            problems = mismatches(saved, current)
             return f"cannot resume run {run.id!r}: " + "; ".join(problems) if problems else None
     return None
 

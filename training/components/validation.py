@@ -61,8 +61,9 @@ class HeldOutWindows:
         world_size: int,
         count: int,
         holdout_every: int = 0,
+        checksums: bool = True,
     ):
-        shards = find_shards(data_dir, token_dtype)
+        shards = find_shards(data_dir, token_dtype, checksums=checksums)
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
         counts = [max(0, (s.tokens - 1) // sequence_length) for s in shards]
@@ -125,6 +126,7 @@ class Validator:
                 count=count,
                 holdout_every=holdout_every,
                 vocab_size=cfg.model.vocab_size,
+                checksums=v.source == "channel",  # the training stream has proven its own directory
             )
         else:
             self.batches = list(
@@ -136,6 +138,7 @@ class Validator:
                     world_size=world_size,
                     count=count,
                     holdout_every=holdout_every,
+                    checksums=v.source == "channel",
                 ).batches(batch.micro_batch_size)
             )
         self._one = torch.ones((), device=device, dtype=torch.int64)

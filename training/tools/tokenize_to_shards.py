@@ -7,21 +7,25 @@ Each input file is one document (``--lines``: each non-empty line is one). Every
 is followed by the end-of-text token. Tokens are written as flat little-endian uint16
 (vocabularies up to 65,536) or uint32 files of at most ``--tokens-per-shard`` tokens,
 named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
-lists each shard's token count and largest token id (the trainer refuses a shard whose
-largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from
-a local directory with ``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
-tokenizer: token = byte value (0-255), end-of-text = 256.
+lists each shard's token count, bytes, SHA-256 and largest token id (the trainer refuses a shard whose
+size, checksum or largest id does not fit before it trains a step; training/components/shard_manifest.py).
+``--add-checksums DIR`` adds ``bytes`` and ``sha256`` to a manifest written before they existed.
+The tokenizer is loaded from a local directory with ``transformers.AutoTokenizer``: nothing is
+downloaded. ``--byte-level`` needs no tokenizer: token = byte value (0-255), end-of-text = 256.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from training.components.shard_manifest import file_sha256
 
 BYTE_EOT = 256
 
@@ -83,8 +87,17 @@ def write_shards(
             chunk = buffer[:tokens_per_shard]
             del buffer[: len(chunk)]
             name = f"shard-{len(shards):05d}.bin"
-            np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tofile(out_dir / name)
-            shards.append({"file": name, "tokens": len(chunk), "max_token_id": int(max(chunk))})
+            data = np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+            (out_dir / name).write_bytes(data)
+            shards.append(
+                {
+                    "file": name,
+                    "tokens": len(chunk),
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "max_token_id": int(max(chunk)),
+                }
+            )
 
     for doc in docs:
         buffer.extend(tokenizer.encode(doc))
@@ -106,7 +119,39 @@ def write_shards(
     return manifest
 
 
+def add_checksums(data_dir: Path) -> int:
+    """Add ``bytes`` and ``sha256`` to each entry of ``data_dir/shards.json`` that lacks them (the file's
+    token count must agree with the entry's); returns how many entries changed."""
+    path = Path(data_dir) / "shards.json"
+    manifest = json.loads(path.read_text())
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    changed = 0
+    for entry in manifest["shards"]:
+        shard = path.parent / entry["file"]
+        size = shard.stat().st_size
+        if size != entry["tokens"] * itemsize:
+            raise ValueError(f"{shard}: {size} bytes, but {path} says {entry['tokens']} {manifest['dtype']} tokens")
+        if "sha256" not in entry:
+            entry["bytes"], entry["sha256"] = size, file_sha256(shard)
+            changed += 1
+    path.write_text(json.dumps(manifest, indent=1))
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--add-checksums"]:
+        if len(argv) != 2:
+            print("usage: python -m training.tools.tokenize_to_shards --add-checksums DIR", file=sys.stderr)
+            return 2
+        try:
+            changed = add_checksums(Path(argv[1]))
+        except (OSError, ValueError, KeyError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"{Path(argv[1]) / 'shards.json'}: checksums added to {changed} shard(s)")
+        return 0
     parser = argparse.ArgumentParser(
         prog="python -m training.tools.tokenize_to_shards", description=__doc__.split("\n\n")[0]
     )
