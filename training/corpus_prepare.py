@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -95,9 +94,7 @@ class Tokenizer:
 
 def fetch_tokenizer(store: Store, uri: str, work: Path) -> Tokenizer:
     """The tokenizer's files (the top level of ``uri``, weights left out) copied to ``work`` and loaded."""
-    objects = [
-        o for o in store.list(uri) if "/" not in o.relative and not o.relative.endswith(WEIGHT_SUFFIXES)
-    ]
+    objects = [o for o in store.list(uri) if "/" not in o.relative and not o.relative.endswith(WEIGHT_SUFFIXES)]
     if not objects:
         raise BadData(f"tokenizer {uri}: no files under it; give the folder (or S3 prefix) of a Hugging Face tokenizer")
     target = work / "tokenizer"
@@ -348,7 +345,11 @@ def earlier_keys(store: Store, prepared: str, key: str) -> list[str]:
     """The other keys' prefixes under ``prepared`` (where a unit of the same name may be done already)."""
     if not is_s3(prepared):
         root = Path(prepared)
-        return [f"{as_prefix(str(p))}" for p in sorted(root.iterdir()) if p.is_dir() and p.name != key] if root.is_dir() else []
+        return (
+            [f"{as_prefix(str(p))}" for p in sorted(root.iterdir()) if p.is_dir() and p.name != key]
+            if root.is_dir()
+            else []
+        )
     from training.corpus_store import split_uri
 
     bucket, prefix = split_uri(as_prefix(prepared))
@@ -427,7 +428,9 @@ def prepare(
     prepared = as_prefix(prepared)
     tokenizer = fetch_tokenizer(store, spec.tokenizer, work)
     if tokenizer.vocab_size - 1 > np.iinfo(spec.token_dtype).max:
-        raise BadData(f"token_dtype {spec.token_dtype} cannot hold the tokenizer's ids up to {tokenizer.vocab_size - 1}; use uint32")
+        raise BadData(
+            f"token_dtype {spec.token_dtype} cannot hold the tokenizer's ids up to {tokenizer.vocab_size - 1}; use uint32"
+        )
     units = list_units(spec, store)
     key = content_key(spec, tokenizer, units)
     base = f"{prepared}{key}/"
@@ -462,8 +465,14 @@ def prepare(
     if reused or copied:
         log(f"{reused} unit(s) already done, {copied} copied from an earlier key, {len(todo)} to tokenize")
     settings = Settings(
-        base, str(tokenizer.fast_file), tokenizer.eos_token_id, spec.token_dtype, spec.validation_fraction, spec.seed,
-        spec.on_bad_example, material,
+        base,
+        str(tokenizer.fast_file),
+        tokenizer.eos_token_id,
+        spec.token_dtype,
+        spec.validation_fraction,
+        spec.seed,
+        spec.on_bad_example,
+        material,
     )
     processes = processes or len(os.sched_getaffinity(0))
     todo.sort(key=lambda pair: -pair[0].size)  # the largest first: the pool ends together
@@ -511,7 +520,9 @@ def wait_for_units(
                 + f": {shown}; those hosts stopped or are still running; run the Prepare step again "
                 "(it redoes only the missing units)"
             )
-        log(f"waiting for {len(missing)} unit(s) of other hosts ({', '.join(str(h) for h in sorted({owner[i] for i in missing}))})")
+        log(
+            f"waiting for {len(missing)} unit(s) of other hosts ({', '.join(str(h) for h in sorted({owner[i] for i in missing}))})"
+        )
         time.sleep(poll)
     markers = {}
     for unit, name in zip(units, names):
@@ -550,7 +561,14 @@ def write_manifests(
                 f"({sum(bad.values()) / max(records, 1):.2%}), more than max_bad_fraction {spec.max_bad_fraction} "
                 f"allows ({reasons}): {shown}"
             )
-        entry: dict = {"records": records, "bad": dict(bad), "units": len(mine), "documents": {}, "tokens": {}, "shards": {}}
+        entry: dict = {
+            "records": records,
+            "bad": dict(bad),
+            "units": len(mine),
+            "documents": {},
+            "tokens": {},
+            "shards": {},
+        }
         for split in ("train", "validation"):
             shards = [m["shards"][split] for m in mine if m["shards"].get(split)]
             shards.sort(key=lambda e: e["file"])
@@ -580,7 +598,11 @@ def write_manifests(
         "version": CORPUS_KEY_VERSION,
         "spec": json.loads(spec.model_dump_json()),
         "token_dtype": spec.token_dtype,
-        "tokenizer": {"uri": spec.tokenizer, "vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.eos_token_id},
+        "tokenizer": {
+            "uri": spec.tokenizer,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
         "hosts": host_count,
         "sources": summary,
     }
@@ -596,7 +618,9 @@ def write_manifests(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.corpus_prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True, help="the CorpusSpec as JSON (tiered_training/contract/corpus.py)")
-    parser.add_argument("--prepared", required=True, help="S3 prefix (or folder) under which each key's shards are kept")
+    parser.add_argument(
+        "--prepared", required=True, help="S3 prefix (or folder) under which each key's shards are kept"
+    )
     parser.add_argument("--property-file", required=True, type=Path, help="writes {key, uri, validation_uri, reused}")
     parser.add_argument("--host-index", type=int, help="this host's index (default: from resourceconfig.json)")
     parser.add_argument("--host-count", type=int, help="the number of hosts (default: from resourceconfig.json)")

@@ -65,6 +65,7 @@ class Unit:
     size: int  # bytes of input (a row group: its compressed size)
     row_group: int | None = None
     first_row: int = 0  # a row group's first row in its file
+    file_size: int = 0  # the file's bytes (a row group's unit: the whole file's)
     files: tuple[Object, ...] = field(default_factory=tuple)  # a saved dataset's objects
 
     @property
@@ -155,7 +156,9 @@ def _open_stream(obj: Object, store: Store):
 def plan_units(source: CorpusSource, objects: list[Object], ignore: list[str], store: Store) -> list[Unit]:
     """The source's units in a fixed order; BadData for a file that fits no format and no ignore glob."""
     kept = [o for o in objects if not _ignored(o.relative, ignore)]
-    saved_roots = sorted({str(PurePosixPath(o.relative).parent) for o in kept if PurePosixPath(o.relative).name == "state.json"})
+    saved_roots = sorted(
+        {str(PurePosixPath(o.relative).parent) for o in kept if PurePosixPath(o.relative).name == "state.json"}
+    )
     if source.format == "saved_dataset" and not saved_roots:
         raise BadData(f"source {source.name}: {source.uri}: no saved dataset (no state.json) under it")
     units: list[Unit] = []
@@ -167,7 +170,16 @@ def plan_units(source: CorpusSource, objects: list[Object], ignore: list[str], s
         etag = hashlib.sha256(json.dumps([[o.relative, o.etag, o.size] for o in files]).encode()).hexdigest()[:32]
         uri = files[0].uri[: len(files[0].uri) - len(files[0].relative)] + prefix
         units.append(
-            Unit(source.name, uri, prefix or ".", "saved_dataset", source.field, etag, sum(o.size for o in files), files=files)
+            Unit(
+                source.name,
+                uri,
+                prefix or ".",
+                "saved_dataset",
+                source.field,
+                etag,
+                sum(o.size for o in files),
+                files=files,
+            )
         )
     for obj in kept:
         fmt = None if source.format == "saved_dataset" else _file_format(source, obj, store)
@@ -202,7 +214,7 @@ def _row_groups(source: CorpusSource, obj: Object, store: Store) -> list[Unit]:
         group = meta.row_group(index)
         size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
         units.append(
-            Unit(source.name, obj.uri, obj.relative, "parquet", source.field, obj.etag, size, index, first)
+            Unit(source.name, obj.uri, obj.relative, "parquet", source.field, obj.etag, size, index, first, obj.size)
         )
         first += group.num_rows
     return units
@@ -228,7 +240,7 @@ def documents(unit: Unit, store: Store, work: Path) -> Iterator[str | Bad]:
 
 
 def _obj(unit: Unit) -> Object:
-    return Object(unit.uri, unit.relative, unit.etag, unit.size)
+    return Object(unit.uri, unit.relative, unit.etag, unit.file_size or unit.size)
 
 
 def _jsonl(unit: Unit, store: Store) -> Iterator[str | Bad]:

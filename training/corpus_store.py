@@ -2,7 +2,8 @@
 inputs), behind one small interface.
 
 Objects are named by their URI (``s3://bucket/key`` or a path). Writes carry their SHA-256: S3 checks it on the way
-in (``ChecksumSHA256``) and returns it on a ``HEAD`` (``ChecksumMode``), so a shard is checked against its marker
+in (``ChecksumSHA256``) and returns it on a ``HEAD`` (``ChecksumMode``; the object's ``sha256`` metadata where a
+store returns none), so a shard is checked against its marker
 without reading it back; whole-object reads ask S3 to check the object's checksum (``ChecksumMode``).
 """
 
@@ -82,7 +83,9 @@ class Store:
                 if item["Key"].endswith("/"):
                     continue
                 found.append(
-                    Object(f"s3://{bucket}/{item['Key']}", item["Key"][len(key) :], item["ETag"].strip('"'), item["Size"])
+                    Object(
+                        f"s3://{bucket}/{item['Key']}", item["Key"][len(key) :], item["ETag"].strip('"'), item["Size"]
+                    )
                 )
         return sorted(found, key=lambda o: o.uri)
 
@@ -128,7 +131,13 @@ class Store:
             return
         bucket, key = split_uri(uri)
         with open(path, "rb") as handle:
-            self.client.put_object(Bucket=bucket, Key=key, Body=handle, ChecksumSHA256=_b64(bytes.fromhex(sha256)))
+            self.client.put_object(
+                Bucket=bucket,
+                Key=key,
+                Body=handle,
+                ChecksumSHA256=_b64(bytes.fromhex(sha256)),
+                Metadata={"sha256": sha256},  # also where S3's own checksum is not returned (moto)
+            )
 
     def matches(self, uri: str, size: int, sha256: str) -> bool:
         """Whether the object is there with this size and SHA-256 (S3: its stored checksum; local: read)."""
@@ -143,7 +152,9 @@ class Store:
                 return False
             raise
         stored = head.get("ChecksumSHA256")
-        return head["ContentLength"] == size and (stored is None or stored == _b64(bytes.fromhex(sha256)))
+        if stored is not None:
+            return head["ContentLength"] == size and stored == _b64(bytes.fromhex(sha256))
+        return head["ContentLength"] == size and head.get("Metadata", {}).get("sha256") == sha256  # ours carry it
 
     def exists(self, uri: str) -> bool:
         if not is_s3(uri):
