@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.corpus import MixtureSource
 
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_VALUE = 2500
@@ -150,6 +151,13 @@ class OptimizerConfig(_Frozen):
 class DataConfig(_Frozen):
     token_dtype: Literal["uint16", "uint32"]
     seed: int
+    mixture: list[MixtureSource] | None = Field(
+        default=None,
+        description=(
+            "pretraining from a prepared corpus: each source's shards in the folder of its name under the data "
+            "channel (and the validation channel), sampled by weight over the whole budget; None: one stream"
+        ),
+    )
 
 
 class CheckpointConfig(_Frozen):
