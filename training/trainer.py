@@ -380,7 +380,12 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
             paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
         )
     return build_dataloader(
-        paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+        paths.data_dir,
+        cfg.data.token_dtype,
+        batch.sequence_length,
+        batch.micro_batch_size,
+        mixture=cfg.data.mixture,
+        **common,
     )
 
 
@@ -716,6 +721,11 @@ def _loop(
             log.info(stats.log_line())
             if done.skipped:
                 policy.log_skipped(step, done, result.skipped_steps)
+        if info.is_main and cfg.data.mixture and cfg.sft is None:
+            tokens = dataloader.dataset.tokens_seen()
+            for hook in hooks:
+                if hasattr(hook, "record_sources"):
+                    hook.record_sources(tokens)
         for hook in hooks:
             hook(stats)
         if give_up:
@@ -723,7 +733,11 @@ def _loop(
             raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
         if validator is not None and not vote.stopping and not done.skipped:
             validator.maybe_run(
-                lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")]
+                lambda loss: [
+                    h.record_validation(loss, **({"by_source": validator.source_losses} if validator.source_losses else {}))
+                    for h in hooks
+                    if hasattr(h, "record_validation")
+                ]
             )
 
         if vote.out_of_time and not vote.stopping:

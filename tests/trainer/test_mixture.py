@@ -96,3 +96,47 @@ def test_a_changed_mixture_does_not_take_the_old_position(corpus):
 def test_a_missing_source_is_named(corpus):
     with pytest.raises(DataError, match="no shards of mixture source books"):
         loader(corpus, mixture=[*MIX, MixtureSource(name="books", weight=1)])
+
+
+@pytest.mark.torch
+def test_the_trainer_reads_a_mixture_and_reports_tokens_and_validation_loss_per_source(tmp_path):
+    """One process through ``python -m training``: the mixture's windows, tokens per source in EMF events with a
+    Source dimension and in the log, and a validation loss per source from the validation channel's folders."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    from tiny import tiny_config
+
+    from training.components.metrics import parse_emf_lines
+
+    rng = np.random.default_rng(0)
+    for split, size in (("train", 3000), ("validation", 400)):
+        for name in ("web", "code"):
+            (tmp_path / split / name).mkdir(parents=True)
+            rng.integers(0, 60, size).astype("<u2").tofile(tmp_path / split / name / "unit.bin")
+    cfg = tiny_config(
+        batch={"total_steps": 4},
+        checkpoint={"interval_steps": 0, "interval_minutes": 60},
+        data={"token_dtype": "uint16", "seed": 5, "mixture": [{"name": "web", "weight": 3}, {"name": "code", "weight": 1}]},
+        validation={"source": "channel", "interval_minutes": 1e-6, "batches": 1},
+        metrics={"interval_seconds": 1e-3},
+    )
+    (tmp_path / "run.json").write_text(cfg.to_json())
+    proc = subprocess.run(
+        [sys.executable, "-m", "training", "--config", str(tmp_path / "run.json"), "--data-dir", str(tmp_path / "train"),
+         "--checkpoint-dir", str(tmp_path / "ck"), "--model-dir", str(tmp_path / "model")],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TT_VALIDATION_DIR": str(tmp_path / "validation")},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    events = [e for e in parse_emf_lines(proc.stdout) if "Source" in e]
+    last = {e["Source"]: e for e in events}
+    # 4 steps of 128 tokens (4 windows of 32), 3 to 1
+    assert last["web"]["SourceTokensSeen"] == 12 * 32 and last["code"]["SourceTokensSeen"] == 4 * 32
+    assert {e["Source"] for e in events if "SourceValidationLoss" in e} == {"web", "code"}
+    assert "metrics: sources: web 384 tokens (75.0%)" in proc.stdout + proc.stderr
+    assert json.dumps(last["web"]["_aws"]["CloudWatchMetrics"][0]["Dimensions"]) == '[["Recipe", "Source"]]'
