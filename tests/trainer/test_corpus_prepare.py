@@ -277,3 +277,15 @@ def test_two_hosts_share_the_units_and_reruns_redo_only_what_changed_or_is_unfin
     ).sum(axis=0)
     assert counts.tolist()[0] == 2 and counts[1] + counts[2] == 2, logs  # the two others kept; the damaged one redone
     assert counts[2] >= 1  # the damaged shard's unit is the changed file's or is copied from the first key
+
+
+def test_the_local_tool_writes_the_same_shard_entries(tmp_path):
+    import hashlib
+
+    from training.tools import tokenize_to_shards as tts
+
+    manifest = tts.write_shards(["one doc", "two"], tts.ByteTokenizer(), tmp_path, tokens_per_shard=6)
+    entry = manifest["shards"][0]
+    assert set(entry) == {"file", "tokens", "bytes", "sha256", "max_token_id", "source"}
+    data = (tmp_path / entry["file"]).read_bytes()
+    assert entry["bytes"] == len(data) == 2 * entry["tokens"] and entry["sha256"] == hashlib.sha256(data).hexdigest()

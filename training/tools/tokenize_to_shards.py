@@ -7,7 +7,7 @@ Each input file is one document (``--lines``: each non-empty line is one). Every
 is followed by the end-of-text token. Tokens are written as flat little-endian uint16
 (vocabularies up to 65,536) or uint32 files of at most ``--tokens-per-shard`` tokens,
 named ``shard-00000.bin``, ``shard-00001.bin``, ... plus a ``shards.json`` manifest that
-lists each shard's token count and largest token id (the trainer refuses a shard whose
+lists each shard's token count, byte size, SHA-256, largest token id and source (the trainer refuses a shard whose
 largest id is outside the model's vocabulary before it trains a step). The tokenizer is loaded from
 a local directory with ``transformers.AutoTokenizer``: nothing is downloaded. ``--byte-level`` needs no
 tokenizer: token = byte value (0-255), end-of-text = 256.
@@ -16,6 +16,7 @@ tokenizer: token = byte value (0-255), end-of-text = 256.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -66,9 +67,16 @@ def token_dtype(vocab_size: int) -> str:
 
 
 def write_shards(
-    docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_shard: int = 100_000_000, dtype: str | None = None
+    docs: Iterable[str],
+    tokenizer,
+    out_dir: Path,
+    *,
+    tokens_per_shard: int = 100_000_000,
+    dtype: str | None = None,
+    source: str = "text",
 ) -> dict:
-    """Tokenise ``docs`` into ``out_dir``; returns the manifest."""
+    """Tokenise ``docs`` into ``out_dir``; returns the manifest. Each shard entry has the fields the Prepare step
+    writes (``training.corpus_prepare``): file, tokens, bytes, sha256, max_token_id, source."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or token_dtype(tokenizer.vocab_size)
@@ -83,8 +91,18 @@ def write_shards(
             chunk = buffer[:tokens_per_shard]
             del buffer[: len(chunk)]
             name = f"shard-{len(shards):05d}.bin"
-            np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tofile(out_dir / name)
-            shards.append({"file": name, "tokens": len(chunk), "max_token_id": int(max(chunk))})
+            data = np.asarray(chunk, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+            (out_dir / name).write_bytes(data)
+            shards.append(
+                {
+                    "file": name,
+                    "tokens": len(chunk),
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "max_token_id": int(max(chunk)),
+                    "source": source,
+                }
+            )
 
     for doc in docs:
         buffer.extend(tokenizer.encode(doc))
