@@ -37,7 +37,11 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 def corpus(megabytes: float) -> list[str]:
     """The repository's .py and .md files as documents, repeated to ``megabytes`` of text."""
-    files = sorted(p for p in ROOT.rglob("*") if p.suffix in (".py", ".md") and ".venv" not in p.parts and "node_modules" not in p.parts)
+    files = sorted(
+        p
+        for p in ROOT.rglob("*")
+        if p.suffix in (".py", ".md") and ".venv" not in p.parts and "node_modules" not in p.parts
+    )
     docs = [p.read_text(errors="replace") for p in files]
     docs = [d for d in docs if d.strip()]
     out, size = [], 0
@@ -106,7 +110,13 @@ def prepare(docs: list[str], tokenizer_dir: Path, work: Path, files: int, proces
     shutil.rmtree(out)
     last = [line for line in lines if "units tokenized" in line][-1]
     tokens, rate = (int(x.replace(",", "")) for x in re.findall(r"([\d,]+) tokens(?:/s)?", last))
-    return {"processes": processes, "tokens": tokens, "tokens_per_second": rate, "per_core": rate / processes, "job_seconds": wall}
+    return {
+        "processes": processes,
+        "tokens": tokens,
+        "tokens_per_second": rate,
+        "per_core": rate / processes,
+        "job_seconds": wall,
+    }
 
 
 def main(argv=None) -> int:
@@ -129,7 +139,12 @@ def main(argv=None) -> int:
     speedup = two["tokens_per_second"] / one["tokens_per_second"]
     rows = [
         ("ceiling (encode_batch, 1 thread)", top["tokens_per_second"], top["tokens_per_second"], ""),
-        ("prepare, 1 process", one["tokens_per_second"], one["per_core"], f"{per_core_ratio:.2f} of ceiling (goal 0.8)"),
+        (
+            "prepare, 1 process",
+            one["tokens_per_second"],
+            one["per_core"],
+            f"{per_core_ratio:.2f} of ceiling (goal 0.8)",
+        ),
         ("prepare, 2 processes", two["tokens_per_second"], two["per_core"], f"{speedup:.2f}x of 1 process (goal 1.8)"),
     ]
     print(f"{'path':<34} {'tokens/s':>12} {'per core':>12}  note")

@@ -290,7 +290,7 @@ def prepare_unit(unit: Unit, name: str) -> dict:
             "max_token_id": split.max_token_id,
             "source": unit.source,
         }
-        store.put_file(split.path, shard_uri(settings.base, split_name, unit.source, name), entry["sha256"])
+        store.put_file(split.path, shard_uri(settings.base, split_name, unit.source, name), str(entry["sha256"]))
         split.path.unlink()
         shards[split_name] = entry
     marker = {
@@ -429,7 +429,8 @@ def prepare(
     tokenizer = fetch_tokenizer(store, spec.tokenizer, work)
     if tokenizer.vocab_size - 1 > np.iinfo(spec.token_dtype).max:
         raise BadData(
-            f"token_dtype {spec.token_dtype} cannot hold the tokenizer's ids up to {tokenizer.vocab_size - 1}; use uint32"
+            f"token_dtype {spec.token_dtype} cannot hold the tokenizer's ids up to "
+            f"{tokenizer.vocab_size - 1}; use uint32"
         )
     units = list_units(spec, store)
     key = content_key(spec, tokenizer, units)
@@ -505,7 +506,7 @@ def wait_for_units(
     deadline = time.monotonic() + timeout
     sources = sorted({u.source for u in units})
     while True:
-        present = set()
+        present: set[str] = set()
         for source in sources:
             present.update(o.relative[: -len(".json")] for o in store.list(f"{base}units/{source}/"))
         missing = [i for i, name in enumerate(names) if name not in present]
@@ -521,7 +522,8 @@ def wait_for_units(
                 "(it redoes only the missing units)"
             )
         log(
-            f"waiting for {len(missing)} unit(s) of other hosts ({', '.join(str(h) for h in sorted({owner[i] for i in missing}))})"
+            f"waiting for {len(missing)} unit(s) of other hosts "
+            f"({', '.join(str(h) for h in sorted({owner[i] for i in missing}))})"
         )
         time.sleep(poll)
     markers = {}

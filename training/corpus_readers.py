@@ -26,7 +26,7 @@ import hashlib
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tiered_training.contract.corpus import CorpusSource
@@ -66,7 +66,7 @@ class Unit:
     row_group: int | None = None
     first_row: int = 0  # a row group's first row in its file
     file_size: int = 0  # the file's bytes (a row group's unit: the whole file's)
-    files: tuple[Object, ...] = field(default_factory=tuple)  # a saved dataset's objects
+    files: tuple[Object, ...] = ()  # a saved dataset's objects
 
     @property
     def label(self) -> str:

@@ -732,13 +732,7 @@ def _loop(
             _wait_for_save(ckpt, result)  # the save in flight holds a healthy state: commit it
             raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
         if validator is not None and not vote.stopping and not done.skipped:
-            validator.maybe_run(
-                lambda loss: [
-                    h.record_validation(loss, **({"by_source": validator.source_losses} if validator.source_losses else {}))
-                    for h in hooks
-                    if hasattr(h, "record_validation")
-                ]
-            )
+            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss))
 
         if vote.out_of_time and not vote.stopping:
             _segment_out_of_time(cfg, step, result.checkpoint_step)
@@ -748,6 +742,14 @@ def _loop(
             result.stopped = True
             return False
     return True
+
+
+def _record_validation(hooks: list[Hook], validator, loss: float) -> None:
+    """The pass's loss to the hooks, with a mixture's loss per source."""
+    by_source = {"by_source": validator.source_losses} if validator.source_losses else {}
+    for hook in hooks:
+        if hasattr(hook, "record_validation"):
+            hook.record_validation(loss, **by_source)
 
 
 def _checkpoint(

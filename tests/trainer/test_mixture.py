@@ -106,7 +106,6 @@ def test_the_trainer_reads_a_mixture_and_reports_tokens_and_validation_loss_per_
     import os
     import subprocess
     import sys
-
     from pathlib import Path
 
     from tiny import tiny_config
@@ -121,15 +120,33 @@ def test_the_trainer_reads_a_mixture_and_reports_tokens_and_validation_loss_per_
     cfg = tiny_config(
         batch={"total_steps": 4},
         checkpoint={"interval_steps": 0, "interval_minutes": 60},
-        data={"token_dtype": "uint16", "seed": 5, "mixture": [{"name": "web", "weight": 3}, {"name": "code", "weight": 1}]},
+        data={
+            "token_dtype": "uint16",
+            "seed": 5,
+            "mixture": [{"name": "web", "weight": 3}, {"name": "code", "weight": 1}],
+        },
         validation={"source": "channel", "interval_minutes": 1e-6, "batches": 1},
         metrics={"interval_seconds": 1e-3},
     )
     (tmp_path / "run.json").write_text(cfg.to_json())
     proc = subprocess.run(
-        [sys.executable, "-m", "training", "--config", str(tmp_path / "run.json"), "--data-dir", str(tmp_path / "train"),
-         "--checkpoint-dir", str(tmp_path / "ck"), "--model-dir", str(tmp_path / "model")],
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "--config",
+            str(tmp_path / "run.json"),
+            "--data-dir",
+            str(tmp_path / "train"),
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--model-dir",
+            str(tmp_path / "model"),
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "TT_VALIDATION_DIR": str(tmp_path / "validation")},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

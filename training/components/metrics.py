@@ -538,11 +538,13 @@ class MetricsHook:
             emit_emf(self.namespace, dims, values, extra, self.stream, timestamp=now)
         if names:
             total = max(1, sum(self._source_tokens.values()))
-            parts = [
-                f"{name} {self._source_tokens.get(name, 0):,} tokens ({100 * self._source_tokens.get(name, 0) / total:.1f}%)"
-                + (f", validation loss {self._source_validation[name]:.4f}" if name in self._source_validation else "")
-                for name in names
-            ]
+            parts = []
+            for name in names:
+                seen = self._source_tokens.get(name, 0)
+                part = f"{name} {seen:,} tokens ({100 * seen / total:.1f}%)"
+                if name in self._source_validation:
+                    part += f", validation loss {self._source_validation[name]:.4f}"
+                parts.append(part)
             (self.stream or sys.stdout).write("metrics: sources: " + "; ".join(parts) + "\n")
         self._source_validation = {}
 
