@@ -99,6 +99,7 @@ HEAVY = (
     "tests/trainer/test_grad_sync.py",
     "tests/runtime/test_runtime_entry.py",
     "tests/runtime/test_runtime_probe.py",
+    "tests/trainer/test_corpus_prepare.py",  # every format, and two Prepare hosts on a local S3, rerun three times
     "tests/trainer/test_packing.py",
     "tests/trainer/test_optim_and_entry.py",
     "tests/test_packaging.py",
