@@ -471,7 +471,8 @@ class RunConfig(_Frozen):
                 "sequence_length": self.batch.sequence_length,
                 "global_batch_tokens": self.batch.global_batch_tokens,
             },
-            "data": self.data.model_dump(mode="json"),
+            # a mixture only when there is one, so the identity of a run without one stays as it was
+            "data": self.data.model_dump(mode="json", exclude=None if self.data.mixture else {"mixture"}),
         }
         if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
             parts["sft"] = self.sft.model_dump(mode="json")
@@ -494,6 +495,8 @@ class RunConfig(_Frozen):
         for section, value in self.model_dump(mode="json").items():
             if isinstance(value, dict):
                 for key, leaf in value.items():
+                    if section == "data" and key == "mixture" and leaf is None:
+                        continue  # optional: a run without a mixture has no key for it
                     flat[f"{section}.{key}"] = json.dumps(leaf)
             else:
                 flat[section] = json.dumps(value)
