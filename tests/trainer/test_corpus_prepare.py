@@ -4,6 +4,7 @@ everything, a changed file redoing only its units, a stopped job redoing only un
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -289,3 +290,35 @@ def test_the_local_tool_writes_the_same_shard_entries(tmp_path):
     assert set(entry) == {"file", "tokens", "bytes", "sha256", "max_token_id", "source"}
     data = (tmp_path / entry["file"]).read_bytes()
     assert entry["bytes"] == len(data) == 2 * entry["tokens"] and entry["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_parquet_nulls_and_a_missing_column_are_bad_rows(tokenizer, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({"text": ["fine", None, "also fine"]}), tmp_path / "raw" / "a.parquet")
+    pq.write_table(pa.table({"body": ["x", "y"]}), tmp_path / "raw" / "b.parquet")
+    sources = [{"name": "web", "uri": str(tmp_path / "raw"), "weight": 1}]
+    with pytest.raises(BadData, match=r"source web: .*a.parquet: row 1: missing field \(text is null\)"):
+        corpus_prepare.prepare(spec(tokenizer, sources), str(tmp_path / "p"), processes=1, log=lambda _: None)
+    found = corpus_prepare.prepare(
+        spec(tokenizer, sources, on_bad_example="skip", max_bad_fraction=0.6),
+        str(tmp_path / "p"),
+        processes=1,
+        log=lambda _: None,
+    )
+    manifest = json.loads((tmp_path / "p" / found["key"] / "manifest.json").read_text())
+    assert manifest["sources"]["web"]["bad"] == {"missing field": 3} and manifest["sources"]["web"]["records"] == 5
+
+
+def test_the_host_comes_from_sagemakers_resource_config_and_a_bad_spec_is_one_line(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "config" / "resourceconfig.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"current_host": "algo-10", "hosts": ["algo-10", "algo-2", "algo-1"]}))
+    monkeypatch.setenv("TIERED_TRAINING_OPT_ML", str(tmp_path))
+    args = argparse.Namespace(host_index=None, host_count=None, resource_config=None)
+    assert corpus_prepare.host_identity(args) == (2, 3, "algo-10")
+    code = corpus_prepare.main(["--spec", '{"sources": []}', "--prepared", str(tmp_path), "--property-file", "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --spec: sources: ") and "Traceback" not in err
