@@ -101,6 +101,7 @@ HEAVY = (
     "tests/runtime/test_runtime_entry.py",
     "tests/runtime/test_runtime_probe.py",
     "tests/rehearse/test_health_rehearsal.py",  # a Probe failing its health check, a training job's XID (about 30 s)
+    "tests/trainer/test_corpus_prepare.py",  # every format, and two Prepare hosts on a local S3, rerun three times
     "tests/trainer/test_packing.py",
     "tests/trainer/test_optim_and_entry.py",
     "tests/test_packaging.py",

@@ -382,7 +382,12 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
             paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
         )
     return build_dataloader(
-        paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+        paths.data_dir,
+        cfg.data.token_dtype,
+        batch.sequence_length,
+        batch.micro_batch_size,
+        mixture=cfg.data.mixture,
+        **common,
     )
 
 
@@ -757,15 +762,18 @@ def _loop(
             log.info(stats.log_line())
             if done.skipped:
                 policy.log_skipped(step, done, result.skipped_steps)
+        if info.is_main and cfg.data.mixture and cfg.sft is None:
+            tokens = dataloader.dataset.tokens_seen()
+            for hook in hooks:
+                if hasattr(hook, "record_sources"):
+                    hook.record_sources(tokens)
         for hook in hooks:
             hook(stats)
         if give_up:
             _wait_for_save(ckpt, result)  # the save in flight holds a healthy state: commit it
             raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
         if validator is not None and not vote.stopping and not done.skipped:
-            validator.maybe_run(
-                lambda loss: [h.record_validation(loss) for h in hooks if hasattr(h, "record_validation")]
-            )
+            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss))
 
         if vote.out_of_time and not vote.stopping:
             _segment_out_of_time(cfg, step, result.checkpoint_step)
@@ -775,6 +783,14 @@ def _loop(
             result.stopped = True
             return False
     return True
+
+
+def _record_validation(hooks: list[Hook], validator, loss: float) -> None:
+    """The pass's loss to the hooks, with a mixture's loss per source."""
+    by_source = {"by_source": validator.source_losses} if validator.source_losses else {}
+    for hook in hooks:
+        if hasattr(hook, "record_validation"):
+            hook.record_validation(loss, **by_source)
 
 
 def _checkpoint(

@@ -59,6 +59,16 @@ NON_FINITE_LOSS = MetricSpec(
 )
 VALIDATION_LOSS = MetricSpec("ValidationLoss", "None", "loss on the held-out validation shards")
 
+# Per source of a pretraining mixture (RunConfig.data.mixture), on rank 0, one event per source and interval.
+SOURCE_DIMENSIONS: tuple[str, ...] = ("Recipe", "Source")
+SOURCE_TOKENS_SEEN = MetricSpec(
+    "SourceTokensSeen", "Count", "tokens trained on from each mixture source since step 0", SOURCE_DIMENSIONS
+)
+SOURCE_VALIDATION_LOSS = MetricSpec(
+    "SourceValidationLoss", "None", "loss on each mixture source's held-out documents", SOURCE_DIMENSIONS
+)
+BY_SOURCE: tuple[MetricSpec, ...] = (SOURCE_TOKENS_SEEN, SOURCE_VALIDATION_LOSS)  # only with a mixture
+
 ALL: tuple[MetricSpec, ...] = (
     TOKENS_PER_SECOND,
     TOKENS_PER_SECOND_PER_GPU,

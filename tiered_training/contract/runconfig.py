@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.corpus import MixtureSource
 
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_VALUE = 2500
@@ -150,6 +151,13 @@ class OptimizerConfig(_Frozen):
 class DataConfig(_Frozen):
     token_dtype: Literal["uint16", "uint32"]
     seed: int
+    mixture: list[MixtureSource] | None = Field(
+        default=None,
+        description=(
+            "pretraining from a prepared corpus: each source's shards in the folder of its name under the data "
+            "channel (and the validation channel), sampled by weight over the whole budget; None: one stream"
+        ),
+    )
 
 
 class CheckpointConfig(_Frozen):
@@ -469,7 +477,8 @@ class RunConfig(_Frozen):
                 "sequence_length": self.batch.sequence_length,
                 "global_batch_tokens": self.batch.global_batch_tokens,
             },
-            "data": self.data.model_dump(mode="json"),
+            # a mixture only when there is one, so the identity of a run without one stays as it was
+            "data": self.data.model_dump(mode="json", exclude=None if self.data.mixture else {"mixture"}),
         }
         if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
             parts["sft"] = self.sft.model_dump(mode="json")
@@ -492,6 +501,8 @@ class RunConfig(_Frozen):
         for section, value in self.model_dump(mode="json").items():
             if isinstance(value, dict):
                 for key, leaf in value.items():
+                    if section == "data" and key == "mixture" and leaf is None:
+                        continue  # optional: a run without a mixture has no key for it
                     flat[f"{section}.{key}"] = json.dumps(leaf)
             else:
                 flat[section] = json.dumps(value)

@@ -252,6 +252,116 @@ class PackedTokenWindows(GlobalStream):
         return torch.from_numpy(window.astype(np.int64))
 
 
+class MixtureWindows(IterableDataset):
+    """Windows from several sources (each a folder of shards under ``data_dir``), sampled by weight.
+
+    The global stream's position ``q`` takes the source whose count lags its weight most (the largest
+    ``w_s * (q + 1) - n_s``, the first source on a tie), so after any ``q`` windows each source has had
+    ``w_s * q`` of them within one window, over the whole budget. Each source's own windows come in its own
+    endless order (:class:`PackedTokenWindows`, seeded with ``(seed, source index)``), so a source smaller than
+    its share repeats, epoch after epoch. Ranks take the global stream's items as :class:`GlobalStream` does; the
+    saved state is the global position and the per-source counts there, the same on every rank."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        mixture: list,
+        token_dtype: str,
+        sequence_length: int,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        micro_batch_size: int = 1,
+        vocab_size: int | None = None,
+        data_uri: str | None = None,
+    ):
+        if not mixture:
+            raise DataError("a mixture needs at least one source")
+        self.names = [source.name for source in mixture]
+        total = float(sum(source.weight for source in mixture))
+        self.weights = np.array([source.weight / total for source in mixture])
+        self.sources = []
+        for index, name in enumerate(self.names):
+            folder = Path(data_dir) / name
+            if not folder.is_dir():
+                raise DataError(f"{folder}: no shards of mixture source {name} (the prepared corpus names its sources)")
+            self.sources.append(
+                PackedTokenWindows(
+                    folder, token_dtype, sequence_length, rank=0, world_size=1, seed=seed * 1000 + index,
+                    vocab_size=vocab_size, data_uri=f"{data_uri.rstrip('/')}/{name}/" if data_uri else None,
+                )
+            )
+        self.sequence_length = sequence_length
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.micro_batch_size = micro_batch_size
+        self.position = 0
+        self._at = 0  # the schedule's cursor: positions before it are counted in _counts
+        self._counts = np.zeros(len(self.names), dtype=np.int64)
+
+    def _advance(self, counts: np.ndarray, at: int, to: int) -> tuple[np.ndarray, int, int]:
+        """The schedule from ``at`` up to and including ``to``: the counts after it and the source of ``to``."""
+        source = -1
+        while at <= to:
+            source = int(np.argmax(self.weights * (at + 1) - counts))
+            counts[source] += 1
+            at += 1
+        return counts, at, source
+
+    def _item(self, position: int) -> torch.Tensor:
+        if position < self._at:  # only a reload goes back: recount from the start
+            self._counts[:], self._at = 0, 0
+        self._counts, self._at, source = self._advance(self._counts, self._at, position)
+        return self.sources[source]._item(int(self._counts[source]) - 1)
+
+    def __iter__(self):
+        step = self.micro_batch_size * self.world_size
+        while True:
+            for j in range(self.micro_batch_size):
+                item = self._item(self.position + j * self.world_size + self.rank)
+                if j == self.micro_batch_size - 1:
+                    self.position += step
+                yield item
+
+    def counts(self) -> dict[str, int]:
+        """Windows of each source in the global stream before the current position (the whole job's)."""
+        counts, at = self._counts.copy(), self._at
+        if at > self.position:
+            counts, at = np.zeros_like(counts), 0
+        if at < self.position:
+            counts, _, _ = self._advance(counts, at, self.position - 1)
+        return dict(zip(self.names, (int(c) for c in counts)))
+
+    def tokens_seen(self) -> dict[str, int]:
+        """Tokens trained on from each source so far, the whole job's (labels: ``sequence_length`` a window)."""
+        return {name: count * self.sequence_length for name, count in self.counts().items()}
+
+    def state_dict(self) -> dict:
+        return {
+            "position": self.position,
+            "seed": self.seed,
+            "mixture": dict(zip(self.names, (float(w) for w in self.weights))),
+            "windows": {name: source.windows for name, source in zip(self.names, self.sources)},
+            "counts": self.counts(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = {
+            "seed": self.seed,
+            "mixture": dict(zip(self.names, (float(w) for w in self.weights))),
+            "windows": {name: source.windows for name, source in zip(self.names, self.sources)},
+        }
+        for field, value in mine.items():
+            if state.get(field) != value:
+                raise DataError(
+                    f"the checkpoint's data was saved for {field} {state.get(field)}; this run has {value}: "
+                    "the mixture or its data changed, so its position does not carry over"
+                )
+        self.position = int(state["position"])
+        self._counts = np.array([int(state["counts"][name]) for name in self.names], dtype=np.int64)
+        self._at = self.position
+
+
 def held_out_windows(windows: int, every: int, *, held_out: bool = True) -> np.ndarray:
     """The window indices held out for validation (every ``every``-th), or the others."""
     index = np.arange(windows, dtype=np.int64)
@@ -273,14 +383,41 @@ def build_dataloader(
     holdout_every: int = 0,
     vocab_size: int | None = None,
     data_uri: str | None = None,
+    mixture: list | None = None,
 ) -> StatefulDataLoader:
     """Batches of ``[micro_batch_size, sequence_length + 1]`` token windows.
 
     ``num_workers`` may be 0 (read in the training process) or 1 (one background reader);
     the stream is one ordered sequence per rank, so more workers would duplicate it.
+    ``mixture`` (``RunConfig.data.mixture``): sources sampled by weight (:class:`MixtureWindows`; their
+    held-out documents are in the validation channel, so ``holdout_every`` must be 0).
     """
     if num_workers not in (0, 1):
         raise ValueError(f"num_workers must be 0 or 1 for the packed token stream, not {num_workers}")
+    dataset: IterableDataset
+    if mixture:
+        if holdout_every:
+            raise DataError("a mixture's validation documents are held out by the Prepare step, not by holdout_every")
+        dataset = MixtureWindows(
+            data_dir,
+            mixture,
+            token_dtype,
+            sequence_length,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            micro_batch_size=micro_batch_size,
+            vocab_size=vocab_size,
+            data_uri=data_uri,
+        )
+        return StatefulDataLoader(
+            dataset,
+            batch_size=micro_batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
     dataset = PackedTokenWindows(
         data_dir,
         token_dtype,

@@ -315,6 +315,8 @@ class MetricsHook:
             gpu_sampler = sampler.sample if sampler.available else None
         self._gpu_sampler = gpu_sampler if self.local_rank == 0 else None
         self._heartbeat: Heartbeat | None = None
+        self._source_tokens: dict[str, int] = {}
+        self._source_validation: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -334,12 +336,21 @@ class MetricsHook:
             return
         self._guard(self._on_tick)
 
-    def record_validation(self, loss: float) -> None:
-        """A validation loss, sent with the next job event (rank 0)."""
+    def record_validation(self, loss: float, by_source: dict[str, float] | None = None) -> None:
+        """A validation loss (and a mixture's, per source), sent with the next job event (rank 0)."""
         if self.rank != 0 or self._closed:
             return
         with self._lock:
             self._job.validation_loss = float(loss)
+            if by_source:
+                self._source_validation = dict(by_source)
+
+    def record_sources(self, tokens: dict[str, int]) -> None:
+        """A mixture's tokens trained on per source since step 0 (rank 0), sent with each job event."""
+        if self.rank != 0 or self._closed:
+            return
+        with self._lock:
+            self._source_tokens = dict(tokens)
 
     def start(self, every_seconds: float | None = None) -> MetricsHook:
         """Start the background :class:`Heartbeat` (on the ranks that emit)."""
@@ -507,11 +518,35 @@ class MetricsHook:
         recipe = {"Recipe": self.cfg.recipe_name}
         emit_emf(self.namespace, _dims(catalogue.DIMENSIONS, recipe), job, extra, self.stream, timestamp=now)
         self._print_readable(dict(job))
+        self._emit_sources(now, extra)
         named = {spec.name: value for spec, value in job}
         for sink in self.sinks:
             self._guard(sink.log_metrics, self._last_step, named)
         self._job = _JobWindow()
         self._last_emit = self._last_job_emit = now
+
+    def _emit_sources(self, now: float, extra: dict[str, Any]) -> None:
+        """One event per mixture source: its tokens so far and its last validation loss."""
+        names = list(dict.fromkeys([*self._source_tokens, *self._source_validation]))
+        for name in names:
+            values = []
+            if name in self._source_tokens:
+                values.append((catalogue.SOURCE_TOKENS_SEEN, float(self._source_tokens[name])))
+            if name in self._source_validation and math.isfinite(self._source_validation[name]):
+                values.append((catalogue.SOURCE_VALIDATION_LOSS, self._source_validation[name]))
+            dims = _dims(catalogue.SOURCE_DIMENSIONS, {"Recipe": self.cfg.recipe_name, "Source": name})
+            emit_emf(self.namespace, dims, values, extra, self.stream, timestamp=now)
+        if names:
+            total = max(1, sum(self._source_tokens.values()))
+            parts = []
+            for name in names:
+                seen = self._source_tokens.get(name, 0)
+                part = f"{name} {seen:,} tokens ({100 * seen / total:.1f}%)"
+                if name in self._source_validation:
+                    part += f", validation loss {self._source_validation[name]:.4f}"
+                parts.append(part)
+            (self.stream or sys.stdout).write("metrics: sources: " + "; ".join(parts) + "\n")
+        self._source_validation = {}
 
     def _emit_heartbeat(self, now: float) -> None:
         since = now - self._last_step_at if self._last_step_at is not None else 0.0

@@ -8,6 +8,9 @@ Where the held-out windows come from (``cfg.validation.source``, set by the plan
   training stream then skips (``training.components.data.build_dataloader(holdout_every=...)``);
 - ``none``: no validation loss.
 
+With a mixture (``cfg.data.mixture``, from ``channel``), each source's held-out documents are in the folder of its
+name; the pass also gives the loss per source (:attr:`Validator.source_losses`).
+
 Each pass reads the same ``cfg.validation.batches`` micro-batches per rank (rank ``r`` of
 ``n`` takes every ``n``-th held-out window, in order), under ``torch.no_grad`` and
 ``model.eval()``, and averages the loss over every rank. For fine-tuning (``cfg.sft``) the
@@ -115,6 +118,8 @@ class Validator:
         self.sft = cfg.sft is not None
         count = v.batches * batch.micro_batch_size
         self.batches: list[Any]  # SFT: dicts of input_ids, labels and position_ids; else token windows
+        self.batch_source: list[int] = []  # a mixture's: each batch's source (an index of cfg.data.mixture)
+        self.source_losses: dict[str, float] = {}  # a mixture's: the last pass's loss per source
         if self.sft:
             self.batches = sft_validation_batches(
                 directory,
@@ -128,6 +133,28 @@ class Validator:
                 vocab_size=cfg.model.vocab_size,
                 checksums=v.source == "channel",  # the training stream has proven its own directory
             )
+        elif cfg.data.mixture:  # each source's held-out documents, in the folder of its name
+            if v.source != "channel":
+                raise ValueError("a mixture's held-out documents are in the validation channel (validation.source)")
+            self.batches, self.batch_source = [], []
+            for index, source in enumerate(cfg.data.mixture):
+                try:
+                    windows = HeldOutWindows(
+                        Path(directory) / source.name,
+                        cfg.data.token_dtype,
+                        batch.sequence_length,
+                        rank=rank,
+                        world_size=world_size,
+                        count=count,
+                    )
+                except (FileNotFoundError, ValueError) as error:
+                    log.warning("no validation loss for source %s: %s", source.name, error)
+                    continue
+                for one in windows.batches(batch.micro_batch_size):
+                    self.batches.append(one)
+                    self.batch_source.append(index)
+            if not self.batches:
+                raise ValueError(f"no validation windows of any mixture source in {directory}")
         else:
             self.batches = list(
                 HeldOutWindows(
@@ -168,22 +195,33 @@ class Validator:
         self.model.eval()
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         count = 0
+        sources = (self.cfg.data.mixture or []) if not self.sft else []
+        per_source = torch.zeros(2 * len(sources), device=self.device, dtype=torch.float32)  # sum, count
         positions: torch.Tensor | None
         try:
-            for batch in self.batches:
+            for index, batch in enumerate(self.batches):
                 if self.sft:  # the loss sum (divisor 1) and the count of valid labels
                     inputs, labels, positions = split_sft_batch(batch, self.device)
                     total += self.model(inputs, labels, positions, divisor=self._one).detach().float()
                     count += int((labels != IGNORE_INDEX).sum())
                 else:  # the mean of each batch's mean (every label valid, every batch the same size)
                     inputs, labels, positions = self.shard(*split_batch(batch, self.device))
-                    total += self.model(inputs, labels, positions).detach().float()
+                    loss = self.model(inputs, labels, positions).detach().float()
+                    total += loss
                     count += 1
+                    if self.batch_source:
+                        per_source[2 * self.batch_source[index]] += loss
+                        per_source[2 * self.batch_source[index] + 1] += 1
         finally:
             self.model.train(was_training)
-        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        stats = torch.cat([torch.stack([total, torch.tensor(float(count), device=self.device)]), per_source])
         if dist.is_initialized():
             dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        self.source_losses = {
+            source.name: (stats[2 + 2 * i] / stats[3 + 2 * i]).item()
+            for i, source in enumerate(sources)
+            if stats[3 + 2 * i].item() > 0
+        }
         self.last = self.clock()
         loss = (stats[0] / stats[1].clamp(min=1)).item()
         log.info(

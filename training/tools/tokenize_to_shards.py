@@ -70,9 +70,16 @@ def token_dtype(vocab_size: int) -> str:
 
 
 def write_shards(
-    docs: Iterable[str], tokenizer, out_dir: Path, *, tokens_per_shard: int = 100_000_000, dtype: str | None = None
+    docs: Iterable[str],
+    tokenizer,
+    out_dir: Path,
+    *,
+    tokens_per_shard: int = 100_000_000,
+    dtype: str | None = None,
+    source: str = "text",
 ) -> dict:
-    """Tokenise ``docs`` into ``out_dir``; returns the manifest."""
+    """Tokenise ``docs`` into ``out_dir``; returns the manifest. Each shard entry has the fields the Prepare step
+    writes (``training.corpus_prepare``): file, tokens, bytes, sha256, max_token_id, source."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or token_dtype(tokenizer.vocab_size)
@@ -96,6 +103,7 @@ def write_shards(
                     "bytes": len(data),
                     "sha256": hashlib.sha256(data).hexdigest(),
                     "max_token_id": int(max(chunk)),
+                    "source": source,
                 }
             )
 
