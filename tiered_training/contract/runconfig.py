@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.corpus import MixtureSource
 
 MAX_HYPERPARAMETERS = 100
 MAX_HYPERPARAMETER_VALUE = 2500
@@ -150,6 +151,7 @@ class OptimizerConfig(_Frozen):
 class DataConfig(_Frozen):
     token_dtype: Literal["uint16", "uint32"]
     seed: int
+    mixture: list[MixtureSource] | None = None
 
 
 class CheckpointConfig(_Frozen):
