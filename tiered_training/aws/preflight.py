@@ -261,7 +261,7 @@ class _Quotas:
 def check_quotas(client: Any, plan: Plan) -> list[Check]:
     account = _Quotas(client)
     out = []
-    for need in quota_needs.needs(plan.recipe):
+    for need in quota_needs.needs(plan.recipe, quota_needs.prepare_instances(plan)):
         quota = need.quota
         subject = quota_needs.label(quota)
         try:

@@ -175,14 +175,18 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
     return out
 
 
+def prepare_instances(plan: PlanResult) -> int | None:
+    """The hosts of the plan's Prepare job over data.sources (its Processing quota's need), else None."""
+    corpus = getattr(plan, "corpus", None)
+    return corpus.prepare.instance_count if corpus is not None else None
+
+
 def with_account(plan: _PlanT, account: Mapping[str, float]) -> _PlanT:
     """The plan with its quota findings recomputed against the app's applied quotas."""
     if not account:
         return plan
     kept = tuple(f for f in plan.findings if f.code != FINDING_CODE)
-    corpus = getattr(plan, "corpus", None)
-    prepare_instances = corpus.prepare.instance_count if corpus is not None else None
-    return replace(plan, findings=kept + tuple(findings(plan.recipe, account, prepare_instances)))
+    return replace(plan, findings=kept + tuple(findings(plan.recipe, account, prepare_instances(plan))))
 
 
 def amount(quota: Quota, value: float) -> str:
