@@ -529,8 +529,8 @@ class Plan(_Result):
         """Where the validation loss comes from: the recipe's validation_uri, a held-out fraction, or nowhere."""
         recipe = self.recipe
         timing = {"interval_minutes": recipe.validation.interval_minutes, "batches": recipe.validation.batches}
-        if recipe.data.validation_uri:
-            return ValidationConfig(source="channel", **timing)
+        if recipe.data.validation_uri or (recipe.data.sources and recipe.data.validation_fraction > 0):
+            return ValidationConfig(source="channel", **timing)  # data.sources: the Prepare step's held-out shards
         if recipe.data.validation_fraction > 0:
             return ValidationConfig(
                 source="holdout", holdout_every=max(2, round(1 / recipe.data.validation_fraction)), **timing

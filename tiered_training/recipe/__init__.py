@@ -315,11 +315,14 @@ class DataSection(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _uri_from_sources(cls, data: Any) -> Any:
-        """With sources, ``uri`` (the DataUri parameter's default) is the first source's prefix unless given."""
-        if isinstance(data, dict) and "uri" not in data and isinstance(data.get("sources"), list):
-            first = data["sources"][0] if data["sources"] else None
-            if isinstance(first, dict) and isinstance(first.get("uri"), str):
-                return {**data, "uri": first["uri"]}
+        """With sources, ``uri`` (the DataUri parameter's default) is the first source's prefix unless given, and
+        ``prepare`` (the Prepare step that tokenizes them) takes its defaults unless given."""
+        if isinstance(data, dict) and isinstance(data.get("sources"), list) and data["sources"]:
+            first = data["sources"][0]
+            if "uri" not in data and isinstance(first, dict) and isinstance(first.get("uri"), str):
+                data = {**data, "uri": first["uri"]}
+            if data.get("prepare") is None:
+                data = {**data, "prepare": {}}
         return data
 
     @property

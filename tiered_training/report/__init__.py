@@ -469,8 +469,7 @@ def corpus_lines(plan: Plan) -> list[str]:
         "Prepare (tokenizes the sources before the probe)",
         Hang(
             f"  {p.instance_count} x {p.instance_type} ({p.vcpus} vCPUs each): {p.tokens:,} tokens in "
-            f"{_hours(p.hours)}, {cost}; at {p.tokens_per_vcpu_second / 1e6:.2f} M tokens per vCPU-second "
-            f"({p.rate_source})",
+            f"{_hours(p.hours)}, {cost}; at {p.rate_source}",
             4,
         ),
         f"  with training          {_hours(plan.total_hours)}, {_cost(plan.total_cost_usd)}",
