@@ -207,7 +207,16 @@ class SourceSection(_Strict):
         return self
 
 
+def _uri_or_sources(schema: dict[str, Any]) -> None:
+    """The schema of ``data``: ``uri`` may be left out with ``sources`` (the loader requires one of them)."""
+    schema["required"] = [name for name in schema.get("required", []) if name != "uri"]
+    if not schema["required"]:
+        del schema["required"]
+
+
 class DataSection(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, json_schema_extra=_uri_or_sources)
+
     uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of flat token shards")
     allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX)]] | None = Field(
         default=None,
