@@ -99,11 +99,21 @@ def test_a_prepare_too_slow_for_its_runtime_is_an_error(tmp_path):
     [
         ({"sources": [{"name": "a", "uri": f"{BUCKET}a/"}]}, "give exactly one of weight"),
         (
-            {"sources": [{"name": "a", "uri": f"{BUCKET}a/", "weight": 1}, {"name": "a", "uri": f"{BUCKET}b/", "weight": 1}]},
+            {
+                "sources": [
+                    {"name": "a", "uri": f"{BUCKET}a/", "weight": 1},
+                    {"name": "a", "uri": f"{BUCKET}b/", "weight": 1},
+                ]
+            },
             "names repeat",
         ),
         (
-            {"sources": [{"name": "a", "uri": f"{BUCKET}a/", "tokens": 5}, {"name": "b", "uri": f"{BUCKET}b/", "weight": 1}]},
+            {
+                "sources": [
+                    {"name": "a", "uri": f"{BUCKET}a/", "tokens": 5},
+                    {"name": "b", "uri": f"{BUCKET}b/", "weight": 1},
+                ]
+            },
             "some sources give a weight",
         ),
         ({"sources": [{"name": "a", "uri": f"{BUCKET}a/", "tokens": 5}]}, "add up to 5"),
@@ -136,7 +146,10 @@ def test_the_corpus_spec_and_the_mixture_come_from_the_plan(tmp_path):
     assert isinstance(spec, CorpusSpec)
     assert [s.name for s in spec.sources] == ["web", "code"] and spec.sources[1].field == "content"
     assert (spec.tokenizer, spec.ignore, spec.on_bad_example, spec.total_tokens) == (
-        f"{BUCKET}tokenizer/", ["*.md"], "skip", 8_000_000_000
+        f"{BUCKET}tokenizer/",
+        ["*.md"],
+        "skip",
+        8_000_000_000,
     )
     mixture = plan.run_config().data.mixture
     assert [(m.name, m.weight) for m in mixture] == [("web", 0.75), ("code", 0.25)]

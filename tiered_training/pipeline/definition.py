@@ -371,7 +371,9 @@ def training_arguments(
         channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
     elif recipe.data.sources and recipe.data.validation_fraction > 0 and not probe:
         # data.sources: the Prepare step's held-out shards, per source.
-        channels.append(_channel(VALIDATION_CHANNEL, prepared_data_uri(PREPARED_VALIDATION_URI), recipe.data.input_mode))
+        channels.append(
+            _channel(VALIDATION_CHANNEL, prepared_data_uri(PREPARED_VALIDATION_URI), recipe.data.input_mode)
+        )
 
     # MaxRuntimeInSeconds bounds every attempt of the job together (RetryStrategy included).
     max_runtime = probe_job_seconds(plan) if probe else plan.job_runtime_seconds
@@ -479,7 +481,10 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
     assert prepare is not None
     if plan.corpus is not None:
         return _processing_arguments(
-            plan, resources, CORPUS_PREPARE_MODULE, corpus_prepare_arguments(plan, resources),
+            plan,
+            resources,
+            CORPUS_PREPARE_MODULE,
+            corpus_prepare_arguments(plan, resources),
             plan.corpus.prepare.instance_count,
         )
     assert recipe.model.init_checkpoint

@@ -195,9 +195,7 @@ class SourceSection(_Strict):
         default=None,
         gt=0,
         le=MAX_TOKENS,
-        description=(
-            "the tokens the source holds, for the plan's epochs; default: unknown until preflight samples it"
-        ),
+        description=("the tokens the source holds, for the plan's epochs; default: unknown until preflight samples it"),
     )
 
     @model_validator(mode="after")
@@ -745,7 +743,11 @@ class Recipe(_Strict):
                     "Face checkpoint"
                 )
         else:
-            sft_only = [("data.loss_on", data.loss_on), ("data.overlong", data.overlong), ("data.format", data.format)]
+            sft_only: list[tuple[str, object]] = [
+                ("data.loss_on", data.loss_on),
+                ("data.overlong", data.overlong),
+                ("data.format", data.format),
+            ]
             if not data.sources:  # raw corpora have bad records and a Prepare job too
                 sft_only += [
                     ("data.on_bad_example", data.on_bad_example),
