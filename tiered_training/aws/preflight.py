@@ -128,7 +128,11 @@ def run(
         )
     )
     checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn, deployed, region))
-    if recipe.task == "sft" and recipe.data.prepare is not None:
+    if recipe.data.sources:
+        from tiered_training.aws.sources import check_sources
+
+        checks.extend(check_sources(clients["s3"], plan))
+    elif recipe.task == "sft" and recipe.data.prepare is not None:
         checks.append(_guard("data", recipe.data.uri, lambda: check_raw_data(clients["s3"], plan)))
     elif recipe.task == "sft":
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))

@@ -312,6 +312,8 @@ class ProcessingInstance(_Entry):
 class Processing(_Entry):
     tokens_per_vcpu_second: float = Field(gt=0)
     rate_source: str
+    bytes_per_token: float = Field(gt=0)
+    bytes_per_token_source: str
     instances: dict[str, ProcessingInstance]
 
 
