@@ -271,7 +271,7 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
     CPU instance, its property file on the one output, as the SDK's documentation builds a ProcessingStep."""
     s = sdk.shapes
     recipe = plan.recipe
-    data, prepare = recipe.data, recipe.data.prepare
+    prepare = recipe.data.prepare
     corpus = plan.corpus is not None  # data.sources: training.corpus_prepare on the plan's hosts
     processor = sdk.Processor(
         role=resources.prepare_role_arn or resources.role_arn,
