@@ -305,7 +305,7 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
     )
     if corpus:  # the spec's JSON in pieces of at most 256 characters (ContainerArguments' limit)
         spec = plan.corpus_spec().model_dump_json()
-        pieces = [spec[i : i + 256] for i in range(0, len(spec), 256)]
+        pieces = d.spec_pieces(spec)
         arguments = ["--spec", *pieces, "--prepared", _join(resources.output_s3_uri, "prepared/"),
                      "--property-file", f"{local}/prepared.json"]
     else:

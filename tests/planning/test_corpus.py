@@ -178,3 +178,12 @@ def test_the_prepare_step_runs_corpus_prepare_on_n_hosts(tmp_path):
     assert arguments[end + 1] == "s3://store/r/output/prepared/"
     body = json.dumps(definition)
     assert '"Path": "validation_uri"' in body  # the training step reads the held-out shards of prepared.json
+
+
+def test_no_piece_of_the_spec_starts_with_a_dash():
+    """An argument parser takes an argument that starts with "-" for an option: the cut moves before it."""
+    text = "x" * 256 + "--a" + "y" * 300 + "-b"
+    pieces = d.spec_pieces(text)
+    assert "".join(pieces) == text
+    assert all(0 < len(p) <= 256 and not p.startswith("-") for p in pieces)
+    assert len(d.spec_pieces("a" * 600)) == 3

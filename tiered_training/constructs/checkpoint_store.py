@@ -301,9 +301,7 @@ class CheckpointStore(Construct):
 
         The key is granted in the grantee's policy: its key policy must let the account's IAM
         policies allow its use (KMS's default key policy, and CDK's, do)."""
-        grant = self._grant(
-            grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True
-        )
+        grant = self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
         # The prepared shards and the Prepare job's property file are the Prepare role's to write: a training job
         # reads them only (the output prefix holds them, so the allow above covers them).
         grantee.grant_principal.add_to_principal_policy(

@@ -450,8 +450,20 @@ def spec_arguments(plan: Plan) -> list[str]:
     """``--spec`` and the CorpusSpec's compact JSON in pieces of at most 256 characters (joined by the module)."""
     spec = plan.corpus_spec()
     assert spec is not None
-    text = spec.model_dump_json()
-    return ["--spec", *(text[i : i + MAX_ARGUMENT_CHARS] for i in range(0, len(text), MAX_ARGUMENT_CHARS))]
+    return ["--spec", *spec_pieces(spec.model_dump_json())]
+
+
+def spec_pieces(text: str) -> list[str]:
+    """``text`` cut into pieces of at most 256 characters, none starting with "-" (which an argument parser would
+    take for an option)."""
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + MAX_ARGUMENT_CHARS)
+        while end < len(text) and text[end] == "-" and end > start + 1:
+            end -= 1
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 def corpus_prepare_arguments(plan: Plan, resources: PipelineResources) -> list[str]:

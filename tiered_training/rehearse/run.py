@@ -882,7 +882,7 @@ def _scale_corpus(definition: dict[str, Any], hosts: int, total_tokens: int) -> 
     """data.sources: the Prepare step on the rehearsal's ``hosts`` instances, its CorpusSpec's budget the scaled
     run's tokens; what changed, or None without such a step."""
     from tiered_training.contract.corpus import CorpusSpec
-    from tiered_training.pipeline.definition import CORPUS_PREPARE_MODULE, MAX_ARGUMENT_CHARS, iter_steps
+    from tiered_training.pipeline.definition import CORPUS_PREPARE_MODULE, iter_steps, spec_pieces
 
     for step in iter_steps(definition["Steps"]):
         arguments = step.get("Arguments", {})
@@ -894,7 +894,7 @@ def _scale_corpus(definition: dict[str, Any], hosts: int, total_tokens: int) -> 
         end = next(i for i in range(start, len(values)) if values[i].startswith("--"))
         spec = CorpusSpec.model_validate_json("".join(values[start:end]))
         text = spec.model_copy(update={"total_tokens": total_tokens}).model_dump_json()
-        values[start:end] = [text[i : i + MAX_ARGUMENT_CHARS] for i in range(0, len(text), MAX_ARGUMENT_CHARS)]
+        values[start:end] = spec_pieces(text)
         cluster = arguments["ProcessingResources"]["ClusterConfig"]
         count, cluster["InstanceCount"] = cluster["InstanceCount"], hosts
         return (
