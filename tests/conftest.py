@@ -76,6 +76,7 @@ HEAVY = (
     "tests/constructs",
     "tests/trainer/test_multiprocess.py",
     "tests/rehearse/test_prepare_rehearsal.py",  # Prepare from raw examples, then two executions on 2 hosts
+    "tests/rehearse/test_corpus_rehearsal.py",  # raw corpora: Prepare on 2 instances, training, a reusing rerun
     "tests/trainer/test_planner_vs_trainer.py",
     "tests/rehearse/test_runs_rehearsal.py",
     "tests/rehearse/test_sft_rehearsal.py",

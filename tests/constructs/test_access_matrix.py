@@ -88,6 +88,11 @@ def _store_paths(world: World, pipeline, bucket: str) -> dict[str, str]:
         paths["prepared_manifest"] = f"{prepared}manifest.json"
         output = prepare["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]["S3Uri"]
         paths["prepare_output"] = f"{_key(_rendered(output), bucket)}/{d.PREPARED_JSON}"
+        if plan.recipe.data.sources:  # the corpus layout (tiered_training/contract/corpus.py)
+            source = plan.recipe.data.sources[-1].name
+            paths["corpus_unit_marker"] = f"{prepared}units/{source}/part-0.json"
+            paths["corpus_train_object"] = f"{prepared}train/{source}/part-0.bin"
+            paths["corpus_validation_object"] = f"{prepared}validation/{source}/part-0.bin"
     if "TensorBoardOutputConfig" in train:
         tensorboard = _key(train["TensorBoardOutputConfig"]["S3OutputPath"], bucket)
         paths["tensorboard_object"] = f"{tensorboard}/{JOB}/tensorboard-output/events.out.tfevents"
@@ -157,7 +162,8 @@ def _recipe_bindings(world: World, app: str, pipeline, monitoring) -> Recipe:
     uris += [u for u in (plan.recipe.model.init_checkpoint, data.validation_uri) if u]
     recipe.groups["data"] = [_uri_group(u) for u in uris]
     recipe.groups["raw"] = [_uri_group(u) for u in raw]
-    tokenizer = [plan.recipe.model.init_checkpoint] if raw and plan.recipe.model.init_checkpoint else []
+    tokenizer_uri = data.tokenizer or plan.recipe.model.init_checkpoint
+    tokenizer = [tokenizer_uri] if raw and tokenizer_uri else []
     recipe.groups["prepare_input"] = [_uri_group(u) for u in raw + tokenizer]
     topic = _value(world, monitoring.topic.topic_arn, monitoring)
     key = _topic_key(world, topic)

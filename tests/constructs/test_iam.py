@@ -69,8 +69,12 @@ def test_execution_role_reads_data_and_writes_only_its_prefixes(templates):
     text = json.dumps(stmts)
     assert "example-training-data/fineweb-edu/llama3-tokens/*" in text
     assert "example-model-artifacts/llama-3.1-8b/hf/*" in text  # the init checkpoint channel
-    writes = [s for s in stmts if "s3:PutObject" in actions(s)]
+    writes = [s for s in stmts if "s3:PutObject" in actions(s) and s["Effect"] == "Allow"]
     assert len(writes) == 1
+    # The prepared shards and the Prepare job's property file are the Prepare role's to write.
+    (deny,) = [s for s in stmts if s["Effect"] == "Deny"]
+    assert {"s3:PutObject", "s3:DeleteObject"} <= set(actions(deny))
+    assert "/llama3-8b-fp8/output/prepared/*" in json.dumps(deny["Resource"])
     resources_text = json.dumps(writes[0]["Resource"])
     assert "/llama3-8b-fp8/checkpoints/*" in resources_text and "/llama3-8b-fp8/output/*" in resources_text
     assert "qwen" not in resources_text

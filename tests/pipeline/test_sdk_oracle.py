@@ -271,13 +271,14 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
     CPU instance, its property file on the one output, as the SDK's documentation builds a ProcessingStep."""
     s = sdk.shapes
     recipe = plan.recipe
-    data, prepare = recipe.data, recipe.data.prepare
+    prepare = recipe.data.prepare
+    corpus = plan.corpus is not None  # data.sources: training.corpus_prepare on the plan's hosts
     processor = sdk.Processor(
         role=resources.prepare_role_arn or resources.role_arn,
         image_uri=resources.image_uri,
-        instance_count=1,
+        instance_count=plan.corpus.prepare.instance_count if corpus else 1,
         instance_type=prepare.instance_type,
-        entrypoint=["python", "-m", "training.sft_prepare"],
+        entrypoint=["python", "-m", "training.corpus_prepare" if corpus else "training.sft_prepare"],
         volume_size_in_gb=prepare.volume_gb,
         output_kms_key=resources.kms_key_id,
         max_runtime_in_seconds=int(prepare.max_runtime_hours * 3600),
@@ -302,6 +303,24 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
         ),
         app_managed=False,
     )
+    if corpus:  # the spec's JSON in pieces of at most 256 characters (ContainerArguments' limit)
+        spec = plan.corpus_spec().model_dump_json()
+        pieces = d.spec_pieces(spec)
+        arguments = ["--spec", *pieces, "--prepared", _join(resources.output_s3_uri, "prepared/"),
+                     "--property-file", f"{local}/prepared.json"]
+    else:
+        arguments = _sft_prepare_arguments(params, recipe, resources, local)
+    prepared = sdk.PropertyFile(name="PreparedData", output_name="prepared", path="prepared.json")
+    return sdk.ProcessingStep(
+        name="Prepare",
+        step_args=processor.run(outputs=[output], arguments=arguments),
+        property_files=[prepared],
+        retry_policies=sdk_retry_policies(sdk),
+    )
+
+
+def _sft_prepare_arguments(params, recipe, resources, local):
+    data = recipe.data
     arguments = [
         "--input", params[d.P_DATA_URI], "--tokenizer", recipe.model.init_checkpoint,
         "--prepared", _join(resources.output_s3_uri, "prepared/"), "--property-file", f"{local}/prepared.json",
@@ -313,13 +332,7 @@ def sdk_prepare_step(sdk, plan, resources: d.PipelineResources, params):
         arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
     for glob in data.ignore:
         arguments += ["--ignore", glob]
-    prepared = sdk.PropertyFile(name="PreparedData", output_name="prepared", path="prepared.json")
-    return sdk.ProcessingStep(
-        name="Prepare",
-        step_args=processor.run(outputs=[output], arguments=arguments),
-        property_files=[prepared],
-        retry_policies=sdk_retry_policies(sdk),
-    )
+    return arguments
 
 
 def run_id(sdk, params, spec: TrainingSpec):
@@ -392,6 +405,10 @@ def sdk_training_step(
         channels.append(_channel(sdk, d.MODEL_CHANNEL, recipe.model.init_checkpoint, "File"))
     if recipe.data.validation_uri and not probe:
         channels.append(_channel(sdk, VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
+    elif recipe.data.sources and recipe.data.validation_fraction > 0 and not probe:  # each source's held-out share
+        prepared = sdk.PropertyFile(name=d.PREPARED_PROPERTY_FILE, output_name=d.PREPARE_OUTPUT, path=d.PREPARED_JSON)
+        held_out = sdk.functions.JsonGet(step_name=d.S_PREPARE, property_file=prepared, json_path="validation_uri")
+        channels.append(_channel(sdk, VALIDATION_CHANNEL, held_out, recipe.data.input_mode))
 
     runtime, wait, keep_alive = stopping(plan, spec)
     environment = {**d.family_environment(plan), d.MODE_VARIABLE: "probe" if probe else "train"}

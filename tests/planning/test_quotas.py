@@ -66,10 +66,13 @@ def test_every_template_lists_the_quotas_a_default_account_lacks(path):
     # Segments keep every training job within the runtime quota the recipe states (else AWS's default).
     if compute.instance_count > 4:
         expected.add(f"{kind}-instances")
+    if plan.corpus is not None:  # data.sources: the Prepare job's Processing instances (no default published)
+        expected.add(f"processing/{plan.recipe.data.prepare.instance_type}")
     assert set(found) == expected
     for name, text in found.items():
         quota = catalogs.quotas()[name]
-        assert quota.title in text and f"--desired-value {compute.instance_count}" in text or name == "training-job-max-runtime"
+        count = plan.corpus.prepare.instance_count if name.startswith("processing/") else compute.instance_count
+        assert quota.title in text and f"--desired-value {count}" in text or name == "training-job-max-runtime"
         assert (quota.code or "list-service-quotas") in text and "request-service-quota-increase" in text
 
 

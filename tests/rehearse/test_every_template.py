@@ -28,7 +28,8 @@ ALL = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
 ELSEWHERE = {"qwen2.5-32b-hybrid.yaml": "test_rehearsal.py",  # rehearsed there, with a host lost and a restart
              "qwen2.5-32b-lora.yaml": "test_sft_rehearsal.py",  # there, with a kill, a resume and both export forms
              "llama3-1b-bf16.yaml": "test_runs_rehearsal.py",  # there, in five executions, one of them segmented
-             "llama3.1-8b-tools-sft.yaml": "test_prepare_rehearsal.py"}  # there: Prepare from raw data, and its reuse
+             "llama3.1-8b-tools-sft.yaml": "test_prepare_rehearsal.py",  # there: Prepare from raw data, and its reuse
+             "llama3-1b-raw-mixture.yaml": "test_corpus_rehearsal.py"}  # there: Prepare of raw corpora on 2 instances
 TEMPLATES = [name for name in ALL if name not in ELSEWHERE]
 INTERRUPTED = "llama3-8b-fp8.yaml"  # the flagship: an init checkpoint, and a spot interruption
 PROBED = "llama3-8b-fp8-p5.yaml"  # auto tuning: 3 candidates (FP8 tensorwise each), the first slowed

@@ -130,7 +130,11 @@ def run(
         )
     )
     checks.extend(check_data(clients["s3"], clients["iam"], plan, role_arn or deployed.role_arn, deployed, region))
-    if recipe.task == "sft" and recipe.data.prepare is not None:
+    if recipe.data.sources:
+        from tiered_training.aws.sources import check_sources
+
+        checks.extend(check_sources(clients["s3"], plan))
+    elif recipe.task == "sft" and recipe.data.prepare is not None:
         checks.append(_guard("data", recipe.data.uri, lambda: check_raw_data(clients["s3"], plan)))
     elif recipe.task == "sft":
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
@@ -263,7 +267,7 @@ class _Quotas:
 def check_quotas(client: Any, plan: Plan) -> list[Check]:
     account = _Quotas(client)
     out = []
-    for need in quota_needs.needs(plan.recipe):
+    for need in quota_needs.needs(plan.recipe, quota_needs.prepare_instances(plan)):
         quota = need.quota
         subject = quota_needs.label(quota)
         try:

@@ -298,3 +298,28 @@ def tier_for(parameters: int) -> tuple[Tier, bool]:
         if parameters <= tier.max_parameters:
             return tier, inside
     return ordered[-1], inside
+
+
+class ProcessingInstance(_Entry):
+    """A CPU instance of the Prepare step's Processing job (``catalog/processing.yaml``)."""
+
+    name: str
+    vcpus: int = Field(ge=1)
+    memory_gib: float = Field(gt=0)
+    price_per_hour: float | None = Field(default=None, gt=0, description="us-east-1 on-demand; None: not recorded")
+
+
+class Processing(_Entry):
+    tokens_per_vcpu_second: float = Field(gt=0)
+    rate_source: str
+    bytes_per_token: float = Field(gt=0)
+    bytes_per_token_source: str
+    instances: dict[str, ProcessingInstance]
+
+
+@cache
+def processing() -> Processing:
+    """The Prepare step's instances and the one tokenization rate the planner sizes it with."""
+    data = _load("processing.yaml")
+    data["instances"] = {name: {"name": name, **entry} for name, entry in data["instances"].items()}
+    return Processing(**data)

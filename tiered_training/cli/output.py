@@ -115,6 +115,9 @@ class Plan(_Strict):
     estimates: dict[str, Any] | None = None
     run: dict[str, Any] | None = Field(None, description="segments, job runtime, spot wait and instance counts")
     full_parameter: dict[str, Any] | None = None
+    corpus: dict[str, Any] | None = Field(
+        None, description="data.sources: each source's share, tokens held and epochs; the Prepare job's size"
+    )
     departures: list[dict[str, Any]] = []
     alternatives: list[dict[str, Any]] = []
     candidates: list[Candidate] = Field(

@@ -301,7 +301,17 @@ class CheckpointStore(Construct):
 
         The key is granted in the grantee's policy: its key policy must let the account's IAM
         policies allow its use (KMS's default key policy, and CDK's, do)."""
-        return self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
+        grant = self._grant(grantee, recipe, OBJECT_READ_ACTIONS + OBJECT_WRITE_ACTIONS, KMS_WRITE_ACTIONS, delete=True)
+        # The prepared shards and the Prepare job's property file are the Prepare role's to write: a training job
+        # reads them only (the output prefix holds them, so the allow above covers them).
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                actions=OBJECT_WRITE_ACTIONS + CHECKPOINT_DELETE_ACTIONS,
+                resources=self.prepare_object_arns(recipe),
+            )
+        )
+        return grant
 
     def prepare_object_arns(self, recipe: str) -> list[str]:
         """The object ARNs (with a trailing wildcard) the Prepare job writes: its shards and its property file."""

@@ -177,7 +177,9 @@ class TrainingPipeline(Resource):
             mlflow_tracking_server_arn=recipe.tracking.mlflow_tracking_server_arn,
             training_plan_arn=recipe.compute.training_plan_arn,
             raw_uris=recipe.data.data_prefixes if recipe.data.prepare is not None else (),
-            tokenizer_uri=recipe.model.init_checkpoint if recipe.data.prepare is not None else None,
+            tokenizer_uri=(recipe.data.tokenizer or recipe.model.init_checkpoint)
+            if recipe.data.prepare is not None
+            else None,
         )
         self.execution_role: iam.IRole = self.roles.execution_role
         self.pipeline_role: iam.IRole = self.roles.pipeline_role
@@ -339,7 +341,14 @@ class TrainingPipeline(Resource):
         for uri in list(dict.fromkeys([*self._data_uris, *raw])):
             _objects, bucket_arn, patterns = prefix_arns(uri)
             add(["s3:ListBucket"], [bucket_arn], {"StringLike": {"s3:prefix": patterns}} if patterns else None)
-        if recipe.task == "sft" and recipe.data.prepare is not None:
+        if recipe.data.sources:
+            for uri in recipe.data.data_prefixes:  # preflight reads each source's first record
+                objects, _bucket_arn, _patterns = prefix_arns(uri)
+                add(["s3:GetObject"], [objects[0]])
+                allow_wildcard(objects[0], "Preflight reads the first record of each raw source")
+            if self._data_key is not None:
+                add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
+        elif recipe.task == "sft" and recipe.data.prepare is not None:
             objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
             add(["s3:GetObject"], [objects[0]])  # preflight reads the first raw example
             allow_wildcard(objects[0], "Preflight reads the first record of the recipe's raw examples")

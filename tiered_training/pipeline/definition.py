@@ -147,6 +147,12 @@ PREPARE_LOCAL_PATH = "/opt/ml/processing/output/prepared"
 PREPARED_PROPERTY_FILE = "PreparedData"
 PREPARED_JSON = "prepared.json"  # {"key", "uri", "reused"}
 PREPARED_URI = "uri"
+PREPARED_VALIDATION_URI = "validation_uri"  # data.sources: the held-out shards (prepared.json)
+# data.sources: the Prepare step runs training.corpus_prepare with the CorpusSpec as JSON after --spec. SageMaker
+# takes at most 100 ContainerArguments of 256 characters each (botocore's AppSpecification), and one spec is
+# longer: it travels as consecutive arguments of at most 256 characters that the module joins.
+CORPUS_PREPARE_MODULE = "training.corpus_prepare"
+MAX_ARGUMENTS, MAX_ARGUMENT_CHARS = 100, 256
 
 PROBE_TOKENS = metrics.PROBE_TOKENS
 PROBE_MEMORY = metrics.PROBE_MEMORY
@@ -255,12 +261,12 @@ def parameters(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def prepared_data_uri() -> dict[str, Any]:
-    """The packed shards the Prepare step made or reused: its property file's ``uri``."""
+def prepared_data_uri(path: str = PREPARED_URI) -> dict[str, Any]:
+    """The packed shards the Prepare step made or reused: its property file's ``uri`` (or ``validation_uri``)."""
     return {
         "Std:JsonGet": {
             "PropertyFile": get(f"Steps.{S_PREPARE}.PropertyFiles.{PREPARED_PROPERTY_FILE}"),
-            "Path": PREPARED_URI,
+            "Path": path,
         }
     }
 
@@ -363,6 +369,11 @@ def training_arguments(
     if recipe.data.validation_uri and not probe:
         # Held-out shards for the validation loss (training/components/validation.py).
         channels.append(_channel(VALIDATION_CHANNEL, recipe.data.validation_uri, recipe.data.input_mode))
+    elif recipe.data.sources and recipe.data.validation_fraction > 0 and not probe:
+        # data.sources: the Prepare step's held-out shards, per source.
+        channels.append(
+            _channel(VALIDATION_CHANNEL, prepared_data_uri(PREPARED_VALIDATION_URI), recipe.data.input_mode)
+        )
 
     # MaxRuntimeInSeconds bounds every attempt of the job together (RetryStrategy included).
     max_runtime = probe_job_seconds(plan) if probe else plan.job_runtime_seconds
@@ -435,13 +446,60 @@ def training_arguments(
     return args
 
 
+def spec_arguments(plan: Plan) -> list[str]:
+    """``--spec`` and the CorpusSpec's compact JSON in pieces of at most 256 characters (joined by the module)."""
+    spec = plan.corpus_spec()
+    assert spec is not None
+    return ["--spec", *spec_pieces(spec.model_dump_json())]
+
+
+def spec_pieces(text: str) -> list[str]:
+    """``text`` cut into pieces of at most 256 characters, none starting with "-" (which an argument parser would
+    take for an option)."""
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + MAX_ARGUMENT_CHARS)
+        while end < len(text) and text[end] == "-" and end > start + 1:
+            end -= 1
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def corpus_prepare_arguments(plan: Plan, resources: PipelineResources) -> list[str]:
+    """The ContainerArguments of the pretraining Prepare step (``training.corpus_prepare``)."""
+    arguments = [
+        *spec_arguments(plan),
+        "--prepared",
+        prepared_s3_uri(resources),
+        "--property-file",
+        f"{PREPARE_LOCAL_PATH}/{PREPARED_JSON}",
+    ]
+    if len(arguments) > MAX_ARGUMENTS:
+        raise ValueError(
+            f"data.sources: the corpus spec takes {len(arguments)} container arguments of {MAX_ARGUMENT_CHARS} "
+            f"characters; SageMaker allows {MAX_ARGUMENTS}: use fewer sources or shorter URIs and ignore globs"
+        )
+    return arguments
+
+
 def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
     """CreateProcessingJob arguments (less ProcessingJobName) of the Prepare step: the training image runs
-    ``python -m training.sft_prepare`` (the local command's code) on one CPU instance. It reads S3 itself (no
-    ProcessingInput): the content key needs the inputs' ETags, and a rerun whose key exists downloads nothing."""
+    ``python -m training.sft_prepare`` (the local command's code) on one CPU instance, or with ``data.sources``
+    ``python -m training.corpus_prepare`` on the plan's Prepare hosts. It reads S3 itself (no ProcessingInput):
+    the content key needs the inputs' ETags, and a rerun whose key exists downloads nothing."""
     recipe = plan.recipe
     data, prepare = recipe.data, recipe.data.prepare
-    assert prepare is not None and recipe.model.init_checkpoint
+    assert prepare is not None
+    if plan.corpus is not None:
+        return _processing_arguments(
+            plan,
+            resources,
+            CORPUS_PREPARE_MODULE,
+            corpus_prepare_arguments(plan, resources),
+            plan.corpus.prepare.instance_count,
+        )
+    assert recipe.model.init_checkpoint
     arguments: list[Any] = [
         "--input",
         param(P_DATA_URI),
@@ -468,8 +526,16 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
         arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]
     for glob in data.ignore:
         arguments += ["--ignore", glob]
+    return _processing_arguments(plan, resources, PREPARE_MODULE, arguments, 1)
+
+
+def _processing_arguments(
+    plan: Plan, resources: PipelineResources, module: str, arguments: list[Any], count: int
+) -> dict[str, Any]:
+    prepare = plan.recipe.data.prepare
+    assert prepare is not None
     cluster: dict[str, Any] = {
-        "InstanceCount": 1,
+        "InstanceCount": count,
         "InstanceType": prepare.instance_type,
         "VolumeSizeInGB": prepare.volume_gb,
     }
@@ -494,7 +560,7 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
         "ProcessingResources": {"ClusterConfig": cluster},
         "AppSpecification": {
             "ImageUri": resources.image_uri,
-            "ContainerEntrypoint": ["python", "-m", PREPARE_MODULE],
+            "ContainerEntrypoint": ["python", "-m", module],
             "ContainerArguments": arguments,
         },
         "ProcessingOutputConfig": output,
@@ -515,7 +581,11 @@ def prepare_step(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
     return {
         "Name": S_PREPARE,
         "Type": "Processing",
-        "Description": "Packs the raw examples under DataUri into shards, or reuses those of an unchanged input",
+        "Description": (
+            "Tokenizes the raw sources into shards on N hosts, or reuses those of unchanged inputs"
+            if plan.corpus is not None
+            else "Packs the raw examples under DataUri into shards, or reuses those of an unchanged input"
+        ),
         "Arguments": prepare_arguments(plan, resources),
         "PropertyFiles": [
             {"PropertyFileName": PREPARED_PROPERTY_FILE, "OutputName": PREPARE_OUTPUT, "FilePath": PREPARED_JSON}

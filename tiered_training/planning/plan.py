@@ -13,6 +13,7 @@ from typing import Any, Literal, NoReturn
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture
 from tiered_training.contract.container import TENSORBOARD_DIR
+from tiered_training.contract.corpus import CorpusSource, CorpusSpec, MixtureSource
 from tiered_training.contract.runconfig import (
     BatchConfig,
     CandidateConfig,
@@ -33,6 +34,7 @@ from tiered_training.contract.runconfig import (
     TrackingConfig,
     ValidationConfig,
 )
+from tiered_training.planning.corpus import CorpusPlan
 from tiered_training.planning.memory import MemoryBreakdown
 from tiered_training.planning.perf import Term
 from tiered_training.recipe import LoraSection, Recipe
@@ -269,6 +271,7 @@ class FailedPlan(_Result):
             "memory_headroom": self.tier.memory_headroom if self.tier else None,
             "estimates": None,
             "full_parameter": None,
+            "corpus": None,
             "departures": [],
             "alternatives": [],
             "candidates": [],
@@ -334,6 +337,7 @@ class Plan(_Result):
     overrides: dict[str, str] = field(default_factory=dict, compare=False)  # field path -> its --set text
     lora: LoraSection | None = None  # task sft with LoRA: the adapters' settings
     full_parameter: FullParameter | None = None  # under LoRA: the full-parameter alternative
+    corpus: CorpusPlan | None = None  # data.sources: the sources' shares and epochs, the Prepare job's size
 
     @property
     def task(self) -> str:
@@ -360,6 +364,56 @@ class Plan(_Result):
         if not self.ok:
             raise PlanError(self)
         return self
+
+    @property
+    def total_hours(self) -> float:
+        """The run's wall time with its Prepare job (data.sources), which runs before the probe."""
+        return self.estimates.wall_time_hours + (self.corpus.prepare.hours if self.corpus else 0.0)
+
+    @property
+    def total_cost_usd(self) -> float | None:
+        """The run's cost with its Prepare job's; None where either has no price."""
+        training = self.estimates.cost_usd
+        if self.corpus is None or training is None:
+            return training
+        prepare = self.corpus.prepare.cost_usd
+        return None if prepare is None else training + prepare
+
+    def corpus_spec(self) -> CorpusSpec | None:
+        """What the Prepare step tokenizes (``data.sources``): the one place the recipe becomes a CorpusSpec."""
+        data = self.recipe.data
+        if not data.sources:
+            return None
+        tokenizer = data.tokenizer or self.recipe.model.init_checkpoint
+        assert tokenizer is not None  # the recipe's validation requires one
+        return CorpusSpec(
+            sources=[
+                CorpusSource(
+                    name=s.name,
+                    uri=s.uri,
+                    format=s.format,
+                    field=s.field,
+                    weight=s.weight,
+                    tokens=s.tokens,
+                    max_epochs=s.max_epochs,
+                )
+                for s in data.sources
+            ],
+            tokenizer=tokenizer,
+            token_dtype=data.token_dtype,
+            validation_fraction=data.validation_fraction,
+            on_bad_example=data.on_bad_example or "error",
+            max_bad_fraction=data.max_bad_fraction or 0.0,
+            ignore=list(data.ignore),
+            seed=data.seed,
+            total_tokens=self.recipe.budget.total_tokens,
+        )
+
+    def mixture(self) -> list[MixtureSource] | None:
+        """The trainer's view of the sources: each one's share of the budget (the planner's, normalised)."""
+        if self.corpus is None:
+            return None
+        return [MixtureSource(name=s.name, weight=s.share) for s in self.corpus.sources]
 
     def run_config(self) -> RunConfig:
         """The slice the training container needs. Only for a Plan without errors."""
@@ -412,7 +466,7 @@ class Plan(_Result):
                 beta2=recipe.optimizer.beta2,
                 max_nonfinite_skips=recipe.optimizer.max_nonfinite_skips,
             ),
-            data=DataConfig(token_dtype=recipe.data.token_dtype, seed=recipe.data.seed),
+            data=DataConfig(token_dtype=recipe.data.token_dtype, seed=recipe.data.seed, mixture=self.mixture()),
             checkpoint=CheckpointConfig(
                 interval_minutes=recipe.checkpointing.interval_minutes,
                 interval_steps=0,  # by time; the trainer also saves on SIGTERM
@@ -482,8 +536,8 @@ class Plan(_Result):
         """Where the validation loss comes from: the recipe's validation_uri, a held-out fraction, or nowhere."""
         recipe = self.recipe
         timing = {"interval_minutes": recipe.validation.interval_minutes, "batches": recipe.validation.batches}
-        if recipe.data.validation_uri:
-            return ValidationConfig(source="channel", **timing)
+        if recipe.data.validation_uri or (recipe.data.sources and recipe.data.validation_fraction > 0):
+            return ValidationConfig(source="channel", **timing)  # data.sources: the Prepare step's held-out shards
         if recipe.data.validation_fraction > 0:
             return ValidationConfig(
                 source="holdout", holdout_every=max(2, round(1 / recipe.data.validation_fraction)), **timing
@@ -532,6 +586,7 @@ class Plan(_Result):
                 "instance_counts": list(self.instance_counts),
             },
             "full_parameter": asdict(self.full_parameter) if self.full_parameter else None,
+            "corpus": self.corpus.to_dict() if self.corpus else None,
             "departures": [asdict(d) for d in self.departures],
             "alternatives": [asdict(a) for a in self.alternatives],
             "candidates": [asdict(c) for c in self.candidates],

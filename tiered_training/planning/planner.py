@@ -26,7 +26,7 @@ from tiered_training import catalog as catalogs
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
-from tiered_training.planning import memory, perf
+from tiered_training.planning import corpus, memory, perf
 from tiered_training.planning import probe as probes
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
@@ -633,6 +633,7 @@ def resolve(
     full_parameter = _full_parameter(run, estimates) if run.lora is not None else None
     segments = _segments(run, estimates)
     instance_counts = _instance_counts(run, chosen, total_steps, ramp_start, ramp_steps, warmup_steps)
+    corpus_plan = _corpus(run, estimates)
     if run.failed:
         return run.failure(source, lines, run.arch, run.tier)
 
@@ -672,7 +673,31 @@ def resolve(
         locations=dict(lines or {}),
         lora=run.lora_section,
         full_parameter=full_parameter,
+        corpus=corpus_plan,
     )
+
+
+def _corpus(run: _Run, estimates: Estimates) -> corpus.CorpusPlan | None:
+    """``data.sources``: each source's share and epochs, and the Prepare job's hosts, time and cost."""
+    recipe = run.recipe
+    if not recipe.data.sources:
+        return None
+    sources = corpus.source_plans(recipe)
+    prepare = corpus.prepare_plan(recipe, sources, estimates.wall_time_hours - estimates.probe_hours)
+    if isinstance(prepare, str):
+        run.error(
+            "prepare-instance",
+            prepare,
+            "choose one of the catalogue's Processing instances",
+            "data.prepare.instance_type",
+        )
+        return None
+    requested = recipe.data.prepare.instance_count if recipe.data.prepare else AUTO
+    run.decide("data.prepare.instance_count", prepare.instance_count, prepare.count_reason, requested)
+    planned = corpus.CorpusPlan(sources=tuple(sources), prepare=prepare)
+    run.findings.extend(corpus.corpus_findings(recipe, planned))
+    run.findings.extend(quota_findings(recipe, prepare_instances=prepare.instance_count, only_processing=True))
+    return planned
 
 
 def _space(run: _Run, nodes: int | None = None) -> Space | None:

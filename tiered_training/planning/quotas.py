@@ -64,7 +64,18 @@ def uses_warm_pool(recipe: Recipe) -> bool:
     return not recipe.compute.spot and recipe.probe.enabled
 
 
-def needs(recipe: Recipe) -> list[Need]:
+def processing_needs(recipe: Recipe, instances: int) -> list[Need]:
+    """The Prepare job of ``data.sources``: ``instances`` hosts of its Processing instance type."""
+    catalog = quotas()
+    prepare = recipe.data.prepare
+    kind = prepare.instance_type if prepare else "ml.m5.4xlarge"
+    name = f"processing/{kind}"
+    if name not in catalog:
+        return []
+    return [Need(catalog[name], instances, f"the Prepare job on {instances} x {kind}", "data.prepare.instance_count")]
+
+
+def needs(recipe: Recipe, prepare_instances: int | None = None) -> list[Need]:
     """Every catalogued quota the recipe's pipeline uses, with the value it needs.
 
     The Probe and Train jobs run one after the other on ``compute.instance_count`` instances
@@ -96,23 +107,34 @@ def needs(recipe: Recipe) -> list[Need]:
             f"warm-pool/{compute.instance_type}",
             f"the probe's warm pool (kept for the full run) of {count} x {compute.instance_type}",
         )
+    if prepare_instances is not None:
+        out += processing_needs(recipe, prepare_instances)
     return out
 
 
-def shortfalls(recipe: Recipe, account: Mapping[str, float] | None = None) -> list[Need]:
+def shortfalls(
+    recipe: Recipe, account: Mapping[str, float] | None = None, prepare_instances: int | None = None
+) -> list[Need]:
     """The needs above the applied value (compute.quotas, else the app's, else AWS's default)."""
-    return [need for need in needs(recipe) if need.needed > need.applied(recipe, account)]
+    return [need for need in needs(recipe, prepare_instances) if need.needed > need.applied(recipe, account)]
 
 
-def findings(recipe: Recipe, account: Mapping[str, float] | None = None) -> list[Finding]:
-    """A warning for each quota the plan needs beyond its applied value."""
+def findings(
+    recipe: Recipe,
+    account: Mapping[str, float] | None = None,
+    prepare_instances: int | None = None,
+    only_processing: bool = False,
+) -> list[Finding]:
+    """A warning for each quota the plan needs beyond its applied value; ``prepare_instances``: the Prepare
+    job's hosts (``data.sources``), whose Processing quota is counted too."""
     from tiered_training.planning.plan import Finding
 
     return [
         Finding(
             "account", FINDING_CODE, _message(recipe, need, account), raise_fix(need.quota, need.needed), need.field
         )
-        for need in shortfalls(recipe, account)
+        for need in shortfalls(recipe, account, prepare_instances)
+        if not only_processing or need.field == "data.prepare.instance_count"
     ]
 
 
@@ -153,12 +175,18 @@ def parse_account(value: object, where: str = "context quotas") -> dict[str, flo
     return out
 
 
+def prepare_instances(plan: PlanResult) -> int | None:
+    """The hosts of the plan's Prepare job over data.sources (its Processing quota's need), else None."""
+    corpus = getattr(plan, "corpus", None)
+    return corpus.prepare.instance_count if corpus is not None else None
+
+
 def with_account(plan: _PlanT, account: Mapping[str, float]) -> _PlanT:
     """The plan with its quota findings recomputed against the app's applied quotas."""
     if not account:
         return plan
     kept = tuple(f for f in plan.findings if f.code != FINDING_CODE)
-    return replace(plan, findings=kept + tuple(findings(plan.recipe, account)))
+    return replace(plan, findings=kept + tuple(findings(plan.recipe, account, prepare_instances(plan))))
 
 
 def amount(quota: Quota, value: float) -> str:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tiered_training.contract.architecture import Architecture
+from tiered_training.contract.corpus import SOURCE_NAME_PATTERN, CorpusFormat
 from tiered_training.contract.runconfig import HF_ID_PATTERN, MAX_PROBE_CANDIDATES
 from tiered_training.recipe.names import longest_name, name_problem
 
@@ -135,7 +136,8 @@ class ModelSection(_Strict):
 
 
 class PrepareSection(_Strict):
-    """Task sft: ``data.uri`` holds raw examples, which a Prepare step packs before the probe."""
+    """The Prepare step, a SageMaker Processing job before the probe: task sft packs the raw examples under
+    ``data.uri``; pretraining with ``data.sources`` tokenizes the raw corpora on ``instance_count`` hosts."""
 
     instance_type: str = Field(
         default="ml.m5.4xlarge",
@@ -147,9 +149,72 @@ class PrepareSection(_Strict):
         default=200, ge=1, le=16384, description="its EBS volume: the raw examples, the tokenizer and the shards"
     )
     max_runtime_hours: float = Field(default=24, gt=0, le=5 * 24, description="the longest the Prepare job may run")
+    instance_count: Annotated[int, Field(ge=1, le=100)] | Auto = Field(
+        default=AUTO,
+        description=(
+            "hosts of the Prepare job (data.sources only; task sft packs on one); auto: the fewest that keep Prepare "
+            "within max_share of the run"
+        ),
+    )
+    max_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="data.sources with instance_count auto: the largest share of the run's wall time Prepare may take",
+    )
+
+
+class SourceSection(_Strict):
+    """One raw pretraining corpus (``data.sources``): an S3 prefix of files of one format and its share."""
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, description="names the source in shards, metrics and messages")
+    uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of the raw files")
+    format: CorpusFormat = Field(
+        default="auto",
+        description=(
+            "parquet (a column), jsonl / json (a field), text (a file per document), text_lines (a line per "
+            "document), saved_dataset (datasets' save_to_disk), or auto (by each file's suffix); gzip and zstd "
+            "files are read as such"
+        ),
+    )
+    field: str = Field(default="text", min_length=1, max_length=256, description="the column or field of the text")
+    weight: float | None = Field(default=None, gt=0, le=1e6, description="the source's share of the budget, relative")
+    tokens: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, description="or the tokens of the budget to take from this source"
+    )
+    max_epochs: float = Field(
+        default=4.0,
+        gt=0,
+        le=1000,
+        description=(
+            "the most times the budget may repeat the source; beyond 4 repeated data is worth much less than new "
+            "(Muennighoff et al. 2023, Scaling Data-Constrained Language Models)"
+        ),
+    )
+    tokens_estimate: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description=("the tokens the source holds, for the plan's epochs; default: unknown until preflight samples it"),
+    )
+
+    @model_validator(mode="after")
+    def _one_share(self) -> SourceSection:
+        if (self.weight is None) == (self.tokens is None):
+            raise ValueError(f"source {self.name}: give exactly one of weight (a relative share) or tokens")
+        return self
+
+
+def _uri_or_sources(schema: dict[str, Any]) -> None:
+    """The schema of ``data``: ``uri`` may be left out with ``sources`` (the loader requires one of them)."""
+    schema["required"] = [name for name in schema.get("required", []) if name != "uri"]
+    if not schema["required"]:
+        del schema["required"]
 
 
 class DataSection(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, json_schema_extra=_uri_or_sources)
+
     uri: str = Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX, description="S3 prefix of flat token shards")
     allowed_uris: list[Annotated[str, Field(pattern=S3_URI_PATTERN, max_length=S3_URI_MAX)]] | None = Field(
         default=None,
@@ -228,7 +293,8 @@ class DataSection(_Strict):
             "task sft with data.prepare: globs of objects under uri that are not examples (such as '*.md', "
             "'.DS_Store'), matched against the key under uri and the file name; the Prepare step and preflight "
             "list them and leave them out; any other object that is not .jsonl, .json (either gzipped) or "
-            ".parquet is refused, by name; default: none"
+            ".parquet is refused, by name; with data.sources: globs of raw files under the sources to leave out "
+            "(matched against the key), any file no reader takes being refused; default: none"
         ),
     )
 
@@ -239,14 +305,75 @@ class DataSection(_Strict):
             "the pipeline packs them in a Prepare step before the probe, keyed by a hash of the inputs' ETags and "
             "sizes, the tokenizer, its chat template, the settings and the preparing code (an unchanged rerun "
             "reuses them once their S3 SHA-256 checksums match; damaged ones are prepared again); "
+            "pretraining with data.sources: the Prepare job that tokenizes them (default: its defaults); "
             "default: uri holds packed shards"
         ),
     )
+    sources: list[SourceSection] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description=(
+            "pretraining from raw corpora: each source's S3 prefix, format, text field and weight (or tokens); a "
+            "Prepare step tokenizes them on data.prepare.instance_count hosts, keyed by content, and the trainer "
+            "samples them by weight; uri then defaults to the first source's"
+        ),
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        pattern=S3_URI_PATTERN,
+        max_length=S3_URI_MAX,
+        description="data.sources: S3 prefix of the tokenizer's files (tokenizer.json); default: model.init_checkpoint",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uri_from_sources(cls, data: Any) -> Any:
+        """With sources, ``uri`` (the DataUri parameter's default) is the first source's prefix unless given, and
+        ``prepare`` (the Prepare step that tokenizes them) takes its defaults unless given."""
+        if isinstance(data, dict) and isinstance(data.get("sources"), list) and data["sources"]:
+            first = data["sources"][0]
+            if "uri" not in data and isinstance(first, dict) and isinstance(first.get("uri"), str):
+                data = {**data, "uri": first["uri"]}
+            if data.get("prepare") is None:
+                data = {**data, "prepare": {}}
+        return data
 
     @property
     def data_prefixes(self) -> list[str]:
-        """The S3 prefixes a run may read its data from: ``allowed_uris``, or the recipe's ``uri``."""
+        """The S3 prefixes a run may read its data from: the sources', ``allowed_uris``, or the recipe's ``uri``."""
+        if self.sources:
+            return list(dict.fromkeys(source.uri for source in self.sources))
         return list(self.allowed_uris) if self.allowed_uris else [self.uri]
+
+    @model_validator(mode="after")
+    def _sources(self) -> DataSection:
+        if not self.sources:
+            if self.tokenizer is not None:
+                raise ValueError(f"{AT}data.tokenizer: applies to data.sources only; remove it, or list the sources")
+            return self
+        names = [source.name for source in self.sources]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{AT}data.sources: source names repeat ({', '.join(repeated)}); give each its own name")
+        if len({source.weight is None for source in self.sources}) > 1:
+            raise ValueError(
+                f"{AT}data.sources: some sources give a weight and others tokens; give every source a weight, or "
+                "every source tokens"
+            )
+        for path, value in (
+            ("data.validation_uri", self.validation_uri),
+            ("data.allowed_uris", self.allowed_uris),
+            ("data.format", self.format),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{AT}{path}: not with data.sources (the Prepare step holds out each source's validation share "
+                    "and reads each source in its own format); remove it"
+                )
+        if self.uri not in self.data_prefixes:
+            raise ValueError(f"{AT}data.uri: with data.sources, leave it out or give one of the sources' uri")
+        return self
 
     def allows(self, uri: str) -> bool:
         """Whether ``uri`` lies under one of :attr:`data_prefixes` (whole path segments only)."""
@@ -591,30 +718,62 @@ class Recipe(_Strict):
             raise ValueError(f"{AT}budget.total_tokens: smaller than one global batch")
         return self
 
+    def _check_sources(self) -> None:
+        """Raw corpora: pretraining only, a tokenizer to tokenize with, token shares that add up to the budget."""
+        data = self.data
+        assert data.sources
+        if self.task != "pretrain":
+            raise ValueError(
+                f"{AT}data.sources: raw corpora are for task pretrain; task sft reads its examples under data.uri "
+                "with data.prepare"
+            )
+        if data.tokenizer is None and self.model.init_checkpoint is None:
+            raise ValueError(
+                f"{AT}data.tokenizer: data.sources needs a tokenizer: give the S3 prefix of its tokenizer.json, or "
+                "model.init_checkpoint"
+            )
+        if data.sources[0].tokens is not None:
+            total = sum(source.tokens or 0 for source in data.sources)
+            if total != self.budget.total_tokens:
+                raise ValueError(
+                    f"{AT}data.sources: the sources' tokens add up to {total:,}, not budget.total_tokens "
+                    f"{self.budget.total_tokens:,}; make them add up, or give weights"
+                )
+
     @model_validator(mode="after")
     def _task(self) -> Recipe:
         """SFT needs a starting checkpoint; the fine-tuning fields mean nothing to pretraining."""
         tuning, data = self.tuning, self.data
+        if data.sources:
+            self._check_sources()
         if self.task == "sft":
+            if data.prepare is not None and data.prepare.instance_count not in (AUTO, 1):
+                raise ValueError(
+                    f"{AT}data.prepare.instance_count: task sft packs its examples on one host; remove it, or set 1"
+                )
             if self.model.init_checkpoint is None:
                 raise ValueError(
                     f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging "
                     "Face checkpoint"
                 )
         else:
-            sft_only = (
+            sft_only: list[tuple[str, object]] = [
                 ("data.loss_on", data.loss_on),
                 ("data.overlong", data.overlong),
                 ("data.format", data.format),
-                ("data.on_bad_example", data.on_bad_example),
-                ("data.max_bad_fraction", data.max_bad_fraction),
-                ("data.prepare", data.prepare),
-                ("data.ignore", data.ignore or None),
-            )
+            ]
+            if not data.sources:  # raw corpora have bad records and a Prepare job too
+                sft_only += [
+                    ("data.on_bad_example", data.on_bad_example),
+                    ("data.max_bad_fraction", data.max_bad_fraction),
+                    ("data.prepare", data.prepare),
+                    ("data.ignore", data.ignore or None),
+                ]
             for path, value in sft_only:
                 if value is not None:
                     raise ValueError(
-                        f"{AT}{path}: applies to task sft only (packed example shards); remove it, or set task: sft"
+                        f"{AT}{path}: applies to task sft (packed example shards) or data.sources only; remove it, "
+                        "or set task: sft"
                     )
             if tuning.adapter != AUTO:
                 raise ValueError(f"{AT}tuning.adapter: applies to task sft only; remove it, or set task: sft")

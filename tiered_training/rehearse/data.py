@@ -174,3 +174,73 @@ def put_raw_chat(client, uri: str, *, workdir: Path, repo: Path, seed: int = 0, 
     key = f"{prefix.rstrip('/')}/chat.jsonl".lstrip("/")
     client.upload_file(str(out / "chat.jsonl"), bucket, key)
     return {"examples": examples, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}
+
+
+def put_raw_corpus(
+    client, sources: list, tokenizer_uri: str, *, workdir: Path, repo: Path, seed: int = 0, documents: int = 48
+) -> dict:
+    """Raw pretraining sources (``data.sources``) under their prefixes, two files each in the source's format
+    (Parquet through pyarrow, JSON Lines, JSON or text lines), documents of the tiny chat words in its field;
+    and the tiny word-level tokenizer (``python -m training.tools.tiny_chat``) under ``tokenizer_uri``.
+    Returns ``{"documents": {source: count}, "files": {source: [uri, ...]}, "tokenizer": dir}``."""
+    out = Path(workdir) / f"raw-corpus-{seed}"
+    chat = put_raw_chat_tokenizer(out, repo)
+    bucket, prefix = split_uri(tokenizer_uri)
+    for path in sorted((chat / "tokenizer").iterdir()):
+        client.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.name}".lstrip("/"))
+    words = [
+        w
+        for w in json.loads((chat / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+        if not w.startswith("<")
+    ]
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    files: dict[str, list[str]] = {}
+    for source in sources:
+        suffix = {"parquet": ".parquet", "json": ".json", "text_lines": ".txt"}.get(source.format, ".jsonl")
+        counts[source.name], files[source.name] = 0, []
+        for part in range(2):
+            texts = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 40))) for _ in range(documents // 2)]
+            local = out / source.name / f"part-{part}{suffix}"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            _write_documents(local, source.format, source.field, texts)
+            bucket, prefix = split_uri(source.uri)
+            key = f"{prefix.rstrip('/')}/{local.name}".lstrip("/")
+            client.upload_file(str(local), bucket, key)
+            counts[source.name] += len(texts)
+            files[source.name].append(f"s3://{bucket}/{key}")
+    return {"documents": counts, "files": files, "tokenizer": str(chat / "tokenizer")}
+
+
+def _write_documents(path: Path, fmt: str, field: str, texts: list[str]) -> None:
+    if fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            from tiered_training.rehearse.errors import RehearsalError
+
+            raise RehearsalError("a Parquet source needs pyarrow in the rehearsal's environment") from None
+        pq.write_table(pa.table({field: texts}), path, row_group_size=max(1, len(texts) // 2))
+    elif fmt == "json":
+        path.write_text(json.dumps([{field: text} for text in texts]))
+    elif fmt == "text_lines":
+        path.write_text("".join(text + "\n" for text in texts))
+    else:
+        path.write_text("".join(json.dumps({field: text}) + "\n" for text in texts))
+
+
+def put_raw_chat_tokenizer(out: Path, repo: Path) -> Path:
+    """The tiny word-level tokenizer (and a small chat set) of ``python -m training.tools.tiny_chat`` in ``out``."""
+    command = [sys.executable, "-m", "training.tools.tiny_chat", str(out), "--sequence-length", "1", "--raw-tools"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        from tiered_training.rehearse.errors import RehearsalError
+
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RehearsalError(f"could not write the rehearsal's tokenizer: {tail}")
+    return out

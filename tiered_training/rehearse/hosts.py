@@ -310,22 +310,25 @@ class JobRunner:
         )
 
     def process(self, step: str, job_name: str, args: dict[str, Any]) -> JobAttempt:
-        """A processing job on one simulated instance: its ``/opt/ml/processing`` tree in the workdir, the
-        image's entry point and arguments (``/opt/ml`` paths mapped into the tree), then each output
-        directory uploaded to its ``S3Uri``."""
+        """A processing job on ``InstanceCount`` simulated instances, run at once: each its own ``/opt/ml`` tree
+        in the workdir (``/opt/ml/config/resourceconfig.json`` naming ``current_host`` algo-i and ``hosts``;
+        ``TIERED_TRAINING_OPT_ML`` points at the tree), the image's entry point and arguments (``/opt/ml`` paths
+        mapped into the tree); the job fails if any instance fails, naming it. Then each output directory of
+        every instance is uploaded to its ``S3Uri``, as SageMaker does; two instances that write one file with
+        different bytes fail the job (SageMaker would keep either)."""
         from tiered_training.rehearse.s3 import upload_dir
 
-        root = self.workdir / job_name / "opt/ml"
+        cluster = (args.get("ProcessingResources") or {}).get("ClusterConfig") or {}
+        count = int(cluster.get("InstanceCount") or 1)
+        names = [f"algo-{i + 1}" for i in range(count)]
+        base = self.workdir / job_name
+        roots = {name: (base if count == 1 else base / name) / "opt/ml" for name in names}
         app = args.get("AppSpecification") or {}
-        command = [str(part) for part in (app.get("ContainerEntrypoint") or []) + (app.get("ContainerArguments") or [])]
-        if command and command[0] == "python":
-            command[0] = sys.executable
-        command = [str(_in_tree(root, part)) if part.startswith("/opt/ml/") else part for part in command]
-        outputs: dict[str, str] = {}
-        for output in (args.get("ProcessingOutputConfig") or {}).get("Outputs", []):
-            local = _in_tree(root, output["S3Output"]["LocalPath"])
-            local.mkdir(parents=True, exist_ok=True)
-            outputs[output["OutputName"]] = str(local)
+        template = [
+            str(part) for part in (app.get("ContainerEntrypoint") or []) + (app.get("ContainerArguments") or [])
+        ]
+        if template and template[0] == "python":
+            template[0] = sys.executable
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERED_TRAINING_", "TT_", "SM_"))}
         env.pop("AWS_PROFILE", None)
         env.pop("AWS_SESSION_TOKEN", None)
@@ -340,27 +343,87 @@ class JobRunner:
                 "PYTHONPATH": os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             }
         )
-        self.say(f"  {step}: 1 instance; /opt/ml tree under {root}")
+        specs = (args.get("ProcessingOutputConfig") or {}).get("Outputs", [])
+        procs: dict[str, subprocess.Popen[str]] = {}
+        where = base if count == 1 else f"{base}/algo-*"
+        self.say(f"  {step}: {count} instance{'s' * (count != 1)}; /opt/ml trees under {where}")
         started = time.monotonic()
-        try:
-            proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
-            code, lines = proc.returncode, (proc.stdout + proc.stderr).splitlines()
-        except subprocess.TimeoutExpired:
-            code, lines = -1, [f"the rehearsal's job timeout of {JOB_TIMEOUT_S:.0f} s"]
-        now = time.time()
-        log = [(now, "algo-1", line) for line in lines]
-        for line in lines:
-            if line.startswith(("reusing prepared data", "preparing data", "prepared data", "error:", "skipped")):
-                self.say(f"    [{step} algo-1] {_short(line)}")
+        for name, root in roots.items():
+            for output in specs:
+                _in_tree(root, output["S3Output"]["LocalPath"]).mkdir(parents=True, exist_ok=True)
+            config = root / "config"
+            config.mkdir(parents=True, exist_ok=True)
+            resource = {"current_host": name, "hosts": names, "current_instance_type": cluster.get("InstanceType")}
+            (config / "resourceconfig.json").write_text(json.dumps(resource))
+            command = [str(_in_tree(root, part)) if part.startswith("/opt/ml/") else part for part in template]
+            procs[name] = subprocess.Popen(
+                command,
+                cwd=root,
+                env={**env, "TIERED_TRAINING_OPT_ML": str(root)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        outputs_by_host = {
+            name: {o["OutputName"]: str(_in_tree(root, o["S3Output"]["LocalPath"])) for o in specs}
+            for name, root in roots.items()
+        }
+        codes, log = self._wait_all(step, procs, started)
         seconds = round(time.monotonic() - started, 1)
-        detail: dict[str, Any] = {"outputs": outputs, "exit_code": code, "seconds": seconds}
-        if code != 0:
-            return JobAttempt("Failed", _short(exit_reason(code, lines), 500), log=log, detail=detail)
-        for output in (args.get("ProcessingOutputConfig") or {}).get("Outputs", []):
+        first = outputs_by_host[names[0]]
+        detail: dict[str, Any] = {"outputs": first, "exit_code": max(codes.values(), key=abs), "seconds": seconds}
+        detail["hosts"] = {name: {"exit_code": codes[name], "outputs": outputs_by_host[name]} for name in names}
+        failed = [name for name in names if codes[name] != 0]
+        if failed:
+            name = failed[0]
+            lines = [line for _, host, line in log if host == name]
+            reason = exit_reason(codes[name], lines)
+            hosts = ", ".join(failed)
+            return JobAttempt("Failed", _short(f"{hosts} failed: {reason}", 500), log=log, detail=detail)
+        for output in specs:
+            merged = base / "merged" / output["OutputName"] if count > 1 else Path(first[output["OutputName"]])
+            if count > 1:
+                clash = _merge({name: Path(outputs_by_host[name][output["OutputName"]]) for name in names}, merged)
+                if clash:
+                    return JobAttempt("Failed", clash, log=log, detail=detail)
+                detail["outputs"] = {**detail["outputs"], output["OutputName"]: str(merged)}
             s3_output = output["S3Output"]
             self.s3.ensure_bucket(self.client, split_uri(s3_output["S3Uri"])[0])
-            upload_dir(self.client, Path(outputs[output["OutputName"]]), s3_output["S3Uri"])
+            upload_dir(self.client, merged, s3_output["S3Uri"])
         return JobAttempt("Completed", log=log, detail=detail)
+
+    def _wait_all(
+        self, step: str, procs: dict[str, subprocess.Popen[str]], started: float
+    ) -> tuple[dict[str, int], list[tuple[float, str, str]]]:
+        """Each instance's exit code and log; past the rehearsal's job timeout every instance still running is
+        killed and fails."""
+        results: dict[str, tuple[int, list[str]]] = {}
+
+        def read(name: str, proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            lines = []
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if line.startswith(("reusing prepared data", "preparing data", "prepared data", "error:", "skipped")):
+                    self.say(f"    [{step} {name}] {_short(line.rstrip())}")
+            results[name] = (proc.wait(), lines)
+
+        threads = [threading.Thread(target=read, args=item, daemon=True) for item in procs.items()]
+        for thread in threads:
+            thread.start()
+        for thread, proc in zip(threads, procs.values(), strict=True):
+            thread.join(max(0.0, JOB_TIMEOUT_S - (time.monotonic() - started)))
+            if thread.is_alive():
+                kill_tree(proc.pid)
+                thread.join(10)
+        now = time.time()
+        codes: dict[str, int] = {}
+        log: list[tuple[float, str, str]] = []
+        for name in procs:
+            code, lines = results.get(name, (-1, [f"the rehearsal's job timeout of {JOB_TIMEOUT_S:.0f} s"]))
+            codes[name] = code
+            log += [(now, name, line) for line in lines]
+        return codes, log
 
     def _prepare(
         self, host: Host, names: list[str], resources: dict, args: dict, hyperparameters: dict, checkpoint_uri
@@ -643,6 +706,28 @@ def exit_reason(code: int, lines: list[str]) -> str:
     if number == signal.SIGKILL:
         reason += ": possibly the kernel's OOM killer: check the instance's memory"
     return f"{reason}; its last output: {last}" if last else reason
+
+
+def _merge(trees: dict[str, Path], into: Path) -> str:
+    """Every instance's output tree copied into one, as their uploads to one S3 prefix land; a message naming the
+    file and the instances where two wrote one path with different bytes, else ''."""
+    import shutil
+
+    written: dict[Path, tuple[str, bytes]] = {}
+    into.mkdir(parents=True, exist_ok=True)
+    for host, tree in trees.items():
+        for path in sorted(p for p in tree.rglob("*") if p.is_file()):
+            relative = path.relative_to(tree)
+            data = path.read_bytes()
+            if relative in written and written[relative][1] != data:
+                return (
+                    f"{written[relative][0]} and {host} both wrote {relative} with different bytes: uploaded to one "
+                    "S3 prefix, SageMaker keeps either"
+                )
+            written[relative] = (host, data)
+            (into / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, into / relative)
+    return ""
 
 
 def _short(line: str, width: int = 160) -> str:

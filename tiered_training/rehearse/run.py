@@ -610,8 +610,11 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
     before = {entry.name for entry in workdir.iterdir()}  # what --clean leaves
     trace = open(workdir / TRACE_FILE, "w")
     runner: JobRunner | None = None
-    raw = plan.recipe.data.prepare is not None  # the Prepare step packs raw examples
+    corpus = plan.corpus_spec()  # data.sources: the Prepare step tokenizes raw corpora
+    raw = plan.recipe.data.prepare is not None and corpus is None  # the Prepare step packs raw examples
     prepared_length = _scale_prepare(definition, scaled.config.batch.sequence_length)
+    corpus_tokens = scaled.config.batch.global_batch_tokens * int(params["MaxSteps"])
+    corpus_scaling = _scale_corpus(definition, options.hosts, corpus_tokens)
     say(
         f"rehearsal of {plan.name} ({options.recipe}): its pipeline definition, {options.hosts} simulated host(s) of "
         f"{options.workers} CPU worker(s), S3 on a local moto server"
@@ -626,6 +629,8 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             f"  Prepare --sequence-length: {prepared_length} -> {scaled.config.batch.sequence_length}  "
             "(the shards it packs fit the tiny windows)"
         )
+    if corpus_scaling is not None:
+        say(f"  Prepare: {corpus_scaling}")
     if interrupt:
         say(f"interrupt: {interrupt.describe()}")
     if slowed is not None:
@@ -669,13 +674,27 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                     )
                 return put_shards(client, uri, token_dtype=scaled.config.data.token_dtype, seed=seed)
 
-            manifest = put_data(data_uri)
-            if raw:
+            if corpus is not None:
+                from tiered_training.rehearse.data import put_raw_corpus
+
+                for uri in [corpus.tokenizer, *(source.uri for source in corpus.sources)]:
+                    s3.ensure_bucket(client, split_uri(uri)[0])
+                put = put_raw_corpus(client, corpus.sources, corpus.tokenizer, workdir=workdir, repo=repo)
+                for source in corpus.sources:
+                    say(
+                        f"data: {put['documents'][source.name]} raw documents of source {source.name} "
+                        f"({source.format}, field {source.field}) at {source.uri} (local S3)"
+                    )
+                say(f"tokenizer: the tiny word-level tokenizer at {corpus.tokenizer} (local S3); Prepare tokenizes")
+                manifest = {"tokenizer": put["tokenizer"]}
+            else:
+                manifest = put_data(data_uri)
+            if corpus is None and raw:
                 say(
                     f"data: {manifest['examples']:,} raw tool-calling chat examples (JSON Lines, messages with tools) "
                     f"at {data_uri} (local S3); the Prepare step packs them"
                 )
-            elif scaled.config.sft is not None:
+            elif corpus is None and scaled.config.sft is not None:
                 say(
                     f"data: {manifest['examples']:,} chat examples packed into "
                     f"{sum(s['sequences'] for s in manifest['shards']):,} sequences of "
@@ -684,7 +703,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                     f"{manifest['overlong']}: "
                     f"{manifest['dropped']} dropped, {manifest['truncated']} truncated) at {data_uri} (local S3)"
                 )
-            else:
+            elif corpus is None:
                 say(
                     f"data: {manifest['tokens']:,} {manifest['dtype']} tokens in {len(manifest['shards'])} shards at "
                     f"{data_uri} (local S3)"
@@ -759,6 +778,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         later_plan = found
                         later_definition = build_definition(later_plan, resources)
                         _scale_prepare(later_definition, scaled.config.batch.sequence_length)
+                        _scale_corpus(later_definition, options.hosts, corpus_tokens)
                     values = {**params, **({"RunId": execution.execution_id} if step.resume else {}), **step.params}
                     uri = values.get("DataUri", plan.recipe.data.uri)
                     if uri not in data_uris:
@@ -921,6 +941,32 @@ def model_channel_uri(definition: dict[str, Any]) -> str | None:
     return None
 
 
+def _scale_corpus(definition: dict[str, Any], hosts: int, total_tokens: int) -> str | None:
+    """data.sources: the Prepare step on the rehearsal's ``hosts`` instances, its CorpusSpec's budget the scaled
+    run's tokens; what changed, or None without such a step."""
+    from tiered_training.contract.corpus import CorpusSpec
+    from tiered_training.pipeline.definition import CORPUS_PREPARE_MODULE, iter_steps, spec_pieces
+
+    for step in iter_steps(definition["Steps"]):
+        arguments = step.get("Arguments", {})
+        app = arguments.get("AppSpecification", {})
+        if step.get("Type") != "Processing" or CORPUS_PREPARE_MODULE not in app.get("ContainerEntrypoint", []):
+            continue
+        values = app["ContainerArguments"]
+        start = values.index("--spec") + 1
+        end = next(i for i in range(start, len(values)) if values[i].startswith("--"))
+        spec = CorpusSpec.model_validate_json("".join(values[start:end]))
+        text = spec.model_copy(update={"total_tokens": total_tokens}).model_dump_json()
+        values[start:end] = spec_pieces(text)
+        cluster = arguments["ProcessingResources"]["ClusterConfig"]
+        count, cluster["InstanceCount"] = cluster["InstanceCount"], hosts
+        return (
+            f"{count} -> {hosts} instance(s); the spec's total_tokens {spec.total_tokens:,} -> {total_tokens:,} "
+            "(the rehearsal's steps)"
+        )
+    return None
+
+
 def _scale_prepare(definition: dict[str, Any], sequence_length: int) -> str | None:
     """The Prepare step's ``--sequence-length`` set to the rehearsal's; the definition's value, or None
     without a Prepare step."""
@@ -929,6 +975,8 @@ def _scale_prepare(definition: dict[str, Any], sequence_length: int) -> str | No
     for step in iter_steps(definition["Steps"]):
         if step.get("Type") == "Processing":
             arguments = step["Arguments"]["AppSpecification"]["ContainerArguments"]
+            if "--sequence-length" not in arguments:  # data.sources: tokenized, not packed (_scale_corpus)
+                return None
             index = arguments.index("--sequence-length") + 1
             old, arguments[index] = arguments[index], str(sequence_length)
             return str(old)

@@ -46,7 +46,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
-        "time": _hours(est.wall_time_hours),
+        "time": _hours(plan.total_hours),  # the Prepare job's included (data.sources)
         "cost": _table_cost(plan),
         "probe": str(len(plan.candidates)) if plan.recipe.probe.enabled else "off",
         "status": _status(plan),
@@ -64,10 +64,13 @@ def _table_cost(plan: Plan) -> str:
     est = plan.estimates
     if est is None or est.cost_usd is None:
         return NO_PRICE
+    prepare = plan.corpus.prepare.cost_usd if plan.corpus is not None else 0.0
+    if prepare is None:
+        return NO_PRICE
     if est.spot_cost_usd_range is not None:
         low, high = est.spot_cost_usd_range
-        return f"${low:,.0f}-${high:,.0f} spot est."
-    return f"${est.cost_usd:,.0f}" + (" spot est." if plan.recipe.compute.spot else "")
+        return f"${low + prepare:,.0f}-${high + prepare:,.0f} spot est."
+    return f"${est.cost_usd + prepare:,.0f}" + (" spot est." if plan.recipe.compute.spot else "")
 
 
 NO_PRICE = "-"
@@ -146,7 +149,7 @@ def quota_rows(plans: list[Plan], account: dict[str, float] | None = None) -> li
     needs: dict[str, list[quotas.Need]] = {}
     for plan in plans:
         if plan.account_findings:
-            for need in quotas.shortfalls(plan.recipe, account):
+            for need in quotas.shortfalls(plan.recipe, account, quotas.prepare_instances(plan)):
                 needs.setdefault(need.quota.name, []).append(need)
     rows = []
     for same in needs.values():
@@ -409,6 +412,7 @@ def explain_lines(plan: Plan) -> list[str]:
             line = f"  {term.name:<26} {term.seconds:>9,.3f} s {term.seconds / total:>6.1%}  {term.what}"
             out.append(Hang(line, TERM_COLUMN))
         out.append(f"  {'step':<26} {total:>9,.3f} s")
+    out += corpus_lines(plan)
     departures = getattr(plan, "departures", ())
     if departures:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]
@@ -442,6 +446,37 @@ def explain_lines(plan: Plan) -> list[str]:
     out += candidate_lines(plan)
     out += ["", "Findings"]
     out += [f"  {format_finding(plan, f)}" for f in plan.findings] or ["  none"]
+    return out
+
+
+def corpus_lines(plan: Plan) -> list[str]:
+    """data.sources: each source's share, tokens held and epochs; the Prepare job beside training."""
+    corpus = getattr(plan, "corpus", None)
+    if corpus is None:
+        return []
+    out = ["", "Sources (share of the budget, tokens held, epochs)"]
+    for s in corpus.sources:
+        held = f"{s.held_tokens:,}" if s.held_tokens else "unknown"
+        epochs = f"{s.epochs:.2f} epochs (max {s.max_epochs:g})" if s.epochs is not None else "epochs unknown"
+        out.append(
+            Hang(
+                f"  {s.name:<16} {s.share:>6.1%}  {s.budget_tokens:>18,} tokens  held {held} ({s.held_source}); "
+                f"{epochs}",
+                2 + 16 + 1,
+            )
+        )
+    p = corpus.prepare
+    cost = f"${p.cost_usd:,.2f}" if p.cost_usd is not None else "no price recorded for this instance"
+    out += [
+        "",
+        "Prepare (tokenizes the sources before the probe)",
+        Hang(
+            f"  {p.instance_count} x {p.instance_type} ({p.vcpus} vCPUs each): {p.tokens:,} tokens in "
+            f"{_hours(p.hours)}, {cost}; at {p.rate_source}",
+            4,
+        ),
+        f"  with training          {_hours(plan.total_hours)}, {_cost(plan.total_cost_usd)}",
+    ]
     return out
 
 

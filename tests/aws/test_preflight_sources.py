@@ -1,0 +1,118 @@
+"""Preflight of data.sources against moto's S3 on loopback: each source listed, its first records read
+(JSON Lines, gzip, Parquet through ranged reads), its field checked, its tokens estimated from a sample, and
+a budget that repeats a source beyond max_epochs refused."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+
+import pytest
+from support import write_yaml
+
+pytest.importorskip("moto")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from tiered_training.aws.sources import check_sources  # noqa: E402
+from tiered_training.planning.planner import plan_file  # noqa: E402
+from tiered_training.rehearse.s3 import LocalS3  # noqa: E402
+
+BUCKET = "corpora-preflight"
+WORDS = "the a model learns from text code data web page line token of and to in".split()
+
+
+def _texts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 150))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with LocalS3() as server:
+        client = server.client()
+        server.ensure_bucket(client, BUCKET)
+        yield client
+
+
+def _put(client, key: str, body: bytes) -> None:
+    client.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def _plan(tmp_path, sources, total=1_000_000, ignore=()):
+    recipe = {
+        "name": "preflight-sources",
+        "model": {"catalog": "llama-3.2-1b"},
+        "data": {"tokenizer": f"s3://{BUCKET}/tok/", "sources": sources, "ignore": list(ignore)},
+        "sequence_length": 4096,
+        "budget": {"total_tokens": total, "global_batch_tokens": 4096 * 8},
+        "compute": {"instance_type": "ml.p6-b200.48xlarge"},
+    }
+    path = write_yaml(tmp_path / "r.yaml", recipe)
+    return plan_file(path)
+
+
+def test_parquet_and_gzip_json_lines_pass_with_an_estimate(s3, tmp_path):
+    web = _texts(200, 1)
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": web, "id": list(range(200))}), buffer, row_group_size=50)
+    _put(s3, "ok/web/part-0.parquet", buffer.getvalue())
+    code = _texts(200, 2)
+    _put(s3, "ok/code/a.jsonl.gz", gzip.compress("".join(json.dumps({"content": t}) + "\n" for t in code).encode()))
+    _put(s3, "ok/code/README.md", b"not data")
+    sources = [
+        {"name": "web", "uri": f"s3://{BUCKET}/ok/web/", "format": "parquet", "weight": 1, "max_epochs": 1000},
+        {
+            "name": "code",
+            "uri": f"s3://{BUCKET}/ok/code/",
+            "format": "jsonl",
+            "field": "content",
+            "weight": 1,
+            "max_epochs": 1000,
+        },
+    ]
+    checks = check_sources(s3, _plan(tmp_path, sources))
+    assert [c.status for c in checks] == ["pass", "pass"], [c.line() for c in checks]
+    for check, texts in zip(checks, (web, code), strict=True):
+        estimated = int(check.detail.split("about ")[1].split(" tokens")[0].replace(",", ""))
+        expected = sum(len(t.encode()) for t in texts) / 4  # the catalogue's 4 bytes per token
+        assert 0.8 * expected <= estimated <= 1.25 * expected, check.detail
+    assert "1 file(s)" in checks[1].detail  # README.md is not a JSON Lines file
+
+
+@pytest.mark.parametrize(
+    ("key", "body", "source", "expected"),
+    [
+        ("bad/a.jsonl", b'{"text": "fine"}\n{"txt": "typo"}\n', {}, "line 2: no field 'text' (keys: txt)"),
+        ("bad/b.jsonl", b'{"text": 3}\n', {}, "line 1: field 'text' is a int, not text"),
+        ("bad/c.jsonl", b'{"text": "x"}\nnot json\n', {}, "line 2: not JSON"),
+        ("bad/d.parquet", None, {"format": "parquet"}, "no column 'text' (columns: body)"),
+    ],
+)
+def test_a_bad_first_record_names_the_source_file_and_line(s3, tmp_path, key, body, source, expected):
+    if body is None:
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"body": ["x"]}), buffer)
+        body = buffer.getvalue()
+    prefix = key.rsplit(".", 1)[0] + "/"
+    _put(s3, prefix + key.rsplit("/", 1)[1], body)
+    sources = [{"name": "bad", "uri": f"s3://{BUCKET}/{prefix}", "weight": 1, **source}]
+    (check,) = check_sources(s3, _plan(tmp_path, sources))
+    assert check.status == "fail" and expected in check.detail and "source bad" in check.detail
+    assert f"s3://{BUCKET}/{prefix}" in check.detail
+
+
+def test_a_budget_that_repeats_a_source_beyond_max_epochs_is_refused(s3, tmp_path):
+    _put(s3, "small/a.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in _texts(20, 3)).encode())
+    sources = [{"name": "small", "uri": f"s3://{BUCKET}/small/", "weight": 1}]
+    (check,) = check_sources(s3, _plan(tmp_path, sources))
+    assert check.status == "fail" and "above max_epochs 4" in check.detail and "repeat it" in check.detail
+
+
+def test_ignored_and_empty_sources(s3, tmp_path):
+    _put(s3, "ignored/skip-me.jsonl", b'{"text": "x"}\n')
+    sources = [{"name": "only", "uri": f"s3://{BUCKET}/ignored/", "weight": 1}]
+    (check,) = check_sources(s3, _plan(tmp_path, sources, ignore=["skip-*"]))
+    assert check.status == "fail" and "no " in check.detail and "objects under it" in check.detail

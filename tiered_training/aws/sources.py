@@ -1,0 +1,224 @@
+"""Preflight of ``data.sources``: each raw source listed, its first record read, its field checked, its tokens
+estimated from a sample, and a budget that would repeat it beyond its ``max_epochs`` refused.
+
+The estimate: the text bytes of a sample (the first MiB of the first file, or the first rows of its first
+Parquet row group) per stored byte, times the source's stored bytes, over the catalogue's bytes per token
+(``catalog/processing.yaml``). It is an estimate, and says so; the Prepare step counts exactly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import zlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tiered_training.aws.preflight import Check
+    from tiered_training.planning.plan import Plan
+
+SAMPLE_BYTES = 1 << 20
+SAMPLE_ROWS = 256
+MAX_LISTED = 100_000  # keys listed per source before the estimate stops counting (and says so)
+SUFFIXES = {
+    "parquet": (".parquet",),
+    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson"),
+    "json": (".json", ".json.gz", ".json.zst"),
+    "text": (".txt", ".txt.gz", ".txt.zst"),
+    "text_lines": (".txt", ".txt.gz", ".txt.zst"),
+}
+
+
+def check_sources(s3: Any, plan: Plan) -> list[Check]:
+    """One check per source of ``data.sources``."""
+    from tiered_training.aws.preflight import _guard
+
+    spec = plan.corpus_spec()
+    if spec is None:
+        return []
+    shares = {s.name: s.budget_tokens for s in plan.corpus.sources} if plan.corpus else {}
+    checks = []
+    for source in spec.sources:
+
+        def body(source: Any = source) -> Check:
+            return _check_source(s3, source, shares.get(source.name, 0), spec)
+
+        checks.append(_guard("data", source.uri, body))
+    return checks
+
+
+def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
+    from tiered_training.aws.preflight import FAIL, PASS, Check
+    from tiered_training.catalog import processing
+
+    name = f"source {source.name}"
+    bucket, _, prefix = source.uri.removeprefix("s3://").partition("/")
+    keys, stored, more = _listing(s3, bucket, prefix, source.format, spec.ignore)
+    suffixes = _suffixes(source.format)
+    fix = f"upload {', '.join(suffixes)} files under {source.uri}, or fix the source's format"
+    if not keys:
+        return Check("data", source.uri, FAIL, f"{name}: no {'/'.join(suffixes)} objects under it", fix)
+    first = keys[0]
+    where = f"s3://{bucket}/{first}"
+    sample = _sample(s3, bucket, first, source)
+    if isinstance(sample, str):
+        return Check("data", source.uri, FAIL, f"{name}: {where}: {sample}", f"give the text's {_what(source)}")
+    text_bytes, sample_bytes, texts = sample
+    per_token = processing().bytes_per_token
+    tokens = int(stored * text_bytes / max(1, sample_bytes) / per_token)
+    listed = f"{len(keys):,}{'+' if more else ''} file(s), {stored / 1e9:,.2f} GB"
+    estimate = f"about {tokens:,} tokens (estimated from {len(texts)} records of {where})"
+    if tokens and budget_tokens / tokens > source.max_epochs:
+        return Check(
+            "data",
+            source.uri,
+            FAIL,
+            f"{name}: {listed}, {estimate}; the budget's {budget_tokens:,} tokens from it repeat it "
+            f"{budget_tokens / tokens:.1f} times, above max_epochs {source.max_epochs:g}",
+            "lower its weight, add data, or raise its max_epochs",
+        )
+    return Check(
+        "data",
+        source.uri,
+        PASS,
+        f"{name}: {listed}; the first record has text in {_what(source)}; {estimate}",
+    )
+
+
+def _what(source: Any) -> str:
+    return "the file" if source.format in ("text", "text_lines") else f"field {source.field!r}"
+
+
+def _suffixes(fmt: str) -> tuple[str, ...]:
+    if fmt in SUFFIXES:
+        return SUFFIXES[fmt]
+    return tuple(dict.fromkeys(s for group in SUFFIXES.values() for s in group))
+
+
+def _listing(s3: Any, bucket: str, prefix: str, fmt: str, ignore: list[str]) -> tuple[list[str], int, bool]:
+    """The source's readable keys (sorted, the ignore globs left out), their stored bytes, and whether the
+    listing stopped at MAX_LISTED."""
+    suffixes = _suffixes(fmt)
+    keys, stored, seen = [], 0, 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            seen += 1
+            key = item["Key"]
+            relative = key[len(prefix) :]
+            if any(fnmatch.fnmatch(relative, g) or fnmatch.fnmatch(key, g) for g in ignore):
+                continue
+            if key.endswith(suffixes):
+                keys.append(key)
+                stored += item["Size"]
+            if seen >= MAX_LISTED:
+                return sorted(keys), stored, True
+    return sorted(keys), stored, False
+
+
+def _sample(s3: Any, bucket: str, key: str, source: Any) -> tuple[int, int, list[str]] | str:
+    """(text bytes, stored bytes they came from, texts) of the file's first records; a string says what is
+    wrong with the first record."""
+    if key.endswith(".zst"):
+        return "zstd files are not sampled by preflight; the Prepare step reads them"
+    if key.endswith(".parquet"):
+        return _parquet_sample(s3, bucket, key, source.field)
+    body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{SAMPLE_BYTES - 1}")["Body"].read()
+    raw = len(body)
+    if key.endswith(".gz"):
+        body = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
+    text = body.decode("utf-8", errors="replace")
+    if len(body) >= SAMPLE_BYTES or raw >= SAMPLE_BYTES:  # a cut last line
+        text = text[: text.rfind("\n") + 1] or text
+    if source.format == "text":
+        return len(text.encode()), raw, [text[:100]]
+    if source.format == "text_lines" or key.endswith((".txt", ".txt.gz")):
+        lines = [line for line in text.splitlines() if line.strip()]
+        return (len("\n".join(lines).encode()), raw, lines) if lines else "no text in its first MiB"
+    texts = []
+    if text.lstrip().startswith("["):
+        from tiered_training.aws.preflight import _first_record
+
+        record, line = _first_record(text)
+        rows = [(record, line)]
+    else:
+        rows = []
+        for number, row in enumerate(text.splitlines(), start=1):
+            if row.strip():
+                try:
+                    rows.append((json.loads(row), number))
+                except ValueError as error:
+                    rows.append((str(error), number))
+            if len(rows) >= SAMPLE_ROWS:
+                break
+    for record, line in rows:
+        if isinstance(record, str):
+            return f"line {line}: not JSON ({record})"
+        if not isinstance(record, dict) or source.field not in record:
+            keys = ", ".join(sorted(map(str, record))) if isinstance(record, dict) else type(record).__name__
+            return f"line {line}: no field {source.field!r} (keys: {keys})"
+        value = record[source.field]
+        if not isinstance(value, str):
+            return f"line {line}: field {source.field!r} is a {type(value).__name__}, not text"
+        texts.append(value)
+    if not texts:
+        return "no JSON record in its first MiB"
+    consumed = (
+        raw
+        if len(rows) < SAMPLE_ROWS
+        else int(raw * len("\n".join(text.splitlines()[: len(rows)])) / max(1, len(text)))
+    )
+    return sum(len(t.encode()) for t in texts), max(1, consumed), texts
+
+
+def _parquet_sample(s3: Any, bucket: str, key: str, field: str) -> tuple[int, int, list[str]] | str:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return "a Parquet source needs pyarrow to be sampled (pip install pyarrow)"
+    size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    handle = pq.ParquetFile(_RangedFile(s3, bucket, key, size))
+    schema = handle.schema_arrow
+    if field not in schema.names:
+        return f"no column {field!r} (columns: {', '.join(schema.names)})"
+    if not (pa.types.is_string(schema.field(field).type) or pa.types.is_large_string(schema.field(field).type)):
+        return f"column {field!r} is {schema.field(field).type}, not text"
+    batch = next(handle.iter_batches(batch_size=SAMPLE_ROWS, columns=[field]), None)
+    texts = [t for t in (batch.column(0).to_pylist() if batch is not None else []) if isinstance(t, str)]
+    if not texts:
+        return f"no text in column {field!r} of its first row group"
+    meta = handle.metadata
+    column = schema.names.index(field)
+    text_bytes = sum(meta.row_group(i).column(column).total_uncompressed_size for i in range(meta.num_row_groups))
+    return text_bytes, size, texts
+
+
+class _RangedFile(io.RawIOBase):
+    """A seekable read-only view of an S3 object through ranged GETs (Parquet reads its footer, then columns)."""
+
+    def __init__(self, s3: Any, bucket: str, key: str, size: int):
+        self.s3, self.bucket, self.key, self.size, self.position = s3, bucket, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        if self.position >= self.size or not len(buffer):
+            return 0
+        end = min(self.size, self.position + len(buffer)) - 1
+        data = self.s3.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={self.position}-{end}")["Body"].read()
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
