@@ -619,7 +619,13 @@ def write_manifests(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.corpus_prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spec", required=True, help="the CorpusSpec as JSON (tiered_training/contract/corpus.py)")
+    parser.add_argument(
+        "--spec",
+        required=True,
+        nargs="+",
+        help="the CorpusSpec as JSON (tiered_training/contract/corpus.py), whole or in consecutive pieces (the "
+        "pipeline splits it: a container argument holds at most 256 characters)",
+    )
     parser.add_argument(
         "--prepared", required=True, help="S3 prefix (or folder) under which each key's shards are kept"
     )
@@ -636,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         from pydantic import ValidationError
 
         try:
-            spec = CorpusSpec.model_validate_json(args.spec)
+            spec = CorpusSpec.model_validate_json("".join(args.spec))
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "spec"
