@@ -11,10 +11,10 @@ from aws import test_runs
 from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from tiered_training.planning.overlay import store_key
 from tiered_training.cli.app import app
 from tiered_training.contract import metrics as catalogue
 from tiered_training.pipeline import definition as d
+from tiered_training.planning.overlay import store_key
 from tiered_training.planning.planner import plan_file
 
 REGION = "us-east-1"

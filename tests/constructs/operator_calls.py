@@ -82,7 +82,9 @@ def requests_for(
                     "kms:EncryptionContext:aws:s3:arn": bucket_arn if bucket_keys else resource,
                 }
                 action = entry["kms_via_s3"]
-                out.append(Request(f"{what} (S3 calls {action} with the bucket's key)", principal, action, key, context))
+                out.append(
+                    Request(f"{what} (S3 calls {action} with the bucket's key)", principal, action, key, context)
+                )
     return out
 
 

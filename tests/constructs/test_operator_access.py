@@ -356,11 +356,24 @@ def test_the_store_key_is_used_through_s3_only_and_for_the_operators_objects(ope
     base = {"kms:CallerAccount": ACCOUNT, "kms:EncryptionContext:aws:s3:arn": f"arn:aws:s3:::{bucket}/{key_name}"}
     via_s3 = {**base, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
     requests = [
-        *(Request(f"direct {a}", operator, a, key, base) for a in ("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey")),
-        Request("direct, naming another service", operator, "kms:Decrypt", key,
-                {**base, "kms:ViaService": f"sagemaker.{REGION}.amazonaws.com"}),
-        Request("through S3, another bucket", operator, "kms:Decrypt", key,
-                {**via_s3, "kms:EncryptionContext:aws:s3:arn": "arn:aws:s3:::someone-elses-bucket"}),
+        *(
+            Request(f"direct {a}", operator, a, key, base)
+            for a in ("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey")
+        ),
+        Request(
+            "direct, naming another service",
+            operator,
+            "kms:Decrypt",
+            key,
+            {**base, "kms:ViaService": f"sagemaker.{REGION}.amazonaws.com"},
+        ),
+        Request(
+            "through S3, another bucket",
+            operator,
+            "kms:Decrypt",
+            key,
+            {**via_s3, "kms:EncryptionContext:aws:s3:arn": "arn:aws:s3:::someone-elses-bucket"},
+        ),
         Request("through S3, the overlay", operator, "kms:GenerateDataKey", key, via_s3),
     ]
     results = [res["result"] for res in simulate_with(world, requests, managed_policies(world, operator))]

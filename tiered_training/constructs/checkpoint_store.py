@@ -380,7 +380,9 @@ class CheckpointStore(Construct):
         # This recipe's calibration overlay (``calibrate --from-runs`` writes it, tiered_training/aws/calibrate.py).
         overlay = self.bucket.arn_for_objects(calibration_key(recipe))
         grant = grant.combine(
-            iam.Grant.add_to_principal(grantee=grantee, actions=["s3:GetObject", "s3:PutObject"], resource_arns=[overlay])
+            iam.Grant.add_to_principal(
+                grantee=grantee, actions=["s3:GetObject", "s3:PutObject"], resource_arns=[overlay]
+            )
         )
         if self.encryption_key_arn is not None:
             grant = grant.combine(
@@ -396,7 +398,9 @@ class CheckpointStore(Construct):
                     grantee=grantee,
                     actions=KMS_READ_ACTIONS,
                     resource_arns=[self.encryption_key_arn],
-                    conditions=via_s3_for(self.encryption_key_arn, [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]),
+                    conditions=via_s3_for(
+                        self.encryption_key_arn, [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]
+                    ),
                 )
             )
         return grant
