@@ -497,7 +497,7 @@ def test_the_operator_may_read_prices(operated):
     assert [r["result"] for r in simulate_with(world, requests, managed_policies(world, operator))] == ["Allowed"]
 
 
-def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_path_factory):
+def test_grant_operate_fills_a_managed_policy_and_prices_and_logs_are_optional(plans, tmp_path_factory):
     from aws_cdk import App, Stack
     from aws_cdk import aws_iam as iam
 
@@ -513,6 +513,15 @@ def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_
         )
         assert pipeline.grant_operate(policy, prices=prices).success
         policies[prices] = stack.resolve(policy.document.to_json())
+    no_logs = iam.ManagedPolicy(stack, "OperatorsNoLogs")
+    TrainingPipeline(
+        stack, "PipelineNoLogs", plan=plans["llama3-1b-bf16"], image=image, pipeline_name="p-no-logs"
+    ).grant_operate(no_logs, logs=False)
+    without = {
+        a
+        for s in stack.resolve(no_logs.document.to_json())["Statement"]
+        for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
+    }
     actions = {
         prices: {a for s in doc["Statement"] for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
         for prices, doc in policies.items()
@@ -520,6 +529,7 @@ def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_
     assert "pricing:GetProducts" in actions[True] and "pricing:GetProducts" not in actions[False]
     assert actions[True] - actions[False] == {"pricing:GetProducts"}
     assert {"cloudwatch:GetMetricData", "logs:GetLogEvents", "sagemaker:StopPipelineExecution"} <= actions[False]
+    assert actions[True] - without == {"logs:DescribeLogStreams", "logs:GetLogEvents"}
 
 
 def test_the_example_platform_repos_operators_policy_allows_every_call(endpoint, tmp_path_factory):

@@ -253,11 +253,14 @@ class TrainingPipeline(Resource):
             resource_arns=[self._arn, f"{self._arn}/execution/*"],
         )
 
-    def grant_operate(self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True) -> iam.Grant:
+    def grant_operate(
+        self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True, logs: bool = True
+    ) -> iam.Grant:
         """What the ``tiered-training`` commands call for this recipe, and nothing more: ``start``
         (with ``--resume``), ``status``, ``logs``, ``stop`` and ``preflight``; and ``prices``
         (``pricing:GetProducts``) unless ``prices=False``. ``grantee``: a role, user or group, or an
-        ``iam.ManagedPolicy`` to fill.
+        ``iam.ManagedPolicy`` to fill. ``logs=False`` leaves out the log reads (default: granted): they are the
+        one read no condition limits to this recipe (any pipeline job's streams in the account and region).
 
         - the pipeline: :meth:`grant_start_execution`;
         - ``status``, ``start``: ``cloudwatch:GetMetricData``; the recipe's runs in the store
@@ -324,11 +327,12 @@ class TrainingPipeline(Resource):
         # logs: the streams' names start with the job's, pipelines-*; CloudWatch Logs tags log groups, not
         # streams, and the group is SageMaker's, shared by every training job of the account and region, so
         # no condition narrows the streams to this recipe (README, IAM table).
-        add(["logs:DescribeLogStreams"], [group, f"{group}:*"])
-        streams = f"{group}:log-stream:pipelines-*"
-        add(["logs:GetLogEvents"], [streams])
-        allow_wildcard(f"{group}:*", "DescribeLogStreams lists the training jobs' group, with the job's name as prefix")
-        allow_wildcard(streams, "SageMaker names each pipeline job's log streams <job name>/algo-<n>-<epoch>")
+        if logs:
+            add(["logs:DescribeLogStreams"], [group, f"{group}:*"])
+            streams = f"{group}:log-stream:pipelines-*"
+            add(["logs:GetLogEvents"], [streams])
+            allow_wildcard(f"{group}:*", "DescribeLogStreams lists the training jobs' group, the job's name as prefix")
+            allow_wildcard(streams, "SageMaker names each pipeline job's log streams <job name>/algo-<n>-<epoch>")
         grant = grant.combine(self.store.grant_runs_read(grantee, recipe.name))
         allow_wildcard(
             self.store.bucket.arn_for_objects(f"{runs_prefix(recipe.name)}*/{COMMIT_MARKER}"),
