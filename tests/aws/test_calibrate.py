@@ -11,10 +11,10 @@ from aws import test_runs
 from support import moto_server, offline_aws_env, recipe_dict, write_yaml
 from typer.testing import CliRunner
 
-from tiered_training.aws.calibrate import STORE_KEY
 from tiered_training.cli.app import app
 from tiered_training.contract import metrics as catalogue
 from tiered_training.pipeline import definition as d
+from tiered_training.planning.overlay import store_key
 from tiered_training.planning.planner import plan_file
 
 REGION = "us-east-1"
@@ -89,7 +89,11 @@ def test_an_overlay_from_the_accounts_runs_is_stored_cached_and_cited(endpoint, 
     assert result.exit_code == 0, result.output
     assert "calibrated with 2 runs of this account" in result.output
     assert "leave-one-run-out error: median" in result.output
-    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=STORE_KEY)["Body"].read())
+    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=store_key("cal-a"))["Body"].read())
+    # each recipe's own overlay, in its store, written by its operators
+    assert client("s3", endpoint).get_object(Bucket="tt-store", Key=store_key("cal-b"))["Body"].read() == (
+        json.dumps(stored, indent=1, sort_keys=True) + "\n"
+    ).encode()
     factor = stored["factors"][f"{plan_a.instance.name}/bf16"]
     assert factor == pytest.approx(0.89, abs=0.01)
     planned = invoke("plan", a, "--format", "json")
@@ -103,6 +107,36 @@ def test_an_overlay_from_the_accounts_runs_is_stored_cached_and_cited(endpoint, 
     assert estimates["tokens_per_second_per_gpu"] == pytest.approx(
         factor * plan_a.estimates.tokens_per_second_per_gpu, rel=0.001
     )
+
+
+def estimated(output: str) -> float:
+    data = json.loads(output)
+    return (data["plans"][0] if "plans" in data else data)["estimates"]["tokens_per_second_per_gpu"]
+
+
+def test_a_recipe_plans_with_its_own_overlay_only_and_the_old_one_is_named(endpoint, tmp_path):
+    """Another recipe's overlay does not change this recipe's plan; the account-wide overlay of earlier versions is
+    not read, and plan says what to do about it."""
+    from tiered_training.planning.overlay import cache_path
+
+    path, plan = deployed(tmp_path, "cal-own", endpoint)
+    shipped = plan.estimates.tokens_per_second_per_gpu
+    other = {"version": 1, "factors": {f"{plan.instance.name}/bf16": 0.7}, "runs": {f"{plan.instance.name}/bf16": 2},
+             "count": 2, "leave_one_out": {"median": 0.01, "worst": 0.02, "shipped_median": 0.3, "shipped_worst": 0.3}}
+    cache_path("cal-other").parent.mkdir(parents=True, exist_ok=True)
+    cache_path("cal-other").write_text(json.dumps(other))
+    legacy = cache_path("cal-own").parents[2] / "overlay.json"
+    legacy.write_text(json.dumps(other))
+    planned = invoke("plan", path, "--format", "json")
+    assert planned.exit_code == 0, planned.output
+    assert estimated(planned.stdout) == pytest.approx(shipped)
+    assert f"{legacy} (one overlay for every recipe) is no longer read" in planned.stderr
+    assert "tiered-training calibrate cal-own --from-runs" in planned.stderr
+    cache_path("cal-own").parent.mkdir(parents=True, exist_ok=True)
+    cache_path("cal-own").write_text(json.dumps(other))
+    planned = invoke("plan", path, "--format", "json")
+    assert estimated(planned.stdout) == pytest.approx(0.7 * shipped, rel=1e-3)
+    assert "no longer read" not in planned.stderr
 
 
 def test_an_absurd_overlay_is_refused_with_the_reason(endpoint, tmp_path):
@@ -129,7 +163,7 @@ def test_the_probes_candidates_are_points_of_their_own_precision(endpoint, tmp_p
     assert "calibrated with 2 runs of this account" in result.output
     assert "points: 2 from probes (one per measured candidate), 0 from full runs" in result.output
     assert "left out: cal-probe: 0 per-minute points" in result.output
-    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=STORE_KEY)["Body"].read())
+    stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=store_key("cal-probe"))["Body"].read())
     assert stored["factors"] == {f"{plan.instance.name}/bf16": pytest.approx((0.90 * 0.92) ** 0.5, abs=1e-3)}
     data = json.loads(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json").output)
     assert data["points"] == {"probe": 2, "run": 0}

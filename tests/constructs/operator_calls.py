@@ -1,7 +1,8 @@
 """The recorded calls of the commands (tests/aws_calls.py) as the IAM requests AWS evaluates.
 
 :func:`requests_for` turns each call into its IAM request after ``access/cli_calls.yaml``; a
-call that reads an object of a bucket encrypted with KMS also makes S3 call ``kms:Decrypt``.
+call that reads (writes) an object of a bucket encrypted with KMS also makes S3 call ``kms:Decrypt``
+(``kms:GenerateDataKey``); a call on a tagged resource carries its tags (``aws:ResourceTag/<key>``).
 :func:`simulate_with` evaluates requests for a principal with the given identity policies only.
 """
 
@@ -44,8 +45,11 @@ def bucket_key(world: World, bucket: str) -> tuple[str, bool] | None:
     return None
 
 
-def requests_for(world: World, principal: str, calls: list[Call]) -> list[Request]:
-    """The IAM requests of the calls (unmapped calls fail: every call must be in cli_calls.yaml)."""
+def requests_for(
+    world: World, principal: str, calls: list[Call], tags: dict[str, dict[str, str]] | None = None
+) -> list[Request]:
+    """The IAM requests of the calls (unmapped calls fail: every call must be in cli_calls.yaml). ``tags``: each
+    resource ARN's tags, for the calls whose entry says ``resource_tags`` (an untagged resource has none)."""
     table = mapping()
     out = []
     for call in calls:
@@ -60,6 +64,9 @@ def requests_for(world: World, principal: str, calls: list[Call]) -> list[Reques
         for key, param in (entry.get("context") or {}).items():
             if param in call.params:
                 context[key] = str(call.params[param])
+        if entry.get("resource_tags"):
+            for key, value in (tags or {}).get(resource, {}).items():
+                context[f"aws:ResourceTag/{key}"] = value
         if call.service == "s3":
             context["aws:SecureTransport"] = "true"  # the CLI's clients use HTTPS
         what = f"{call.command}: {call.service}.{call.operation}"
@@ -74,8 +81,9 @@ def requests_for(world: World, principal: str, calls: list[Call]) -> list[Reques
                     "kms:CallerAccount": world.account,
                     "kms:EncryptionContext:aws:s3:arn": bucket_arn if bucket_keys else resource,
                 }
+                action = entry["kms_via_s3"]
                 out.append(
-                    Request(f"{what} (S3 decrypts with the bucket's key)", principal, "kms:Decrypt", key, context)
+                    Request(f"{what} (S3 calls {action} with the bucket's key)", principal, action, key, context)
                 )
     return out
 

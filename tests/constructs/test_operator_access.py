@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import pytest
 from access_world import Request, World
 from aws_calls import Call, mapping, recording
-from operator_calls import managed_policies, requests_for, simulate_with
+from operator_calls import bucket_key, managed_policies, requests_for, simulate_with
 from support import moto_server, offline_aws_env
 from typer.testing import CliRunner
 
@@ -72,8 +72,9 @@ def client(service: str, endpoint: str):
     return boto3.client(service, endpoint_url=endpoint, region_name=REGION)
 
 
-def deploy(world: World, stack_name: str, plan, endpoint: str) -> None:
-    """The recipe's pipeline as its template defines it, its store with one committed checkpoint, its data."""
+def deploy(world: World, stack_name: str, plan, endpoint: str) -> list[dict]:
+    """The recipe's pipeline as its template defines it, its store with one committed checkpoint, its data.
+    Returns the tags its training steps put on their jobs (the steps' Arguments)."""
     template = world.templates[stack_name]
     logical, pipeline = next(
         (k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::SageMaker::Pipeline"
@@ -94,8 +95,9 @@ def deploy(world: World, stack_name: str, plan, endpoint: str) -> None:
     s3.put_object(Bucket=bucket, Key=f"{runs}{RUN}/step-4/COMMITTED", Body=json.dumps(manifest).encode())
     data_bucket, _, prefix = plan.recipe.data.uri[len("s3://") :].partition("/")
     s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
-    if plan.recipe.data.prepare is not None:
-        s3.put_object(Bucket=data_bucket, Key=f"{prefix}chat.jsonl", Body=b'{"messages": []}\n')
+    if plan.recipe.data.prepare is not None:  # preflight checks that the first one is readable (HeadObject)
+        s3.put_object(Bucket=data_bucket, Key=f"{prefix}chat.parquet", Body=b"PAR1")
+    return train["Arguments"]["Tags"]
 
 
 def execution_with_logs(endpoint: str, name: str) -> str:
@@ -120,14 +122,17 @@ def execution_with_logs(endpoint: str, name: str) -> str:
     return arn
 
 
-def execution_with_probe(endpoint: str, name: str) -> str:
-    """The latest execution with a finished Probe step and its job's measurements."""
+def execution_with_probe(endpoint: str, name: str, tags: list[dict]) -> str:
+    """The latest execution with a finished Probe step and its job's measurements, the job tagged as the
+    pipeline's training steps tag theirs."""
     from aws import test_runs
 
     listed = client("sagemaker", endpoint).list_pipeline_executions(PipelineName=name)["PipelineExecutionSummaries"]
     arn = max(listed, key=lambda e: e["StartTime"])["PipelineExecutionArn"]
     test_runs.ran(arn, ("Probe", "Succeeded"))
-    test_runs.probe_job(endpoint, arn, best_candidate=1, candidate1_tokens_per_second=1000.0)
+    job = test_runs.probe_job(endpoint, arn, best_candidate=1, candidate1_tokens_per_second=1000.0)
+    sm = client("sagemaker", endpoint)
+    sm.add_tags(ResourceArn=sm.describe_training_job(TrainingJobName=job)["TrainingJobArn"], Tags=tags)
     return arn
 
 
@@ -169,7 +174,7 @@ def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Cal
     """Deploy the recipe as its template says, run each command on it, and return their calls."""
     from tiered_training.cli.app import app
 
-    deploy(world, stack_name, plan, endpoint)
+    tags = deploy(world, stack_name, plan, endpoint)
     calls = []
     for command, args in COMMANDS:
         if command == "logs":  # the latest execution runs (stop stops it) and has logged
@@ -177,7 +182,7 @@ def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Cal
         if command == "calibrate":
             steady_run(endpoint, plan)
         if command == "status":  # the latest execution's probe ran: status reads its job's measurements
-            execution_with_probe(endpoint, plan.name)
+            execution_with_probe(endpoint, plan.name, tags)
         with recording(command) as recorder:
             result = CliRunner().invoke(app, [command.split()[0], plan.source, "--endpoint-url", endpoint, *args])
         # preflight fails its checks here (no quotas raised, no image): its calls are made all the same
@@ -186,11 +191,33 @@ def run_commands(world: World, stack_name: str, plan, endpoint: str) -> list[Cal
     return calls
 
 
+def job_tags(endpoint: str, calls: list[Call]) -> dict[str, dict[str, str]]:
+    """The tags of the training jobs the calls describe, by ARN, as SageMaker holds them."""
+    sm, out = client("sagemaker", endpoint), {}
+    for call in calls:
+        if call.operation == "DescribeTrainingJob":
+            arn = sm.describe_training_job(TrainingJobName=call.params["TrainingJobName"])["TrainingJobArn"]
+            out[arn.lower()] = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=arn)["Tags"]}
+    return out
+
+
 @pytest.fixture(scope="module")
-def recorded(operated, endpoint, plans):
-    """Every call of each command, for each recipe."""
+def by_recipe(operated, endpoint, plans):
+    """Every call of each command, for each recipe; and the tags of the jobs they describe."""
     world, _operator, stacks = operated
-    return [call for name in RECIPES for call in run_commands(world, stacks[name].stack_name, plans[name], endpoint)]
+    calls = {name: run_commands(world, stacks[name].stack_name, plans[name], endpoint) for name in RECIPES}
+    return calls, job_tags(endpoint, [c for each in calls.values() for c in each])
+
+
+@pytest.fixture(scope="module")
+def recorded(by_recipe):
+    """Every call of each command, for each recipe."""
+    return [call for name in RECIPES for call in by_recipe[0][name]]
+
+
+@pytest.fixture(scope="module")
+def tags(by_recipe):
+    return by_recipe[1]
 
 
 def test_every_command_makes_calls_and_each_is_mapped(recorded):
@@ -217,12 +244,15 @@ def test_every_command_makes_calls_and_each_is_mapped(recorded):
     assert listed <= made, f"cli_calls.yaml entries that no command made here: {sorted(listed - made)}"
 
 
-def test_an_operator_with_only_the_grant_can_make_every_call(operated, recorded):
+def test_an_operator_with_only_the_grant_can_make_every_call(operated, recorded, tags):
     world, operator, _stacks = operated
     identity = managed_policies(world, operator)
     assert identity, "the operator role has no managed policy"
-    requests = list({r.describe(): r for r in requests_for(world, operator, recorded)}.values())
+    requests = list({r.describe(): r for r in requests_for(world, operator, recorded, tags)}.values())
     assert any(r.action == "kms:Decrypt" for r in requests)  # status reads SSE-KMS manifests
+    assert any(r.action == "kms:GenerateDataKey" for r in requests)  # calibrate writes an SSE-KMS overlay
+    described = [r for r in requests if r.action == "sagemaker:DescribeTrainingJob"]
+    assert described and all("aws:ResourceTag/tiered-training:recipe" in r.context for r in described)
     results = simulate_with(world, requests, identity)
     refused = [
         f"{r.describe()}: {res['result']} {res['errors'] or ''}"
@@ -232,7 +262,7 @@ def test_an_operator_with_only_the_grant_can_make_every_call(operated, recorded)
     assert not refused, "\n".join(refused)
 
 
-def test_grant_start_execution_alone_cannot_run_the_commands(operated, recorded):
+def test_grant_start_execution_alone_cannot_run_the_commands(operated, recorded, tags):
     """The grant before grant_operate (its sagemaker statements only) refuses the metrics, logs and store reads."""
     world, operator, _stacks = operated
     identity = managed_policies(world, operator)
@@ -253,7 +283,7 @@ def test_grant_start_execution_alone_cannot_run_the_commands(operated, recorded)
         }
         for p in identity
     ]
-    requests = list({r.describe(): r for r in requests_for(world, operator, recorded)}.values())
+    requests = list({r.describe(): r for r in requests_for(world, operator, recorded, tags)}.values())
     results = simulate_with(world, requests, pipeline_only)
     refused = {r.action for r, res in zip(requests, results) if res["result"] != "Allowed"}
     assert {
@@ -264,6 +294,135 @@ def test_grant_start_execution_alone_cannot_run_the_commands(operated, recorded)
         "s3:GetObject",
         "kms:Decrypt",
     } <= refused
+
+
+def recipe_policies(world: World, stack_name: str, role_arn: str) -> list[dict]:
+    """The managed policies of one recipe's stack attached to the role: an operator of that recipe only."""
+    out = []
+    for logical, resource in world.templates[stack_name]["Resources"].items():
+        props = resource.get("Properties", {})
+        if resource["Type"] == "AWS::IAM::ManagedPolicy" and role_arn in [
+            world.role_arn(stack_name, r) for r in props.get("Roles", [])
+        ]:
+            out.append({"name": logical, "policy": world.resolve(stack_name, props["PolicyDocument"])})
+    return out
+
+
+# What an operator of one recipe can still read of another's: the training jobs' log streams (CloudWatch Logs tags
+# log groups, not streams; SageMaker's group is shared). README, "IAM": the reads that remain.
+REMAINING = {"logs:GetLogEvents", "logs:DescribeLogStreams", "cloudwatch:GetMetricData"}
+
+
+def test_an_operator_of_one_recipe_reads_its_jobs_and_overlay_and_not_anothers(operated, by_recipe):
+    """Recipe A's operator: every call of A's commands allowed; of B's, the job's measurements, the overlay (read
+    and write) and the runs are denied; only the reads in REMAINING are allowed."""
+    world, operator, stacks = operated
+    calls, tags = by_recipe
+    mine, other = RECIPES[0], RECIPES[1]
+    identity = recipe_policies(world, stacks[mine].stack_name, operator)
+    assert identity, f"{mine}: no operator policy"
+    own = list({r.describe(): r for r in requests_for(world, operator, calls[mine], tags)}.values())
+    theirs = [
+        r
+        for r in {r.describe(): r for r in requests_for(world, operator, calls[other], tags)}.values()
+        if r.action.startswith(("sagemaker:DescribeTrainingJob", "logs:", "s3:", "cloudwatch:"))
+    ]
+    put = next(r for r in theirs if r.action == "s3:PutObject")  # calibrate writes B's overlay
+    theirs.append(Request("read B's overlay", operator, "s3:GetObject", put.resource, put.context))
+    results = simulate_with(world, own + theirs, identity)
+    refused = [f"{r.describe()}: {res['result']}" for r, res in zip(own, results) if res["result"] != "Allowed"]
+    assert not refused, "\n".join(refused)
+    outcome = {r.describe(): (r, res["result"]) for r, res in zip(theirs, results[len(own) :])}
+    allowed = sorted(d for d, (r, result) in outcome.items() if result == "Allowed" and r.action not in REMAINING)
+    assert not allowed, "\n".join(allowed)
+    denied = {r.action for r, result in outcome.values() if result != "Allowed"}
+    assert {"sagemaker:DescribeTrainingJob", "s3:GetObject", "s3:PutObject", "s3:ListBucket"} <= denied
+    overlay = [r for r, _ in outcome.values() if r.resource.endswith(f"calibration/{other}/overlay.json")]
+    assert {r.action for r in overlay} == {"s3:GetObject", "s3:PutObject"}
+    assert all(outcome[r.describe()][1] == "ImplicitlyDenied" for r in overlay)
+    # the remaining reads, as the README states them
+    assert {r.action for r, result in outcome.values() if result == "Allowed"} <= REMAINING
+
+
+def test_the_store_key_is_used_through_s3_only_and_for_the_operators_objects(operated, recorded):
+    """Each KMS statement of the operator grant says kms:ViaService: a direct call with the overlay's encryption
+    context is denied; the same through S3 is allowed; through S3 for another bucket, denied."""
+    world, operator, _stacks = operated
+    put = next(c for c in recorded if c.operation == "PutObject")
+    bucket, key_name = put.params["Bucket"], put.params["Key"]
+    found = bucket_key(world, bucket)
+    assert found is not None, "the store encrypts with a KMS key"
+    key = found[0]
+    base = {"kms:CallerAccount": ACCOUNT, "kms:EncryptionContext:aws:s3:arn": f"arn:aws:s3:::{bucket}/{key_name}"}
+    via_s3 = {**base, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    requests = [
+        *(
+            Request(f"direct {a}", operator, a, key, base)
+            for a in ("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey")
+        ),
+        Request(
+            "direct, naming another service",
+            operator,
+            "kms:Decrypt",
+            key,
+            {**base, "kms:ViaService": f"sagemaker.{REGION}.amazonaws.com"},
+        ),
+        Request(
+            "through S3, another bucket",
+            operator,
+            "kms:Decrypt",
+            key,
+            {**via_s3, "kms:EncryptionContext:aws:s3:arn": "arn:aws:s3:::someone-elses-bucket"},
+        ),
+        Request("through S3, the overlay", operator, "kms:GenerateDataKey", key, via_s3),
+    ]
+    results = [res["result"] for res in simulate_with(world, requests, managed_policies(world, operator))]
+    assert results == ["ImplicitlyDenied"] * 5 + ["Allowed"], list(zip([r.what for r in requests], results))
+
+
+def test_the_prepare_role_uses_the_store_key_for_its_prefixes_only(operated, recorded):
+    """The Prepare role's store-key grant: through S3 for the recipe's prepared data and its output only (the
+    aws:s3:arn encryption context), through SageMaker for kms:Encrypt only; denied elsewhere and directly."""
+    from access_world import simulate
+
+    world, _operator, stacks = operated
+    (recipe,) = [name for name in RECIPES if name.endswith("tools-sft")]
+    stack = stacks[recipe].stack_name
+    (role,) = [
+        world.attribute(stack, logical, "Arn")
+        for logical, r in world.templates[stack]["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and "PrepareRole" in logical
+    ]
+    bucket = next(c.params["Bucket"] for c in recorded if c.operation == "PutObject")  # the store
+    key = bucket_key(world, bucket)[0]  # type: ignore[index]
+
+    def use(what: str, action: str, arn: str | None, service: str | None = "s3") -> Request:
+        context = {"kms:CallerAccount": ACCOUNT}
+        if service:
+            context["kms:ViaService"] = f"{service}.{REGION}.amazonaws.com"
+        if arn:
+            context["kms:EncryptionContext:aws:s3:arn"] = arn
+        return Request(what, role, action, key, context)
+
+    objects = f"arn:aws:s3:::{bucket}/{recipe}"
+    allowed = [
+        use("a prepared shard", "kms:GenerateDataKey", f"{objects}/output/prepared/k1/train/shard-00000.bin"),
+        use("a prepared manifest", "kms:Decrypt", f"{objects}/output/prepared/k1/manifest.json"),
+        use("the property file", "kms:GenerateDataKey", f"{objects}/output/prepare/e1/prepared.json"),
+        use("the store, with S3 Bucket Keys", "kms:GenerateDataKey", f"arn:aws:s3:::{bucket}"),
+        use("SageMaker encrypts the job's output", "kms:Encrypt", None, "sagemaker"),
+    ]
+    denied = [
+        use("a checkpoint of the recipe", "kms:Decrypt", f"{objects}/checkpoints/runs/r1/step-4/COMMITTED"),
+        use("another recipe's prepared data", "kms:GenerateDataKey", f"arn:aws:s3:::{bucket}/other/output/prepared/k"),
+        use("an overlay", "kms:GenerateDataKey", f"arn:aws:s3:::{bucket}/calibration/{recipe}/overlay.json"),
+        use("another bucket", "kms:Decrypt", "arn:aws:s3:::someone-elses-bucket"),
+        use("directly", "kms:Decrypt", f"{objects}/output/prepared/k1/manifest.json", None),
+        use("SageMaker decrypts", "kms:Decrypt", None, "sagemaker"),
+    ]
+    results = [res["result"] for res in simulate(world, allowed + denied)]
+    named = list(zip([r.what for r in allowed + denied], results))
+    assert results == ["Allowed"] * len(allowed) + ["ImplicitlyDenied"] * len(denied), named
 
 
 def test_calls_outside_the_commands_are_denied(operated, recorded):
@@ -338,7 +497,7 @@ def test_the_operator_may_read_prices(operated):
     assert [r["result"] for r in simulate_with(world, requests, managed_policies(world, operator))] == ["Allowed"]
 
 
-def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_path_factory):
+def test_grant_operate_fills_a_managed_policy_and_prices_and_logs_are_optional(plans, tmp_path_factory):
     from aws_cdk import App, Stack
     from aws_cdk import aws_iam as iam
 
@@ -354,6 +513,15 @@ def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_
         )
         assert pipeline.grant_operate(policy, prices=prices).success
         policies[prices] = stack.resolve(policy.document.to_json())
+    no_logs = iam.ManagedPolicy(stack, "OperatorsNoLogs")
+    TrainingPipeline(
+        stack, "PipelineNoLogs", plan=plans["llama3-1b-bf16"], image=image, pipeline_name="p-no-logs"
+    ).grant_operate(no_logs, logs=False)
+    without = {
+        a
+        for s in stack.resolve(no_logs.document.to_json())["Statement"]
+        for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
+    }
     actions = {
         prices: {a for s in doc["Statement"] for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
         for prices, doc in policies.items()
@@ -361,6 +529,7 @@ def test_grant_operate_fills_a_managed_policy_and_prices_is_optional(plans, tmp_
     assert "pricing:GetProducts" in actions[True] and "pricing:GetProducts" not in actions[False]
     assert actions[True] - actions[False] == {"pricing:GetProducts"}
     assert {"cloudwatch:GetMetricData", "logs:GetLogEvents", "sagemaker:StopPipelineExecution"} <= actions[False]
+    assert actions[True] - without == {"logs:DescribeLogStreams", "logs:GetLogEvents"}
 
 
 def test_the_example_platform_repos_operators_policy_allows_every_call(endpoint, tmp_path_factory):
@@ -394,7 +563,7 @@ def test_the_example_platform_repos_operators_policy_allows_every_call(endpoint,
     ]
     operator = f"arn:aws:iam::{ACCOUNT}:role/team-operator"
     calls = run_commands(world, stack.stack_name, plan, endpoint)
-    requests = list({r.describe(): r for r in requests_for(world, operator, calls)}.values())
+    requests = list({r.describe(): r for r in requests_for(world, operator, calls, job_tags(endpoint, calls))}.values())
     pipeline = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:pipeline/{plan.name}"
     requests.append(Request("delete the pipeline", operator, "sagemaker:DeletePipeline", pipeline, {}))
     results = [res["result"] for res in simulate_with(world, requests, identity)]

@@ -10,8 +10,9 @@ The probes add a point per candidate they measured: the recipe's executions of t
 tokens/s (``DescribeTrainingJob``'s FinalMetricDataList, aws/probe_runs.py), against that candidate's
 prediction in the plan, in its own precision. A candidate that ran out of memory (0 tokens/s) is no point.
 
-The fitted overlay is stored in the account's checkpoint store (``s3://<store>/calibration/overlay.json``, the
-bucket of the recipe's deployed pipeline) and cached locally (``planning.overlay.cache_path``), where ``plan`` reads it.
+The overlay fitted on the given recipes is stored as each recipe's own, in its checkpoint store
+(``s3://<store>/calibration/<recipe>/overlay.json``, the bucket of the recipe's deployed pipeline: only that recipe's
+operators may write it), and cached locally (``planning.overlay.cache_path(recipe)``), where ``plan`` reads it.
 
 Every AWS call goes through :func:`tiered_training.aws.session.aws_errors`: one line, no traceback.
 """
@@ -26,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from tiered_training.aws.session import aws_errors
 from tiered_training.contract import metrics as catalogue
-from tiered_training.planning.overlay import Measurement, Overlay, cache_path
+from tiered_training.planning.overlay import Measurement, Overlay, cache_path, store_key
 
 if TYPE_CHECKING:
     from tiered_training.planning.plan import Plan
 
-STORE_KEY = "calibration/overlay.json"
 WINDOW = timedelta(days=14)
 MIN_POINTS = 4  # per-minute averages a run needs to count: fewer is no steady state
 
@@ -146,23 +146,24 @@ def probe_measurements(
     return found, skipped
 
 
-def store(s3: Any, bucket: str, overlay: Overlay, cache: Path | None = None) -> str:
-    """Write the overlay to the account's store and the local cache; returns its S3 URI."""
+def store(s3: Any, bucket: str, recipe: str, overlay: Overlay, cache: Path | None = None) -> str:
+    """Write the overlay as ``recipe``'s, to its store and the local cache; returns its S3 URI."""
     body = json.dumps(overlay.to_dict(), indent=1, sort_keys=True) + "\n"
-    with aws_errors(f"write s3://{bucket}/{STORE_KEY}"):
-        s3.put_object(Bucket=bucket, Key=STORE_KEY, Body=body.encode(), ContentType="application/json")
-    path = cache or cache_path()
+    key = store_key(recipe)
+    with aws_errors(f"write s3://{bucket}/{key}"):
+        s3.put_object(Bucket=bucket, Key=key, Body=body.encode(), ContentType="application/json")
+    path = cache or cache_path(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(body)
     tmp.replace(path)
-    return f"s3://{bucket}/{STORE_KEY}"
+    return f"s3://{bucket}/{key}"
 
 
-def fetch(s3: Any, bucket: str) -> Overlay | None:
-    """The account's stored overlay, or None when there is none."""
+def fetch(s3: Any, bucket: str, recipe: str) -> Overlay | None:
+    """The recipe's stored overlay, or None when there is none."""
     try:
-        body = s3.get_object(Bucket=bucket, Key=STORE_KEY)["Body"].read()
+        body = s3.get_object(Bucket=bucket, Key=store_key(recipe))["Body"].read()
     except Exception as exc:  # NoSuchKey, AccessDenied: no overlay to use
         if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404", "AccessDenied"):
             return None

@@ -181,7 +181,7 @@ def calibrate(
     format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
 ) -> None:
     """Calibrate the planner on this account's runs and their probes' candidates: per instance type and precision,
-    measured over predicted tokens/s, stored in the account's checkpoint store and cached for `plan`
+    measured over predicted tokens/s, stored as each recipe's own overlay in its checkpoint store and cached for `plan`
     (tiered_training/aws/calibrate.py)."""
     from tiered_training.aws import calibrate as account
     from tiered_training.aws.run_list import runs_uri
@@ -197,24 +197,26 @@ def calibrate(
     plans = [_run_recipe(r) for r in recipes]
     sm, cw, s3 = run._clients(plans[0], aws, "sagemaker", "cloudwatch", "s3", services_for="calibrate", stage=stage)
     try:
-        bucket = runs_uri(sm, pipeline_name(plans[0].name, stage))[len("s3://") :].split("/", 1)[0]
         found, skipped = account.measurements(cw, plans)
         probed, unread = account.probe_measurements(sm, plans, [pipeline_name(p.name, stage) for p in plans])
         found, skipped = found + probed, skipped + unread
         fitted = overlays.fit(found)
-        uri = account.store(s3, bucket, fitted)
+        uris = []
+        for plan in plans:  # each recipe's own overlay, in its own store
+            bucket = runs_uri(sm, pipeline_name(plan.name, stage))[len("s3://") :].split("/", 1)[0]
+            uris.append(account.store(s3, bucket, plan.name, fitted))
     except overlays.OverlayRefused as exc:
         raise Failure([{"message": f"overlay refused: {exc}"}], EXIT_FAILED) from None
     except StartError as exc:
         raise run._aws_failure(exc) from None
     points = {"probe": len(probed), "run": len(found) - len(probed)}
     if format is TextFormat.json:
-        print_json({"ok": True, "overlay": fitted.to_dict(), "uri": uri, "skipped": skipped, "points": points})
+        print_json({"ok": True, "overlay": fitted.to_dict(), "uris": uris, "skipped": skipped, "points": points})
         return
     lines = [
         *overlays.report(fitted).splitlines(),
         f"  points: {points['probe']} from probes (one per measured candidate), {points['run']} from full runs",
-        f"stored: {uri}; cached: {overlays.cache_path()}",
+        *(f"stored: {uri}; cached: {overlays.cache_path(p.name)}" for uri, p in zip(uris, plans, strict=True)),
     ]
     print_lines(_out(), lines + [f"left out: {line}" for line in skipped])
 

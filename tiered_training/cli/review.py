@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -41,7 +42,7 @@ def _load_plans(
     plan, validate, explain and diff report the same set.
     """
     from tiered_training.planning.alarms import app_context
-    from tiered_training.planning.overlay import cached
+    from tiered_training.planning.overlay import cached, legacy_notice
     from tiered_training.planning.planner import plan_file
     from tiered_training.recipe.loader import find_recipes
 
@@ -55,13 +56,16 @@ def _load_plans(
     failures += unreadable
     context = app_context()
     account = _account_quotas(context, failures)
-    overlay = cached()  # the account's own calibration (`calibrate --from-runs`), if any
     plans = []
     for path in files:
         try:
-            plans.append(_with_app_findings(plan_file(path, overrides or (), overlay), context, account))
+            # each recipe's own calibration (`calibrate --from-runs`), if any
+            plans.append(_with_app_findings(plan_file(path, overrides or (), cached), context, account))
         except RecipeError as exc:
             failures.append(exc)
+    notice = legacy_notice([p.name for p in plans])
+    if notice:
+        print(f"note: {notice}", file=sys.stderr)
     if not plans and not failures:
         where = ", ".join(map(str, paths)) or "."
         failures.append(RecipeError([Problem(where, None, "", "no recipes found (*.yaml or *.yml)")]))

@@ -17,13 +17,12 @@ from constructs import Construct
 
 from tiered_training.constructs.nag import acknowledge
 from tiered_training.contract.container import LEASE_NAME
+from tiered_training.planning.overlay import store_key as calibration_key
 
 # Object-level actions a training job needs on its own prefixes: read and resume, write
 # checkpoints and output, multipart uploads. Delete only under checkpoints/ (SageMaker mirrors
 # the trainer's pruning there); nothing deletes model output.
 OBJECT_READ_ACTIONS = ["s3:GetObject"]
-# The account's calibration overlay, one object at the store's root (tiered_training/aws/calibrate.py).
-CALIBRATION_KEY = "calibration/overlay.json"
 OBJECT_WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
 CHECKPOINT_DELETE_ACTIONS = ["s3:DeleteObject"]
 # Writing through SSE-KMS needs GenerateDataKey; CreateTrainingJob with OutputDataConfig.KmsKeyId
@@ -40,6 +39,16 @@ def via_services(*services: str, key_arn: str | None = None) -> dict:
     if key_arn and not Token.is_unresolved(key_arn) and key_arn.count(":") >= 5:
         region = key_arn.split(":")[3]
     return {"StringEquals": {"kms:ViaService": [f"{service}.{region}.{Aws.URL_SUFFIX}" for service in services]}}
+
+
+def via_s3_for(key_arn: str | None, objects: list[str]) -> dict:
+    """Through S3 only, for these objects: ``kms:ViaService`` and the encryption context S3 passes,
+    ``aws:s3:arn`` (the object's ARN; with S3 Bucket Keys, the bucket's, so list the bucket's ARN too):
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html#encryption-context"""
+    return {
+        "StringEquals": via_services("s3", key_arn=key_arn)["StringEquals"],
+        "StringLike": {"kms:EncryptionContext:aws:s3:arn": objects},
+    }
 
 
 def checkpoint_prefix(recipe: str) -> str:
@@ -336,12 +345,23 @@ class CheckpointStore(Construct):
             )
         )
         if self.encryption_key_arn is not None:
+            # Through S3, for the bucket (S3 Bucket Keys) and the objects of its prefixes only.
             grant = grant.combine(
                 iam.Grant.add_to_principal(
                     grantee=grantee,
                     actions=KMS_WRITE_ACTIONS,
                     resource_arns=[self.encryption_key_arn],
-                    conditions=via_services("s3", "sagemaker", key_arn=self.encryption_key_arn),
+                    conditions=via_s3_for(self.encryption_key_arn, [self.bucket_arn, shards, outputs]),
+                )
+            )
+            # SageMaker encrypts the job's output with the key (ProcessingOutputConfig.KmsKeyId): kms:Encrypt,
+            # through SageMaker, which passes no aws:s3:arn context.
+            grant = grant.combine(
+                iam.Grant.add_to_principal(
+                    grantee=grantee,
+                    actions=["kms:Encrypt"],
+                    resource_arns=[self.encryption_key_arn],
+                    conditions=via_services("sagemaker", key_arn=self.encryption_key_arn),
                 )
             )
         return grant
@@ -367,37 +387,30 @@ class CheckpointStore(Construct):
                 ],
             )
         )
-        # The account's calibration overlay (``calibrate --from-runs`` writes it, tiered_training/aws/calibrate.py).
+        # This recipe's calibration overlay (``calibrate --from-runs`` writes it, tiered_training/aws/calibrate.py).
+        overlay = self.bucket.arn_for_objects(calibration_key(recipe))
         grant = grant.combine(
             iam.Grant.add_to_principal(
-                grantee=grantee,
-                actions=["s3:GetObject", "s3:PutObject"],
-                resource_arns=[self.bucket.arn_for_objects(CALIBRATION_KEY)],
+                grantee=grantee, actions=["s3:GetObject", "s3:PutObject"], resource_arns=[overlay]
             )
         )
         if self.encryption_key_arn is not None:
-            overlay = [self.bucket_arn, self.bucket.arn_for_objects(CALIBRATION_KEY)]
             grant = grant.combine(
                 iam.Grant.add_to_principal(
                     grantee=grantee,
                     actions=KMS_WRITE_ACTIONS,
                     resource_arns=[self.encryption_key_arn],
-                    conditions={
-                        **via_services("s3", key_arn=self.encryption_key_arn),
-                        "StringEquals": {"kms:EncryptionContext:aws:s3:arn": overlay},
-                    },
+                    conditions=via_s3_for(self.encryption_key_arn, [self.bucket_arn, overlay]),
                 )
             )
-            context = [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]
             grant = grant.combine(
                 iam.Grant.add_to_principal(
                     grantee=grantee,
                     actions=KMS_READ_ACTIONS,
                     resource_arns=[self.encryption_key_arn],
-                    conditions={
-                        **via_services("s3", key_arn=self.encryption_key_arn),
-                        "StringLike": {"kms:EncryptionContext:aws:s3:arn": context},
-                    },
+                    conditions=via_s3_for(
+                        self.encryption_key_arn, [self.bucket_arn, self.bucket.arn_for_objects(f"{runs}*")]
+                    ),
                 )
             )
         return grant

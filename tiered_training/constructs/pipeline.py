@@ -255,18 +255,23 @@ class TrainingPipeline(Resource):
             resource_arns=[self._arn, f"{self._arn}/execution/*"],
         )
 
-    def grant_operate(self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True) -> iam.Grant:
+    def grant_operate(
+        self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True, logs: bool = True
+    ) -> iam.Grant:
         """What the ``tiered-training`` commands call for this recipe, and nothing more: ``start``
         (with ``--resume``), ``status``, ``logs``, ``stop`` and ``preflight``; and ``prices``
         (``pricing:GetProducts``) unless ``prices=False``. ``grantee``: a role, user or group, or an
-        ``iam.ManagedPolicy`` to fill.
+        ``iam.ManagedPolicy`` to fill. ``logs=False`` leaves out the log reads (default: granted): they are the
+        one read no condition limits to this recipe (any pipeline job's streams in the account and region).
 
         - the pipeline: :meth:`grant_start_execution`;
         - ``status``, ``start``: ``cloudwatch:GetMetricData`` (and ``cloudwatch:ListMetrics``: the ranks' straggler
           scores); the recipe's runs in the store
           (:meth:`CheckpointStore.grant_runs_read`); ``status``, ``explain --run`` and ``calibrate --from-runs``:
-          ``sagemaker:DescribeTrainingJob`` on the pipelines' jobs (the Probe's measurements);
-        - ``logs``: ``logs:DescribeLogStreams`` and ``logs:GetLogEvents`` on the training jobs' log group;
+          ``sagemaker:DescribeTrainingJob`` on this recipe's jobs (tagged ``tiered-training:recipe`` by the
+          pipeline; the Probe's measurements); ``calibrate --from-runs``: this recipe's overlay;
+        - ``logs``: ``logs:DescribeLogStreams`` on the training jobs' log group, ``logs:GetLogEvents`` on its
+          pipeline jobs' streams (``pipelines-*``: no condition narrows them to one recipe);
         - ``preflight``: the SageMaker quotas (Service Quotas), ``ecr:BatchGetImage`` on the image's
           repository, ``iam:SimulatePrincipalPolicy`` on the execution role, ``s3:ListBucket`` on the
           recipe's data prefixes (and the packed-data manifest of an sft recipe), the MLflow
@@ -302,18 +307,35 @@ class TrainingPipeline(Resource):
         )
         allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")
         # status, explain --run, calibrate --from-runs: the Probe job's final metrics. A pipeline names its jobs
-        # pipelines-<execution id>-<step>-<random> (no pipeline name in them).
+        # pipelines-<execution id>-<step>-<random> (no pipeline name in them); its training steps tag each job
+        # with the recipe (the step's Tags), and the training-job resource takes aws:ResourceTag conditions
+        # (Service Authorization Reference, Amazon SageMaker): only this recipe's jobs.
         jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="pipelines-*")
-        add(["sagemaker:DescribeTrainingJob"], [jobs])
-        allow_wildcard(jobs, "A pipeline names its training jobs pipelines-<execution id>-<step>-<random>")
+        add(
+            ["sagemaker:DescribeTrainingJob"],
+            [jobs],
+            {"StringEquals": {f"aws:ResourceTag/{d.recipe_tag_key()}": self.plan.name}},
+        )
+        allow_wildcard(
+            jobs,
+            "A pipeline names its training jobs pipelines-<execution id>-<step>-<random>; "
+            "an aws:ResourceTag condition limits them to this recipe's",
+        )
         group = stack.format_arn(
             service="logs",
             resource="log-group",
             resource_name=TRAINING_LOG_GROUP,
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        add(["logs:DescribeLogStreams", "logs:GetLogEvents"], [group, f"{group}:*"])
-        allow_wildcard(f"{group}:*", "SageMaker names each training job's log streams after the generated job name")
+        # logs: the streams' names start with the job's, pipelines-*; CloudWatch Logs tags log groups, not
+        # streams, and the group is SageMaker's, shared by every training job of the account and region, so
+        # no condition narrows the streams to this recipe (README, IAM table).
+        if logs:
+            add(["logs:DescribeLogStreams"], [group, f"{group}:*"])
+            streams = f"{group}:log-stream:pipelines-*"
+            add(["logs:GetLogEvents"], [streams])
+            allow_wildcard(f"{group}:*", "DescribeLogStreams lists the training jobs' group, the job's name as prefix")
+            allow_wildcard(streams, "SageMaker names each pipeline job's log streams <job name>/algo-<n>-<epoch>")
         grant = grant.combine(self.store.grant_runs_read(grantee, recipe.name))
         allow_wildcard(
             self.store.bucket.arn_for_objects(f"{runs_prefix(recipe.name)}*/{COMMIT_MARKER}"),

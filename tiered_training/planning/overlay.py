@@ -149,16 +149,44 @@ def report(overlay: Overlay) -> str:
     return "\n".join(lines)
 
 
-def cache_path() -> Path:
-    """The local copy of the account's overlay: ``$XDG_CACHE_HOME/tiered-training/overlay.json``."""
+LEGACY_STORE_KEY = "calibration/overlay.json"  # one overlay for the account, before 0.x: no longer read
+
+
+def store_key(recipe: str) -> str:
+    """The recipe's overlay in its checkpoint store: ``calibration/<recipe>/overlay.json`` (only the recipe's
+    operators may write it: CheckpointStore.grant_runs_read)."""
+    return f"calibration/{recipe}/overlay.json"
+
+
+def _cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tiered-training" / "overlay.json"
+    return Path(base) / "tiered-training"
 
 
-def cached(path: Path | None = None) -> Overlay | None:
-    """The cached overlay, or None when there is none (or it is unreadable: plans then use the shipped model)."""
-    path = path or cache_path()
+def cache_path(recipe: str) -> Path:
+    """The local copy of the recipe's overlay: ``$XDG_CACHE_HOME/tiered-training/calibration/<recipe>/overlay.json``."""
+    return _cache_root() / "calibration" / recipe / "overlay.json"
+
+
+def cached(recipe: str, path: Path | None = None) -> Overlay | None:
+    """The recipe's cached overlay, or None when there is none (or it is unreadable: plans then use the shipped
+    model)."""
+    path = path or cache_path(recipe)
     try:
         return Overlay.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def legacy_notice(recipes: Sequence[str]) -> str | None:
+    """What to do when the account-wide overlay of earlier versions is cached and some recipe has no overlay of
+    its own: that file is no longer read."""
+    legacy = _cache_root() / "overlay.json"
+    missing = [r for r in recipes if not cache_path(r).exists()]
+    if not legacy.exists() or not missing:
+        return None
+    return (
+        f"{legacy} (one overlay for every recipe) is no longer read: each recipe has its own overlay, "
+        f"s3://<store>/calibration/<recipe>/overlay.json. Run `tiered-training calibrate {' '.join(missing)} "
+        "--from-runs` to write theirs, then delete the old file."
+    )

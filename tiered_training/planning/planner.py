@@ -15,7 +15,7 @@ import difflib
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -81,9 +81,14 @@ FP8_GPUS_HINT = "ml.p5.48xlarge, ml.p5e.48xlarge, ml.p5en.48xlarge, ml.p6-b200.4
 GIB = memory.GIB
 
 
-def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay | None = None) -> PlanResult:
+def plan_file(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    overlay: Overlay | Callable[[str], Overlay | None] | None = None,
+) -> PlanResult:
     """Load and resolve one recipe file (``-``: standard input), with ``--set`` overrides and the account's
-    calibration ``overlay`` (planning/overlay.py) if given.
+    calibration ``overlay`` (planning/overlay.py) if given: an overlay, or a function of the recipe's name that
+    returns the recipe's own (``overlay.cached``).
 
     Raises :class:`RecipeError` for a bad file or override."""
     from tiered_training.recipe.loader import load_recipe_with_lines, source_name
@@ -91,6 +96,8 @@ def plan_file(path: str | Path, overrides: Sequence[str] = (), overlay: Overlay 
     from tiered_training.text import clip
 
     recipe, lines = load_recipe_with_lines(path, overrides)
+    if callable(overlay):
+        overlay = overlay(recipe.name)
     plan = resolve(recipe, source=source_name(path), lines=lines, overlay=overlay)
     plan.overrides.update({o.dotted: clip(o.text, 100) for o in parse_overrides(overrides)})
     return plan
