@@ -170,7 +170,7 @@ def test_piped_plan_of_the_templates_fits_100_columns_with_one_quota_table():
     assert "quota-needed" not in result.stdout
     # Each quota a template needs raised: once, with its code and AWS's default.
     quota_header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["quota", "code"])
-    needed = {q.quota.title: q.quota for p in plans for q in quotas.shortfalls(p.recipe)}
+    needed = {q.quota.title: q.quota for p in plans for q in quotas.shortfalls(p.recipe, None, quotas.prepare_instances(p))}
     quota_lines = lines[quota_header + 2 : quota_header + 2 + len(needed)]
     assert len(needed) > 1 and sorted(line[: line.index("  ")] for line in quota_lines) == sorted(needed)
     for line in quota_lines:

@@ -252,7 +252,10 @@ def runconfig_values(plan) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for section, value in plan.run_config().model_dump(mode="json").items():
         if isinstance(value, dict):
-            values.update({f"{section}.{key}": leaf for key, leaf in value.items()})
+            # data.mixture is optional: a run without a mixture has no key for it (RunConfig.to_hyperparameters)
+            values.update(
+                {f"{section}.{key}": leaf for key, leaf in value.items() if (section, key, leaf) != ("data", "mixture", None)}
+            )
         else:
             values[section] = value
     return values

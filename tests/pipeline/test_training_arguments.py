@@ -161,7 +161,10 @@ def test_probe_seconds_cover_every_launch(tmp_path):
     launches = probe.plan_launches(plan)
     assert [launch.number for launch in launches] == [1, 2, 3] and all(launch.steps == 9 for launch in launches)
     assert len({launch.step_seconds for launch in launches}) > 1
-    assert probe.probe_seconds(plan) == pytest.approx(sum(launch.seconds for launch in launches), rel=1e-12)
+    # and the health check before the candidates
+    assert probe.probe_seconds(plan) == pytest.approx(
+        probe.HEALTH_CHECK_SECONDS + sum(launch.seconds for launch in launches), rel=1e-12
+    )
     # a probe that takes longer than the probe's limit still gets the time, within the job runtime
     slow = plan_of(tmp_path, **{"probe.steps": 9, "compute.max_runtime_hours": 12.0})
     long_plan = dataclasses.replace(slow, candidates=tuple(

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from support import recipe_dict
 
 from tiered_training import catalog as catalogs
+from tiered_training.contract.corpus import MixtureSource
 from tiered_training.contract.runconfig import CandidateConfig, LoraConfig, RunConfig, SftConfig
 from tiered_training.planning import memory
 from tiered_training.planning.planner import plan_file, resolve
@@ -131,6 +132,10 @@ def _leaf(annotation) -> st.SearchStrategy:
         return st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-308, 5e-324, 1.7976931348623157e308, 0.1, 1 / 3]))
     if annotation is str:
         return text
+    if annotation is MixtureSource:  # required fields with a pattern: drawn as the contract allows
+        return st.builds(
+            MixtureSource, name=st.from_regex(r"[a-z0-9][a-z0-9_-]{0,12}", fullmatch=True), weight=st.floats(1e-6, 1e6)
+        )
     if annotation is CandidateConfig:  # nested sections with required fields: the planner's own candidates
         return st.sampled_from(PLANNED_CANDIDATES)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):  # a nested section (sft, sft.lora)
