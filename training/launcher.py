@@ -402,12 +402,17 @@ def failure_reason(failure_dir: Path, status: int, host: str, killed: str | None
     are consequences of it."""
     recorded = sorted((p for p in failure_dir.glob("rank-*") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name))
     lines: dict[str, None] = {}  # first lines, in order, once each
-    if killed:
+    # SIGKILL comes from outside (the OOM killer) and is the cause; a worker that aborts (SIGABRT, as the
+    # communicator does when a peer exits) or is stopped comes after what a worker recorded itself.
+    outside = bool(killed) and "SIGKILL" in str(killed)
+    if killed and outside:
         lines[f"{host} {killed}"] = None
     for path in recorded:
         text = path.read_text(errors="replace").strip()
         if text:
             lines[f"{host} {path.name}: {text.splitlines()[0]}"] = None
+    if killed and not outside:
+        lines[f"{host} {killed}"] = None
     if lines:
         return causes_first(list(lines))[0][:1000]
     if status < 0:

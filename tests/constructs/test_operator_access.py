@@ -94,9 +94,10 @@ def deploy(world: World, stack_name: str, plan, endpoint: str) -> list[dict]:
     manifest = {"step": 4, "committed_at": 1.0, "files": {}, "run": {"run_id": RUN, "data_uri": plan.recipe.data.uri}}
     s3.put_object(Bucket=bucket, Key=f"{runs}{RUN}/step-4/COMMITTED", Body=json.dumps(manifest).encode())
     data_bucket, _, prefix = plan.recipe.data.uri[len("s3://") :].partition("/")
-    s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
-    if plan.recipe.data.prepare is not None:  # preflight checks that the first one is readable (HeadObject)
+    if plan.recipe.data.prepare is not None:  # raw examples: preflight checks that the first one is readable (HeadObject)
         s3.put_object(Bucket=data_bucket, Key=f"{prefix}chat.parquet", Body=b"PAR1")
+    else:  # token shards (under a raw prefix preflight would refuse a .bin, which no reader takes)
+        s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
     return train["Arguments"]["Tags"]
 
 
@@ -310,7 +311,7 @@ def recipe_policies(world: World, stack_name: str, role_arn: str) -> list[dict]:
 
 # What an operator of one recipe can still read of another's: the training jobs' log streams (CloudWatch Logs tags
 # log groups, not streams; SageMaker's group is shared). README, "IAM": the reads that remain.
-REMAINING = {"logs:GetLogEvents", "logs:DescribeLogStreams", "cloudwatch:GetMetricData"}
+REMAINING = {"logs:GetLogEvents", "logs:DescribeLogStreams", "cloudwatch:GetMetricData", "cloudwatch:ListMetrics"}
 
 
 def test_an_operator_of_one_recipe_reads_its_jobs_and_overlay_and_not_anothers(operated, by_recipe):

@@ -140,7 +140,8 @@ def _statements(policies: list[dict]) -> list[tuple[int, int, dict]]:
     for i, policy in enumerate(policies):
         for j, statement in enumerate(policy["policy"]["Statement"]):
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-            if any(a.startswith(GRANTS) for a in actions):
+            # the grants: a Deny (the execution role may not write the prepared shards) is not one to take away
+            if statement.get("Effect", "Allow") == "Allow" and any(a.startswith(GRANTS) for a in actions):
                 out.append((i, j, {**statement, "Action": actions}))
     return out
 

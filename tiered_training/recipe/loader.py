@@ -429,7 +429,9 @@ def _model_at(path: Loc) -> type[BaseModel] | None:
     for part in path:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
-        field = model.model_fields.get(part) if isinstance(part, str) else None  # a list index is no field
+        if isinstance(part, int):  # an item of a list of sections (data.sources.0): the item's model
+            continue
+        field = model.model_fields.get(part)
         if field is None:
             return None
         model = _submodel(field.annotation)
@@ -554,10 +556,15 @@ def _merge_misspelt_keys(grouped: dict[str, dict[str, Any]]) -> None:
         meant = entry.pop("meant", None)
         if meant is None or "extra_forbidden" not in entry["kinds"]:
             continue
-        sibling = ".".join(map(str, entry["path"][:-1] + (meant,)))
-        other = grouped.get(sibling)
-        if other is not None and other["kinds"] == {"missing"}:
-            del grouped[sibling]
+        for field in (meant, *SUPPLIES.get(meant, ())):
+            sibling = ".".join(map(str, entry["path"][:-1] + (field,)))
+            other = grouped.get(sibling)
+            if other is not None and other["kinds"] == {"missing"}:
+                del grouped[sibling]
+
+
+# A field that gives others their default: misspelt, it is the one problem (data.sources gives data.uri).
+SUPPLIES = {"sources": ("uri",)}
 
 
 # An example line for the sections whose fields have no defaults to show.

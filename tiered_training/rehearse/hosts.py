@@ -379,7 +379,8 @@ class JobRunner:
             lines = [line for _, host, line in log if host == name]
             reason = exit_reason(codes[name], lines)
             hosts = ", ".join(failed)
-            return JobAttempt("Failed", _short(f"{hosts} failed: {reason}", 500), log=log, detail=detail)
+            said = f"{hosts} failed: {reason}" if len(names) > 1 else reason  # one instance: no host to name
+            return JobAttempt("Failed", _short(said, 500), log=log, detail=detail)
         for output in specs:
             merged = base / "merged" / output["OutputName"] if count > 1 else Path(first[output["OutputName"]])
             if count > 1:
