@@ -56,6 +56,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ from training.components.checkpoint_files import (  # noqa: F401 - the file-leve
     sha256,
     step_dir,
 )
+from training.components.fence import LeaseFenced
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -125,13 +127,16 @@ class CheckpointManager:
         accept: Acceptor | None = None,
         identity: dict[str, Any] | None = None,
         candidate: tuple[int, str] | None = None,
+        fence: Callable[[str], None] | None = None,
     ):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
         checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
         run's identity (training/components/identity.py), recorded in every manifest. ``candidate``: the
         probe candidate trained and its summary, recorded in every manifest (a resume with run.candidate 0
-        trains it again)."""
+        trains it again). ``fence``: rank 0 calls it with what is about to be committed (a checkpoint, a pruning, an
+        export) and commits nothing when it raises (training/components/fence.py: the run's lease)."""
         self.root = Path(root)
+        self.fence = fence
         self.candidate = candidate
         self.accept = accept
         self.identity = identity
@@ -217,6 +222,7 @@ class CheckpointManager:
         doomed: list[int] = []
         committed = False
         disk_full = None
+        fenced = None
         if self.rank == 0:
             assert gathered is not None  # rank 0 gathers
             files: dict[str, dict] = {}
@@ -225,7 +231,11 @@ class CheckpointManager:
                 files.update(rank_files or {})
             if not issues:
                 issues = _check_against_metadata(path, files)
-            if issues:
+            if not issues:
+                fenced = self._fenced(f"checkpoint step-{flight.step}")
+            if fenced:
+                log.error("%s", fenced)
+            elif issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
                 if any(f for _, _, f in gathered):
                     before = f"step-{self.last_committed}" if self.last_committed is not None else "none in this job"
@@ -264,12 +274,17 @@ class CheckpointManager:
                 doomed = plan_pruning(
                     list_steps(self.root), self.verified, self.damaged, self.keep_last, committed=flight.step
                 )
+                if doomed and (fenced := self._fenced("pruning " + ", ".join(f"step-{s}" for s in doomed))):
+                    log.error("%s", fenced)
+                    doomed = []
         # Rank 0 decides; the first rank of every host deletes its local copies.
-        shared: list[Any] = [committed, doomed, disk_full]
+        shared: list[Any] = [committed, doomed, disk_full, fenced]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
-        committed, doomed, disk_full = shared
+        committed, doomed, disk_full, fenced = shared
         self._delete(doomed)
         dist.barrier(group=self.control_group)
+        if fenced:
+            raise LeaseFenced(fenced)
         if disk_full:
             raise CheckpointDiskFull(disk_full)
         if not committed:
@@ -278,6 +293,26 @@ class CheckpointManager:
         self.verified.difference_update(doomed)
         self.last_committed = flight.step
         return flight.step
+
+    def _fenced(self, what: str) -> str | None:
+        """Rank 0: why ``what`` may not be committed (the fence refused it), or None."""
+        if self.fence is None:
+            return None
+        try:
+            self.fence(what)
+        except Exception as exc:  # noqa: BLE001 - any failure to prove the lease refuses the commit
+            return str(exc)
+        return None
+
+    def prove(self, what: str) -> None:
+        """Collective: raise :class:`LeaseFenced` on every rank unless rank 0's fence allows ``what`` (only the
+        lease's host has a fence, so every rank takes part)."""
+        reason: list[Any] = [self._fenced(what) if self.rank == 0 else None]
+        dist.broadcast_object_list(reason, src=0, group=self.control_group)
+        if reason[0]:
+            if self.rank == 0:
+                log.error("%s", reason[0])
+            raise LeaseFenced(reason[0])
 
     def _delete(self, steps: list[int]) -> None:
         if _local_rank() == 0:
