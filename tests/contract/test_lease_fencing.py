@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -128,6 +129,15 @@ def test_prove_checks_the_deadline_and_the_etag(client):
         protocol.prove(client, URI, lease, 150, lambda: t[0] + 1)
 
 
+def test_prove_retries_503_until_the_deadline_then_says_the_deadline_passed(client):
+    lease = protocol.acquire(client, URI, "run-1", A)
+    down = Faulty(client, always=_error("ServiceUnavailable", 503, "HeadObject"))
+    started = time.time()
+    with pytest.raises(protocol.LeaseExpired, match="deadline .* has passed"):
+        protocol.prove(down, URI, replace(lease, renewed=started), 0.5)
+    assert 0.5 <= time.time() - started < 3
+
+
 def test_timings_must_leave_room_for_the_longest_save_and_the_clock_skew():
     assert protocol.Timings().problem(save_seconds=110) is None  # 300 > 150 + 110 + 10
     problem = protocol.Timings().problem(save_seconds=140)
@@ -202,7 +212,7 @@ def test_the_fence_refuses_once_another_execution_holds_the_lease_even_before_th
     protocol.acquire(client, URI, "run-1", B)
     with pytest.raises(LeaseFenced, match="checkpoint step-6 NOT committed: the lease .* is no longer this holder's"):
         Fence(state, client)("checkpoint step-6")
-    with pytest.raises(LeaseFenced, match="cannot prove the lease .*ServiceUnavailable"):
-        Fence(state, Faulty(client, always=_error("ServiceUnavailable", 503, "HeadObject")))("checkpoint step-6")
+    with pytest.raises(LeaseFenced, match="cannot prove the lease .*AccessDenied"):
+        Fence(state, Faulty(client, always=_error("AccessDenied", 403, "HeadObject")))("checkpoint step-6")
     holder.release()
     assert not state.exists()

@@ -315,27 +315,42 @@ def renew(
         delay = min(delay * 2, 5.0)
 
 
-def prove(s3: Any, uri: str, lease: Lease, deadline_seconds: float, now: Callable[[], float] = time.time) -> None:
+def prove(
+    s3: Any,
+    uri: str,
+    lease: Lease,
+    deadline_seconds: float,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Raise unless ``lease`` is still this holder's: renewed within ``deadline_seconds`` (:class:`LeaseExpired`)
-    and still the object at ``uri`` (a HeadObject with ``IfMatch`` on its ETag; :class:`LeaseLost`). Errors of S3
-    itself are raised as they are: a lease that cannot be proven is not this holder's to commit under."""
-    t = now()
-    if t >= lease.renewed + deadline_seconds:
-        raise LeaseExpired(
-            f"the lease {uri} was last renewed at {_iso(lease.renewed)}; its deadline "
-            f"{_iso(lease.renewed + deadline_seconds)} ({deadline_seconds:g} s later) has passed"
-        )
+    and still the object at ``uri`` (a HeadObject with ``IfMatch`` on its ETag; :class:`LeaseLost`). S3's "try
+    again" answers are retried until the deadline; its other errors are raised as they are: a lease that cannot be
+    proven is not this holder's to commit under."""
     bucket, key = _split(uri)
-    try:
-        s3.head_object(Bucket=bucket, Key=key, IfMatch=lease.etag)
-    except Exception as error:
-        if _code(error) in PRECONDITION + MISSING:
-            found = read(s3, uri)
-            raise LeaseLost(
-                f"the lease {uri} (last renewed by this holder at {_iso(lease.renewed)}) is no longer this "
-                "holder's: " + (found.describe(now()) if found is not None else "it was removed")
-            ) from None
-        raise
+    deadline = lease.renewed + deadline_seconds
+    delay = 0.1
+    while True:
+        t = now()
+        if t >= deadline:
+            raise LeaseExpired(
+                f"the lease {uri} was last renewed at {_iso(lease.renewed)}; its deadline "
+                f"{_iso(deadline)} ({deadline_seconds:g} s later) has passed"
+            )
+        try:
+            s3.head_object(Bucket=bucket, Key=key, IfMatch=lease.etag)
+            return
+        except Exception as error:
+            if _code(error) in PRECONDITION + MISSING:
+                found = read(s3, uri)
+                raise LeaseLost(
+                    f"the lease {uri} (last renewed by this holder at {_iso(lease.renewed)}) is no longer this "
+                    "holder's: " + (found.describe(now()) if found is not None else "it was removed")
+                ) from None
+            if not _retryable(error):
+                raise
+        sleep(min(delay, max(0.0, deadline - now())))
+        delay = min(delay * 2, 5.0)
 
 
 def iso(seconds: float) -> str:

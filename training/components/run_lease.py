@@ -37,8 +37,10 @@ class LeaseRefused(Exception):
 def s3_client(environ: Mapping[str, str]) -> Any:
     import boto3
 
+    from training.components.lease_faults import apply_faults
+
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None
-    return boto3.client("s3", region_name=region)
+    return apply_faults(boto3.client("s3", region_name=region), environ)
 
 
 class RunLease:
