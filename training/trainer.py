@@ -60,9 +60,9 @@ from tiered_training.contract.world import accumulation, resume_accumulation
 from training.components import float8
 from training.components.ac import apply_ac
 from training.components.checkpoint import CheckpointManager
-from training.components.fence import from_environment as lease_fence
 from training.components.compile import apply_compile
 from training.components.data import build_dataloader, build_sft_dataloader, split_batch
+from training.components.fence import from_environment as lease_fence
 from training.components.identity import identity as run_identity
 from training.components.identity import same_run
 from training.components.loss import valid_tokens

@@ -31,7 +31,9 @@ FAST = protocol.Timings(renew_seconds=0.05, deadline_seconds=0.4, stale_seconds=
 
 
 def _error(code: str, status: int, operation: str = "PutObject") -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation
+    )
 
 
 class Faulty:
@@ -183,7 +185,9 @@ def test_a_holder_whose_renewals_fail_stops_at_its_deadline_and_its_fence_refuse
     renewed = holder.lease.renewed
     _wait(lambda: holder.lost is not None)
     assert holder.lost is not None and time.time() >= renewed + FAST.deadline_seconds
-    assert holder.lost.startswith(f"the lease of run run-1 at {URI} was not renewed within its deadline: last renewed at ")
+    assert holder.lost.startswith(
+        f"the lease of run run-1 at {URI} was not renewed within its deadline: last renewed at "
+    )
     assert f"deadline {protocol.iso(holder.lease.renewed + FAST.deadline_seconds)} (0.4 s)" in holder.lost
     assert any("cannot renew the lease" in line and "AccessDenied" in line for line in said)
     assert json.loads(state.read_text())["lost"] == holder.lost

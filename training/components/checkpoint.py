@@ -55,8 +55,8 @@ import os
 import shutil
 import threading
 import time
-from concurrent.futures import Future
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -1,6 +1,7 @@
-"""S3 faults on the run's lease, for rehearsals only: ``TIERED_TRAINING_LEASE_FAULT="SECONDS"`` in a training job's
-Environment makes every PutObject on the lease object (acquire, renew) answer ``503 ServiceUnavailable`` from SECONDS
-after the launcher made its S3 client, as S3 does under load. The answer comes from a botocore ``before-send``
+"""S3 faults on the run's lease, for rehearsals only: ``TIERED_TRAINING_LEASE_FAULT`` in a training job's
+Environment makes every PutObject on the lease object (acquire, renew) answer ``503 ServiceUnavailable``, as S3 does
+under load: ``SECONDS`` from that many seconds after the launcher made its S3 client, ``step-N`` from the moment
+checkpoint step-N is committed in this host's checkpoint directory. The answer comes from a botocore ``before-send``
 handler, so botocore's own retries and error parsing run as they would against S3; reads (the fence's HeadObject) are
 left alone.
 """
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from tiered_training.contract.container import LEASE_NAME
+from tiered_training.contract.container import CHECKPOINT_LOCAL_PATH, LEASE_NAME
 
 FAULT_VARIABLE = "TIERED_TRAINING_LEASE_FAULT"
 BODY = (
@@ -30,16 +32,27 @@ def apply_faults(client: Any, environ: Mapping[str, str]) -> Any:
     text = (environ.get(FAULT_VARIABLE) or "").strip()
     if not text:
         return client
-    try:
-        after = float(text)
-    except ValueError:
-        raise ValueError(f"{FAULT_VARIABLE}={text[:40]!r}: expected the seconds after which lease writes fail") from None
-    start = time.monotonic() + after
+    bad = f"{FAULT_VARIABLE}={text[:40]!r}: expected SECONDS or step-N (when lease writes start to fail)"
+    marker: Path | None = None
+    start = time.monotonic()
+    if text.startswith("step-"):
+        if not text[5:].isdigit():
+            raise ValueError(bad)
+        root = Path(environ.get("TT_CHECKPOINT_DIR") or CHECKPOINT_LOCAL_PATH)
+        marker = root / text / "COMMITTED"
+    else:
+        try:
+            start += float(text)
+        except ValueError:
+            raise ValueError(bad) from None
+
+    def failing() -> bool:
+        return marker.is_file() if marker is not None else time.monotonic() >= start
 
     def answer(request: Any, **_: Any) -> Any:
         from botocore.awsrequest import AWSResponse
 
-        if time.monotonic() < start or not request.url.split("?")[0].endswith("/" + LEASE_NAME):
+        if not request.url.split("?")[0].endswith("/" + LEASE_NAME) or not failing():
             return None
         return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw())
 
