@@ -79,9 +79,10 @@ from pathlib import Path
 from typing import Any
 
 from tiered_training.catalog.environment import family_environment
-from tiered_training.contract.container import MODE_VARIABLE
+from tiered_training.contract.container import LEASE_STATE_VARIABLE, MODE_VARIABLE
 from tiered_training.contract.container import OPT_ML as SAGEMAKER_OPT_ML
 from tiered_training.contract.failures import causes_first
+from tiered_training.contract.lease import Timings
 from training.candidates import apply as apply_candidate
 from training.components.run_lease import LeaseRefused, RunLease
 from training.probe import FAILED, PROBE_DIR_VARIABLE, read_results, result_file, summary_lines
@@ -110,6 +111,7 @@ class Launch:
     mode: str
     run_id: str = ""
     candidates: int = 1  # probe.count: the launches of a probe
+    save_seconds: float = 0.0  # checkpoint.shutdown_deadline_seconds: the longest save (the lease's timings)
 
     def summary(self) -> str:
         return (
@@ -336,6 +338,7 @@ def build_launch(
         mode=mode,
         run_id=cfg.run.id,
         candidates=count,
+        save_seconds=float(cfg.checkpoint.shutdown_deadline_seconds),
     )
 
 
@@ -485,8 +488,9 @@ def write_failure(output_dir: Path, reason: str) -> None:
 def run_torchrun(launch: Launch, output_dir: Path, lease: RunLease | None = None) -> int:
     """Run torchrun as a child, send SIGTERM to its workers, write the failure file; its exit status.
 
-    ``lease``: the run's lease this host holds; released when torchrun exits. Should it be lost (taken over after
-    this host stopped renewing it), the workers get SIGTERM: they save and stop, and the job fails naming the taker.
+    ``lease``: the run's lease this host holds; released when torchrun exits. Should it be lost (not renewed within
+    its deadline, or taken over), the workers get SIGTERM: they stop, their last save is not committed (rank 0's
+    fence refuses it), and the job fails with the lease's reason (its URI, last renewal and deadline, or the taker).
     """
     status, reason = run_workers(launch, lease)
     if reason is not None:
@@ -540,13 +544,13 @@ def run_workers(launch: Launch, lease: RunLease | None = None) -> tuple[int, str
             lease.release()
     relay.join(timeout=5)  # torchrun's last lines
     reason = None
-    if status != 0:
+    if lost is not None:  # the workers' own errors (a fenced commit) follow from it
+        reason = f"launcher: {lost}; the workers were stopped"
+        status = status or 1
+    elif status != 0:
         time.sleep(0.2)  # a worker's last words
         host = launch.env.get("SM_CURRENT_HOST", "this host")
         reason = failure_reason(failure_dir, status, host, killed[0] if killed else None)
-    elif lost is not None:
-        reason = f"launcher: {lost}; the workers were stopped"
-        status = 1
     shutil.rmtree(failure_dir, ignore_errors=True)
     return (status if status >= 0 else 128 - status), reason
 
@@ -683,6 +687,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if launch.mode == "train":
         try:
             lease = take_lease(launch, environ)
+        except ValueError as error:  # the lease's timings in the Environment
+            print(f"launcher: error: {error}", file=sys.stderr, flush=True)
+            write_failure(root / "output", f"launcher: {error}")
+            return EXIT_USAGE
         except LeaseRefused as error:
             print(f"launcher: error: {error}", file=sys.stderr, flush=True)
             write_failure(root / "output", f"launcher: {error}")
@@ -693,14 +701,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def take_lease(launch: Launch, environ: Mapping[str, str]) -> RunLease | None:
-    """The run's lease (training/components/run_lease.py): taken by the first host, checked by the others."""
+    """The run's lease (training/components/run_lease.py): taken by the first host, checked by the others. The
+    first host's workers get :data:`LEASE_STATE_VARIABLE`, the file where the launcher keeps the lease's state for
+    their commits (training/components/fence.py). ValueError: the lease's timings in the Environment are invalid."""
+    timings = Timings.from_environment(environ, launch.save_seconds)
+    state = Path(tempfile.mkdtemp(prefix="tt-lease-")) / "lease-state.json"
     lease = RunLease.from_environment(
-        environ, launch.run_id, launch.env.get("SM_CURRENT_HOST", ""), say=lambda text: print(text, flush=True)
+        environ,
+        launch.run_id,
+        launch.env.get("SM_CURRENT_HOST", ""),
+        timings=timings,
+        state_path=state if launch.node_rank == 0 else None,
+        say=lambda text: print(text, flush=True),
     )
     if lease is None:
         return None
     if launch.node_rank == 0:
         lease.take()
+        launch.env[LEASE_STATE_VARIABLE] = str(state)
         return lease
     lease.check()
     return None

@@ -62,6 +62,7 @@ from training.components.ac import apply_ac
 from training.components.checkpoint import CheckpointManager
 from training.components.compile import apply_compile
 from training.components.data import build_dataloader, build_sft_dataloader, split_batch
+from training.components.fence import from_environment as lease_fence
 from training.components.identity import identity as run_identity
 from training.components.identity import same_run
 from training.components.loss import valid_tokens
@@ -647,6 +648,7 @@ def _run(
         identity=identity,
         accept=same_run(identity) if identity else None,
         candidate=(cfg.run.candidate or 1, cfg.candidate_config(1).describe()),  # cfg runs its candidate as its own
+        fence=lease_fence(os.environ) if info.rank == 0 else None,  # the run's lease, proven before every commit
     )
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;
@@ -864,6 +866,7 @@ def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_
     if ckpt.in_flight is not None:
         _wait_for_save(ckpt, result)
     if export if export is not None else result.step >= cfg.batch.total_steps:
+        ckpt.prove(f"the export to {model_dir}")
         started = time.perf_counter()
         result.exported_to = export_model(trainer, model_dir)
         log.info(

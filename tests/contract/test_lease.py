@@ -139,7 +139,7 @@ def test_concurrent_acquirers_exactly_one_wins(client):
 
 
 def test_the_launchers_lease_renews_in_the_background_and_releases(client, s3):
-    a = RunLease(s3, RUN_URI, "run-1", A, renew_seconds=0.05, say=lambda _: None)
+    a = RunLease(s3, RUN_URI, "run-1", A, timings=protocol.Timings(renew_seconds=0.05), say=lambda _: None)
     a.take()
     first = a.lease.etag
     for _ in range(100):

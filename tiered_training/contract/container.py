@@ -39,3 +39,13 @@ JOB_NAME_VARIABLE = "TRAINING_JOB_NAME"
 LEASE_NAME = "lease.json"  # <run prefix>lease.json, beside the run's step-N/ checkpoints
 LEASE_RENEW_SECONDS = 60  # the holder rewrites the lease this often
 LEASE_STALE_RENEWALS = 5  # a lease not renewed for this many intervals (5 minutes) may be taken over
+LEASE_DEADLINE_SECONDS = 150  # a holder not renewed for this long stops committing and training
+LEASE_CLOCK_SKEW_SECONDS = 10  # the clock difference between two training instances allowed for
+# The lease's timings, read from the training job's Environment (tiered_training/contract/lease.py: Timings); a
+# rehearsal shortens them to run a takeover in seconds.
+LEASE_RENEW_VARIABLE = "TIERED_TRAINING_LEASE_RENEW_SECONDS"
+LEASE_DEADLINE_VARIABLE = "TIERED_TRAINING_LEASE_DEADLINE_SECONDS"
+LEASE_STALE_VARIABLE = "TIERED_TRAINING_LEASE_STALE_SECONDS"
+LEASE_SKEW_VARIABLE = "TIERED_TRAINING_LEASE_SKEW_SECONDS"
+# The launcher's record of the lease for the workers it starts (training/components/fence.py reads it).
+LEASE_STATE_VARIABLE = "TIERED_TRAINING_LEASE_STATE"

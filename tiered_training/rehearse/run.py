@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import copy
+import functools
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from typing import IO, Any
 
 from tiered_training.aws import probe_runs
 from tiered_training.contract.runconfig import MAX_PROBE_CANDIDATES, RunConfig
-from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition
+from tiered_training.pipeline.definition import TRAIN_CHAINS, PipelineResources, build_definition, iter_steps
 from tiered_training.pipeline.validation import validate_definition
 from tiered_training.rehearse.errors import (  # noqa: F401 (the CLI imports them from here)
     MissingExtra,
@@ -174,13 +176,17 @@ class Then:
     ``params``: its parameters, over the first execution's; ``recipe``: the pipeline redeployed from
     another recipe file (the same name: the same store prefix); ``before``: called with the S3 client
     and the rehearsal so far before it starts (to damage a prefix, say); ``resume``: the execution
-    resumes the first execution's run by name."""
+    resumes the first execution's run by name; ``environment``: variables added to its training jobs' Environment
+    (the lease's timings, a rehearsal's fault); ``start_when``: with ``alongside``, it starts once this returns True
+    (asked every second with the S3 client)."""
 
     params: dict[str, str] = field(default_factory=dict)
     recipe: Path | None = None
     before: Callable[[Any, Rehearsal], None] | None = None
     resume: bool = False  # resume the first execution's run (RunId = its execution id)
     alongside: bool = False  # start at the same moment as the execution before it, not after it ends
+    environment: dict[str, str] = field(default_factory=dict)
+    start_when: Callable[[Any], bool] | None = None
 
 
 @dataclass
@@ -756,7 +762,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 execution = interpreter.run(params)
                 result.checkpoint_uri = result.run_prefix(execution.execution_id)
                 runner.interrupt = None
-                ready: list[tuple[dict[str, Any], dict[str, str]]] = []  # executions that start together
+                ready: list[tuple[dict[str, Any], dict[str, str], Callable[[], bool] | None]] = []  # start together
 
                 def start_ready() -> None:
                     result.later.extend(_run_together(ready, runner, say, limits))
@@ -798,7 +804,12 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                         + (f"; the pipeline redeployed from {step.recipe}" if step.recipe else "")
                         + (f"; at the same time as execution {number - 1}" if step.alongside else "")
                     )
-                    ready.append((later_definition, values))
+                    if step.environment:
+                        later_definition = _with_environment(later_definition, step.environment)
+                    waits: Callable[[], bool] | None = (
+                        functools.partial(step.start_when, client) if step.start_when else None
+                    )
+                    ready.append((later_definition, values, waits))
                 start_ready()
                 result.then = result.later[0] if result.later else None
             except PipelineError as error:
@@ -901,20 +912,30 @@ def _run_later(definition: dict[str, Any], runner: JobRunner, say, limits, value
 
 
 def _run_together(
-    ready: list[tuple[dict[str, Any], dict[str, str]]], runner: JobRunner, say, limits
+    ready: list[tuple[dict[str, Any], dict[str, str], Callable[[], bool] | None]], runner: JobRunner, say, limits
 ) -> list[Execution]:
-    """Run the executions at once (one thread each), as two starts a second apart would; in the order given."""
+    """Run the executions at once (one thread each), as two starts a second apart would, each once its gate (if any)
+    opens; in the order given."""
     if len(ready) <= 1:
-        return [_run_later(definition, runner, say, limits, values) for definition, values in ready]
+        return [_run_later(definition, runner, say, limits, values) for definition, values, _ in ready]
     found: list[Execution | BaseException | None] = [None] * len(ready)
 
-    def run(index: int, definition: dict[str, Any], values: dict[str, str]) -> None:
+    def run(index: int, definition: dict[str, Any], values: dict[str, str], gate) -> None:
         try:
+            waited = 0
+            while gate is not None and not gate():
+                if runner.stopping or waited >= GATE_SECONDS:
+                    raise RehearsalError(
+                        f"execution {index + 1} of these did not start: its start condition "
+                        f"was not met within {GATE_SECONDS} s"
+                    )
+                time.sleep(1)
+                waited += 1
             found[index] = _run_later(definition, runner, say, limits, values)
         except BaseException as error:  # noqa: BLE001 - raised below, in this thread
             found[index] = error
 
-    threads = [threading.Thread(target=run, args=(i, d, v), daemon=True) for i, (d, v) in enumerate(ready)]
+    threads = [threading.Thread(target=run, args=(i, *entry), daemon=True) for i, entry in enumerate(ready)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -923,6 +944,18 @@ def _run_together(
         if isinstance(outcome, BaseException):
             raise outcome
     return [outcome for outcome in found if isinstance(outcome, Execution)]
+
+
+GATE_SECONDS = 600  # the longest a Then's start_when is waited for
+
+
+def _with_environment(definition: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
+    """A copy of the pipeline definition whose training steps' Environment also holds ``environment``."""
+    copied = copy.deepcopy(definition)
+    for step in iter_steps(copied.get("Steps", [])):
+        if step.get("Type") == "Training":
+            step["Arguments"].setdefault("Environment", {}).update(environment)
+    return copied
 
 
 _init_checkpoints: dict[tuple[str, int, str], Path] = {}

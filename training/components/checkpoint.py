@@ -60,6 +60,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,7 @@ from training.components.checkpoint_files import (  # noqa: F401 - the file-leve
     sha256,
     step_dir,
 )
+from training.components.fence import LeaseFenced
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -130,13 +132,16 @@ class CheckpointManager:
         accept: Acceptor | None = None,
         identity: dict[str, Any] | None = None,
         candidate: tuple[int, str] | None = None,
+        fence: Callable[[str], None] | None = None,
     ):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
         checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
         run's identity (training/components/identity.py), recorded in every manifest. ``candidate``: the
         probe candidate trained and its summary, recorded in every manifest (a resume with run.candidate 0
-        trains it again)."""
+        trains it again). ``fence``: rank 0 calls it with what is about to be committed (a checkpoint, a pruning, an
+        export) and commits nothing when it raises (training/components/fence.py: the run's lease)."""
         self.root = Path(root)
+        self.fence = fence
         self.candidate = candidate
         self.accept = accept
         self.identity = identity
@@ -220,6 +225,7 @@ class CheckpointManager:
         doomed: list[int] = []
         committed = False
         disk_full = None
+        fenced = None
         if self.rank == 0:
             assert gathered is not None  # rank 0 gathers
             hosts = [host for _, _, host in gathered]  # by rank: the control group spans every rank
@@ -230,8 +236,12 @@ class CheckpointManager:
             issues = [_describe(cause, hosts) for cause in causes] or _check_against_metadata(path, files)
             full = next((cause for cause in causes if cause.code), None)
             if not issues:
+                fenced = self._fenced(f"checkpoint step-{flight.step}")
+            if not issues and not fenced:
                 committed, full = self._write_marker(flight, path, files, hosts, issues)
-            if issues:
+            if fenced:
+                log.error("%s", fenced)
+            elif issues:
                 log.error("checkpoint step-%d NOT committed: %s", flight.step, "; ".join(issues))
                 if full:
                     disk_full = self._disk_full_reason(flight.step, full, hosts, issues)
@@ -251,12 +261,17 @@ class CheckpointManager:
                 doomed = plan_pruning(
                     steps, self.verified, self.damaged, self.keep_last, committed=flight.step, held=self._held(steps)
                 )
+                if doomed and (fenced := self._fenced("pruning " + ", ".join(f"step-{s}" for s in doomed))):
+                    log.error("%s", fenced)
+                    doomed = []
         # Rank 0 decides; the first rank of every host deletes its local copies.
-        shared: list[Any] = [committed, doomed, disk_full]
+        shared: list[Any] = [committed, doomed, disk_full, fenced]
         dist.broadcast_object_list(shared, src=0, group=self.control_group)
-        committed, doomed, disk_full = shared
+        committed, doomed, disk_full, fenced = shared
         self._delete(doomed)
         dist.barrier(group=self.control_group)
+        if fenced:
+            raise LeaseFenced(fenced)
         if disk_full:
             raise CheckpointDiskFull(disk_full)
         if not committed:
@@ -311,6 +326,26 @@ class CheckpointManager:
         """Rank 0: the committed checkpoints of this run in the directory (from earlier executions and segments too,
         restored from S3 on every host at a restart), whether or not this process checked them."""
         return {s for s in steps if s not in self.damaged and read_manifest(step_dir(self.root, s)) is not None}
+
+    def _fenced(self, what: str) -> str | None:
+        """Rank 0: why ``what`` may not be committed (the fence refused it), or None."""
+        if self.fence is None:
+            return None
+        try:
+            self.fence(what)
+        except Exception as exc:  # noqa: BLE001 - any failure to prove the lease refuses the commit
+            return str(exc)
+        return None
+
+    def prove(self, what: str) -> None:
+        """Collective: raise :class:`LeaseFenced` on every rank unless rank 0's fence allows ``what`` (only the
+        lease's host has a fence, so every rank takes part)."""
+        reason: list[Any] = [self._fenced(what) if self.rank == 0 else None]
+        dist.broadcast_object_list(reason, src=0, group=self.control_group)
+        if reason[0]:
+            if self.rank == 0:
+                log.error("%s", reason[0])
+            raise LeaseFenced(reason[0])
 
     def _delete(self, steps: list[int]) -> None:
         if _local_rank() == 0:

@@ -1,17 +1,27 @@
 """The launcher's side of one execution per run (tiered_training/contract/lease.py).
 
 Before torchrun starts, the first host takes the run's lease in the store and a background thread renews it every
-``RENEW_SECONDS``; it is released when torchrun exits (success, failure, SIGTERM). The other hosts only read it: they
-wait (at most ``WAIT_SECONDS``) until the first host holds it, and a live lease of another execution refuses them too.
-A job whose Environment names no run prefix (not started by the pipeline, or the probe) takes no lease. boto3 is the
-image's (the DLC ships it); torch is not imported.
+``timings.renew_seconds``; it is released when torchrun exits (success, failure, SIGTERM). The other hosts only read
+it: they wait (at most ``WAIT_SECONDS``) until the first host holds it, and a live lease of another execution refuses
+them too. A job whose Environment names no run prefix (not started by the pipeline, or the probe) takes no lease.
+
+Fencing: a renewal that fails (S3 503, throttling, AccessDenied, no network) is retried until the deadline
+(``timings.deadline_seconds`` after the last successful renewal); then the lease counts as lost (``lost`` says why,
+naming the lease, the last renewal and the deadline), and the launcher stops the workers. After every renewal the
+thread writes the lease's state to a local file (``state_path``: the lease URI, ETag, token, renewed-at and deadline,
+or why it was lost), which the workers' rank 0 reads and re-proves against S3 before every commit
+(training/components/fence.py). Only the first host holds the lease, and global rank 0, which commits, runs there.
+boto3 is the image's (the DLC ships it); torch is not imported.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tiered_training.contract import lease as protocol
@@ -27,8 +37,10 @@ class LeaseRefused(Exception):
 def s3_client(environ: Mapping[str, str]) -> Any:
     import boto3
 
+    from training.components.lease_faults import apply_faults
+
     region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or None
-    return boto3.client("s3", region_name=region)
+    return apply_faults(boto3.client("s3", region_name=region), environ)
 
 
 class RunLease:
@@ -41,12 +53,15 @@ class RunLease:
         run_id: str,
         holder: protocol.Holder,
         *,
-        renew_seconds: float = protocol.RENEW_SECONDS,
+        timings: protocol.Timings | None = None,
+        state_path: Path | None = None,
         now: Callable[[], float] = time.time,
         say: Callable[[str], None] = print,
     ):
         self.s3, self.uri, self.run_id, self.holder = s3, protocol.lease_uri(run_uri), run_id, holder
-        self.renew_seconds, self.now, self.say = renew_seconds, now, say
+        self.timings = timings or protocol.Timings()
+        self.renew_seconds = self.timings.renew_seconds
+        self.state_path, self.now, self.say = state_path, now, say
         self.lease: protocol.Lease | None = None
         self.lost: str | None = None
         self._stop = threading.Event()
@@ -63,21 +78,34 @@ class RunLease:
     def _refusal(self, held: protocol.Lease) -> LeaseRefused:
         return LeaseRefused(
             f"{held.describe(self.now())}; this job ({self.holder.describe()}) does not train it at the same "
-            f"time. Wait for that execution to end, or stop it; a lease not renewed for "
-            f"{protocol.STALE_SECONDS} s is stale and is taken over"
+            f"time. Wait for that execution to end, or stop it; a lease not renewed by its holder before its "
+            f"expiry ({protocol.iso(held.expires)}) is stale and is taken over"
         )
 
     def take(self) -> None:
         """The first host: acquire the lease and start renewing it."""
         try:
-            self.lease = protocol.acquire(self.s3, self.uri, self.run_id, self.holder, self.now)
+            self.lease = protocol.acquire(
+                self.s3, self.uri, self.run_id, self.holder, self.now, stale_seconds=self.timings.stale_seconds
+            )
         except protocol.LeaseHeld as held:
             raise self._refusal(held.lease) from None
         except protocol.LeaseLost as error:
             raise LeaseRefused(str(error)) from None
         except Exception as error:  # noqa: BLE001 - botocore's errors: the store cannot be reached or written
             raise LeaseRefused(f"cannot take the lease at {self.uri}: {_short(error)}") from None
-        self.say(f"launcher: lease of run {self.run_id} taken at {self.uri} (renewed every {self.renew_seconds:g} s)")
+        old = self.lease.replaced
+        if old is not None:
+            self.say(
+                f"launcher: lease of run {self.run_id} taken over from {old.holder.describe()}, last renewed at "
+                f"{protocol.iso(old.renewed)} (stale since {protocol.iso(old.expires)})"
+            )
+        t = self.timings
+        self.say(
+            f"launcher: lease of run {self.run_id} taken at {self.uri} (renewed every {t.renew_seconds:g} s; "
+            f"deadline {t.deadline_seconds:g} s, stale after {t.stale_seconds:g} s)"
+        )
+        self._write_state()
         self._thread = threading.Thread(target=self._renew, name="run-lease", daemon=True)
         self._thread.start()
 
@@ -101,22 +129,71 @@ class RunLease:
                 return
             time.sleep(poll_seconds)
 
+    def deadline(self) -> float:
+        """When this holder stops committing unless it renews first (on ``now``'s clock)."""
+        assert self.lease is not None
+        return self.lease.renewed + self.timings.deadline_seconds
+
     def _renew(self) -> None:
         while not self._stop.wait(self.renew_seconds):
             assert self.lease is not None
             try:
-                self.lease = protocol.renew(self.s3, self.uri, self.lease, self.now)
+                self.lease = protocol.renew(
+                    self.s3,
+                    self.uri,
+                    self.lease,
+                    self.now,
+                    stale_seconds=self.timings.stale_seconds,
+                    give_up_at=self.deadline(),
+                )
+                self._write_state()
+                continue
             except protocol.LeaseLost as error:
-                self.lost = str(error)
-                self.say(f"launcher: error: {error}")
+                self._lose(str(error))
                 return
-            except Exception as error:  # noqa: BLE001 - a transient failure: the next interval tries again
+            except Exception as error:  # noqa: BLE001 - retried until the deadline
                 self.say(f"launcher: cannot renew the lease at {self.uri}: {_short(error)}")
+            if self.now() >= self.deadline():
+                self._lose(
+                    f"the lease of run {self.run_id} at {self.uri} was not renewed within its deadline: last renewed "
+                    f"at {protocol.iso(self.lease.renewed)}, deadline {protocol.iso(self.deadline())} "
+                    f"({self.timings.deadline_seconds:g} s); this execution stopped committing and training, "
+                    "as another may take the run over once the lease is stale"
+                )
+                return
+
+    def _lose(self, reason: str) -> None:
+        self.lost = reason
+        self._write_state()
+        self.say(f"launcher: error: {reason}")
+
+    def _write_state(self) -> None:
+        """The lease's state for the workers (training/components/fence.py), replaced atomically."""
+        if self.state_path is None or self.lease is None:
+            return
+        lease = self.lease
+        state = {
+            "uri": self.uri,
+            "run_id": self.run_id,
+            "etag": lease.etag,
+            "token": lease.token,
+            "execution": self.holder.execution,
+            "training_job": self.holder.job,
+            "host": self.holder.host,
+            "renewed": lease.renewed,
+            "deadline_seconds": self.timings.deadline_seconds,
+            "lost": self.lost,
+        }
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.state_path)
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.state_path is not None:
+            self.state_path.unlink(missing_ok=True)
         if self.lease is None or self.lost:
             return
         try:
