@@ -722,8 +722,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                     )
                     if step.environment:
                         later_definition = _with_environment(later_definition, step.environment)
-                    gate = step.start_when
-                    ready.append((later_definition, values, (lambda g=gate: g(client)) if gate else None))
+                    ready.append((later_definition, values, _gate(step.start_when, client)))
                 start_ready()
                 result.then = result.later[0] if result.later else None
             except PipelineError as error:
@@ -858,6 +857,13 @@ def _run_together(
         if isinstance(outcome, BaseException):
             raise outcome
     return [outcome for outcome in found if isinstance(outcome, Execution)]
+
+
+def _gate(start_when: Callable[[Any], bool] | None, client: Any) -> Callable[[], bool] | None:
+    """A Then's start condition, asked with the S3 client."""
+    if start_when is None:
+        return None
+    return lambda: start_when(client)
 
 
 GATE_SECONDS = 600  # the longest a Then's start_when is waited for
