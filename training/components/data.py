@@ -410,26 +410,19 @@ def build_dataloader(
             vocab_size=vocab_size,
             data_uri=data_uri,
         )
-        return StatefulDataLoader(
-            dataset,
-            batch_size=micro_batch_size,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            drop_last=True,
-            generator=torch.Generator().manual_seed(seed),
+    else:
+        dataset = PackedTokenWindows(
+            data_dir,
+            token_dtype,
+            sequence_length,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            holdout_every=holdout_every,
+            micro_batch_size=micro_batch_size,
+            vocab_size=vocab_size,
+            data_uri=data_uri,
         )
-    dataset = PackedTokenWindows(
-        data_dir,
-        token_dtype,
-        sequence_length,
-        rank=rank,
-        world_size=world_size,
-        seed=seed,
-        holdout_every=holdout_every,
-        micro_batch_size=micro_batch_size,
-        vocab_size=vocab_size,
-        data_uri=data_uri,
-    )
     # A generator of its own: without one, every iter() draws a worker seed from the global RNG, which
     # then differs between a resumed run and an uninterrupted one (LoRA dropout draws from it).
     return StatefulDataLoader(
