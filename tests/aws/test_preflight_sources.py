@@ -73,13 +73,66 @@ def test_parquet_and_gzip_json_lines_pass_with_an_estimate(s3, tmp_path):
             "max_epochs": 1000,
         },
     ]
-    checks = check_sources(s3, _plan(tmp_path, sources))
+    checks = check_sources(s3, _plan(tmp_path, sources, ignore=["README.md"]))
     assert [c.status for c in checks] == ["pass", "pass"], [c.line() for c in checks]
     for check, texts in zip(checks, (web, code), strict=True):
-        estimated = int(check.detail.split("about ")[1].split(" tokens")[0].replace(",", ""))
-        expected = sum(len(t.encode()) for t in texts) / 4  # the catalogue's 4 bytes per token
-        assert 0.8 * expected <= estimated <= 1.25 * expected, check.detail
-    assert "1 file(s)" in checks[1].detail  # README.md is not a JSON Lines file
+        _assert_estimate(check, texts)
+    assert "1 file(s)" in checks[1].detail  # README.md left out by data.ignore
+
+    # Without the ignore glob, the Prepare step would stop at README.md: preflight says so first.
+    (check, _) = check_sources(s3, _plan(tmp_path, sources[1:] + sources[:1]))
+    assert check.status == "fail" and f"s3://{BUCKET}/ok/code/README.md" in check.detail, check.line()
+    assert "fit no format (jsonl)" in check.detail and "data.ignore" in check.fix
+
+
+def _assert_estimate(check, texts) -> None:
+    estimated = int(check.detail.split("about ")[1].split(" tokens")[0].replace(",", ""))
+    expected = sum(len(t.encode()) for t in texts) / 4  # the catalogue's 4 bytes per token
+    assert 0.8 * expected <= estimated <= 1.25 * expected, check.detail
+
+
+def _zstd(data: bytes) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as stream:
+        stream.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def test_zstd_json_lines_a_saved_dataset_and_ndjson_gz_are_sampled_as_prepare_reads_them(s3, tmp_path):
+    """The formats the Prepare step reads and preflight used to refuse or misread: zstd JSON Lines (sampled from a
+    frame cut at 1 MiB), a saved dataset (its first Arrow record batch, by ranged reads; its state.json and
+    dataset_info.json are no JSON records), and .ndjson.gz."""
+    datasets = pytest.importorskip("datasets")
+    big = _texts(12_000, 4)  # about 5 MB of JSON Lines: the 1 MiB sample ends inside a zstd frame
+    _put(s3, "fmt/zst/part-0.jsonl.zst", _zstd("".join(json.dumps({"text": t}) + "\n" for t in big).encode()))
+    saved = _texts(3000, 5)
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": saved, "n": list(range(3000))}).save_to_disk(str(folder))
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            _put(s3, f"fmt/saved/{path.relative_to(folder).as_posix()}", path.read_bytes())
+    nd = _texts(300, 6)
+    _put(s3, "fmt/nd/a.ndjson.gz", gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in nd).encode()))
+    sources = [
+        {"name": "zst", "uri": f"s3://{BUCKET}/fmt/zst/", "weight": 1, "max_epochs": 1000},
+        {"name": "saved", "uri": f"s3://{BUCKET}/fmt/saved/", "weight": 1, "max_epochs": 1000},
+        {"name": "nd", "uri": f"s3://{BUCKET}/fmt/nd/", "format": "jsonl", "weight": 1, "max_epochs": 1000},
+    ]
+    checks = check_sources(s3, _plan(tmp_path, sources))
+    assert [c.status for c in checks] == ["pass"] * 3, [c.line() for c in checks]
+    zst, saved_check, nd_check = checks
+    # zstd: the estimate scales the sample's text per stored (compressed) byte to the whole file
+    _assert_estimate(zst, big)
+    assert "1 file(s) (1 saved dataset(s))" in saved_check.detail, saved_check.detail
+    _assert_estimate(saved_check, saved)
+    _assert_estimate(nd_check, nd)
+
+
+def test_a_saved_dataset_source_without_one_is_refused(s3, tmp_path):
+    _put(s3, "nosaved/a.jsonl", b'{"text": "x"}\n')
+    sources = [{"name": "s", "uri": f"s3://{BUCKET}/nosaved/", "format": "saved_dataset", "weight": 1}]
+    (check,) = check_sources(s3, _plan(tmp_path, sources))
+    assert check.status == "fail" and "no saved dataset (no state.json) under it" in check.detail, check.line()
 
 
 @pytest.mark.parametrize(
@@ -115,4 +168,4 @@ def test_ignored_and_empty_sources(s3, tmp_path):
     _put(s3, "ignored/skip-me.jsonl", b'{"text": "x"}\n')
     sources = [{"name": "only", "uri": f"s3://{BUCKET}/ignored/", "weight": 1}]
     (check,) = check_sources(s3, _plan(tmp_path, sources, ignore=["skip-*"]))
-    assert check.status == "fail" and "no " in check.detail and "objects under it" in check.detail
+    assert check.status == "fail" and "no data files under it" in check.detail
