@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -25,36 +26,77 @@ MAX_LISTED = 100_000  # keys listed per source before the estimate stops countin
 
 
 def check_sources(s3: Any, plan: Plan) -> list[Check]:
-    """One check per source of ``data.sources``."""
+    """One check per source of ``data.sources``, then the Prepare job sized on what the samples say the sources
+    hold (the plan sized it on the recipe's ``tokens_estimate`` or, without one, on the budget share)."""
     from tiered_training.aws.preflight import _guard
 
     spec = plan.corpus_spec()
     if spec is None:
         return []
     shares = {s.name: s.budget_tokens for s in plan.corpus.sources} if plan.corpus else {}
+    held: dict[str, int] = {}
     checks = []
     for source in spec.sources:
 
         def body(source: Any = source) -> Check:
-            return _check_source(s3, source, shares.get(source.name, 0), spec)
+            check, tokens = _check_source(s3, source, shares.get(source.name, 0), spec)
+            if tokens:
+                held[source.name] = tokens
+            return check
 
         checks.append(_guard("data", source.uri, body))
+    if plan.corpus is not None and len(held) == len(spec.sources):
+        checks.append(check_prepare(plan, held))
     return checks
 
 
-def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
+def check_prepare(plan: Plan, held: dict[str, int]) -> Check:
+    """The deployed Prepare job (its hosts fixed at synth) on the sampled sizes: a failure when it would run past
+    ``data.prepare.max_runtime_hours`` (SageMaker stops it there), naming the hosts that would fit."""
+    from tiered_training.aws.preflight import FAIL, PASS, Check
+    from tiered_training.planning.corpus import MAX_PREPARE_INSTANCES
+
+    assert plan.corpus is not None
+    deployed = plan.corpus.prepare
+    tokens = sum(held.values())
+    hours = tokens / (deployed.tokens_per_vcpu_second * deployed.vcpus * deployed.instance_count) / 3600
+    limit = plan.recipe.data.prepare.max_runtime_hours if plan.recipe.data.prepare else 24.0
+    cost = (
+        ""
+        if deployed.price_per_hour is None
+        else f", about ${hours * deployed.instance_count * deployed.price_per_hour:,.2f}"
+    )
+    said = (
+        f"Prepare tokenizes about {tokens:,} tokens (sampled; the plan sized it on {deployed.tokens:,}): about "
+        f"{hours:,.1f} h on {deployed.instance_count} x {deployed.instance_type}{cost}"
+    )
+    if hours <= limit:
+        return Check("data", "prepare", PASS, said)
+    host_hours = hours * deployed.instance_count
+    needed = math.ceil(host_hours / limit)
+    fix = (
+        f"set data.prepare.instance_count: {needed} (or give each source's tokens_estimate) and deploy again"
+        if needed <= MAX_PREPARE_INSTANCES
+        else "choose a Processing instance with more vCPUs, raise max_runtime_hours, or trim the sources"
+    )
+    return Check("data", "prepare", FAIL, f"{said}, above data.prepare.max_runtime_hours {limit:g}", fix)
+
+
+def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> tuple[Check, int | None]:
+    """The source's check, and the tokens its sample says it holds (None where it could not tell)."""
     from tiered_training.aws.preflight import FAIL, PASS, Check
     from tiered_training.catalog import processing
 
     name = f"source {source.name}"
+
+    def fail(detail: str, fix: str, tokens: int | None = None) -> tuple[Check, int | None]:
+        return Check("data", source.uri, FAIL, detail, fix), tokens
+
     bucket, _, prefix = source.uri.removeprefix("s3://").partition("/")
     objects, more = _listing(s3, bucket, prefix, spec.ignore)
     roots = corpus.saved_dataset_roots([relative for relative, _, _ in objects])
     if source.format == "saved_dataset" and not roots:
-        return Check(
-            "data",
-            source.uri,
-            FAIL,
+        return fail(
             f"{name}: no saved dataset (no {corpus.SAVED_DATASET_MARKER}) under it",
             "give the folder Dataset.save_to_disk wrote, or fix the source's format",
         )
@@ -69,20 +111,14 @@ def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
     ]
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-        return Check(
-            "data",
-            source.uri,
-            FAIL,
+        return fail(
             f"{name}: {len(refused)} file(s) fit no format ({source.format}), and the Prepare step would stop at "
             f"them: {shown}",
             "give .parquet, .jsonl, .ndjson, .json, .txt (optionally .gz or .zst) or a saved dataset, or list "
             "their globs in data.ignore",
         )
     if not readable and not saved:
-        return Check(
-            "data",
-            source.uri,
-            FAIL,
+        return fail(
             f"{name}: no data files under it",
             f"upload the raw files under {source.uri}, or fix its uri",
         )
@@ -102,7 +138,7 @@ def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
     stored += sum(size for _, _, size, _ in readable)
     files = len(readable) + len(roots)
     if isinstance(sample, str):
-        return Check("data", source.uri, FAIL, f"{name}: {where}: {sample}", f"give the text's {_what(source)}")
+        return fail(f"{name}: {where}: {sample}", f"give the text's {_what(source)}")
     text_bytes, sample_bytes, texts = sample
     per_token = processing().bytes_per_token
     tokens = int(stored * text_bytes / max(1, sample_bytes) / per_token)
@@ -110,20 +146,15 @@ def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
     listed = f"{kinds}, {stored / 1e9:,.2f} GB"
     estimate = f"about {tokens:,} tokens (estimated from {len(texts)} records of {where})"
     if tokens and budget_tokens / tokens > source.max_epochs:
-        return Check(
-            "data",
-            source.uri,
-            FAIL,
+        return fail(
             f"{name}: {listed}, {estimate}; the budget's {budget_tokens:,} tokens from it repeat it "
             f"{budget_tokens / tokens:.1f} times, above max_epochs {source.max_epochs:g}",
             "lower its weight, add data, or raise its max_epochs",
+            tokens,
         )
     return Check(
-        "data",
-        source.uri,
-        PASS,
-        f"{name}: {listed}; the first record has text in {_what(source)}; {estimate}",
-    )
+        "data", source.uri, PASS, f"{name}: {listed}; the first record has text in {_what(source)}; {estimate}"
+    ), tokens
 
 
 def _under(relative: str, roots: list[str]) -> bool:
