@@ -312,6 +312,15 @@ class PricesOutput(Output):
     prices: list[dict[str, Any]] = []
 
 
+class CalibrateOutput(Output):
+    overlay: dict[str, Any] | None = Field(
+        None, description="the fitted overlay: factors by instance/precision, runs, leave_one_out"
+    )
+    uris: list[str] = Field([], description="where each recipe's overlay was stored, in the recipes' order")
+    skipped: list[str] = Field([], description="runs and probes left out, each with the reason")
+    points: dict[str, int] = Field({}, description="measurements used: probe (one per candidate) and run")
+
+
 class RehearseOutput(Output):
     executions: list[dict[str, Any]] = []
     interrupt: str | None = None
@@ -344,6 +353,7 @@ OUTPUTS: dict[str, type[Output]] = {
     "stop": StopOutput,
     "preflight": PreflightOutput,
     "prices": PricesOutput,
+    "calibrate": CalibrateOutput,
     "error": Output,  # a command line that names no command, and run-config's and schema's failures
 }
 
