@@ -127,6 +127,9 @@ class Hardware:
     nvlink_bytes_per_s: float  # per GPU and direction
     network_bytes_per_s: float  # per node and direction (EFA)
     compute_factor: float = 1.0  # < 1 for power-limited GPUs
+    # the best matmul's measured share of the datasheet peak (Maximum Achievable Matmul FLOPS), BF16 and FP8
+    matmul_bf16_fraction: float = 1.0
+    matmul_fp8_fraction: float = 1.0
 
     @classmethod
     def of(cls, instance: Instance) -> Hardware:
@@ -139,6 +142,8 @@ class Hardware:
             hbm_bytes_per_s=instance.hbm_tbps * 1e12,
             nvlink_bytes_per_s=instance.nvlink_gbytes_per_s * 1e9,
             network_bytes_per_s=instance.efa_gbps * 1e9 / 8,
+            matmul_bf16_fraction=instance.matmul_bf16_fraction,
+            matmul_fp8_fraction=instance.matmul_fp8_fraction,
         )
 
 
@@ -328,10 +333,10 @@ class LinearCost:
         weight has no weight-gradient GEMM: backward is the input gradient only."""
         p, hw = self.params, self.hw
         if self.precision == "fp8" and hw.peak_fp8_flops:
-            peak = hw.peak_fp8_flops * hw.compute_factor
+            peak = hw.peak_fp8_flops * hw.compute_factor * hw.matmul_fp8_fraction
             efficiency = p.fp8_gemm_efficiency * p.fp8_recipe_efficiency.get(self.fp8_recipe or "tensorwise", 1.0)
         else:
-            peak = hw.peak_bf16_flops * hw.compute_factor / (2 if self.precision == "fp32" else 1)  # TF32: half
+            peak = hw.peak_bf16_flops * hw.compute_factor * hw.matmul_bf16_fraction / (2 if self.precision == "fp32" else 1)
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0
@@ -393,7 +398,8 @@ def adapter_seconds(
     if lora is None:
         return AdapterCost()
     e = 4 if setting.precision == "fp32" else 2
-    rate = hw.peak_bf16_flops * hw.compute_factor * params.gemm_efficiency / (2 if setting.precision == "fp32" else 1)
+    rate = hw.peak_bf16_flops * hw.compute_factor * hw.matmul_bf16_fraction * params.gemm_efficiency
+    rate /= 2 if setting.precision == "fp32" else 1
     bw = hw.hbm_bytes_per_s * params.memory_efficiency
     fixed = params.gemm_overhead_seconds
     m, r = tokens, lora.rank
