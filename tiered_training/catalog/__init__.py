@@ -230,6 +230,7 @@ class PerformanceSummary(_Entry):
     # {dimension: {value: {rows, median, worst, low, high}}}: the held-out errors by kind of run
     # (planning/uncertainty.py), which the plan's ranges come from
     loso_by_kind: dict[str, dict[str, dict[str, int | float]]] = {}
+    loso_runs: list[dict[str, str | float]] = []  # each held-out run: its kind of run and its error
 
     @property
     def published_sources(self) -> int:

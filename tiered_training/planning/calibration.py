@@ -517,6 +517,8 @@ def summary(cal: Calibration, loso: list[Result]) -> dict[str, Any]:
         "loso_own_worst_error": own[1],
         # by kind of run, every source's rows: what the planner's ranges come from
         "loso_by_kind": {d: {k: b.to_dict() for k, b in groups.items()} for d, groups in by_kind.items()},
+        # each held-out run's kind and error: the planner's range is the band of the runs of a plan's kind
+        "loso_runs": [{**kind_of_run(r.row, cal), "error": round(r.error, 4)} for r in loso],
     }
 
 
@@ -654,7 +656,7 @@ def write_parameters(
         + "\n"
         + tail_comment
         + "\n"
-        + yaml.safe_dump({"summary": stats}, sort_keys=False)
+        + yaml.safe_dump({"summary": stats}, sort_keys=False, default_flow_style=None, width=160)
     )
     path.write_text(out)
 

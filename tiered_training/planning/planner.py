@@ -28,6 +28,7 @@ from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
 from tiered_training.planning import corpus, memory, perf
 from tiered_training.planning import probe as probes
+from tiered_training.planning import uncertainty
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
@@ -1666,6 +1667,7 @@ def _candidates(run: _Run, chosen: Option, ramp_start: int | None) -> list[Candi
                 tokens_per_second_per_gpu=round(option.speed, 1),
                 memory_fraction=round(option.memory.fraction, 4),
                 why=run.probe_why[number - 1] if number <= len(run.probe_why) else "the plan's own configuration",
+                tokens_per_second_per_gpu_range=_rounded(_measured_range(run, option.setting, option.speed)),
             )
         )
     return found
@@ -1795,6 +1797,25 @@ def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> floa
     return seconds / 3600
 
 
+def prediction_range(run: _Run, setting: perf.Setting) -> uncertainty.Range | None:
+    """The model's held-out error range for ``setting``'s kind of run (performance.yaml's ``loso_by_kind``)."""
+    adapter = "none" if run.lora is None else "qlora" if run.lora.quantized else "lora"
+    kind = uncertainty.kind_of_run(
+        run.instance.gpu, setting.precision, _compiles(run.recipe), run.recipe.sequence_length, adapter
+    )
+    return uncertainty.range_for(kind, catalogs.performance_model().summary.loso_runs)
+
+
+def _measured_range(run: _Run, setting: perf.Setting, speed: float) -> tuple[float, float] | None:
+    found = prediction_range(run, setting)
+    return None if found is None else found.measured(speed)
+
+
+def _rounded(pair: tuple[float, float] | None) -> tuple[float, float] | None:
+    """A range to a tenth, outwards (it keeps containing what it contained)."""
+    return None if pair is None else (math.floor(pair[0] * 10) / 10, math.ceil(pair[1] * 10) / 10)
+
+
 def _estimates(run: _Run, chosen: Option, total_steps: int, probe_hours: float = 0.0) -> Estimates:
     recipe, instance = run.recipe, run.instance
     summary = catalogs.performance_model().summary
@@ -1814,6 +1835,18 @@ def _estimates(run: _Run, chosen: Option, total_steps: int, probe_hours: float =
         recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region
     )
     spot_range, spot_note = _spot_range(run, wall_hours)
+    found = prediction_range(run, chosen.setting)
+    speed_range = wall_range = cost_range = None
+    if found is not None:
+        slow, fast = found.measured(per_gpu)
+        speed_range = _rounded((slow, fast))
+        training_hours = wall_hours - probe_hours
+        wall_range = (
+            min(wall_hours, training_hours * per_gpu / fast + probe_hours),
+            max(wall_hours, training_hours * per_gpu / slow + probe_hours),
+        )
+        if price is not None:
+            cost_range = (wall_range[0] * run.nodes * price, wall_range[1] * run.nodes * price)
     return Estimates(
         flops_per_token=flops,
         tokens_per_second_per_gpu=per_gpu,
@@ -1832,4 +1865,8 @@ def _estimates(run: _Run, chosen: Option, total_steps: int, probe_hours: float =
         cost_usd=None if price is None else wall_hours * run.nodes * price,
         spot_cost_usd_range=spot_range,
         probe_hours=probe_hours,
+        tokens_per_second_per_gpu_range=speed_range,
+        wall_time_hours_range=wall_range,
+        cost_usd_range=cost_range,
+        range_basis="" if found is None else found.basis,
     )

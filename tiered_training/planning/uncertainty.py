@@ -6,10 +6,9 @@ eager, the sequence length and the adapter. ``performance.yaml`` stores, for eac
 and worst absolute error and the range of signed errors (``low``, ``high``: the lowest and highest, or the 10th
 and 90th percentiles where the group has at least ``PERCENTILE_ROWS`` rows).
 
-A plan's kind of run matches one group per dimension; its range is the widest of those groups' ranges (the
-model is as unsure as its least sure kind). A dimension with no group for the plan's value (LoRA: no published
-adapter run is in the calibration) adds nothing, and the range says so. Measured throughput lies within
-``predicted / (1 + high)`` and ``predicted / (1 + low)``.
+A plan's range is the band of the held-out runs of its kind: those that match it on every dimension, or, where
+fewer than ``MIN_RUNS`` do, on fewer dimensions (the adapter first: no adapter run is in the calibration, and the
+range says so). Measured throughput lies within ``predicted / (1 + high)`` and ``predicted / (1 + low)``.
 """
 
 from __future__ import annotations
@@ -131,27 +130,35 @@ class Range:
         return lo <= measured <= hi
 
 
-def range_for(kind: Mapping[str, str], table: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Range | None:
-    """The widest range of the groups ``kind`` belongs to (``table``: performance.yaml's ``loso_by_kind``);
-    None where the table is empty."""
-    low = high = 0.0
-    used: list[str] = []
-    missing: list[str] = []
-    widest_low = widest_high = ""
-    for dimension in DIMENSIONS:
-        group = table.get(dimension, {}).get(kind[dimension])
-        if group is None:
-            missing.append(f"{dimension} {kind[dimension]}")
-            continue
-        used.append(f"{kind[dimension]} ({group['rows']} runs)")
-        if group["low"] < low:
-            low, widest_low = group["low"], kind[dimension]
-        if group["high"] > high:
-            high, widest_high = group["high"], kind[dimension]
-    if not used:
+# A range needs at least this many held-out runs of the plan's kind; with fewer, the least telling dimension
+# is dropped (in this order) until enough runs match.
+MIN_RUNS = 5
+DROP_ORDER = ("adapter", "sequence", "compile", "precision", "generation")
+
+
+def range_for(kind: Mapping[str, str], runs: Iterable[Mapping[str, Any]]) -> Range | None:
+    """The band of the held-out runs (``performance.yaml``'s ``loso_runs``: each a kind of run and its ``error``)
+    of ``kind``: those that match it on every dimension, or, with fewer than ``MIN_RUNS``, on every dimension but
+    the first ones of ``DROP_ORDER``. None where the calibration has no runs."""
+    runs = list(runs)
+    kept = list(DIMENSIONS)
+    dropped: list[str] = []
+    while True:
+        matching = [r["error"] for r in runs if all(r.get(d) == kind[d] for d in kept)]
+        if len(matching) >= MIN_RUNS or not kept:
+            break
+        name = next(d for d in DROP_ORDER if d in kept)
+        kept.remove(name)
+        dropped.append(name)
+    found = band(matching)
+    if found is None:
         return None
-    basis = f"held-out errors of {', '.join(used)}: the widest, {low:+.0%} (of {widest_low or '-'}) to "
-    basis += f"{high:+.0%} (of {widest_high or '-'})"
-    if missing:
-        basis += f"; no calibration runs of {', '.join(missing)}"
-    return Range(low=low, high=high, basis=basis)
+    described = ", ".join(kind[d] for d in kept) or "every kind"
+    basis = f"held-out errors of {found.rows} calibration runs ({described}): {found.low:+.0%} to {found.high:+.0%}"
+    unmatched = [f"{d} {kind[d]}" for d in dropped if not any(r.get(d) == kind[d] for r in runs)]
+    if unmatched:
+        basis += f"; none of {', '.join(unmatched)}"
+    widened = [f"{d} {kind[d]}" for d in dropped if any(r.get(d) == kind[d] for r in runs)]
+    if widened:
+        basis += f"; too few that also match {', '.join(widened)}"
+    return Range(low=found.low, high=found.high, basis=basis)
