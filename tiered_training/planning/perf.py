@@ -60,7 +60,7 @@ Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -87,6 +87,10 @@ FLEX_BACKWARD_SHARE = 0.85
 # in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; https://github.com/huggingface/transformers/pull/48163);
 # before, it ran flash-attention 2 there (https://github.com/pytorch/pytorch/pull/128539).
 CUDNN_OVER_FLASH2_HOPPER = 631.3 / 329.5
+# FlashAttention in Triton (flash_attn_triton.py, MPT's attn_impl: triton) against flash-attention 2: "1.3-2.5x
+# faster than FlashAttention in Triton" (FlashAttention-2, https://arxiv.org/abs/2307.08691, section 4.1), the
+# geometric middle of that range.
+FLASH2_OVER_TRITON = (1.3 * 2.5) ** 0.5
 # torchao's float8 cast of one tensor without torch.compile, kernel by kernel
 # (torchao/float8/float8_utils.py: tensor_to_amax, amax_to_scale, to_fp8_saturated;
 # float8_training_tensor.py: _ToFloat8ConstrFunc): abs (reads 2 bytes per element, writes 2),
@@ -433,8 +437,10 @@ def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> 
     same fraction of the peak (the B200 kernel benchmark behind ``attention_half_length``
     levels off there). This container's SDPA on Ampere runs flash-attention 2."""
     kernel = setting.attention_kernel
-    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2"):
+    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2", "triton-flash"):
         raise ValueError(f"unknown attention kernel {kernel!r}")
+    if kernel == "triton-flash":
+        return attention_efficiency(hw, replace(setting, attention_kernel="flash2"), params) / FLASH2_OVER_TRITON
     ampere = hw.gpu.startswith("A100")
     if ampere:
         return params.attention_efficiency * params.flash2_utilization_a100 / params.flash2_utilization_h100
