@@ -88,8 +88,14 @@ def test_a_priced_plan_has_a_cost_range_and_the_json_carries_every_range():
 
 
 def test_an_a100_plan_takes_the_ampere_runs():
-    plan = plan_of(**{"compute.instance_type": "ml.p4de.24xlarge", "sequence_length": 2048,
-                      "budget.global_batch_tokens": 2048 * 256, "model.catalog": "llama-3.2-1b"})
+    plan = plan_of(
+        **{
+            "compute.instance_type": "ml.p4de.24xlarge",
+            "sequence_length": 2048,
+            "budget.global_batch_tokens": 2048 * 256,
+            "model.catalog": "llama-3.2-1b",
+        }
+    )
     assert plan.ok
     assert "Ampere" in plan.estimates.range_basis
 
@@ -103,7 +109,10 @@ def test_a_probe_measurement_outside_the_range_is_surprising():
     )
     rows = probe_runs.compare(plan.candidates[:2], found)
     assert rows[0].surprising is True
-    assert rows[1].surprising is (not plan.candidates[1].tokens_per_second_per_gpu_range[0]
-                                  <= (low + high) / 2 <= plan.candidates[1].tokens_per_second_per_gpu_range[1])
+    assert rows[1].surprising is (
+        not plan.candidates[1].tokens_per_second_per_gpu_range[0]
+        <= (low + high) / 2
+        <= plan.candidates[1].tokens_per_second_per_gpu_range[1]
+    )
     text = "\n".join(probe_runs.lines(found, rows))
     assert f"surprising: outside the model's range {low:,.0f}-{high:,.0f}" in text

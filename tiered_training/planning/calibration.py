@@ -593,6 +593,7 @@ def loso_record(cal: Calibration, loso: list[Result], params: Parameters) -> dic
             found = uncertainty.band(r.error for r in chosen)
             out[value] = {**group(chosen), "low": found.low, "high": found.high} if found else group(chosen)
         return out
+
     fitted: dict[str, Any] = {k: _round(getattr(params, k)) for k in FITTED}
     fitted["fp8_recipe_efficiency"] = {k: _round(v) for k, v in params.fp8_recipe_efficiency.items()}
     return {
@@ -600,9 +601,7 @@ def loso_record(cal: Calibration, loso: list[Result], params: Parameters) -> dic
         "published sources": group([r for r in loso if r.row.published]),
         "all sources": group(loso),
         # by GPU generation and by kind of run: published rows, and every row (this container's included)
-        "by kind of run, published": {
-            d: by(d, [r for r in loso if r.row.published]) for d in uncertainty.DIMENSIONS
-        },
+        "by kind of run, published": {d: by(d, [r for r in loso if r.row.published]) for d in uncertainty.DIMENSIONS},
         "by kind of run, all": {d: by(d, loso) for d in uncertainty.DIMENSIONS},
         "rows": {r.row.id: round(r.error, 4) for r in loso},
         "fitted": fitted,

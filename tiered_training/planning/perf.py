@@ -340,7 +340,12 @@ class LinearCost:
             peak = hw.peak_fp8_flops * hw.compute_factor * hw.matmul_fp8_fraction
             efficiency = p.fp8_gemm_efficiency * p.fp8_recipe_efficiency.get(self.fp8_recipe or "tensorwise", 1.0)
         else:
-            peak = hw.peak_bf16_flops * hw.compute_factor * hw.matmul_bf16_fraction / (2 if self.precision == "fp32" else 1)
+            peak = (
+                hw.peak_bf16_flops
+                * hw.compute_factor
+                * hw.matmul_bf16_fraction
+                / (2 if self.precision == "fp32" else 1)
+            )
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0

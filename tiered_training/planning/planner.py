@@ -25,7 +25,7 @@ from typing import Any
 from tiered_training import catalog as catalogs
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
-from tiered_training.contract.runconfig import steps_for_tokens
+from tiered_training.contract.runconfig import MAX_PROBE_CANDIDATES, steps_for_tokens
 from tiered_training.planning import corpus, memory, perf
 from tiered_training.planning import probe as probes
 from tiered_training.planning import uncertainty
@@ -794,12 +794,37 @@ def _choose(run: _Run) -> Option | None:
     return chosen
 
 
+# The decisions the probe can settle, each named by the settings that make it.
+PROBE_DECISIONS = (
+    ("precision", ("precision", "fp8_recipe")),
+    ("activation checkpointing", ("checkpointing",)),
+    ("context-parallel degree", ("context_parallel",)),
+    ("sharding group", ("sharding", "shard_group")),
+)
+
+
+def _differs(a: perf.Setting, b: perf.Setting, names: tuple[str, ...]) -> bool:
+    return any(getattr(a, n) != getattr(b, n) for n in names)
+
+
+def _bounds(run: _Run, option: Option) -> tuple[float, float, str]:
+    """Where ``option``'s measured tokens/s per GPU may lie (the model's held-out range for its kind of run)."""
+    found = prediction_range(run, option.setting)
+    if found is None:
+        return option.speed, option.speed, "no held-out runs"
+    low, high = found.measured(option.speed)
+    return low, high, f"{found.low:+.0%} to {found.high:+.0%}"
+
+
 def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Option]:
-    """The configurations the probe measures: the chosen one, then the fastest others that fit (FP8 only where the
-    choice may take it: against a tier that advises BF16, only when the chosen one is FP8 or the recipe pins FP8).
-    An FP8 plan measures the fastest BF16 that fits (FP8 against BF16 is where the model errs most); context
-    parallelism is not measured where the sequence fits without it (the ring only adds work there).
-    ``run.probe_why`` gets the reason for each."""
+    """The configurations the probe measures: the chosen one, then, for each decision the model may have wrong
+    (precision, activation checkpointing, the context-parallel degree, the sharding group), the fastest other
+    that fits whose predicted margin lies inside the model's own held-out error for its kind of run: it can win
+    by the model's own bounds (its highest measured speed at or above the chosen one's lowest). The rest of the
+    count goes to the next fastest that can win. An FP8 plan measures the fastest BF16 that fits (FP8 against
+    BF16 is where the model errs most); FP8 is not measured against a tier that advises BF16 unless the plan
+    takes it; context parallelism is not measured where the sequence fits without it (the ring only adds work
+    there). ``run.probe_why`` gets the reason for each."""
     asked = run.recipe.tuning.probe_candidates
     count = asked if isinstance(asked, int) else (1 if run.pinned or run.strict else DEFAULT_PROBE_CANDIDATES)
     pool = [o for o in fitting if o is not chosen]
@@ -808,24 +833,58 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
     fits_without_cp = any(o.setting.context_parallel == 1 for o in fitting)
     if fits_without_cp:
         pool = [o for o in pool if o.setting.context_parallel == 1]
-    picked = [chosen, *pool[: count - 1]]
-    bf16 = next((o for o in pool if o.setting.precision == "bf16"), None) if chosen.setting.precision == "fp8" else None
-    if count > 1 and bf16 is not None and bf16 not in picked:
-        picked = [*picked[: min(len(picked), count - 1)], bf16]
+    chosen_low, chosen_high, chosen_band = _bounds(run, chosen)
+
+    def can_win(o: Option) -> bool:
+        return _bounds(run, o)[1] >= chosen_low
+
+    doubtful = [o for o in pool if can_win(o)]
+    out_of_reach = len(pool) - len(doubtful)
+    why: dict[int, str] = {}
 
     def against(o: Option) -> str:
+        low, high, band = _bounds(run, o)
         return (
-            f"{round(o.speed, 1):,.0f} tokens/s per GPU predicted, {o.speed / chosen.speed - 1:+.1%} against the plan's"
+            f"{round(o.speed, 1):,.0f} tokens/s per GPU predicted, {o.speed / chosen.speed - 1:+.1%} against the "
+            f"plan's; the model's held-out error for its kind of run ({band}) puts it at {low:,.0f}-{high:,.0f}, "
+            f"the plan's ({chosen_band}) at {chosen_low:,.0f}-{chosen_high:,.0f}"
         )
 
-    run.probe_why = ["the plan's own configuration"] + [
-        f"BF16 against the plan's FP8, where the model errs most: the fastest BF16 that fits, {against(o)}"
-        if o is bf16
-        else f"the next fastest that fits: {against(o)}"
-        for o in picked[1:]
-    ]
+    picked = [chosen]
+    bf16 = next((o for o in pool if o.setting.precision == "bf16"), None) if chosen.setting.precision == "fp8" else None
+    if count > 1 and bf16 is not None:
+        picked.append(bf16)
+        why[id(bf16)] = (
+            f"BF16 against the plan's FP8, where the model errs most: the fastest BF16 that fits, {against(bf16)}"
+            + ("" if can_win(bf16) else "; measured although it cannot win by these bounds, as every FP8 plan does")
+        )
+    in_doubt = []
+    for decision, names in PROBE_DECISIONS:
+        if decision == "precision" and bf16 in picked:
+            continue  # the BF16 candidate measures it
+        other = next((o for o in doubtful if _differs(o.setting, chosen.setting, names)), None)
+        if other is not None and other not in picked:
+            in_doubt.append((decision, other))
+    if not isinstance(asked, int) and count > 1:
+        # auto: one candidate for each decision in doubt, at least the default count
+        count = min(MAX_PROBE_CANDIDATES, max(count, len(picked) + len(in_doubt)))
+    for decision, other in in_doubt:
+        if len(picked) >= count:
+            break
+        if other in picked:
+            continue
+        picked.append(other)
+        why[id(other)] = f"the {decision} in doubt: the fastest other {decision} that fits, {against(other)}"
+    for o in doubtful:
+        if len(picked) >= count:
+            break
+        if o not in picked:
+            picked.append(o)
+            why[id(o)] = f"the next fastest that can win: {against(o)}"
+    picked = [chosen, *sorted(picked[1:], key=lambda o: -o.speed)][: max(count, 1)]
+    run.probe_why = ["the plan's own configuration"] + [why[id(o)] for o in picked[1:]]
     if count == 1:
-        why = (
+        reason = (
             "set in the recipe: the probe measures the plan's configuration only"
             if isinstance(asked, int)
             else "the recipe pins every tuning field, so there is one configuration to measure"
@@ -834,22 +893,28 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         )
     elif len(picked) == 1:
         how = "set in the recipe" if isinstance(asked, int) else "auto"
-        why = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
+        reason = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
+        if out_of_reach:
+            reason = (
+                f"{how}: {count} wanted, but no other configuration that fits can win by the model's own held-out "
+                f"error ({out_of_reach} slower beyond it); the probe measures the plan's"
+            )
     else:
         others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
-        short = f"; only {len(picked)} fit" if len(picked) < count else ""
+        short = f"; only {len(picked)} can win by the model's own error" if len(picked) < count else ""
         how = "set in the recipe" if isinstance(asked, int) else "auto"
-        fastest = "fastest " if bf16 not in picked[1:] else ""
-        why = (
-            f"{how}: the probe measures the {len(picked)} {fastest}that fit ({chosen.speed:,.0f} predicted for the "
-            f"plan's, then {others} tokens/s per GPU){short}; "
-            "the full run takes the fastest measured under the headroom"
+        reason = (
+            f"{how}: the probe measures the plan's ({chosen.speed:,.0f} predicted) and {len(picked) - 1} "
+            f"whose margin lies inside the model's held-out error for their kind of run ({others} tokens/s per "
+            f"GPU){short}; the full run takes the fastest measured under the headroom"
         )
         if bf16 in picked[1:]:
-            why += "; an FP8 plan measures the fastest BF16"
+            reason += "; an FP8 plan measures the fastest BF16"
+        if out_of_reach:
+            reason += f"; {out_of_reach} slower beyond the model's error are not measured"
         if fits_without_cp and any(o.setting.context_parallel > 1 for o in fitting):
-            why += "; no context-parallel candidate: the sequence fits without it"
-    run.decide("tuning.probe_candidates", len(picked), why, asked)
+            reason += "; no context-parallel candidate: the sequence fits without it"
+    run.decide("tuning.probe_candidates", len(picked), reason, asked)
     return picked
 
 
@@ -1783,15 +1848,17 @@ def _probe_hours(run: _Run, candidates: list[Candidate], chosen: Option) -> floa
     if not recipe.probe.enabled:
         return 0.0
     steps = ", ".join(f"{launch.step_seconds:,.2f}" for launch in found)
+    starts = ", ".join(f"{launch.start_up_seconds:,.0f}" for launch in found)
     price, _ = run.instance.price(recipe.compute.price_per_hour, spot=recipe.compute.spot, region=recipe.compute.region)
     cost = "" if price is None else f" and ${seconds / 3600 * run.nodes * price:,.0f}"
     run.decide(
         "probe.enabled",
         True,
         f"a health check ({probes.HEALTH_CHECK_SECONDS:g} s) and "
-        f"{len(found)} launch(es) x ({found[0].start_up_seconds:g} s start-up, as measured: process start and the "
-        f"{'compiled ' if _compiles(recipe) else ''}first step; then {recipe.probe.steps} steps of one micro-batch "
-        f"at {steps} s) add {seconds / 60:,.0f} min{cost} to the run's wall time and cost",
+        f"{len(found)} launch(es), each a start-up ({starts} s: process start, then the "
+        f"{'compiled ' if _compiles(recipe) else ''}first step, {probes.FIRST_STEP_SECONDS[_compiles(recipe)]:g} s to "
+        f"build its kernels and {probes.FIRST_STEP_STEPS} steps' time, as measured), then {recipe.probe.steps} "
+        f"steps of one micro-batch at {steps} s, add {seconds / 60:,.0f} min{cost} to the run's wall time and cost",
         None,
     )
     return seconds / 3600
