@@ -26,9 +26,8 @@ from tiered_training import catalog as catalogs
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import MAX_PROBE_CANDIDATES, steps_for_tokens
-from tiered_training.planning import corpus, memory, perf
+from tiered_training.planning import corpus, memory, perf, uncertainty
 from tiered_training.planning import probe as probes
-from tiered_training.planning import uncertainty
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
     Alternative,
