@@ -838,7 +838,6 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         return _bounds(run, o)[1] >= chosen_low
 
     doubtful = [o for o in pool if can_win(o)]
-    out_of_reach = len(pool) - len(doubtful)
     why: dict[int, str] = {}
 
     def against(o: Option) -> str:
@@ -880,6 +879,14 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         if o not in picked:
             picked.append(o)
             why[id(o)] = f"the next fastest that can win: {against(o)}"
+    if isinstance(asked, int):  # the recipe's count: the next fastest that fit, beyond the model's error too
+        for o in pool:
+            if len(picked) >= count:
+                break
+            if o not in picked:
+                picked.append(o)
+                why[id(o)] = f"set in the recipe: the next fastest that fits, beyond the model's error: {against(o)}"
+    beyond = sum(1 for o in pool if o not in picked and not can_win(o))
     picked = [chosen, *sorted(picked[1:], key=lambda o: -o.speed)][: max(count, 1)]
     run.probe_why = ["the plan's own configuration"] + [why[id(o)] for o in picked[1:]]
     if count == 1:
@@ -893,14 +900,20 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
     elif len(picked) == 1:
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         reason = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
-        if out_of_reach:
+        if beyond:
             reason = (
                 f"{how}: {count} wanted, but no other configuration that fits can win by the model's own held-out "
-                f"error ({out_of_reach} slower beyond it); the probe measures the plan's"
+                f"error ({beyond} slower beyond it); the probe measures the plan's"
             )
     else:
         others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
-        short = f"; only {len(picked)} can win by the model's own error" if len(picked) < count else ""
+        short = (
+            ""
+            if len(picked) >= count
+            else f"; only {len(picked)} fit"
+            if len(picked) == len(pool) + 1
+            else f"; only {len(picked)} can win by the model's own error"
+        )
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         reason = (
             f"{how}: the probe measures the plan's ({chosen.speed:,.0f} predicted) and {len(picked) - 1} "
@@ -909,8 +922,8 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         )
         if bf16 in picked[1:]:
             reason += "; an FP8 plan measures the fastest BF16"
-        if out_of_reach:
-            reason += f"; {out_of_reach} slower beyond the model's error are not measured"
+        if beyond:
+            reason += f"; {beyond} slower beyond the model's error are not measured"
         if fits_without_cp and any(o.setting.context_parallel > 1 for o in fitting):
             reason += "; no context-parallel candidate: the sequence fits without it"
     run.decide("tuning.probe_candidates", len(picked), reason, asked)

@@ -45,7 +45,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
-        "range": _span(est.tokens_per_second_per_gpu_range),
+        "range": _relative(est.tokens_per_second_per_gpu_range, est.tokens_per_second_per_gpu),
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(plan.total_hours),  # the Prepare job's included (data.sources)
         "cost": _table_cost(plan),
@@ -55,8 +55,12 @@ def summary_row(plan: Plan) -> dict[str, str]:
     }
 
 
-def _span(pair: tuple[float, float] | None, fmt: str = "{:,.0f}") -> str:
-    return "-" if pair is None else f"{fmt.format(pair[0])}-{fmt.format(pair[1])}"
+def _relative(pair: tuple[float, float] | None, point: float) -> str:
+    """A range around ``point`` as two shares of it: ``-10%/+16%``."""
+    if pair is None or point <= 0:
+        return "-"
+    low, high = (round(100 * (v / point - 1)) + 0 for v in pair)  # + 0: no "-0"
+    return f"{low:+d}%/{high:+d}%"
 
 
 def _status(plan: Plan) -> str:
@@ -121,15 +125,14 @@ def brief_row(plan: Plan) -> dict[str, str]:
 
 
 # What the tables' abbreviations mean: printed under the table, and in the README.
-BRIEF_LEGEND = (
-    "GiB/GPU: memory per GPU (share of its HBM); tok/s/GPU: tokens/s per GPU; range: where the measured tokens/s "
-    "per GPU may lie, from the model's held-out errors for this kind of run; ~: spot, an estimate",
-)
+BRIEF_LEGEND = ("GiB/GPU: memory per GPU (share of its HBM); tok/s/GPU: per GPU, range: its held-out error; ~: spot",)
 WIDE_LEGEND = (
     "AC: activation checkpointing (none, selective: the memory-hungry parts, full: every block); "
     "sharding: FSDP strategy/shard group size in GPUs, cpN: context parallel over N GPUs "
     "(hybrid/8 cp2: shards within 8 GPUs, replicas across them, each sequence split over 2); "
     "mb x accum: micro-batch per GPU x gradient accumulation steps; "
+    "range: where the measured tokens/s per GPU may lie, against the prediction (the model's leave-one-source-out "
+    "errors for this kind of run); "
     "MFU full/causal: model FLOPs utilisation counting full attention / its causal half; "
     "quotas: service quotas to raise before a deploy; "
     "probe: configurations the probe measures (explain lists them)",
@@ -393,7 +396,8 @@ def explain_lines(plan: Plan) -> list[str]:
             *(
                 [
                     Hang(
-                        f"  range                  {_span(e.tokens_per_second_per_gpu_range)} tokens/s per GPU, "
+                        f"  range                  {e.tokens_per_second_per_gpu_range[0]:,.0f}-"
+                        f"{e.tokens_per_second_per_gpu_range[1]:,.0f} tokens/s per GPU, "
                         f"wall time {_hours(e.wall_time_hours_range[0])} to {_hours(e.wall_time_hours_range[1])}"
                         + (
                             f", cost ${e.cost_usd_range[0]:,.0f}-${e.cost_usd_range[1]:,.0f}"
