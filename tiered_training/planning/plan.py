@@ -498,7 +498,16 @@ class Plan(_Result):
                 network_bits_per_s=self.instance.efa_gbps * 1e9,
             ),
             probe=ProbeConfig(
-                steps=recipe.probe.steps, alternatives=alternatives, memory_limit=self.probe_memory_limit
+                steps=recipe.probe.steps,
+                alternatives=alternatives,
+                memory_limit=self.probe_memory_limit,
+                predicted=[
+                    (c.tokens_per_second_per_gpu, *c.tokens_per_second_per_gpu_range)
+                    for c in self.candidates
+                    if c.tokens_per_second_per_gpu_range is not None
+                ]
+                if all(c.tokens_per_second_per_gpu_range is not None for c in self.candidates)
+                else [],
             ),
             metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),
             tracking=TrackingConfig(
