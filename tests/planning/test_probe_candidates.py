@@ -155,10 +155,10 @@ def test_a_candidate_is_measured_only_where_the_model_doubts_the_decision():
 def test_a_configuration_beyond_the_models_error_is_not_measured(monkeypatch):
     """With a model held out to within 1%, only configurations within about 2% of the plan's can win: the
     others are not measured (an FP8 plan's BF16 excepted), and the decision says how many."""
-    from tiered_training.planning import planner, uncertainty
+    from tiered_training.planning import uncertainty
 
     narrow = uncertainty.Range(low=-0.01, high=0.01, basis="held-out errors within 1%")
-    monkeypatch.setattr(planner.uncertainty, "range_for", lambda kind, runs: narrow)
+    monkeypatch.setattr(uncertainty, "range_for", lambda kind, runs: narrow)
     plan = plan_file(next(r for r in RECIPES if r.name == "llama3-8b-fp8.yaml"))
     chosen = plan.candidates[0]
     for c in plan.candidates[1:]:
