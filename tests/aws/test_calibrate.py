@@ -45,7 +45,7 @@ def client(service: str, endpoint: str):
 
 
 def deployed(folder, name: str, endpoint: str):
-    path = write_yaml(folder / f"{name}.yaml", recipe_dict(name=name, **{"tuning.precision": "bf16"}))
+    path = write_yaml(folder / f"{name}.yaml", recipe_dict(name=name, **{"tuning.precision": "bf16", "tuning.probe_candidates": 3}))
     plan = plan_file(path)
     resources = d.PipelineResources(
         role_arn=f"arn:aws:iam::{ACCOUNT}:role/exec",
