@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ class LanguageServer:
 
     def __init__(self, command: list[str], root: Path, timeout: float = 60.0):
         self.timeout = timeout
+        self._stderr = tempfile.TemporaryFile()  # not a pipe: a server that logs much would block on a full one
         self._process = subprocess.Popen(command, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE)
+                                         stderr=self._stderr)
         self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._next_id = 0
         self._published: dict[str, list[dict[str, Any]]] = {}
@@ -53,9 +55,10 @@ class LanguageServer:
             self._request("shutdown", None)
             self._notify("exit", None)
             self._process.wait(timeout=10)
-        except (OSError, TimeoutError, subprocess.TimeoutExpired):
+        except (OSError, RuntimeError, TimeoutError, subprocess.TimeoutExpired):
             self._process.kill()
             self._process.wait()
+        self._stderr.close()
 
     # -- JSON-RPC over standard input and output ------------------------------------------------------------
 
@@ -85,8 +88,9 @@ class LanguageServer:
         except queue.Empty:
             raise TimeoutError(f"no message from the language server in {self.timeout:.0f} s") from None
         if message is None:
-            assert self._process.stderr is not None
-            raise RuntimeError(f"the language server exited: {self._process.stderr.read().decode()[-3000:]}")
+            self._process.wait(timeout=10)
+            self._stderr.seek(0)
+            raise RuntimeError(f"the language server exited: {self._stderr.read().decode(errors='replace')[-3000:]}")
         return message
 
     def _handle(self, message: dict[str, Any]) -> None:
