@@ -42,17 +42,29 @@ def grouped_pattern(low: int, high: int | None) -> str:
     """The grouped forms of the integers from ``low`` to ``high`` (None: no greatest), ``low >= 0``."""
     if low <= 0 and high is None:
         return ANY
-    groups = max(2, -(-len(str(high if high is not None else low)) // 3))  # groups in the fixed-width block
-    width = 3 * groups
-    top = 10**width - 1 if high is None else high
-    parts = []
-    for digits in range(4, width + 1):  # forms of `digits` digits, leading zeros included
-        parts += [_render(classes) for classes in _fixed(low, min(top, 10**digits - 1), digits)]
-    # more groups than the block: zero groups, then the block
-    parts += [f"{_ZERO_GROUPS}_{_render(classes)}" for classes in _fixed(low, top, width)]
-    if high is None:  # more groups than the block, not all zero: greater than any block
+    if high is not None:
+        parts = _bounded(low, high)
+    else:  # up to `groups` groups of digits by their value; more, when those before the last `groups` are not all 0
+        groups = max(2, -(-len(str(low)) // 3))
+        parts = _bounded(low, 10 ** (3 * groups) - 1)
         parts.append(f"(?:{_NONZERO_FIRST}|{_ZERO_GROUPS}_{_NONZERO_GROUP})(?:_[0-9]{{3}})*(?:_[0-9]{{3}}){{{groups}}}")
     return f"^(?:{'|'.join(parts)})$" if parts else ""
+
+
+def _bounded(low: int, high: int) -> list[str]:
+    """By the count of significant digits: the zeros a form may start with, then the digits grouped from the right."""
+    parts = [_ZERO_GROUPS[:-1] + "+"] if low <= 0 else []  # 0: zero groups only, two at least
+    for digits in range(len(str(max(low, 1))), len(str(high)) + 1):
+        ranges = _fixed(max(low, 10 ** (digits - 1)), min(high, 10**digits - 1), digits)
+        if not ranges:
+            continue
+        pad = (3 - digits % 3) % 3  # zeros that fill the first group to three digits
+        if digits <= 3:  # two groups at least
+            zeros = f"{_ZERO_GROUPS}_{'0' * pad}"
+        else:
+            zeros = f"(?:{_ZERO_GROUPS}_{'0' * pad}|0{{0,{pad}}})" if pad else f"(?:{_ZERO_GROUPS}_)?"
+        parts.append(zeros + f"(?:{'|'.join(_render(classes) for classes in ranges)})")
+    return parts
 
 
 def _fixed(low: int, high: int, width: int) -> list[list[tuple[int, int]]]:
