@@ -340,6 +340,9 @@ class RehearseOutput(Output):
     validation_losses: dict[str, float] = {}
     checkpoint_uri: str | None = None
     checkpoints_at_end: Any = None
+    writers_at_end: dict[str, str] = Field(
+        {}, description="each checkpoint left at the end: the training job its COMMITTED manifest names"
+    )
     keep_last: int | None = None
     uploads_by_host: Any = None
     exported: dict[str, Any] = {}
