@@ -126,7 +126,7 @@ def _bounds(run: _Run, option: Option) -> tuple[float, float, str]:
     found = prediction_range(run, option.setting)
     if found is None:
         return option.speed, option.speed, "no held-out runs"
-    low, high = found.measured(option.speed)
+    low, high = _rounded(found.measured(option.speed)) or (option.speed, option.speed)  # as the plan's range
     return low, high, f"{found.low:+.0%} to {found.high:+.0%}"
 
 
@@ -246,14 +246,13 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
 
 
 def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
-    """The next fastest configurations that differ from the chosen one in precision,
-    checkpointing or shard group (the fastest context-parallel degree of each); and, where
-    the chosen one splits sequences, the fastest at every other context-parallel degree
-    that fits, so that the degrees can be compared side by side."""
+    """The next fastest configurations that fit, in order, none skipped (every fitting configuration faster than
+    the last one listed is listed); and, where the chosen one splits sequences, the fastest at every other
+    context-parallel degree that fits, so that the degrees can be compared side by side."""
 
-    def key(o: Option) -> tuple[str, str | None, str, int]:
+    def key(o: Option) -> tuple[str, str | None, str, int, int, int]:
         s = o.setting
-        return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group)
+        return (s.precision, s.fp8_recipe, s.checkpointing, s.shard_group, s.micro_batch, s.context_parallel)
 
     seen, picked = {key(chosen)}, []
     for option in fitting:

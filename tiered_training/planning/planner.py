@@ -330,6 +330,9 @@ def _estimates(run: _Run, chosen: Option, total_steps: int, probe_hours: float =
             cited = f"calibrated with {runs} runs of this account"
             source += f"; {cited} (x{factor:.3f} on {instance.name} in {chosen.setting.precision})"
             run.info("account-calibration", f"{cited}: their measured tokens/s are x{factor:.3f} the model's")
+    # One rounding per figure: to a tenth, as each probe candidate and alternative stores its own; every figure
+    # derived from it (time, cost, range) starts from that value, so one speed never prints two ways.
+    per_gpu = round(per_gpu, 1)
     total = per_gpu * run.gpus
     wall_hours = recipe.budget.total_tokens / total / 3600 + probe_hours
     price, price_source = instance.price(

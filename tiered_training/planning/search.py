@@ -149,7 +149,9 @@ class Option:
 
     @property
     def speed(self) -> float:
-        return self.step_time.tokens_per_second_per_gpu
+        """Predicted tokens/s per GPU, to a tenth: the one rounding of this figure (every text and field that shows
+        it, and every figure derived from it, starts from this value)."""
+        return round(self.step_time.tokens_per_second_per_gpu, 1)
 
     def alternative(self) -> Alternative:
         s = self.setting
