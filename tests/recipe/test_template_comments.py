@@ -66,10 +66,26 @@ def test_plan_line_matches_the_plan(path, plans):
     assert written == [expected], f"{path.name}: write\n{expected}"
 
 
+# Prose that names a number the plan decides: (pattern with the number as group 1, the plan's number).
+NUMBERS = [
+    (r"\bmicro-batch (?:of |size )?(\d+)\b", lambda c: c.batch.micro_batch_size),
+    (r"\bcontext parallel(?:ism)? (?:of |degree )?(\d+)\b", lambda c: c.parallel.context_parallel),
+    (r"\bgroups of (\d+) GPUs\b", lambda c: c.parallel.shard_group_size),
+]
+
+
+def wrong_claims(text: str, cfg) -> list[str]:
+    wrong = [pattern for pattern, holds in CLAIMS if re.search(pattern, text) and not holds(cfg)]
+    for pattern, number in NUMBERS:
+        wrong += [f"{m.group(0)} (the plan: {number(cfg)})" for m in re.finditer(pattern, text)
+                  if int(m.group(1)) != number(cfg)]
+    return wrong
+
+
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
 def test_prose_names_only_decisions_the_plan_makes(path, plans):
     text = header(path).replace(header_plan_line(path), "")
-    wrong = [pattern for pattern, holds in CLAIMS if re.search(pattern, text) and not holds(plans[path.name])]
+    wrong = wrong_claims(text, plans[path.name])
     assert not wrong, f"{path.name}: the comment says {wrong}, the plan says: {plan_line(plans[path.name])}"
 
 
@@ -82,4 +98,7 @@ def test_the_rules_catch_a_stale_comment(plans):
     stale = "The planner picks FP8 (tensorwise), full activation checkpointing and a batch ramp"
     cfg = plans["llama3-8b-fp8.yaml"]
     assert cfg.precision.activation_checkpointing != "full"
-    assert [p for p, holds in CLAIMS if re.search(p, stale) and not holds(cfg)]
+    assert wrong_claims(stale, cfg)
+    # and a number the plan no longer picks, one line above the plan line that says otherwise
+    assert cfg.batch.micro_batch_size != 2
+    assert wrong_claims("at micro-batch 2 the activations fit in 179 GiB without recomputation", cfg)
