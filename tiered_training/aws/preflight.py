@@ -134,9 +134,9 @@ def run(
         from tiered_training.aws.sources import check_sources
 
         checks.extend(check_sources(clients["s3"], plan))
-    elif recipe.task == "sft" and recipe.data.prepare is not None:
+    elif recipe.fine_tuning and recipe.data.prepare is not None:
         checks.append(_guard("data", recipe.data.uri, lambda: check_raw_data(clients["s3"], plan)))
-    elif recipe.task == "sft":
+    elif recipe.fine_tuning:
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
     checks.append(
         _guard(

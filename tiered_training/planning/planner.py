@@ -313,7 +313,7 @@ def _micro_batches(run: _Run, per_rank: int) -> list[int]:
 
 def _compiles(recipe: Recipe) -> bool:
     """compute.compile, except under QLoRA, whose NF4 base runs eager."""
-    return recipe.compute.compile and not (recipe.task == "sft" and recipe.tuning.adapter == "qlora")
+    return recipe.compute.compile and not (recipe.fine_tuning and recipe.tuning.adapter == "qlora")
 
 
 def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
@@ -322,7 +322,7 @@ def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
         micro_batch=micro_batch,
         compile=_compiles(run.recipe),
         lora=run.lora,
-        document_mask=run.recipe.task == "sft",
+        document_mask=run.recipe.fine_tuning,
         **kwargs,
     )
 
@@ -421,7 +421,7 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
     """Context-parallel degrees to try; None after an error."""
     tuning, seq = run.recipe.tuning, run.recipe.sequence_length
     node = run.instance.gpus
-    if run.recipe.task == "sft":
+    if run.recipe.fine_tuning:
         if tuning.context_parallel not in (AUTO, 1):
             run.error(
                 "context-parallel",
@@ -591,7 +591,7 @@ def resolve(
     if run.nodes < run.min_nodes:
         lora_fix = (
             ", or fine-tune with LoRA on one node (tuning.adapter: lora)"
-            if recipe.task == "sft" and tier.min_nodes_for(True) <= run.nodes
+            if recipe.fine_tuning and tier.min_nodes_for(True) <= run.nodes
             else ""
         )
         full = " for full-parameter training" if tier.min_nodes_for(True) != tier.min_nodes else ""
@@ -1011,7 +1011,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     if tuning.context_parallel != AUTO:
         cp_reason = "set in the recipe"
     elif cp == 1:
-        if run.recipe.task == "sft":
+        if run.recipe.fine_tuning:
             cp_reason = "each GPU holds whole sequences: ring attention has no document mask for packed examples"
         else:
             cp_reason = "each GPU holds whole sequences" + (
@@ -1170,7 +1170,7 @@ LORA_DEFAULTS_WHY = (
 
 def _adapter(recipe: Recipe, run: _Run) -> None:
     """Task sft: full-parameter or LoRA, from the recipe, the export format or the tier."""
-    if recipe.task != "sft":
+    if not recipe.fine_tuning:
         return
     tier, tuning = run.tier, recipe.tuning
     data = recipe.data
