@@ -257,6 +257,8 @@ class Trainer:
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
     init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
     slowdown: float = 1.0  # forward/backward at this fraction of its speed (a rehearsal's --slow-host)
+    reference: Any = None  # DPO with dpo.reference precomputed: training.dpo_train.ReferenceTable
+    dpo_metrics: Any = None  # DPO: the last step's metric sums (training.dpo_train)
 
 
 def setup_logging(rank: int) -> None:
@@ -307,7 +309,12 @@ def build(
         apply_compile(layers)
     if cfg.sft is not None:
         check_attention(lm, cp.size)  # packed examples must not see each other
-    model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
+    if cfg.dpo is not None:  # preference pairs: the completions' log-probabilities (training/dpo_loss.py)
+        from training.dpo_loss import PairLogps
+
+        model: Any = PairLogps(lm, precision.loss_chunk_tokens)
+    else:
+        model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
     apply_fsdp(model, layers, mesh, precision)
     materialize(lm, info.device, seed=cfg.data.seed)
     if init_dir is not None:
@@ -335,6 +342,9 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     from training.components.validation import Validator
 
     assert trainer.cp is not None  # build sets it
+    if cfg.dpo is not None:
+        log.warning("no validation loss in this run: held-out pairs are not evaluated during DPO training")
+        return None
     try:
         validator = Validator.build(
             cfg,
@@ -396,6 +406,8 @@ def micro_batch(trainer: Trainer, batch, device: torch.device) -> tuple:
     """``(inputs, labels, positions)`` of one micro-batch, this rank's part: an SFT batch dict as
     it comes (labels masked, positions per example); a pretraining window split and sharded for CP."""
     if isinstance(batch, dict):
+        if trainer.cfg.dpo is not None:  # and the rows' indices: the precomputed reference is looked up by row
+            return (*split_sft_batch(batch, device), batch["index"])
         return split_sft_batch(batch, device)
     assert trainer.cp is not None  # build sets it
     return trainer.cp.shard(*split_batch(batch, device))
@@ -454,7 +466,12 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     micro_batches, data_wait = next_micro_batches(trainer, data_iter, accum)
     computed = time.perf_counter()
-    loss_sum = forward_backward(trainer, micro_batches)
+    if trainer.cfg.dpo is not None:
+        from training import dpo_train
+
+        loss_sum = dpo_train.forward_backward(trainer, micro_batches)
+    else:
+        loss_sum = forward_backward(trainer, micro_batches)
     grad_norm = clip_grad_norm(model, trainer.cfg.optimizer.grad_clip)
     lr = float(scheduler.get_last_lr()[0])  # a float already (AdamW's lr is the config's float)
     # The step's one wait for the GPU: this rank's loss and the gradient norm, copied together.
@@ -637,6 +654,8 @@ def _run(
     trainer = build(cfg, paths, info=info)
     trainer.slowdown = slowdown
     dataloader = build_train_dataloader(cfg, paths, trainer)
+    if cfg.sft is not None:
+        _check_layout(cfg, trainer, paths, dataloader.dataset.manifest)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
     ckpt = CheckpointManager(
@@ -666,6 +685,21 @@ def _run(
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
+
+
+def _check_layout(cfg: RunConfig, trainer: Trainer, paths: Paths, manifest: dict) -> None:
+    """DPO reads pairs and SFT examples, each refusing the other's shards; the precomputed reference is
+    computed here, from the starting weights, before a resume restores the trained state."""
+    from training import dpo_train
+
+    where = cfg.run.data_uri or str(paths.data_dir)
+    if cfg.dpo is None:
+        if manifest.get("layout") == "pairs":
+            raise ValueError(f"{where}: preference pairs (python -m training.dpo_data); train them with task dpo")
+        return
+    dpo_train.check_pairs(manifest, where)
+    if cfg.dpo.reference == "precomputed":
+        trainer.reference = dpo_train.precompute(trainer, paths.data_dir)
 
 
 def _resume(trainer: Trainer, dataloader, ckpt: CheckpointManager, accum_at):
@@ -760,6 +794,12 @@ def _loop(
             result.losses[step] = done.loss
             result.final_loss = done.loss
         result.step = step
+        if cfg.dpo is not None:  # trl's metrics, means over the step's pairs (a collective: every rank)
+            from training.dpo_train import step_metrics
+
+            preference = step_metrics(trainer, ckpt.control_group)
+            if info.is_main:
+                log.info("step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in preference.items()))
         if info.is_main:
             log.info(stats.log_line())
             if done.skipped:

@@ -502,7 +502,9 @@ class SftSequences(GlobalStream):
                     where,
                 )
             )
-        return sft_sample(tokens, mask, pos)
+        sample = sft_sample(tokens, mask, pos)
+        sample["index"] = torch.tensor(index)  # the row, for a DPO run's precomputed reference
+        return sample
 
 
 def sft_sample(tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> dict[str, torch.Tensor]:
