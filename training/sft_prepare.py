@@ -43,7 +43,7 @@ from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
-CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats")  # what decides the shards
+CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats", "training.dpo_data")  # what decides the shards
 MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 DONE = "manifest.json"  # written last under the key's prefix
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         log(text.replace(f"{raw}/", as_prefix(args.input)), **options)
 
     try:
-        manifests = prepare(files, tokenizer, out, settings, log=named)
+        manifests = _prepare(settings)(files, tokenizer, out, settings, log=named)
     except BadData as error:  # named by its S3 URI, not the job's local copy
         raise BadData(str(error).replace(f"{raw}/", as_prefix(args.input)), error.reason) from None
     manifest = manifests["train"]
@@ -283,6 +283,15 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     return {"key": key, "uri": train, "reused": False}
 
 
+def _prepare(settings: Settings):
+    """training.sft_data's prepare, or for preference pairs (task dpo) training.dpo_data's."""
+    if settings.format == "preference":
+        from training import dpo_data
+
+        return dpo_data.prepare
+    return prepare
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.sft_prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="S3 prefix of the raw examples")
@@ -293,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["uint16", "uint32"])
     parser.add_argument("--loss-on", choices=["assistant", "all"], default="assistant")
     parser.add_argument("--overlong", choices=["error", "drop", "truncate"], default="error")
-    parser.add_argument("--format", choices=FORMATS, default="auto")
+    parser.add_argument("--format", choices=(*FORMATS, "preference"), default="auto", help="preference: DPO pairs")
     parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
     parser.add_argument("--max-bad-fraction", type=float, default=0.0)
     parser.add_argument(

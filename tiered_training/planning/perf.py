@@ -216,6 +216,9 @@ class StepTime:
     adapters: bool = False
     frozen: bool = False
     quantized: bool = False
+    # task dpo: the reference's forward per step, without gradient (planning/preference.py); 0 otherwise
+    reference: float = 0.0
+    reference_what: str = ""
 
     @property
     def seconds(self) -> float:
@@ -230,6 +233,7 @@ class StepTime:
             + self.adapter_elementwise
             + self.adapter_dropout
             + self.dequantization
+            + self.reference
         )
 
     @property
@@ -290,6 +294,7 @@ class StepTime:
                 "AdamW and gradient clipping over the "
                 + ("adapters' sharded fp32 state" if self.adapters else "sharded fp32 state"),
             ),
+            *([Term("DPO: reference forward", self.reference, self.reference_what)] if self.reference else []),
         ]
 
 

@@ -347,7 +347,7 @@ class Plan(_Result):
     @property
     def adapter(self) -> str | None:
         """none, lora or qlora for task sft; None for pretraining."""
-        if self.not recipe.fine_tuning:
+        if not self.recipe.fine_tuning:
             return None
         if self.lora is None:
             return "none"
@@ -528,7 +528,7 @@ class Plan(_Result):
 
     def sft_config(self) -> SftConfig | None:
         """The fine-tuning section of the RunConfig: None for pretraining."""
-        if self.not recipe.fine_tuning:
+        if not self.recipe.fine_tuning:
             return None
         if self.lora is None:
             return SftConfig(adapter="none")

@@ -26,7 +26,7 @@ from tiered_training import catalog as catalogs
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
 from tiered_training.contract.runconfig import steps_for_tokens
-from tiered_training.planning import corpus, memory, perf
+from tiered_training.planning import corpus, memory, perf, preference
 from tiered_training.planning import probe as probes
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import (
@@ -296,6 +296,8 @@ def evaluate(
         accum=accum,
         params=perf.stored_parameters(),
     )
+    if run.recipe.task == "dpo":  # the reference's forward (planning/preference.py)
+        time = preference.with_reference(run.recipe, "lora" if run.lora else "none", time)
     return Option(setting, accum, estimate, time, estimate.total <= run.limit)
 
 
@@ -1182,8 +1184,10 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
     run.decide(
         "task",
-        "sft",
-        f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
+        recipe.task,
+        preference.task_reason(recipe, checked)
+        if recipe.task == "dpo"
+        else f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
         f"(python -m training.sft_data){checked}",
         "set",
     )

@@ -1,29 +1,36 @@
-"""Task dpo in the plan: the RunConfig's preference section, the reference model's memory and time.
+"""Task dpo in the plan: the RunConfig's preference section, and the reference model's time and memory.
 
-The trainer (``training/dpo_loss.py``) trains on packed pairs, chosen then rejected in one sequence, so a
-step's memory and speed are those of fine-tuning on the same tokens; the reference adds:
+The trainer (``training/dpo_train.py``) trains on packed pairs, chosen then rejected in the rows of one
+step, so a step's memory and speed are those of fine-tuning on the same tokens, plus the reference:
 
-- ``precomputed``: a first pass of the starting weights over the training pairs before the first step of
-  each job (forward only: 2 FLOPs per parameter and token against training's 6, or 4 under LoRA), then
-  8 bytes per pair (two fp32 log-probabilities) held on every rank; no second model in memory.
-- ``adapter_disabled`` (LoRA): one more forward of each micro-batch with the adapters off, without
-  gradient: no weights of its own (the base is shared), the transient activations of one layer at a time.
+- ``precomputed``: before the first step of each job, a first pass of the starting weights over the training
+  rows (a forward without gradient), then 8 bytes a pair (two fp32 log-probabilities) on every rank. The plan
+  counts one forward per trained token, an upper bound: the pass reads the data once, the budget may repeat it.
+- ``adapter_disabled`` (LoRA): each micro-batch's forward again, without gradient, with the adapters off.
 
-A separate copy of the reference model, as trl keeps by default, would hold the base's weights a second
-time; the plan states that size beside the share this design takes.
+Either way the reference keeps no weights of its own; its forward holds one layer's activations at a time,
+before the training forward of the same micro-batch, so it adds nothing to the step's peak (the backward of
+the loss). A separate copy of the reference, as trl keeps by default, would hold the weights a second time:
+``explain`` states that size beside the share this design takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from typing import TYPE_CHECKING
 
 from tiered_training.contract.runconfig import DpoConfig
 from tiered_training.recipe import AUTO, PreferenceSection, Recipe
 
+if TYPE_CHECKING:
+    from tiered_training.planning.perf import StepTime
+    from tiered_training.planning.plan import Plan
+
 PAIR_BYTES = 8  # two fp32 reference log-probabilities per pair
-FORWARD_FLOPS = 2  # per parameter and token
-FULL_TRAINING_FLOPS = 6  # forward, input and weight gradients
-LORA_TRAINING_FLOPS = 4  # the frozen base computes no weight gradients
+GIB = 1024**3
+# The forward's share of each term of a training step (backward ~ 2 x forward for GEMMs with weight
+# gradients, 1 x without (a frozen base); flash attention's backward ~ 2.5 x its forward).
+FORWARD_SHARE = {"gemm": 1 / 3, "gemm_frozen": 1 / 2, "attention": 1 / 3.5, "memory_bound": 1 / 3}
 
 
 def reference_mode(recipe: Recipe, adapter: str | None) -> str:
@@ -46,51 +53,74 @@ def dpo_config(recipe: Recipe, adapter: str | None) -> DpoConfig | None:
     )
 
 
-@dataclass(frozen=True)
-class Reference:
-    """The reference model's cost in a plan."""
-
-    mode: str
-    resident_bytes: int  # per GPU, through training
-    transient_bytes: int  # per GPU, at the reference forward's peak (adapter_disabled)
-    copy_bytes: int  # per GPU, what a separate reference copy of the weights would hold
-    step_factor: float  # training step time x this (adapter_disabled's extra forward)
-    first_pass_seconds: float  # per job start (precomputed)
-
-    def describe(self, total_bytes: int) -> str:
-        gib = 1024**3
-        share = (self.resident_bytes + self.transient_bytes) / max(total_bytes, 1)
-        if self.mode == "precomputed":
-            what = (
-                f"precomputed log-probabilities: {self.resident_bytes / gib:.3f} GiB per GPU ({share:.1%} of the "
-                f"peak), a first pass of {self.first_pass_seconds / 60:.1f} min per job start"
-            )
-        else:
-            what = (
-                f"the base with the adapters off: no weights of its own, {self.transient_bytes / gib:.2f} GiB of "
-                f"transient activations ({share:.1%} of the peak), steps x{self.step_factor:.2f} for its forward"
-            )
-        return f"{what}; a separate reference copy would hold {self.copy_bytes / gib:.1f} GiB per GPU"
+def task_reason(recipe: Recipe, checked: str) -> str:
+    """The plan's reason for task dpo."""
+    section = recipe.preference or PreferenceSection()
+    smoothing = f", label smoothing {section.label_smoothing:g}" if section.loss == "robust" else ""
+    return (
+        f"preference tuning (DPO, {section.loss} loss, beta {section.beta:g}{smoothing}) of "
+        f"{recipe.model.init_checkpoint} on packed pairs, chosen then rejected (python -m training.dpo_data){checked}"
+    )
 
 
-def reference(
-    mode: str,
-    *,
-    parameters: int,
-    shard_group: int,
-    pairs: int,
-    layer_activation_bytes: int,
-    lora: bool,
-    step_seconds: float,
-    step_tokens: int,
-    data_tokens: int,
-) -> Reference:
-    """The reference's memory and time for a plan: ``pairs`` in the training data (about), the
-    ``layer_activation_bytes`` one layer of a micro-batch keeps in the forward, the training step's seconds
-    over ``step_tokens`` tokens (all ranks), and the tokens of one pass over the data."""
-    copy = 2 * parameters // max(shard_group, 1)  # bf16 weights, sharded as the policy's
-    training = LORA_TRAINING_FLOPS if lora else FULL_TRAINING_FLOPS
+def forward_seconds(time: StepTime) -> float:
+    """A forward without gradient of the step's micro-batches: the forward share of its compute terms."""
+    gemm = FORWARD_SHARE["gemm_frozen" if time.frozen else "gemm"]
+    return (
+        time.gemm * gemm
+        + time.attention * FORWARD_SHARE["attention"]
+        + time.memory_bound * FORWARD_SHARE["memory_bound"]
+        + time.dequantization / 2
+    )
+
+
+def with_reference(recipe: Recipe, adapter: str, time: StepTime) -> StepTime:
+    """The step time with the reference's forward, per :data:`reference_mode`."""
+    mode = reference_mode(recipe, adapter)
+    what = (
+        "the base again with the adapters off, without gradient (LoRA's reference)"
+        if mode == "adapter_disabled"
+        else "the first pass of the starting weights over the data, at most one forward per trained token"
+    )
+    return dataclasses.replace(time, reference=forward_seconds(time), reference_what=what)
+
+
+def explain_lines(plan: Plan) -> list[str]:
+    """``explain``'s section for task dpo: the reference model's share of memory and time."""
+    if plan.recipe.task != "dpo" or plan.memory is None or plan.estimates is None:
+        return []
+    mode = reference_mode(plan.recipe, plan.adapter)
+    e = plan.estimates
+    step = e.step_time_seconds
+    reference = next((t.seconds for t in e.step_terms if t.name == "DPO: reference forward"), 0.0)
+    copy = 2 * plan.parameters / max(plan.shard_group_size, 1)
+    peak = plan.memory.total
     if mode == "precomputed":
-        first_pass = step_seconds * (data_tokens / max(step_tokens, 1)) * FORWARD_FLOPS / training
-        return Reference(mode, pairs * PAIR_BYTES, 0, copy, 1.0, first_pass)
-    return Reference(mode, 0, layer_activation_bytes, copy, 1 + FORWARD_FLOPS / training, 0.0)
+        pairs = plan.recipe.budget.total_tokens // 32  # a pair of at least 32 tokens: an upper bound
+        table = pairs * PAIR_BYTES
+        held = (
+            f"  log-probabilities      {table / GIB:9,.3f} GiB  8 bytes a pair on every rank, for at most "
+            f"{pairs:,} pairs (the budget in pairs of 32 tokens or more)"
+        )
+        share = table / peak
+    else:
+        held = (
+            "  activations            transient  one layer at a time in its forward without gradient, before the "
+            "training forward: not at the step's peak"
+        )
+        share = 0.0
+    how = (
+        "the starting weights, a first pass over the data before training"
+        if mode == "precomputed"
+        else "the base with the LoRA adapters off (as trl with peft)"
+    )
+    return [
+        "",
+        f"Reference model (task dpo, preference.reference {mode}: {how})",
+        f"  weights                {0:9,.2f} GiB  none of its own; a separate bf16 copy would take "
+        f"{copy / GIB:,.2f} GiB per GPU ({copy / plan.instance.usable_hbm_gib / GIB:.1%} of HBM)",
+        held,
+        f"  share of the peak      {share:9.2%}  of {peak / GIB:,.2f} GiB per GPU",
+        f"  time                   {reference:9,.2f} s  a step ({reference / step:.0%} of {step:,.2f} s), in the "
+        "wall time and cost above",
+    ]

@@ -809,6 +809,13 @@ class Recipe(_Strict):
                     f"{AT}model.init_checkpoint: task {self.task} fine-tunes trained weights: give the S3 URI of a "
                     "Hugging Face checkpoint (or of an earlier run's export)"
                 )
+            if self.task == "dpo" and data.overlong == "truncate":
+                raise ValueError(
+                    f"{AT}data.overlong: truncate would compare cut answers; task dpo drops (drop) or refuses (error) "
+                    "a pair longer than sequence_length"
+                )
+            if self.task == "dpo" and data.loss_on == "all":
+                raise ValueError(f"{AT}data.loss_on: task dpo counts the answers' tokens only; remove it")
             reference = self.preference.reference if self.preference else AUTO
             if reference == "adapter_disabled" and tuning.adapter == "none":
                 raise ValueError(
