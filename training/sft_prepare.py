@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
+from training.init_archive import ARCHIVE_SUFFIXES, ArchiveError, unpacked
 from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
@@ -220,15 +221,23 @@ def upload(client, path: Path, uri: str, sha256: str) -> None:
 
 def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=print) -> dict:
     """Reuse or prepare; returns what the property file says."""
-    tokenizer_objects = [
-        o
-        for o in list_objects(client, args.tokenizer)
-        if "/" not in o["relative"] and not o["relative"].endswith(WEIGHT_SUFFIXES)
-    ]
+    if args.tokenizer.endswith(ARCHIVE_SUFFIXES):  # an earlier run's export: the archive alone
+        parent, _, name = args.tokenizer.rpartition("/")
+        tokenizer_objects = [o for o in list_objects(client, parent) if o["relative"] == name]
+    else:
+        tokenizer_objects = [
+            o
+            for o in list_objects(client, args.tokenizer)
+            if "/" not in o["relative"] and not o["relative"].endswith(WEIGHT_SUFFIXES)
+        ]
     if not tokenizer_objects:
         raise BadData(f"{args.tokenizer}: no objects; --tokenizer is the S3 prefix of a Hugging Face checkpoint")
     download(client, tokenizer_objects, split_uri(args.tokenizer)[0], work / "tokenizer")
-    tokenizer = SftTokenizer(work / "tokenizer")
+    try:  # an earlier run's export (model.tar.gz): its tokenizer is inside
+        tokenizer_dir = unpacked(work / "tokenizer", work)
+    except ArchiveError as error:
+        raise BadData(str(error)) from None
+    tokenizer = SftTokenizer(tokenizer_dir)
     tokenizer.path = args.tokenizer  # the manifest names the checkpoint, not the job's copy
     inputs, saved = input_objects(client, args.input, tuple(getattr(args, "ignore", None) or ()), log)
     code = code_version()

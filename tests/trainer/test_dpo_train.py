@@ -21,31 +21,14 @@ from test_multiprocess import ROOT  # noqa: E402
 STEPS = 12
 
 
-def _pairs(n: int) -> list[dict]:
-    """The user gives words; the chosen answer reverses them, the rejected one repeats them."""
-    import numpy as np
-
-    from training.tools.tiny_chat import CHAT_WORDS
-
-    rng = np.random.default_rng(0)
-    records = []
-    for _ in range(n):
-        words = [str(w) for w in rng.choice(CHAT_WORDS, size=int(rng.integers(2, 4)), replace=False)]
-        records.append({
-            "prompt": [{"role": "user", "content": " ".join(words)}],
-            "chosen": [{"role": "assistant", "content": " ".join(reversed(words))}],
-            "rejected": [{"role": "assistant", "content": " ".join(words)}],
-        })
-    return records
-
-
 @pytest.mark.parametrize("adapter", ["none", "lora"])
 def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapter):
     from tiny import tiny_config
     from training.models.random_checkpoint import write_random_checkpoint
+    from training.tools.tiny_pairs import tiny_pairs
 
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in _pairs(32)))
+    data.write_text("".join(json.dumps(r) + "\n" for r in tiny_pairs(32)))
     tok = tiny_chat_tokenizer(tmp_path / "init")
     prepared = subprocess.run(
         [sys.executable, "-m", "training.dpo_data", str(data), "--tokenizer", str(tok), "--out",

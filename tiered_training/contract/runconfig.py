@@ -544,6 +544,8 @@ class RunConfig(_Frozen):
         """Flat ``{"section.field": json}`` strings, within SageMaker's limits."""
         flat: dict[str, str] = {}
         for section, value in self.model_dump(mode="json").items():
+            if section == "dpo" and value is None:
+                continue  # optional: a run without preference pairs has no key for it
             if isinstance(value, dict):
                 for key, leaf in value.items():
                     if section == "data" and key == "mixture" and leaf is None:
