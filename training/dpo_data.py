@@ -36,6 +36,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,8 @@ def encode_pair(tokenizer: SftTokenizer, pair: Pair) -> tuple[list[int], list[in
 
         def render(messages, **options):
             try:
-                out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, tools=pair.tools, **options)
+                tools: Any = pair.tools
+                out: Any = tok.apply_chat_template(messages, tokenize=True, return_dict=True, tools=tools, **options)
             except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
                 first = str(error).splitlines()[0] if str(error) else type(error).__name__
                 raise BadData(
@@ -188,9 +190,10 @@ def encode_pair(tokenizer: SftTokenizer, pair: Pair) -> tuple[list[int], list[in
         with_chosen = render(pair.prompt + pair.chosen)
         with_rejected = render(pair.prompt + pair.rejected)
     else:
-        eos = tok.eos_token
-        chosen = pair.chosen if pair.chosen.endswith(eos) else pair.chosen + eos  # type: ignore[union-attr,operator]
-        rejected = pair.rejected if pair.rejected.endswith(eos) else pair.rejected + eos  # type: ignore[union-attr,operator]
+        eos = str(tok.eos_token)
+        assert isinstance(pair.chosen, str) and isinstance(pair.rejected, str) and isinstance(pair.prompt, str)
+        chosen = pair.chosen if pair.chosen.endswith(eos) else pair.chosen + eos
+        rejected = pair.rejected if pair.rejected.endswith(eos) else pair.rejected + eos
         prompt = list(tok(text=pair.prompt)["input_ids"])
         with_chosen = list(tok(text=pair.prompt + chosen)["input_ids"])
         with_rejected = list(tok(text=pair.prompt + rejected)["input_ids"])

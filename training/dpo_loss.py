@@ -20,6 +20,7 @@ pair count), which is trl's batch mean for one micro-batch on one rank. The metr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,14 @@ from torch.utils.checkpoint import checkpoint
 from tiered_training.contract.runconfig import DpoConfig
 from training.components.loss import IGNORE_INDEX
 
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected")
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
 
 
 def _chunk_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -84,9 +92,7 @@ def pair_sums(logps: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor
     sums, counts = sums.view(rows, slots // 2, 2), counts.view(rows, slots // 2, 2)
     present = (counts[..., 0] > 0) & (counts[..., 1] > 0)
     row, slot = present.nonzero(as_tuple=True)
-    return Pairs(
-        sums[row, slot, 0], sums[row, slot, 1], counts[row, slot, 0], counts[row, slot, 1], row, slot
-    )
+    return Pairs(sums[row, slot, 0], sums[row, slot, 1], counts[row, slot, 0], counts[row, slot, 1], row, slot)
 
 
 def preference_loss(
@@ -138,8 +144,9 @@ class PairLogps(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor) -> tuple:
         """A tuple of :class:`Pairs`' fields (FSDP's hooks see the tensors of a tuple): ``Pairs(*output)``."""
-        hidden = self.lm.model(input_ids, position_ids)
-        logps = token_logps(hidden, self.lm.lm_head.weight, labels, self.loss_chunk_tokens)
+        lm: Any = self.lm
+        hidden = lm.model(input_ids, position_ids)
+        logps = token_logps(hidden, lm.lm_head.weight, labels, self.loss_chunk_tokens)
         p = pair_sums(logps, labels, position_ids)
         return p.chosen, p.rejected, p.chosen_tokens, p.rejected_tokens, p.rows, p.slots
 

@@ -61,7 +61,8 @@ def precompute(trainer, data_dir) -> ReferenceTable:
     rank, world = trainer.cp.data_rank, trainer.cp.data_ranks
     mine = list(range(rank, total, world))
     size = cfg.batch.micro_batch_size
-    batches = -(-(-(-total // world)) // size)  # the same count on every rank
+    per_rank = -(-total // world)
+    batches = -(-per_rank // size)  # the same count on every rank
     table: dict[int, torch.Tensor] = {}
     trainer.model.eval()
     for b in range(batches):
@@ -152,3 +153,77 @@ def step_metrics(trainer, group) -> dict[str, float]:
         dist.all_reduce(sums, group=group)
     count = max(float(sums[-1]), 1.0)
     return {name: float(value) / count for name, value in zip(METRICS, sums[:-1].tolist())}
+
+
+def build_validator(cfg, data_dir, trainer, group):
+    """The held-out pairs' DPO loss and metrics (:class:`PairValidator`), or None where there are none."""
+    from training.components.validation import Validator
+
+    class PairValidator(Validator):
+        """Validation on held-out pairs: the mean pair loss, and trl's metrics (``eval`` in the log). The
+        precomputed reference of its batches is computed when it is built, from the starting weights."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.references = None
+            self.metrics: dict[str, float] = {}
+            if cfg.dpo.reference == "precomputed":
+                self.model.eval()
+                self.references = [self._reference(batch) for batch in self.batches]
+                self.model.train()
+
+        def _inputs(self, batch):
+            return tuple(batch[k].to(self.device) for k in ("input_ids", "labels", "position_ids"))
+
+        def _reference(self, batch):
+            inputs = self._inputs(batch)
+            if cfg.dpo.reference == "adapter_disabled":
+                with adapters_disabled(trainer.lm):
+                    ref = reference_pairs(self.model, *inputs)
+            else:
+                ref = reference_pairs(self.model, *inputs)
+            return ref.chosen.detach(), ref.rejected.detach()
+
+        def evaluate(self) -> float:
+            import time
+
+            started = time.perf_counter()
+            was_training = self.model.training
+            self.model.eval()
+            sums = torch.zeros(len(METRICS) + 2, dtype=torch.float64)
+            try:
+                with torch.no_grad():
+                    for i, batch in enumerate(self.batches):
+                        reference = self.references[i] if self.references is not None else self._reference(batch)
+                        inputs, labels, positions = self._inputs(batch)
+                        step = pair_step(self.model, cfg.dpo, inputs, labels, positions, reference, 1)
+                        sums[0] += float(step[0])
+                        sums[1:-1] += step[1].double().cpu()
+                        sums[-1] += step[2]
+            finally:
+                self.model.train(was_training)
+            if dist.is_initialized():
+                dist.all_reduce(sums)
+            pairs = max(float(sums[-1]), 1.0)
+            self.metrics = {name: float(v) / pairs for name, v in zip(METRICS, sums[1:-1].tolist())}
+            self.last = self.clock()
+            mean = float(sums[0]) / pairs
+            log.info(
+                "validation DPO loss %.4f over %d held-out pairs (%.1f s); eval %s",
+                mean,
+                int(pairs),
+                time.perf_counter() - started,
+                " ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()),
+            )
+            return mean
+
+    return PairValidator.build(
+        cfg,
+        data_dir,
+        trainer.model,
+        trainer.info.device,
+        rank=trainer.cp.data_rank,
+        world_size=trainer.cp.data_ranks,
+        group=group,
+        shard=trainer.cp.shard,
+    )

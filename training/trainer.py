@@ -342,11 +342,13 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
     from training.components.validation import Validator
 
     assert trainer.cp is not None  # build sets it
-    if cfg.dpo is not None:
-        log.warning("no validation loss in this run: held-out pairs are not evaluated during DPO training")
-        return None
     try:
-        validator = Validator.build(
+        if cfg.dpo is not None:  # held-out pairs: the DPO loss and trl's metrics
+            from training import dpo_train
+
+            validator = dpo_train.build_validator(cfg, paths.data_dir, trainer, group)
+        else:
+            validator = Validator.build(
             cfg,
             paths.data_dir,
             trainer.model,
@@ -390,7 +392,12 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     )
     if cfg.sft is not None:
         return build_sft_dataloader(
-            paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+            paths.data_dir,
+            cfg.data.token_dtype,
+            batch.sequence_length,
+            batch.micro_batch_size,
+            with_index=cfg.dpo is not None,  # DPO looks its precomputed reference up by row
+            **common,
         )
     return build_dataloader(
         paths.data_dir,

@@ -14,9 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiny import tiny_chat_tokenizer  # noqa: E402
-
 from test_multiprocess import ROOT  # noqa: E402
+from tiny import tiny_chat_tokenizer  # noqa: E402
 
 STEPS = 12
 
@@ -24,6 +23,7 @@ STEPS = 12
 @pytest.mark.parametrize("adapter", ["none", "lora"])
 def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapter):
     from tiny import tiny_config
+
     from training.models.random_checkpoint import write_random_checkpoint
     from training.tools.tiny_pairs import tiny_pairs
 
@@ -42,7 +42,8 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
                       parallel={"sharding": "none", "shard_group_size": 1},
                       optimizer={"lr": 1e-2, "min_lr_ratio": 0.1, "warmup_steps": 1, "schedule": "constant",
                                  "weight_decay": 0.0, "grad_clip": 1.0, "beta1": 0.9, "beta2": 0.95},
-                      dpo={"loss": "sigmoid", "beta": 0.5, "reference": reference})
+                      dpo={"loss": "sigmoid", "beta": 0.5, "reference": reference},
+                      validation={"source": "holdout", "holdout_every": 4, "batches": 2, "interval_minutes": 1e-6})
     write_random_checkpoint(cfg.model, tmp_path / "init", seed=5)
     (tmp_path / "cfg.json").write_text(cfg.to_json())
     script = textwrap.dedent(f"""
@@ -59,8 +60,10 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
         root = Path({str(tmp_path)!r})
         logging.getLogger("training").addHandler(Keep())
         result = run(cfg, Paths(root / "prepared" / "train", root / "ckpt", root / "model", root / "init"))
-        metrics = [l for l in lines if "rewards/chosen=" in l]
-        (root / "out.json").write_text(json.dumps({{"losses": result.losses, "metrics": metrics}}))
+        metrics = [l for l in lines if "rewards/chosen=" in l and "validation" not in l]
+        validation = [l for l in lines if l.startswith("validation DPO loss")]
+        out = {{"losses": result.losses, "metrics": metrics, "validation": validation}}
+        (root / "out.json").write_text(json.dumps(out))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -70,6 +73,11 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
     assert sum(losses[-3:]) / 3 < 0.65, losses
     last = dict(item.split("=") for item in out["metrics"][-1].split()[2:])
     assert float(last["rewards/margins"]) > 0 and float(last["rewards/accuracies"]) >= 0.5, out["metrics"][-1]
+    # held-out pairs (every 4th row), evaluated after each step against the starting weights' reference: a
+    # reference recomputed from the trained weights would give margins of exactly 0
+    assert len(out["validation"]) >= STEPS - 1, out["validation"]
+    held_out = dict(item.split("=") for item in out["validation"][-1].split("; eval ")[1].split())
+    assert float(held_out["rewards/margins"]) != 0 and 0 <= float(held_out["rewards/accuracies"]) <= 1, held_out
     from transformers import AutoModelForCausalLM
 
     if adapter == "none":

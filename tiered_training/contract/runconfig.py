@@ -421,7 +421,12 @@ class RunConfig(_Frozen):
             raise ValueError("sft needs model.init_checkpoint: fine-tuning starts from trained weights")
         if self.dpo is not None and self.sft is None:
             raise ValueError("dpo needs the sft section: preference tuning fine-tunes (full or LoRA)")
-        if self.dpo is not None and self.dpo.reference == "adapter_disabled" and self.sft.adapter == "none":
+        if (
+            self.dpo is not None
+            and self.sft is not None
+            and self.dpo.reference == "adapter_disabled"
+            and self.sft.adapter == "none"
+        ):
             raise ValueError(
                 "dpo.reference adapter_disabled needs LoRA adapters (sft.adapter lora or qlora); "
                 "a full fine-tune uses dpo.reference precomputed"

@@ -49,7 +49,7 @@ def dpo_config(recipe: Recipe, adapter: str | None) -> DpoConfig | None:
         loss=section.loss,
         beta=section.beta,
         label_smoothing=section.label_smoothing,
-        reference=reference_mode(recipe, adapter),  # type: ignore[arg-type]
+        reference=reference_mode(recipe, adapter),
     )
 
 

@@ -851,8 +851,8 @@ class Recipe(_Strict):
             )
         if self.export.format == "adapter" and (not self.fine_tuning or tuning.adapter == "none"):
             raise ValueError(
-                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft (or dpo) and tuning.adapter: lora, "
-                "qlora (or auto)"
+                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft (or dpo) and tuning.adapter: "
+                "lora, qlora (or auto)"
             )
         if tuning.adapter == "qlora" and tuning.precision not in (AUTO, "bf16"):
             raise ValueError(

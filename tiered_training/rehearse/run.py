@@ -1071,7 +1071,7 @@ def put_init_checkpoint(
         for path in sorted(Path(tokenizer).iterdir()) if tokenizer is not None else []:
             shutil.copy2(path, local / path.name)
         _init_checkpoints[key] = local  # while its workdir lasts
-    bucket, key = split_uri(uri)
+    bucket, object_key = split_uri(uri)
     s3.ensure_bucket(client, bucket)
     if uri.endswith((".tar.gz", ".tgz")):  # an earlier run's export, as a training job uploads it
         import tarfile
@@ -1080,7 +1080,7 @@ def put_init_checkpoint(
         with tarfile.open(archive, "w:gz") as tar:
             for path in sorted(local.iterdir()):
                 tar.add(path, arcname=path.name)
-        client.upload_file(str(archive), bucket, key)
+        client.upload_file(str(archive), bucket, object_key)
         return len(list(local.iterdir()))
     return upload_dir(client, local, uri)
 

@@ -154,7 +154,8 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     changed = [
         name
         for name in PART_NAMES
-        if (name in saved_parts or name in ("sft", "dpo") and name in parts) and saved_parts.get(name) != parts.get(name)
+        if (name in saved_parts or name in ("sft", "dpo") and name in parts)
+        and saved_parts.get(name) != parts.get(name)
     ]
     for name in changed:
         found.append(

@@ -21,7 +21,6 @@ model's names) and :func:`export_adapter` (peft's ``adapter_config.json`` and
 from __future__ import annotations
 
 import contextlib
-
 import json
 import math
 from collections.abc import Iterator

@@ -51,8 +51,18 @@ def main(argv: list[str] | None = None) -> int:
 
     options = ["--dtype", args.dtype] if args.dtype else []
     return prepare(
-        [str(pairs), "--tokenizer", str(tokenizer), "--out", str(args.out / "prepared"), "--sequence-length",
-         str(args.sequence_length), "--overlong", "drop", *options]
+        [
+            str(pairs),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(args.out / "prepared"),
+            "--sequence-length",
+            str(args.sequence_length),
+            "--overlong",
+            "drop",
+            *options,
+        ]
     )
 
 
