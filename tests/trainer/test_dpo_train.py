@@ -1,7 +1,7 @@
 """The trainer's DPO step end to end on the CPU, in one process: raw pairs, python -m training.dpo_data, then
 training from an init checkpoint, full with the precomputed reference and LoRA with the adapters disabled.
 The DPO loss starts at ln 2 (policy = reference), the chosen answers' reward rises above the rejected ones',
-and the export loads in transformers."""
+held-out pairs are evaluated against the reference, and the export loads in transformers and generates."""
 
 from __future__ import annotations
 
@@ -78,7 +78,12 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
     assert len(out["validation"]) >= STEPS - 1, out["validation"]
     held_out = dict(item.split("=") for item in out["validation"][-1].split("; eval ")[1].split())
     assert float(held_out["rewards/margins"]) != 0 and 0 <= float(held_out["rewards/accuracies"]) <= 1, held_out
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if adapter == "none":
-        AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"))
+    # the export (merged, LoRA merged in) loads with transformers and generates from the chat template
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"))
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "red green"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert generated.shape[1] > prompt["input_ids"].shape[1]
