@@ -48,8 +48,20 @@ def check_pairs(manifest: dict, where: str) -> None:
         )
 
 
-def precompute(trainer, data_dir) -> ReferenceTable:
-    """The reference log-probabilities of every training row, from the weights the model holds now."""
+def rows_read(dataset, start: int, count: int) -> list[int]:
+    """The rows the training stream hands out at its global positions ``[start, start + count)`` (the order of
+    ``training.components.data.GlobalStream``)."""
+    rows = set()
+    for position in range(start, start + count):
+        epoch, offset = divmod(position, dataset.windows)
+        index = int(dataset._epoch_order(epoch)[offset])
+        rows.add(int(dataset.index[index]) if dataset.index is not None else index)
+    return sorted(rows)
+
+
+def precompute(trainer, data_dir, rows: list[int] | None = None) -> ReferenceTable:
+    """The reference log-probabilities of the training rows (``rows``: only these, such as the probe's few
+    steps'), from the weights the model holds now."""
     from training.components.data import SftSequences
 
     cfg, info = trainer.cfg, trainer.info
@@ -59,7 +71,8 @@ def precompute(trainer, data_dir) -> ReferenceTable:
     check_pairs(data.manifest, str(data_dir))
     total = int(data.starts[-1])
     rank, world = trainer.cp.data_rank, trainer.cp.data_ranks
-    mine = list(range(rank, total, world))
+    mine = list(range(total) if rows is None else rows)[rank::world]
+    total = len(range(total) if rows is None else rows)
     size = cfg.batch.micro_batch_size
     per_rank = -(-total // world)
     batches = -(-per_rank // size)  # the same count on every rank

@@ -662,7 +662,11 @@ def _run(
     trainer.slowdown = slowdown
     dataloader = build_train_dataloader(cfg, paths, trainer)
     if cfg.sft is not None:
-        _check_layout(cfg, trainer, paths, dataloader.dataset.manifest)
+        # a probe (a few steps, no resume) precomputes the reference of the rows those steps read, not all
+        reads = None
+        if max_steps is not None and not resume:
+            reads = sum(accum_at(s) for s in range(max_steps)) * cfg.batch.micro_batch_size * trainer.cp.data_ranks
+        _check_layout(cfg, trainer, paths, dataloader.dataset, reads)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
     ckpt = CheckpointManager(
@@ -694,11 +698,13 @@ def _run(
     return result
 
 
-def _check_layout(cfg: RunConfig, trainer: Trainer, paths: Paths, manifest: dict) -> None:
+def _check_layout(cfg: RunConfig, trainer: Trainer, paths: Paths, dataset, reads: int | None) -> None:
     """DPO reads pairs and SFT examples, each refusing the other's shards; the precomputed reference is
-    computed here, from the starting weights, before a resume restores the trained state."""
+    computed here, from the starting weights, before a resume restores the trained state (for the rows the
+    first ``reads`` items of the stream hold, when given)."""
     from training import dpo_train
 
+    manifest = dataset.manifest
     where = cfg.run.data_uri or str(paths.data_dir)
     if cfg.dpo is None:
         if manifest.get("layout") == "pairs":
@@ -706,7 +712,8 @@ def _check_layout(cfg: RunConfig, trainer: Trainer, paths: Paths, manifest: dict
         return
     dpo_train.check_pairs(manifest, where)
     if cfg.dpo.reference == "precomputed":
-        trainer.reference = dpo_train.precompute(trainer, paths.data_dir)
+        rows = None if reads is None else dpo_train.rows_read(dataset, 0, reads)
+        trainer.reference = dpo_train.precompute(trainer, paths.data_dir, rows)
 
 
 def _resume(trainer: Trainer, dataloader, ckpt: CheckpointManager, accum_at):

@@ -60,9 +60,13 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
         root = Path({str(tmp_path)!r})
         logging.getLogger("training").addHandler(Keep())
         result = run(cfg, Paths(root / "prepared" / "train", root / "ckpt", root / "model", root / "init"))
+        if cfg.dpo.reference == "precomputed":  # a probe's few steps: the reference of the rows they read only
+            run(cfg, Paths(root / "prepared" / "train", root / "ckpt-probe", root / "model-probe", root / "init"),
+                max_steps=2, resume=False, save_checkpoints=False, export=False)
+        precomputed = [l for l in lines if "precomputed" in l]
         metrics = [l for l in lines if "rewards/chosen=" in l and "validation" not in l]
         validation = [l for l in lines if l.startswith("validation DPO loss")]
-        out = {{"losses": result.losses, "metrics": metrics, "validation": validation}}
+        out = {{"losses": result.losses, "metrics": metrics, "validation": validation, "precomputed": precomputed}}
         (root / "out.json").write_text(json.dumps(out))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -73,6 +77,9 @@ def test_dpo_trains_the_chosen_answers_reward_above_the_rejected(tmp_path, adapt
     assert sum(losses[-3:]) / 3 < 0.65, losses
     last = dict(item.split("=") for item in out["metrics"][-1].split()[2:])
     assert float(last["rewards/margins"]) > 0 and float(last["rewards/accuracies"]) >= 0.5, out["metrics"][-1]
+    if reference == "precomputed":  # the run: all 32 rows; the probe's 2 steps of 2 micro-batches of 2 rows: 8
+        (full, probe) = [int(line.split()[3]) for line in out["precomputed"]]
+        assert (full, probe) == (32, 8), out["precomputed"]
     # held-out pairs (every 4th row), evaluated after each step against the starting weights' reference: a
     # reference recomputed from the trained weights would give margins of exactly 0
     assert len(out["validation"]) >= STEPS - 1, out["validation"]
