@@ -665,6 +665,7 @@ def _run(
         # a probe (a few steps, no resume) precomputes the reference of the rows those steps read, not all
         reads = None
         if max_steps is not None and not resume:
+            assert trainer.cp is not None  # build sets it
             reads = sum(accum_at(s) for s in range(max_steps)) * cfg.batch.micro_batch_size * trainer.cp.data_ranks
         _check_layout(cfg, trainer, paths, dataloader.dataset, reads)
     save_group, control_group = new_gloo_group(), new_gloo_group()
