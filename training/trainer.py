@@ -815,6 +815,9 @@ def _loop(
             preference = step_metrics(trainer, ckpt.control_group)
             if info.is_main:
                 log.info("step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in preference.items()))
+                for hook in hooks:
+                    if hasattr(hook, "record_preference"):
+                        hook.record_preference(step, preference)
         if info.is_main:
             log.info(stats.log_line())
             if done.skipped:
