@@ -80,3 +80,32 @@ def test_rows_hold_whole_pairs_with_targets_on_the_completions(tmp_path):
     assert pos[0, :9].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
     assert mask[0, :9].tolist() == [0, 0, 1, 1, 1, 0, 0, 1, 1]
     assert mask[0, 27:].sum() == 0  # padding
+
+
+@pytest.mark.parametrize("form", ["parquet", "saved", "array"])
+def test_parquet_saved_datasets_and_json_arrays_pack_as_json_lines_do(tmp_path, form):
+    """The same pairs (conversations, explicit prompt) read by datasets from each container give the same shards."""
+    import datasets
+
+    from training.dpo_data import prepare
+    from training.sft_data import Settings, SftTokenizer
+    from training.tools.tiny_pairs import tiny_pairs
+
+    records = tiny_pairs(12, seed=3)
+    tok = SftTokenizer(tiny_chat_tokenizer(tmp_path / "tok"))
+    lines = tmp_path / "pairs.jsonl"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if form == "parquet":
+        other = tmp_path / "pairs.parquet"
+        datasets.Dataset.from_list(records).to_parquet(str(other))
+    elif form == "saved":
+        other = tmp_path / "saved"
+        datasets.Dataset.from_list(records).save_to_disk(str(other))
+    else:
+        other = tmp_path / "pairs.json"
+        other.write_text(json.dumps(records))
+    settings = Settings(sequence_length=32, format="preference")
+    a = prepare([lines], tok, tmp_path / "a", settings)["train"]
+    b = prepare([other], tok, tmp_path / "b", settings)["train"]
+    assert a["pairs"] == b["pairs"] == 12
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
