@@ -222,9 +222,14 @@ def upload(client, path: Path, uri: str, sha256: str) -> None:
 
 def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=print) -> dict:
     """Reuse or prepare; returns what the property file says."""
-    if args.tokenizer.endswith(ARCHIVE_SUFFIXES):  # an earlier run's export: the archive alone
-        parent, _, name = args.tokenizer.rpartition("/")
-        tokenizer_objects = [o for o in list_objects(client, parent) if o["relative"] == name]
+    if args.tokenizer.endswith(ARCHIVE_SUFFIXES):  # an earlier run's export: the archive alone, listed by its key
+        bucket, key = split_uri(args.tokenizer)  # (the role may list only under the key it reads)
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", [])
+        tokenizer_objects = [
+            {"key": o["Key"], "relative": key.rsplit("/", 1)[-1], "etag": o["ETag"].strip('"'), "size": o["Size"]}
+            for o in listed
+            if o["Key"] == key
+        ]
     else:
         tokenizer_objects = [
             o
