@@ -30,6 +30,7 @@ TICK_SECONDS = 10.0  # the heartbeat thread's period (5 s in the container; coar
 START_UP_SECONDS = 300.0  # model build, checkpoint load: no metrics yet
 COMPILE_SECONDS = 180.0  # the first step of a process is longer (torch.compile, warm-up)
 GPU_BUSY = 97.0
+HW_THERMAL_SLOWDOWN = 0x40  # nvmlClocksEventReasonHwThermalSlowdown
 RANK_SPREAD = 0.03  # healthy ranks' forward/backward times differ by up to 3 %
 
 
@@ -52,6 +53,8 @@ class Conditions:
     hang_at: float | None = None  # a step that starts after this never ends
     xid: tuple[float, int, int, int] | None = None  # (time, node index, GPU, XID): that GPU reports it then
     slow_gpu: Callable[[float], tuple[int, float] | None] = lambda t: None  # (node index, speed): its last GPU
+    # (node index, GPU): that GPU's NVML clock-event reasons hold a hardware thermal slowdown
+    thermal_gpu: Callable[[float], tuple[int, int] | None] = lambda t: None
 
 
 class HealthyNvml:
@@ -60,15 +63,16 @@ class HealthyNvml:
     NVML_CLOCK_SM, NVML_TEMPERATURE_GPU, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 1, 0, 1, 0
     nvmlEventTypeXidCriticalError = 0x8
 
-    def __init__(self, gpus: int):
+    def __init__(self, gpus: int, reasons: Callable[[int], int] = lambda gpu: 0):
         self.gpus = gpus
+        self.reasons = reasons  # GPU -> its clock-event reason bits now
 
     def nvmlInit(self): pass
     def nvmlDeviceGetCount(self): return self.gpus
     def nvmlDeviceGetHandleByIndex(self, i): return i
     def nvmlDeviceGetClockInfo(self, h, kind): return 1980
     def nvmlDeviceGetMaxClockInfo(self, h, kind): return 1980
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return self.reasons(h)
     def nvmlDeviceGetTemperature(self, h, sensor): return 65
     def nvmlDeviceGetPowerUsage(self, h): return 700_000
     def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return 0
@@ -142,6 +146,13 @@ class Simulation:
 
         return sample
 
+    def _reasons(self, node: int) -> Callable[[int], int]:
+        def reasons(gpu: int) -> int:
+            hot = self.conditions.thermal_gpu(self.now)
+            return HW_THERMAL_SLOWDOWN if hot == (node, gpu) else 0
+
+        return reasons
+
     def _start_process(self) -> None:
         gpus = self.plan.instance.gpus
         self.hooks = [
@@ -153,8 +164,8 @@ class Simulation:
         ]
         gpus = self.plan.instance.gpus
         self.health = [
-            GpuHealthMonitor(self.cfg, GpuHealth(HealthyNvml(gpus)), node=f"algo-{i + 1}", stream=self.out,
-                             clock=self.clock, failure_dir="")
+            GpuHealthMonitor(self.cfg, GpuHealth(HealthyNvml(gpus, self._reasons(i))), node=f"algo-{i + 1}",
+                             stream=self.out, clock=self.clock, failure_dir="")
             for i in range(self.plan.nodes)
         ]
         self._next_health = self.now + self.cfg.metrics.interval_seconds

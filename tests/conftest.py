@@ -96,13 +96,13 @@ HEAVY = (
     "tests/trainer/test_dpo_oracle.py",  # trl's DPOTrainer built 7 times, tiny models
     "tests/trainer/test_dpo_train.py",  # two one-process DPO runs (full, LoRA) of 12 steps
     "tests/trainer/test_shard_checksums.py",  # one trainer process stopped by a truncated shard
-    "tests/rehearse/test_stop.py",  # one rehearsal stopped by SIGTERM once its trainers run (about 65 s)
     "tests/trainer/test_qlora.py",
     "tests/planning/test_perf.py",
     "tests/trainer/test_context_parallel.py",
     "tests/trainer/test_grad_sync.py",
     "tests/runtime/test_runtime_entry.py",
     "tests/runtime/test_runtime_probe.py",
+    "tests/rehearse/test_stop.py",  # one BF16 rehearsal stopped by SIGTERM once its trainers run (about 35 s)
     "tests/rehearse/test_health_rehearsal.py",  # a Probe failing its health check, a training job's XID (about 30 s)
     "tests/trainer/test_corpus_prepare.py",  # every format, and two Prepare hosts on a local S3, rerun three times
     "tests/trainer/test_packing.py",

@@ -21,20 +21,23 @@ come out as :class:`Bad` with the record's place (line, row or record number) an
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from tiered_training.contract.corpus import CorpusSource
+from tiered_training.contract.corpus import (
+    JSON_OR_JSONL,
+    CorpusSource,
+    compression,
+    file_format,
+    ignored,
+    saved_dataset_roots,
+)
 from training.corpus_store import Object, Store
 
-COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-TEXT_SUFFIXES = (".txt", ".text", ".md")
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SAVED_FILES = ("state.json", "dataset_info.json")
 BATCH_ROWS = 4096  # Parquet and saved-dataset rows per read
 
@@ -97,41 +100,11 @@ class Unit:
         return f"{self.uri}: {self.record_kind} {number}"
 
 
-def compression(name: str) -> str | None:
-    return COMPRESSION.get(PurePosixPath(name).suffix.lower())
-
-
-def plain_suffix(name: str) -> str:
-    """The suffix under any compression suffix: ``a.jsonl.gz`` -> ``.jsonl``."""
-    path = PurePosixPath(name.lower())
-    if path.suffix in COMPRESSION:
-        path = path.with_suffix("")
-    return path.suffix
-
-
-def _ignored(relative: str, ignore: list[str]) -> bool:
-    name = PurePosixPath(relative).name
-    return any(fnmatch.fnmatch(relative, glob) or fnmatch.fnmatch(name, glob) for glob in ignore)
-
-
 def _file_format(source: CorpusSource, obj: Object, store: Store) -> str | None:
-    suffix = plain_suffix(obj.relative)
-    chosen = source.format
-    if chosen in ("text", "text_lines"):
-        return None if suffix == ".parquet" else chosen
-    if suffix == ".parquet":
-        return "parquet" if chosen in ("auto", "parquet") and not compression(obj.relative) else None
-    if suffix in JSONL_SUFFIXES:
-        return "jsonl" if chosen in ("auto", "jsonl") else None
-    if suffix == ".json":
-        if chosen == "jsonl":
-            return "jsonl"
-        if chosen in ("auto", "json"):
-            return "json" if chosen == "json" or _first_character(obj, store) == "[" else "jsonl"
-        return None
-    if suffix in TEXT_SUFFIXES and chosen == "auto":
-        return "text"
-    return None
+    chosen = file_format(source.format, obj.relative)
+    if chosen == JSON_OR_JSONL:
+        return "json" if _first_character(obj, store) == "[" else "jsonl"
+    return chosen
 
 
 def _first_character(obj: Object, store: Store) -> str:
@@ -155,10 +128,8 @@ def _open_stream(obj: Object, store: Store):
 
 def plan_units(source: CorpusSource, objects: list[Object], ignore: list[str], store: Store) -> list[Unit]:
     """The source's units in a fixed order; BadData for a file that fits no format and no ignore glob."""
-    kept = [o for o in objects if not _ignored(o.relative, ignore)]
-    saved_roots = sorted(
-        {str(PurePosixPath(o.relative).parent) for o in kept if PurePosixPath(o.relative).name == "state.json"}
-    )
+    kept = [o for o in objects if not ignored(o.relative, ignore)]
+    saved_roots = saved_dataset_roots([o.relative for o in kept])
     if source.format == "saved_dataset" and not saved_roots:
         raise BadData(f"source {source.name}: {source.uri}: no saved dataset (no state.json) under it")
     units: list[Unit] = []

@@ -341,7 +341,17 @@ def reason_line(results: Sequence[CandidateResult], choice: Choice, cfg: RunConf
     7,020, slower; reserved 61% <= 85%``, or why none was chosen."""
     hbm, limit = cfg.hardware.hbm_bytes, cfg.probe.memory_limit
 
-    def predicted(number: int) -> str:
+    ranges = cfg.probe.predicted
+
+    def predicted(number: int, measured: float | None = None) -> str:
+        """`` (predicted 10,634)``, or with the model's range: `` (predicted 10,634, range 8,900-12,100:
+        surprising)`` when the measurement lies outside it."""
+        if number <= len(ranges):
+            value, low, high = ranges[number - 1]
+            if measured is None:
+                return f" (predicted {value:,.0f}, range {low:,.0f}-{high:,.0f})"
+            verdict = "within the model's error" if low <= measured <= high else "surprising"
+            return f" (predicted {value:,.0f}, range {low:,.0f}-{high:,.0f}: {verdict})"
         value = cfg.metrics.plan_tokens_per_second_per_gpu if number == 1 else 0.0
         return f" (predicted {value:,.0f})" if value > 0 else ""
 
@@ -352,9 +362,11 @@ def reason_line(results: Sequence[CandidateResult], choice: Choice, cfg: RunConf
     for r in sorted(results, key=lambda r: r.candidate):
         if choice.best is not None and r.candidate == choice.best.candidate:
             continue
-        measured = f": {r.tokens_per_second:,.0f}" if r.status == OK and r.tokens_per_second is not None else ""
+        ok = r.status == OK and r.tokens_per_second is not None
+        measured = f": {r.tokens_per_second:,.0f}" if ok else ""
         reason = choice.reasons[r.candidate]
-        others.append(f"candidate {r.candidate}{predicted(r.candidate)}{measured}{slowed(r)}, {reason}")
+        said = predicted(r.candidate, r.tokens_per_second if ok else None)
+        others.append(f"candidate {r.candidate}{said}{measured}{slowed(r)}, {reason}")
     best = choice.best
     if best is None:
         return "probe: no candidate fits: " + "; ".join(others)
@@ -362,7 +374,8 @@ def reason_line(results: Sequence[CandidateResult], choice: Choice, cfg: RunConf
     memory = "" if reserved is None else f"; reserved {reserved:.0%} <= {limit:.0%}"
     head = (
         f"probe: chose candidate {best.candidate} ({cfg.candidate_config(best.candidate).describe()}): "
-        f"{best.tokens_per_second or 0.0:,.0f} tokens/s per GPU measured{predicted(best.candidate)}{slowed(best)}"
+        f"{best.tokens_per_second or 0.0:,.0f} tokens/s per GPU measured"
+        f"{predicted(best.candidate, best.tokens_per_second)}{slowed(best)}"
     )
     return head + memory + "".join(f"; {o}" for o in others)
 

@@ -63,6 +63,7 @@ from training.components.checkpoint import CheckpointManager
 from training.components.compile import apply_compile
 from training.components.data import build_dataloader, build_sft_dataloader, split_batch
 from training.components.fence import from_environment as lease_fence
+from training.components.fence import writer_of
 from training.components.identity import identity as run_identity
 from training.components.identity import same_run
 from training.components.loss import valid_tokens
@@ -680,6 +681,7 @@ def _run(
         accept=same_run(identity) if identity else None,
         candidate=(cfg.run.candidate or 1, cfg.candidate_config(1).describe()),  # cfg runs its candidate as its own
         fence=lease_fence(os.environ) if info.rank == 0 else None,  # the run's lease, proven before every commit
+        writer=writer_of(os.environ),
     )
     # On an exception (e.g. OutOfMemoryError) nothing here waits on other ranks: they may be
     # gone or stuck, and a collective would hang. A save still in flight is left to its thread;

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import jsonschema
 import pytest
 from aws import test_runs
 from support import moto_server, offline_aws_env, recipe_dict, write_yaml
@@ -16,6 +18,8 @@ from tiered_training.contract import metrics as catalogue
 from tiered_training.pipeline import definition as d
 from tiered_training.planning.overlay import store_key
 from tiered_training.planning.planner import plan_file
+
+REPO = Path(__file__).resolve().parents[2]
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -41,7 +45,7 @@ def client(service: str, endpoint: str):
 
 
 def deployed(folder, name: str, endpoint: str):
-    path = write_yaml(folder / f"{name}.yaml", recipe_dict(name=name, **{"tuning.precision": "bf16"}))
+    path = write_yaml(folder / f"{name}.yaml", recipe_dict(name=name, **{"tuning.precision": "bf16", "tuning.probe_candidates": 3}))
     plan = plan_file(path)
     resources = d.PipelineResources(
         role_arn=f"arn:aws:iam::{ACCOUNT}:role/exec",
@@ -167,3 +171,11 @@ def test_the_probes_candidates_are_points_of_their_own_precision(endpoint, tmp_p
     assert stored["factors"] == {f"{plan.instance.name}/bf16": pytest.approx((0.90 * 0.92) ** 0.5, abs=1e-3)}
     data = json.loads(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json").output)
     assert data["points"] == {"probe": 2, "run": 0}
+    schema = json.loads((REPO / "docs/schemas/calibrate.schema.json").read_text())
+    jsonschema.validate(data, schema)
+    assert data["ok"] is True and data["exit_code"] == 0 and data["uris"] and data["overlay"]["factors"]
+    # a failure has the same shape: ok false, its exit code, the errors
+    refused = invoke("calibrate", path, "--endpoint-url", endpoint, "-f", "json")
+    failed = json.loads(refused.stdout)
+    jsonschema.validate(failed, schema)
+    assert failed["ok"] is False and failed["exit_code"] == refused.exit_code == 2 and failed["errors"]

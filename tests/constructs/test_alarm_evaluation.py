@@ -102,6 +102,8 @@ SCENARIOS = {
     # one GPU of the last node at 0.85 of the others' speed (the whole step waits for it: 1/0.86 as long)
     "a GPU at 0.85": (fitting.STRAGGLER, "slow"),
     "XID 79 on one GPU": (fitting.GPU_FAULT, "xid"),
+    # one GPU held in a hardware thermal slowdown, at 0.95 of the others' speed (not slow enough to straggle)
+    "a GPU in thermal slowdown": (fitting.GPU_SLOWDOWN, "hot"),
     "validation loss diverging": (
         fitting.VALIDATION, lambda onset: Conditions(validation_gap=lambda t: 1.0 if t >= onset else 0.03)
     ),
@@ -119,6 +121,13 @@ def test_a_failure_fires_its_alarm_alone_within_the_stated_time(recipes, scenari
         elif conditions == "xid":  # the last node's last GPU falls off the bus
             gpus = plan.instance.gpus
             make = lambda onset, last=last, gpus=gpus: Conditions(xid=(onset, last, gpus - 1, 79))  # noqa: E731
+        elif conditions == "hot":
+            gpus = plan.instance.gpus
+            make = lambda onset, last=last, gpus=gpus: Conditions(  # noqa: E731
+                thermal_gpu=lambda t: (last, gpus - 1) if t >= onset else None,
+                slow_gpu=lambda t: (last, 0.95) if t >= onset else None,
+                slowdown=lambda t: 1 / 0.955 if t >= onset else 1.0,
+            )
         elif conditions == "slow":
             make = lambda onset, last=last: Conditions(  # noqa: E731
                 slow_gpu=lambda t: (last, 0.85) if t >= onset else None,
@@ -163,3 +172,15 @@ def test_diverging_loss_fires_within_the_stated_time_of_crossing_the_ceiling(rec
         took = found[fitting.LOSS] - crossing["at"]
         assert took <= fit[fitting.LOSS].fires_within_seconds, f"{name}: {took / 60:.1f} min"
         assert set(found) == {fitting.LOSS}, f"{name}: {sorted(found)}"
+
+
+def test_a_brief_thermal_excursion_fires_nothing(recipes):
+    """A GPU slowed for two minutes (a hot spell the cooling catches up with) is shown, not alarmed on."""
+    plan, alarms = recipes["llama3-1b-bf16"]
+    gpus = plan.instance.gpus
+
+    def make(onset):
+        return Conditions(thermal_gpu=lambda t: (0, gpus - 1) if onset <= t < onset + 2 * MINUTE else None)
+
+    _took, found, _stated = _failure(plan, alarms, make, fitting.GPU_SLOWDOWN)
+    assert found == {}, found

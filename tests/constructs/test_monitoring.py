@@ -14,7 +14,7 @@ from tiered_training.planning import alarms as fitting
 
 ALARMS = {
     "ThroughputBelowPlan", "GpuUtilizationLow", "MemoryNearlyFull", "LossDiverging", "ValidationLossDiverging",
-    "Stalled", "ExecutionFailed", "Straggler", "GpuFault",
+    "Stalled", "ExecutionFailed", "Straggler", "GpuFault", "GpuSlowdown",
 }
 
 

@@ -220,3 +220,31 @@ def test_the_fence_refuses_once_another_execution_holds_the_lease_even_before_th
         Fence(state, Faulty(client, always=_error("AccessDenied", 403, "HeadObject")))("checkpoint step-6")
     holder.release()
     assert not state.exists()
+
+
+def test_the_rehearsal_fault_answers_503_to_lease_writes_from_step_n_on_even_after_pruning(s3, tmp_path):
+    """TIERED_TRAINING_LEASE_FAULT=step-N: lease writes keep answering 503 once a checkpoint of step N or later was
+    committed on this host, though pruning removes step-N; other objects and reads are left alone."""
+    import boto3
+    from botocore.config import Config
+
+    from training.components.lease_faults import apply_faults
+
+    config = Config(retries={"max_attempts": 1, "mode": "standard"})
+    plain = boto3.client("s3", endpoint_url=s3.meta.endpoint_url, region_name="us-east-1", config=config)
+    faulty = apply_faults(plain, {"TIERED_TRAINING_LEASE_FAULT": "step-4", "TT_CHECKPOINT_DIR": str(tmp_path)})
+    faulty.put_object(Bucket=BUCKET, Key=KEY, Body=b"{}")  # nothing committed yet
+    (tmp_path / "step-2").mkdir()
+    (tmp_path / "step-2" / "COMMITTED").write_text("")
+    faulty.put_object(Bucket=BUCKET, Key=KEY, Body=b"{}")  # step 2 < 4
+    (tmp_path / "step-6").mkdir()
+    (tmp_path / "step-6" / "COMMITTED").write_text("")
+    for _ in range(2):
+        with pytest.raises(ClientError) as raised:
+            faulty.put_object(Bucket=BUCKET, Key=KEY, Body=b"{}")
+        assert raised.value.response["Error"]["Code"] == "ServiceUnavailable"
+        (tmp_path / "step-6" / "COMMITTED").unlink(missing_ok=True)  # pruned: still failing
+    faulty.put_object(Bucket=BUCKET, Key="recipe/other.json", Body=b"{}")
+    assert faulty.head_object(Bucket=BUCKET, Key=KEY)["ContentLength"] == 2
+    with pytest.raises(ValueError, match="expected SECONDS or step-N"):
+        apply_faults(plain, {"TIERED_TRAINING_LEASE_FAULT": "step-x"})

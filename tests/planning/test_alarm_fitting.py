@@ -128,7 +128,8 @@ def test_validation_alarm_only_with_a_validation_loss(tmp_path):
     none = alarms.fit_alarms(plan_of(tmp_path, "none", **{"data.validation_fraction": 0}))
     assert alarms.VALIDATION not in none.alarms
     assert set(none.alarms) == {alarms.THROUGHPUT, alarms.GPU_UTILIZATION, alarms.MEMORY, alarms.LOSS,
-                                alarms.STALLED, alarms.EXECUTION_FAILED, alarms.STRAGGLER, alarms.GPU_FAULT}
+                                alarms.STALLED, alarms.EXECUTION_FAILED, alarms.STRAGGLER, alarms.GPU_FAULT,
+                                alarms.GPU_SLOWDOWN}
     failed = none[alarms.EXECUTION_FAILED]
     assert (failed.period_seconds, failed.threshold, failed.comparison, failed.fires_within_seconds, failed.notifies) == (
         300, 1, "GreaterThanOrEqualToThreshold", 360, False)
@@ -205,7 +206,8 @@ def test_the_docs_table_shows_a_dash_without_a_validation_alarm(tmp_path):
     row = alarms.markdown_table([plan]).splitlines()[2]
     assert row == (f"| unit-test | {fit.step_seconds:.0f} s | {fit.window_seconds // 60} | {fit.stall_seconds // 60} | "
                    f"{fit[alarms.THROUGHPUT].fires_within_seconds / 60:.0f} | {fit[alarms.STALLED].fires_within_seconds / 60:.0f} | - | "
-                   f"{fit[alarms.STRAGGLER].period_seconds // 60} | {fit[alarms.STRAGGLER].fires_within_seconds / 60:.0f} |")
+                   f"{fit[alarms.STRAGGLER].period_seconds // 60} | {fit[alarms.STRAGGLER].fires_within_seconds / 60:.0f} | "
+                   f"{fit[alarms.GPU_SLOWDOWN].fires_within_seconds / 60:.0f} |")
 
 
 def test_straggler_alarm_watches_the_window_s_highest_score_and_names_where_the_host_is(plan, fit):

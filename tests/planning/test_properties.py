@@ -122,6 +122,8 @@ def _leaf(annotation) -> st.SearchStrategy:
         return st.one_of(*(_leaf(a) for a in args))
     if origin is list:
         return st.lists(_leaf(args[0]), max_size=5)
+    if origin is tuple:
+        return st.tuples(*(_leaf(a) for a in args))
     if annotation is type(None):
         return st.none()
     if annotation is bool:

@@ -32,10 +32,10 @@ def dumped(**overrides) -> str:
     ({"model.catalog": None, "model.dimensions": {"layers": 2, "hidden_size": 100, "attention_heads": 3, "kv_heads": 1,
                                                   "ffn_size": 256, "vocab_size": 1000}},
      "r.yaml:4: model.dimensions: hidden_size 100 is not a multiple of attention_heads 3"),
-    # A whole number written as a float: the digits to write instead, up to 1e30 (not included).
-    ({"budget.total_tokens": 2.0e9},
-     "r.yaml:8: budget.total_tokens: input should be a valid integer: write 2_000_000_000 (an integer; digits may be grouped by thousands with _) (got 2000000000.0)"),
-    ({"budget.total_tokens": 1.0e30}, "r.yaml:8: budget.total_tokens: input should be a valid integer (got 1e+30)"),
+    # A whole number written as a float is that integer (as in JSON Schema); the value is shown as written.
+    ({"budget.total_tokens": 1.0e30},
+     "r.yaml:8: budget.total_tokens: input should be less than or equal to 1_000_000_000_000_000 (got 1e+30)"),
+    ({"budget.total_tokens": 2500000.5}, "r.yaml:8: budget.total_tokens: input should be a valid integer (got 2500000.5)"),
     ({"budget.total_tokens": True}, "r.yaml:8: budget.total_tokens: input should be a valid integer, not a boolean (got True)"),
 ])
 def test_whole_messages(overrides, expected):

@@ -48,3 +48,35 @@ def test_an_editor_flags_what_the_loader_refuses(field, value):
     data = recipe_dict(**{field: value})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema.recipe_schema())
+
+
+def _grouped_forms(number: int) -> set[str]:
+    """``number`` grouped by thousands, with up to 9 leading zeros."""
+    forms = set()
+    for zeros in range(10):
+        digits = "0" * zeros + str(number)
+        if len(digits) >= 4:
+            first = len(digits) % 3 or 3
+            forms.add("_".join([digits[:first]] + [digits[i:i + 3] for i in range(first, len(digits), 3)]))
+    return forms
+
+
+@pytest.mark.parametrize("low,high", [(1, 512), (1_000_000, 10**15), (0, 1), (1, 1), (10, 600), (256, 1_048_576),
+                                      (0, 4_294_967_295), (1, None), (0, None), (1_500, None)])
+def test_a_grouped_numbers_pattern_takes_the_integers_within_the_bounds_and_no_other(low, high):
+    import random
+    import re
+
+    from tiered_training.recipe.grouped import grouped_pattern
+
+    pattern = re.compile(grouped_pattern(low, high))
+    edges = {low - 1, low, low + 1} | ({high - 1, high, high + 1} if high is not None else {10**18})
+    rng = random.Random(low)
+    numbers = {n for n in edges | {0, 999, 1000, 10**6, 10**15 + 1} if n >= 0}
+    numbers |= {rng.randrange(10 ** rng.randrange(1, 19)) for _ in range(200)}
+    for number in numbers:
+        within = low <= number and (high is None or number <= high)
+        for form in _grouped_forms(number):
+            assert bool(pattern.match(form)) is within, (form, low, high)
+    for text in ("1_0", "1000_000", "_100", "1__000", "+1_000", "1_000.5", "1_00"):
+        assert not pattern.match(text)

@@ -1,6 +1,9 @@
-"""Every template in ``recipes/`` rehearses on 2 hosts: its own pipeline definition, a scaled-down model,
-data and checkpoints through one shared local S3 (moto), the shortest run (2 steps, no probe,
-1 worker per host), and a SIGTERM with a restart in one of them. One, PROBED, runs its probe of 3
+"""Every template in ``recipes/`` rehearses: its own pipeline definition, a scaled-down model, data and
+checkpoints through one shared local S3 (moto), the shortest run (2 steps, no probe), on 1 simulated host of 2 CPU
+workers: 2 ranks, as on 2 hosts of 1, with one torchrun agent per job instead of two (about a quarter of a
+rehearsal's CPU time). What a template changes (model, precision, sequence length, task) does not depend on the
+host count; hosts are rehearsed in test_rehearsal.py, test_sft_rehearsal.py, test_prepare_rehearsal.py,
+test_corpus_rehearsal.py and here by INTERRUPTED, on 2 hosts of 1 worker with a SIGTERM and a restart. One, PROBED, runs its probe of 3
 candidates with the planner's first choice slowed on purpose (``--slow-candidate 1``): the probe
 measures each in its own launch, the gate passes, and Train runs the measured fastest, another one. qwen2.5-32b-hybrid is rehearsed
 in test_rehearsal.py (probe, gate, a host killed during a save). A template with
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,12 +52,13 @@ def test_every_template_is_rehearsed_here_or_elsewhere():
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_template_rehearses_on_two_hosts(template, shared_s3, tmp_path):
+def test_template_rehearses(template, shared_s3, tmp_path):
     interrupt = "sigterm@1" if template == INTERRUPTED else None
     clean = template == TEMPLATES[0]  # --clean: the work directory (here, one that existed before) is left empty
     probed = template == PROBED
+    hosts, workers = (2, 1) if interrupt else (1, 2)
     out = io.StringIO()
-    result = rehearse(Options(REPO / "recipes" / template, hosts=2, workers=1, steps=3 if interrupt else 2,
+    result = rehearse(Options(REPO / "recipes" / template, hosts=hosts, workers=workers, steps=3 if interrupt else 2,
                               params={} if probed else {"SkipProbe": "true"}, interrupt=interrupt, workdir=tmp_path,
                               clean=clean, slow_candidate="1" if probed else None), out)
     log = out.getvalue()
@@ -74,6 +79,7 @@ def test_template_rehearses_on_two_hosts(template, shared_s3, tmp_path):
         assert any("loading initial weights from" in line for line in lines), log[-3000:]
     else:
         assert not any("loading initial weights from" in line for line in lines)
+    assert re.search(rf"^  \S+ attempt 1: {hosts} host\(s\) x {workers} CPU worker\(s\)", log, re.MULTILINE), log[-3000:]
     if interrupt:
         assert [a.status for a in attempts] == ["Interrupted", "Completed"], log[-6000:]
         assert result.interrupted

@@ -114,11 +114,11 @@ def test_fewer_fit_than_asked():
 
 
 def test_fp8_is_not_a_candidate_against_a_bf16_tier_unless_the_plan_takes_it(monkeypatch):
-    from tiered_training.planning import planner
+    from tiered_training.planning import choice
 
     # FP8 that does not earn its numerical risk (a gain threshold it cannot reach): the plan keeps the tier's BF16,
     # and the probe does not measure FP8 behind the plan's back.
-    monkeypatch.setattr(planner, "MIN_FP8_GAIN", 10.0)
+    monkeypatch.setattr(choice, "MIN_FP8_GAIN", 10.0)
     plan = plan_of()  # the small tier advises BF16; FP8 fits on this instance
     assert plan.tier.precision == "bf16" and plan.instance.fp8
     assert plan.precision == "bf16" and {c.precision for c in plan.candidates} == {"bf16"}

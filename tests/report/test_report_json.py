@@ -88,7 +88,7 @@ def test_markdown_summary_marks_errors_and_warnings(failed):
     text = report.plans_markdown([failed])
     lines = text.splitlines()
     assert lines[0].startswith("| recipe | model | tier |") and lines[1] == "|" + "---|" * len(report.COLUMNS)
-    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 10 + " 1 error(s) |  |"
+    assert lines[2] == f"| unit-test | {failed.model_name} | large | 1x ml.p6-b200.48xlarge |" + "  |" * 11 + " 1 error(s) |  |"
     notes = [line for line in lines if line.startswith("- ")]
     assert notes[0] == f"- ❌ {report.format_finding(failed, failed.errors[0])}"
     assert notes[1:] and all(n.startswith("- ⚠️ ") for n in notes[1:])

@@ -98,7 +98,8 @@ def _values(event):
 
 
 def test_each_gpu_reports_its_clocks_throttling_heat_power_and_memory_errors():
-    nvml = StandInNvml(gpus=2, sm=[1980, 1400], reasons=[0, 0x40 | 0x04], temp=[61, 88], ecc=[0, 3],
+    # GPU 0 at its software power cap only (a busy, healthy GPU); GPU 1 in a hardware thermal slowdown too
+    nvml = StandInNvml(gpus=2, sm=[1980, 1400], reasons=[0x04, 0x40 | 0x04], temp=[61, 88], ecc=[0, 3],
                        rows=[(0, 0, 0, 0), (0, 2, 1, 0)])
     out = io.StringIO()
     monitor = GpuHealthMonitor(tiny_config(), GpuHealth(nvml), node="algo-2", stream=out, clock=Clock(T0),
@@ -115,7 +116,8 @@ def test_each_gpu_reports_its_clocks_throttling_heat_power_and_memory_errors():
     healthy, sick = (_values(e) for e in events)
     assert healthy["GpuSmClockFraction"] == 100.0 and sick["GpuSmClockFraction"] == pytest.approx(70.707, abs=1e-3)
     assert (sick["GpuThrottleThermal"], sick["GpuThrottlePower"], sick["GpuThrottleHardware"]) == (1, 1, 0)
-    assert healthy["GpuThrottleThermal"] == healthy["GpuThrottlePower"] == 0
+    assert (healthy["GpuThrottleThermal"], healthy["GpuThrottlePower"]) == (0, 1)
+    assert (healthy["GpuSlowdown"], sick["GpuSlowdown"]) == (0, 1)  # the power cap alone is no slowdown
     assert (sick["GpuTemperature"], sick["GpuPowerWatts"], sick["GpuEccUncorrected"]) == (88, 700.0, 3)
     assert (sick["GpuRemappedRowsPending"], sick["GpuRemappedRowsFailed"]) == (1, 0)
 

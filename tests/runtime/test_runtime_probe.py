@@ -146,6 +146,21 @@ def test_the_fastest_under_the_memory_limit_is_chosen_and_every_value_is_printed
     assert "candidate 4, failed: algo-2 rank-1: ValueError: bad" in why
 
 
+def test_a_measurement_outside_the_models_range_is_called_surprising():
+    """The plan hands each candidate's predicted tokens/s and the range of the model's held-out errors: the reason
+    line says, per measured candidate, whether it fell within the range."""
+    cfg = tiny_config(probe={"steps": 3, "alternatives": [ALTERNATIVE] * 2, "memory_limit": 0.85,
+                             "predicted": [(10634.0, 8900.0, 12100.0), (9000.0, 7500.0, 10300.0),
+                                           (8000.0, 6700.0, 9100.0)]})
+    results = [_result(1, tokens=7020.0, reserved=0.5), _result(2, tokens=9870.0, reserved=0.61),
+               _result(3, OOM)]
+    why = "\n".join(summary_lines(results, cfg)).splitlines()[-1]
+    assert why.startswith("probe: chose candidate 2 (bf16, selective AC, full shard 1, micro-batch 4 x 1): 9,870 "
+                          "tokens/s per GPU measured (predicted 9,000, range 7,500-10,300: within the model's error)")
+    assert "candidate 1 (predicted 10,634, range 8,900-12,100: surprising): 7,020, slower" in why
+    assert "candidate 3 (predicted 8,000, range 6,700-9,100), ran out of memory" in why
+
+
 def test_nothing_fits_prints_zero_and_the_smallest_reserved_fraction():
     cfg = tiny_config(probe={"steps": 3, "alternatives": [ALTERNATIVE] * 2, "memory_limit": 0.5})
     results = [_result(1, OOM), _result(2, tokens=900.0, reserved=0.7), _result(3, tokens=800.0, reserved=0.6)]

@@ -54,6 +54,8 @@ class CandidateComparison:
     measured_peak_reserved_fraction: float | None
     ratio: float | None  # measured / predicted tokens/s
     trained: bool  # the one Train runs
+    predicted_range: tuple[float, float] | None = None  # the model's held-out range for its kind of run
+    surprising: bool | None = None  # measured outside predicted_range (None: no range or no measurement)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +131,8 @@ def compare(candidates: tuple[Candidate, ...] | list[Candidate], found: ProbeMea
                 measured_peak_reserved_fraction=m.peak_reserved_fraction,
                 ratio=None if tps is None or not c.tokens_per_second_per_gpu else tps / c.tokens_per_second_per_gpu,
                 trained=found.best_candidate == c.number,
+                predicted_range=c.tokens_per_second_per_gpu_range,
+                surprising=None if tps is None else c.surprising(tps),
             )
         )
     return rows
@@ -146,6 +150,9 @@ def lines(found: ProbeMeasurements, rows: list[CandidateComparison]) -> list[str
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
         reserved = "-" if r.measured_peak_reserved_fraction is None else f"{r.measured_peak_reserved_fraction:.0%}"
         mark = "  <- Train" if r.trained else ""
+        if r.surprising and r.predicted_range is not None:
+            low, high = r.predicted_range
+            mark += f"  (surprising: outside the model's range {low:,.0f}-{high:,.0f})"
         out.append(
             f"  {r.number:>2}  {r.predicted_tokens_per_second_per_gpu:>10,.0f}  {measured:>10}  {ratio:>5}  "
             f"{r.predicted_memory_fraction:>6.0%}  {reserved:>8}  {r.configuration}{mark}"

@@ -75,8 +75,17 @@ class ExecutionResult:
 
 
 def resolve_region(region: str | None, recipe_region: str | None = None) -> str | None:
-    """``--region``, the recipe's region, ``AWS_REGION``, ``AWS_DEFAULT_REGION``; None leaves it to the profile."""
+    """``--region``, the recipe's region, ``AWS_REGION``, ``AWS_DEFAULT_REGION``; None leaves it to the profile and,
+    without one there, to :func:`default_region` (the clients of :func:`aws_client` take it)."""
     return region or recipe_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def default_region() -> str:
+    """The region ``plan`` prices in when the recipe names none (the price catalogue's default): the last step of
+    the region rule, so that ``start`` runs where the plan priced."""
+    from tiered_training.catalog import prices
+
+    return prices().default_region
 
 
 # AWS error codes that a later call may not meet. Throttling codes after botocore's
@@ -165,6 +174,7 @@ def aws_client(
         profile_session = session(profile)
         if region is None:
             check_region(profile_session.region_name, "the AWS configuration's region")
+            region = profile_session.region_name or default_region()
         return profile_session.client(
             service,
             region_name=region,

@@ -8,11 +8,13 @@ Parquet row group) per stored byte, times the source's stored bytes, over the ca
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import json
+import math
 import zlib
 from typing import TYPE_CHECKING, Any
+
+from tiered_training.contract import corpus
 
 if TYPE_CHECKING:
     from tiered_training.aws.preflight import Check
@@ -21,122 +23,205 @@ if TYPE_CHECKING:
 SAMPLE_BYTES = 1 << 20
 SAMPLE_ROWS = 256
 MAX_LISTED = 100_000  # keys listed per source before the estimate stops counting (and says so)
-SUFFIXES = {
-    "parquet": (".parquet",),
-    "jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson"),
-    "json": (".json", ".json.gz", ".json.zst"),
-    "text": (".txt", ".txt.gz", ".txt.zst"),
-    "text_lines": (".txt", ".txt.gz", ".txt.zst"),
-}
 
 
 def check_sources(s3: Any, plan: Plan) -> list[Check]:
-    """One check per source of ``data.sources``."""
+    """One check per source of ``data.sources``, then the Prepare job sized on what the samples say the sources
+    hold (the plan sized it on the recipe's ``tokens_estimate`` or, without one, on the budget share)."""
     from tiered_training.aws.preflight import _guard
 
     spec = plan.corpus_spec()
     if spec is None:
         return []
     shares = {s.name: s.budget_tokens for s in plan.corpus.sources} if plan.corpus else {}
+    held: dict[str, int] = {}
     checks = []
     for source in spec.sources:
 
         def body(source: Any = source) -> Check:
-            return _check_source(s3, source, shares.get(source.name, 0), spec)
+            check, tokens = _check_source(s3, source, shares.get(source.name, 0), spec)
+            if tokens:
+                held[source.name] = tokens
+            return check
 
         checks.append(_guard("data", source.uri, body))
+    if plan.corpus is not None and len(held) == len(spec.sources):
+        checks.append(check_prepare(plan, held))
     return checks
 
 
-def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> Check:
+def check_prepare(plan: Plan, held: dict[str, int]) -> Check:
+    """The deployed Prepare job (its hosts fixed at synth) on the sampled sizes: a failure when it would run past
+    ``data.prepare.max_runtime_hours`` (SageMaker stops it there), naming the hosts that would fit."""
+    from tiered_training.aws.preflight import FAIL, PASS, Check
+    from tiered_training.planning.corpus import MAX_PREPARE_INSTANCES
+
+    assert plan.corpus is not None
+    deployed = plan.corpus.prepare
+    tokens = sum(held.values())
+    hours = tokens / (deployed.tokens_per_vcpu_second * deployed.vcpus * deployed.instance_count) / 3600
+    limit = plan.recipe.data.prepare.max_runtime_hours if plan.recipe.data.prepare else 24.0
+    cost = (
+        ""
+        if deployed.price_per_hour is None
+        else f", about ${hours * deployed.instance_count * deployed.price_per_hour:,.2f}"
+    )
+    said = (
+        f"Prepare tokenizes about {tokens:,} tokens (sampled; the plan sized it on {deployed.tokens:,}): about "
+        f"{hours:,.1f} h on {deployed.instance_count} x {deployed.instance_type}{cost}"
+    )
+    if hours <= limit:
+        return Check("data", "prepare", PASS, said)
+    host_hours = hours * deployed.instance_count
+    needed = math.ceil(host_hours / limit)
+    fix = (
+        f"set data.prepare.instance_count: {needed} (or give each source's tokens_estimate) and deploy again"
+        if needed <= MAX_PREPARE_INSTANCES
+        else "choose a Processing instance with more vCPUs, raise max_runtime_hours, or trim the sources"
+    )
+    return Check("data", "prepare", FAIL, f"{said}, above data.prepare.max_runtime_hours {limit:g}", fix)
+
+
+def _check_source(s3: Any, source: Any, budget_tokens: int, spec: Any) -> tuple[Check, int | None]:
+    """The source's check, and the tokens its sample says it holds (None where it could not tell)."""
     from tiered_training.aws.preflight import FAIL, PASS, Check
     from tiered_training.catalog import processing
 
     name = f"source {source.name}"
+
+    def fail(detail: str, fix: str, tokens: int | None = None) -> tuple[Check, int | None]:
+        return Check("data", source.uri, FAIL, detail, fix), tokens
+
     bucket, _, prefix = source.uri.removeprefix("s3://").partition("/")
-    keys, stored, more = _listing(s3, bucket, prefix, source.format, spec.ignore)
-    suffixes = _suffixes(source.format)
-    fix = f"upload {', '.join(suffixes)} files under {source.uri}, or fix the source's format"
-    if not keys:
-        return Check("data", source.uri, FAIL, f"{name}: no {'/'.join(suffixes)} objects under it", fix)
-    first = keys[0]
-    where = f"s3://{bucket}/{first}"
-    sample = _sample(s3, bucket, first, source)
+    objects, more = _listing(s3, bucket, prefix, spec.ignore)
+    roots = corpus.saved_dataset_roots([relative for relative, _, _ in objects])
+    if source.format == "saved_dataset" and not roots:
+        return fail(
+            f"{name}: no saved dataset (no {corpus.SAVED_DATASET_MARKER}) under it",
+            "give the folder Dataset.save_to_disk wrote, or fix the source's format",
+        )
+    saved = [o for o in objects if _under(o[0], roots)]
+    readable = [
+        (*o, fmt) for o in objects if not _under(o[0], roots) and (fmt := corpus.file_format(source.format, o[0]))
+    ]
+    refused = [
+        f"s3://{bucket}/{key}"
+        for relative, key, _ in objects
+        if not _under(relative, roots) and not corpus.file_format(source.format, relative)
+    ]
+    if refused:
+        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+        return fail(
+            f"{name}: {len(refused)} file(s) fit no format ({source.format}), and the Prepare step would stop at "
+            f"them: {shown}",
+            "give .parquet, .jsonl, .ndjson, .json, .txt (optionally .gz or .zst) or a saved dataset, or list "
+            "their globs in data.ignore",
+        )
+    if not readable and not saved:
+        return fail(
+            f"{name}: no data files under it",
+            f"upload the raw files under {source.uri}, or fix its uri",
+        )
+    if roots:
+        root = roots[0]
+        arrows = sorted(
+            (key, size) for relative, key, size in saved if _under(relative, [root]) and key.endswith(".arrow")
+        )
+        where = f"s3://{bucket}/{prefix}{'' if root == '.' else root + '/'}"
+        sample = _arrow_sample(s3, bucket, arrows, source.field) if arrows else "no .arrow file in the saved dataset"
+        stored = sum(size for relative, key, size in saved if key.endswith(".arrow"))
+    else:
+        _, key, _, fmt = readable[0]
+        where = f"s3://{bucket}/{key}"
+        sample = _sample(s3, bucket, key, source, fmt)
+        stored = 0
+    stored += sum(size for _, _, size, _ in readable)
+    files = len(readable) + len(roots)
     if isinstance(sample, str):
-        return Check("data", source.uri, FAIL, f"{name}: {where}: {sample}", f"give the text's {_what(source)}")
+        return fail(f"{name}: {where}: {sample}", f"give the text's {_what(source)}")
     text_bytes, sample_bytes, texts = sample
     per_token = processing().bytes_per_token
     tokens = int(stored * text_bytes / max(1, sample_bytes) / per_token)
-    listed = f"{len(keys):,}{'+' if more else ''} file(s), {stored / 1e9:,.2f} GB"
+    kinds = f"{files:,}{'+' if more else ''} file(s)" + (f" ({len(roots)} saved dataset(s))" if roots else "")
+    listed = f"{kinds}, {stored / 1e9:,.2f} GB"
     estimate = f"about {tokens:,} tokens (estimated from {len(texts)} records of {where})"
     if tokens and budget_tokens / tokens > source.max_epochs:
-        return Check(
-            "data",
-            source.uri,
-            FAIL,
+        return fail(
             f"{name}: {listed}, {estimate}; the budget's {budget_tokens:,} tokens from it repeat it "
             f"{budget_tokens / tokens:.1f} times, above max_epochs {source.max_epochs:g}",
             "lower its weight, add data, or raise its max_epochs",
+            tokens,
         )
     return Check(
-        "data",
-        source.uri,
-        PASS,
-        f"{name}: {listed}; the first record has text in {_what(source)}; {estimate}",
-    )
+        "data", source.uri, PASS, f"{name}: {listed}; the first record has text in {_what(source)}; {estimate}"
+    ), tokens
+
+
+def _under(relative: str, roots: list[str]) -> bool:
+    """Whether the file belongs to one of the saved datasets' folders."""
+    return any(root == "." or relative.startswith(root + "/") for root in roots)
 
 
 def _what(source: Any) -> str:
     return "the file" if source.format in ("text", "text_lines") else f"field {source.field!r}"
 
 
-def _suffixes(fmt: str) -> tuple[str, ...]:
-    if fmt in SUFFIXES:
-        return SUFFIXES[fmt]
-    return tuple(dict.fromkeys(s for group in SUFFIXES.values() for s in group))
-
-
-def _listing(s3: Any, bucket: str, prefix: str, fmt: str, ignore: list[str]) -> tuple[list[str], int, bool]:
-    """The source's readable keys (sorted, the ignore globs left out), their stored bytes, and whether the
-    listing stopped at MAX_LISTED."""
-    suffixes = _suffixes(fmt)
-    keys, stored, seen = [], 0, 0
+def _listing(s3: Any, bucket: str, prefix: str, ignore: list[str]) -> tuple[list[tuple[str, str, int]], bool]:
+    """``(path under the source, key, bytes)`` of its objects (sorted, data.ignore's globs left out, as the Prepare
+    step leaves them), and whether the listing stopped at MAX_LISTED."""
+    found, seen = [], 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             seen += 1
             key = item["Key"]
-            relative = key[len(prefix) :]
-            if any(fnmatch.fnmatch(relative, g) or fnmatch.fnmatch(key, g) for g in ignore):
-                continue
-            if key.endswith(suffixes):
-                keys.append(key)
-                stored += item["Size"]
+            relative = key[len(prefix) :].lstrip("/")
+            if relative and not key.endswith("/") and not corpus.ignored(relative, ignore):
+                found.append((relative, key, item["Size"]))
             if seen >= MAX_LISTED:
-                return sorted(keys), stored, True
-    return sorted(keys), stored, False
+                return sorted(found), True
+    return sorted(found), False
 
 
-def _sample(s3: Any, bucket: str, key: str, source: Any) -> tuple[int, int, list[str]] | str:
-    """(text bytes, stored bytes they came from, texts) of the file's first records; a string says what is
-    wrong with the first record."""
-    if key.endswith(".zst"):
-        return "zstd files are not sampled by preflight; the Prepare step reads them"
-    if key.endswith(".parquet"):
-        return _parquet_sample(s3, bucket, key, source.field)
+def _head(s3: Any, bucket: str, key: str) -> tuple[bytes, int] | str:
+    """The decompressed first bytes of a file (gzip by zlib, zstd by pyarrow) and the stored bytes they came from."""
     body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{SAMPLE_BYTES - 1}")["Body"].read()
-    raw = len(body)
-    if key.endswith(".gz"):
-        body = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body)
+    codec = corpus.compression(key)
+    if codec == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(body), len(body)
+    if codec == "zstd":
+        try:
+            import pyarrow as pa
+        except ImportError:
+            return "a zstd file needs pyarrow to be sampled (pip install 'tiered-training[aws]')"
+        stream, out = pa.CompressedInputStream(pa.BufferReader(body), "zstd"), bytearray()
+        try:
+            while chunk := stream.read(1 << 16):
+                out += chunk
+        except OSError:  # the sample ends inside a frame: what came before it is the sample
+            pass
+        return bytes(out), len(body)
+    return body, len(body)
+
+
+def _sample(s3: Any, bucket: str, key: str, source: Any, fmt: str) -> tuple[int, int, list[str]] | str:
+    """(text bytes, stored bytes they came from, texts) of the file's first records, read as the Prepare step reads
+    ``fmt``; a string says what is wrong with the first record."""
+    if fmt == "parquet":
+        return _parquet_sample(s3, bucket, key, source.field)
+    head = _head(s3, bucket, key)
+    if isinstance(head, str):
+        return head
+    body, raw = head
     text = body.decode("utf-8", errors="replace")
     if len(body) >= SAMPLE_BYTES or raw >= SAMPLE_BYTES:  # a cut last line
         text = text[: text.rfind("\n") + 1] or text
-    if source.format == "text":
+    if fmt == "text":
         return len(text.encode()), raw, [text[:100]]
-    if source.format == "text_lines" or key.endswith((".txt", ".txt.gz")):
+    if fmt == "text_lines":
         lines = [line for line in text.splitlines() if line.strip()]
         return (len("\n".join(lines).encode()), raw, lines) if lines else "no text in its first MiB"
     texts = []
-    if text.lstrip().startswith("["):
+    if fmt == "json" or (fmt == corpus.JSON_OR_JSONL and text.lstrip().startswith("[")):
         from tiered_training.aws.preflight import _first_record
 
         record, line = _first_record(text)
@@ -169,6 +254,31 @@ def _sample(s3: Any, bucket: str, key: str, source: Any) -> tuple[int, int, list
         else int(raw * len("\n".join(text.splitlines()[: len(rows)])) / max(1, len(text)))
     )
     return sum(len(t.encode()) for t in texts), max(1, consumed), texts
+
+
+def _arrow_sample(s3: Any, bucket: str, arrows: list[tuple[str, int]], field: str) -> tuple[int, int, list[str]] | str:
+    """The first record batch of a saved dataset's first ``.arrow`` file (Arrow's IPC stream, as datasets writes it),
+    read by ranged GETs: (text bytes, the batch's bytes, texts)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return "a saved dataset needs pyarrow to be sampled (pip install 'tiered-training[aws]')"
+    key, size = arrows[0]
+    try:
+        reader = pa.ipc.open_stream(pa.PythonFile(_RangedFile(s3, bucket, key, size), mode="r"))
+        schema = reader.schema
+        if field not in schema.names:
+            return f"no column {field!r} (columns: {', '.join(schema.names)})"
+        batch = reader.read_next_batch()
+    except (pa.ArrowInvalid, StopIteration, OSError) as error:
+        return f"s3://{bucket}/{key} is not an Arrow stream with a record batch ({error})"
+    column = batch.column(schema.names.index(field))
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return f"column {field!r} is {column.type}, not text"
+    texts = [t for t in column.to_pylist() if isinstance(t, str)]
+    if not texts:
+        return f"no text in column {field!r} of its first record batch"
+    return sum(len(t.encode()) for t in texts), max(1, batch.nbytes), texts[:SAMPLE_ROWS]
 
 
 def _parquet_sample(s3: Any, bucket: str, key: str, field: str) -> tuple[int, int, list[str]] | str:

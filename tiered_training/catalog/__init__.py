@@ -36,6 +36,12 @@ class Instance(_Entry):
     mxfp8: bool
     hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s")
     nvlink_gbytes_per_s: float = Field(gt=0, description="NVLink bandwidth per GPU and direction, GB/s")
+    matmul_bf16_fraction: float = Field(
+        default=1.0, gt=0, le=1, description="the best BF16 matmul's measured TFLOPS over the datasheet peak (MAMF)"
+    )
+    matmul_fp8_fraction: float = Field(
+        default=1.0, gt=0, le=1, description="the best FP8 matmul's measured TFLOPS over the datasheet peak (MAMF)"
+    )
     efa_gbps: int = Field(description="EFA bandwidth per instance, Gbit/s")
     rdma: bool
     family: str
@@ -221,6 +227,10 @@ class PerformanceSummary(_Entry):
     loso_published_worst_error: float | None = None
     loso_own_median_error: float | None = None  # throughput, this container's own runs
     loso_own_worst_error: float | None = None
+    # {dimension: {value: {rows, median, worst, low, high}}}: the held-out errors by kind of run
+    # (planning/uncertainty.py), which the plan's ranges come from
+    loso_by_kind: dict[str, dict[str, dict[str, int | float]]] = {}
+    loso_runs: list[dict[str, str | float]] = []  # each held-out run: its kind of run and its error
 
     @property
     def published_sources(self) -> int:

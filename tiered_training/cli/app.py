@@ -186,9 +186,10 @@ def calibrate(
     from tiered_training.aws import calibrate as account
     from tiered_training.aws.run_list import runs_uri
     from tiered_training.aws.session import StartError
+    from tiered_training.cli.output import emit
     from tiered_training.planning import overlay as overlays
     from tiered_training.recipe.names import pipeline_name
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     if not from_runs:
         raise Failure(
@@ -211,7 +212,7 @@ def calibrate(
         raise run._aws_failure(exc) from None
     points = {"probe": len(probed), "run": len(found) - len(probed)}
     if format is TextFormat.json:
-        print_json({"ok": True, "overlay": fitted.to_dict(), "uris": uris, "skipped": skipped, "points": points})
+        emit("calibrate", 0, overlay=fitted.to_dict(), uris=uris, skipped=skipped, points=points)
         return
     lines = [
         *overlays.report(fitted).splitlines(),

@@ -97,6 +97,11 @@ class Candidate(_Strict):
     tokens_per_second_per_gpu: float = Field(description="predicted")
     memory_fraction: float = Field(description="predicted peak, a fraction of the GPU's memory")
     why: str = Field("", description="why the probe measures it")
+    tokens_per_second_per_gpu_range: tuple[float, float] | None = Field(
+        None,
+        description="where the measured tokens/s per GPU may lie: the model's leave-one-source-out errors for "
+        "this kind of run (null: the calibration has none)",
+    )
 
 
 class Plan(_Strict):
@@ -137,6 +142,12 @@ class ProbeCandidate(_Strict):
     measured_peak_reserved_fraction: float | None
     ratio: float | None = Field(description="measured / predicted tokens/s per GPU")
     trained: bool = Field(description="the candidate Train runs")
+    predicted_range: tuple[float, float] | None = Field(
+        None, description="where the plan said its tokens/s per GPU may lie (the model's held-out errors)"
+    )
+    surprising: bool | None = Field(
+        None, description="measured outside predicted_range: the model is wrong for this kind of run"
+    )
 
 
 class ProbeComparison(_Strict):
@@ -312,6 +323,15 @@ class PricesOutput(Output):
     prices: list[dict[str, Any]] = []
 
 
+class CalibrateOutput(Output):
+    overlay: dict[str, Any] | None = Field(
+        None, description="the fitted overlay: factors by instance/precision, runs, leave_one_out"
+    )
+    uris: list[str] = Field([], description="where each recipe's overlay was stored, in the recipes' order")
+    skipped: list[str] = Field([], description="runs and probes left out, each with the reason")
+    points: dict[str, int] = Field({}, description="measurements used: probe (one per candidate) and run")
+
+
 class RehearseOutput(Output):
     executions: list[dict[str, Any]] = []
     interrupt: str | None = None
@@ -344,6 +364,7 @@ OUTPUTS: dict[str, type[Output]] = {
     "stop": StopOutput,
     "preflight": PreflightOutput,
     "prices": PricesOutput,
+    "calibrate": CalibrateOutput,
     "error": Output,  # a command line that names no command, and run-config's and schema's failures
 }
 

@@ -275,6 +275,9 @@ class TrainingMonitoring(Construct):
             fitting.EXECUTION_FAILED: m.execution_failed(period=period(fitting.EXECUTION_FAILED)),
             # the window's highest score: below the threshold only when the slow rank stayed slow throughout
             fitting.GPU_FAULT: m.gpu_xid_events(period=period(fitting.GPU_FAULT)),
+            fitting.GPU_SLOWDOWN: m.insights(
+                catalogue.GPU_SLOWDOWN, "MAX", period=period(fitting.GPU_SLOWDOWN), label="slowdown, any GPU"
+            ),
             fitting.STRAGGLER: m.metric(
                 catalogue.STRAGGLER_SCORE, statistic="Maximum", period=period(fitting.STRAGGLER)
             ),
@@ -422,6 +425,7 @@ class TrainingMonitoring(Construct):
                     m.insights(catalogue.GPU_THROTTLE_THERMAL, "MAX", group_by_node=True, label="thermal"),
                     m.insights(catalogue.GPU_THROTTLE_POWER, "MAX", group_by_node=True, label="power"),
                     m.insights(catalogue.GPU_THROTTLE_HARDWARE, "MAX", group_by_node=True, label="hardware"),
+                    m.insights(catalogue.GPU_SLOWDOWN, "MAX", group_by_node=True, label="slowdown (alarm)"),
                 ],
             ),
             graph(

@@ -25,6 +25,8 @@ The property file of the step (``prepared.json``) names ``{"key", "uri", "valida
 
 from __future__ import annotations
 
+import fnmatch
+from pathlib import PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,6 +35,59 @@ CORPUS_MANIFEST = "manifest.json"
 CORPUS_KEY_VERSION = "corpus-prepare/1"  # bump when the prepared bytes for the same inputs would change
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,39}$"
 CorpusFormat = Literal["auto", "parquet", "jsonl", "json", "text", "text_lines", "saved_dataset"]
+
+# Which raw files a source's format takes, for the Prepare step's readers (training/corpus_readers.py) and for
+# preflight's sample (tiered_training/aws/sources.py): one rule, so preflight passes exactly what Prepare reads.
+COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+SAVED_DATASET_MARKER = "state.json"  # the file Dataset.save_to_disk writes in its folder
+JSON_OR_JSONL = "json-or-jsonl"  # a .json file under format auto: a JSON array if its first character is "["
+
+
+def compression(name: str) -> str | None:
+    """The codec of a compressed file (``a.jsonl.gz``: gzip), or None."""
+    return COMPRESSION.get(PurePosixPath(name).suffix.lower())
+
+
+def plain_suffix(name: str) -> str:
+    """The suffix under any compression suffix: ``a.jsonl.gz`` -> ``.jsonl``."""
+    path = PurePosixPath(name.lower())
+    if path.suffix in COMPRESSION:
+        path = path.with_suffix("")
+    return path.suffix
+
+
+def ignored(relative: str, globs: list[str]) -> bool:
+    """Whether one of ``data.ignore``'s globs matches the file's path under its source, or its name."""
+    name = PurePosixPath(relative).name
+    return any(fnmatch.fnmatch(relative, glob) or fnmatch.fnmatch(name, glob) for glob in globs)
+
+
+def saved_dataset_roots(relatives: list[str]) -> list[str]:
+    """The folders (under the source) that hold a saved dataset, sorted; ``.`` for the source's own folder."""
+    return sorted(
+        {str(PurePosixPath(r).parent) for r in relatives if PurePosixPath(r).name == SAVED_DATASET_MARKER}
+    )
+
+
+def file_format(chosen: str, relative: str) -> str | None:
+    """The reader a file outside any saved dataset gets under the source's ``format``: parquet, jsonl, json, text,
+    text_lines, :data:`JSON_OR_JSONL` (its first character decides), or None (no reader takes it)."""
+    suffix = plain_suffix(relative)
+    if chosen in ("text", "text_lines"):
+        return None if suffix == ".parquet" else chosen
+    if suffix == ".parquet":
+        return "parquet" if chosen in ("auto", "parquet") and not compression(relative) else None
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl" if chosen in ("auto", "jsonl") else None
+    if suffix == ".json":
+        if chosen in ("jsonl", "json"):
+            return chosen
+        return JSON_OR_JSONL if chosen == "auto" else None
+    if suffix in TEXT_SUFFIXES and chosen == "auto":
+        return "text"
+    return None
 
 
 class _Frozen(BaseModel):

@@ -295,9 +295,9 @@ def renew(
     delay = 0.1
     while True:
         try:
-            etag = s3.put_object(
-                Bucket=bucket, Key=key, Body=body, ContentType="application/json", IfMatch=lease.etag
-            )["ETag"]
+            etag = s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", IfMatch=lease.etag)[
+                "ETag"
+            ]
             return replace(renewed, etag=etag)
         except Exception as error:
             code = _code(error)

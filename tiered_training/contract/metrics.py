@@ -121,6 +121,12 @@ GPU_ECC_UNCORRECTED = _gpu("GpuEccUncorrected", "Count", "volatile uncorrected E
 GPU_REMAP_PENDING = _gpu("GpuRemappedRowsPending", "Count", "1 when a row remapping waits for a GPU reset")
 GPU_REMAP_FAILED = _gpu("GpuRemappedRowsFailed", "Count", "1 when a row remapping failed")
 GPU_XID = _gpu("GpuXidErrors", "Count", "critical XID events in the interval (NVML's event set)")
+GPU_SLOWDOWN = _gpu(
+    "GpuSlowdown",
+    "Count",
+    "1 when a thermal slowdown, the hardware power brake or a hardware slowdown holds (not the software power cap, "
+    "where a GPU at full load runs)",
+)
 GPU_HEALTH: tuple[MetricSpec, ...] = (
     GPU_SM_CLOCK,
     GPU_THROTTLE_THERMAL,
@@ -132,6 +138,7 @@ GPU_HEALTH: tuple[MetricSpec, ...] = (
     GPU_REMAP_PENDING,
     GPU_REMAP_FAILED,
     GPU_XID,
+    GPU_SLOWDOWN,
 )
 
 BY_NAME = {m.name: m for m in ALL + STRAGGLER + GPU_HEALTH}

@@ -223,6 +223,12 @@ class ProbeConfig(_Frozen):
     memory_limit: float = Field(
         default=1.0, gt=0, le=1, description="peak reserved memory, as a fraction of hbm_bytes, a candidate may reach"
     )
+    predicted: list[tuple[float, float, float]] = Field(
+        default_factory=list,
+        max_length=MAX_PROBE_CANDIDATES,
+        description="per candidate, in order: the predicted tokens/s per GPU and the range its measurement may "
+        "fall in (the model's held-out errors); a measurement outside it is surprising. Empty: none",
+    )
 
     @property
     def count(self) -> int:

@@ -54,6 +54,7 @@ STALLED = "Stalled"
 EXECUTION_FAILED = "ExecutionFailed"
 STRAGGLER = "Straggler"
 GPU_FAULT = "GpuFault"
+GPU_SLOWDOWN = "GpuSlowdown"
 # The slowest rank's straggler score (the fastest rank's step time over its own) below which a whole window
 # alarms. Healthy ranks of one plan differ by a few percent; a GPU at 0.85 of the others' speed in forward and
 # backward scores about 0.86.
@@ -146,6 +147,10 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
     # once every score in the window is below the threshold: the slow rank stayed slow for the whole window.
     straggler_every = c + catalogue.STRAGGLER_GATHER_EVERY_STEPS * t
     straggler_window = whole_minutes(max(MIN_WINDOW_SECONDS, 2 * straggler_every + c))
+    # Each GPU reports its slowdown flag every C; a period of whole minutes holds at least one report of every GPU.
+    # The alarm fires when some GPU was slowed in every period of the window (a brief excursion does not).
+    slowdown_period = whole_minutes(c)
+    slowdown_periods = max(1, window // slowdown_period)
 
     alarms = [
         AlarmFit(
@@ -210,6 +215,19 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
             "GreaterThanOrEqualToThreshold",
             # counted in the GPU's next event (at most C later), seen at the next evaluation
             int(math.ceil(c)) + 2 * EVALUATION_SECONDS,
+        ),
+        AlarmFit(
+            GPU_SLOWDOWN,
+            f"a GPU in a thermal slowdown, the hardware power brake or a hardware slowdown (GpuSlowdown; its Node "
+            f"and Gpu dimensions name the host and GPU; not the software power cap) in every "
+            f"{slowdown_period // MINUTE} min of {slowdown_period * slowdown_periods // MINUTE} min",
+            slowdown_period,
+            1,
+            "GreaterThanOrEqualToThreshold",
+            # the window of periods, the report that shows the last of them (at most C late), the evaluation
+            slowdown_period * slowdown_periods + int(math.ceil(c)) + 2 * EVALUATION_SECONDS,
+            evaluation_periods=slowdown_periods,
+            datapoints_to_alarm=slowdown_periods,
         ),
         AlarmFit(
             EXECUTION_FAILED,
@@ -304,8 +322,8 @@ def markdown_table(plans: list[Plan]) -> str:
     """Each plan's step time, windows and times to fire, in minutes (``python -m tiered_training.planning.alarms``)."""
     rows = [
         "| recipe | step time | window | stall window | throughput, GPU, memory, loss | stall | validation "
-        "| straggler window | straggler |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| straggler window | straggler | GPU slowdown |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for plan in plans:
         fit = fit_alarms(plan)
@@ -321,6 +339,7 @@ def markdown_table(plans: list[Plan]) -> str:
             f"{validation.fires_within_seconds / MINUTE:.0f}" if validation else "-",
             f"{straggler.period_seconds / MINUTE:.0f}",
             f"{straggler.fires_within_seconds / MINUTE:.0f}",
+            f"{fit[GPU_SLOWDOWN].fires_within_seconds / MINUTE:.0f}",
         ]
         rows.append(f"| {plan.name} | {fit.step_seconds:.0f} s | " + " | ".join(cells) + " |")
     return "\n".join(rows)

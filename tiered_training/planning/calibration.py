@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tiered_training import catalog as catalogs
 from tiered_training.contract.architecture import Architecture
-from tiered_training.planning import memory, perf
+from tiered_training.planning import memory, perf, uncertainty
 from tiered_training.planning.perf import Hardware, LinearCost, Parameters, Setting, step_time
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,9 @@ def hardware(row: Row | LinearRow, cal: Calibration, factors: dict[str, float]) 
     if key not in cal.machines:
         cal.machines[key] = _machine(row, cal)
     hw, usable = cal.machines[key]
-    return (replace(hw, compute_factor=_value(spec, factors)) if spec != 1.0 else hw), usable
+    if spec == 1.0 or (isinstance(spec, str) and spec[4:] not in factors):
+        return hw, usable  # (a fitted factor not given: the machine as its figures say)
+    return replace(hw, compute_factor=_value(spec, factors)), usable
 
 
 def _machine(row: Row | LinearRow, cal: Calibration) -> tuple[Hardware, float]:
@@ -199,13 +201,27 @@ def _machine(row: Row | LinearRow, cal: Calibration) -> tuple[Hardware, float]:
     base = instances[system["like"]]
     overrides: dict[str, Any] = {
         k: system[k]
-        for k in ("hbm_tbps", "peak_bf16_tflops", "peak_fp8_tflops", "usable_hbm_gib", "efa_gbps")
+        for k in (
+            "hbm_tbps",
+            "peak_bf16_tflops",
+            "peak_fp8_tflops",
+            "usable_hbm_gib",
+            "efa_gbps",
+            "matmul_bf16_fraction",
+            "matmul_fp8_fraction",
+        )
         if k in system
     }
     instance = base.model_copy(update=overrides)
     hw = Hardware.of(instance)
     hw = replace(hw, gpus_per_node=system.get("gpus_per_node", hw.gpus_per_node))
     return hw, instance.usable_hbm_gib
+
+
+def kind_of_run(row: Row, cal: Calibration) -> dict[str, str]:
+    """The row's kind of run (planning/uncertainty.py): GPU generation, precision, compiled or eager, sequence."""
+    hw, _ = hardware(row, cal, {})
+    return uncertainty.kind_of_run(hw.gpu, row.precision, row.compile, row.sequence_length)
 
 
 def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, float]) -> float:
@@ -485,6 +501,7 @@ def summary(cal: Calibration, loso: list[Result]) -> dict[str, Any]:
     memory_ = _median_worst([r.memory_error for r in loso if r.memory_error is not None])
     published = _median_worst([r.error for r in loso if r.row.published])
     own = _median_worst([r.error for r in loso if not r.row.published])
+    by_kind = uncertainty.bands_by_kind((kind_of_run(r.row, cal), r.error) for r in loso)
     return {
         "rows": len(cal.rows),
         "published_rows": sum(r.published for r in cal.rows),
@@ -498,6 +515,10 @@ def summary(cal: Calibration, loso: list[Result]) -> dict[str, Any]:
         "loso_published_worst_error": published[1],
         "loso_own_median_error": own[0],
         "loso_own_worst_error": own[1],
+        # by kind of run, every source's rows: what the planner's ranges come from
+        "loso_by_kind": {d: {k: b.to_dict() for k, b in groups.items()} for d, groups in by_kind.items()},
+        # each held-out run's kind and error: the planner's range is the band of the runs of a plan's kind
+        "loso_runs": [{**kind_of_run(r.row, cal), "error": round(r.error, 4)} for r in loso],
     }
 
 
@@ -522,8 +543,17 @@ def loso_table(cal: Calibration, loso: list[Result]) -> str:
     ]
     groups.append(("published sources", [r for r in loso if r.row.published]))
     groups.append(("all sources", loso))
+    kinds = {r.row.id: kind_of_run(r.row, cal) for r in loso}
+    for dimension in uncertainty.DIMENSIONS:
+        for value in sorted({k[dimension] for k in kinds.values()}):
+            chosen = [r for r in loso if kinds[r.row.id][dimension] == value]
+            groups.append((f"{dimension}: {value}, published", [r for r in chosen if r.row.published]))
+            groups.append((f"{dimension}: {value}, all", chosen))
+    split = len(sources(cal))
     for i, (label, results) in enumerate(groups):
-        if i == len(groups) - 2:
+        if not results:
+            continue
+        if i in (split, split + 2):
             lines.append("-" * len(head))
         thr = _median_worst([r.error for r in results])
         mem_errors = [r.memory_error for r in results if r.memory_error is not None]
@@ -554,12 +584,25 @@ def loso_record(cal: Calibration, loso: list[Result], params: Parameters) -> dic
         _label(k, [r.row for r in loso if source_key(r.row) == k]): group([r for r in loso if source_key(r.row) == k])
         for k in sources(cal)
     }
+    kinds = {r.row.id: kind_of_run(r.row, cal) for r in loso}
+
+    def by(dimension: str, results: list[Result]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for value in sorted({kinds[r.row.id][dimension] for r in results}):
+            chosen = [r for r in results if kinds[r.row.id][dimension] == value]
+            found = uncertainty.band(r.error for r in chosen)
+            out[value] = {**group(chosen), "low": found.low, "high": found.high} if found else group(chosen)
+        return out
+
     fitted: dict[str, Any] = {k: _round(getattr(params, k)) for k in FITTED}
     fitted["fp8_recipe_efficiency"] = {k: _round(v) for k, v in params.fp8_recipe_efficiency.items()}
     return {
         "sources": by_source,
         "published sources": group([r for r in loso if r.row.published]),
         "all sources": group(loso),
+        # by GPU generation and by kind of run: published rows, and every row (this container's included)
+        "by kind of run, published": {d: by(d, [r for r in loso if r.row.published]) for d in uncertainty.DIMENSIONS},
+        "by kind of run, all": {d: by(d, loso) for d in uncertainty.DIMENSIONS},
         "rows": {r.row.id: round(r.error, 4) for r in loso},
         "fitted": fitted,
     }
@@ -612,7 +655,7 @@ def write_parameters(
         + "\n"
         + tail_comment
         + "\n"
-        + yaml.safe_dump({"summary": stats}, sort_keys=False)
+        + yaml.safe_dump({"summary": stats}, sort_keys=False, default_flow_style=None, width=160)
     )
     path.write_text(out)
 

@@ -60,7 +60,7 @@ Pure Python. The few free parameters live in ``catalog/performance.yaml``, fitte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -87,6 +87,10 @@ FLEX_BACKWARD_SHARE = 0.85
 # in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; https://github.com/huggingface/transformers/pull/48163);
 # before, it ran flash-attention 2 there (https://github.com/pytorch/pytorch/pull/128539).
 CUDNN_OVER_FLASH2_HOPPER = 631.3 / 329.5
+# FlashAttention in Triton (flash_attn_triton.py, MPT's attn_impl: triton) against flash-attention 2: "1.3-2.5x
+# faster than FlashAttention in Triton" (FlashAttention-2, https://arxiv.org/abs/2307.08691, section 4.1), the
+# geometric middle of that range.
+FLASH2_OVER_TRITON = (1.3 * 2.5) ** 0.5
 # torchao's float8 cast of one tensor without torch.compile, kernel by kernel
 # (torchao/float8/float8_utils.py: tensor_to_amax, amax_to_scale, to_fp8_saturated;
 # float8_training_tensor.py: _ToFloat8ConstrFunc): abs (reads 2 bytes per element, writes 2),
@@ -127,6 +131,9 @@ class Hardware:
     nvlink_bytes_per_s: float  # per GPU and direction
     network_bytes_per_s: float  # per node and direction (EFA)
     compute_factor: float = 1.0  # < 1 for power-limited GPUs
+    # the best matmul's measured share of the datasheet peak (Maximum Achievable Matmul FLOPS), BF16 and FP8
+    matmul_bf16_fraction: float = 1.0
+    matmul_fp8_fraction: float = 1.0
 
     @classmethod
     def of(cls, instance: Instance) -> Hardware:
@@ -139,6 +146,8 @@ class Hardware:
             hbm_bytes_per_s=instance.hbm_tbps * 1e12,
             nvlink_bytes_per_s=instance.nvlink_gbytes_per_s * 1e9,
             network_bytes_per_s=instance.efa_gbps * 1e9 / 8,
+            matmul_bf16_fraction=instance.matmul_bf16_fraction,
+            matmul_fp8_fraction=instance.matmul_fp8_fraction,
         )
 
 
@@ -333,10 +342,15 @@ class LinearCost:
         weight has no weight-gradient GEMM: backward is the input gradient only."""
         p, hw = self.params, self.hw
         if self.precision == "fp8" and hw.peak_fp8_flops:
-            peak = hw.peak_fp8_flops * hw.compute_factor
+            peak = hw.peak_fp8_flops * hw.compute_factor * hw.matmul_fp8_fraction
             efficiency = p.fp8_gemm_efficiency * p.fp8_recipe_efficiency.get(self.fp8_recipe or "tensorwise", 1.0)
         else:
-            peak = hw.peak_bf16_flops * hw.compute_factor / (2 if self.precision == "fp32" else 1)  # TF32: half
+            peak = (
+                hw.peak_bf16_flops
+                * hw.compute_factor
+                * hw.matmul_bf16_fraction
+                / (2 if self.precision == "fp32" else 1)
+            )
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0
@@ -398,7 +412,8 @@ def adapter_seconds(
     if lora is None:
         return AdapterCost()
     e = 4 if setting.precision == "fp32" else 2
-    rate = hw.peak_bf16_flops * hw.compute_factor * params.gemm_efficiency / (2 if setting.precision == "fp32" else 1)
+    rate = hw.peak_bf16_flops * hw.compute_factor * hw.matmul_bf16_fraction * params.gemm_efficiency
+    rate /= 2 if setting.precision == "fp32" else 1
     bw = hw.hbm_bytes_per_s * params.memory_efficiency
     fixed = params.gemm_overhead_seconds
     m, r = tokens, lora.rank
@@ -432,8 +447,10 @@ def attention_efficiency(hw: Hardware, setting: Setting, params: Parameters) -> 
     same fraction of the peak (the B200 kernel benchmark behind ``attention_half_length``
     levels off there). This container's SDPA on Ampere runs flash-attention 2."""
     kernel = setting.attention_kernel
-    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2"):
+    if kernel not in ("sdpa", "sdpa-flash2", "cudnn", "flash2", "triton-flash"):
         raise ValueError(f"unknown attention kernel {kernel!r}")
+    if kernel == "triton-flash":
+        return attention_efficiency(hw, replace(setting, attention_kernel="flash2"), params) / FLASH2_OVER_TRITON
     ampere = hw.gpu.startswith("A100")
     if ampere:
         return params.attention_efficiency * params.flash2_utilization_a100 / params.flash2_utilization_h100

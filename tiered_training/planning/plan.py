@@ -82,6 +82,12 @@ class Estimates:
     cost_usd: float | None
     spot_cost_usd_range: tuple[float, float] | None = None  # spot only, from a price list's on-demand price
     probe_hours: float = 0.0  # the probe's candidates (planning/probe.py), in wall_time_hours and cost_usd
+    # Where the measured values may lie, from the model's leave-one-source-out errors for this kind of run
+    # (planning/uncertainty.py); None where the calibration has none
+    tokens_per_second_per_gpu_range: tuple[float, float] | None = None
+    wall_time_hours_range: tuple[float, float] | None = None
+    cost_usd_range: tuple[float, float] | None = None
+    range_basis: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -130,6 +136,15 @@ class Candidate:
     tokens_per_second_per_gpu: float  # predicted
     memory_fraction: float  # predicted
     why: str = ""  # why the probe measures it
+    # where its measured tokens/s per GPU may lie (the model's held-out errors for its kind of run)
+    tokens_per_second_per_gpu_range: tuple[float, float] | None = None
+
+    def surprising(self, measured: float) -> bool | None:
+        """Whether a measured tokens/s per GPU lies outside the predicted range (None: no range)."""
+        if self.tokens_per_second_per_gpu_range is None:
+            return None
+        low, high = self.tokens_per_second_per_gpu_range
+        return not low <= measured <= high
 
     def describe(self) -> str:
         precision = self.precision + (f"/{self.fp8_recipe}" if self.fp8_recipe else "")
@@ -484,7 +499,16 @@ class Plan(_Result):
                 network_bits_per_s=self.instance.efa_gbps * 1e9,
             ),
             probe=ProbeConfig(
-                steps=recipe.probe.steps, alternatives=alternatives, memory_limit=self.probe_memory_limit
+                steps=recipe.probe.steps,
+                alternatives=alternatives,
+                memory_limit=self.probe_memory_limit,
+                predicted=[
+                    (c.tokens_per_second_per_gpu, *c.tokens_per_second_per_gpu_range)
+                    for c in self.candidates
+                    if c.tokens_per_second_per_gpu_range is not None
+                ]
+                if all(c.tokens_per_second_per_gpu_range is not None for c in self.candidates)
+                else [],
             ),
             metrics=MetricsConfig(plan_tokens_per_second_per_gpu=round(self.estimates.tokens_per_second_per_gpu, 2)),
             tracking=TrackingConfig(

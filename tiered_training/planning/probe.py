@@ -3,17 +3,21 @@
 One launch costs a start-up allowance, then ``probe.steps`` optimiser steps of one micro-batch each
 (``grad_accum_steps=1``: the optimiser steps after every micro-batch):
 
-    launch = process start + first step (torch.compile when compile is on) + steps x probe step time
+    launch = process start + first step + steps x probe step time
+    first step = building the kernels (torch.compile when compile is on) + FIRST_STEP_STEPS x probe step time
     probe step time = micro-batch tokens per GPU / predicted tokens/s per GPU
                       + the optimiser step's share the full run spreads over its accumulation
 
-The allowance comes from this repository's own measurements:
+The first step runs the step itself besides building its kernels, so it grows with the model and the sequence
+(one step of an 8B model at 128K tokens takes tens of seconds). The allowance comes from this repository's own
+measurements:
 
 - process start: a trainer process spends about 6 to 7 s importing torch, its distributed and checkpoint
   modules and torchao before its first step, its torchrun agent about 2 s (``bench/suite_cost.py``, README);
-- the first step, which builds the model's kernels and which the probe leaves out of tokens/s: on one H200 with
-  torch 2.11 (``bench/gpu/gpu-check-nvidia-h200-2026-11-30-*.json``, ``first_step_s``), compiled 4.8 to 22.5 s
-  for Llama 3.2 1B and 3B in BF16 and FP8, eager 0.6 to 2.8 s.
+- the first step, which the probe leaves out of tokens/s: on one H200 with torch 2.11
+  (``bench/gpu/gpu-check-nvidia-h200-2026-11-30-*.json``, ``first_step_s`` against the steady step time of
+  the same run), Llama 3.2 1B and 3B in BF16 and FP8 at 4K to 64K tokens: compiled 4.8 to 22.5 s, at most
+  22.0 s more than two steady steps; eager 0.6 to 2.8 s, at most 1.6 s more than two steps.
 
 Each is rounded up. The probe's whole time must stay under its job's runtime (``probe_runtime_seconds``); the
 planner measures fewer candidates where K would not fit.
@@ -29,7 +33,10 @@ if TYPE_CHECKING:
     from tiered_training.planning.plan import Candidate, Plan
 
 PROCESS_START_SECONDS = 10.0  # measured 6 to 7 s (trainer) + about 2 s (torchrun agent)
-FIRST_STEP_SECONDS = {True: 25.0, False: 5.0}  # compile on: measured at most 22.5 s; eager: at most 2.8 s
+# Building the first step's kernels, beyond FIRST_STEP_STEPS steady steps: compile on, measured at most 22.0 s;
+# eager, at most 1.6 s.
+FIRST_STEP_SECONDS = {True: 25.0, False: 5.0}
+FIRST_STEP_STEPS = 2  # the first step's own work, cold caches and allocator included, in steady steps
 # The health check (training/health_check.py) runs once before the candidates: one launch's process start, then a
 # matmul and two all-reduces of 256 MiB, 20 times each (a few seconds on a GPU) and NCCL's set-up. An allowance,
 # not yet measured on a GPU.
@@ -50,9 +57,10 @@ class Launch:
         return self.start_up_seconds + self.steps * self.step_seconds
 
 
-def start_up_seconds(compile: bool) -> float:
-    """A launch's allowance before its measured steps: process start, then the first step."""
-    return PROCESS_START_SECONDS + FIRST_STEP_SECONDS[compile]
+def start_up_seconds(compile: bool, step_seconds: float = 0.0) -> float:
+    """A launch's allowance before its measured steps: process start, then the first step (building its kernels,
+    and the step itself: ``FIRST_STEP_STEPS`` of ``step_seconds``)."""
+    return PROCESS_START_SECONDS + FIRST_STEP_SECONDS[compile] + FIRST_STEP_STEPS * step_seconds
 
 
 def probe_step_seconds(candidate: Candidate, sequence_length: int, optimizer_seconds: float) -> float:
@@ -67,15 +75,13 @@ def launches(
     candidates: Sequence[Candidate], *, sequence_length: int, steps: int, compile: bool, optimizer_seconds: float
 ) -> list[Launch]:
     """Each candidate's launch, in order."""
-    return [
-        Launch(
-            number=c.number,
-            start_up_seconds=start_up_seconds(compile),
-            step_seconds=probe_step_seconds(c, sequence_length, optimizer_seconds),
-            steps=steps,
+    found = []
+    for c in candidates:
+        step = probe_step_seconds(c, sequence_length, optimizer_seconds)
+        found.append(
+            Launch(number=c.number, start_up_seconds=start_up_seconds(compile, step), step_seconds=step, steps=steps)
         )
-        for c in candidates
-    ]
+    return found
 
 
 def total_seconds(found: Sequence[Launch]) -> float:

@@ -684,8 +684,9 @@ class TuningSection(_Strict):
     probe_candidates: Annotated[int, Field(ge=1, le=MAX_PROBE_CANDIDATES)] | Auto = Field(
         default=AUTO,
         description=(
-            "configurations the probe measures (the planner's fastest K that fit), the full run taking the fastest "
-            "measured; auto: 3, or 1 when the recipe pins every tuning field"
+            "configurations the probe measures (the plan's, then for each decision the model doubts the fastest other "
+            "that fits and can win by its held-out error), the full run taking the fastest measured; auto: one per "
+            "decision in doubt, at least 3 where as many can win, or 1 when the recipe pins every tuning field"
         ),
     )
 

@@ -210,7 +210,7 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
             del lines[field]
 
     try:
-        recipe = Recipe.model_validate(data, strict=True)
+        recipe = Recipe.model_validate(_integral_floats_as_ints(data, {}), strict=True)
     except ValidationError as exc:
         problems += _problems(exc, data, lines, name)
         recipe = None
@@ -222,6 +222,27 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise RecipeError(problems)
     return recipe, lines
+
+
+def _integral_floats_as_ints(value: Any, copies: dict[int, Any]) -> Any:
+    """A copy of the data with each float that has no fractional part as the integer (``1.0``, ``8.192e3``): an
+    integer to JSON Schema (https://json-schema.org/draft/2020-12/json-schema-validation#section-6.1.1), so to an editor
+    too; a float field takes the integer as the float. Messages still show the value as written."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict | list):
+        if id(value) in copies:  # an alias: one copy, cycles included
+            return copies[id(value)]
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            copies[id(value)] = out
+            out.update((key, _integral_floats_as_ints(item, copies)) for key, item in value.items())
+            return out
+        items: list[Any] = []
+        copies[id(value)] = items
+        items.extend(_integral_floats_as_ints(item, copies) for item in value)
+        return items
+    return value
 
 
 def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[Problem]]:
@@ -514,14 +535,6 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             message = f"{message}: {trap}"
         elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
             message = f"{message}, not a boolean"
-        elif (
-            has_value
-            and isinstance(value, float)
-            and "int_type" in entry["kinds"]
-            and value.is_integer()
-            and abs(value) < 1e30
-        ):
-            message = f"{message}: write {int(value):_} (an integer; digits may be grouped by thousands with _)"
         problems.append(
             Problem(
                 file=name,

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tiered_training.recipe.yaml12 import GROUPED
+from tiered_training.recipe.grouped import grouped_pattern, integer_bounds
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = Path("docs/recipe.schema.json")
@@ -31,22 +31,40 @@ def recipe_schema() -> dict[str, Any]:
     return {"$schema": DRAFT, "title": "tiered-training recipe", **{k: v for k, v in schema.items() if k != "title"}}
 
 
+# Marks the string that stands for a grouped number (docs/recipe.md says it once, in its header).
+GROUPED_COMMENT = "an integer with its digits grouped by thousands, within the field's bounds"
+# A number that is NaN or infinite meets both (every comparison with NaN is false), a finite one neither: under
+# `not`, the schema refuses `.nan` and `.inf` as the loader does (allow_inf_nan=False), where bounds cannot.
+LARGEST = 1.7976931348623157e308
+NOT_FINITE = {"type": "number", "anyOf": [{"exclusiveMinimum": LARGEST}, {"exclusiveMaximum": -LARGEST}]}
+
+
 def _generator() -> type[Any]:
     """pydantic's generator, with an integer's grouped form (``50_000_000_000``) beside each number.
 
     The loader reads ``50_000_000_000`` as an integer; a YAML 1.2 parser in an editor reads it as
-    text, so the schema takes that text where a number goes (the loader refuses other underscores).
+    text, so the schema takes that text where a number goes, only for an integer within the field's
+    bounds (the loader refuses other underscores). A float field refuses NaN and the infinities.
     """
     from pydantic.json_schema import GenerateJsonSchema
 
-    grouped = {"type": "string", "pattern": GROUPED}
+    def grouped(number: dict[str, Any]) -> list[dict[str, Any]]:
+        bounds = integer_bounds(number)
+        if bounds is None:
+            return []
+        low, high = bounds
+        words = f"from {low:_} to {high:_}" if high is not None else f"of at least {low:_}"
+        return [{"type": "string", "pattern": grouped_pattern(low, high), "$comment": GROUPED_COMMENT,
+                 "patternErrorMessage": f"an integer {words}, with its digits grouped by thousands"}]
 
     class RecipeJsonSchema(GenerateJsonSchema):
         def int_schema(self, schema: Any) -> dict[str, Any]:
-            return {"anyOf": [super().int_schema(schema), grouped]}
+            number = super().int_schema(schema)
+            return {"anyOf": [number, *grouped(number)]}
 
         def float_schema(self, schema: Any) -> dict[str, Any]:
-            return {"anyOf": [super().float_schema(schema), grouped]}
+            number = super().float_schema(schema)
+            return {"anyOf": [{**number, "not": NOT_FINITE}, *grouped(number)]}
 
     return RecipeJsonSchema
 
@@ -59,7 +77,7 @@ def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
     if "$ref" in prop:
         return f"[{prop['$ref'].rsplit('/', 1)[-1]}](#{prop['$ref'].rsplit('/', 1)[-1].lower()})"
     if "anyOf" in prop:  # an integer's grouped form is said once, in the header
-        return " or ".join(_type(p, defs) for p in prop["anyOf"] if p.get("pattern") != GROUPED)
+        return " or ".join(_type(p, defs) for p in prop["anyOf"] if p.get("$comment") != GROUPED_COMMENT)
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
@@ -144,7 +162,9 @@ def reference_text() -> str:
         "Values are YAML 1.2: `true`/`false` are the only booleans, and `1:30` or `yes` are text.",
         "A number may be written with its digits grouped by thousands, `50_000_000_000`, and only so:",
         "`1_0` and `1_000.5` are errors. (To a YAML 1.2 parser such as an editor's the grouped form is text,",
-        "so the schema takes it as a string of that form; the CLI reads it as the integer and checks its bounds.)",
+        "so the schema takes it as a string of that form when the integer is within the field's bounds.)",
+        "As in JSON Schema, a number with no fractional part is an integer: `1.0` and `8.192e3` are 1 and 8192.",
+        "`.nan` and `.inf` are refused everywhere.",
         "",
     ]
     lines += _table("Recipe", schema, defs)

@@ -209,6 +209,7 @@ class Rehearsal:
     candidates: tuple[Any, ...] = ()  # the plan's probe candidates (planning.plan.Candidate), predicted figures
     memory_limit: float = 1.0  # the probe's peak reserved memory limit (a fraction of the worker's memory)
     slowed: SlowCandidate | None = None  # --slow-candidate
+    writers_at_end: dict[str, str] = field(default_factory=dict)  # step-N at the end: the job its manifest names
 
     @property
     def executions(self) -> list[Execution]:
@@ -278,6 +279,7 @@ class Rehearsal:
             "validation_losses": {str(k): v for k, v in self.validation_losses().items()},
             "checkpoint_uri": self.checkpoint_uri,
             "checkpoints_at_end": self.checkpoints_at_end,
+            "writers_at_end": self.writers_at_end,
             "keep_last": self.keep_last,
             "uploads_by_host": self.uploads_by_host,
             "exported": self.exported,
@@ -836,6 +838,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                     uploads[host] = uploads.get(host, 0) + len(keys)
             result.max_checkpoints = runner.max_checkpoints
             result.checkpoints_at_end = sorted(checkpoints_in(end_keys), key=lambda s: int(s.split("-")[1]))
+            result.writers_at_end = _writers(client, checkpoint_uri, result.checkpoints_at_end)
             result.uploads_by_host = uploads
             result.interrupted = runner.interrupted
             result.exported = result.exported_of(execution)
@@ -932,15 +935,23 @@ def _run_together(
     if len(ready) <= 1:
         return [_run_later(definition, runner, say, limits, values) for definition, values, _ in ready]
     found: list[Execution | BaseException | None] = [None] * len(ready)
+    ungated = [index for index, (_, _, gate) in enumerate(ready) if gate is None]
 
     def run(index: int, definition: dict[str, Any], values: dict[str, str], gate) -> None:
         try:
-            waited = 0
+            waited = after = 0
             while gate is not None and not gate():
-                if runner.stopping or waited >= GATE_SECONDS:
+                # The others' last writes may open it (a lease going stale): asked for a while after they ended.
+                if bool(ungated) and all(found[other] is not None for other in ungated):
+                    after += 1
+                if runner.stopping or waited >= GATE_SECONDS or after > GATE_AFTER_SECONDS:
+                    why = (
+                        f"{GATE_AFTER_SECONDS} s after the executions beside it ended"
+                        if after > GATE_AFTER_SECONDS
+                        else f"within {GATE_SECONDS} s"
+                    )
                     raise RehearsalError(
-                        f"execution {index + 1} of these did not start: its start condition "
-                        f"was not met within {GATE_SECONDS} s"
+                        f"execution {index + 1} of these did not start: its start condition was not met {why}"
                     )
                 time.sleep(1)
                 waited += 1
@@ -959,7 +970,26 @@ def _run_together(
     return [outcome for outcome in found if isinstance(outcome, Execution)]
 
 
+def _writers(client: Any, prefix: str, steps: list[str]) -> dict[str, str]:
+    """``{step-N: the training job its COMMITTED manifest names}`` (``not committed`` without a marker)."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_uri(prefix)
+    found: dict[str, str] = {}
+    for step in steps:
+        try:
+            body = client.get_object(Bucket=bucket, Key=f"{key.rstrip('/')}/{step}/COMMITTED")["Body"].read()
+            found[step] = str(json.loads(body).get("writer", {}).get("job") or "unnamed")
+        except (ValueError, AttributeError):
+            found[step] = "unreadable manifest"
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "")
+            found[step] = "not committed" if code in ("NoSuchKey", "404") else f"unread ({code})"
+    return found
+
+
 GATE_SECONDS = 600  # the longest a Then's start_when is waited for
+GATE_AFTER_SECONDS = 60  # and the longest once the executions beside it have ended
 
 
 def _with_environment(definition: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
@@ -1234,6 +1264,9 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
         f"at most {result.keep_last + 1} once every host has synced, {result.keep_last + 2} while one lags); at the "
         f"end: {', '.join(result.checkpoints_at_end) or 'none'}"
     )
+    writers = sorted(set(result.writers_at_end.values()))
+    if writers:
+        say(f"  written by: {', '.join(writers)}")
     for name, attempt in attempt_names(execution):
         resumed = attempt.detail.get("resumed_from")
         losses = attempt.detail.get("losses", {})

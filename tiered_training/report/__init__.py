@@ -46,6 +46,7 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "mb x accum": f"{plan.micro_batch_size} x {plan.grad_accum_steps}",
         "GiB/GPU": f"{plan.memory.total / GIB:,.1f} ({plan.memory.fraction:.0%})",
         "tok/s/GPU": f"{est.tokens_per_second_per_gpu:,.0f}",
+        "range": _relative(est.tokens_per_second_per_gpu_range, est.tokens_per_second_per_gpu),
         "MFU full/causal": f"{est.mfu:.1%}/{est.mfu_causal:.1%}",
         "time": _hours(plan.total_hours),  # the Prepare job's included (data.sources)
         "cost": _table_cost(plan),
@@ -53,6 +54,14 @@ def summary_row(plan: Plan) -> dict[str, str]:
         "status": _status(plan),
         "quotas": str(len(plan.account_findings)) if plan.account_findings else "",
     }
+
+
+def _relative(pair: tuple[float, float] | None, point: float) -> str:
+    """A range around ``point`` as two shares of it: ``-10%/+16%``."""
+    if pair is None or point <= 0:
+        return "-"
+    low, high = (round(100 * (v / point - 1)) + 0 for v in pair)  # + 0: no "-0"
+    return f"{low:+d}%/{high:+d}%"
 
 
 def _status(plan: Plan) -> str:
@@ -100,8 +109,8 @@ def price_lines(plans: list[Plan]) -> list[str]:
 # -- the short table: one line per recipe -----------------------------------------------
 # ``plan`` prints it by default (``--wide``: every column of :func:`summary_row`).
 
-BRIEF_COLUMNS = ("recipe", "compute", "GiB/GPU", "tok/s/GPU", "time", "cost", "status")
-BRIEF_NUMERIC = ("GiB/GPU", "tok/s/GPU", "time", "cost")
+BRIEF_COLUMNS = ("recipe", "compute", "GiB/GPU", "tok/s/GPU", "range", "time", "cost", "status")
+BRIEF_NUMERIC = ("GiB/GPU", "tok/s/GPU", "range", "time", "cost")
 
 
 def brief_row(plan: Plan) -> dict[str, str]:
@@ -117,12 +126,14 @@ def brief_row(plan: Plan) -> dict[str, str]:
 
 
 # What the tables' abbreviations mean: printed under the table, and in the README.
-BRIEF_LEGEND = ("GiB/GPU: memory per GPU (share of its HBM); tok/s/GPU: tokens/s per GPU; ~: spot, an estimate",)
+BRIEF_LEGEND = ("GiB/GPU: memory per GPU (share of its HBM); tok/s/GPU: per GPU, range: its held-out error; ~: spot",)
 WIDE_LEGEND = (
     "AC: activation checkpointing (none, selective: the memory-hungry parts, full: every block); "
     "sharding: FSDP strategy/shard group size in GPUs, cpN: context parallel over N GPUs "
     "(hybrid/8 cp2: shards within 8 GPUs, replicas across them, each sequence split over 2); "
     "mb x accum: micro-batch per GPU x gradient accumulation steps; "
+    "range: where the measured tokens/s per GPU may lie, against the prediction (the model's leave-one-source-out "
+    "errors for this kind of run); "
     "MFU full/causal: model FLOPs utilisation counting full attention / its causal half; "
     "quotas: service quotas to raise before a deploy; "
     "probe: configurations the probe measures (explain lists them)",
@@ -190,6 +201,7 @@ COLUMNS = (
     "mb x accum",
     "GiB/GPU",
     "tok/s/GPU",
+    "range",
     "MFU full/causal",
     "time",
     "cost",
@@ -198,7 +210,7 @@ COLUMNS = (
     "quotas",
 )
 # Columns that hold numbers: never wrapped, right-aligned.
-NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "MFU full/causal", "time", "cost", "probe")
+NUMERIC_COLUMNS = ("mb x accum", "GiB/GPU", "tok/s/GPU", "range", "MFU full/causal", "time", "cost", "probe")
 
 
 def markdown_table(rows: list[dict[str, str]], columns: Iterable[str]) -> str:
@@ -382,6 +394,24 @@ def explain_lines(plan: Plan) -> list[str]:
             "Estimates",
             f"  FLOPs per token        {e.flops_per_token:,.3e}",
             f"  tokens/s per GPU       {e.tokens_per_second_per_gpu:,.0f}  (all GPUs: {e.tokens_per_second:,.0f})",
+            *(
+                [
+                    Hang(
+                        f"  range                  {e.tokens_per_second_per_gpu_range[0]:,.0f}-"
+                        f"{e.tokens_per_second_per_gpu_range[1]:,.0f} tokens/s per GPU, "
+                        f"wall time {_hours(e.wall_time_hours_range[0])} to {_hours(e.wall_time_hours_range[1])}"
+                        + (
+                            f", cost ${e.cost_usd_range[0]:,.0f}-${e.cost_usd_range[1]:,.0f}"
+                            if e.cost_usd_range is not None
+                            else ""
+                        )
+                        + f" ({e.range_basis})",
+                        ESTIMATE_COLUMN,
+                    )
+                ]
+                if e.tokens_per_second_per_gpu_range is not None and e.wall_time_hours_range is not None
+                else []
+            ),
             Hang(
                 f"  MFU (BF16-equivalent)  {e.mfu:.1%} counting full attention (6N + 12*L*h*s, torchtitan's "
                 "convention, as the container reports it); "

@@ -133,14 +133,17 @@ class CheckpointManager:
         identity: dict[str, Any] | None = None,
         candidate: tuple[int, str] | None = None,
         fence: Callable[[str], None] | None = None,
+        writer: dict[str, str] | None = None,
     ):
         """``accept``: rank 0 asks it of every manifest found at resume or pruning; a reason (a
         checkpoint of another run) makes the checkpoint skipped and never kept. ``identity``: the
         run's identity (training/components/identity.py), recorded in every manifest. ``candidate``: the
         probe candidate trained and its summary, recorded in every manifest (a resume with run.candidate 0
         trains it again). ``fence``: rank 0 calls it with what is about to be committed (a checkpoint, a pruning, an
-        export) and commits nothing when it raises (training/components/fence.py: the run's lease)."""
+        export) and commits nothing when it raises (training/components/fence.py: the run's lease). ``writer``: the
+        pipeline execution and training job that commit, recorded in every manifest (whose history a prefix holds)."""
         self.root = Path(root)
+        self.writer = dict(writer or {})
         self.fence = fence
         self.candidate = candidate
         self.accept = accept
@@ -294,6 +297,8 @@ class CheckpointManager:
         }
         if self.candidate is not None:
             manifest["candidate"], manifest["candidate_summary"] = self.candidate
+        if self.writer:
+            manifest["writer"] = self.writer
         manifest.update(run_entry(self.identity, flight.step, flight.tokens_seen))
         marker = path / COMMITTED
         tmp = path / (COMMITTED + ".tmp")

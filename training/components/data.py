@@ -288,8 +288,14 @@ class MixtureWindows(IterableDataset):
                 raise DataError(f"{folder}: no shards of mixture source {name} (the prepared corpus names its sources)")
             self.sources.append(
                 PackedTokenWindows(
-                    folder, token_dtype, sequence_length, rank=0, world_size=1, seed=seed * 1000 + index,
-                    vocab_size=vocab_size, data_uri=f"{data_uri.rstrip('/')}/{name}/" if data_uri else None,
+                    folder,
+                    token_dtype,
+                    sequence_length,
+                    rank=0,
+                    world_size=1,
+                    seed=seed * 1000 + index,
+                    vocab_size=vocab_size,
+                    data_uri=f"{data_uri.rstrip('/')}/{name}/" if data_uri else None,
                 )
             )
         self.sequence_length = sequence_length

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tiered_training.contract import lease as protocol
-from tiered_training.contract.container import LEASE_STATE_VARIABLE
+from tiered_training.contract.container import EXECUTION_VARIABLE, JOB_NAME_VARIABLE, LEASE_STATE_VARIABLE
 
 
 class LeaseFenced(RuntimeError):
@@ -74,3 +74,9 @@ def from_environment(environ: Mapping[str, str]) -> Fence | None:
     from training.components.run_lease import s3_client
 
     return Fence(Path(path), s3_client(environ))
+
+
+def writer_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """The pipeline execution and training job that write this run's checkpoints (empty outside a pipeline)."""
+    found = {"execution": environ.get(EXECUTION_VARIABLE) or "", "job": environ.get(JOB_NAME_VARIABLE) or ""}
+    return {key: value for key, value in found.items() if value}

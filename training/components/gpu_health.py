@@ -62,6 +62,8 @@ FATAL_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120})
 THERMAL_BITS = 0x20 | 0x40  # software thermal slowdown, hardware thermal slowdown
 POWER_BITS = 0x04 | 0x80  # software power cap, hardware power brake
 HARDWARE_BITS = 0x08  # hardware slowdown
+# What a healthy GPU under load does not show: the software power cap (0x04) is left out, a busy GPU runs at it.
+SLOWDOWN_BITS = THERMAL_BITS | 0x80 | HARDWARE_BITS
 GPU_FAULT_EXIT = 75  # the exit status of a process whose GPU reported a fatal XID
 STANDIN_VARIABLE = "TIERED_TRAINING_NVML_STANDIN"
 
@@ -131,6 +133,7 @@ class GpuHealth:
                     (c.GPU_THROTTLE_THERMAL, 1.0 if reasons & THERMAL_BITS else 0.0),
                     (c.GPU_THROTTLE_POWER, 1.0 if reasons & POWER_BITS else 0.0),
                     (c.GPU_THROTTLE_HARDWARE, 1.0 if reasons & HARDWARE_BITS else 0.0),
+                    (c.GPU_SLOWDOWN, 1.0 if reasons & SLOWDOWN_BITS else 0.0),
                 ]
             temperature = self._try(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
             if temperature is not None:

@@ -315,9 +315,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Mask | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: Mask | None) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, self.head_dim)
         q, k = self.q_proj(x).view(shape), self.k_proj(x).view(shape)
         if self.config.qk_norm:
