@@ -93,6 +93,8 @@ HEAVY = (
     "tests/trainer/test_sft_end_to_end.py",  # two torchrun launches of an SFT run
     "tests/runtime/test_runtime_dockerfile.py",  # pip resolves against the package index: mostly waiting
     "tests/trainer/test_init_checkpoint_loss.py",
+    "tests/trainer/test_dpo_oracle.py",  # trl's DPOTrainer built 7 times, tiny models
+    "tests/trainer/test_dpo_train.py",  # two one-process DPO runs (full, LoRA) of 12 steps
     "tests/trainer/test_shard_checksums.py",  # one trainer process stopped by a truncated shard
     "tests/trainer/test_qlora.py",
     "tests/planning/test_perf.py",

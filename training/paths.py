@@ -47,7 +47,11 @@ class Paths:
         return cls(**values)
 
     def init_checkpoint(self) -> Path | None:
-        """The init directory, if it holds a Hugging Face checkpoint."""
-        if self.init_dir is not None and (self.init_dir / "config.json").is_file():
-            return self.init_dir
-        return None
+        """The init directory, if it holds a Hugging Face checkpoint, or the checkpoint of the one export archive
+        (an earlier run's model.tar.gz) it holds, unpacked (``training/init_archive.py``)."""
+        if self.init_dir is None:
+            return None
+        from training.init_archive import unpacked
+
+        init = unpacked(self.init_dir)
+        return init if (init / "config.json").is_file() else None

@@ -39,11 +39,13 @@ import tempfile
 from pathlib import Path
 
 from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
+from training.init_archive import ARCHIVE_SUFFIXES, ArchiveError, unpacked
 from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
-CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats")  # what decides the shards
+# what decides the shards
+CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats", "training.dpo_data")
 MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 DONE = "manifest.json"  # written last under the key's prefix
@@ -220,15 +222,28 @@ def upload(client, path: Path, uri: str, sha256: str) -> None:
 
 def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=print) -> dict:
     """Reuse or prepare; returns what the property file says."""
-    tokenizer_objects = [
-        o
-        for o in list_objects(client, args.tokenizer)
-        if "/" not in o["relative"] and not o["relative"].endswith(WEIGHT_SUFFIXES)
-    ]
+    if args.tokenizer.endswith(ARCHIVE_SUFFIXES):  # an earlier run's export: the archive alone, listed by its key
+        bucket, key = split_uri(args.tokenizer)  # (the role may list only under the key it reads)
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", [])
+        tokenizer_objects = [
+            {"key": o["Key"], "relative": key.rsplit("/", 1)[-1], "etag": o["ETag"].strip('"'), "size": o["Size"]}
+            for o in listed
+            if o["Key"] == key
+        ]
+    else:
+        tokenizer_objects = [
+            o
+            for o in list_objects(client, args.tokenizer)
+            if "/" not in o["relative"] and not o["relative"].endswith(WEIGHT_SUFFIXES)
+        ]
     if not tokenizer_objects:
         raise BadData(f"{args.tokenizer}: no objects; --tokenizer is the S3 prefix of a Hugging Face checkpoint")
     download(client, tokenizer_objects, split_uri(args.tokenizer)[0], work / "tokenizer")
-    tokenizer = SftTokenizer(work / "tokenizer")
+    try:  # an earlier run's export (model.tar.gz): its tokenizer is inside
+        tokenizer_dir = unpacked(work / "tokenizer", work)
+    except ArchiveError as error:
+        raise BadData(str(error)) from None
+    tokenizer = SftTokenizer(tokenizer_dir)
     tokenizer.path = args.tokenizer  # the manifest names the checkpoint, not the job's copy
     inputs, saved = input_objects(client, args.input, tuple(getattr(args, "ignore", None) or ()), log)
     code = code_version()
@@ -254,7 +269,7 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
         log(text.replace(f"{raw}/", as_prefix(args.input)), **options)
 
     try:
-        manifests = prepare(files, tokenizer, out, settings, log=named)
+        manifests = _prepare(settings)(files, tokenizer, out, settings, log=named)
     except BadData as error:  # named by its S3 URI, not the job's local copy
         raise BadData(str(error).replace(f"{raw}/", as_prefix(args.input)), error.reason) from None
     manifest = manifests["train"]
@@ -283,6 +298,15 @@ def run(args: argparse.Namespace, settings: Settings, client, work: Path, log=pr
     return {"key": key, "uri": train, "reused": False}
 
 
+def _prepare(settings: Settings):
+    """training.sft_data's prepare, or for preference pairs (task dpo) training.dpo_data's."""
+    if settings.format == "preference":
+        from training import dpo_data
+
+        return dpo_data.prepare
+    return prepare
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.sft_prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="S3 prefix of the raw examples")
@@ -293,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["uint16", "uint32"])
     parser.add_argument("--loss-on", choices=["assistant", "all"], default="assistant")
     parser.add_argument("--overlong", choices=["error", "drop", "truncate"], default="error")
-    parser.add_argument("--format", choices=FORMATS, default="auto")
+    parser.add_argument("--format", choices=(*FORMATS, "preference"), default="auto", help="preference: DPO pairs")
     parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
     parser.add_argument("--max-bad-fraction", type=float, default=0.0)
     parser.add_argument(

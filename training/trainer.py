@@ -258,6 +258,8 @@ class Trainer:
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
     init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
     slowdown: float = 1.0  # forward/backward at this fraction of its speed (a rehearsal's --slow-host)
+    reference: Any = None  # DPO with dpo.reference precomputed: training.dpo_train.ReferenceTable
+    dpo_metrics: Any = None  # DPO: the last step's metric sums (training.dpo_train)
 
 
 def setup_logging(rank: int) -> None:
@@ -308,7 +310,12 @@ def build(
         apply_compile(layers)
     if cfg.sft is not None:
         check_attention(lm, cp.size)  # packed examples must not see each other
-    model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
+    if cfg.dpo is not None:  # preference pairs: the completions' log-probabilities (training/dpo_loss.py)
+        from training.dpo_loss import PairLogps
+
+        model: Any = PairLogps(lm, precision.loss_chunk_tokens)
+    else:
+        model = CausalLMLoss(lm, precision.loss_chunk_tokens, loss_group=cp.group)
     apply_fsdp(model, layers, mesh, precision)
     materialize(lm, info.device, seed=cfg.data.seed)
     if init_dir is not None:
@@ -337,7 +344,12 @@ def build_validator(cfg: RunConfig, paths: Paths, trainer: Trainer, group):
 
     assert trainer.cp is not None  # build sets it
     try:
-        validator = Validator.build(
+        if cfg.dpo is not None:  # held-out pairs: the DPO loss and trl's metrics
+            from training import dpo_train
+
+            validator = dpo_train.build_validator(cfg, paths.data_dir, trainer, group)
+        else:
+            validator = Validator.build(
             cfg,
             paths.data_dir,
             trainer.model,
@@ -381,7 +393,12 @@ def build_train_dataloader(cfg: RunConfig, paths: Paths, trainer: Trainer):
     )
     if cfg.sft is not None:
         return build_sft_dataloader(
-            paths.data_dir, cfg.data.token_dtype, batch.sequence_length, batch.micro_batch_size, **common
+            paths.data_dir,
+            cfg.data.token_dtype,
+            batch.sequence_length,
+            batch.micro_batch_size,
+            with_index=cfg.dpo is not None,  # DPO looks its precomputed reference up by row
+            **common,
         )
     return build_dataloader(
         paths.data_dir,
@@ -397,6 +414,8 @@ def micro_batch(trainer: Trainer, batch, device: torch.device) -> tuple:
     """``(inputs, labels, positions)`` of one micro-batch, this rank's part: an SFT batch dict as
     it comes (labels masked, positions per example); a pretraining window split and sharded for CP."""
     if isinstance(batch, dict):
+        if trainer.cfg.dpo is not None:  # and the rows' indices: the precomputed reference is looked up by row
+            return (*split_sft_batch(batch, device), batch["index"])
         return split_sft_batch(batch, device)
     assert trainer.cp is not None  # build sets it
     return trainer.cp.shard(*split_batch(batch, device))
@@ -455,7 +474,12 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     micro_batches, data_wait = next_micro_batches(trainer, data_iter, accum)
     computed = time.perf_counter()
-    loss_sum = forward_backward(trainer, micro_batches)
+    if trainer.cfg.dpo is not None:
+        from training import dpo_train
+
+        loss_sum = dpo_train.forward_backward(trainer, micro_batches)
+    else:
+        loss_sum = forward_backward(trainer, micro_batches)
     grad_norm = clip_grad_norm(model, trainer.cfg.optimizer.grad_clip)
     lr = float(scheduler.get_last_lr()[0])  # a float already (AdamW's lr is the config's float)
     # The step's one wait for the GPU: this rank's loss and the gradient norm, copied together.
@@ -638,6 +662,13 @@ def _run(
     trainer = build(cfg, paths, info=info)
     trainer.slowdown = slowdown
     dataloader = build_train_dataloader(cfg, paths, trainer)
+    if cfg.sft is not None:
+        # a probe (a few steps, no resume) precomputes the reference of the rows those steps read, not all
+        reads = None
+        if max_steps is not None and not resume:
+            assert trainer.cp is not None  # build sets it
+            reads = sum(accum_at(s) for s in range(max_steps)) * cfg.batch.micro_batch_size * trainer.cp.data_ranks
+        _check_layout(cfg, trainer, paths, dataloader.dataset, reads)
     save_group, control_group = new_gloo_group(), new_gloo_group()
     identity = run_identity(cfg, paths.data_dir, info.world_size) if cfg.run.id else None
     ckpt = CheckpointManager(
@@ -668,6 +699,24 @@ def _run(
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
+
+
+def _check_layout(cfg: RunConfig, trainer: Trainer, paths: Paths, dataset, reads: int | None) -> None:
+    """DPO reads pairs and SFT examples, each refusing the other's shards; the precomputed reference is
+    computed here, from the starting weights, before a resume restores the trained state (for the rows the
+    first ``reads`` items of the stream hold, when given)."""
+    from training import dpo_train
+
+    manifest = dataset.manifest
+    where = cfg.run.data_uri or str(paths.data_dir)
+    if cfg.dpo is None:
+        if manifest.get("layout") == "pairs":
+            raise ValueError(f"{where}: preference pairs (python -m training.dpo_data); train them with task dpo")
+        return
+    dpo_train.check_pairs(manifest, where)
+    if cfg.dpo.reference == "precomputed":
+        rows = None if reads is None else dpo_train.rows_read(dataset, 0, reads)
+        trainer.reference = dpo_train.precompute(trainer, paths.data_dir, rows)
 
 
 def _resume(trainer: Trainer, dataloader, ckpt: CheckpointManager, accum_at):
@@ -762,6 +811,15 @@ def _loop(
             result.losses[step] = done.loss
             result.final_loss = done.loss
         result.step = step
+        if cfg.dpo is not None:  # trl's metrics, means over the step's pairs (a collective: every rank)
+            from training.dpo_train import step_metrics
+
+            preference = step_metrics(trainer, ckpt.control_group)
+            if info.is_main:
+                log.info("step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in preference.items()))
+                for hook in hooks:
+                    if hasattr(hook, "record_preference"):
+                        hook.record_preference(step, preference)
         if info.is_main:
             log.info(stats.log_line())
             if done.skipped:

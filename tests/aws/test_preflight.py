@@ -370,6 +370,25 @@ def test_an_sft_recipe_checks_the_format_and_the_bad_examples_the_shards_were_pr
     assert sft["status"] == "pass"
 
 
+def test_a_dpo_recipe_refuses_packed_sft_examples_and_takes_packed_pairs(endpoint, tmp_path):
+    """Task dpo reads preference pairs (python -m training.dpo_data, layout pairs): SFT shards are named as wrong."""
+    path = write_recipe(tmp_path, "dpo-check", **{"task": "dpo", "model.init_checkpoint": "s3://dpo-check-models/base/"})
+    manifest = {"kind": "sft-packed", "sequence_length": 4096, "token_dtype": "uint32", "fingerprint": "0" * 64,
+                "loss_on": "assistant", "overlong": "error", "examples": 20, "dropped": 0, "truncated": 0,
+                "tokenizer": "base", "shards": [{"file": "shard-00000.bin", "sequences": 5, "max_token": 100}]}
+    upload_data(endpoint, "dpo-check-data")
+    s3 = client("s3", endpoint)
+    s3.put_object(Bucket="dpo-check-data", Key="tokens/shards.json", Body=json.dumps(manifest).encode())
+    _, report = preflight(endpoint, path)
+    found, = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert found["status"] == "fail" and "layout None, the recipe 'pairs'" in found["detail"]
+    pairs = {**manifest, "layout": "pairs", "pairs": 10}
+    s3.put_object(Bucket="dpo-check-data", Key="tokens/shards.json", Body=json.dumps(pairs).encode())
+    _, report = preflight(endpoint, path)
+    found, = [c for c in by_check(report)["data"] if "packed" in c["detail"]]
+    assert found["status"] == "pass", found
+
+
 def test_a_recipe_with_raw_data_checks_its_first_record_in_the_declared_format(endpoint, tmp_path):
     """data.prepare: the data prefix holds raw examples for the Prepare step; preflight lists them and parses the first
     record of the first file in data.format, instead of reading a packed manifest."""

@@ -256,7 +256,7 @@ def runconfig_values(plan) -> dict[str, Any]:
             values.update(
                 {f"{section}.{key}": leaf for key, leaf in value.items() if (section, key, leaf) != ("data", "mixture", None)}
             )
-        else:
+        elif (section, value) != ("dpo", None):  # dpo is optional too: only a preference run has the key
             values[section] = value
     return values
 
@@ -329,7 +329,8 @@ def _sft_prepare_arguments(params, recipe, resources, local):
         "--prepared", _join(resources.output_s3_uri, "prepared/"), "--property-file", f"{local}/prepared.json",
         "--sequence-length", str(recipe.sequence_length), "--dtype", data.token_dtype,
         "--loss-on", data.loss_on or "assistant", "--overlong", data.overlong or "error",
-        "--format", data.format or "auto", "--on-bad-example", data.on_bad_example or "error",
+        "--format", data.format or ("preference" if recipe.task == "dpo" else "auto"),
+        "--on-bad-example", data.on_bad_example or "error",
     ]
     if data.max_bad_fraction is not None:
         arguments += ["--max-bad-fraction", f"{data.max_bad_fraction:g}"]

@@ -69,9 +69,15 @@ def test_a_pretraining_recipe_is_unchanged_and_plans_no_fine_tuning():
     ({"tuning.lora": {"target_modules": []}}, (17, "tuning.lora.target_modules", "at least 1 item")),
     ({"tuning.lora": {"rnak": 8}}, (17, "tuning.lora.rnak", "did you mean 'rank'")),
     ({"tuning.adapter": "none", "tuning.lora": {"rank": 8}}, (17, "tuning.lora", "set, but tuning.adapter is none")),
-    ({"export.format": "adapter", "tuning.adapter": "none"}, (16, "export.format", "needs task: sft and tuning.adapter: lora")),
+    ({"export.format": "adapter", "tuning.adapter": "none"}, (16, "export.format", "needs task: sft (or dpo) and tuning.adapter: lora")),
     ({"export.format": "safetensors"}, (16, "export.format", "must be one of 'merged', 'adapter'")),
-    ({"task": "dpo"}, (1, "task", "must be one of 'pretrain', 'sft'")),
+    ({"task": "rlhf"}, (1, "task", "must be one of 'pretrain', 'sft', 'dpo'")),
+    ({"task": "dpo", "data.overlong": "truncate"}, (8, "data.overlong", "truncate would compare cut answers")),
+    ({"task": "dpo", "preference": {"loss": "ipo", "label_smoothing": 0.1}},
+     (17, "preference.label_smoothing", "applies to loss robust")),
+    ({"task": "dpo", "preference": {"reference": "adapter_disabled"}, "tuning.adapter": "none"},
+     (16, "preference.reference", "adapter_disabled needs LoRA")),
+    ({"preference": {"beta": 0.2}}, (15, "preference", "applies to task dpo only")),
 ])
 def test_a_bad_fine_tuning_value_names_its_line_and_field(overrides, expected):
     data = sft(**{k: v for k, v in overrides.items() if v is not None})

@@ -96,6 +96,11 @@ TEMPLATE_CANDIDATES = {
         ("fp8/tensorwise", "selective", "full/8", 1, "the activation checkpointing in doubt"),
         ("bf16", "none", "full/8", 1, "BF16 against the plan's FP8, where the model errs most"),
     ],
+    "llama3.1-8b-dpo.yaml": [
+        ("fp8/tensorwise", "none", "full/8", 1, "the plan's own configuration"),
+        ("fp8/tensorwise", "selective", "full/8", 1, "the activation checkpointing in doubt"),
+        ("bf16", "none", "full/8", 1, "BF16 against the plan's FP8, where the model errs most"),
+    ],
     "llama3.1-8b-tools-sft.yaml": [
         ("fp8/tensorwise", "none", "full/8", 1, "the plan's own configuration"),
         ("fp8/tensorwise", "selective", "full/8", 1, "the activation checkpointing in doubt"),
@@ -112,6 +117,11 @@ TEMPLATE_CANDIDATES = {
         ("fp8/mxfp8", "none", "hybrid/16", 1, "the next fastest that can win"),
         ("fp8/tensorwise", "selective", "hybrid/8", 1, "the activation checkpointing in doubt"),
         ("bf16", "selective", "hybrid/8", 1, "BF16 against the plan's FP8, where the model errs most"),
+    ],
+    "qwen2.5-32b-lora-dpo.yaml": [
+        ("fp8/tensorwise", "none", "full/8", 1, "the plan's own configuration"),
+        ("fp8/tensorwise", "selective", "full/8", 1, "the activation checkpointing in doubt"),
+        ("bf16", "none", "full/8", 1, "BF16 against the plan's FP8, where the model errs most"),
     ],
     "qwen2.5-32b-lora.yaml": [
         ("fp8/tensorwise", "selective", "full/8", 1, "the plan's own configuration"),

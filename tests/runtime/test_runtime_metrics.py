@@ -244,3 +244,20 @@ def test_nvml_absent_is_clean():
     sampler = NvmlSampler()  # no GPU here: not available, sample() is None
     if not sampler.available:
         assert sampler.sample() is None
+
+
+def test_a_dpo_steps_metrics_reach_the_sinks_under_trls_names_from_rank_0_only():
+    class Sink:
+        def __init__(self):
+            self.logged = []
+
+        def log_metrics(self, step, values):
+            self.logged.append((step, dict(values)))
+
+    values = {"rewards/chosen": 0.3, "rewards/rejected": -0.1, "rewards/margins": 0.4, "rewards/accuracies": 0.75}
+    for rank, expected in ((0, [(7, values)]), (1, [])):
+        sink = Sink()
+        hook = MetricsHook(tiny_config(), rank=rank, local_rank=rank, stream=io.StringIO(), gpu_sampler=None,
+                           clock=Clock(), world_size=2, sinks=[sink])
+        hook.record_preference(7, values)
+        assert sink.logged == expected

@@ -134,9 +134,9 @@ def run(
         from tiered_training.aws.sources import check_sources
 
         checks.extend(check_sources(clients["s3"], plan))
-    elif recipe.task == "sft" and recipe.data.prepare is not None:
+    elif recipe.fine_tuning and recipe.data.prepare is not None:
         checks.append(_guard("data", recipe.data.uri, lambda: check_raw_data(clients["s3"], plan)))
-    elif recipe.task == "sft":
+    elif recipe.fine_tuning:
         checks.append(_guard("data", recipe.data.uri, lambda: check_packed_data(clients["s3"], plan)))
     checks.append(
         _guard(
@@ -622,6 +622,7 @@ def check_packed_data(s3: Any, plan: Plan) -> Check:
         "format": recipe.data.format,
         "on_bad_example": recipe.data.on_bad_example,
         "max_bad_fraction": recipe.data.max_bad_fraction,
+        "layout": "pairs" if recipe.task == "dpo" else None,  # training/dpo_data.py's preference pairs
     }
     wrong = [
         f"{key} {manifest.get(key)!r}, the recipe {value!r}"
@@ -660,6 +661,7 @@ FORMAT_KEYS = {
     "alpaca": (("instruction", "output"),),
     "prompt_completion": (("prompt", "completion"),),
     "text": (("text",),),
+    "preference": (("chosen", "rejected"),),  # training/dpo_data.py (task dpo)
 }
 
 
@@ -669,7 +671,7 @@ def check_raw_data(s3: Any, plan: Plan) -> Check:
     directories are listed, and their records are read by the Prepare step)."""
     recipe = plan.recipe
     uri = recipe.data.uri
-    fmt = recipe.data.format or "auto"
+    fmt = recipe.data.format or ("preference" if recipe.task == "dpo" else "auto")
     bucket, prefix = _split(uri)
     folder = prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
     fix = (
@@ -719,7 +721,8 @@ def check_raw_data(s3: Any, plan: Plan) -> Check:
         return Check("data", uri, FAIL, f"{where}:{line}: not JSON ({record})", fix)
     if not isinstance(record, dict):
         return Check("data", uri, FAIL, f"{where}:{line}: a {type(record).__name__}, expected an object", fix)
-    candidates = FORMAT_KEYS if fmt == "auto" else {fmt: FORMAT_KEYS[fmt]}
+    sft = {name: keys for name, keys in FORMAT_KEYS.items() if name != "preference"}
+    candidates = sft if fmt == "auto" else {fmt: FORMAT_KEYS[fmt]}
     found = next(
         (name for name, shapes in candidates.items() if any(all(k in record for k in s) for s in shapes)), None
     )

@@ -370,13 +370,13 @@ class TrainingPipeline(Resource):
                 allow_wildcard(objects[0], "Preflight reads the first record of each raw source")
             if self._data_key is not None:
                 add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
-        elif recipe.task == "sft" and recipe.data.prepare is not None:
+        elif recipe.fine_tuning and recipe.data.prepare is not None:
             objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)
             add(["s3:GetObject"], [objects[0]])  # preflight reads the first raw example
             allow_wildcard(objects[0], "Preflight reads the first record of the recipe's raw examples")
             if self._data_key is not None:
                 add(["kms:Decrypt"], [self._data_key.key_arn], via_services("s3", key_arn=self._data_key.key_arn))
-        elif recipe.task == "sft":
+        elif recipe.fine_tuning:
             from tiered_training.aws.preflight import PACKED_MANIFEST
 
             objects, _bucket_arn, _patterns = prefix_arns(recipe.data.uri)

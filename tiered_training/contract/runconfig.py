@@ -285,6 +285,41 @@ class SftConfig(_Frozen):
         return self
 
 
+DPO_LOSSES = ("sigmoid", "ipo", "robust")
+
+
+class DpoConfig(_Frozen):
+    """Preference tuning (DPO, Rafailov et al. 2023, https://arxiv.org/abs/2305.18290) on packed pairs
+    (``training/dpo_data.py``), each loss as trl's ``DPOTrainer`` computes it (``training/dpo_loss.py``).
+
+    The fine-tuning section (``sft``) still says full or LoRA; the shards hold pairs, chosen then rejected.
+    """
+
+    loss: Literal["sigmoid", "ipo", "robust"] = Field(
+        default="sigmoid",
+        description=(
+            "sigmoid: -log sigmoid(beta x margin) (DPO); ipo: (margin per completion token - 1/(2 beta))^2 "
+            "(Azar et al. 2023); robust: DPO with label_smoothing, the probability that a label is flipped "
+            "(Chowdhury et al. 2024)"
+        ),
+    )
+    beta: float = Field(default=0.1, gt=0, le=100, description="how far the policy may move from the reference")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5, description="loss robust: a label's flip probability")
+    reference: Literal["precomputed", "adapter_disabled"] = Field(
+        default="precomputed",
+        description=(
+            "precomputed: a first pass of the starting weights over the data before training; adapter_disabled: "
+            "the frozen base with the LoRA adapters switched off, in each step (LoRA and QLoRA only)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _smoothing_with_robust(self) -> DpoConfig:
+        if self.label_smoothing and self.loss != "robust":
+            raise ValueError(f"dpo.label_smoothing is for loss robust; loss is {self.loss}")
+        return self
+
+
 class MetricsConfig(_Frozen):
     """What the container emits to CloudWatch (``training/components/metrics.py``); the alarms are fitted to it."""
 
@@ -375,6 +410,7 @@ class RunConfig(_Frozen):
     export: ExportConfig = ExportConfig()
     run: RunSection = RunSection()
     sft: SftConfig | None = Field(default=None, description="None: pretraining on flat token shards")
+    dpo: DpoConfig | None = Field(default=None, description="preference pairs (with sft); None: SFT or pretraining")
 
     @model_validator(mode="after")
     def _export_format_fits_the_task(self) -> RunConfig:
@@ -389,6 +425,18 @@ class RunConfig(_Frozen):
             raise ValueError("sft.adapter qlora runs eager (the NF4 base is not compiled); set precision.compile false")
         if self.sft is not None and self.model.init_checkpoint is None:
             raise ValueError("sft needs model.init_checkpoint: fine-tuning starts from trained weights")
+        if self.dpo is not None and self.sft is None:
+            raise ValueError("dpo needs the sft section: preference tuning fine-tunes (full or LoRA)")
+        if (
+            self.dpo is not None
+            and self.sft is not None
+            and self.dpo.reference == "adapter_disabled"
+            and self.sft.adapter == "none"
+        ):
+            raise ValueError(
+                "dpo.reference adapter_disabled needs LoRA adapters (sft.adapter lora or qlora); "
+                "a full fine-tune uses dpo.reference precomputed"
+            )
         return self
 
     @model_validator(mode="after")
@@ -488,6 +536,8 @@ class RunConfig(_Frozen):
         }
         if self.sft is not None:  # absent for pretraining, so pretraining plan hashes stay as they were
             parts["sft"] = self.sft.model_dump(mode="json")
+        if self.dpo is not None:  # absent otherwise, so SFT plan hashes stay as they were
+            parts["dpo"] = self.dpo.model_dump(mode="json")
         return {
             name: hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
             for name, value in parts.items()
@@ -505,6 +555,8 @@ class RunConfig(_Frozen):
         """Flat ``{"section.field": json}`` strings, within SageMaker's limits."""
         flat: dict[str, str] = {}
         for section, value in self.model_dump(mode="json").items():
+            if section == "dpo" and value is None:
+                continue  # optional: a run without preference pairs has no key for it
             if isinstance(value, dict):
                 for key, leaf in value.items():
                     if section == "data" and key == "mixture" and leaf is None:

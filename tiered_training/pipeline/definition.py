@@ -518,7 +518,7 @@ def prepare_arguments(plan: Plan, resources: PipelineResources) -> dict[str, Any
         "--overlong",
         data.overlong or "error",
         "--format",
-        data.format or "auto",
+        data.format or ("preference" if recipe.task == "dpo" else "auto"),
         "--on-bad-example",
         data.on_bad_example or "error",
     ]

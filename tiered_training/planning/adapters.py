@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tiered_training.contract.architecture import Lora
+from tiered_training.planning import preference
 from tiered_training.planning import probe as probes
 from tiered_training.planning.choice import _candidates
 from tiered_training.planning.plan import Estimates, FullParameter
@@ -20,7 +21,7 @@ LORA_DEFAULTS_WHY = (
 
 def _adapter(recipe: Recipe, run: _Run) -> None:
     """Task sft: full-parameter or LoRA, from the recipe, the export format or the tier."""
-    if recipe.task != "sft":
+    if not recipe.fine_tuning:
         return
     tier, tuning = run.tier, recipe.tuning
     data = recipe.data
@@ -32,8 +33,10 @@ def _adapter(recipe: Recipe, run: _Run) -> None:
     checked = f"; the shards' manifest must say {', '.join(stated)} (preflight checks it)" if stated else ""
     run.decide(
         "task",
-        "sft",
-        f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
+        recipe.task,
+        preference.task_reason(recipe, checked)
+        if recipe.task == "dpo"
+        else f"supervised fine-tuning of {recipe.model.init_checkpoint} on packed example shards "
         f"(python -m training.sft_data){checked}",
         "set",
     )

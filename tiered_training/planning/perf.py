@@ -225,6 +225,9 @@ class StepTime:
     adapters: bool = False
     frozen: bool = False
     quantized: bool = False
+    # task dpo: the reference's forward per step, without gradient (planning/preference.py); 0 otherwise
+    reference: float = 0.0
+    reference_what: str = ""
 
     @property
     def seconds(self) -> float:
@@ -239,6 +242,7 @@ class StepTime:
             + self.adapter_elementwise
             + self.adapter_dropout
             + self.dequantization
+            + self.reference
         )
 
     @property
@@ -299,6 +303,7 @@ class StepTime:
                 "AdamW and gradient clipping over the "
                 + ("adapters' sharded fp32 state" if self.adapters else "sharded fp32 state"),
             ),
+            *([Term("DPO: reference forward", self.reference, self.reference_what)] if self.reference else []),
         ]
 
 

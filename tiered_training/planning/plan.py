@@ -19,6 +19,7 @@ from tiered_training.contract.runconfig import (
     CandidateConfig,
     CheckpointConfig,
     DataConfig,
+    DpoConfig,
     ExportConfig,
     HardwareConfig,
     LoraConfig,
@@ -361,7 +362,7 @@ class Plan(_Result):
     @property
     def adapter(self) -> str | None:
         """none, lora or qlora for task sft; None for pretraining."""
-        if self.recipe.task != "sft":
+        if not self.recipe.fine_tuning:
             return None
         if self.lora is None:
             return "none"
@@ -519,6 +520,7 @@ class Plan(_Result):
             export=ExportConfig(format=self.recipe.export.format),
             run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
             sft=self.sft_config(),
+            dpo=self.dpo_config(),
         )
 
     def _precision_config(
@@ -542,9 +544,15 @@ class Plan(_Result):
             return 1.0
         return self.tier.memory_headroom
 
+    def dpo_config(self) -> DpoConfig | None:
+        """The preference section of the RunConfig: None unless task dpo."""
+        from tiered_training.planning.preference import dpo_config
+
+        return dpo_config(self.recipe, self.adapter)
+
     def sft_config(self) -> SftConfig | None:
         """The fine-tuning section of the RunConfig: None for pretraining."""
-        if self.recipe.task != "sft":
+        if not self.recipe.fine_tuning:
             return None
         if self.lora is None:
             return SftConfig(adapter="none")

@@ -122,7 +122,7 @@ def resolve(
     if run.nodes < run.min_nodes:
         lora_fix = (
             ", or fine-tune with LoRA on one node (tuning.adapter: lora)"
-            if recipe.task == "sft" and tier.min_nodes_for(True) <= run.nodes
+            if recipe.fine_tuning and tier.min_nodes_for(True) <= run.nodes
             else ""
         )
         full = " for full-parameter training" if tier.min_nodes_for(True) != tier.min_nodes else ""

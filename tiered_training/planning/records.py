@@ -128,7 +128,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     if tuning.context_parallel != AUTO:
         cp_reason = "set in the recipe"
     elif cp == 1:
-        if run.recipe.task == "sft":
+        if run.recipe.fine_tuning:
             cp_reason = "each GPU holds whole sequences: ring attention has no document mask for packed examples"
         else:
             cp_reason = "each GPU holds whole sequences" + (

@@ -10,7 +10,7 @@ from typing import Any
 
 from tiered_training.catalog import Instance, Tier
 from tiered_training.contract.architecture import Architecture, Lora
-from tiered_training.planning import memory, perf
+from tiered_training.planning import memory, perf, preference
 from tiered_training.planning.overlay import Overlay
 from tiered_training.planning.plan import Alternative, Decision, DecisionSource, Departure, FailedPlan, Finding
 from tiered_training.recipe import AUTO, LoraSection, Recipe
@@ -215,6 +215,8 @@ def evaluate(
         accum=accum,
         params=perf.stored_parameters(),
     )
+    if run.recipe.task == "dpo":  # the reference's forward (planning/preference.py)
+        time = preference.with_reference(run.recipe, "lora" if run.lora else "none", time)
     return Option(setting, accum, estimate, time, estimate.total <= run.limit)
 
 
@@ -232,7 +234,7 @@ def _micro_batches(run: _Run, per_rank: int) -> list[int]:
 
 def _compiles(recipe: Recipe) -> bool:
     """compute.compile, except under QLoRA, whose NF4 base runs eager."""
-    return recipe.compute.compile and not (recipe.task == "sft" and recipe.tuning.adapter == "qlora")
+    return recipe.compute.compile and not (recipe.fine_tuning and recipe.tuning.adapter == "qlora")
 
 
 def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
@@ -241,7 +243,7 @@ def _setting(run: _Run, micro_batch: int, **kwargs: Any) -> perf.Setting:
         micro_batch=micro_batch,
         compile=_compiles(run.recipe),
         lora=run.lora,
-        document_mask=run.recipe.task == "sft",
+        document_mask=run.recipe.fine_tuning,
         **kwargs,
     )
 
@@ -340,7 +342,7 @@ def _context_parallel(run: _Run) -> tuple[int, ...] | None:
     """Context-parallel degrees to try; None after an error."""
     tuning, seq = run.recipe.tuning, run.recipe.sequence_length
     node = run.instance.gpus
-    if run.recipe.task == "sft":
+    if run.recipe.fine_tuning:
         if tuning.context_parallel not in (AUTO, 1):
             run.error(
                 "context-parallel",

@@ -259,12 +259,13 @@ class DataSection(_Strict):
             "--overlong): error, drop or truncate; preflight checks the shards' manifest; default: not checked"
         ),
     )
-    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"] | None = Field(
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference"] | None = Field(
         default=None,
         description=(
             "task sft: the raw examples' format (python -m training.sft_data --format): messages (OpenAI/trl chat, "
             "tool calls included), sharegpt, alpaca, prompt_completion, text (continued pretraining), or auto "
-            "(decided per file from its first valid record); preflight checks the shards' manifest; default: not "
+            "(decided per file from its first valid record); task dpo: preference (trl's prompt/chosen/rejected, "
+            "python -m training.dpo_data); preflight checks the shards' manifest; default: not "
             "checked (the command's default: auto)"
         ),
     )
@@ -616,6 +617,41 @@ class ExportSection(_Strict):
     )
 
 
+class PreferenceSection(_Strict):
+    """Task dpo: the loss over pairs of answers and its reference, as trl's ``DPOConfig`` names them
+    (https://huggingface.co/docs/trl/dpo_trainer)."""
+
+    loss: Literal["sigmoid", "ipo", "robust"] = Field(
+        default="sigmoid",
+        description=(
+            "sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023), the margin averaged per completion "
+            "token; robust: DPO with label_smoothing, the share of flipped labels (Chowdhury et al. 2024)"
+        ),
+    )
+    beta: float = Field(
+        default=0.1, gt=0, le=100, description="how far the policy may move from the reference (IPO's tau)"
+    )
+    label_smoothing: float = Field(
+        default=0.0, ge=0, lt=0.5, description="loss robust: the probability that a preference label is flipped"
+    )
+    reference: Literal["auto", "precomputed", "adapter_disabled"] = Field(
+        default=AUTO,
+        description=(
+            "the reference model's log-probabilities: precomputed (a first pass of the starting weights over the "
+            "data, no second model in memory), adapter_disabled (LoRA: the frozen base with the adapters off, one "
+            "more forward per step, as trl with peft); auto: adapter_disabled with LoRA, else precomputed"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _smoothing(self) -> PreferenceSection:
+        if self.label_smoothing and self.loss != "robust":
+            raise ValueError(
+                f"{AT}preference.label_smoothing: applies to loss robust (trl's robust DPO); loss is {self.loss}"
+            )
+        return self
+
+
 class TuningSection(_Strict):
     precision: Precision | Auto = AUTO
     fp8_recipe: Fp8Recipe | Auto = AUTO
@@ -664,11 +700,13 @@ class Recipe(_Strict):
         json_schema_extra=_name_length,
     )
     description: str | None = Field(default=None, max_length=3072)
-    task: Literal["pretrain", "sft"] = Field(
+    task: Literal["pretrain", "sft", "dpo"] = Field(
         default="pretrain",
         description=(
             "pretrain: next-token loss on flat token shards; sft: supervised fine-tuning of model.init_checkpoint "
-            "on packed example shards (python -m training.sft_data)"
+            "on packed example shards (python -m training.sft_data); dpo: preference tuning of "
+            "model.init_checkpoint (a Hugging Face checkpoint or an earlier run's export) on pairs of answers "
+            "(python -m training.dpo_data)"
         ),
     )
     model: ModelSection
@@ -684,7 +722,15 @@ class Recipe(_Strict):
     probe: ProbeSection = ProbeSection()
     tuning: TuningSection = TuningSection()
     export: ExportSection = ExportSection()
+    preference: PreferenceSection | None = Field(
+        default=None, description="task dpo: the preference loss and its reference; default: sigmoid, beta 0.1"
+    )
     tags: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def fine_tuning(self) -> bool:
+        """Task sft or dpo: trained weights, packed examples, full or LoRA."""
+        return self.task in ("sft", "dpo")
 
     @field_validator("name")
     @classmethod
@@ -747,15 +793,35 @@ class Recipe(_Strict):
         tuning, data = self.tuning, self.data
         if data.sources:
             self._check_sources()
-        if self.task == "sft":
+        if self.preference is not None and self.task != "dpo":
+            raise ValueError(f"{AT}preference: applies to task dpo only; remove it, or set task: dpo")
+        if data.format not in (None, AUTO) and (data.format == "preference") != (self.task == "dpo"):
+            raise ValueError(
+                f"{AT}data.format: preference is the format of task dpo, and task dpo reads only preference pairs"
+            )
+        if self.fine_tuning:
             if data.prepare is not None and data.prepare.instance_count not in (AUTO, 1):
                 raise ValueError(
-                    f"{AT}data.prepare.instance_count: task sft packs its examples on one host; remove it, or set 1"
+                    f"{AT}data.prepare.instance_count: task {self.task} packs its examples on one host; remove it, "
+                    "or set 1"
                 )
             if self.model.init_checkpoint is None:
                 raise ValueError(
-                    f"{AT}model.init_checkpoint: task sft fine-tunes trained weights: give the S3 URI of a Hugging "
-                    "Face checkpoint"
+                    f"{AT}model.init_checkpoint: task {self.task} fine-tunes trained weights: give the S3 URI of a "
+                    "Hugging Face checkpoint (or of an earlier run's export)"
+                )
+            if self.task == "dpo" and data.overlong == "truncate":
+                raise ValueError(
+                    f"{AT}data.overlong: truncate would compare cut answers; task dpo drops (drop) or refuses (error) "
+                    "a pair longer than sequence_length"
+                )
+            if self.task == "dpo" and data.loss_on == "all":
+                raise ValueError(f"{AT}data.loss_on: task dpo counts the answers' tokens only; remove it")
+            reference = self.preference.reference if self.preference else AUTO
+            if reference == "adapter_disabled" and tuning.adapter == "none":
+                raise ValueError(
+                    f"{AT}preference.reference: adapter_disabled needs LoRA (tuning.adapter lora or qlora); a full "
+                    "fine-tune uses precomputed"
                 )
         else:
             sft_only: list[tuple[str, object]] = [
@@ -777,17 +843,17 @@ class Recipe(_Strict):
                         "or set task: sft"
                     )
             if tuning.adapter != AUTO:
-                raise ValueError(f"{AT}tuning.adapter: applies to task sft only; remove it, or set task: sft")
+                raise ValueError(f"{AT}tuning.adapter: applies to task sft or dpo only; remove it, or set task: sft")
             if tuning.lora is not None:
-                raise ValueError(f"{AT}tuning.lora: applies to task sft only; remove it, or set task: sft")
+                raise ValueError(f"{AT}tuning.lora: applies to task sft or dpo only; remove it, or set task: sft")
         if tuning.adapter == "none" and tuning.lora is not None:
             raise ValueError(
                 f"{AT}tuning.lora: set, but tuning.adapter is none; remove it, or set tuning.adapter: lora"
             )
-        if self.export.format == "adapter" and (self.task != "sft" or tuning.adapter == "none"):
+        if self.export.format == "adapter" and (not self.fine_tuning or tuning.adapter == "none"):
             raise ValueError(
-                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft and tuning.adapter: lora, "
-                "qlora (or auto)"
+                f"{AT}export.format: adapter exports a LoRA adapter; it needs task: sft (or dpo) and tuning.adapter: "
+                "lora, qlora (or auto)"
             )
         if tuning.adapter == "qlora" and tuning.precision not in (AUTO, "bf16"):
             raise ValueError(

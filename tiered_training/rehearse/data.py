@@ -244,3 +244,36 @@ def put_raw_chat_tokenizer(out: Path, repo: Path) -> Path:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RehearsalError(f"could not write the rehearsal's tokenizer: {tail}")
     return out
+
+
+def put_pairs(
+    client, uri: str, *, workdir: Path, repo: Path, seed: int = 0, pairs: int = 64, sequence_length: int | None = None,
+    token_dtype: str | None = None,
+) -> dict:
+    """Preference pairs for a DPO recipe (``python -m training.tools.tiny_pairs`` in a subprocess): raw JSON Lines
+    under ``uri`` for the Prepare step to pack, or with ``sequence_length`` the packed pairs. Returns
+    ``{"pairs", "tokenizer"}`` (raw) or the packed shards' manifest (with ``tokenizer``)."""
+    out = Path(workdir) / f"pairs-{seed}"
+    command = [sys.executable, "-m", "training.tools.tiny_pairs", str(out), "--pairs", str(pairs), "--seed", str(seed)]
+    if sequence_length is not None:
+        command += ["--sequence-length", str(sequence_length)] + (["--dtype", token_dtype] if token_dtype else [])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        from tiered_training.rehearse.errors import RehearsalError
+
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RehearsalError(f"could not write the rehearsal's preference pairs: {tail}")
+    if sequence_length is not None:
+        from tiered_training.rehearse.s3 import upload_dir
+
+        train = out / "prepared" / "train"
+        upload_dir(client, train, uri)
+        return {**json.loads((train / "shards.json").read_text()), "tokenizer": str(out / "tokenizer")}
+    bucket, prefix = split_uri(uri)
+    key = f"{prefix.rstrip('/')}/pairs.jsonl".lstrip("/")
+    client.upload_file(str(out / "pairs.jsonl"), bucket, key)
+    return {"pairs": pairs, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}

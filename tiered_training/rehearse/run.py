@@ -666,6 +666,14 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             from tiered_training.rehearse.data import put_raw_chat, put_sft_shards, put_shards
 
             def put_data(uri: str, seed: int = 0) -> dict:
+                if scaled.config.dpo is not None:  # preference pairs: raw for the Prepare step, or packed
+                    from tiered_training.rehearse.data import put_pairs
+
+                    length = None if raw else scaled.config.batch.sequence_length
+                    dtype = scaled.config.data.token_dtype
+                    return put_pairs(
+                        client, uri, workdir=workdir, repo=repo, seed=seed, sequence_length=length, token_dtype=dtype
+                    )
                 if raw:  # raw examples, which the pipeline's Prepare step packs
                     return put_raw_chat(client, uri, workdir=workdir, repo=repo, seed=seed)
                 if scaled.config.sft is not None:  # fine-tuning: packed chat examples with loss masks
@@ -697,7 +705,12 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 manifest = {"tokenizer": put["tokenizer"]}
             else:
                 manifest = put_data(data_uri)
-            if corpus is None and raw:
+            if corpus is None and scaled.config.dpo is not None:
+                say(
+                    f"data: {manifest.get('pairs', 0):,} preference pairs (prompt, chosen, rejected conversations) at "
+                    f"{data_uri} (local S3)" + ("; the Prepare step packs them" if raw else ", packed")
+                )
+            elif corpus is None and raw:
                 say(
                     f"data: {manifest['examples']:,} raw tool-calling chat examples (JSON Lines, messages with tools) "
                     f"at {data_uri} (local S3); the Prepare step packs them"
@@ -719,7 +732,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             data_uris = [data_uri]
             init_uri = model_channel_uri(definition)
             if init_uri:
-                tokenizer = Path(manifest["tokenizer"]) if raw else None
+                tokenizer = Path(manifest["tokenizer"]) if raw or scaled.config.dpo is not None else None
                 files = put_init_checkpoint(s3, client, init_uri, scaled.config, workdir, repo, tokenizer)
                 say(
                     f"init checkpoint: a random Hugging Face checkpoint of the rehearsal's shape ({files} files) at "
@@ -1088,8 +1101,17 @@ def put_init_checkpoint(
         for path in sorted(Path(tokenizer).iterdir()) if tokenizer is not None else []:
             shutil.copy2(path, local / path.name)
         _init_checkpoints[key] = local  # while its workdir lasts
-    bucket, _ = split_uri(uri)
+    bucket, object_key = split_uri(uri)
     s3.ensure_bucket(client, bucket)
+    if uri.endswith((".tar.gz", ".tgz")):  # an earlier run's export, as a training job uploads it
+        import tarfile
+
+        archive = Path(workdir) / "init-export.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in sorted(local.iterdir()):
+                tar.add(path, arcname=path.name)
+        client.upload_file(str(archive), bucket, object_key)
+        return len(list(local.iterdir()))
     return upload_dir(client, local, uri)
 
 

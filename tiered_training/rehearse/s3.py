@@ -179,9 +179,11 @@ def download_prefix(client, uri: str, target: Path) -> int:
     bucket, prefix = split_uri(uri)
     count = 0
     for key in list_keys(client, uri):
-        path = Path(target) / key
+        # an object whose key is the prefix itself (model.tar.gz) arrives under its name, as in SageMaker
+        path = Path(target) / (key or prefix.rsplit("/", 1)[-1])
         path.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, f"{prefix.rstrip('/')}/{key}" if prefix else key, str(path))
+        source = (f"{prefix.rstrip('/')}/{key}" if key else prefix) if prefix else key
+        client.download_file(bucket, source, str(path))
         count += 1
     return count
 

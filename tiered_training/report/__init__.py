@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tiered_training import catalog as catalogs
+from tiered_training.planning import preference
 from tiered_training.planning.plan import Finding, Plan, finding_place, format_finding
 from tiered_training.planning.plan import finding_line as finding_line  # the JSON and its tests read it here
 from tiered_training.recipe.errors import Problem, RecipeError
@@ -443,6 +444,7 @@ def explain_lines(plan: Plan) -> list[str]:
             out.append(Hang(line, TERM_COLUMN))
         out.append(f"  {'step':<26} {total:>9,.3f} s")
     out += corpus_lines(plan)
+    out += preference.explain_lines(plan)
     departures = getattr(plan, "departures", ())
     if departures:
         out += ["", f"Departures from the {plan.tier.name} tier (tuning.follow_tiers: strict keeps the tier's choices)"]

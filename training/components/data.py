@@ -466,8 +466,10 @@ class SftSequences(GlobalStream):
         vocab_size: int | None = None,
         data_uri: str | None = None,
         checksums: bool = True,
+        with_index: bool = False,
     ):
         self.data_dir = Path(data_dir)
+        self.with_index = with_index
         self.manifest = read_sft_manifest(
             self.data_dir, token_dtype, sequence_length, vocab_size=vocab_size, data_uri=data_uri, checksums=checksums
         )
@@ -508,7 +510,10 @@ class SftSequences(GlobalStream):
                     where,
                 )
             )
-        return sft_sample(tokens, mask, pos)
+        sample = sft_sample(tokens, mask, pos)
+        if self.with_index:  # the row, for a DPO run's precomputed reference
+            sample["index"] = torch.tensor(index)
+        return sample
 
 
 def sft_sample(tokens: np.ndarray, mask: np.ndarray, pos: np.ndarray) -> dict[str, torch.Tensor]:
@@ -620,9 +625,11 @@ def build_sft_dataloader(
     holdout_every: int = 0,
     vocab_size: int | None = None,
     data_uri: str | None = None,
+    with_index: bool = False,
 ) -> StatefulDataLoader:
     """Batches of packed SFT sequences: dicts of ``[micro_batch_size, sequence_length]`` int64 tensors
-    (``input_ids``, ``labels``, ``position_ids``); the arguments are those of :func:`build_dataloader`."""
+    (``input_ids``, ``labels``, ``position_ids``, and with ``with_index`` each row's ``index``); the arguments are
+    those of :func:`build_dataloader`."""
     if num_workers not in (0, 1):
         raise ValueError(f"num_workers must be 0 or 1 for the packed sequence stream, not {num_workers}")
     dataset = SftSequences(
@@ -636,6 +643,7 @@ def build_sft_dataloader(
         micro_batch_size=micro_batch_size,
         vocab_size=vocab_size,
         data_uri=data_uri,
+        with_index=with_index,
     )
     # A generator of its own, as build_dataloader: iter() draws no seed from the global RNG (LoRA dropout's)
     return StatefulDataLoader(

@@ -28,6 +28,7 @@ PART_NAMES = {
     "batch": "the sequence length or global batch",
     "data": "the token type or data seed",
     "sft": "the fine-tuning settings (adapter, LoRA rank, alpha, dropout or target modules)",
+    "dpo": "the preference settings (loss, beta, label smoothing or reference)",
 }
 SFT_KIND = "sft-packed"
 
@@ -153,7 +154,8 @@ def mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     changed = [
         name
         for name in PART_NAMES
-        if (name in saved_parts or name == "sft" and name in parts) and saved_parts.get(name) != parts.get(name)
+        if (name in saved_parts or name in ("sft", "dpo") and name in parts)
+        and saved_parts.get(name) != parts.get(name)
     ]
     for name in changed:
         found.append(

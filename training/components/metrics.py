@@ -352,6 +352,13 @@ class MetricsHook:
         with self._lock:
             self._source_tokens = dict(tokens)
 
+    def record_preference(self, step: int, values: dict[str, float]) -> None:
+        """A DPO step's metrics under trl's names (``rewards/margins``, ...), to the sinks (MLflow, TensorBoard)."""
+        if self.rank != 0 or self._closed:
+            return
+        for sink in self.sinks:
+            self._guard(sink.log_metrics, step, values)
+
     def start(self, every_seconds: float | None = None) -> MetricsHook:
         """Start the background :class:`Heartbeat` (on the ranks that emit)."""
         if self.active and self._heartbeat is None:

@@ -20,6 +20,7 @@ model's names) and :func:`export_adapter` (peft's ``adapter_config.json`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterator
@@ -57,14 +58,31 @@ class LoraLinear(nn.Module):
             init_adapter(".lora_A.", lora_a.weight)
             init_adapter(".lora_B.", lora_b.weight)
 
+    disabled = False  # adapters_disabled: the base alone (peft's disable_adapter)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base_layer(x)
+        if self.disabled:
+            return result
         dtype = result.dtype
         a, b = cast(nn.Linear, self.lora_A[ADAPTER]), cast(nn.Linear, self.lora_B[ADAPTER])
         if x.dtype != a.weight.dtype:
             x = x.to(a.weight.dtype)
         result = result + b(a(self.lora_dropout[ADAPTER](x))) * self.scaling[ADAPTER]
         return result.to(dtype)
+
+
+@contextlib.contextmanager
+def adapters_disabled(lm: nn.Module) -> Iterator[None]:
+    """The base model alone while inside, as peft's ``disable_adapter()``: DPO's reference with LoRA."""
+    layers = [m for m in lm.modules() if isinstance(m, LoraLinear)]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.disabled = False
 
 
 def adapter_config(lora: LoraConfig, base_model: str | None = None) -> dict:

@@ -1,0 +1,422 @@
+"""Prepare preference (DPO) data: pairs of answers to packed shards, chosen then rejected.
+
+    python -m training.dpo_data --tokenizer /path/to/checkpoint --sequence-length 4096 \\
+        [--on-bad-example error|skip] [--max-bad-fraction F] [--overlong error|drop] \\
+        [--validation-fraction 0.02 | --validation held-out.jsonl] --out prepared/ pairs.jsonl ...
+
+The inputs are read as SFT data is (``training/sft_formats.py``: JSON Lines, JSON arrays, Parquet,
+``Dataset.save_to_disk`` directories, through the ``datasets`` library), in trl's preference formats
+(https://huggingface.co/docs/trl/dataset_formats#preference):
+
+- explicit prompt: ``{"prompt": ..., "chosen": ..., "rejected": ...}``, each a string, or each a list of
+  messages (``{"role": ..., "content": ...}``, the prompt's turns, then the answers' assistant turns);
+- implicit prompt: ``{"chosen": ..., "rejected": ...}`` whose shared beginning is the prompt (trl's
+  ``extract_prompt``: the longest common prefix of characters, or of messages);
+- ``tools`` (a list, or a JSON string) goes to the chat template as ``tools=``.
+
+Tokens, as trl's ``DPOTrainer`` makes them: a conversation is rendered with the tokenizer's chat template,
+the prompt alone with the generation prompt; strings are tokenised with the tokenizer's special tokens, the
+EOS text appended to an answer that lacks it. The completion starts where the prompt's tokens and those of
+prompt + answer first differ (the shorter for the two answers), and only its tokens are targets.
+
+A pair is two sequences, prompt + chosen then prompt + rejected, each with positions from 0 (the decoder
+masks attention per sequence), packed whole, first fit, into rows of ``sequence_length + 1`` tokens with
+the SFT shard files (``shards.json`` with ``layout: pairs``). Bad records (a missing or empty answer,
+identical answers, an empty prompt, a prompt of another type than its answers) stop the run naming the
+file, line and reason, or with ``--on-bad-example skip`` are counted and left out, as for SFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.sft_data import (
+    FORMAT_VERSION,
+    OPEN_SEQUENCES,
+    BadExamples,
+    Settings,
+    SftTokenizer,
+    Split,
+    in_validation,
+    token_dtype,
+)
+from training.sft_formats import BadData, Source, _messages, _tools
+
+LAYOUT = "pairs"
+PAIR_FORM = '{"prompt": ..., "chosen": ..., "rejected": ...} or {"chosen": ..., "rejected": ...}'
+
+
+@dataclass
+class Pair:
+    where: str
+    prompt: str | list[dict]
+    chosen: str | list[dict]
+    rejected: str | list[dict]
+    tools: list[dict] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+# ---- records ------------------------------------------------------------------------------------
+
+
+def _answer(record: dict, key: str, where: str) -> str | list[dict]:
+    if key not in record:
+        keys = ", ".join(sorted(map(str, record))) or "none"
+        raise BadData(f"{where}: {key}: missing (keys: {keys}); a preference pair is {PAIR_FORM}", f"{key}: missing")
+    value = record[key]
+    if isinstance(value, str):
+        if not value.strip():
+            raise BadData(f"{where}: {key}: an empty answer; both answers need text", f"{key}: empty")
+        return value
+    if isinstance(value, list):
+        return _messages(value, where, loss_on="all", field=key)
+    raise BadData(
+        f"{where}: {key}: a {type(value).__name__}, expected a string or a list of messages", f"{key}: wrong type"
+    )
+
+
+def _shared_prefix(chosen, rejected):
+    """trl's ``extract_prompt``: the longest common prefix, a space before the split going to the answers."""
+    index = 0
+    for index in range(min(len(chosen), len(rejected))):
+        if chosen[index] != rejected[index]:
+            if index and chosen[index - 1] == " ":
+                index -= 1
+            break
+    else:
+        index = min(len(chosen), len(rejected))
+    return chosen[:index], chosen[index:], rejected[index:]
+
+
+def check_record(record, where: str) -> None:
+    to_pair(record, where)
+
+
+def to_pair(record, where: str) -> Pair:
+    """A preference pair from a record, or BadData naming the field and the reason."""
+    if not isinstance(record, dict):
+        raise BadData(f"{where}: a {type(record).__name__}, expected an object: {PAIR_FORM}", "not an object")
+    chosen = _answer(record, "chosen", where)
+    rejected = _answer(record, "rejected", where)
+    if type(chosen) is not type(rejected):
+        raise BadData(
+            f"{where}: chosen and rejected: one is a string, the other a list of messages; give both alike",
+            "answers of different types",
+        )
+    if chosen == rejected:
+        raise BadData(
+            f"{where}: chosen and rejected are identical; a pair needs two different answers", "identical answers"
+        )
+    prompt = record.get("prompt")
+    if prompt is None or (isinstance(prompt, str) and isinstance(chosen, list)):
+        # implicit prompt (trl also extracts it when the prompt is a string but the answers are conversations)
+        prompt, chosen, rejected = _shared_prefix(chosen, rejected)
+        field = "prompt (the answers' shared beginning)"
+    else:
+        field = "prompt"
+        if isinstance(prompt, list):
+            if not prompt:
+                raise BadData(f"{where}: prompt: an empty list; a pair needs a prompt", "prompt: empty")
+            prompt = _messages(prompt, where, loss_on="all", field="prompt")
+        elif not isinstance(prompt, str):
+            raise BadData(
+                f"{where}: prompt: a {type(prompt).__name__}, expected a string or a list of messages",
+                "prompt: wrong type",
+            )
+        if type(prompt) is not type(chosen):
+            raise BadData(
+                f"{where}: prompt: a {'list of messages' if isinstance(prompt, list) else 'string'}, but the answers "
+                f"are {'lists of messages' if isinstance(chosen, list) else 'strings'}; give all three alike",
+                "prompt: wrong type",
+            )
+    if not prompt or (isinstance(prompt, str) and not prompt.strip()):
+        raise BadData(f"{where}: {field}: empty; a pair answers a prompt", "prompt: empty")
+    if not chosen or not rejected:
+        empty = "chosen" if not chosen else "rejected"
+        raise BadData(f"{where}: {empty}: nothing after the prompt; each answer needs text", f"{empty}: empty")
+    tools = _tools(record.get("tools"), where, "tools")
+    return Pair(where, prompt, chosen, rejected, tools)
+
+
+# ---- tokens -------------------------------------------------------------------------------------
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def encode_pair(tokenizer: SftTokenizer, pair: Pair) -> tuple[list[int], list[int], list[int]]:
+    """``(prompt_ids, chosen_ids, rejected_ids)`` as trl's ``DPOTrainer._prepare_dataset`` makes them."""
+    tok = tokenizer.tok
+    if pair.conversational:
+        if tokenizer.template is None:
+            raise BadData(
+                f"{pair.where}: messages: the tokenizer in {tokenizer.path} has no chat template; give the pairs "
+                "as strings, or use a checkpoint whose tokenizer ships one",
+                "no chat template",
+            )
+
+        def render(messages, **options):
+            try:
+                tools: Any = pair.tools
+                out: Any = tok.apply_chat_template(messages, tokenize=True, return_dict=True, tools=tools, **options)
+            except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise BadData(
+                    f"{pair.where}: the chat template refused the conversation: {first}", "template refused"
+                ) from None
+            return list(out["input_ids"])
+
+        assert isinstance(pair.chosen, list) and isinstance(pair.rejected, list) and isinstance(pair.prompt, list)
+        prompt = render(pair.prompt, add_generation_prompt=True)
+        with_chosen = render(pair.prompt + pair.chosen)
+        with_rejected = render(pair.prompt + pair.rejected)
+    else:
+        eos = str(tok.eos_token)
+        assert isinstance(pair.chosen, str) and isinstance(pair.rejected, str) and isinstance(pair.prompt, str)
+        chosen = pair.chosen if pair.chosen.endswith(eos) else pair.chosen + eos
+        rejected = pair.rejected if pair.rejected.endswith(eos) else pair.rejected + eos
+        prompt = list(tok(text=pair.prompt)["input_ids"])
+        with_chosen = list(tok(text=pair.prompt + chosen)["input_ids"])
+        with_rejected = list(tok(text=pair.prompt + rejected)["input_ids"])
+    start = min(_common(prompt, with_chosen), _common(prompt, with_rejected))
+    chosen_ids, rejected_ids = with_chosen[start:], with_rejected[start:]
+    if start == 0:
+        raise BadData(f"{pair.where}: prompt: gives no tokens before the answers", "prompt: empty")
+    for name, ids in (("chosen", chosen_ids), ("rejected", rejected_ids)):
+        if not ids:
+            raise BadData(f"{pair.where}: {name}: gives no tokens after the prompt", f"{name}: empty")
+    if chosen_ids == rejected_ids:
+        raise BadData(
+            f"{pair.where}: chosen and rejected give the same tokens; a pair needs two different answers",
+            "identical answers",
+        )
+    return prompt[:start], chosen_ids, rejected_ids
+
+
+def pair_sequences(prompt: list[int], chosen: list[int], rejected: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """One pair's tokens, loss mask and positions: prompt + chosen, then prompt + rejected, positions from 0."""
+    ids = prompt + chosen + prompt + rejected
+    mask = [0] * len(prompt) + [1] * len(chosen) + [0] * len(prompt) + [1] * len(rejected)
+    pos = list(range(len(prompt) + len(chosen))) + list(range(len(prompt) + len(rejected)))
+    return ids, mask, pos
+
+
+# ---- packing ------------------------------------------------------------------------------------
+
+
+class PairPacker:
+    """First-fit packing of whole pairs into rows (the SFT packer's rule, a pair as one unit)."""
+
+    def __init__(self, writer, pad_token_id: int, counts):
+        self.writer, self.pad, self.counts = writer, pad_token_id, counts
+        self.width = writer.width
+        self.open: list[list[tuple[list[int], list[int], list[int]]]] = []
+        self.used: list[int] = []
+
+    def add(self, ids: list[int], mask: list[int], pos: list[int]) -> None:
+        for i, used in enumerate(self.used):  # noqa: B007 (i is the row the loop found)
+            if used + len(ids) <= self.width:
+                break
+        else:
+            self.open.append([])
+            self.used.append(0)
+            i = len(self.open) - 1
+        self.open[i].append((ids, mask, pos))
+        self.used[i] += len(ids)
+        if self.used[i] == self.width:
+            self._write(i)
+        elif len(self.open) > OPEN_SEQUENCES:
+            self._write(0)
+
+    def _write(self, i: int) -> None:
+        units, used = self.open.pop(i), self.used.pop(i)
+        pad = self.width - used
+        tokens = [t for ids, _, _ in units for t in ids] + [self.pad] * pad
+        mask = [m for _, mask, _ in units for m in mask] + [0] * pad
+        pos = [p for _, _, pos in units for p in pos] + list(range(pad))
+        self.counts.padding += pad
+        self.writer.add(tokens, mask, pos)
+
+    def close(self) -> None:
+        while self.open:
+            self._write(0)
+        self.writer.flush()
+
+
+class PairSplit(Split):
+    def __init__(self, name: str, out: Path, settings: Settings, tokenizer: SftTokenizer, dtype: str):
+        super().__init__(name, out, settings, tokenizer, dtype)
+        self.packer = PairPacker(self.writer, tokenizer.pad_token_id, self.counts)  # type: ignore[assignment]
+        self.pairs = 0
+
+    def add_pair(self, pair: Pair, ids: list[int], mask: list[int], pos: list[int], settings: Settings) -> None:
+        width = settings.sequence_length + 1
+        if len(ids) > width:
+            if settings.overlong != "drop":
+                raise BadData(
+                    f"{pair.where}: the pair is {len(ids)} tokens (prompt + chosen, prompt + rejected), longer than "
+                    f"sequence length {settings.sequence_length} allows ({width} tokens); raise sequence_length or "
+                    "pass --overlong drop",
+                    "overlong",
+                )
+            self.counts.dropped += 1
+            return
+        self.pairs += 1
+        self.counts.examples += 2
+        self.counts.tokens += len(ids)
+        self.counts.targets += sum(mask)
+        self.packer.add(ids, mask, pos)  # type: ignore[call-arg]
+
+
+def prepare(
+    inputs: Sequence[str | Path],
+    tokenizer: SftTokenizer,
+    out: Path,
+    settings: Settings,
+    *,
+    validation_files: Sequence[str | Path] = (),
+    log=print,
+) -> dict[str, dict]:
+    """Tokenise, check and pack the pairs of ``inputs`` into ``out/train`` (and ``out/validation``), written to
+    ``out/.partial`` first and moved into place when all is good; returns the manifests."""
+    if settings.overlong == "truncate":
+        raise BadData("--overlong truncate: a truncated pair would compare cut answers; use error or drop")
+    out = Path(out)
+    dtype = settings.dtype or token_dtype(tokenizer.vocab_size, settings.sequence_length)
+    largest = max(tokenizer.vocab_size - 1, settings.sequence_length)
+    if np.iinfo(dtype).max < largest:
+        raise BadData(f"--dtype {dtype} cannot hold token ids and positions up to {largest}; use uint32")
+    partial = out / ".partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    splits = {"train": PairSplit("train", partial / "train", settings, tokenizer, dtype)}
+    if settings.validation_fraction or validation_files:
+        splits["validation"] = PairSplit("validation", partial / "validation", settings, tokenizer, dtype)
+    sources: list[tuple[str, Source]] = []
+    bad = BadExamples()
+    try:
+        index = 0
+        for role, files in (("train", inputs), ("validation", validation_files)):
+            for path in files:
+                source = Source(path, check_record)
+                sources.append((role, source))
+                for where, record in source:
+                    try:
+                        pair = to_pair(record, where)
+                        ids, mask, pos = pair_sequences(*encode_pair(tokenizer, pair))
+                    except BadData as error:
+                        if settings.on_bad_example == "error" or error.reason == "no chat template":
+                            raise
+                        bad.add(error)
+                        continue
+                    train = role == "train" and not in_validation(index, settings.validation_fraction)
+                    splits["train" if train else "validation"].add_pair(pair, ids, mask, pos, settings)
+                    index += 1
+                    if index % 10_000 == 0:
+                        log(f"{index:,} pairs read ({where})", file=sys.stderr)
+        bad.check(index, settings.max_bad_fraction, log)
+        digest = hashlib.sha256(f"{FORMAT_VERSION}/{LAYOUT}".encode())
+        digest.update(
+            json.dumps(
+                {
+                    "sequence_length": settings.sequence_length,
+                    "overlong": settings.overlong,
+                    "validation_fraction": settings.validation_fraction,
+                    "on_bad_example": settings.on_bad_example,
+                    "max_bad_fraction": settings.max_bad_fraction,
+                    "token_dtype": dtype,
+                    "open_sequences": OPEN_SEQUENCES,
+                },
+                sort_keys=True,
+            ).encode()
+        )
+        digest.update(tokenizer.fingerprint_material())
+        for role, source in sources:
+            digest.update(f"\0{role}\0".encode() + source.digest.digest())
+        fingerprint = digest.hexdigest()
+        manifests = {}
+        for name, split in splits.items():
+            extra = {"layout": LAYOUT, "pairs": split.pairs, "skipped": dict(bad.skipped)}
+            manifests[name] = split.close(settings, tokenizer, dtype, fingerprint, extra)
+    except BaseException:
+        for open_split in splits.values():
+            open_split.writer.flush()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    for name in ("train", "validation"):
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+        if name in splits:
+            (partial / name).rename(out / name)
+    partial.rmdir()
+    return manifests
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.dpo_data", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
+    parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
+    parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
+    parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
+    parser.add_argument("--overlong", choices=["error", "drop"], default="error", help="a pair longer than a row")
+    parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
+    parser.add_argument("--max-bad-fraction", type=float, default=0.0)
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the pairs")
+    split.add_argument("--validation", action="append", default=[], help="an input of validation pairs")
+    parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
+    parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
+    args = parser.parse_args(argv)
+    if args.sequence_length < 1:
+        parser.error("--sequence-length must be at least 1")
+    if not 0 <= args.validation_fraction < 1:
+        parser.error("--validation-fraction must be in [0, 1)")
+    settings = Settings(
+        args.sequence_length,
+        "assistant",
+        args.overlong,
+        args.validation_fraction,
+        args.dtype,
+        args.sequences_per_shard,
+        "preference",
+        args.on_bad_example,
+        args.max_bad_fraction,
+    )
+    try:
+        for path in [*args.inputs, *args.validation]:
+            Source(path)
+        tokenizer = SftTokenizer(args.tokenizer)
+        manifests = prepare(args.inputs, tokenizer, args.out, settings, validation_files=args.validation)
+    except BadData as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for name, m in manifests.items():
+        print(
+            f"{name}: {m['pairs']:,} pairs ({m['dropped']:,} dropped as longer than {m['sequence_length']} tokens) "
+            f"in {sum(s['sequences'] for s in m['shards']):,} rows of {m['sequence_length'] + 1} tokens, "
+            f"{m['target_tokens']:,} completion targets, under {args.out / name}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
