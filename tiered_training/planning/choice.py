@@ -385,15 +385,7 @@ def prediction_range(run: _Run, setting: perf.Setting) -> uncertainty.Range | No
     kind = uncertainty.kind_of_run(
         run.instance.gpu, setting.precision, _compiles(run.recipe), run.recipe.sequence_length, adapter
     )
-    runs = catalogs.performance_model().summary.loso_runs
-    key = tuple(sorted(kind.items()))
-    cached = _RANGES.get(key)
-    if cached is None or cached[0] is not runs:  # one search asks it for hundreds of settings of a few kinds
-        cached = _RANGES[key] = (runs, uncertainty.range_for(kind, runs))
-    return cached[1]
-
-
-_RANGES: dict[tuple[tuple[str, str], ...], tuple[object, uncertainty.Range | None]] = {}
+    return uncertainty.range_for(kind, catalogs.performance_model().summary.loso_runs)
 
 
 def _measured_range(run: _Run, setting: perf.Setting, speed: float) -> tuple[float, float] | None:

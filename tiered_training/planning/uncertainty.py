@@ -139,8 +139,21 @@ DROP_ORDER = ("adapter", "sequence", "compile", "precision", "generation")
 def range_for(kind: Mapping[str, str], runs: Iterable[Mapping[str, Any]]) -> Range | None:
     """The band of the held-out runs (``performance.yaml``'s ``loso_runs``: each a kind of run and its ``error``)
     of ``kind``: those that match it on every dimension, or, with fewer than ``MIN_RUNS``, on every dimension but
-    the first ones of ``DROP_ORDER``. None where the calibration has no runs."""
-    runs = list(runs)
+    the first ones of ``DROP_ORDER``. None where the calibration has no runs. Remembered per kind for the same
+    runs (a search asks it for hundreds of settings of a few kinds)."""
+    key = tuple(sorted(kind.items()))
+    cached = _RANGES.get(key)
+    if cached is not None and cached[0] is runs:
+        return cached[1]
+    found = _range_for(kind, list(runs))
+    _RANGES[key] = (runs, found)
+    return found
+
+
+_RANGES: dict[tuple[tuple[str, str], ...], tuple[object, Range | None]] = {}
+
+
+def _range_for(kind: Mapping[str, str], runs: list[Mapping[str, Any]]) -> Range | None:
     kept = list(DIMENSIONS)
     dropped: list[str] = []
     while True:
