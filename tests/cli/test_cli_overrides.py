@@ -117,6 +117,12 @@ def test_templates_list_every_template_on_one_line():
     rows = json.loads(result.stdout)["templates"]
     assert sorted(r["template"] for r in rows) == sorted(p.stem for p in RECIPES)
     assert all(r["about"] and len(r["about"]) <= 80 and "\n" not in r["about"] for r in rows)
+    # Each template's first sentence whole (no "..."), one line per template, piped within 100 columns.
+    assert not [r["about"] for r in rows if r["about"].endswith("...")]
+    table = run("templates")
+    lines = table.stdout.splitlines()
+    assert len(lines) == 2 + len(rows) + 1, lines  # header, rule, a line each, the closing hint
+    assert all(len(line) <= 100 and line == line.rstrip() for line in lines), [l for l in lines if len(l) > 100]
 
 
 def test_init_writes_a_recipe_that_plans(tmp_path):
