@@ -122,7 +122,7 @@ def test_templates_list_every_template_on_one_line():
     table = run("templates")
     lines = table.stdout.splitlines()
     assert len(lines) == 2 + len(rows) + 1, lines  # header, rule, a line each, the closing hint
-    assert all(len(line) <= 100 and line == line.rstrip() for line in lines), [l for l in lines if len(l) > 100]
+    assert all(len(line) <= 100 and line == line.rstrip() for line in lines), [line for line in lines if len(line) > 100]
 
 
 def test_init_writes_a_recipe_that_plans(tmp_path):
