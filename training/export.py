@@ -183,7 +183,9 @@ def end_of_turn_id(tokenizer_dir: Path) -> int | None:
         def refuse(message):
             raise ValueError(message)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = refuse
         env.filters["tojson"] = lambda value, **_: json.dumps(value)
         stand_in = "\x00reply\x00"

@@ -165,7 +165,9 @@ class Source:
                 try:
                     text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
                 except UnicodeDecodeError as bad:
-                    self._bad(BadData(f"{where}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8"))
+                    self._bad(
+                        BadData(f"{where}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8")
+                    )
                     continue
                 if not text.strip():
                     continue
@@ -175,7 +177,9 @@ class Source:
                     self._bad(BadData(f"{where}: not JSON: {bad}", "not JSON"))
                     continue
                 if not isinstance(data, dict):
-                    self._bad(BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object"))
+                    self._bad(
+                        BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object")
+                    )
                     continue
                 yield where, data
 

@@ -232,8 +232,10 @@ def test_the_merged_export_is_ready_to_serve_with_a_text_generation_pipeline(lor
     names = {path.name for path in merged.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
             "generation_config.json"} <= names
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (merged / name).read_bytes() == (init / name).read_bytes(), name
+    generation = json.loads((init / "generation_config.json").read_text())  # eos 2 (<eos>); the template ends turns with 4
+    assert json.loads((merged / "generation_config.json").read_text()) == {**generation, "eos_token_id": [2, 4]}
     generator = pipeline("text-generation", model=str(merged), device="cpu")
     messages = [{"role": "user", "content": "reverse words please"}]
     (out,) = generator(messages, max_new_tokens=4, do_sample=False, return_tensors=True)
