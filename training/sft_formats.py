@@ -347,13 +347,15 @@ def _messages(messages, where: str, *, loss_on: str, field: str = "messages") ->
             found = "missing" if "role" not in message else repr(role)
             raise BadData(f"{where}: {name}.role: {found} is not a role; valid roles: {', '.join(ROLES)}", "role")
         message = dict(message)
-        if "function_call" in message:
+        if message.get("function_call") is not None:  # OpenAI writes "function_call": null beside tool_calls
             raise BadData(
                 f"{where}: {name}.function_call: function_call is the deprecated form of tool_calls, not read here; "
                 'write it as "tool_calls": [{"type": "function", "function": {"name": ..., "arguments": ...}}] '
                 'and its result as a "tool" message',
                 "function_call",
             )
+        if "weight" in message and message["weight"] is None:  # null: as absent
+            del message["weight"]
         if "weight" in message:
             if role != "assistant" or message["weight"] not in (0, 1) or isinstance(message["weight"], bool):
                 raise BadData(
@@ -480,7 +482,7 @@ def _alpaca(record: dict, where: str) -> Example:
     for key in ("instruction", "output"):
         if not isinstance(record.get(key), str):
             raise BadData(f"{where}: {key}: {_found(record, key)}, expected a string", f"{key}: not a string")
-    extra = record.get("input", "")
+    extra = record.get("input") or ""  # absent or null: no input
     if not isinstance(extra, str):
         raise BadData(f"{where}: input: a {type(extra).__name__}, expected a string", "input: not a string")
     if not record["output"].strip():

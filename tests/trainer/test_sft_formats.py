@@ -283,7 +283,7 @@ def test_openai_weight_0_turn_is_context_and_weight_1_a_target(tmp_path, qwen):
         {"role": "user", "content": "please reverse cat dog"},
         {"role": "assistant", "content": "cat dog", "weight": 0},
         {"role": "user", "content": "again"},
-        {"role": "assistant", "content": "dog cat", "weight": 1},
+        {"role": "assistant", "content": "dog cat", "weight": 1, "function_call": None},  # null: as OpenAI writes it
     ]
     data = write(tmp_path / "openai", [{"messages": messages}], "jsonl")
     want = chat_oracle(qwen["hf"], messages, prompt_messages=4)  # only the last turn's tokens
