@@ -124,27 +124,81 @@ def serving_files(init_dir: Path | None, model_dir: Path, config: dict) -> list[
     from ``config``'s bos/eos/pad ids and the tokenizer's eos token. Returns the names written."""
     import shutil
 
-    written = []
+    written, end_of_turn = [], None
     if init_dir is not None:
         for name in TOKENIZER_FILES:
             if (Path(init_dir) / name).is_file():
                 shutil.copyfile(Path(init_dir) / name, Path(model_dir) / name)
                 written.append(name)
+        end_of_turn = end_of_turn_id(Path(init_dir))
         if (Path(init_dir) / GENERATION_CONFIG).is_file():
-            shutil.copyfile(Path(init_dir) / GENERATION_CONFIG, Path(model_dir) / GENERATION_CONFIG)
+            source = Path(init_dir) / GENERATION_CONFIG
+            kept = json.loads(source.read_text(encoding="utf-8"))
+            if end_of_turn is None or end_of_turn in _ids(kept.get("eos_token_id")):
+                shutil.copyfile(source, Path(model_dir) / GENERATION_CONFIG)
+            else:  # a base model's config (end of text only) under a chat template: stop at the end of a turn too
+                kept["eos_token_id"] = [*_ids(kept.get("eos_token_id")), end_of_turn]
+                (Path(model_dir) / GENERATION_CONFIG).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
             return [*written, GENERATION_CONFIG]
     generation = {key: config[key] for key in TOKEN_IDS if config.get(key) is not None}
     special = _special_token_ids(Path(init_dir)) if init_dir is not None else {}
     for key, token_id in special.items():
         if key == "eos_token_id" and "eos_token_id" in generation:
-            known = generation[key] if isinstance(generation[key], list) else [generation[key]]
+            known = _ids(generation[key])
             generation[key] = known if token_id in known else [*known, token_id]
         else:
             generation.setdefault(key, token_id)
+    if end_of_turn is not None and end_of_turn not in _ids(generation.get("eos_token_id")):
+        generation["eos_token_id"] = [*_ids(generation.get("eos_token_id")), end_of_turn]
     if generation:
         (Path(model_dir) / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
         written.append(GENERATION_CONFIG)
     return written
+
+
+def _ids(value) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def end_of_turn_id(tokenizer_dir: Path) -> int | None:
+    """The id of the chat template's own end-of-turn token: the first special token the template renders
+    after an assistant reply (``<|eot_id|>`` for Llama 3.1, ``<|im_end|>`` for ChatML); None without a
+    template or where it renders none. Rendered with jinja2 (the trainer does not import transformers)."""
+    try:
+        names = json.loads((tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        table = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    template = names.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if (tokenizer_dir / "chat_template.jinja").is_file():
+        template = (tokenizer_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    special = {t["content"]: t["id"] for t in table.get("added_tokens", []) if t.get("special")}
+    if not isinstance(template, str) or not special:
+        return None
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def refuse(message):
+            raise ValueError(message)
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = refuse
+        env.filters["tojson"] = lambda value, **_: json.dumps(value)
+        stand_in = "\x00reply\x00"
+        tokens = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in names.items() if k.endswith("_token")}
+        messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": stand_in}]
+        rendered = env.from_string(template).render(messages=messages, add_generation_prompt=False, **tokens)
+    except Exception:  # noqa: BLE001 (no jinja2, or a template this rendering cannot run: nothing added)
+        return None
+    if stand_in not in rendered:
+        return None
+    after = rendered[rendered.index(stand_in) + len(stand_in) :].lstrip()
+    found = [(len(name), token_id) for name, token_id in special.items() if after.startswith(name)]
+    return max(found)[1] if found else None
 
 
 def _special_token_ids(tokenizer_dir: Path) -> dict[str, int]:

@@ -208,7 +208,17 @@ class SftTokenizer:
                 "markers; use --loss-on all",
                 "template: generation markers",
             )
-        return text, spans[0]
+        spans = spans[0]
+        turns = [m for m in messages if m["role"] == "assistant"]
+        if any(m.get("weight", 1) == 0 for m in turns):
+            if len(spans) != len(turns):
+                raise BadData(
+                    f"{example.where}: messages: weight 0 needs one {{% generation %}} span per assistant turn; the "
+                    f"template of {self.path} marks {len(spans)} for {len(turns)} turns",
+                    "template: weight",
+                )
+            spans = [span for span, m in zip(spans, turns) if m.get("weight", 1) != 0]
+        return text, spans
 
     def _spans_by_prefix(self, example: Example) -> tuple[str, list[tuple[int, int]]]:
         """Assistant turn ``i`` is the text between the rendering of ``messages[:i]`` with the generation
@@ -219,7 +229,7 @@ class SftTokenizer:
         text = self._render(example, messages, tokenize=False)
         spans = []
         for i, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or message.get("weight", 1) == 0:
                 continue
             start = self._turn_start(example) if i == 0 else None
             if start is None:
@@ -249,9 +259,13 @@ class SftTokenizer:
         return rendered[: rendered.index(stand_in)]
 
     def _tokens_with_mask(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-        """``text`` tokenised as ``apply_chat_template`` does; a token is a target when it starts inside a span."""
+        """``text`` tokenised as ``apply_chat_template`` does; a token is a target when it starts inside a span or
+        holds a span's first character (as transformers' ``char_to_token`` of the span's start: a token that
+        joins the header's newline to a reply's leading space is a target)."""
         encoded = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        mask = [int(any(a <= begin < b for a, b in spans)) for begin, _ in encoded["offset_mapping"]]
+        mask = [
+            int(any(a <= begin < b or begin < a < end for a, b in spans)) for begin, end in encoded["offset_mapping"]
+        ]
         return list(encoded["input_ids"]), mask
 
 
@@ -511,7 +525,11 @@ def prepare(
         index = 0
         for role, files in (("train", inputs), ("validation", validation_files)):
             for path in files:
-                source = Source(path, checker(settings.format, loss_on=settings.loss_on))
+                source = Source(
+                    path,
+                    checker(settings.format, loss_on=settings.loss_on),
+                    on_bad=bad.add if settings.on_bad_example == "skip" else None,
+                )
                 sources.append((role, source))
                 fmt = settings.format
                 for where, record in source:

@@ -1,11 +1,17 @@
-"""Fine-tuning examples in the formats teams hold, read with the ``datasets`` library.
+"""Fine-tuning examples in the formats teams hold.
 
-Inputs (a path; the reader takes any string ``datasets`` can open as ``data_files``):
+Inputs (a path):
 
-- JSON Lines (``.jsonl``, or ``.json`` whose first character is not ``[``) and JSON arrays (``.json``), either
-  gzipped (``.jsonl.gz``, ``.json.gz``): ``datasets.load_dataset("json", data_files=..., streaming=True)``;
-- Parquet (``.parquet``): ``datasets.load_dataset("parquet", ...)``;
-- a directory written by ``Dataset.save_to_disk``: ``datasets.load_from_disk``.
+- JSON Lines (``.jsonl``, or ``.json`` whose first character is not ``[``), read line by line with the json
+  module, and JSON arrays (``.json``), read whole with the json module (the file's records in memory: give
+  large inputs as JSON Lines), either gzipped (``.jsonl.gz``, ``.json.gz``): each record exactly as the file
+  wrote it, so tool schemas reach the chat template unchanged (``1`` stays ``1``, keys keep their order,
+  ``"default": null`` stays). A line that is not UTF-8, not JSON or not an object is a bad example: fatal, or
+  with ``on_bad`` (``--on-bad-example skip``) left out and counted, named by file and line;
+- Parquet (``.parquet``): ``datasets.load_dataset("parquet", ..., streaming=True)``;
+- a directory written by ``Dataset.save_to_disk``: ``datasets.load_from_disk``. (Arrow gives these one type
+  per column: tool schemas stored as structs come back with Arrow's types; store them as a JSON string to
+  keep them exact.)
 
 Formats (``--format``, the recipe's ``data.format``; ``auto`` decides per file from the first valid record):
 
@@ -18,7 +24,8 @@ Formats (``--format``, the recipe's ``data.format``; ``auto`` decides per file f
 - ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system"|"tool", "value": ...}], "system": ...,
   "tools": ...}``; ``user``, ``assistant`` and ``observation`` (a tool result) are accepted as well.
 - ``alpaca``: ``{"instruction": ..., "input": ..., "output": ..., "system": ...}``: a user turn (the
-  instruction, then a blank line and the input when there is one) and an assistant turn.
+  instruction, then a blank line and the input when there is one) and an assistant turn; ``history``
+  (``[[instruction, output], ...]``) gives the earlier turns, their outputs targets as well.
 - ``prompt_completion``: ``{"prompt": "...", "completion": "..."}`` (strings: BOS, prompt, completion, EOS),
   or trl's conversational form with lists of messages: only the completion's assistant turns are targets.
 - ``text``: ``{"text": "..."}``, continued pretraining: BOS (if the tokenizer adds one), the text, EOS;
@@ -82,10 +89,11 @@ class Example:
 class Source:
     """One input: its records with where each came from, and its SHA-256 once read."""
 
-    def __init__(self, path: str | Path, check=None):
+    def __init__(self, path: str | Path, check=None, on_bad=None):
         self.path = Path(path)
         self.digest = hashlib.sha256()
-        self.check = check  # check(record, where): raises BadData for a record of the wrong shape
+        self.check = check  # kept for callers; records are checked as they are read
+        self.on_bad = on_bad  # on_bad(BadData): a line that is not JSON is left out; None: raised
         if "://" in str(path):
             raise BadData(f"{path}: a URI; the data step reads local paths: copy the data here first", "input")
         if self.path.is_dir():
@@ -113,33 +121,90 @@ class Source:
             )
 
     def __iter__(self) -> Iterator[tuple[str, dict]]:
+        if self.kind == "jsonl":
+            yield from self._json_lines()
+            return
+        if self.kind == "array":
+            yield from self._json_array()
+            return
         import datasets
 
         datasets.disable_progress_bars()
         quiet = logging.getLogger("datasets")
-        level, quiet.level = quiet.level, logging.CRITICAL  # its own "Failed to load JSON" line; ours names the line
+        level, quiet.level = quiet.level, logging.CRITICAL
         try:
-            places = self._line_numbers() if self.kind == "jsonl" else None
-            if places is None:
-                self._hash_files()
+            self._hash_files()
             try:
                 if self.kind == "saved":
                     rows = datasets.load_from_disk(str(self.path))
                 else:
-                    builder = "parquet" if self.kind == "parquet" else "json"
-                    rows = datasets.load_dataset(builder, data_files=str(self.path), split="train", streaming=True)
+                    rows = datasets.load_dataset("parquet", data_files=str(self.path), split="train", streaming=True)
                 for index, record in enumerate(rows):
-                    where = f"{self.path}:{next(places)}" if places else f"{self.path}: record {index}"
-                    yield where, _without_nulls(record)
+                    yield f"{self.path}: record {index}", _without_nulls(record)
             except BadData:
                 raise
-            except Exception as error:  # Arrow's or datasets' refusal of the file: find the line
-                raise self._diagnose(error) from None
-            if places is not None:
-                for _ in places:  # the rest of the file, for the digest
-                    pass
+            except Exception as error:  # Arrow's or datasets' refusal of the file
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise BadData(f"{self.path}: the datasets library cannot read it: {first}", "unreadable") from None
         finally:
             quiet.level = level
+
+    def _bad(self, error: BadData) -> None:
+        """A line that is not UTF-8, not JSON or not an object: raised, or passed to ``on_bad`` and left out."""
+        if self.on_bad is None:
+            raise error
+        self.on_bad(error)
+
+    def _json_lines(self) -> Iterator[tuple[str, dict]]:
+        """JSON Lines read line by line with the json module (one line in memory): each record exactly as
+        written (integers stay integers, keys keep their order, nulls stay), each line named by number."""
+        with _open(self.path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                self.digest.update(raw)
+                where = f"{self.path}:{number}"
+                try:
+                    text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as bad:
+                    self._bad(
+                        BadData(f"{where}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8")
+                    )
+                    continue
+                if not text.strip():
+                    continue
+                try:
+                    data = json.loads(text)
+                except ValueError as bad:
+                    self._bad(BadData(f"{where}: not JSON: {bad}", "not JSON"))
+                    continue
+                if not isinstance(data, dict):
+                    self._bad(
+                        BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object")
+                    )
+                    continue
+                yield where, data
+
+    def _json_array(self) -> Iterator[tuple[str, dict]]:
+        """A JSON array read whole with the json module (it holds the file's records in memory: give large
+        inputs as JSON Lines), each record exactly as written, named by its index."""
+        with _open(self.path) as handle:
+            raw = handle.read()
+        self.digest.update(raw)
+        try:
+            records = json.loads(raw.decode("utf-8-sig"))
+        except UnicodeDecodeError as bad:
+            raise BadData(
+                f"{self.path}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8"
+            ) from None
+        except ValueError as bad:
+            raise BadData(f"{self.path}: not JSON: {bad}", "not JSON") from None
+        if not isinstance(records, list):
+            raise BadData(f"{self.path}: a JSON {_json_type(records)}, expected an array of records", "not an array")
+        for index, data in enumerate(records):
+            where = f"{self.path}: record {index}"
+            if not isinstance(data, dict):
+                self._bad(BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object"))
+                continue
+            yield where, data
 
     def _hash_files(self) -> None:
         files = sorted(p for p in self.path.rglob("*") if p.is_file()) if self.path.is_dir() else [self.path]
@@ -148,47 +213,6 @@ class Source:
             with open(file, "rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     self.digest.update(block)
-
-    def _line_numbers(self) -> Iterator[int]:
-        """The numbers of the non-blank lines (those the JSON reader makes records of), hashing the file."""
-        with _open(self.path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                self.digest.update(raw)
-                if raw.strip(b" \t\r\n\xef\xbb\xbf" if number == 1 else b" \t\r\n"):
-                    yield number
-
-    def _diagnose(self, error: Exception) -> BadData:
-        """The first line of a JSON file that is not UTF-8, not JSON or not an object; else the reader's error."""
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if self.kind == "jsonl":
-            with _open(self.path) as handle:
-                for number, raw in enumerate(handle, start=1):
-                    where = f"{self.path}:{number}"
-                    try:
-                        text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                    except UnicodeDecodeError as bad:
-                        return BadData(
-                            f"{where}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8"
-                        )
-                    if not text.strip():
-                        continue
-                    try:
-                        data = json.loads(text)
-                    except ValueError as bad:
-                        return BadData(f"{where}: not JSON: {bad}", "not JSON")
-                    if not isinstance(data, dict):
-                        return BadData(
-                            f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object"
-                        )
-                    if self.check is not None:
-                        try:
-                            self.check(data, where)
-                        except BadData as bad:
-                            return bad
-        return BadData(
-            f"{self.path}: the datasets library cannot read it: {first} (a field of one type in every record)",
-            "unreadable",
-        )
 
 
 def _splits(path: Path) -> list[str]:
@@ -313,10 +337,32 @@ def _messages(messages, where: str, *, loss_on: str, field: str = "messages") ->
                 "message: not an object",
             )
         role = message.get("role")
+        if role == "function":
+            raise BadData(
+                f"{where}: {name}.role: 'function' is the deprecated form of a tool result, not read here; "
+                'write it as {"role": "tool", "tool_call_id": ..., "content": ...}',
+                "function_call",
+            )
         if role not in ROLES:
             found = "missing" if "role" not in message else repr(role)
             raise BadData(f"{where}: {name}.role: {found} is not a role; valid roles: {', '.join(ROLES)}", "role")
         message = dict(message)
+        if message.get("function_call") is not None:  # OpenAI writes "function_call": null beside tool_calls
+            raise BadData(
+                f"{where}: {name}.function_call: function_call is the deprecated form of tool_calls, not read here; "
+                'write it as "tool_calls": [{"type": "function", "function": {"name": ..., "arguments": ...}}] '
+                'and its result as a "tool" message',
+                "function_call",
+            )
+        if "weight" in message and message["weight"] is None:  # null: as absent
+            del message["weight"]
+        if "weight" in message:
+            if role != "assistant" or message["weight"] not in (0, 1) or isinstance(message["weight"], bool):
+                raise BadData(
+                    f"{where}: {name}.weight: {message['weight']!r}; weight is 0 or 1, on an assistant turn only "
+                    "(0: the turn is context, not a target)",
+                    "weight",
+                )
         calls = message.get("tool_calls")
         if calls is not None:
             if role != "assistant":
@@ -338,7 +384,7 @@ def _messages(messages, where: str, *, loss_on: str, field: str = "messages") ->
                 "empty assistant turn",
             )
         out.append(message)
-    if loss_on == "assistant" and not any(m["role"] == "assistant" for m in out):
+    if loss_on == "assistant" and not any(m["role"] == "assistant" and m.get("weight", 1) for m in out):
         raise BadData(
             f"{where}: {field}: no assistant turn, so nothing to learn with --loss-on assistant", "no assistant turn"
         )
@@ -436,7 +482,7 @@ def _alpaca(record: dict, where: str) -> Example:
     for key in ("instruction", "output"):
         if not isinstance(record.get(key), str):
             raise BadData(f"{where}: {key}: {_found(record, key)}, expected a string", f"{key}: not a string")
-    extra = record.get("input", "")
+    extra = record.get("input") or ""  # absent or null: no input
     if not isinstance(extra, str):
         raise BadData(f"{where}: input: a {type(extra).__name__}, expected a string", "input: not a string")
     if not record["output"].strip():
@@ -444,9 +490,25 @@ def _alpaca(record: dict, where: str) -> Example:
     messages = []
     if isinstance(record.get("system"), str) and record["system"].strip():
         messages.append({"role": "system", "content": record["system"]})
+    messages += _history(record.get("history"), where)
     user = record["instruction"] + (f"\n\n{extra}" if extra.strip() else "")
     messages += [{"role": "user", "content": user}, {"role": "assistant", "content": record["output"]}]
     return Example(where, messages=messages)
+
+
+def _history(history, where: str) -> list[dict]:
+    """Alpaca's ``history`` (LLaMA-Factory's form): ``[[instruction, output], ...]``, the earlier turns, in order;
+    their outputs are targets as the last one is."""
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise BadData(f"{where}: history: a {_json_type(history)}, expected a list of [instruction, output]", "history")
+    turns = []
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise BadData(f"{where}: history[{i}]: expected [instruction, output], two strings", "history")
+        turns += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    return turns
 
 
 def _prompt_completion(record: dict, where: str, *, loss_on: str) -> Example:

@@ -73,3 +73,37 @@ def test_the_merged_export_loads_in_transformers_and_generates(rehearsal):
     prompt = generate.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_tensors="pt")
     ids = generate.model.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert ids.shape[1] > prompt["input_ids"].shape[1]  # new tokens after the prompt
+
+
+def test_rehearse_data_packs_the_users_own_examples_with_the_recipes_chat_template(tmp_path, monkeypatch):
+    """``--data``: a team's own OpenAI-shaped tool-calling file, prepared with Llama 3.1's chat template (a tiny
+    byte-level tokenizer carrying it, given as --tokenizer), trains end to end; a recipe whose hub tokenizer is
+    not cached is refused before anything runs, with how to give it."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "trainer"))
+    from chat_families import conversations, family_tokenizer
+
+    from tiered_training.rehearse.errors import RehearsalError
+
+    data = tmp_path / "mine" / "tools.jsonl"
+    data.parent.mkdir()
+    records = [case["record"] for case in conversations("llama3.1").values()] * 4
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(RehearsalError, match="meta-llama/Llama-3.1-8B-Instruct .model.hf_id. is not in the local "
+                                              "Hugging Face cache.*--tokenizer DIR"):
+        rehearse(Options(TEMPLATE, hosts=1, workers=1, steps=2, data=data.parent, workdir=tmp_path / "no"), io.StringIO())
+    tokenizer = family_tokenizer(tmp_path / "llama", "llama3.1", marked=False)
+    out = io.StringIO()
+    result = rehearse(Options(TEMPLATE, hosts=1, workers=1, steps=2, params={"SkipProbe": "true"}, data=data.parent,
+                              tokenizer=tokenizer, workdir=tmp_path / "run"), out)
+    log = out.getvalue()
+    assert result.ok, log[-6000:]
+    assert f"data: your raw examples, 1 file(s) of {data.stat().st_size:,} bytes from {data.parent}" in log
+    (execution,) = result.executions
+    job = next((tmp_path / "run").glob(f"pipelines-{execution.execution_id}-*-TrainWithoutProbe"))
+    manifest = json.loads((job / "attempt-1" / "algo-1" / "opt/ml/input/data/train" / "shards.json").read_text())
+    assert manifest["examples"] == len(records) and manifest["format"] == "messages"  # none dropped: 1,024-token windows
+    assert manifest["vocab_size"] == 400  # the given tokenizer's, not the built-in one's
+    assert sorted(result.losses(execution=execution)) == [1, 2]

@@ -232,8 +232,10 @@ def test_the_merged_export_is_ready_to_serve_with_a_text_generation_pipeline(lor
     names = {path.name for path in merged.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
             "generation_config.json"} <= names
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (merged / name).read_bytes() == (init / name).read_bytes(), name
+    generation = json.loads((init / "generation_config.json").read_text())  # eos 2 (<eos>); the template ends turns with 4
+    assert json.loads((merged / "generation_config.json").read_text()) == {**generation, "eos_token_id": [2, 4]}
     generator = pipeline("text-generation", model=str(merged), device="cpu")
     messages = [{"role": "user", "content": "reverse words please"}]
     (out,) = generator(messages, max_new_tokens=4, do_sample=False, return_tensors=True)
@@ -256,6 +258,29 @@ def test_an_export_without_a_generation_config_gets_one_with_the_models_and_toke
     assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": [4, 2], "pad_token_id": 1}
     (tmp_path / "scratch").mkdir()  # from scratch (no starting checkpoint): the config's ids only
     assert serving_files(None, tmp_path / "scratch", {"eos_token_id": 2}) == ["generation_config.json"]
+
+
+def test_a_base_llama_under_its_chat_template_exports_the_templates_end_of_turn_as_eos(tmp_path):
+    """Llama 3.1 base: its generation_config.json and tokenizer end text with <|end_of_text|> (128001) only; under
+    the chat template a turn ends with <|eot_id|> (128009), so the export stops at either."""
+    from chat_families import family_tokenizer
+
+    from training.export import serving_files
+
+    init, out = family_tokenizer(tmp_path / "init", "llama3.1", marked=False), tmp_path / "out"
+    out.mkdir()
+    names = json.loads((init / "tokenizer_config.json").read_text())
+    names["eos_token"] = "<|end_of_text|>"  # as the base model's tokenizer names it
+    (init / "tokenizer_config.json").write_text(json.dumps(names))
+    vocab = {t["content"]: t["id"] for t in json.loads((init / "tokenizer.json").read_text())["added_tokens"]}
+    end_of_text, end_of_turn = vocab["<|end_of_text|>"], vocab["<|eot_id|>"]
+    base = {"bos_token_id": vocab["<|begin_of_text|>"], "eos_token_id": end_of_text, "temperature": 0.6}
+    (init / "generation_config.json").write_text(json.dumps(base))
+    serving_files(init, out, {"eos_token_id": end_of_text})
+    assert json.loads((out / "generation_config.json").read_text()) == {**base, "eos_token_id": [end_of_text, end_of_turn]}
+    (init / "generation_config.json").unlink()  # none: written from the config, the tokenizer and the template
+    serving_files(init, out, {"eos_token_id": end_of_text})
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [end_of_text, end_of_turn]
 
 
 @pytest.mark.torch

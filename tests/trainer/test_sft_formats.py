@@ -271,3 +271,132 @@ def test_records_of_a_json_array_or_a_saved_dataset_are_named_by_index(tmp_path,
     assert code == 2 and err == f"error: {tmp_path / 'splits'}: a DatasetDict; give one split's directory (train, test)\n"
     code, _, err = run(tmp_path, qwen["marked"], tmp_path / "splits" / "train")
     assert code == 0, err
+
+
+# ---- the edges of the data teams hold (OpenAI fine-tuning files, LLaMA-Factory's Alpaca, Qwen2.5) ----
+
+
+def test_openai_weight_0_turn_is_context_and_weight_1_a_target(tmp_path, qwen):
+    """OpenAI's fine-tuning files mark an assistant reply not to learn with ``"weight": 0``."""
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "please reverse cat dog"},
+        {"role": "assistant", "content": "cat dog", "weight": 0},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "dog cat", "weight": 1, "function_call": None},  # null: as OpenAI writes it
+    ]
+    data = write(tmp_path / "openai", [{"messages": messages}], "jsonl")
+    want = chat_oracle(qwen["hf"], messages, prompt_messages=4)  # only the last turn's tokens
+    for tokenizer in ("marked", "plain"):
+        code, _, err = run(tmp_path, qwen[tokenizer], data)
+        assert code == 0, err
+        found, _ = examples_written(tmp_path / "out" / "train")
+        assert found == [want] and sum(want[1]) > 0, tokenizer
+    messages[4]["weight"] = 0  # nothing left to learn
+    data = write(tmp_path / "openai", [{"messages": messages}], "jsonl")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 2 and err == f"error: {data}:1: messages: no assistant turn, so nothing to learn with --loss-on assistant\n"
+    messages[4]["weight"] = 0.5
+    data = write(tmp_path / "openai", [{"messages": messages}], "jsonl")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 2 and err.startswith(f"error: {data}:1: messages[4].weight: 0.5; weight is 0 or 1")
+
+
+def test_a_json_array_of_tool_calling_records_reads_as_json_lines_does(tmp_path, qwen):
+    """A JSON array of OpenAI tool-calling records (string arguments, null content, parallel calls, tools as a
+    list and as a JSON string): the ids and masks of transformers, as from JSON Lines."""
+    cases = conversations("qwen2.5")
+    names = ["tool call", "text and two calls", "plain", "system and two turns"]
+    want = sorted(chat_oracle(qwen["hf"], cases[n]["messages"], cases[n].get("tools")) for n in names)
+    for kind in ("array", "jsonl"):
+        data = write(tmp_path / kind, [cases[n]["record"] for n in names], kind)
+        code, _, err = run(tmp_path, qwen["marked"], data)
+        assert code == 0, err
+        found, _ = examples_written(tmp_path / "out" / "train")
+        assert sorted(found) == want, kind
+
+
+def test_tool_schemas_reach_the_template_as_the_file_wrote_them(tmp_path, qwen):
+    """Integers stay integers, properties keep their order, ``"default": null`` stays: the prompt learned is the
+    prompt served (transformers given the file's own schema is the oracle)."""
+    tool = {"type": "function", "function": {"name": "book", "description": "book a table", "parameters": {
+        "type": "object", "properties": {"time": {"type": "string"}, "people": {"type": "integer", "minimum": 1},
+                                         "note": {"type": "string", "default": None}}, "required": ["time"]}}}
+    messages = [{"role": "user", "content": "a table for two"}, {"role": "assistant", "content": "sunny"}]
+    want = chat_oracle(qwen["hf"], messages, [tool])
+    prompt = qwen["hf"].decode(want[0])
+    assert '"minimum": 1}' in prompt and '"default": null' in prompt and prompt.index('"time"') < prompt.index('"people"')
+    for kind in ("jsonl", "array"):
+        data = write(tmp_path / kind, [{"messages": messages, "tools": [tool]}], kind)
+        code, _, err = run(tmp_path, qwen["marked"], data)
+        assert code == 0, err
+        found, _ = examples_written(tmp_path / "out" / "train")
+        assert found == [want], kind
+
+
+def test_skip_leaves_out_a_line_that_is_not_json_or_not_utf8(tmp_path, qwen):
+    good = json.dumps({"messages": [{"role": "user", "content": "please reverse cat dog"}, {"role": "assistant", "content": "dog cat"}]})
+    data = tmp_path / "chat.jsonl"
+    data.write_bytes(b"\n".join([good.encode(), b'{"messages": [', good.encode(), b'{"text": "caf\xe9"}', good.encode()]) + b"\n")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 2 and err.startswith(f"error: {data}:2: not JSON: ")
+    code, _, err = run(tmp_path, qwen["marked"], data, on_bad_example="skip", max_bad_fraction=0.5)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == "skipped 2 of 5 examples (not JSON: 1, not UTF-8: 1)"
+    assert lines[1].startswith(f"  {data}:2: not JSON: ")
+    assert lines[2] == f"  {data}:4: not UTF-8 text (invalid continuation byte at byte offset 13)"
+    manifest = json.loads((tmp_path / "out" / "train" / "shards.json").read_text())
+    assert manifest["examples"] == 3 and manifest["skipped"] == {"not JSON": 1, "not UTF-8": 1}
+
+
+def test_alpaca_history_gives_the_earlier_turns(tmp_path, qwen):
+    """LLaMA-Factory's Alpaca form: ``history`` is ``[[instruction, output], ...]`` before this turn."""
+    record = {"instruction": "again", "input": "", "output": "dog cat", "system": "You are a helpful assistant.",
+              "history": [["please reverse cat dog", "dog cat"], ["how can you help", "hello there"]]}
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "please reverse cat dog"}, {"role": "assistant", "content": "dog cat"},
+                {"role": "user", "content": "how can you help"}, {"role": "assistant", "content": "hello there"},
+                {"role": "user", "content": "again"}, {"role": "assistant", "content": "dog cat"}]
+    data = write(tmp_path / "alpaca", [record], "jsonl")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 0, err
+    found, _ = examples_written(tmp_path / "out" / "train")
+    assert found == [chat_oracle(qwen["hf"], messages)]
+    data = write(tmp_path / "alpaca", [{**record, "history": [["only an instruction"]]}], "jsonl")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 2 and err == f"error: {data}:1: history[0]: expected [instruction, output], two strings\n"
+
+
+def test_openai_function_call_is_refused_by_name(tmp_path, qwen):
+    record = {"messages": [{"role": "user", "content": "what is the weather in Paris"},
+                           {"role": "assistant", "content": None,
+                            "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                           {"role": "function", "name": "get_weather", "content": "sunny"},
+                           {"role": "assistant", "content": "sunny"}]}
+    data = write(tmp_path / "legacy", [record], "jsonl")
+    code, _, err = run(tmp_path, qwen["marked"], data)
+    assert code == 2 and err.startswith(f"error: {data}:1: messages[1].function_call: function_call is the deprecated "
+                                        "form of tool_calls, not read here; write it as \"tool_calls\"")
+
+
+def test_a_token_joining_the_qwen_header_and_a_reply_starting_with_space_is_a_target(tmp_path, monkeypatch):
+    """Qwen2.5's byte-level BPE has a token for "\\n " (the header's newline and the reply's first space):
+    transformers' ``assistant_masks`` marks it (its ``char_to_token`` of the reply's start), so the mask does too."""
+    import chat_families
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(chat_families, "CORPUS", chat_families.CORPUS + "<|im_start|>assistant\n  dog cat<|im_end|>\n" * 50)
+    marked = family_tokenizer(tmp_path / "marked", "qwen2.5", marked=True)
+    plain = family_tokenizer(tmp_path / "plain", "qwen2.5", marked=False)
+    hf = AutoTokenizer.from_pretrained(marked, local_files_only=True)
+    messages = [{"role": "user", "content": "please reverse cat dog"}, {"role": "assistant", "content": "  dog cat"}]
+    ids, mask = chat_oracle(hf, messages)
+    header = hf.convert_tokens_to_ids(hf.tokenize("\n "))
+    assert len(header) == 1 and ids[mask.index(1)] == header[0]  # the target starts with the joined token
+    data = write(tmp_path / "space", [{"messages": messages}], "jsonl")
+    for tokenizer in (marked, plain):
+        code, _, err = run(tmp_path, tokenizer, data)
+        assert code == 0, err
+        found, _ = examples_written(tmp_path / "out" / "train")
+        assert found == [(ids, mask)], tokenizer

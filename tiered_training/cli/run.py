@@ -349,6 +349,15 @@ def rehearse(
         help="N[:FACTOR]: simulated host N's forward/backward runs at FACTOR (default 0.5) of its speed in the "
         "training jobs, to rehearse the straggler score and its alarm (TIERED_TRAINING_SLOW_HOST)",
     ),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="a file or folder of your raw examples (a fine-tuning recipe with data.prepare), rehearsed instead of "
+        "the built-in ones, with the recipe's tokenizer (model.hf_id, from the local Hugging Face cache)",
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="with --data: the local directory of the tokenizer and chat template to use"
+    ),
     format: TextFormat = typer.Option(
         TextFormat.text, "--format", "-f", help="text, or json (the summary on stdout; the trace on stderr)"
     ),
@@ -383,6 +392,8 @@ def rehearse(
             overrides=tuple(overrides),
             slow_candidate=slow_candidate,
             slow_host=slow_host,
+            data=data,
+            tokenizer=tokenizer,
         )
         result = run_rehearsal(options, out=sys.stderr if as_json else None)
     except Stopped as stopped:  # SIGTERM or SIGINT: the hosts are stopped; 143 or 130

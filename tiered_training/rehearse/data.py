@@ -277,3 +277,79 @@ def put_pairs(
     key = f"{prefix.rstrip('/')}/pairs.jsonl".lstrip("/")
     client.upload_file(str(out / "pairs.jsonl"), bucket, key)
     return {"pairs": pairs, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}
+
+
+DATA_WINDOW = 1024  # rehearse --data: the sequence length, room for a real chat template's prompt
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def user_tokenizer(given: Path | None, hf_id: str | None) -> Path:
+    """``rehearse --data``: the local directory of the tokenizer and chat template the examples are prepared with:
+    ``given`` (``--tokenizer``), else the recipe's ``model.hf_id`` from the local Hugging Face cache (the
+    rehearsal stays offline)."""
+    from tiered_training.rehearse.errors import RehearsalError
+
+    if given is not None:
+        if not (Path(given) / "tokenizer.json").is_file():
+            raise RehearsalError(
+                f"--tokenizer {given}: no tokenizer.json there; give the local directory of the checkpoint's "
+                "Hugging Face tokenizer (tokenizer.json, tokenizer_config.json and its chat template)"
+            )
+        return Path(given)
+    if not hf_id:
+        raise RehearsalError(
+            "--data: the recipe names no tokenizer (model.hf_id); give the checkpoint's local directory with "
+            "--tokenizer DIR"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        found = Path(snapshot_download(hf_id, local_files_only=True, allow_patterns=list(TOKENIZER_FILES)))
+    except Exception:  # noqa: BLE001 (not cached, or no huggingface_hub: the same advice)
+        found = None
+    if found is None or not (found / "tokenizer.json").is_file():
+        raise RehearsalError(
+            f"--data: the recipe's tokenizer {hf_id} (model.hf_id) is not in the local Hugging Face cache, and the "
+            "rehearsal does not download: give its local directory with --tokenizer DIR (e.g. after "
+            f"`hf download {hf_id} tokenizer.json tokenizer_config.json`)"
+        )
+    return found
+
+
+def tokenizer_vocab(directory: Path) -> int:
+    """The vocabulary size of a ``tokenizer.json`` (its largest id + 1, added tokens included)."""
+    table = json.loads((Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = (table.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [token["id"] for token in table.get("added_tokens", [])]
+    return max(ids) + 1
+
+
+def data_files(path: Path) -> list[Path]:
+    """``rehearse --data``: the file, or every file under the folder (hidden ones left out)."""
+    from tiered_training.rehearse.errors import RehearsalError
+
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts)
+        )
+        if files:
+            return files
+        raise RehearsalError(f"--data {path}: an empty folder; give a file or a folder of your raw examples")
+    raise RehearsalError(f"--data {path}: no such file or folder")
+
+
+def put_user_data(client, uri: str, path: Path) -> dict:
+    """The user's raw examples (a file, or a folder's files at their relative paths) under ``uri``."""
+    bucket, prefix = split_uri(uri)
+    path = Path(path)
+    files = data_files(path)
+    size = 0
+    for file in files:
+        name = file.name if path.is_file() else str(file.relative_to(path))
+        client.upload_file(str(file), bucket, f"{prefix.rstrip('/')}/{name}".lstrip("/"))
+        size += file.stat().st_size
+    return {"files": len(files), "bytes": size, "uri": uri}

@@ -90,6 +90,10 @@ class Options:
     # Variables added to the named steps' jobs (a training chain's name stands for its segments), after the
     # rehearsal's own: fault hooks of tests, e.g. TIERED_TRAINING_NVML_STANDIN.
     environment: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --data: the user's raw examples (a file or folder) instead of the built-in ones, prepared with the
+    # recipe's tokenizer (model.hf_id from the local Hugging Face cache) or --tokenizer DIR.
+    data: Path | None = None
+    tokenizer: Path | None = None
 
 
 SLOW_VARIABLE = "TIERED_TRAINING_SLOW_CANDIDATE"  # the container's rehearsal-only slow-down (docs/container.md)
@@ -569,6 +573,24 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             f"--slow-candidate {options.slow_candidate} slows a candidate of the Probe, and this execution runs no "
             "probe (SkipProbe=true, or probe.enabled false in the recipe)"
         )
+    user_tokenizer_dir: Path | None = None
+    if options.data is not None:
+        from tiered_training.rehearse.data import data_files, tokenizer_vocab, user_tokenizer
+
+        if plan.recipe.data.prepare is None or plan.corpus_spec() is not None:
+            raise RehearsalError(
+                f"--data {options.data}: the recipe has no Prepare step for raw examples (data.prepare, with "
+                "task sft); --data rehearses a fine-tuning recipe's own raw examples"
+            )
+        data_files(options.data)  # a missing or empty path is named before anything starts
+        user_tokenizer_dir = user_tokenizer(options.tokenizer, plan.recipe.model.hf_id)
+    elif options.tokenizer is not None:
+        raise RehearsalError("--tokenizer goes with --data (the tokenizer of your raw examples)")
+    data_shape: dict[str, int] = {}
+    if user_tokenizer_dir is not None:
+        from tiered_training.rehearse.data import DATA_WINDOW
+
+        data_shape = {"vocab_size": tokenizer_vocab(user_tokenizer_dir), "sequence_length": DATA_WINDOW}
     memory = _memory_bytes() // max(1, options.hosts * options.workers)
     repo = repo_root()
     context_parallel = (repo / "training" / "context_parallel.py").is_file()
@@ -583,6 +605,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             plan_total_steps=plan.estimates.total_steps,
             memory_per_worker=memory,
             context_parallel=context_parallel,
+            **data_shape,
         )
 
     interval = scaled_for(plan.run_config().to_hyperparameters()).config.checkpoint.interval_steps
@@ -666,6 +689,10 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             from tiered_training.rehearse.data import put_raw_chat, put_sft_shards, put_shards
 
             def put_data(uri: str, seed: int = 0) -> dict:
+                if options.data is not None and user_tokenizer_dir is not None:
+                    from tiered_training.rehearse.data import put_user_data
+
+                    return {**put_user_data(client, uri, options.data), "tokenizer": str(user_tokenizer_dir)}
                 if scaled.config.dpo is not None:  # preference pairs: raw for the Prepare step, or packed
                     from tiered_training.rehearse.data import put_pairs
 
@@ -705,7 +732,13 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
                 manifest = {"tokenizer": put["tokenizer"]}
             else:
                 manifest = put_data(data_uri)
-            if corpus is None and scaled.config.dpo is not None:
+            if options.data is not None:
+                say(
+                    f"data: your raw examples, {manifest['files']} file(s) of {manifest['bytes']:,} bytes from "
+                    f"{options.data}, at {data_uri} (local S3); the Prepare step packs them with the tokenizer and "
+                    f"chat template of {user_tokenizer_dir}"
+                )
+            elif corpus is None and scaled.config.dpo is not None:
                 say(
                     f"data: {manifest.get('pairs', 0):,} preference pairs (prompt, chosen, rejected conversations) at "
                     f"{data_uri} (local S3)" + ("; the Prepare step packs them" if raw else ", packed")
@@ -1099,7 +1132,9 @@ def put_init_checkpoint(
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RehearsalError(f"could not write the rehearsal's init checkpoint: {tail}")
         for path in sorted(Path(tokenizer).iterdir()) if tokenizer is not None else []:
-            shutil.copy2(path, local / path.name)
+            weights = path.suffix in (".safetensors", ".bin", ".pt", ".pth") or path.name.endswith(".index.json")
+            if path.is_file() and not weights and path.name != "config.json":  # the random checkpoint's stay
+                shutil.copy2(path, local / path.name)
         _init_checkpoints[key] = local  # while its workdir lasts
     bucket, object_key = split_uri(uri)
     s3.ensure_bucket(client, bucket)

@@ -62,6 +62,8 @@ def scale(
     plan_total_steps: int,
     memory_per_worker: int,
     context_parallel: bool = False,
+    vocab_size: int | None = None,
+    sequence_length: int | None = None,
 ) -> Scaled:
     """The rehearsal's RunConfig for ``hosts`` simulated hosts of ``workers`` CPU workers each.
 
@@ -71,6 +73,8 @@ def scale(
     without it a plan's context parallelism is rehearsed as 1, and the change is listed.
     """
     changes: list[Change] = []
+    vocab = vocab_size or VOCAB  # rehearse --data: the user's tokenizer's vocabulary
+    window = sequence_length or SEQUENCE  # rehearse --data: room for the user's examples
 
     def change(field: str, plan: object, rehearsal: _T, why: str) -> _T:
         if plan != rehearsal:
@@ -102,8 +106,13 @@ def scale(
                 "model.kv_heads", m.kv_heads, kv, "grouped-query attention kept" if kv < HEADS else "no GQA, as planned"
             ),
             "ffn_size": change("model.ffn_size", m.ffn_size, ffn, f"the plan's FFN/hidden ratio, rounded to {unit}"),
-            "vocab_size": change("model.vocab_size", m.vocab_size, VOCAB, "the rehearsal's synthetic tokens"),
-            "max_sequence_length": max(128, SEQUENCE),
+            "vocab_size": change(
+                "model.vocab_size",
+                m.vocab_size,
+                vocab,
+                "the rehearsal's synthetic tokens" if vocab_size is None else "the tokenizer of the --data examples",
+            ),
+            "max_sequence_length": max(128, window),
             # fine-tuning needs it named (RunConfig); the channel holds the random checkpoint either way
             "init_checkpoint": m.init_checkpoint
             if cfg.sft is not None
@@ -137,7 +146,7 @@ def scale(
     data_parallel = world // cp
     batch = b.model_copy(
         update={
-            "sequence_length": change("batch.sequence_length", b.sequence_length, SEQUENCE, "tiny windows"),
+            "sequence_length": change("batch.sequence_length", b.sequence_length, window, "tiny windows"),
             "grad_accum_steps": change(
                 "batch.grad_accum_steps",
                 b.grad_accum_steps,
@@ -150,9 +159,9 @@ def scale(
             "global_batch_tokens": change(
                 "batch.global_batch_tokens",
                 b.global_batch_tokens,
-                b.micro_batch_size * SEQUENCE * accum * data_parallel,
+                b.micro_batch_size * window * accum * data_parallel,
                 f"the micro-batch and the accumulation above on {data_parallel} data-parallel "
-                f"workers of {SEQUENCE} tokens",
+                f"workers of {window} tokens",
             ),
             "ramp_steps": change(
                 "batch.ramp_steps", b.ramp_steps, ramp_steps, "the same share of the run, at least 2 steps"
