@@ -10,6 +10,7 @@ Dimensions are stable: the recipe name, never a generated job name.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 NAMESPACE = "TieredTraining"
@@ -183,3 +184,24 @@ def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
     for number in range(1, count + 1):
         found.update(probe_candidate_metrics(number))
     return found
+
+
+# The run's final metrics: after the last step the container prints one line per metric (training/evaluation.py),
+# parsed by the last segment's MetricDefinitions; the Register step copies them into the model package from the
+# step's FinalMetricDataList. ``train:loss`` is always printed; the held-out ones when the run has held-out data.
+# A task whose evaluation scores more (DPO's preference accuracy) adds its names to TASK_FINAL_METRICS.
+FINAL_TRAIN_LOSS = "train:loss"
+FINAL_EVAL_LOSS = "eval:loss"
+FINAL_EVAL_PERPLEXITY = "eval:perplexity"
+TASK_FINAL_METRICS: dict[str, tuple[str, ...]] = {}
+FINAL_METRIC_LINE = "FINAL {name}={value:.6g}"
+
+
+def final_metric_regex(name: str) -> str:
+    return rf"FINAL {re.escape(name)}=([-+0-9.eE]+)"
+
+
+def final_metric_names(task: str, held_out: bool) -> tuple[str, ...]:
+    """The final metrics a run of ``task`` prints (and the Register step reads)."""
+    held = (FINAL_EVAL_LOSS, FINAL_EVAL_PERPLEXITY) if held_out else ()
+    return (FINAL_TRAIN_LOSS, *held, *(TASK_FINAL_METRICS.get(task, ()) if held_out else ()))

@@ -19,6 +19,7 @@ from tiered_training.contract.runconfig import (
     CandidateConfig,
     CheckpointConfig,
     DataConfig,
+    EvaluationConfig,
     ExportConfig,
     HardwareConfig,
     LoraConfig,
@@ -493,6 +494,7 @@ class Plan(_Result):
             ),
             validation=self.validation_config(),
             export=ExportConfig(format=self.recipe.export.format),
+            evaluation=EvaluationConfig(**recipe.evaluation.model_dump()),
             run=RunSection(segments=self.segments, segment_seconds=self.segment_seconds),
             sft=self.sft_config(),
         )

@@ -31,6 +31,8 @@ MLFLOW_SERVER_ARN_PATTERN = (
 )
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
 REGION_PATTERN = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
+# An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
+ECR_IMAGE_PATTERN = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$"
 # What each pattern means, with an example: messages say this, never the regular expression.
 PATTERN_MEANING = {
     PIPELINE_NAME_PATTERN: "letters, digits and hyphens, starting and ending with a letter or digit, such as my-8b",
@@ -616,6 +618,37 @@ class ExportSection(_Strict):
     )
 
 
+class RegistrySection(_Strict):
+    """The model package each finished run registers in the recipe's model package group (SageMaker Model
+    Registry), with its metrics, evaluation and lineage."""
+
+    enabled: bool = Field(default=True, description="end the pipeline with the Register step")
+    approval: Literal["PendingManualApproval", "Approved"] = Field(
+        default="PendingManualApproval",
+        description="the package's ModelApprovalStatus; an operator approves it (tiered-training models approve)",
+    )
+    serving_image: str | None = Field(
+        default=None,
+        pattern=ECR_IMAGE_PATTERN,
+        description=(
+            "the inference image the package names; default: the LMI (DJL) container of the stack's region "
+            "(tiered_training/catalog/serving_images.yaml), which serves the exported Hugging Face folder with vLLM"
+        ),
+    )
+
+
+class EvaluationSection(_Strict):
+    """The evaluation of the export after the last step: held-out loss and perplexity, and its answers to the
+    prompts listed here, written as evaluation.json next to the export and attached to the model package."""
+
+    enabled: bool = True
+    batches: int = Field(default=8, ge=1, le=1000, description="held-out micro-batches the export is scored on")
+    prompts: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=8, description="prompts the export answers (greedy decoding)"
+    )
+    max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
+
+
 class TuningSection(_Strict):
     precision: Precision | Auto = AUTO
     fp8_recipe: Fp8Recipe | Auto = AUTO
@@ -683,6 +716,8 @@ class Recipe(_Strict):
     probe: ProbeSection = ProbeSection()
     tuning: TuningSection = TuningSection()
     export: ExportSection = ExportSection()
+    evaluation: EvaluationSection = EvaluationSection()
+    registry: RegistrySection = RegistrySection()
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")
