@@ -55,6 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from tiered_training.contract.metrics import FINAL_TRAIN_LOSS
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.contract.world import accumulation, resume_accumulation
 from training.components import float8
@@ -103,6 +104,10 @@ class RunResult:
     checkpoint_step: int | None = None  # last committed checkpoint
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
     exported_to: Path | None = None
+    # the last value of each metric the run reports, by name (train:loss, validation:loss; a task's own, such as
+    # trl's rewards/accuracies): the evaluation records them all and the model package the catalogue's
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    evaluation: dict[str, Any] | None = None  # the export's evaluation report (training/evaluation.py), rank 0
     trainer: Trainer | None = field(
         default=None, repr=False
     )  # the built model and optimiser, for callers that inspect them
@@ -663,6 +668,8 @@ def _run(
     policy = SaveStopPolicy(cfg, stop, control_group, saved_at=resumed_from, save_checkpoints=save_checkpoints)
     if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at, step_delay_s):
         _finish(trainer, ckpt, result, paths.model_dir, export)
+        if result.exported_to is not None and cfg.evaluation.enabled:
+            _evaluate(trainer, result, paths, validator, control_group)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
@@ -759,6 +766,7 @@ def _loop(
         if not done.skipped:
             result.losses[step] = done.loss
             result.final_loss = done.loss
+            result.final_metrics[FINAL_TRAIN_LOSS] = done.loss
         result.step = step
         if info.is_main:
             log.info(stats.log_line())
@@ -775,7 +783,7 @@ def _loop(
             _wait_for_save(ckpt, result)  # the save in flight holds a healthy state: commit it
             raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
         if validator is not None and not vote.stopping and not done.skipped:
-            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss))
+            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss, result))
 
         if vote.out_of_time and not vote.stopping:
             _segment_out_of_time(cfg, step, result.checkpoint_step)
@@ -787,8 +795,10 @@ def _loop(
     return True
 
 
-def _record_validation(hooks: list[Hook], validator, loss: float) -> None:
+def _record_validation(hooks: list[Hook], validator, loss: float, result: RunResult | None = None) -> None:
     """The pass's loss to the hooks, with a mixture's loss per source."""
+    if result is not None:
+        result.final_metrics["validation:loss"] = loss
     by_source = {"by_source": validator.source_losses} if validator.source_losses else {}
     for hook in hooks:
         if hasattr(hook, "record_validation"):
@@ -875,6 +885,39 @@ def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_
             model_dir,
             time.perf_counter() - started,
         )
+
+
+def _evaluate(trainer: Trainer, result: RunResult, paths: Paths, validator, group) -> None:
+    """Rank 0 evaluates the export (``training/evaluation.py``) on its held-out batches and writes
+    ``evaluation.json`` next to the export and at the top of the checkpoint directory (the run's prefix in S3);
+    the other ranks wait for it."""
+    if trainer.info.is_main:
+        from training.components.identity import data_files, data_fingerprint, sft_fingerprint
+        from training.evaluation import evaluate_export, print_final_metrics, write_evaluation
+
+        cfg = trainer.cfg
+        files = data_files(paths.data_dir)
+        data: dict[str, Any] = {"uri": cfg.run.data_uri, "fingerprint": data_fingerprint(paths.data_dir, files)}
+        data["files"] = files
+        if cfg.sft is not None:
+            data["sft_fingerprint"] = sft_fingerprint(paths.data_dir)
+        assert result.exported_to is not None
+        report = evaluate_export(
+            cfg,
+            result.exported_to,
+            held_out=list(validator.batches) if validator is not None else None,
+            final=dict(result.final_metrics),
+            data=data,
+            init_dir=trainer.init_dir,
+            device=trainer.info.device,
+        )
+        places = [result.exported_to] + ([paths.checkpoint_dir] if cfg.run.id else [])
+        written = write_evaluation(report, places)
+        result.evaluation = report
+        log.info("evaluated the export: %s (%s)", report.get("held_out") or report.get("error"), written[0])
+        print_final_metrics(report)
+    if dist.is_initialized():
+        dist.barrier(group=group)
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:
