@@ -22,7 +22,6 @@ the Register step's model package points. Each final metric is also printed as `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 
 from tiered_training.contract import metrics as catalogue
-from tiered_training.contract.container import EVALUATION_FILE
+from tiered_training.contract.evaluation import EVALUATION_FILE, checksum, verified
 from tiered_training.contract.runconfig import RunConfig
 
 log = logging.getLogger("training.evaluation")
@@ -44,12 +43,6 @@ IGNORE_INDEX = -100
 
 
 # -- the checksum ---------------------------------------------------------------------------
-
-
-def checksum(report: dict[str, Any]) -> str:
-    """sha256 of the report's canonical JSON (sorted keys, no spaces), its own ``sha256`` left out."""
-    body = {k: v for k, v in report.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_evaluation(report: dict[str, Any], directories: Iterable[Path]) -> list[Path]:
@@ -69,10 +62,7 @@ def write_evaluation(report: dict[str, Any], directories: Iterable[Path]) -> lis
 
 def read_evaluation(path: Path) -> dict[str, Any]:
     """An ``evaluation.json``, its checksum checked (ValueError naming the file otherwise)."""
-    report = json.loads(Path(path).read_text())
-    if report.get("sha256") != checksum(report):
-        raise ValueError(f"{path}: the checksum does not match the content (the file was changed or cut short)")
-    return report
+    return verified(Path(path).read_text(), str(path))
 
 
 # -- held-out scores ------------------------------------------------------------------------

@@ -838,7 +838,7 @@ def register_arguments(plan: Plan, resources: PipelineResources, last: str, run_
             }
         },
         "CustomerMetadataProperties": metadata,
-        "Tags": [{"Key": k, "Value": v} for k, v in tags_for(plan, resources.extra_tags).items()],
+        "SkipModelValidation": "None",  # the API's default, as the SageMaker SDK writes it
     }
 
 
