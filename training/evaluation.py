@@ -231,7 +231,7 @@ def evaluate_export(
         if prompts:
             tokenizer = load_tokenizer(model_dir, init_dir)
             if tokenizer is None:
-                report["generations"] = {"skipped": "the export has no tokenizer (a model trained from scratch)"}
+                report["generations"] = {"skipped": "neither the export nor its starting checkpoint has a tokenizer"}
             else:
                 report["generations"] = generate_answers(
                     model, tokenizer, prompts, cfg.evaluation.max_new_tokens, device

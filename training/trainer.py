@@ -905,7 +905,7 @@ def _evaluate(trainer: Trainer, result: RunResult, paths: Paths, validator, grou
         report = evaluate_export(
             cfg,
             result.exported_to,
-            held_out=list(validator.batches) if validator is not None else None,
+            held_out=_held_out(cfg, paths, validator),
             final=dict(result.final_metrics),
             data=data,
             init_dir=trainer.init_dir,
@@ -918,6 +918,21 @@ def _evaluate(trainer: Trainer, result: RunResult, paths: Paths, validator, grou
         print_final_metrics(report)
     if dist.is_initialized():
         dist.barrier(group=group)
+
+
+def _held_out(cfg: RunConfig, paths: Paths, validator) -> list | None:
+    """The held-out batches the export is scored on: the first ``evaluation.batches`` of all the held-out data
+    (as one rank reads it), whether or not every rank had some for the validation loss; None without any."""
+    from training.components.validation import Validator
+
+    if cfg.validation.source == "none":
+        return None
+    try:
+        whole = Validator(cfg, paths.data_dir, torch.nn.Identity(), torch.device("cpu"), rank=0, world_size=1)
+    except (FileNotFoundError, ValueError) as error:
+        log.warning("no held-out data to evaluate the export on: %s", error)
+        return list(validator.batches[: cfg.evaluation.batches]) if validator is not None else None
+    return list(whole.batches[: cfg.evaluation.batches])
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:

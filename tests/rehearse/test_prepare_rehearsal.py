@@ -1,7 +1,8 @@
 """The tool-calling SFT template (recipes/llama3.1-8b-tools-sft.yaml) rehearses on 2 hosts from raw JSON Lines in
 S3: its pipeline's Prepare step packs the examples (messages with tools and tool calls) with the init checkpoint's
 tokenizer, the training steps read the shards the step names in its property file, and the merged export loads in
-transformers' text-generation pipeline and generates. A second execution on unchanged data reuses the shards."""
+transformers' text-generation pipeline and generates. A second execution on unchanged data reuses the shards. Each run
+is registered with the prepared data's content key, and its evaluation answers the prompts the recipe lists."""
 
 from __future__ import annotations
 
@@ -22,14 +23,20 @@ pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "recipes" / "llama3.1-8b-tools-sft.yaml"
+PROMPTS = ["Say hello.", "What is two plus two?"]
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("prepare-rehearsal")
+    recipe = workdir / TEMPLATE.name  # the template, with prompts for the evaluation
+    recipe.write_text(
+        TEMPLATE.read_text() + "evaluation:\n  prompts:\n" + "".join(f"    - {p}\n" for p in PROMPTS)
+        + "  max_new_tokens: 6\n"
+    )
     out = io.StringIO()
     result = rehearse(
-        Options(TEMPLATE, hosts=2, workers=1, steps=3, params={"SkipProbe": "true"}, workdir=workdir, then=[Then({})]),
+        Options(recipe, hosts=2, workers=1, steps=3, params={"SkipProbe": "true"}, workdir=workdir, then=[Then({})]),
         out,
     )
     return result, out.getvalue(), workdir
@@ -73,3 +80,13 @@ def test_the_merged_export_loads_in_transformers_and_generates(rehearsal):
     prompt = generate.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_tensors="pt")
     ids = generate.model.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert ids.shape[1] > prompt["input_ids"].shape[1]  # new tokens after the prompt
+
+
+def test_each_run_is_registered_with_the_prepared_datas_key_and_answers_the_prompts(rehearsal):
+    result, log, _ = rehearsal
+    key = re.search(r"preparing data ([0-9a-f]{32})", log).group(1)
+    assert [p["metadata"]["data_key"] for p in result.packages] == [key, key], log[-3000:]
+    last = result.packages[-1]["evaluation"]
+    assert [g["prompt"] for g in last["generations"]] == PROMPTS, last.get("generations")
+    assert all(0 < g["tokens"] <= 6 for g in last["generations"])
+    assert "prompt 'Say hello.' -> " in log

@@ -625,7 +625,7 @@ class RegistrySection(_Strict):
     enabled: bool = Field(default=True, description="end the pipeline with the Register step")
     approval: Literal["PendingManualApproval", "Approved"] = Field(
         default="PendingManualApproval",
-        description="the package's ModelApprovalStatus; an operator approves it (tiered-training models approve)",
+        description="the package's ModelApprovalStatus; an operator approves it: tiered-training registry RECIPE --approve VERSION",
     )
     serving_image: str | None = Field(
         default=None,
@@ -641,8 +641,13 @@ class EvaluationSection(_Strict):
     """The evaluation of the export after the last step: held-out loss and perplexity, and its answers to the
     prompts listed here, written as evaluation.json next to the export and attached to the model package."""
 
-    enabled: bool = True
-    batches: int = Field(default=8, ge=1, le=1000, description="held-out micro-batches the export is scored on")
+    enabled: bool = Field(default=True, description="evaluate the export after the run's last step")
+    batches: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="held-out micro-batches the export is scored on (at most validation.batches: the same ones)",
+    )
     prompts: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=8, description="prompts the export answers (greedy decoding)"
     )
