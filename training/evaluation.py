@@ -169,7 +169,7 @@ def load_export(cfg: RunConfig, model_dir: Path, init_dir: Path | None, device: 
         if init_dir is None:
             raise FileNotFoundError("an adapter export needs its base, the starting checkpoint, which is not here")
         base = AutoModelForCausalLM.from_pretrained(init_dir, dtype=dtype)
-        model = PeftModel.from_pretrained(base, model_dir)
+        model: Any = PeftModel.from_pretrained(base, model_dir)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     return model.to(device).eval()
@@ -180,7 +180,8 @@ def load_tokenizer(model_dir: Path, init_dir: Path | None):
     from transformers import AutoTokenizer
 
     for directory in (model_dir, init_dir):
-        if directory is not None and any((Path(directory) / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        names = ("tokenizer.json", "tokenizer.model")
+        if directory is not None and any((Path(directory) / n).is_file() for n in names):
             return AutoTokenizer.from_pretrained(directory)
     return None
 

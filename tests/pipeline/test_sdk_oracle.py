@@ -162,6 +162,7 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
         try:
             import boto3
             from sagemaker.core import shapes
+            from sagemaker.core.model_registry import create_model_package_from_containers
             from sagemaker.core.network import NetworkConfig
             from sagemaker.core.processing import Processor
             from sagemaker.core.telemetry import telemetry_logging
@@ -172,7 +173,6 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             from sagemaker.core.workflow.properties import PropertyFile
             from sagemaker.mlops.workflow import retry
             from sagemaker.mlops.workflow.condition_step import ConditionStep
-            from sagemaker.core.model_registry import create_model_package_from_containers
             from sagemaker.mlops.workflow.fail_step import FailStep
             from sagemaker.mlops.workflow.model_step import ModelStep
             from sagemaker.mlops.workflow.pipeline import Pipeline

@@ -20,7 +20,7 @@ def _package(described: dict[str, Any]) -> dict[str, Any]:
     metadata = dict(described.get("CustomerMetadataProperties") or {})
     statistics = ((described.get("ModelMetrics") or {}).get("ModelQuality") or {}).get("Statistics") or {}
     containers = (described.get("InferenceSpecification") or {}).get("Containers") or [{}]
-    created = described.get("CreationTime")
+    created: Any = described.get("CreationTime")
     return {
         "version": described.get("ModelPackageVersion"),
         "arn": described.get("ModelPackageArn"),

@@ -306,7 +306,9 @@ class TrainingPipeline(Resource):
         )
         return grant.combine(
             iam.Grant.add_to_principal(
-                grantee=grantee, actions=["sagemaker:DescribeModelPackageGroup"], resource_arns=[self.model_package_group_arn]
+                grantee=grantee,
+                actions=["sagemaker:DescribeModelPackageGroup"],
+                resource_arns=[self.model_package_group_arn],
             )
         )
 

@@ -167,7 +167,9 @@ def validate_register_arguments(args: dict[str, Any], step_name: str = "") -> li
         problems.append(f"{where}CustomerMetadataProperties: {len(metadata)} keys; SageMaker allows 50")
     for key, value in metadata.items():
         if not re.fullmatch(r"[\w\s.:/=+\-@]{1,128}", key):  # CustomerMetadataKey: letters, digits, _.:/=+-@
-            problems.append(f"{where}CustomerMetadataProperties.{key}: not a valid key (1-128 letters, digits, _.:/=+-@)")
+            problems.append(
+                f"{where}CustomerMetadataProperties.{key}: not a valid key (1-128 letters, digits, _.:/=+-@)"
+            )
         if isinstance(value, str) and not 1 <= len(value) <= 256:
             problems.append(f"{where}CustomerMetadataProperties.{key}: {len(value)} characters; 1 to 256")
     return problems

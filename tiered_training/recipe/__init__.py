@@ -32,7 +32,9 @@ MLFLOW_SERVER_ARN_PATTERN = (
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
 REGION_PATTERN = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
 # An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
-ECR_IMAGE_PATTERN = r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$"
+ECR_IMAGE_PATTERN = (
+    r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$"
+)
 # What each pattern means, with an example: messages say this, never the regular expression.
 PATTERN_MEANING = {
     PIPELINE_NAME_PATTERN: "letters, digits and hyphens, starting and ending with a letter or digit, such as my-8b",
@@ -625,7 +627,9 @@ class RegistrySection(_Strict):
     enabled: bool = Field(default=True, description="end the pipeline with the Register step")
     approval: Literal["PendingManualApproval", "Approved"] = Field(
         default="PendingManualApproval",
-        description="the package's ModelApprovalStatus; an operator approves it: tiered-training registry RECIPE --approve VERSION",
+        description=(
+            "the package's ModelApprovalStatus; an operator approves it: tiered-training registry RECIPE --approve N"
+        ),
     )
     serving_image: str | None = Field(
         default=None,

@@ -245,7 +245,8 @@ class JobRunner:
         The evaluation it names must be in S3, as SageMaker reads the model quality statistics it is given."""
         sagemaker = self.s3.client("sagemaker")
         group = args["ModelPackageGroupName"]
-        known = [g["ModelPackageGroupName"] for g in sagemaker.list_model_package_groups().get("ModelPackageGroupSummaryList", [])]
+        listed = sagemaker.list_model_package_groups().get("ModelPackageGroupSummaryList", [])
+        known = [g["ModelPackageGroupName"] for g in listed]
         if group not in known:  # the construct's AWS::SageMaker::ModelPackageGroup
             sagemaker.create_model_package_group(ModelPackageGroupName=group)
         statistics = ((args.get("ModelMetrics") or {}).get("ModelQuality") or {}).get("Statistics") or {}
