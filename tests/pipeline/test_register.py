@@ -85,3 +85,17 @@ def test_recipe_chooses_the_image_and_approval_or_no_registration(tmp_path):
     definition = d.build_definition(plan, RESOURCES)
     assert not [s for s in d.iter_steps(definition["Steps"]) if s["Type"] == "RegisterModel"]
     assert "MetricDefinitions" not in d.find_step(definition, d.S_TRAIN)["Arguments"]["AlgorithmSpecification"]
+
+
+def test_held_out_scores_are_recorded_where_the_recipe_names_its_held_out_data(tmp_path):
+    """A validation channel: the package records the export's held-out loss and perplexity; windows held out of
+    the training data (possibly none in a small set) leave them to the evaluation file."""
+    named = plan_file(write_yaml(tmp_path / "named.yaml", recipe_dict(**{
+        "data.validation_uri": "s3://bucket-for-tests/held-out/", "data.allowed_uris": ["s3://bucket-for-tests/"]})))
+    held = plan_file(write_yaml(tmp_path / "held.yaml", recipe_dict(**{"data.validation_fraction": 0.01})))
+    assert (named.run_config().validation.source, held.run_config().validation.source) == ("channel", "holdout")
+    for plan, names in ((named, {"train:loss", "eval:loss", "eval:perplexity"}), (held, {"train:loss"})):
+        definition = d.build_definition(plan, RESOURCES)
+        meta = d.find_step(definition, d.S_REGISTER)["Arguments"]["CustomerMetadataProperties"]
+        assert {k for k in meta if ":" in k} == names
+        assert validation.validate_definition(definition) == []

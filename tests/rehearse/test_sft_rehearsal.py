@@ -119,10 +119,12 @@ def test_each_run_is_registered_with_its_metrics_and_evaluation(rehearsal):
     for package, export in ((adapter, "adapter"), (merged, "merged")):
         report = package["evaluation"]  # read from S3, its checksum checked
         assert "error" not in report and report["export"]["format"] == export, report.get("error")
-        # the held-out scores the package records are the evaluation's (the export loaded by transformers/peft)
-        for name in ("eval:loss", "eval:perplexity"):
-            assert float(package["metadata"][name]) == pytest.approx(report["held_out"][name], rel=1e-5)
-        assert report["held_out"]["tokens"] > 0 and report["data"]["sft_fingerprint"] and report["data"]["files"]
+        # the export (loaded by transformers, the adapter by peft on its base) scored on the windows held out of the
+        # training data; the package points at the scores (its metadata records held-out scores of a named channel)
+        assert report["held_out"]["tokens"] > 0 and report["held_out"]["eval:perplexity"] > 1
+        assert "eval:loss" not in package["metadata"]
+        assert package["evaluation_uri"] == package["metadata"]["evaluation_uri"]
+        assert report["data"]["sft_fingerprint"] and report["data"]["files"]
     # the adapter on its base and the merged weights score alike (one bf16 rounding apart)
     assert adapter["evaluation"]["held_out"]["eval:loss"] == pytest.approx(merged["evaluation"]["held_out"]["eval:loss"], rel=1e-2)
     second = merged["evaluation"]

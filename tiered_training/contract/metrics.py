@@ -188,7 +188,8 @@ def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
 
 # The run's final metrics: after the last step the container prints one line per metric (training/evaluation.py),
 # parsed by the last segment's MetricDefinitions; the Register step copies them into the model package from the
-# step's FinalMetricDataList. ``train:loss`` is always printed; the held-out ones when the run has held-out data.
+# step's FinalMetricDataList. ``train:loss`` is always printed; the held-out ones when the run has held-out data
+# (the Register step reads them where the recipe names its held-out data: the validation channel).
 # A task whose evaluation scores more (DPO's preference accuracy) adds its names to TASK_FINAL_METRICS.
 FINAL_TRAIN_LOSS = "train:loss"
 FINAL_EVAL_LOSS = "eval:loss"

@@ -762,8 +762,11 @@ DEFAULT_SERVING_REGION = "us-east-1"
 
 
 def final_metrics(plan: Plan) -> tuple[str, ...]:
-    """The final metrics the last segment prints and the Register step records (``contract.metrics``)."""
-    held_out = plan.recipe.evaluation.enabled and plan.run_config().validation.source != "none"
+    """The final metrics the last segment prints and the Register step records (``contract.metrics``): the
+    training loss, and the held-out scores where the recipe names its held-out data (the validation channel:
+    ``data.validation_uri``, or ``data.sources``' held-out share). Windows held out of the training data may be
+    none in a small data set; their scores, when there are some, are in the evaluation the package points at."""
+    held_out = plan.recipe.evaluation.enabled and plan.run_config().validation.source == "channel"
     return metrics.final_metric_names(plan.recipe.task, held_out)
 
 
