@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -244,11 +245,12 @@ def evaluate_export(
 
 
 def final_metrics(report: dict[str, Any]) -> dict[str, float]:
-    """The report's final metrics under the names the Register step records (``contract.metrics``)."""
-    found: dict[str, float] = {}
-    loss = report.get("training", {}).get(catalogue.FINAL_TRAIN_LOSS)
-    if loss is not None:
-        found[catalogue.FINAL_TRAIN_LOSS] = float(loss)
+    """The report's final metrics: every training metric the trainer reported, and the held-out scores."""
+    found: dict[str, float] = {
+        name: float(value)
+        for name, value in (report.get("training") or {}).items()
+        if isinstance(value, (int, float)) and math.isfinite(value) and re.fullmatch(r"[\w:/.\-]+", name)
+    }
     for name, value in (report.get("held_out") or {}).items():
         if ":" in name and isinstance(value, (int, float)) and math.isfinite(value):
             found[name] = float(value)

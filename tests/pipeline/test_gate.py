@@ -31,7 +31,7 @@ def probe_lines(tokens: float, memory: float, best: int) -> list[str]:
 
 
 # the run's final metrics, as the last segment prints them (the Register step reads them)
-FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft", True)]
+FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft")]
 
 
 class Jobs:

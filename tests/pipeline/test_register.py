@@ -51,7 +51,7 @@ def test_a_final_metric_line_matches_its_regex():
     import re
 
     assert float(re.search(metrics.final_metric_regex(metrics.FINAL_EVAL_PERPLEXITY), line).group(1)) == pytest.approx(12.3457)
-    assert metrics.final_metric_names("pretrain", False) == (metrics.FINAL_TRAIN_LOSS,)
+    assert metrics.final_metric_names("pretrain") == (metrics.FINAL_TRAIN_LOSS,)
 
 
 def test_botocore_catches_a_wrong_register_argument(sft):
@@ -87,15 +87,15 @@ def test_recipe_chooses_the_image_and_approval_or_no_registration(tmp_path):
     assert "MetricDefinitions" not in d.find_step(definition, d.S_TRAIN)["Arguments"]["AlgorithmSpecification"]
 
 
-def test_held_out_scores_are_recorded_where_the_recipe_names_its_held_out_data(tmp_path):
-    """A validation channel: the package records the export's held-out loss and perplexity; windows held out of
-    the training data (possibly none in a small set) leave them to the evaluation file."""
-    named = plan_file(write_yaml(tmp_path / "named.yaml", recipe_dict(**{
-        "data.validation_uri": "s3://bucket-for-tests/held-out/", "data.allowed_uris": ["s3://bucket-for-tests/"]})))
-    held = plan_file(write_yaml(tmp_path / "held.yaml", recipe_dict(**{"data.validation_fraction": 0.01})))
-    assert (named.run_config().validation.source, held.run_config().validation.source) == ("channel", "holdout")
-    for plan, names in ((named, {"train:loss", "eval:loss", "eval:perplexity"}), (held, {"train:loss"})):
-        definition = d.build_definition(plan, RESOURCES)
-        meta = d.find_step(definition, d.S_REGISTER)["Arguments"]["CustomerMetadataProperties"]
-        assert {k for k in meta if ":" in k} == names
-        assert validation.validate_definition(definition) == []
+def test_a_tasks_own_final_metrics_are_recorded(tmp_path, monkeypatch):
+    """A task that lists its own final metrics (DPO: trl's names) gets them parsed and recorded; held-out scores,
+    which a small data set may lack, stay in the evaluation file (no Register step waits on them)."""
+    plan = plan_file(write_yaml(tmp_path / "held.yaml", recipe_dict(**{"data.validation_fraction": 0.01})))
+    meta = d.find_step(d.build_definition(plan, RESOURCES), d.S_REGISTER)["Arguments"]["CustomerMetadataProperties"]
+    assert {k for k in meta if ":" in k or "/" in k} == {"train:loss"}
+    monkeypatch.setitem(metrics.TASK_FINAL_METRICS, plan.recipe.task, ("rewards/accuracies",))
+    definition = d.build_definition(plan, RESOURCES)
+    args = d.find_step(definition, d.S_REGISTER)["Arguments"]
+    assert args["CustomerMetadataProperties"]["rewards/accuracies"] == d.as_string(
+        d.get("Steps.Train.FinalMetricDataList['rewards/accuracies'].Value"))
+    assert validation.validate_definition(definition) == []

@@ -467,11 +467,10 @@ def sdk_training_step(
         )
     else:
         if spec.number == spec.count and recipe.registry.enabled:  # the run's final metrics, for the package
-            held_out = recipe.evaluation.enabled and plan.run_config().validation.source == "channel"
             trainer = trainer.with_metric_definitions(
                 [
                     s.MetricDefinition(name=name, regex=metrics.final_metric_regex(name))
-                    for name in metrics.final_metric_names(recipe.task, held_out)
+                    for name in metrics.final_metric_names(recipe.task)
                 ]
             )
         trainer = trainer.with_retry_strategy(s.RetryStrategy(maximum_retry_attempts=d.JOB_RETRY_ATTEMPTS))
@@ -526,8 +525,7 @@ def sdk_register_step(sdk, plan, resources: d.PipelineResources, params, chain: 
         prepared = sdk.PropertyFile(name=d.PREPARED_PROPERTY_FILE, output_name=d.PREPARE_OUTPUT, path=d.PREPARED_JSON)
         key = sdk.functions.JsonGet(step_name=d.S_PREPARE, property_file=prepared, json_path="key")
         metadata["data_key"] = f.Join(on="", values=[key])
-    held_out = recipe.evaluation.enabled and run_config.validation.source == "channel"
-    for name in metrics.final_metric_names(recipe.task, held_out):
+    for name in metrics.final_metric_names(recipe.task):
         metadata[name] = f.Join(on="", values=[last.properties.FinalMetricDataList[name].Value])
     image = recipe.registry.serving_image or resources.serving_image_uri or serving_image_uri(recipe.compute.region or REGION)
     model = SimpleNamespace(sagemaker_session=sdk.session)

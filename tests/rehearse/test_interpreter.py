@@ -24,7 +24,7 @@ def definition():
 
 
 # the run's final metrics, as the last segment prints them (the Register step reads them)
-FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft", True)]
+FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft")]
 
 
 class Jobs:
@@ -137,7 +137,7 @@ def test_the_execution_id_names_a_new_run_and_runid_resumes_one(definition):
 
     def jobs(step, job_name, args, attempt, *, warm_from):
         seen.append((step, args["CheckpointConfig"]["S3Uri"], args["HyperParameters"]["run.id"]))
-        return JobAttempt("Completed")
+        return JobAttempt("Completed", log=list(FINAL))
 
     Interpreter(body, jobs, execution_id="abc123def456").run({"SkipProbe": "true"})
     Interpreter(body, jobs, execution_id="fff000fff000").run({"RunId": "abc123def456"})

@@ -73,9 +73,10 @@ def test_report_answers_prompts_and_carries_its_checksum(export, tmp_path, capsy
     lines = capsys.readouterr().out.splitlines()
     import re
 
-    found = {name: float(m.group(1)) for line in lines for name in metrics.final_metric_names("sft", True)
+    names = ("train:loss", "rewards/accuracies", "eval:loss", "eval:perplexity")
+    found = {name: float(m.group(1)) for line in lines for name in names
              if (m := re.search(metrics.final_metric_regex(name), line))}
-    assert set(found) == {"train:loss", "eval:loss", "eval:perplexity"}
+    assert set(found) == set(names) and found["rewards/accuracies"] == 0.75  # a task's own metric, by its name
     assert found["eval:loss"] == pytest.approx(report["held_out"]["eval:loss"], rel=1e-5)
     changed = json.loads(path.read_text())
     changed["training"]["train:loss"] = 0.1

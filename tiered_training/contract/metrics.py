@@ -188,9 +188,10 @@ def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
 
 # The run's final metrics: after the last step the container prints one line per metric (training/evaluation.py),
 # parsed by the last segment's MetricDefinitions; the Register step copies them into the model package from the
-# step's FinalMetricDataList. ``train:loss`` is always printed; the held-out ones when the run has held-out data
-# (the Register step reads them where the recipe names its held-out data: the validation channel).
-# A task whose evaluation scores more (DPO's preference accuracy) adds its names to TASK_FINAL_METRICS.
+# step's FinalMetricDataList. Every final training metric the trainer reports is printed, and the held-out scores
+# when the run had held-out data; the package records those every run of the task prints: ``train:loss``, and a
+# task's own training metrics in TASK_FINAL_METRICS (DPO: trl's names, such as ``rewards/accuracies``). The held-out
+# scores, which a small data set may not have, are in the evaluation file the package points at.
 FINAL_TRAIN_LOSS = "train:loss"
 FINAL_EVAL_LOSS = "eval:loss"
 FINAL_EVAL_PERPLEXITY = "eval:perplexity"
@@ -202,7 +203,6 @@ def final_metric_regex(name: str) -> str:
     return rf"FINAL {re.escape(name)}=([-+0-9.eE]+)"
 
 
-def final_metric_names(task: str, held_out: bool) -> tuple[str, ...]:
-    """The final metrics a run of ``task`` prints (and the Register step reads)."""
-    held = (FINAL_EVAL_LOSS, FINAL_EVAL_PERPLEXITY) if held_out else ()
-    return (FINAL_TRAIN_LOSS, *held, *(TASK_FINAL_METRICS.get(task, ()) if held_out else ()))
+def final_metric_names(task: str) -> tuple[str, ...]:
+    """The final metrics every run of ``task`` prints, which the Register step records."""
+    return (FINAL_TRAIN_LOSS, *TASK_FINAL_METRICS.get(task, ()))

@@ -762,12 +762,9 @@ DEFAULT_SERVING_REGION = "us-east-1"
 
 
 def final_metrics(plan: Plan) -> tuple[str, ...]:
-    """The final metrics the last segment prints and the Register step records (``contract.metrics``): the
-    training loss, and the held-out scores where the recipe names its held-out data (the validation channel:
-    ``data.validation_uri``, or ``data.sources``' held-out share). Windows held out of the training data may be
-    none in a small data set; their scores, when there are some, are in the evaluation the package points at."""
-    held_out = plan.recipe.evaluation.enabled and plan.run_config().validation.source == "channel"
-    return metrics.final_metric_names(plan.recipe.task, held_out)
+    """The final metrics every run of the recipe's task prints, which the Register step records
+    (``contract.metrics.final_metric_names``); the held-out scores are in the evaluation the package points at."""
+    return metrics.final_metric_names(plan.recipe.task)
 
 
 def serving_image(plan: Plan, resources: PipelineResources) -> str:
