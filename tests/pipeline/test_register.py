@@ -99,3 +99,14 @@ def test_a_tasks_own_final_metrics_are_recorded(tmp_path, monkeypatch):
     assert args["CustomerMetadataProperties"]["rewards/accuracies"] == d.as_string(
         d.get("Steps.Train.FinalMetricDataList['rewards/accuracies'].Value"))
     assert validation.validate_definition(definition) == []
+
+
+def test_prompts_that_would_not_fit_a_hyperparameter_are_refused_by_field(tmp_path):
+    from tiered_training.recipe.errors import RecipeError
+    from tiered_training.recipe.loader import load_recipe
+
+    data = recipe_dict()
+    data["evaluation"] = {"prompts": ["é" * 250] * 8}  # 8 x 250 characters, 6 each as JSON
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write_yaml(tmp_path / "long.yaml", data))
+    assert "evaluation.prompts" in str(info.value) and "one SageMaker hyperparameter" in str(info.value)

@@ -6,6 +6,7 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Final, Literal
 
@@ -641,6 +642,9 @@ class RegistrySection(_Strict):
     )
 
 
+MAX_PROMPTS_JSON = 2400  # evaluation.prompts as JSON, within one hyperparameter (2500) with room to spare
+
+
 class EvaluationSection(_Strict):
     """The evaluation of the export after the last step: held-out loss and perplexity, and its answers to the
     prompts listed here, written as evaluation.json next to the export and attached to the model package."""
@@ -656,6 +660,17 @@ class EvaluationSection(_Strict):
         default_factory=list, max_length=8, description="prompts the export answers (greedy decoding)"
     )
     max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_fit_a_hyperparameter(cls, prompts: list[str]) -> list[str]:
+        size = len(json.dumps(prompts))
+        if size > MAX_PROMPTS_JSON:
+            raise ValueError(
+                f"the prompts take {size} characters as JSON (non-ASCII characters count 6); they travel in one "
+                f"SageMaker hyperparameter of at most 2500: shorten them to {MAX_PROMPTS_JSON} in all"
+            )
+        return prompts
 
 
 class TuningSection(_Strict):
