@@ -262,6 +262,7 @@ class Trainer:
     cp: ContextParallel | None = None  # context parallelism: the data rank and how sequences are split
     init_dir: Path | None = None  # the starting checkpoint: its tokenizer and chat template go into the export
     slowdown: float = 1.0  # forward/backward at this fraction of its speed (a rehearsal's --slow-host)
+    restored_metrics: dict[str, float] = field(default_factory=dict)  # the resumed checkpoint's final metrics
 
 
 def setup_logging(rank: int) -> None:
@@ -496,9 +497,10 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     )
 
 
-def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
+def _train_state(trainer: Trainer, step: int, dataloader, rank: int, final_metrics: dict | None = None) -> dict:
     """What a checkpoint holds. The data position is global (the same on every rank), so a
-    checkpoint resumes on any number of ranks; only the RNG state is per rank."""
+    checkpoint resumes on any number of ranks; only the RNG state is per rank. ``final_metrics``: the run's
+    last value of each metric so far, so that a job that resumes at the end still reports them."""
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -515,6 +517,7 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
                 "total_steps": trainer.cfg.batch.total_steps,  # the schedule's total (MaxSteps may change on resume)
                 "data": dataloader.state_dict(),
                 "world_size": trainer.info.world_size,
+                "final_metrics": dict(final_metrics or {}),
             }
         ),
         f"rng_rank{rank}": pickle.dumps(rng),
@@ -546,6 +549,7 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     set_model_state_dict(trainer.model, state["model"], options=_model_state_options(trainer))
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     train = pickle.loads(state["train"])
+    trainer.restored_metrics = dict(train.get("final_metrics") or {})  # none in a checkpoint saved before them
     trainer.scheduler.load_state_dict(train["scheduler"])
     _resume_schedule(trainer, train, rank)
     if "data" not in train:
@@ -665,6 +669,7 @@ def _run(
     step = resumed_from if resumed_from is not None else 0
     end = _end_step(cfg, step, max_steps, info.is_main)
     result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
+    result.final_metrics.update(trainer.restored_metrics)  # a resumed run's, until this job's steps replace them
     policy = SaveStopPolicy(cfg, stop, control_group, saved_at=resumed_from, save_checkpoints=save_checkpoints)
     if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at, step_delay_s):
         _finish(trainer, ckpt, result, paths.model_dir, export)
@@ -756,6 +761,7 @@ def _loop(
             result.skipped_steps += 1
         else:
             step += 1
+            result.final_metrics[FINAL_TRAIN_LOSS] = done.loss  # before the save: its checkpoint carries it
         give_up = policy.count(done.skipped)
         step_time = time.perf_counter() - started
 
@@ -766,7 +772,6 @@ def _loop(
         if not done.skipped:
             result.losses[step] = done.loss
             result.final_loss = done.loss
-            result.final_metrics[FINAL_TRAIN_LOSS] = done.loss
         result.step = step
         if info.is_main:
             log.info(stats.log_line())
@@ -820,7 +825,7 @@ def _checkpoint(
     save_s = None
     committed = ckpt.poll()
     if vote.save:
-        state = _train_state(trainer, step, dataloader, trainer.info.rank)
+        state = _train_state(trainer, step, dataloader, trainer.info.rank, result.final_metrics)
         if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
             ckpt.wait()
             raise NonFiniteError(
