@@ -55,6 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from tiered_training.contract.metrics import FINAL_TRAIN_LOSS
 from tiered_training.contract.runconfig import RunConfig
 from tiered_training.contract.world import accumulation, resume_accumulation
 from training.components import float8
@@ -104,6 +105,10 @@ class RunResult:
     checkpoint_step: int | None = None  # last committed checkpoint
     skipped_steps: int = 0  # steps skipped for a non-finite loss or gradient norm
     exported_to: Path | None = None
+    # the last value of each metric the run reports, by name (train:loss, validation:loss; a task's own, such as
+    # trl's rewards/accuracies): the evaluation records them all and the model package the catalogue's
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    evaluation: dict[str, Any] | None = None  # the export's evaluation report (training/evaluation.py), rank 0
     trainer: Trainer | None = field(
         default=None, repr=False
     )  # the built model and optimiser, for callers that inspect them
@@ -260,6 +265,7 @@ class Trainer:
     slowdown: float = 1.0  # forward/backward at this fraction of its speed (a rehearsal's --slow-host)
     reference: Any = None  # DPO with dpo.reference precomputed: training.dpo_train.ReferenceTable
     dpo_metrics: Any = None  # DPO: the last step's metric sums (training.dpo_train)
+    restored_metrics: dict[str, float] = field(default_factory=dict)  # the resumed checkpoint's final metrics
 
 
 def setup_logging(rank: int) -> None:
@@ -516,9 +522,10 @@ def train_step(trainer: Trainer, data_iter, accum: int, group, *, precompute: bo
     )
 
 
-def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
+def _train_state(trainer: Trainer, step: int, dataloader, rank: int, final_metrics: dict | None = None) -> dict:
     """What a checkpoint holds. The data position is global (the same on every rank), so a
-    checkpoint resumes on any number of ranks; only the RNG state is per rank."""
+    checkpoint resumes on any number of ranks; only the RNG state is per rank. ``final_metrics``: the run's
+    last value of each metric so far, so that a job that resumes at the end still reports them."""
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -535,6 +542,7 @@ def _train_state(trainer: Trainer, step: int, dataloader, rank: int) -> dict:
                 "total_steps": trainer.cfg.batch.total_steps,  # the schedule's total (MaxSteps may change on resume)
                 "data": dataloader.state_dict(),
                 "world_size": trainer.info.world_size,
+                "final_metrics": dict(final_metrics or {}),
             }
         ),
         f"rng_rank{rank}": pickle.dumps(rng),
@@ -566,6 +574,7 @@ def _restore(trainer: Trainer, state: dict, dataloader, rank: int) -> int:
     set_model_state_dict(trainer.model, state["model"], options=_model_state_options(trainer))
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
     train = pickle.loads(state["train"])
+    trainer.restored_metrics = dict(train.get("final_metrics") or {})  # none in a checkpoint saved before them
     trainer.scheduler.load_state_dict(train["scheduler"])
     _resume_schedule(trainer, train, rank)
     if "data" not in train:
@@ -693,9 +702,12 @@ def _run(
     step = resumed_from if resumed_from is not None else 0
     end = _end_step(cfg, step, max_steps, info.is_main)
     result = RunResult(step=step, resumed_from=resumed_from, stopped=False, final_loss=None, trainer=trainer)
+    result.final_metrics.update(trainer.restored_metrics)  # a resumed run's, until this job's steps replace them
     policy = SaveStopPolicy(cfg, stop, control_group, saved_at=resumed_from, save_checkpoints=save_checkpoints)
     if _loop(trainer, dataloader, ckpt, policy, hooks, validator, result, end, accum_at, step_delay_s):
         _finish(trainer, ckpt, result, paths.model_dir, export)
+        if result.exported_to is not None and cfg.evaluation.enabled:
+            _evaluate(trainer, result, paths, validator, control_group)
     for group in (save_group, control_group):  # nothing is in flight now; repeated runs (probes) don't pile up groups
         dist.destroy_process_group(group)
     return result
@@ -800,6 +812,7 @@ def _loop(
             result.skipped_steps += 1
         else:
             step += 1
+            result.final_metrics[FINAL_TRAIN_LOSS] = done.loss  # before the save: its checkpoint carries it
         give_up = policy.count(done.skipped)
         step_time = time.perf_counter() - started
 
@@ -835,7 +848,7 @@ def _loop(
             _wait_for_save(ckpt, result)  # the save in flight holds a healthy state: commit it
             raise policy.too_many_skips(step, done, _last_healthy(ckpt, policy.saved_at))
         if validator is not None and not vote.stopping and not done.skipped:
-            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss))
+            validator.maybe_run(lambda loss: _record_validation(hooks, validator, loss, result))
 
         if vote.out_of_time and not vote.stopping:
             _segment_out_of_time(cfg, step, result.checkpoint_step)
@@ -847,8 +860,10 @@ def _loop(
     return True
 
 
-def _record_validation(hooks: list[Hook], validator, loss: float) -> None:
+def _record_validation(hooks: list[Hook], validator, loss: float, result: RunResult | None = None) -> None:
     """The pass's loss to the hooks, with a mixture's loss per source."""
+    if result is not None:
+        result.final_metrics["validation:loss"] = loss
     by_source = {"by_source": validator.source_losses} if validator.source_losses else {}
     for hook in hooks:
         if hasattr(hook, "record_validation"):
@@ -870,7 +885,7 @@ def _checkpoint(
     save_s = None
     committed = ckpt.poll()
     if vote.save:
-        state = _train_state(trainer, step, dataloader, trainer.info.rank)
+        state = _train_state(trainer, step, dataloader, trainer.info.rank, result.final_metrics)
         if not _finite_everywhere(state["model"], ckpt.control_group):  # never saved, so never kept
             ckpt.wait()
             raise NonFiniteError(
@@ -935,6 +950,54 @@ def _finish(trainer: Trainer, ckpt: CheckpointManager, result: RunResult, model_
             model_dir,
             time.perf_counter() - started,
         )
+
+
+def _evaluate(trainer: Trainer, result: RunResult, paths: Paths, validator, group) -> None:
+    """Rank 0 evaluates the export (``training/evaluation.py``) on its held-out batches and writes
+    ``evaluation.json`` next to the export and at the top of the checkpoint directory (the run's prefix in S3);
+    the other ranks wait for it."""
+    if trainer.info.is_main:
+        from training.components.identity import data_files, data_fingerprint, sft_fingerprint
+        from training.evaluation import evaluate_export, print_final_metrics, write_evaluation
+
+        cfg = trainer.cfg
+        files = data_files(paths.data_dir)
+        data: dict[str, Any] = {"uri": cfg.run.data_uri, "fingerprint": data_fingerprint(paths.data_dir, files)}
+        data["files"] = files
+        if cfg.sft is not None:
+            data["sft_fingerprint"] = sft_fingerprint(paths.data_dir)
+        assert result.exported_to is not None
+        report = evaluate_export(
+            cfg,
+            result.exported_to,
+            held_out=_held_out(cfg, paths, validator),
+            final=dict(result.final_metrics),
+            data=data,
+            init_dir=trainer.init_dir,
+            device=trainer.info.device,
+        )
+        places = [result.exported_to] + ([paths.checkpoint_dir] if cfg.run.id else [])
+        written = write_evaluation(report, places)
+        result.evaluation = report
+        log.info("evaluated the export: %s (%s)", report.get("held_out") or report.get("error"), written[0])
+        print_final_metrics(report)
+    if dist.is_initialized():
+        dist.barrier(group=group)
+
+
+def _held_out(cfg: RunConfig, paths: Paths, validator) -> list | None:
+    """The held-out batches the export is scored on: the first ``evaluation.batches`` of all the held-out data
+    (as one rank reads it), whether or not every rank had some for the validation loss; None without any."""
+    from training.components.validation import Validator
+
+    if cfg.validation.source == "none":
+        return None
+    try:
+        whole = Validator(cfg, paths.data_dir, torch.nn.Identity(), torch.device("cpu"), rank=0, world_size=1)
+    except (FileNotFoundError, ValueError) as error:
+        log.warning("no held-out data to evaluate the export on: %s", error)
+        return list(validator.batches[: cfg.evaluation.batches]) if validator is not None else None
+    return list(whole.batches[: cfg.evaluation.batches])
 
 
 def export_model(trainer: Trainer, model_dir: Path) -> Path:

@@ -152,3 +152,45 @@ def test_the_run_commands_json_keeps_its_shape_against_the_endpoint(client, endp
     assert preflight["errors"] and preflight["recipe"] is None
     missing = checked("status", ["--stage", "nowhere"], 1)  # no such pipeline: AWS refuses
     assert missing["execution_arn"] is None and missing["errors"]
+
+
+def test_registry_lists_the_recipes_models_and_approves_one(client, endpoint, capsys):
+    """Two versions in the recipe's group, as its Register steps add them: listed newest first with their run and
+    metrics; --approve sets one's status; an unknown version or both flags are refused by name."""
+    plan = plan_file(RECIPE)
+    client.create_model_package_group(ModelPackageGroupName=plan.name)
+    spec = {"Containers": [{"Image": "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:1",
+                            "ModelDataUrl": "s3://b/o/model/job/output/model.tar.gz"}],
+            "SupportedContentTypes": ["application/json"], "SupportedResponseMIMETypes": ["application/json"]}
+    for run, loss in (("run-a", "2.5"), ("run-b", "2.1")):
+        client.create_model_package(
+            ModelPackageGroupName=plan.name, ModelApprovalStatus="PendingManualApproval", InferenceSpecification=spec,
+            ModelMetrics={"ModelQuality": {"Statistics": {"ContentType": "application/json",
+                                                          "S3Uri": f"s3://b/c/runs/{run}/evaluation.json"}}},
+            CustomerMetadataProperties={"run_id": run, "plan_hash": "abc", "train:loss": loss})
+
+    def registry(*args: str) -> tuple[int, dict | str]:
+        try:
+            cli_main(["registry", str(RECIPE), "--endpoint-url", endpoint, "--region", REGION, *args])
+            code = 0
+        except SystemExit as done:
+            code = done.code or 0
+        captured = capsys.readouterr()
+        return code, json.loads(captured.out) if "json" in args else captured.out + captured.err
+
+    code, listed = registry("-f", "json")
+    assert code == 0 and listed["group"] == plan.name
+    assert [(p["version"], p["run_id"], p["metrics"], p["approval"]) for p in listed["packages"]] == [
+        (2, "run-b", {"train:loss": "2.1"}, "PendingManualApproval"),
+        (1, "run-a", {"train:loss": "2.5"}, "PendingManualApproval"),
+    ]
+    assert listed["packages"][1]["evaluation"] == "s3://b/c/runs/run-a/evaluation.json"
+    code, text = registry("--approve", "1", "--note", "held-out loss checked")
+    # (moto's UpdateModelPackage drops the metadata it is not given; SageMaker keeps it: the run is not checked here)
+    assert code == 0 and text.startswith("Approved: version 1") and "\n  1: Approved, run " in text
+    described = client.describe_model_package(ModelPackageName=listed["packages"][1]["arn"])
+    assert described["ModelApprovalStatus"] == "Approved" and described["ApprovalDescription"] == "held-out loss checked"
+    code, text = registry("--reject", "9")
+    assert code == 1 and "has no version 9 (versions: 2, 1)" in text
+    code, text = registry("--approve", "1", "--reject", "2")
+    assert code == 2 and "--approve and --reject: give one" in text

@@ -87,6 +87,9 @@ class World:
             if key == "Fn::Split":
                 separator, text = arg
                 return str(self.resolve(stack, text)).split(separator)
+            if key == "Fn::FindInMap":  # a mapping of the template (the serving image per region)
+                name, top, second = (self.resolve(stack, part) for part in arg)
+                return self.resolve(stack, self.templates[stack]["Mappings"][name][top][second])
             if key.startswith("Fn::"):
                 raise AssertionError(f"{stack}: intrinsic {key} is not resolved by this test")
         return {k: self.resolve(stack, v) for k, v in value.items()}

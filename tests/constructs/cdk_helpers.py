@@ -31,6 +31,8 @@ def join_to_text(value) -> str:
         return "TOKEN-" + re.sub(r"[^A-Za-z0-9-]", "-", json.dumps(value["Fn::ImportValue"]))
     if isinstance(value, dict) and "Fn::Sub" in value:
         return "TOKEN-sub"
+    if isinstance(value, dict) and "Fn::FindInMap" in value:  # the serving image of the stack's region
+        return "TOKEN-" + "-".join(str(p) for p in value["Fn::FindInMap"] if isinstance(p, str))
     raise AssertionError(f"unexpected intrinsic {value}")
 
 

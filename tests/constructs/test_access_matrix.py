@@ -141,6 +141,9 @@ def _recipe_bindings(world: World, app: str, pipeline, monitoring) -> Recipe:
     v["execution_role"] = _value(world, pipeline.execution_role.role_arn, pipeline)
     v["pipeline_role"] = _value(world, pipeline.pipeline_role.role_arn, pipeline)
     v["pipeline_arn"] = _value(world, pipeline.pipeline_arn, pipeline)
+    if pipeline.model_package_group is not None:  # a package of the recipe's group, as SageMaker numbers it
+        v["model_package"] = _value(world, pipeline.model_packages_arn, pipeline).removesuffix("*") + "1"
+        v["approval"] = plan.recipe.registry.approval
     if pipeline.prepare_role is not None:
         v["prepare_role"] = _value(world, pipeline.prepare_role.role_arn, pipeline)
         v["prepare_job"] = PREPARE_JOB
@@ -206,6 +209,8 @@ def _bind_other(recipe: Recipe, other: Recipe) -> None:
     recipe.values["other_recipe"] = other.name
     recipe.values["other_checkpoint_object"] = other.values["checkpoint_object"]
     recipe.values["other_checkpoint_list"] = other.values["checkpoint_list"]
+    if "model_package" in other.values:
+        recipe.values["other_model_package"] = other.values["model_package"]
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,8 @@ def test_the_weekly_schedule_never_writes_a_production_runs_checkpoints():
                 jobs.append((execution_id, step, args["CheckpointConfig"]["S3Uri"], args["HyperParameters"]["run.resume"]))
             probe = [(0.0, "algo-1", fmt.format(1.0e9 if "tokens" in name else 0.5 if "memory" in name else 1))
                      for name, (fmt, _regex) in metrics.PROBE_METRICS.items()]
-            return JobAttempt("Completed", log=probe)
+            final = [(1.0, "algo-1", f"FINAL {name}=2.0") for name in metrics.final_metric_names(plan.recipe.task)]
+            return JobAttempt("Completed", log=probe + final)  # the probe's metrics; the run's final ones
         return run
 
     production = Interpreter(definition, runner("prod0000aaaa"), execution_id="prod0000aaaa").run({})

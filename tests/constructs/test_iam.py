@@ -54,8 +54,12 @@ def test_pipeline_role_creates_only_pipeline_jobs_and_passes_only_its_role(templ
     by_action = {a: s for s in stmts for a in actions(s)}
     assert set(by_action) == {
         "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
-        "sagemaker:AddTags", "iam:PassRole",
+        "sagemaker:AddTags", "iam:PassRole", "sagemaker:CreateModelPackage",
     }
+    # the Register step: packages of the recipe's own group only, with the recipe's approval status
+    registers = by_action["sagemaker:CreateModelPackage"]
+    assert "model-package/llama3-8b-fp8/*" in json.dumps(registers["Resource"])
+    assert registers["Condition"] == {"StringEquals": {"sagemaker:ModelApprovalStatus": "PendingManualApproval"}}
     jobs = json.dumps(by_action["sagemaker:CreateTrainingJob"]["Resource"])
     assert "training-job/pipelines-*" in jobs
     passed = by_action["iam:PassRole"]

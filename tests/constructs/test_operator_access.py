@@ -98,7 +98,23 @@ def deploy(world: World, stack_name: str, plan, endpoint: str) -> list[dict]:
         s3.put_object(Bucket=data_bucket, Key=f"{prefix}chat.parquet", Body=b"PAR1")
     else:  # token shards (under a raw prefix preflight would refuse a .bin, which no reader takes)
         s3.put_object(Bucket=data_bucket, Key=f"{prefix}shard-000.bin", Body=b"\0" * 64)
+    register_package(sm, json.loads(body))
     return train["Arguments"]["Tags"]
+
+
+def register_package(sm, definition: dict) -> None:
+    """The model package group the template creates and version 1 in it, as the Register step asks."""
+    args = dict(find_step(definition, "Register")["Arguments"])
+    group = args["ModelPackageGroupName"]
+    sm.create_model_package_group(ModelPackageGroupName=group)
+    container = dict(args["InferenceSpecification"]["Containers"][0], ModelDataUrl=f"s3://store/{group}/model.tar.gz")
+    sm.create_model_package(
+        ModelPackageGroupName=group,
+        ModelApprovalStatus=args["ModelApprovalStatus"],
+        InferenceSpecification={**args["InferenceSpecification"], "Containers": [container]},
+        CustomerMetadataProperties={"run_id": RUN, "plan_hash": args["CustomerMetadataProperties"]["plan_hash"],
+                                    "train:loss": "2.5"},
+    )
 
 
 def execution_with_logs(endpoint: str, name: str) -> str:
@@ -146,6 +162,8 @@ COMMANDS = [
     ("stop", []),
     ("preflight", []),
     ("calibrate", ["--from-runs"]),
+    ("registry", []),
+    ("registry --approve", ["--approve", "1", "--note", "reviewed"]),
 ]
 
 
@@ -236,6 +254,8 @@ def test_every_command_makes_calls_and_each_is_mapped(recorded):
     assert {"iam.SimulatePrincipalPolicy", "ecr.BatchGetImage", "service-quotas.GetServiceQuota"} <= by_command[
         "preflight"
     ]
+    assert {"sagemaker.ListModelPackages", "sagemaker.DescribeModelPackage"} <= by_command["registry"]
+    assert "sagemaker.UpdateModelPackage" in by_command["registry --approve"]
     table = mapping()
     for call in recorded:
         assert call.operation in table.get(call.service, {}), call.describe()
@@ -469,6 +489,27 @@ def test_calls_outside_the_commands_are_denied(operated, recorded):
             "sagemaker:CreateTrainingJob",
             f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/pipelines-x-train",
             {},
+        ),
+        Request(
+            "approve another recipe's model",
+            operator,
+            "sagemaker:UpdateModelPackage",
+            f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/other-recipe/1",
+            {"sagemaker:ModelApprovalStatus": "Approved"},
+        ),
+        Request(
+            "describe another recipe's model",
+            operator,
+            "sagemaker:DescribeModelPackage",
+            f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/other-recipe/1",
+            {},
+        ),
+        Request(
+            "register a model by hand",
+            operator,
+            "sagemaker:CreateModelPackage",
+            f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{RECIPES[0]}/2",
+            {"sagemaker:ModelApprovalStatus": "Approved"},
         ),
         Request(
             "delete the log group",

@@ -43,8 +43,8 @@ def test_every_template_recipe_is_valid_and_small(definitions):
 def test_step_and_parameter_names(definitions):
     _plan, definition = next(iter(definitions.values()))
     names = [s["Name"] for s in d.iter_steps(definition["Steps"])]
-    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train", "GateReason",
-                     "FailThroughput", "FailMemory", "Resume"]
+    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "RegisterWithoutProbe", "Probe", "Gate",
+                     "Train", "Register", "GateReason", "FailThroughput", "FailMemory", "Resume", "RegisterResume"]
     for name in names:
         assert re.fullmatch(d.STEP_NAME_PATTERN, name)
     assert [p["Name"] for p in definition["Parameters"]] == ["InstanceCount", "MaxSteps", "DataUri", "SkipProbe", "RunId"]
@@ -105,7 +105,7 @@ def test_gate_thresholds_and_fail_messages(definitions):
     throughput, memory = gate["Conditions"]
     assert throughput["RightValue"] == pytest.approx(plan.recipe.probe.min_throughput_fraction * plan.estimates.tokens_per_second_per_gpu, abs=0.01)
     assert memory["RightValue"] == plan.tier.memory_headroom
-    assert [s["Name"] for s in gate["IfSteps"]] == ["Train"]
+    assert [s["Name"] for s in gate["IfSteps"]] == ["Train", "Register"]
     for name, word in ((d.S_FAIL_THROUGHPUT, "throughput"), (d.S_FAIL_MEMORY, "memory")):
         message = d.find_step(definition, name)["Arguments"]["ErrorMessage"]["Std:Join"]["Values"]
         text = "".join(v if isinstance(v, str) else "<value>" for v in message)
@@ -188,7 +188,7 @@ def test_a_new_execution_is_a_new_run_and_runid_resumes_a_named_one(definitions)
         assert args["CheckpointConfig"]["S3Uri"]["Std:Join"]["Values"] == ["s3://store/r/checkpoints/runs/", run_id, "/"]
         assert args["HyperParameters"]["run.id"] == {"Std:Join": {"On": "", "Values": ['"', run_id, '"']}}
         assert args["HyperParameters"]["run.resume"] == resume
-    assert [s["Name"] for s in root["Arguments"]["ElseSteps"]] == ["Resume"]
+    assert [s["Name"] for s in root["Arguments"]["ElseSteps"]] == ["Resume", "RegisterResume"]
 
 
 def test_a_run_longer_than_a_job_is_a_chain_of_segments(definitions):

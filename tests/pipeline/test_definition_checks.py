@@ -138,8 +138,8 @@ def test_pipeline_expressions_and_tokens_become_typed_placeholders():
 
 def test_walking_steps(body):
     names = [step["Name"] for step in d.iter_steps(body["Steps"])]
-    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "Probe", "Gate", "Train",
-                     "GateReason", "FailThroughput", "FailMemory", "Resume"]
+    assert names == ["NewRunOrResume", "ProbeOrSkip", "TrainWithoutProbe", "RegisterWithoutProbe", "Probe", "Gate",
+                     "Train", "Register", "GateReason", "FailThroughput", "FailMemory", "Resume", "RegisterResume"]
     with pytest.raises(KeyError, match="Nope"):
         d.find_step(body, "Nope")
     assert d.find_step(body, "FailMemory")["Type"] == "Fail"

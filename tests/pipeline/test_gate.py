@@ -30,6 +30,10 @@ def probe_lines(tokens: float, memory: float, best: int) -> list[str]:
     return lines + [fmt.format(values[name]) for name, (fmt, _regex) in metrics.PROBE_METRICS.items()]
 
 
+# the run's final metrics, as the last segment prints them (the Register step reads them)
+FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft")]
+
+
 class Jobs:
     """Stand-in training jobs: every job completes; the Probe prints the given metrics."""
 
@@ -38,7 +42,7 @@ class Jobs:
 
     def __call__(self, step, job_name, args, attempt, *, warm_from):
         self.calls.append((step, args))
-        log = [(float(i), "algo-1", line) for i, line in enumerate(self.lines)] if step == d.S_PROBE else []
+        log = [(float(i), "algo-1", line) for i, line in enumerate(self.lines)] if step == d.S_PROBE else FINAL
         return JobAttempt("Completed", log=log)
 
 

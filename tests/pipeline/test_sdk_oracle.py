@@ -32,6 +32,11 @@ each job's runtime, spot wait and segment time limit), not from the Plan's copie
 change of policy is made in both places, and
 :func:`test_the_oracle_builds_every_training_step_of_ours` names a Training step the oracle lacks.
 
+Each chain ends with its registration: the SDK's ``create_model_package_from_containers`` under the
+PipelineSession (the request ``ModelBuilder.register()`` hands it) in a ``ModelStep``, after the last segment,
+whose MetricDefinitions parse the final metrics the package records. The package carries no Tags: the SDK's
+request has none, and the operators' access is scoped by the group's ARN, not by tag.
+
 Judged differences, not compared:
 
 - ``Metadata``: free-form strings (the definition schema allows any ``{name: string}``); ours
@@ -157,6 +162,7 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
         try:
             import boto3
             from sagemaker.core import shapes
+            from sagemaker.core.model_registry import create_model_package_from_containers
             from sagemaker.core.network import NetworkConfig
             from sagemaker.core.processing import Processor
             from sagemaker.core.telemetry import telemetry_logging
@@ -168,6 +174,7 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             from sagemaker.mlops.workflow import retry
             from sagemaker.mlops.workflow.condition_step import ConditionStep
             from sagemaker.mlops.workflow.fail_step import FailStep
+            from sagemaker.mlops.workflow.model_step import ModelStep
             from sagemaker.mlops.workflow.pipeline import Pipeline
             from sagemaker.mlops.workflow.steps import ProcessingStep, TrainingStep
             from sagemaker.train.model_trainer import ModelTrainer
@@ -189,7 +196,8 @@ def sdk(tmp_path_factory) -> Iterator[SimpleNamespace]:
             parameters=parameters, retry=retry, ConditionStep=ConditionStep, FailStep=FailStep, Pipeline=Pipeline,
             TrainingStep=TrainingStep, ModelTrainer=ModelTrainer, ExecutionVariables=ExecutionVariables,
             session=session, Processor=Processor, ProcessingStep=ProcessingStep, PropertyFile=PropertyFile,
-            NetworkConfig=NetworkConfig,
+            NetworkConfig=NetworkConfig, ModelStep=ModelStep,
+            create_model_package_from_containers=create_model_package_from_containers,
         )
         assert not attempts, f"the SDK tried to reach the network: {attempts}"
 
@@ -459,6 +467,13 @@ def sdk_training_step(
             ]
         )
     else:
+        if spec.number == spec.count and recipe.registry.enabled:  # the run's final metrics, for the package
+            trainer = trainer.with_metric_definitions(
+                [
+                    s.MetricDefinition(name=name, regex=metrics.final_metric_regex(name))
+                    for name in metrics.final_metric_names(recipe.task)
+                ]
+            )
         trainer = trainer.with_retry_strategy(s.RetryStrategy(maximum_retry_attempts=d.JOB_RETRY_ATTEMPTS))
         if recipe.tracking.tensorboard:
             trainer = trainer.with_tensorboard_output_config(
@@ -479,6 +494,58 @@ def sdk_chain(sdk, plan, resources: d.PipelineResources, params, specs: list[Tra
             sdk_training_step(sdk, plan, resources, params, spec, depends_on=steps[-1:] or None, candidate=candidate)
         )
     return steps
+
+
+REGISTER_NAMES = {d.S_TRAIN: "Register", d.S_TRAIN_WITHOUT_PROBE: "RegisterWithoutProbe", d.S_RESUME: "RegisterResume"}
+
+
+def sdk_register_step(sdk, plan, resources: d.PipelineResources, params, chain: list, spec: TrainingSpec):
+    """The chain's registration: a versioned model package in the recipe's group, as the SDK's
+    ``create_model_package_from_containers`` writes the CreateModelPackage request under a PipelineSession, in a
+    ``ModelStep`` after the chain's last segment. The export is the last segment's model artefact, the evaluation
+    the run's ``evaluation.json`` at the top of its checkpoint prefix, and the metrics its FinalMetricDataList."""
+    from tiered_training.catalog.images import serving_image_uri
+
+    recipe, run_config = plan.recipe, plan.run_config()
+    f = sdk.functions
+    last = chain[-1]
+    export = last.properties.ModelArtifacts.S3ModelArtifacts
+    run = run_id(sdk, params, spec)
+    evaluation = f.Join(on="", values=[_join(resources.checkpoint_s3_uri, "runs/"), run, "/evaluation.json"])
+    metadata = {
+        "recipe": plan.name,
+        "task": recipe.task,
+        "plan_hash": run_config.plan_hash(),
+        "run_id": f.Join(on="", values=[run]),
+        "export_uri": export,
+        "export_format": recipe.export.format,
+        "evaluation_uri": evaluation,
+        "data_uri": f.Join(on="", values=[prepared_data(sdk, plan, params)]),
+    }
+    if recipe.data.prepare is not None:
+        prepared = sdk.PropertyFile(name=d.PREPARED_PROPERTY_FILE, output_name=d.PREPARE_OUTPUT, path=d.PREPARED_JSON)
+        key = sdk.functions.JsonGet(step_name=d.S_PREPARE, property_file=prepared, json_path="key")
+        metadata["data_key"] = f.Join(on="", values=[key])
+    for name in metrics.final_metric_names(recipe.task):
+        metadata[name] = f.Join(on="", values=[last.properties.FinalMetricDataList[name].Value])
+    image = recipe.registry.serving_image or resources.serving_image_uri or serving_image_uri(recipe.compute.region or REGION)
+    model = SimpleNamespace(sagemaker_session=sdk.session)
+    sdk.session.init_model_step_arguments(model)
+    step_args = sdk.create_model_package_from_containers(
+        sdk.session,
+        containers=[{"Image": image, "ModelDataUrl": export,
+                     "Environment": {"HF_MODEL_ID": "/opt/ml/model", "OPTION_ROLLING_BATCH": "vllm"}}],
+        content_types=["application/json"],
+        response_types=["application/json"],
+        model_package_group_name=plan.name,
+        model_metrics={"ModelQuality": {"Statistics": {"ContentType": "application/json", "S3Uri": evaluation}}},
+        approval_status=recipe.registry.approval,
+        description=f"{plan.name}: {recipe.task} of {recipe.model.name or recipe.model.catalog or 'the model'}, "
+        f"plan {run_config.plan_hash()}",
+        customer_metadata_properties=metadata,
+    )
+    sdk.session.context = None
+    return sdk.ModelStep(name=REGISTER_NAMES[chain[0].name], step_args=step_args, depends_on=[last])
 
 
 def sdk_retry_policies(sdk) -> list:
@@ -517,6 +584,9 @@ def sdk_definition(sdk, plan, resources: d.PipelineResources) -> dict[str, Any]:
         name: sdk_chain(sdk, plan, resources, params, specs, candidate=chosen if name == d.S_TRAIN else None)
         for name, specs in chain_specs(plan).items()
     }
+    if plan.recipe.registry.enabled:  # each chain ends with its registration
+        for name, specs in chain_specs(plan).items():
+            chains[name].append(sdk_register_step(sdk, plan, resources, params, chains[name], specs[-1]))
 
     def fail(name: str, parts: list) -> Any:
         values = [metric(part.name) if isinstance(part, d.ProbeMetric) else part for part in parts]

@@ -67,7 +67,8 @@ def test_probe_and_train_differ_where_they_must(tmp_path):
     # Only the probe reports metrics to the gate and keeps its instances warm for the full run.
     assert [m["Name"] for m in probe["AlgorithmSpecification"]["MetricDefinitions"]][:3] == [
         "probe:tokens_per_second", "probe:peak_memory_fraction", "probe:best_candidate"]
-    assert "MetricDefinitions" not in train["AlgorithmSpecification"]
+    # the run's last segment: its final metrics, for the Register step
+    assert [m["Name"] for m in train["AlgorithmSpecification"]["MetricDefinitions"]][0] == "train:loss"
     assert probe["ResourceConfig"]["KeepAlivePeriodInSeconds"] == d.WARM_POOL_SECONDS
     assert "KeepAlivePeriodInSeconds" not in train["ResourceConfig"]  # a run that no job precedes (no probe)
     # Train after the Probe takes the probe's pool: AWS matches it only if it asks for a warm pool of its own;

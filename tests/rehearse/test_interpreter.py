@@ -23,6 +23,10 @@ def definition():
     return plan, build_definition(plan, RESOURCES)
 
 
+# the run's final metrics, as the last segment prints them (the Register step reads them)
+FINAL = [(0.0, "algo-1", f"FINAL {name}=1.5") for name in metrics.final_metric_names("sft")]
+
+
 class Jobs:
     """Stand-in jobs: each step's attempts end as scripted; the Probe prints ``probe_lines``."""
 
@@ -33,7 +37,7 @@ class Jobs:
         self.calls.append((step, attempt, warm_from))
         self.args[step] = args
         outcomes = self.script.get(step, [])
-        outcome = outcomes.pop(0) if outcomes else JobAttempt("Completed")
+        outcome = outcomes.pop(0) if outcomes else JobAttempt("Completed", log=list(FINAL))
         if step == "Probe" and outcome.status == "Completed":
             outcome.log = [(float(i), "algo-1", line) for i, line in enumerate(self.probe_lines)]
         return outcome
@@ -133,7 +137,7 @@ def test_the_execution_id_names_a_new_run_and_runid_resumes_one(definition):
 
     def jobs(step, job_name, args, attempt, *, warm_from):
         seen.append((step, args["CheckpointConfig"]["S3Uri"], args["HyperParameters"]["run.id"]))
-        return JobAttempt("Completed")
+        return JobAttempt("Completed", log=list(FINAL))
 
     Interpreter(body, jobs, execution_id="abc123def456").run({"SkipProbe": "true"})
     Interpreter(body, jobs, execution_id="fff000fff000").run({"RunId": "abc123def456"})
@@ -215,3 +219,45 @@ def test_a_processing_steps_property_file_feeds_json_get_in_later_steps(tmp_path
     (tmp_path / "other").mkdir()
     with pytest.raises(PipelineError, match="property file PreparedData of step Prepare has no 'uri'"):
         Interpreter(body, without_uri).run({"SkipProbe": True})
+
+
+class Registering(Jobs):
+    """Stand-in jobs with a model registry: records each CreateModelPackage request."""
+
+    def __init__(self, *args, refuse: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.requests, self.refuse = [], refuse
+
+    def register(self, step, args):
+        if self.refuse:
+            raise ValueError(self.refuse)
+        self.requests.append((step, args))
+        return f"arn:aws:sagemaker:us-east-1:000000000000:model-package/{args['ModelPackageGroupName']}/{len(self.requests)}"
+
+
+def test_the_register_step_sends_the_rendered_package_after_the_last_segment(definition):
+    plan, body = definition
+    jobs = Registering([])
+    execution = Interpreter(body, jobs, execution_id="abc123def456").run({"SkipProbe": "true"})
+    assert execution.status == "Succeeded", execution.failure
+    ((step, request),) = jobs.requests
+    assert step == "RegisterWithoutProbe" and [c[0] for c in jobs.calls][-1] == "TrainWithoutProbe-3"
+    job = execution.jobs["TrainWithoutProbe-3"][-1]
+    assert request["InferenceSpecification"]["Containers"][0]["ModelDataUrl"] == execution.artifacts["TrainWithoutProbe-3"]
+    assert execution.artifacts["TrainWithoutProbe-3"].startswith("s3://b/out/model/pipelines-abc123def456-")
+    assert job.status == "Completed"
+    meta = request["CustomerMetadataProperties"]
+    assert meta["run_id"] == "abc123def456" and meta["train:loss"] == "1.5"
+    assert request["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == "s3://b/ck/runs/abc123def456/evaluation.json"
+    assert execution.packages["RegisterWithoutProbe"]["arn"].endswith(f"/{plan.name}/1")
+
+
+def test_a_register_step_fails_without_its_final_metrics_or_when_refused(definition):
+    _, body = definition
+    silent = Registering([], {"TrainWithoutProbe-3": [JobAttempt("Completed")]})  # printed no FINAL line
+    with pytest.raises(PipelineError, match="FinalMetricDataList\\['train:loss'\\].*is unresolved"):
+        Interpreter(body, silent).run({"SkipProbe": "true"})
+    refused = Registering([], refuse="ValidationException: no such group")
+    execution = Interpreter(body, refused).run({"SkipProbe": "true"})
+    assert execution.status == "Failed" and execution.failed_step == "RegisterWithoutProbe"
+    assert "CreateModelPackage failed: ValidationException: no such group" in execution.failure

@@ -1,7 +1,8 @@
 """The tool-calling SFT template (recipes/llama3.1-8b-tools-sft.yaml) rehearses on 2 hosts from raw JSON Lines in
 S3: its pipeline's Prepare step packs the examples (messages with tools and tool calls) with the init checkpoint's
 tokenizer, the training steps read the shards the step names in its property file, and the merged export loads in
-transformers' text-generation pipeline and generates. A second execution on unchanged data reuses the shards."""
+transformers' text-generation pipeline and generates. A second execution on unchanged data reuses the shards. Each run
+is registered with the prepared data's content key, and its evaluation answers the prompts the recipe lists."""
 
 from __future__ import annotations
 
@@ -22,14 +23,20 @@ pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "recipes" / "llama3.1-8b-tools-sft.yaml"
+PROMPTS = ["Say hello.", "What is two plus two?"]
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("prepare-rehearsal")
+    recipe = workdir / TEMPLATE.name  # the template, with prompts for the evaluation
+    recipe.write_text(
+        TEMPLATE.read_text() + "evaluation:\n  prompts:\n" + "".join(f"    - {p}\n" for p in PROMPTS)
+        + "  max_new_tokens: 6\n"
+    )
     out = io.StringIO()
     result = rehearse(
-        Options(TEMPLATE, hosts=2, workers=1, steps=3, params={"SkipProbe": "true"}, workdir=workdir, then=[Then({})]),
+        Options(recipe, hosts=2, workers=1, steps=3, params={"SkipProbe": "true"}, workdir=workdir, then=[Then({})]),
         out,
     )
     return result, out.getvalue(), workdir
@@ -107,3 +114,13 @@ def test_rehearse_data_packs_the_users_own_examples_with_the_recipes_chat_templa
     assert manifest["examples"] == len(records) and manifest["format"] == "messages"  # none dropped: 1,024-token windows
     assert manifest["vocab_size"] == 400  # the given tokenizer's, not the built-in one's
     assert sorted(result.losses(execution=execution)) == [1, 2]
+
+
+def test_each_run_is_registered_with_the_prepared_datas_key_and_answers_the_prompts(rehearsal):
+    result, log, _ = rehearsal
+    key = re.search(r"preparing data ([0-9a-f]{32})", log).group(1)
+    assert [p["metadata"]["data_key"] for p in result.packages] == [key, key], log[-3000:]
+    last = result.packages[-1]["evaluation"]
+    assert [g["prompt"] for g in last["generations"]] == PROMPTS, last.get("generations")
+    assert all(0 < g["tokens"] <= 6 for g in last["generations"])
+    assert "prompt 'Say hello.' -> " in log

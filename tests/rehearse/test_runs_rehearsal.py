@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import time
 from pathlib import Path
 
@@ -128,8 +129,13 @@ def test_a_segmented_run_equals_an_unsegmented_one_bit_for_bit(runs):
     assert any(len(repr(v)) > 8 for v in result.losses(execution=first).values())  # every digit, not the log line's 4
     unsegmented_export = result.train_attempts(first)[-1].detail["model_dir"]
     assert not any(Path(one.detail["model_dir"]).glob("*.safetensors"))  # segment 1 hands over; it exports nothing
-    assert _digest(two.detail["model_dir"]) == _digest(unsegmented_export)
-    assert any(name.endswith(".safetensors") for name in _digest(unsegmented_export))
+    weights = {k: v for k, v in _digest(two.detail["model_dir"]).items() if k != "evaluation.json"}
+    assert weights == {k: v for k, v in _digest(unsegmented_export).items() if k != "evaluation.json"}
+    assert any(name.endswith(".safetensors") for name in weights)
+    # each run's evaluation (its own run id) scores the same weights the same, with the same final training loss
+    reports = [json.loads((Path(d) / "evaluation.json").read_text()) for d in (two.detail["model_dir"], unsegmented_export)]
+    assert reports[0]["run_id"] != reports[1]["run_id"] and reports[0]["held_out"] == reports[1]["held_out"]
+    assert reports[0]["training"]["train:loss"] == reports[1]["training"]["train:loss"]
 
 
 def test_resuming_a_run_with_other_data_is_refused_before_any_compute(runs):

@@ -3,7 +3,8 @@ shards made by the trainer's own data step, a random init checkpoint in the mode
 SIGTERM after step 1 and a resume,
 then the same recipe exporting merged weights as a new run. The resumed run's losses equal the
 uninterrupted run's bit for bit; the adapter loads with peft onto the init checkpoint, and its
-merge equals the merged export."""
+merge equals the merged export. Each run ends registered in the recipe's model package group (moto's
+SageMaker), with its final metrics and the held-out evaluation of its export (the adapter's on its base)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,31 @@ def test_sft_data_for_the_rehearsal_is_packed_by_the_trainers_data_step(tmp_path
                                                     "shard-00000.pos.bin"}
     assert json.loads((tmp_path / "sft-data-0" / "prepared" / "train" / "shards.json").read_text()) == first
     assert other["fingerprint"] != first["fingerprint"]
+
+
+def test_each_run_is_registered_with_its_metrics_and_evaluation(rehearsal):
+    result, log, _ = rehearsal
+    interrupted, fresh = result.executions
+    adapter, merged = result.packages
+    assert (adapter["version"], merged["version"]) == (1, 2), log[-3000:]
+    assert adapter["group"] == merged["group"] and {adapter["approval"], merged["approval"]} == {"PendingManualApproval"}
+    assert adapter["metadata"]["run_id"] == interrupted.execution_id and merged["metadata"]["run_id"] == fresh.execution_id
+    # the final training loss the package records is the run's last step's
+    assert float(merged["metadata"]["train:loss"]) == pytest.approx(result.losses(execution=fresh)[STEPS], rel=1e-5)
+    assert merged["metadata"]["export_uri"].endswith("/output/model.tar.gz")
+    for package, export in ((adapter, "adapter"), (merged, "merged")):
+        report = package["evaluation"]  # read from S3, its checksum checked
+        assert "error" not in report and report["export"]["format"] == export, report.get("error")
+        # the export (loaded by transformers, the adapter by peft on its base) scored on the windows held out of the
+        # training data; the package points at the scores (its metadata records held-out scores of a named channel)
+        assert report["held_out"]["tokens"] > 0 and report["held_out"]["eval:perplexity"] > 1
+        assert "eval:loss" not in package["metadata"]
+        assert package["evaluation_uri"] == package["metadata"]["evaluation_uri"]
+        assert report["data"]["sft_fingerprint"] and report["data"]["files"]
+    # the adapter on its base and the merged weights score alike (one bf16 rounding apart)
+    assert adapter["evaluation"]["held_out"]["eval:loss"] == pytest.approx(merged["evaluation"]["held_out"]["eval:loss"], rel=1e-2)
+    second = merged["evaluation"]
+    assert second["run_id"] == fresh.execution_id
+    # the package names the deployed plan; the evaluation the job's RunConfig, here the rehearsal's scaled one
+    assert second["plan_hash"] == result.scaled.config.plan_hash() != merged["metadata"]["plan_hash"]
+    assert f"model package: {merged['arn']}" in log and "held-out: eval:loss=" in log

@@ -50,6 +50,7 @@ def test_runtime_dependencies_are_pinned():
         "mlflow-skinny": "3.17.2",
         "sagemaker-mlflow": "0.5.0",
         "tensorboard": "2.21.0",
+        "peft": "0.21.2",
     }
 
 

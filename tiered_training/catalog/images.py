@@ -92,5 +92,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+SERVING_CATALOG_FILE = "serving_images.yaml"
+
+
+@cache
+def serving_images() -> dict[str, str]:
+    """Region name to the default serving image's URI (the LMI container that serves the export)."""
+    return dict(_load(SERVING_CATALOG_FILE)["images"])
+
+
+def serving_image_uri(region: str) -> str:
+    """The default serving image in ``region``; a clear error for a region the catalogue lacks."""
+    images = serving_images()
+    try:
+        return images[region]
+    except KeyError:
+        raise ValueError(
+            f"no serving image for region {region!r} in tiered_training/catalog/{SERVING_CATALOG_FILE}; "
+            f"known regions: {', '.join(sorted(images))}. Set registry.serving_image in the recipe"
+        ) from None
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
+

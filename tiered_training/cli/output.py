@@ -310,6 +310,12 @@ class StopOutput(Output):
     status: str | None = None
 
 
+class RegistryOutput(Output):
+    group: str | None = None
+    packages: list[dict[str, Any]] = Field(default=[], description="the group's newest versions, newest first")
+    changed: dict[str, Any] | None = Field(default=None, description="--approve/--reject: the package as it is now")
+
+
 class PreflightOutput(Output):
     recipe: str | None = None
     region: str | None = None
@@ -346,6 +352,7 @@ class RehearseOutput(Output):
     keep_last: int | None = None
     uploads_by_host: Any = None
     exported: dict[str, Any] = {}
+    packages: list[dict[str, Any]] = []
     workdir: str | None = None
     scaled: list[dict[str, Any]] = []
 
@@ -365,6 +372,7 @@ OUTPUTS: dict[str, type[Output]] = {
     "status": StatusOutput,
     "logs": LogsOutput,
     "stop": StopOutput,
+    "registry": RegistryOutput,
     "preflight": PreflightOutput,
     "prices": PricesOutput,
     "calibrate": CalibrateOutput,

@@ -1,4 +1,5 @@
-"""The run commands: ``start``, ``rehearse``, ``status``, ``logs``, ``stop``, ``preflight`` and ``prices``.
+"""The run commands: ``start``, ``rehearse``, ``status``, ``logs``, ``stop``, ``registry``, ``preflight`` and
+``prices``.
 
 All but ``rehearse`` call AWS, through :mod:`tiered_training.aws` (the clients come from
 :func:`_clients`, after the options are checked here, with no call, exit 2 for a bad one).
@@ -613,6 +614,53 @@ def stop(
         emit("stop", 0, execution_arn=arn, status=state)
     else:
         print_lines(_out(), [f"{state}: {arn}"])
+
+
+@commands.command()
+def registry(
+    recipe: Path = _RUN_RECIPE,
+    approve: int | None = typer.Option(None, "--approve", metavar="VERSION", help="approve this version"),
+    reject: int | None = typer.Option(None, "--reject", metavar="VERSION", help="reject this version"),
+    note: str | None = typer.Option(None, "--note", help="the approval's description (who, why)"),
+    stage: str | None = _STAGE,
+    aws: AwsOptions = AwsOptions(),
+    format: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="text or json"),
+) -> None:
+    """The recipe's registered models (its model package group): each version's run, plan, final metrics,
+    evaluation and approval; --approve VERSION or --reject VERSION sets one's approval status."""
+    from tiered_training.aws import models
+    from tiered_training.aws.session import StartError
+    from tiered_training.report.render import print_lines
+
+    if approve is not None and reject is not None:
+        raise Failure([{"message": "--approve and --reject: give one", "field": "--approve"}], EXIT_INVALID)
+    plan = _run_recipe(recipe)
+    group = pipeline_name(plan.name, stage)  # the group is named as the pipeline
+    (sm,) = _clients(plan, aws, "sagemaker", services_for="registry", stage=stage)
+    changed = None
+    try:
+        if approve is not None or reject is not None:
+            version = approve if approve is not None else reject
+            assert version is not None
+            changed = models.set_approval(sm, group, version, "Approved" if approve is not None else "Rejected", note)
+        packages = models.list_packages(sm, group)
+    except StartError as exc:
+        raise _aws_failure(exc) from None
+    if format is TextFormat.json:
+        from tiered_training.cli.output import emit
+
+        emit("registry", 0, group=group, packages=packages, changed=changed)
+        return
+    lines = [f"{changed['approval']}: version {changed['version']} ({changed['arn']})"] if changed else []
+    lines.append(f"model package group {group}: " + (f"{len(packages)} version(s)" if packages else "no versions yet"))
+    for package in packages:
+        metrics = ", ".join(f"{k}={v}" for k, v in package["metrics"].items())
+        lines.append(
+            f"  {package['version']}: {package['approval']}, run {package['run_id']}, plan {package['plan_hash']}"
+            + (f", {metrics}" if metrics else "")
+        )
+        lines.append(f"     export {package['export']}; evaluation {package['evaluation']}")
+    print_lines(_out(), lines)
 
 
 @commands.command()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jsii
-from aws_cdk import ArnFormat, CfnTag, Resource, Stack
+from aws_cdk import ArnFormat, Aws, CfnMapping, CfnTag, Resource, Stack, Token
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -96,9 +96,18 @@ class TrainingPipeline(Resource):
     - ``pipeline_name``: default the recipe name (create-only: renaming replaces the pipeline).
     - ``max_parallel_steps``: ParallelismConfiguration; default 1 (the steps run one after another).
 
+    With ``registry.enabled`` (the default) the recipe's model package group, named as the pipeline, is created
+    here (``AWS::SageMaker::ModelPackageGroup``); each run chain ends with a Register step that adds a package
+    to it (pending manual approval unless ``registry.approval`` says otherwise), whose inference image is the
+    recipe's ``registry.serving_image``, else the LMI container of the stack's region (a ``CfnMapping`` of
+    ``catalog/serving_images.yaml``). The pipeline role may create packages in this group only, with the recipe's
+    approval status; :meth:`grant_models` lets operators list and approve them.
+
     Attributes: ``pipeline_name``, ``pipeline_arn``, ``roles`` (the :class:`TrainingRoles`),
     ``execution_role``, ``pipeline_role``, ``store``, ``connections`` (``ec2.Connections``,
-    when in a VPC), ``resource`` (the ``CfnPipeline``), ``definition`` (the pipeline body).
+    when in a VPC), ``resource`` (the ``CfnPipeline``), ``definition`` (the pipeline body),
+    ``model_package_group`` (the ``CfnModelPackageGroup``, or None without registration),
+    ``model_package_group_arn`` and ``model_packages_arn`` (its packages, ``model-package/<group>/*``).
     """
 
     def __init__(
@@ -184,6 +193,18 @@ class TrainingPipeline(Resource):
         self.execution_role: iam.IRole = self.roles.execution_role
         self.pipeline_role: iam.IRole = self.roles.pipeline_role
         self.prepare_role: iam.IRole | None = self.roles.prepare_role
+        self.model_package_group: sagemaker.CfnModelPackageGroup | None = None
+        serving_image: str | None = None
+        if recipe.registry.enabled:
+            self.model_package_group = sagemaker.CfnModelPackageGroup(
+                self,
+                "ModelPackageGroup",
+                model_package_group_name=name,
+                model_package_group_description=f"Models trained by tiered-training recipe {recipe.name}"[:1024],
+                tags=[CfnTag(key=k, value=v) for k, v in d.tags_for(plan).items()],
+            )
+            if recipe.registry.serving_image is None:
+                serving_image = _serving_image(self)
         self.resources = d.PipelineResources(
             role_arn=self.execution_role.role_arn,
             prepare_role_arn=self.prepare_role.role_arn if self.prepare_role is not None else None,
@@ -193,6 +214,8 @@ class TrainingPipeline(Resource):
             kms_key_id=store.encryption_key_arn,
             subnets=tuple(subnet_ids),
             security_group_ids=tuple(g.security_group_id for g in security_groups or ()),
+            model_package_group=name,
+            serving_image_uri=serving_image,
         )
         self.definition: dict[str, Any] = d.build_definition(plan, self.resources)
         stack = Stack.of(self)
@@ -216,6 +239,23 @@ class TrainingPipeline(Resource):
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
         self.metrics = TrainingMetricFactory(recipe.name, pipeline_name=name)
+        # SageMaker lowercases the group's name in its ARNs and in its packages' (model-package/<group>/<version>).
+        self.model_package_group_arn = stack.format_arn(
+            service="sagemaker", resource="model-package-group", resource_name=name.lower()
+        )
+        self.model_packages_arn = stack.format_arn(
+            service="sagemaker", resource="model-package", resource_name=f"{name.lower()}/*"
+        )
+        if self.model_package_group is not None:
+            self.grant_register(self.pipeline_role)
+            self.resource.add_dependency(self.model_package_group)
+            registered = LateAcknowledgements()
+            registered.add(
+                self.pipeline_role,
+                self.model_packages_arn,
+                "SageMaker numbers the packages of the recipe's group (model-package/<group>/<version>)",
+            )
+            self.node.add_validation(registered)
         self.node.add_validation(_DefinitionValidation(self))
 
     # -- IPipeline -------------------------------------------------------------------------
@@ -240,6 +280,38 @@ class TrainingPipeline(Resource):
 
     # -- grants ----------------------------------------------------------------------------
 
+    def grant_register(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Create model packages in this recipe's group only, with the recipe's approval status (what the Register
+        steps do, as the pipeline role): a pipeline cannot approve its own model unless the recipe says so."""
+        return iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["sagemaker:CreateModelPackage"],
+            resource_arns=[self.model_packages_arn, self.model_package_group_arn],
+            conditions={"StringEquals": {"sagemaker:ModelApprovalStatus": self.plan.recipe.registry.approval}},
+        )
+
+    def grant_models(self, grantee: iam.IGrantable) -> iam.Grant:
+        """List, describe and approve (or reject) the packages of this recipe's group (``tiered-training models``).
+        ``sagemaker:ListModelPackages`` takes no resource that names the group: ``*`` (it lists packages' names and
+        statuses; describing or changing one needs this group's ARN)."""
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=["sagemaker:ListModelPackages"], resource_arns=["*"]
+        )
+        grant = grant.combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["sagemaker:DescribeModelPackage", "sagemaker:UpdateModelPackage"],
+                resource_arns=[self.model_packages_arn],
+            )
+        )
+        return grant.combine(
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["sagemaker:DescribeModelPackageGroup"],
+                resource_arns=[self.model_package_group_arn],
+            )
+        )
+
     def grant_start_execution(self, grantee: iam.IGrantable) -> iam.Grant:
         """Start, describe, list and stop executions of this pipeline (what ``tiered-training start`` does)."""
         return iam.Grant.add_to_principal(
@@ -259,7 +331,8 @@ class TrainingPipeline(Resource):
         self, grantee: iam.IGrantable | iam.ManagedPolicy, *, prices: bool = True, logs: bool = True
     ) -> iam.Grant:
         """What the ``tiered-training`` commands call for this recipe, and nothing more: ``start``
-        (with ``--resume``), ``status``, ``logs``, ``stop`` and ``preflight``; and ``prices``
+        (with ``--resume``), ``status``, ``logs``, ``stop``, ``preflight`` and ``models`` (:meth:`grant_models`);
+        and ``prices``
         (``pricing:GetProducts``) unless ``prices=False``. ``grantee``: a role, user or group, or an
         ``iam.ManagedPolicy`` to fill. ``logs=False`` leaves out the log reads (default: granted): they are the
         one read no condition limits to this recipe (any pipeline job's streams in the account and region).
@@ -303,8 +376,11 @@ class TrainingPipeline(Resource):
         allow_wildcard(
             "*",
             "cloudwatch:GetMetricData, cloudwatch:ListMetrics, servicequotas:List*/GetAWSDefaultServiceQuota and "
-            "pricing:GetProducts have no resource types in IAM",
+            "pricing:GetProducts have no resource types in IAM; sagemaker:ListModelPackages none that names a group",
         )
+        if self.model_package_group is not None:  # models: list, describe and approve this recipe's packages
+            grant = grant.combine(self.grant_models(grantee))
+            allow_wildcard(self.model_packages_arn, "SageMaker numbers the packages of the recipe's group")
         allow_wildcard(f"{self._arn}/execution/*", "SageMaker names each execution (a random ID)")
         # status, explain --run, calibrate --from-runs: the Probe job's final metrics. A pipeline names its jobs
         # pipelines-<execution id>-<step>-<random> (no pipeline name in them); its training steps tag each job
@@ -406,6 +482,20 @@ class TrainingPipeline(Resource):
 
     def metric_execution_failed(self, **kwargs: Any) -> cloudwatch.Metric:
         return self.metrics.pipeline_metric("ExecutionFailed", **kwargs)
+
+
+def _serving_image(scope: Construct) -> str:
+    """The LMI serving image of the stack's region (``catalog/serving_images.yaml``): the URI itself for a stack
+    with a region, else a ``CfnMapping`` looked up with ``AWS::Region`` at deploy time."""
+    from tiered_training.catalog.images import serving_image_uri, serving_images
+
+    stack = Stack.of(scope)
+    if not Token.is_unresolved(stack.region):
+        return serving_image_uri(stack.region)
+    mapping = CfnMapping(
+        scope, "ServingImages", mapping={region: {"uri": uri} for region, uri in serving_images().items()}, lazy=True
+    )
+    return mapping.find_in_map(Aws.REGION, "uri")
 
 
 def _selection_kwargs(selection: ec2.SubnetSelection | None) -> dict[str, Any]:

@@ -25,6 +25,9 @@ def channel_dir(channel: str) -> str:
 CHECKPOINT_LOCAL_PATH = f"{OPT_ML}/checkpoints"  # CheckpointConfig.LocalPath
 MODEL_DIR = f"{OPT_ML}/model"  # SM_MODEL_DIR: uploaded as the job's model artefact
 TENSORBOARD_DIR = f"{OPT_ML}/output/tensorboard"  # TensorBoardOutputConfig.LocalPath
+# The evaluation of the export (training/evaluation.py): in the model directory (inside model.tar.gz) and at the top
+# of the checkpoint directory, which SageMaker copies to the run's prefix, where the model package points at it.
+EVALUATION_FILE = "evaluation.json"
 HYPERPARAMETERS_FILE = f"{OPT_ML}/input/config/hyperparameters.json"
 
 # Training jobs' stdout and stderr: one stream per host (<job>/algo-<n>-<time>); the container's EMF lines

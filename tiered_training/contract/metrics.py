@@ -10,6 +10,7 @@ Dimensions are stable: the recipe name, never a generated job name.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 NAMESPACE = "TieredTraining"
@@ -190,3 +191,25 @@ def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
     for number in range(1, count + 1):
         found.update(probe_candidate_metrics(number))
     return found
+
+
+# The run's final metrics: after the last step the container prints one line per metric (training/evaluation.py),
+# parsed by the last segment's MetricDefinitions; the Register step copies them into the model package from the
+# step's FinalMetricDataList. Every final training metric the trainer reports is printed, and the held-out scores
+# when the run had held-out data; the package records those every run of the task prints: ``train:loss``, and a
+# task's own training metrics in TASK_FINAL_METRICS (DPO: trl's names, such as ``rewards/accuracies``). The held-out
+# scores, which a small data set may not have, are in the evaluation file the package points at.
+FINAL_TRAIN_LOSS = "train:loss"
+FINAL_EVAL_LOSS = "eval:loss"
+FINAL_EVAL_PERPLEXITY = "eval:perplexity"
+TASK_FINAL_METRICS: dict[str, tuple[str, ...]] = {}
+FINAL_METRIC_LINE = "FINAL {name}={value:.6g}"
+
+
+def final_metric_regex(name: str) -> str:
+    return rf"FINAL {re.escape(name)}=([-+0-9.eE]+)"
+
+
+def final_metric_names(task: str) -> tuple[str, ...]:
+    """The final metrics every run of ``task`` prints, which the Register step records."""
+    return (FINAL_TRAIN_LOSS, *TASK_FINAL_METRICS.get(task, ()))

@@ -249,6 +249,34 @@ class ExportConfig(_Frozen):
     )
 
 
+MAX_EVALUATION_PROMPTS = 8
+MAX_EVALUATION_PROMPT_CHARS = 256
+
+
+class EvaluationConfig(_Frozen):
+    """The evaluation of the export after the run's last step (``training/evaluation.py``): held-out loss and
+    perplexity, and the export's answers to a few prompts, written as ``evaluation.json`` next to the export."""
+
+    enabled: bool = Field(default=True, description="evaluate the export after the last segment")
+    batches: int = Field(default=8, ge=1, le=1000, description="held-out micro-batches the export is scored on")
+    prompts: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_EVALUATION_PROMPTS,
+        description="prompts the export answers (greedy), as the chat template renders a user turn when it has one",
+    )
+    max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
+
+    @model_validator(mode="after")
+    def _prompt_length(self) -> EvaluationConfig:
+        for number, prompt in enumerate(self.prompts):
+            if not prompt.strip() or len(prompt) > MAX_EVALUATION_PROMPT_CHARS:
+                raise ValueError(
+                    f"evaluation.prompts[{number}]: {len(prompt)} characters; a prompt has 1 to "
+                    f"{MAX_EVALUATION_PROMPT_CHARS} (the list travels in one hyperparameter of at most 2500)"
+                )
+        return self
+
+
 # peft's names for the Llama and Qwen2 projections: LoRA on every linear layer of the blocks
 # (QLoRA, Dettmers et al. 2023, https://arxiv.org/abs/2305.14314, found all-linear adapters
 # needed to match full fine-tuning).
@@ -408,6 +436,7 @@ class RunConfig(_Frozen):
     tracking: TrackingConfig = TrackingConfig()
     validation: ValidationConfig = ValidationConfig()
     export: ExportConfig = ExportConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     run: RunSection = RunSection()
     sft: SftConfig | None = Field(default=None, description="None: pretraining on flat token shards")
     dpo: DpoConfig | None = Field(default=None, description="preference pairs (with sft); None: SFT or pretraining")

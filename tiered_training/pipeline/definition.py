@@ -75,6 +75,7 @@ from tiered_training.catalog import environment
 from tiered_training.contract import metrics
 from tiered_training.contract.container import (
     CHECKPOINT_LOCAL_PATH,
+    EVALUATION_FILE,
     EXECUTION_VARIABLE,
     MODE_VARIABLE,
     MODEL_CHANNEL,
@@ -136,6 +137,9 @@ S_FAIL_THROUGHPUT = "FailThroughput"
 S_FAIL_MEMORY = "FailMemory"
 S_RESUME = "Resume"
 S_PREPARE = "Prepare"
+# Each chain's last segment is followed by its Register step (a model package in the recipe's group).
+S_REGISTER = "Register"
+REGISTER_STEPS = {S_TRAIN: S_REGISTER, S_TRAIN_WITHOUT_PROBE: "RegisterWithoutProbe", S_RESUME: "RegisterResume"}
 TRAIN_CHAINS = (S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)  # each a chain of segments
 TRAINING_STEPS = (S_PROBE, S_TRAIN, S_TRAIN_WITHOUT_PROBE, S_RESUME)
 
@@ -197,6 +201,9 @@ class PipelineResources:
     - ``kms_key_id``: key for the job's output; default none (the bucket's default encryption).
     - ``subnets`` / ``security_group_ids``: optional VPC for the jobs.
     - ``extra_tags``: tags on every training job, after the recipe's own.
+    - ``model_package_group``: the model package group the Register steps add to; default the recipe's name.
+    - ``serving_image_uri``: the inference image of the packages when the recipe names none (the constructs pass
+      the stack region's LMI image); default the catalogue's for ``compute.region`` (us-east-1 without one).
     """
 
     role_arn: str
@@ -208,6 +215,8 @@ class PipelineResources:
     subnets: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     extra_tags: dict[str, str] = field(default_factory=dict)
+    model_package_group: str | None = None  # the recipe's model package group; default: the recipe's name
+    serving_image_uri: str | None = None  # default: registry.serving_image, else the catalogue's for compute.region
 
 
 def get(path: str) -> dict[str, str]:
@@ -409,6 +418,11 @@ def training_arguments(
         algorithm["MetricDefinitions"] = [
             {"Name": name, "Regex": regex}
             for name, (_fmt, regex) in metrics.probe_metric_definitions(candidate_count(plan)).items()
+        ]
+    elif segment is not None and segment.number == segment.count and plan.recipe.registry.enabled:
+        # the run's final metrics, which the Register step copies into the model package
+        algorithm["MetricDefinitions"] = [
+            {"Name": name, "Regex": metrics.final_metric_regex(name)} for name in final_metrics(plan)
         ]
 
     args: dict[str, Any] = {
@@ -742,6 +756,112 @@ def gate_steps(plan: Plan, train: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# -- registration --------------------------------------------------------------------------
+
+DEFAULT_SERVING_REGION = "us-east-1"
+
+
+def final_metrics(plan: Plan) -> tuple[str, ...]:
+    """The final metrics every run of the recipe's task prints, which the Register step records
+    (``contract.metrics.final_metric_names``); the held-out scores are in the evaluation the package points at."""
+    return metrics.final_metric_names(plan.recipe.task)
+
+
+def serving_image(plan: Plan, resources: PipelineResources) -> str:
+    """The package's inference image: the recipe's choice, else the one the resources name, else the catalogue's
+    LMI image for the recipe's region (``catalog/serving_images.yaml``)."""
+    from tiered_training.catalog.images import serving_image_uri
+
+    return (
+        plan.recipe.registry.serving_image
+        or resources.serving_image_uri
+        or serving_image_uri(plan.recipe.compute.region or DEFAULT_SERVING_REGION)
+    )
+
+
+def model_package_group(plan: Plan, resources: PipelineResources) -> str:
+    return resources.model_package_group or plan.name
+
+
+def evaluation_uri(resources: PipelineResources, run_id: Any) -> dict[str, Any]:
+    """The run's ``evaluation.json`` (written at the top of its checkpoint prefix by the last segment)."""
+    return {
+        "Std:Join": {
+            "On": "",
+            "Values": [resources.checkpoint_s3_uri.rstrip("/") + "/runs/", run_id, "/" + EVALUATION_FILE],
+        }
+    }
+
+
+def register_arguments(plan: Plan, resources: PipelineResources, last: str, run_id: Any) -> dict[str, Any]:
+    """CreateModelPackage arguments of a chain's Register step: a versioned package in the recipe's group, the
+    export (``last``'s model artefact) served by the serving image, the run's evaluation as its model quality
+    statistics, and the recipe, plan hash, run id, data and final metrics as customer metadata."""
+    recipe = plan.recipe
+    run_config = plan.run_config()
+    export = get(f"Steps.{last}.ModelArtifacts.S3ModelArtifacts")
+    metadata: dict[str, Any] = {
+        "recipe": plan.name,
+        "task": recipe.task,
+        "plan_hash": run_config.plan_hash(),
+        "run_id": as_string(run_id),
+        "export_uri": export,
+        "export_format": recipe.export.format,
+        "evaluation_uri": evaluation_uri(resources, run_id),
+        "data_uri": as_string(training_data_uri(plan)),
+    }
+    if recipe.data.prepare is not None:  # the prepared shards' content key (their manifests' checksums in it)
+        metadata["data_key"] = as_string(prepared_data_uri("key"))
+    for name in final_metrics(plan):
+        metadata[name] = as_string(get(f"Steps.{last}.FinalMetricDataList['{name}'].Value"))
+    return {
+        "ModelPackageGroupName": model_package_group(plan, resources),
+        "ModelPackageDescription": (
+            f"{plan.name}: {recipe.task} of {recipe.model.name or recipe.model.catalog or 'the model'}, "
+            f"plan {run_config.plan_hash()}"
+        )[:1024],
+        "ModelApprovalStatus": recipe.registry.approval,
+        "InferenceSpecification": {
+            "Containers": [
+                {
+                    "Image": serving_image(plan, resources),
+                    "ModelDataUrl": export,
+                    "Environment": {"HF_MODEL_ID": "/opt/ml/model", "OPTION_ROLLING_BATCH": "vllm"},
+                }
+            ],
+            "SupportedContentTypes": ["application/json"],
+            "SupportedResponseMIMETypes": ["application/json"],
+        },
+        "ModelMetrics": {
+            "ModelQuality": {
+                "Statistics": {"ContentType": "application/json", "S3Uri": evaluation_uri(resources, run_id)}
+            }
+        },
+        "CustomerMetadataProperties": metadata,
+        "SkipModelValidation": "None",  # the API's default, as the SageMaker SDK writes it
+    }
+
+
+def register_step(plan: Plan, resources: PipelineResources, chain: list[dict[str, Any]], run_id: Any) -> dict:
+    """The Register step after a chain's last segment."""
+    last = chain[-1]["Name"]
+    name = REGISTER_STEPS[chain[0]["Name"]]
+    return {
+        "Name": name,
+        "Type": "RegisterModel",
+        "Description": f"Registers the export of {last} in model package group {model_package_group(plan, resources)}",
+        "DependsOn": [last],
+        "Arguments": register_arguments(plan, resources, last, run_id),
+    }
+
+
+def with_register(plan: Plan, resources: PipelineResources, chain: list[dict[str, Any]], run_id: Any) -> list:
+    """A chain, followed by its Register step when the recipe registers."""
+    if not plan.recipe.registry.enabled:
+        return chain
+    return [*chain, register_step(plan, resources, chain, run_id)]
+
+
 def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]:
     """The pipeline definition of a Plan without errors (``PlanError`` otherwise)."""
     plan.require_ok()
@@ -773,6 +893,9 @@ def build_definition(plan: Plan, resources: PipelineResources) -> dict[str, Any]
     resume = segment_chain(
         plan, resources, S_RESUME, param(P_RUN_ID), True, "Resumes the run named by RunId from its checkpoints"
     )
+    train = with_register(plan, resources, train, EXECUTION_ID)
+    unprobed = with_register(plan, resources, unprobed, EXECUTION_ID)
+    resume = with_register(plan, resources, resume, param(P_RUN_ID))
     probe_or_skip = {
         "Name": S_PROBE_OR_SKIP,
         "Type": "Condition",

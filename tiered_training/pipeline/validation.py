@@ -148,6 +148,33 @@ def validate_processing_arguments(args: dict[str, Any], step_name: str = "") -> 
     return problems
 
 
+def validate_register_arguments(args: dict[str, Any], step_name: str = "") -> list[str]:
+    """Problems in one RegisterModel step's arguments against CreateModelPackage's input shape, and SageMaker's
+    limits on customer metadata (at most 50 keys of 1-128 characters, values of 1-256)."""
+    from botocore.validate import ParamValidator
+
+    where = f"step {step_name}: " if step_name else ""
+    shape = _input_shape("CreateModelPackage")
+    report = ParamValidator().validate(_concretise(dict(args), shape, cdk_token), shape)
+    problems = []
+    if report.has_errors():
+        text = report.generate_report()
+        problems += [f"{where}CreateModelPackage {line.strip()}" for line in text.splitlines() if line.strip()]
+    if not args.get("ModelPackageGroupName"):
+        problems.append(f"{where}ModelPackageGroupName: a registered (versioned) package names its group")
+    metadata = args.get("CustomerMetadataProperties") or {}
+    if len(metadata) > 50:
+        problems.append(f"{where}CustomerMetadataProperties: {len(metadata)} keys; SageMaker allows 50")
+    for key, value in metadata.items():
+        if not re.fullmatch(r"[\w\s.:/=+\-@]{1,128}", key):  # CustomerMetadataKey: letters, digits, _.:/=+-@
+            problems.append(
+                f"{where}CustomerMetadataProperties.{key}: not a valid key (1-128 letters, digits, _.:/=+-@)"
+            )
+        if isinstance(value, str) and not 1 <= len(value) <= 256:
+            problems.append(f"{where}CustomerMetadataProperties.{key}: {len(value)} characters; 1 to 256")
+    return problems
+
+
 def _property_file_problems(steps: list[dict[str, Any]], step: dict[str, Any]) -> list[str]:
     """Each ``Steps.S.PropertyFiles.F`` a step reads names a property file that step S declares, on one of its
     outputs; each property file a step declares names one of its outputs."""
@@ -227,6 +254,8 @@ def validate_definition(definition: dict[str, Any], body: str | None = None) -> 
             problems += validate_training_arguments(step.get("Arguments", {}), name)
         elif step.get("Type") == "Processing":
             problems += validate_processing_arguments(step.get("Arguments", {}), name)
+        elif step.get("Type") == "RegisterModel":
+            problems += validate_register_arguments(step.get("Arguments", {}), name)
         elif step.get("Type") not in ("Condition", "Fail"):
             problems.append(f"step {name}: unknown step type {step.get('Type')!r}")
         problems += _property_file_problems(steps, step)

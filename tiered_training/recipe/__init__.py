@@ -6,6 +6,7 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Final, Literal
 
@@ -31,6 +32,10 @@ MLFLOW_SERVER_ARN_PATTERN = (
 )
 KMS_KEY_ARN_PATTERN = r"^arn:aws[a-z\-]*:kms:[a-z0-9\-]+:\d{12}:key/[A-Za-z0-9\-]{1,128}$"
 REGION_PATTERN = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
+# An ECR image: <account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag> or @sha256:<digest>.
+ECR_IMAGE_PATTERN = (
+    r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+(:[\w.-]+|@sha256:[0-9a-f]{64})$"
+)
 # What each pattern means, with an example: messages say this, never the regular expression.
 PATTERN_MEANING = {
     PIPELINE_NAME_PATTERN: "letters, digits and hyphens, starting and ending with a letter or digit, such as my-8b",
@@ -650,6 +655,56 @@ class PreferenceSection(_Strict):
                 f"{AT}preference.label_smoothing: applies to loss robust (trl's robust DPO); loss is {self.loss}"
             )
         return self
+class RegistrySection(_Strict):
+    """The model package each finished run registers in the recipe's model package group (SageMaker Model
+    Registry), with its metrics, evaluation and lineage."""
+
+    enabled: bool = Field(default=True, description="end the pipeline with the Register step")
+    approval: Literal["PendingManualApproval", "Approved"] = Field(
+        default="PendingManualApproval",
+        description=(
+            "the package's ModelApprovalStatus; an operator approves it: tiered-training registry RECIPE --approve N"
+        ),
+    )
+    serving_image: str | None = Field(
+        default=None,
+        pattern=ECR_IMAGE_PATTERN,
+        description=(
+            "the inference image the package names; default: the LMI (DJL) container of the stack's region "
+            "(tiered_training/catalog/serving_images.yaml), which serves the exported Hugging Face folder with vLLM"
+        ),
+    )
+
+
+MAX_PROMPTS_JSON = 2400  # evaluation.prompts as JSON, within one hyperparameter (2500) with room to spare
+
+
+class EvaluationSection(_Strict):
+    """The evaluation of the export after the last step: held-out loss and perplexity, and its answers to the
+    prompts listed here, written as evaluation.json next to the export and attached to the model package."""
+
+    enabled: bool = Field(default=True, description="evaluate the export after the run's last step")
+    batches: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="held-out micro-batches the export is scored on (at most validation.batches: the same ones)",
+    )
+    prompts: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=8, description="prompts the export answers (greedy decoding)"
+    )
+    max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_fit_a_hyperparameter(cls, prompts: list[str]) -> list[str]:
+        size = len(json.dumps(prompts))
+        if size > MAX_PROMPTS_JSON:
+            raise ValueError(
+                f"the prompts take {size} characters as JSON (non-ASCII characters count 6); they travel in one "
+                f"SageMaker hyperparameter of at most 2500: shorten them to {MAX_PROMPTS_JSON} in all"
+            )
+        return prompts
 
 
 class TuningSection(_Strict):
@@ -725,6 +780,8 @@ class Recipe(_Strict):
     preference: PreferenceSection | None = Field(
         default=None, description="task dpo: the preference loss and its reference; default: sigmoid, beta 0.1"
     )
+    evaluation: EvaluationSection = EvaluationSection()
+    registry: RegistrySection = RegistrySection()
     tags: dict[str, str] = Field(default_factory=dict)
 
     @property

@@ -238,6 +238,23 @@ class JobRunner:
                 except subprocess.TimeoutExpired:
                     pass
 
+    # -- the model registry --------------------------------------------------------------
+
+    def register(self, step: str, args: dict[str, Any]) -> str:
+        """CreateModelPackage on moto's SageMaker, in the group the stack would have created; the package's ARN.
+        The evaluation it names must be in S3, as SageMaker reads the model quality statistics it is given."""
+        sagemaker = self.s3.client("sagemaker")
+        group = args["ModelPackageGroupName"]
+        listed = sagemaker.list_model_package_groups().get("ModelPackageGroupSummaryList", [])
+        known = [g["ModelPackageGroupName"] for g in listed]
+        if group not in known:  # the construct's AWS::SageMaker::ModelPackageGroup
+            sagemaker.create_model_package_group(ModelPackageGroupName=group)
+        statistics = ((args.get("ModelMetrics") or {}).get("ModelQuality") or {}).get("Statistics") or {}
+        if statistics.get("S3Uri"):
+            bucket, key = split_uri(statistics["S3Uri"])
+            self.client.head_object(Bucket=bucket, Key=key)  # a missing evaluation fails the step, by its URI
+        return sagemaker.create_model_package(**args)["ModelPackageArn"]
+
     # -- the job -----------------------------------------------------------------------
 
     def __call__(

@@ -26,6 +26,9 @@ It walks the very dict that :func:`tiered_training.pipeline.definition.build_def
   computes in its final iteration"). A job that fails on an instance (``InternalServerError``)
   is restarted by its ``RetryStrategy``; a spot interruption restarts it; a step that fails
   is retried by the first of its ``RetryPolicies`` whose ``ExceptionType`` matches.
+- **RegisterModel steps**: arguments rendered (``Steps.S.ModelArtifacts.S3ModelArtifacts`` is the Training job's
+  ``<S3OutputPath>/<job name>/output/model.tar.gz``), checked against botocore's CreateModelPackage shape, then
+  sent by the runner's ``register`` (the rehearsal's: moto's SageMaker model registry).
 - **Warm pools**: a job with ``ResourceConfig.KeepAlivePeriodInSeconds`` leaves its
   instances to the next job that matches SageMaker's criteria (role, instance type and
   count, volume, VPC, network isolation, traffic encryption, and a keep-alive of its own).
@@ -42,6 +45,7 @@ from typing import Any, Protocol
 
 EXPRESSION_KEYS = ("Get", "Std:Join", "Std:JsonGet")
 PROPERTY_FILE_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.PropertyFiles\.(?P<file>[A-Za-z0-9_\-]+)$")
+ARTIFACT_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.ModelArtifacts\.S3ModelArtifacts$")
 STEP_REF = re.compile(r"^Steps\.(?P<step>[A-Za-z0-9_\-]+)\.FinalMetricDataList\['(?P<metric>[^']+)'\]\.Value$")
 COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     "Equals": lambda a, b: a == b,
@@ -107,6 +111,8 @@ class Execution:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # step -> FinalMetricDataList
     jobs: dict[str, list[JobAttempt]] = field(default_factory=dict)  # step -> attempts, all jobs
     property_files: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> file name -> parsed JSON
+    artifacts: dict[str, str] = field(default_factory=dict)  # Training step -> ModelArtifacts.S3ModelArtifacts
+    packages: dict[str, dict[str, Any]] = field(default_factory=dict)  # RegisterModel step -> request, arn
 
 
 class _Failed(Exception):
@@ -245,6 +251,11 @@ class Interpreter:
                     f"{where}: {path}: the rehearsal knows the execution variables {', '.join(variables)}"
                 )
             return variables[name]
+        artifact = ARTIFACT_REF.match(path)
+        if artifact:
+            if artifact.group("step") not in self.execution.artifacts:
+                raise PipelineError(f"{where}: {path}: training step {artifact.group('step')} has not completed")
+            return self.execution.artifacts[artifact.group("step")]
         match = STEP_REF.match(path)
         if match:
             step, metric = match.group("step"), match.group("metric")
@@ -294,6 +305,7 @@ class Interpreter:
                 "Fail": self._fail_step,
                 "Training": self._training_step,
                 "Processing": self._processing_step,
+                "RegisterModel": self._register_step,
             }.get(kind)
             if handler is None:
                 raise PipelineError(f"step {step.get('Name')}: steps of type {kind!r} are not supported")
@@ -417,6 +429,34 @@ class Interpreter:
         self.execution.property_files[name] = files
         self._event("job", name, f"{name}: job {job_name} completed", job=job_name)
 
+    def _register_step(self, step: dict[str, Any]) -> None:
+        """CreateModelPackage with the rendered arguments, checked against botocore's shape first (SageMaker
+        fails the step on a request it refuses); the runner's ``register`` sends it to the local stand-in."""
+        from tiered_training.pipeline.validation import validate_register_arguments
+
+        name = step["Name"]
+        args = self.evaluate(step.get("Arguments", {}), f"{name}.Arguments")
+        problems = validate_register_arguments(args, name)
+        if problems:
+            raise _Failed(name, f"{name}: CreateModelPackage would be refused: " + "; ".join(problems))
+        register = getattr(self.runner, "register", None)
+        arn = ""
+        if register is not None:
+            try:
+                arn = register(name, args)
+            except Exception as error:  # the stand-in's refusal, as SageMaker's would fail the step
+                raise _Failed(name, f"{name}: CreateModelPackage failed: {error}") from None
+        self.execution.packages[name] = {"request": args, "arn": arn}
+        metadata = args.get("CustomerMetadataProperties") or {}
+        self._event(
+            "register",
+            name,
+            f"{name}: model package {arn or '(no registry in this runner)'} in {args.get('ModelPackageGroupName')}, "
+            f"{args.get('ModelApprovalStatus')}; "
+            + ", ".join(f"{k}={v}" for k, v in metadata.items() if ":" in k),
+            arn=arn,
+        )
+
     def _training_job(self, step: str, args: dict[str, Any]) -> tuple[str | None, str]:
         """One training job, with its own restarts; (None, "") when it completed, else (exception type, reason)."""
         self._job_counter += 1
@@ -461,6 +501,9 @@ class Interpreter:
             error = result.error or ("SageMaker.JOB_INTERNAL_ERROR" if result.internal else "Algorithm")
             self._event("job", step, f"{step}: job {job_name} failed: {result.failure_reason}", error=error)
             return error, result.failure_reason or "the training job failed"
+        output = (args.get("OutputDataConfig") or {}).get("S3OutputPath")
+        if output:  # where SageMaker uploads the model directory
+            self.execution.artifacts[step] = f"{str(output).rstrip('/')}/{job_name}/output/model.tar.gz"
         log = [entry for a in attempts for entry in a.log]
         definitions = (args.get("AlgorithmSpecification") or {}).get("MetricDefinitions") or []
         self.execution.metrics[step] = final_metrics(definitions, log)

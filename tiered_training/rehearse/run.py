@@ -214,6 +214,7 @@ class Rehearsal:
     memory_limit: float = 1.0  # the probe's peak reserved memory limit (a fraction of the worker's memory)
     slowed: SlowCandidate | None = None  # --slow-candidate
     writers_at_end: dict[str, str] = field(default_factory=dict)  # step-N at the end: the job its manifest names
+    packages: list[dict[str, Any]] = field(default_factory=list)  # the model packages registered (model_packages)
 
     @property
     def executions(self) -> list[Execution]:
@@ -287,11 +288,46 @@ class Rehearsal:
             "keep_last": self.keep_last,
             "uploads_by_host": self.uploads_by_host,
             "exported": self.exported,
+            "packages": self.packages,
             "workdir": str(self.workdir),
             "scaled": [
                 {"field": c.field, "plan": c.plan, "rehearsal": c.rehearsal, "why": c.why} for c in self.scaled.changes
             ],
         }
+
+
+def model_packages(s3: LocalS3, executions: list[Execution]) -> list[dict[str, Any]]:
+    """Each package the executions registered, as the local registry describes it, with the evaluation it
+    points at read from S3 (its checksum checked)."""
+    from tiered_training.contract.evaluation import EVALUATION_FILE, verified
+
+    sagemaker, client = s3.client("sagemaker"), s3.client()
+    found = []
+    for execution in executions:
+        for step, package in execution.packages.items():
+            if not package.get("arn"):
+                continue
+            described = sagemaker.describe_model_package(ModelPackageName=package["arn"])
+            entry: dict[str, Any] = {
+                "step": step,
+                "arn": package["arn"],
+                "group": described.get("ModelPackageGroupName"),
+                "version": described.get("ModelPackageVersion"),
+                "approval": described.get("ModelApprovalStatus"),
+                "metadata": described.get("CustomerMetadataProperties", {}),
+            }
+            uri = (((described.get("ModelMetrics") or {}).get("ModelQuality") or {}).get("Statistics") or {}).get(
+                "S3Uri", ""
+            )
+            entry["evaluation_uri"] = uri
+            try:
+                bucket, key = split_uri(uri)
+                entry["evaluation"] = verified(client.get_object(Bucket=bucket, Key=key)["Body"].read(), uri)
+            except Exception as error:  # shown in the summary, by URI
+                entry["evaluation"] = None
+                entry["evaluation_problem"] = f"{uri or EVALUATION_FILE}: {error}"
+            found.append(entry)
+    return found
 
 
 def probe_candidates(
@@ -875,6 +911,7 @@ def rehearse(options: Options, out: IO[str] | None = None) -> Rehearsal:
             result.uploads_by_host = uploads
             result.interrupted = runner.interrupted
             result.exported = result.exported_of(execution)
+            result.packages = model_packages(s3, result.executions)
             say(f"runs under {runs_uri}: " + ", ".join(e.execution_id for e in result.executions))
             _print_summary(say, result, clean=options.clean)
             _write_json(workdir / SUMMARY_FILE, result.to_dict())
@@ -1270,6 +1307,32 @@ def _print_candidates(say, result: Rehearsal, execution: Execution) -> None:
         say(f"{entry['job']}: candidate {entry['candidate']} ({entry['why']}){trainer}")
 
 
+def _print_packages(say, packages: list[dict[str, Any]]) -> None:
+    """The model packages registered, with their metrics and the evaluation they carry."""
+    for package in packages:
+        meta = package.get("metadata", {})
+        say(
+            f"model package: {package['arn']} (group {package['group']}, version {package['version']}, "
+            f"{package['approval']}), from {package['step']}"
+        )
+        say("  " + ", ".join(f"{k}={v}" for k, v in meta.items()))
+        report = package.get("evaluation")
+        if report is None:
+            say(f"  evaluation: unreadable: {package.get('evaluation_problem')}")
+            continue
+        say(f"  evaluation: {package['evaluation_uri']} (sha256 {report['sha256'][:12]}, checked)")
+        held = report.get("held_out") or {}
+        say("  held-out: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in held.items()))
+        generations = report.get("generations")
+        if isinstance(generations, list):
+            for item in generations:
+                say(f"  prompt {item['prompt']!r} -> {item['answer'][:120]!r}")
+        elif generations:
+            say(f"  generations: {generations.get('skipped')}")
+        if report.get("error"):
+            say(f"  evaluation error: {report['error']}")
+
+
 def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
     execution = result.execution
     say("")
@@ -1331,6 +1394,7 @@ def _print_summary(say, result: Rehearsal, clean: bool = False) -> None:
             say(f"  {name}: {info['dtype']} {tuple(info['shape'])} in {info['file']}")
         if len(exported["tensors"]) > 4:
             say(f"  ... {len(exported['tensors'])} tensors")
+    _print_packages(say, result.packages)
     if result.interrupt:
         say(
             f"interrupt {result.interrupt}: "

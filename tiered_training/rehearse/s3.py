@@ -138,12 +138,13 @@ class LocalS3:
             urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30
         ).close()
 
-    def client(self):
+    def client(self, service: str = "s3"):
+        """A boto3 client of ``service`` (moto serves S3 and SageMaker's model registry here)."""
         import boto3
         from botocore.config import Config
 
         return boto3.client(
-            "s3",
+            service,
             endpoint_url=self.endpoint,
             region_name="us-east-1",
             aws_access_key_id="rehearsal",
