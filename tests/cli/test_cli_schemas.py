@@ -154,11 +154,43 @@ def test_start_dry_run_has_starts_shape():
     assert data["dry_run"] is True and data["execution_arn"] is None
 
 
-def test_run_config_prints_a_run_config_and_fails_in_the_error_shape(recipes):
-    result = invoke("run-config", recipes["good"])
-    assert result.exit_code == 0, result.output
-    schema = json.loads((SCHEMAS / "run-config.schema.json").read_text())
-    jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout))
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout) | {"recipe_name": 3})
-    checked("error", invoke("run-config", recipes["unplannable"], "-f", "json"), 2)
+def test_run_config_keeps_its_shape(recipes):
+    made = checked("run-config", invoke("run-config", recipes["good"]), 0)
+    assert made["recipe_name"] == "unit-test" and made["run_config"]["recipe_name"] == "unit-test"
+    assert made["hyperparameters"] is None
+    flat = checked("run-config", invoke("run-config", recipes["good"], "--hyperparameters"), 0)["hyperparameters"]
+    assert all(isinstance(v, str) for v in flat.values()) and flat
+    for bad in ("unplannable", "invalid"):
+        failed = checked("run-config", invoke("run-config", recipes[bad], "-f", "json"), 2)
+        assert failed["run_config"] is None and failed["recipe_name"] is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plan", "--no-such-option"),
+        ("validate", "--no-such-option"),
+        ("explain",),
+        ("diff", TEMPLATE),
+        ("run-config", "--no-such-option"),
+        ("calibrate",),
+        ("start", "--no-such-option"),
+        ("status", "--no-such-option"),
+        ("logs", "--no-such-option"),
+        ("stop", "--no-such-option"),
+        ("preflight", "--no-such-option"),
+        ("prices", "--no-such-option"),
+        ("templates", "--no-such-option"),
+        ("init", "--no-such-option"),
+        ("tiers", "--no-such-option"),
+        ("models", "--no-such-option"),
+        ("instances", "--no-such-option"),
+        ("rehearse", "--no-such-option"),
+    ],
+    ids=lambda a: " ".join(map(str, a)),
+)
+def test_a_usage_error_has_its_commands_shape(args):
+    """A command line the command refuses before it runs: the command's own keys, empty, and one error."""
+    result = invoke(*args, "-f", "json")
+    data = checked(args[0], result, 2)
+    assert len(data["errors"]) == 1 and result.stderr.count("\n") == 1, result.output

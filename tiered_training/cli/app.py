@@ -188,7 +188,7 @@ def calibrate(
     from tiered_training.aws.session import StartError
     from tiered_training.planning import overlay as overlays
     from tiered_training.recipe.names import pipeline_name
-    from tiered_training.report.render import print_json, print_lines
+    from tiered_training.report.render import print_lines
 
     if not from_runs:
         raise Failure(
@@ -211,7 +211,9 @@ def calibrate(
         raise run._aws_failure(exc) from None
     points = {"probe": len(probed), "run": len(found) - len(probed)}
     if format is TextFormat.json:
-        print_json({"ok": True, "overlay": fitted.to_dict(), "uris": uris, "skipped": skipped, "points": points})
+        from tiered_training.cli.output import emit
+
+        emit("calibrate", 0, overlay=fitted.to_dict(), uris=uris, skipped=skipped, points=points)
         return
     lines = [
         *overlays.report(fitted).splitlines(),

@@ -544,16 +544,18 @@ def run_config(
     format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
     overrides: list[str] = set_option(),
 ) -> None:
-    """Print the RunConfig the training container receives (to run it outside SageMaker)."""
+    """Print the RunConfig the training container receives, under run_config (python -m training --config FILE
+    reads this output as it is, to run outside SageMaker)."""
+    from tiered_training.cli.output import emit
     from tiered_training.planning.plan import PlanError
-    from tiered_training.report.render import dumps
 
     plan = _run_recipe(recipe, overrides)
     try:
         config = plan.run_config()
     except PlanError as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
-    _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+    flat = config.to_hyperparameters() if hyperparameters else None
+    emit("run-config", 0, recipe_name=plan.name, run_config=config.model_dump(mode="json"), hyperparameters=flat)
 
 
 @commands.command()
