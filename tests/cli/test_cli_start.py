@@ -119,7 +119,10 @@ def test_dry_run_prints_the_pipeline_and_parameters_and_calls_nothing(client, en
     assert as_json == 0 and parsed["ok"] and parsed["dry_run"] and parsed["pipeline"] == "dev-llama3-1b-bf16"
     assert {p["name"]: (p["value"], p["given"]) for p in parsed["parameters"]}["InstanceCount"] == ("4", True)
     refused, _, refused_err = main([*args[:-1], "compute.instance_count=3"], capsys)
-    assert refused == 2 and "--instance-count 3" in refused_err
+    assert refused == 2 and refused_err.startswith("error: --set compute.instance_count=3: the plan's global batch")
+    assert "--instance-count" not in refused_err and refused_err.count("\n") == 1
+    typed, _, typed_err = main([*args[:-2], "--instance-count", "3"], capsys)
+    assert typed == 2 and typed_err.startswith("error: --instance-count 3: the plan's global batch")
 
 
 def test_the_run_commands_json_keeps_its_shape_against_the_endpoint(client, endpoint, capsys):

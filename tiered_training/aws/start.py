@@ -90,14 +90,19 @@ def check_parameters(
     data_uri: str | None = None,
     resume: str | None = None,
     plan: Plan | None = None,
+    typed: dict[str, str] | None = None,
 ) -> None:
-    """Raise :class:`ParameterError` naming every override that the pipeline would run wrongly with."""
+    """Raise :class:`ParameterError` naming every override that the pipeline would run wrongly with, as the
+    user gave it: ``typed`` maps an option (``--instance-count``) to what stood for it (``--set ...=3``)."""
     from tiered_training.contract.runconfig import RUN_ID_PATTERN
     from tiered_training.recipe import S3_URI_MAX, S3_URI_PATTERN
 
+    def said(option: str, value: object) -> str:
+        return (typed or {}).get(option) or f"{option} {value}"
+
     problems = []
     if instance_count is not None and not 1 <= instance_count <= MAX_INSTANCE_COUNT:
-        problems.append(f"--instance-count {instance_count}: must be 1 to {MAX_INSTANCE_COUNT}")
+        problems.append(f"{said('--instance-count', instance_count)}: must be 1 to {MAX_INSTANCE_COUNT}")
     elif (
         instance_count is not None
         and plan is not None
@@ -107,7 +112,7 @@ def check_parameters(
         # A resume is held to the counts a new run may use: the launcher refuses any other before compute.
         resuming = f" (resuming {resume})" if resume else ""
         problems.append(
-            f"--instance-count {instance_count}{resuming}: the plan's global batch of "
+            f"{said('--instance-count', instance_count)}{resuming}: the plan's global batch of "
             f"{recipe.budget.global_batch_tokens:,} tokens "
             f"cannot be kept on {instance_count} x {plan.instance.gpus} GPUs at the planned memory; the plan supports "
             f"{', '.join(map(str, plan.instance_counts))} (`tiered-training explain` shows compute.instance_counts)"
@@ -118,14 +123,14 @@ def check_parameters(
             "`tiered-training status RECIPE` lists the recipe's runs"
         )
     if max_steps is not None and not 1 <= max_steps <= MAX_STEPS_LIMIT:
-        problems.append(f"--max-steps {max_steps}: must be 1 to {MAX_STEPS_LIMIT:,}")
+        problems.append(f"{said('--max-steps', max_steps)}: must be 1 to {MAX_STEPS_LIMIT:,} steps")
     if data_uri is not None:
         allowed = ", ".join(recipe.data.data_prefixes)
         if len(data_uri) > S3_URI_MAX or not re.match(S3_URI_PATTERN, data_uri):
-            problems.append(f"--data-uri {clip(repr(data_uri))}: not an S3 URI (s3://bucket/prefix/)")
+            problems.append(f"{said('--data-uri', clip(repr(data_uri)))}: not an S3 URI (s3://bucket/prefix/)")
         elif not recipe.data.allows(data_uri):
             problems.append(
-                f"--data-uri {clip(repr(data_uri))}: not under the recipe's data.allowed_uris ({allowed}); "
+                f"{said('--data-uri', clip(repr(data_uri)))}: not under the recipe's data.allowed_uris ({allowed}); "
                 "the pipeline's role may read only those"
             )
     if problems:

@@ -150,8 +150,9 @@ def start(
     from tiered_training.aws.start import start as start_pipeline
 
     plan = _run_recipe(recipe)
+    typed: dict[str, str] = {}
     if overrides:
-        instance_count, max_steps, data_uri, skip_probe = _start_overrides(
+        instance_count, max_steps, data_uri, skip_probe, typed = _start_overrides(
             recipe,
             overrides,
             instance_count=instance_count,
@@ -167,6 +168,7 @@ def start(
             data_uri=data_uri,
             resume=resume,
             plan=plan if plan.ok else None,
+            typed=typed,
         )
         if dry_run:
             _print_dry_run(plan, aws, stage, format, instance_count, max_steps, data_uri, skip_probe, resume)
@@ -214,8 +216,9 @@ def _start_overrides(
     max_steps: int | None,
     data_uri: str | None,
     skip_probe: bool | None,
-) -> tuple[int | None, int | None, str | None, bool | None]:
-    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter."""
+) -> tuple[int | None, int | None, str | None, bool | None, dict[str, str]]:
+    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter;
+    also, for each option an override stands for, the override as typed (for messages)."""
     from tiered_training.recipe.overrides import parse_overrides
 
     if str(recipe) == "-":  # read once already, for the deployed recipe
@@ -242,10 +245,12 @@ def _start_overrides(
         ),
     }
     out: list[Any] = []
+    typed: dict[str, str] = {}
     for field, (option, explicit, value) in values.items():
         if field not in given:
             out.append(explicit)
             continue
+        typed[option] = f"--set {given[field].text}" + (f" ({value:,} steps)" if option == "--max-steps" else "")
         if value is None:
             raise Failure(
                 [f"--set {given[field].text}: the recipe's plan has errors (run tiered-training explain)"], EXIT_INVALID
@@ -254,7 +259,7 @@ def _start_overrides(
             raise Failure([f"--set {given[field].text} and {option} disagree: give one"], EXIT_INVALID)
         out.append(value)
     instance, uri, skip, steps = out
-    return instance, steps, uri, skip
+    return instance, steps, uri, skip, typed
 
 
 def _print_dry_run(
