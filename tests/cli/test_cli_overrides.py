@@ -35,7 +35,7 @@ def test_a_bad_override_is_checked_like_the_file_and_named():
     )
     malformed = run("plan", TEMPLATE, "--set", "tuning.precision")
     assert malformed.returncode == 2
-    assert "--set tuning.precision: expected key.path=value, for example tuning.precision=bf16" in malformed.stderr
+    assert "--set tuning.precision: no '=': expected key.path=value, for example tuning.precision=bf16" in malformed.stderr
     integer = run("plan", TEMPLATE, "--set", "compute.instance_count=1.5")
     assert integer.returncode == 2 and "--set compute.instance_count=1.5" in integer.stderr
 

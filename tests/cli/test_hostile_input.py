@@ -564,3 +564,32 @@ def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkey
     result, _ = invoke("explain", "no-such")
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (valid recipe names: my-pipeline)"
+
+
+# --set: (override, words its one line must hold). Each is refused before any plan, with what would be valid.
+SET_CASES = [
+    ("data.allowed_uris[0]=s3://x/", ["a list item cannot be set alone", "data.allowed_uris=[first, second]"]),
+    ("data.allowed_uris.0=s3://x/", ["a list item cannot be set alone", "data.allowed_uris=[first, second]"]),
+    ("compute.\u0456nstance_count=2", ["non-ASCII '\u0456' U+0456", "did you mean 'compute.instance_count'?"]),
+    ("tuning.precisi\u03bfn=fp8", ["U+03BF", "did you mean 'tuning.precision'?"]),
+    ("compute.instance_count", ["no '='", "key.path=value"]),
+    ("=3", ["no field before '='"]),
+    ("a..b=1", ["letters, digits and _ joined by '.'"]),
+    ("tuning.precision=fp16", ["must be one of 'bf16', 'fp8', 'fp32', 'auto'"]),
+    ("compute.instance_count=[1", ["the value is not YAML"]),
+    ("name.x=1", ["name is not a section"]),
+]
+
+
+@pytest.mark.parametrize("command", ["plan", "validate", "run-config"])
+@pytest.mark.parametrize("override,words", SET_CASES, ids=[c[0] for c in SET_CASES])
+def test_a_bad_set_is_exit_2_one_line_naming_it_and_writes_nothing(tmp_path, monkeypatch, command, override, words):
+    path = write_yaml(tmp_path / "recipe.yaml", recipe_dict())
+    monkeypatch.chdir(tmp_path)
+    result, _ = invoke(command, path, "--set", override)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --set {override}"), line
+    for word in words:
+        assert word in line, (word, line)
+    assert [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]
