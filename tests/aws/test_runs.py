@@ -144,8 +144,12 @@ def test_start_honours_aws_region_then_aws_default_region(endpoint, tmp_path):
     assert result.exit_code == 0, result.output
     assert len(executions(endpoint, "in-eu", "eu-west-1")) == 2
     result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": None})
-    assert result.exit_code == 2  # local configuration, no call made
-    assert result.stderr.strip() == "error: no AWS region: pass --region, or set AWS_REGION or AWS_DEFAULT_REGION"
+    # no region named: the recipe's default region, the one plan prices in, where this pipeline is not deployed
+    assert result.exit_code == 1 and "Could not find pipeline" in result.stderr, result.output
+    deploy(plan_file(path), endpoint, "us-east-1")
+    result = invoke("start", path, "--no-follow", "--endpoint-url", endpoint, env={"AWS_REGION": None, "AWS_DEFAULT_REGION": None})
+    assert result.exit_code == 0, result.output
+    assert ":us-east-1:" in result.stdout and len(executions(endpoint, "in-eu", "us-east-1")) == 1
 
 
 def test_start_checks_its_parameters_before_any_call(endpoint, recipe):

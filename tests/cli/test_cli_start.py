@@ -153,3 +153,22 @@ def test_the_run_commands_json_keeps_its_shape_against_the_endpoint(client, endp
     assert preflight["errors"] and preflight["recipe"] is None
     missing = checked("status", ["--stage", "nowhere"], 1)  # no such pipeline: AWS refuses
     assert missing["execution_arn"] is None and missing["errors"]
+
+
+def test_start_without_a_region_uses_the_one_plan_prices_in(tmp_path, monkeypatch, capsys):
+    """No --region, no compute.region, no AWS_REGION and no configured one: the recipe's default region, as in
+    plan, not 'no AWS region'."""
+    from tiered_training import catalog
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    code, out, err = main([RECIPE, "--dry-run"], capsys)
+    default = catalog.prices().default_region
+    assert code == 0, err
+    assert out.splitlines()[0] == (
+        f"dry run: would start the pipeline llama3-1b-bf16 in {default} (the recipe's default region, which plan prices in)"
+    )
+    assert json.loads(main([RECIPE, "--dry-run", "-f", "json"], capsys)[1])["region"] == default
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert "in eu-west-1 (the environment)" in main([RECIPE, "--dry-run"], capsys)[1]
