@@ -787,9 +787,9 @@ def _choose(run: _Run) -> Option | None:
             # Among the near-fastest, the one that departs from the tier the least.
             near = [o for o in worth if o.speed >= worth[0].speed * (1 - NEAR_FASTEST)]
             chosen = min(near, key=lambda o: (_departures_from(o, by_tier), -o.speed))
-    run.alternatives = _alternatives(fitting, chosen)
     _record(run, chosen, by_tier, fitting)
     run.probe_options = _probe_options(run, fitting, chosen)
+    run.alternatives = _alternatives(fitting, chosen, also=run.probe_options)
     return chosen
 
 
@@ -859,11 +859,14 @@ def _pins_one(space: Space) -> bool:
     )
 
 
-def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list[Alternative]:
+def _alternatives(
+    fitting: list[Option], chosen: Option, count: int = 3, also: list[Option] | None = None
+) -> list[Alternative]:
     """The next fastest configurations that differ from the chosen one in precision,
     checkpointing or shard group (the fastest context-parallel degree of each); and, where
     the chosen one splits sequences, the fastest at every other context-parallel degree
-    that fits, so that the degrees can be compared side by side."""
+    that fits, so that the degrees can be compared side by side. Each of ``also`` (the probe's
+    candidates) faster than the slowest of those is listed too, so none faster is left out."""
 
     def key(o: Option) -> tuple[str, str | None, str, int]:
         s = o.setting
@@ -875,6 +878,11 @@ def _alternatives(fitting: list[Option], chosen: Option, count: int = 3) -> list
             seen.add(key(option))
             picked.append(option)
     picked = picked[:count]
+    floor = min((o.speed for o in picked), default=float("inf"))
+    for option in also or []:
+        if option.setting != chosen.setting and all(option is not p for p in picked) and option.speed > floor:
+            picked.append(option)
+    picked.sort(key=lambda o: -o.speed)
     if chosen.setting.context_parallel > 1:
         degrees = {chosen.setting.context_parallel} | {o.setting.context_parallel for o in picked}
         for option in fitting:  # fastest first
