@@ -814,7 +814,7 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
 
     def against(o: Option) -> str:
         return (
-            f"{round(o.speed, 1):,.0f} tokens/s per GPU predicted, {o.speed / chosen.speed - 1:+.1%} against the plan's"
+            f"{_figure(o.speed)} tokens/s per GPU predicted, {o.speed / chosen.speed - 1:+.1%} against the plan's"
         )
 
     run.probe_why = ["the plan's own configuration"] + [
@@ -835,12 +835,12 @@ def _probe_options(run: _Run, fitting: list[Option], chosen: Option) -> list[Opt
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         why = f"{how}: {count} wanted, but only the plan's configuration fits; the probe measures it"
     else:
-        others = ", ".join(f"{o.speed:,.0f}" for o in picked[1:])
+        others = ", ".join(_figure(o.speed) for o in picked[1:])
         short = f"; only {len(picked)} fit" if len(picked) < count else ""
         how = "set in the recipe" if isinstance(asked, int) else "auto"
         fastest = "fastest " if bf16 not in picked[1:] else ""
         why = (
-            f"{how}: the probe measures the {len(picked)} {fastest}that fit ({chosen.speed:,.0f} predicted for the "
+            f"{how}: the probe measures the {len(picked)} {fastest}that fit ({_figure(chosen.speed)} predicted for the "
             f"plan's, then {others} tokens/s per GPU){short}; "
             "the full run takes the fastest measured under the headroom"
         )
@@ -857,6 +857,11 @@ def _pins_one(space: Space) -> bool:
     return space.micro_batch is not None and all(
         len(choices) == 1 for choices in (space.precisions, space.checkpointing, space.groups, space.context_parallel)
     )
+
+
+def _figure(speed: float) -> str:
+    """A speed as printed: rounded once, from the 0.1 tokens/s that the plan stores, as every table prints it."""
+    return f"{round(speed, 1):,.0f}"
 
 
 def _alternatives(
@@ -911,7 +916,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
     margin = (run.headroom - chosen.memory.total) / GIB
     gain = chosen.speed / by_tier.speed - 1 if by_tier else 0.0
     tier_setting = by_tier.setting if by_tier else None
-    speeds = f"{chosen.speed:,.0f} vs {by_tier.speed:,.0f} tokens/s per GPU" if by_tier else ""
+    speeds = f"{_figure(chosen.speed)} vs {_figure(by_tier.speed)} tokens/s per GPU" if by_tier else ""
     side = "under" if margin >= 0 else "over"
     fit_text = (
         f"{chosen.memory.fraction:.0%} of HBM, {abs(margin):,.1f} GiB {side} the {tier.memory_headroom:.0%} headroom"
@@ -933,7 +938,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         )
         same = [o for o in fitting if o.setting == replace(s, **changed, micro_batch=o.setting.micro_batch)]
         own = chosen.speed / same[0].speed - 1 if same else gain
-        versus = f"{chosen.speed:,.0f} vs {same[0].speed:,.0f} tokens/s per GPU with {tier_value}" if same else speeds
+        versus = f"{_figure(chosen.speed)} vs {_figure(same[0].speed)} tokens/s per GPU with {tier_value}" if same else speeds
         reason = (
             f"departs from the {tier.name} tier's {tier_value} ({what}): {value} is predicted {own:+.0%} faster "
             f"({versus}) and fits at {fit_text}"
@@ -1053,7 +1058,7 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
             "departs-from-tier",
             f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's "
             "own choice "
-            f"({by_tier.alternative().describe()}: {by_tier.speed:,.0f} tokens/s per GPU), keeping {margin:,.1f} GiB "
+            f"({by_tier.alternative().describe()}: {_figure(by_tier.speed)} tokens/s per GPU), keeping {margin:,.1f} GiB "
             "under the headroom; "
             "tuning.follow_tiers: strict keeps the tier's choices",
             "tuning.follow_tiers",
@@ -1270,7 +1275,7 @@ def _full_parameter(run: _Run, lora: Estimates) -> FullParameter | None:
         run.info(
             "full-parameter-alternative",
             f"full-parameter fine-tuning instead of LoRA needs {nodes} x {run.instance.name} ({alternative.setting}, "
-            f"{found.memory.fraction:.0%} of HBM): {found.speed:,.0f} tokens/s per GPU, {hours:,.1f} h, "
+            f"{found.memory.fraction:.0%} of HBM): {_figure(found.speed)} tokens/s per GPU, {hours:,.1f} h, "
             f"{_dollars(alternative.cost_usd)}, against LoRA's {lora.tokens_per_second_per_gpu:,.0f} tokens/s per GPU "
             f"on {run.nodes} node(s), {lora.wall_time_hours:,.1f} h, {_dollars(lora.cost_usd)}",
             "tuning.adapter",
