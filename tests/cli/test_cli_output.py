@@ -320,3 +320,15 @@ def test_yaml_round_trip_of_the_json_is_loadable():
     data = strict_json(invoke("tiers", "-f", "json").stdout)
     assert [t["name"] for t in data["tiers"]] == [t.name for t in catalogs.tiers()]
     yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize("args", [("templates",), ("tiers",), ("plan", "recipes/"), ("models",), ("instances",)])
+@pytest.mark.parametrize("columns", [None, "100"])
+def test_a_table_fits_100_columns_with_no_trailing_space_and_no_clipped_cell(args, columns, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = RUNNER.invoke(app, list(args), prog_name="tiered-training", env={"COLUMNS": columns, "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert not [line for line in lines if "..." in line or "characters)" in line]

@@ -26,7 +26,7 @@ from typing import Any
 
 from tiered_training.text import clip, escape
 
-CELL_LIMIT = 120
+CELL_LIMIT = 300  # a template's first sentence whole; a huge value still costs nothing
 LINE_LIMIT = 4000
 # Width for output that is not a terminal: wide enough that nothing wraps.
 UNBOUNDED = 100_000
@@ -236,12 +236,20 @@ def print_table(
     if width is None:
         if measured.maximum > PIPED_TABLE_WIDTH and not wide:
             _wrap_prose(table, columns, rows, PIPED_TABLE_WIDTH)
-        out.print(table)
+        _print_trimmed(out, table)
         return
     if measured.maximum <= width:
-        out.print(table)
+        _print_trimmed(out, table)
         return
     _print_blocks(out, rows, columns, title_column or columns[0], numeric)
+
+
+def _print_trimmed(out, table) -> None:
+    """``table`` as rich draws it, without the spaces that pad each line to the table's width."""
+    with out.capture() as captured:
+        out.print(table)
+    out.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    out.file.flush()
 
 
 def plain_width(lines: list[str]) -> int:
@@ -314,7 +322,7 @@ def _print_blocks(con, rows, columns, title_column, numeric) -> None:
             if column == title_column or row.get(column) in (None, ""):
                 continue
             grid.add_row(Text(column), _cell(row[column]))
-        con.print(grid)
+        _print_trimmed(con, grid)
 
 
 def finite(value: Any) -> Any:
