@@ -120,16 +120,24 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
 
 def _report_findings(plans: list, *, strict: bool = False) -> None:
-    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout."""
+    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout; an ``account:`` finding
+    that blocks nothing in one line, its fix left to ``explain``."""
+    from dataclasses import replace
+
     from tiered_training import report
+    from tiered_training.planning.plan import finding_place
     from tiered_training.report.render import print_lines
 
     out, err = _out(), _err()
     for plan in plans:
         blocking = plan.errors + (plan.warnings if strict else [])
         for finding in plan.findings:
-            if finding.severity != "info":
-                print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
+            if finding.severity == "info":
+                continue
+            if finding.severity == "account" and finding not in blocking:
+                source = finding_place(plan, finding)[0] or plan.name
+                finding = replace(finding, fix=f"see `tiered-training explain {source}`")
+            print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
 
 
 def _exit_code(plans: list, failures: list) -> int:
