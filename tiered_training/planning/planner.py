@@ -938,7 +938,9 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
         )
         same = [o for o in fitting if o.setting == replace(s, **changed, micro_batch=o.setting.micro_batch)]
         own = chosen.speed / same[0].speed - 1 if same else gain
-        versus = f"{_figure(chosen.speed)} vs {_figure(same[0].speed)} tokens/s per GPU with {tier_value}" if same else speeds
+        versus = speeds
+        if same:
+            versus = f"{_figure(chosen.speed)} vs {_figure(same[0].speed)} tokens/s per GPU with {tier_value}"
         reason = (
             f"departs from the {tier.name} tier's {tier_value} ({what}): {value} is predicted {own:+.0%} faster "
             f"({versus}) and fits at {fit_text}"
@@ -1058,7 +1060,8 @@ def _record(run: _Run, chosen: Option, by_tier: Option | None, fitting: list[Opt
             "departs-from-tier",
             f"the plan leaves the {tier.name} tier's advice ({changes}) for a predicted {gain:+.0%} over the tier's "
             "own choice "
-            f"({by_tier.alternative().describe()}: {_figure(by_tier.speed)} tokens/s per GPU), keeping {margin:,.1f} GiB "
+            f"({by_tier.alternative().describe()}: {_figure(by_tier.speed)} tokens/s per GPU), "
+            f"keeping {margin:,.1f} GiB "
             "under the headroom; "
             "tuning.follow_tiers: strict keeps the tier's choices",
             "tuning.follow_tiers",
