@@ -593,3 +593,72 @@ def test_a_bad_set_is_exit_2_one_line_naming_it_and_writes_nothing(tmp_path, mon
     for word in words:
         assert word in line, (word, line)
     assert [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]
+
+
+# Standard input: (label, bytes, words). Each command that reads a recipe reads "-" the same way.
+STDIN_CASES = [
+    ("empty", b"", ["<stdin>", "standard input is empty"]),
+    ("UTF-16", "name: a\n".encode("utf-16"), ["<stdin>:1", "not UTF-8"]),
+    ("control bytes", b"\x00\x01\x02", ["<stdin>:1", "not allowed"]),
+    ("broken YAML", b"name: [\n", ["<stdin>:2", "YAML syntax"]),
+    ("recursive alias", b"d: &d [*d]\n", ["<stdin>:1", "alias *d is inside", "recursive"]),
+    ("YAML 1.1 directive", b"%YAML 1.1\n---\nname: x\n", ["<stdin>:1", "YAML 1.2 only"]),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "explain", "run-config"])
+@pytest.mark.parametrize("label,data,words", STDIN_CASES, ids=[c[0] for c in STDIN_CASES])
+def test_bad_standard_input_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, command, label, data, words):
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, [command, "-"], input=data, prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    for word in words:
+        assert word in line, (word, line)
+    assert list(tmp_path.iterdir()) == []
+
+
+# diff: (label, its arguments after the first recipe, words). The second recipe is named in the one line.
+DIFF_CASES = [
+    ("missing file", ["missing.yaml"], ["missing.yaml", "no such file"]),
+    ("no second recipe", [], ["Missing argument 'new'"]),
+    ("broken second on stdin", ["-"], ["<stdin>:2", "YAML syntax"]),
+    ("bad --set", ["good.yaml", "--set", "compute.instance_count[0]=1"], ["a list item cannot be set alone"]),
+    ("unknown option", ["good.yaml", "--no-such"], ["No such option", "--no-such"]),
+]
+
+
+@pytest.mark.parametrize("label,args,words", DIFF_CASES, ids=[c[0] for c in DIFF_CASES])
+def test_a_bad_diff_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, label, args, words):
+    write_yaml(tmp_path / "good.yaml", recipe_dict())
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, ["diff", "good.yaml", *args], input=b"name: [\n", prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    for word in words:
+        assert word in line, (word, line)
+    assert [p.name for p in tmp_path.iterdir()] == ["good.yaml"]
+
+
+# init: (label, NAME, --from, words). Nothing is written unless the new recipe passes validate.
+INIT_CASES = [
+    ("space in the name", "bad name", "llama3-8b-fp8", ["name:", "letters, digits and hyphens"]),
+    ("a path as the name", "../evil", "llama3-8b-fp8", ["name:", "letters, digits and hyphens"]),
+    ("name too long", "n" * 200, "llama3-8b-fp8", ["200 characters", "at most 84"]),
+    ("lookalike letter", "my-8b-\u0430", "llama3-8b-fp8", ["name:"]),
+    ("unknown template", "mine", "nope", ["--from: no template 'nope'", "llama3-8b-fp8"]),
+    ("empty name", "", "llama3-8b-fp8", ["name"]),
+]
+
+
+@pytest.mark.parametrize("label,name,template,words", INIT_CASES, ids=[c[0] for c in INIT_CASES])
+def test_a_bad_init_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, label, name, template, words):
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, ["init", name, "--from", template, "--dir", "out"], prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    for word in words:
+        assert word in line, (word, line)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
