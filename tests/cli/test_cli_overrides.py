@@ -116,7 +116,9 @@ def test_templates_list_every_template_on_one_line():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["templates"]
     assert sorted(r["template"] for r in rows) == sorted(p.stem for p in RECIPES)
-    assert all(r["about"] and len(r["about"]) <= 80 and "\n" not in r["about"] for r in rows)
+    assert all(r["about"] and not r["about"].endswith("...") and "\n" not in r["about"] for r in rows)
+    text = run("templates").stdout.splitlines()  # one row each, its description wrapped beneath, not cut
+    assert sorted(line.split()[0] for line in text[2:-1] if line[:1].strip()) == sorted(p.stem for p in RECIPES)
 
 
 def test_init_writes_a_recipe_that_plans(tmp_path):

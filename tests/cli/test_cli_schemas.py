@@ -194,3 +194,16 @@ def test_a_usage_error_has_its_commands_shape(args):
     result = invoke(*args, "-f", "json")
     data = checked(args[0], result, 2)
     assert len(data["errors"]) == 1 and result.stderr.count("\n") == 1, result.output
+
+
+def test_a_plan_finding_caused_by_set_cites_the_override_in_json(recipes):
+    args = ("--set", "compute.instance_type=ml.p4d.24xlarge", "--set", "tuning.precision=fp8")
+    for command in ("plan", "explain"):
+        data = checked(command, invoke(command, "-f", "json", recipes["good"], *args), 2)
+        (error,) = [e for e in data["errors"] if e["code"] == "fp8-unsupported"]
+        assert error["file"] == "--set tuning.precision=fp8" and error["line"] is None
+        (finding,) = [f for f in data["plans"][0]["findings"] if f["code"] == "fp8-unsupported"]
+        assert (finding["file"], finding["line"]) == ("--set tuning.precision=fp8", None)
+    plain = checked("plan", invoke("plan", "-f", "json", recipes["unplannable"]), 2)["plans"][0]["findings"]
+    (finding,) = [f for f in plain if f["code"] == "fp8-unsupported"]
+    assert finding["file"] == str(recipes["unplannable"]) and finding["line"] >= 1

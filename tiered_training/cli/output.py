@@ -74,6 +74,8 @@ class PlanFinding(_Strict):
     message: str
     fix: str = ""
     field: str = ""
+    file: str | None = Field(None, description="the recipe, or '--set key=value' where an override set the field")
+    line: int | None = Field(None, description="the field's line in the file; null for an override")
 
 
 class Decision(_Strict):
