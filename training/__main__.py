@@ -21,8 +21,11 @@ from training.paths import HYPERPARAMETERS_FILE, Paths
 
 
 def load_config(path: str | Path) -> RunConfig:
-    """A RunConfig JSON (nested sections) or SageMaker hyperparameters (flat dotted keys)."""
+    """A RunConfig JSON (nested sections), SageMaker hyperparameters (flat dotted keys), or the output of
+    ``tiered-training run-config`` (the RunConfig under ``run_config``)."""
     data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and isinstance(data.get("run_config"), dict) and "schema_version" in data:
+        data = data["run_config"]
     if isinstance(data, dict) and any("." in key for key in data):
         return RunConfig.from_hyperparameters(data)
     return RunConfig.model_validate(data)

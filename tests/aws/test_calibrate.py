@@ -84,6 +84,18 @@ def invoke(*args):
     return RUNNER.invoke(app, [str(a) for a in args], prog_name="tiered-training")
 
 
+def schema_checked(result, code: int) -> dict:
+    """calibrate's JSON, checked against docs/schemas/calibrate.schema.json, ``ok == (exit_code == 0)``."""
+    import jsonschema
+    from support import ROOT
+
+    assert result.exit_code == code, result.output
+    data = json.loads(result.stdout)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "docs/schemas/calibrate.schema.json").read_text())).validate(data)
+    assert data["ok"] is (code == 0) and data["exit_code"] == code
+    return data
+
+
 def test_an_overlay_from_the_accounts_runs_is_stored_cached_and_cited(endpoint, tmp_path):
     a, plan_a = deployed(tmp_path, "cal-a", endpoint)
     b, plan_b = deployed(tmp_path, "cal-b", endpoint)
@@ -149,6 +161,8 @@ def test_an_absurd_overlay_is_refused_with_the_reason(endpoint, tmp_path):
     result = invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint)
     assert result.exit_code == 1, result.output
     assert "overlay refused: measured over predicted tokens/s outside 0.5-1.5" in result.output
+    failed = schema_checked(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json"), 1)
+    assert failed["overlay"] is None and "overlay refused" in failed["errors"][0]["message"]
 
 
 def test_the_probes_candidates_are_points_of_their_own_precision(endpoint, tmp_path):
@@ -169,7 +183,7 @@ def test_the_probes_candidates_are_points_of_their_own_precision(endpoint, tmp_p
     assert "left out: cal-probe: 0 per-minute points" in result.output
     stored = json.loads(client("s3", endpoint).get_object(Bucket="tt-store", Key=store_key("cal-probe"))["Body"].read())
     assert stored["factors"] == {f"{plan.instance.name}/bf16": pytest.approx((0.90 * 0.92) ** 0.5, abs=1e-3)}
-    data = json.loads(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json").output)
+    data = schema_checked(invoke("calibrate", path, "--from-runs", "--endpoint-url", endpoint, "-f", "json"), 0)
     assert data["points"] == {"probe": 2, "run": 0}
     schema = json.loads((REPO / "docs/schemas/calibrate.schema.json").read_text())
     jsonschema.validate(data, schema)

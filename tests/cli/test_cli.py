@@ -98,8 +98,12 @@ def test_run_config_round_trips(tmp_path):
     assert result.returncode == 0
     from tiered_training.contract.runconfig import RunConfig
 
-    config = RunConfig.from_json(result.stdout)
+    config = RunConfig.model_validate(json.loads(result.stdout)["run_config"])
     assert config.recipe_name == "llama3-8b-fp8"
+    from training.__main__ import load_config
+
+    (tmp_path / "run.json").write_text(result.stdout)  # the container reads the output as it is
+    assert load_config(tmp_path / "run.json") == config
 
 
 def test_readme_quotes_the_tier_table():

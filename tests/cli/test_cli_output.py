@@ -321,3 +321,29 @@ def test_yaml_round_trip_of_the_json_is_loadable():
     data = strict_json(invoke("tiers", "-f", "json").stdout)
     assert [t["name"] for t in data["tiers"]] == [t.name for t in catalogs.tiers()]
     yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize("args", [("templates",), ("tiers",), ("plan", "recipes/"), ("models",), ("instances",)])
+@pytest.mark.parametrize("columns", [None, "100"])
+def test_a_table_fits_100_columns_with_no_trailing_space_and_no_clipped_cell(args, columns, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = RUNNER.invoke(app, list(args), prog_name="tiered-training", env={"COLUMNS": columns, "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert not [line for line in lines if "..." in line or "characters)" in line]
+
+
+def test_validate_gives_an_account_finding_one_line_and_leaves_its_fix_to_explain(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = RUNNER.invoke(app, ["validate", "recipes/"], prog_name="tiered-training", env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    account = [line for line in result.stdout.splitlines() if line.startswith("account: ")]
+    assert account, result.stdout
+    for line in account:
+        source = line.removeprefix("account: ").split(":", 1)[0]
+        assert f"Fix: see `tiered-training explain {source}`. [quota-needed]" in line, line
+        assert "aws service-quotas" not in line and len(line) <= 400, line
+    explained = RUNNER.invoke(app, ["explain", source], prog_name="tiered-training", env={"COLUMNS": None})
+    assert "aws service-quotas request-service-quota-increase" in explained.stdout

@@ -35,7 +35,7 @@ def test_a_bad_override_is_checked_like_the_file_and_named():
     )
     malformed = run("plan", TEMPLATE, "--set", "tuning.precision")
     assert malformed.returncode == 2
-    assert "--set tuning.precision: expected key.path=value, for example tuning.precision=bf16" in malformed.stderr
+    assert "--set tuning.precision: no '=': expected key.path=value, for example tuning.precision=bf16" in malformed.stderr
     integer = run("plan", TEMPLATE, "--set", "compute.instance_count=1.5")
     assert integer.returncode == 2 and "--set compute.instance_count=1.5" in integer.stderr
 
@@ -56,10 +56,10 @@ def test_a_planner_finding_an_override_caused_names_the_override_not_the_file_li
 
 
 def test_overrides_apply_to_run_config():
-    one = json.loads(run("run-config", TEMPLATE).stdout)
+    one = json.loads(run("run-config", TEMPLATE).stdout)["run_config"]
     result = run("run-config", TEMPLATE, "--set", "compute.instance_count=2")
     assert result.returncode == 0, result.stderr
-    two = json.loads(result.stdout)
+    two = json.loads(result.stdout)["run_config"]
     assert (one["parallel"]["sharding"], two["parallel"]["sharding"]) == ("full", "hybrid")
     assert two["batch"]["grad_accum_steps"] * 2 == one["batch"]["grad_accum_steps"]
 

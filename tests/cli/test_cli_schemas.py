@@ -154,11 +154,56 @@ def test_start_dry_run_has_starts_shape():
     assert data["dry_run"] is True and data["execution_arn"] is None
 
 
-def test_run_config_prints_a_run_config_and_fails_in_the_error_shape(recipes):
-    result = invoke("run-config", recipes["good"])
-    assert result.exit_code == 0, result.output
-    schema = json.loads((SCHEMAS / "run-config.schema.json").read_text())
-    jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout))
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(schema).validate(json.loads(result.stdout) | {"recipe_name": 3})
-    checked("error", invoke("run-config", recipes["unplannable"], "-f", "json"), 2)
+def test_run_config_keeps_its_shape(recipes):
+    made = checked("run-config", invoke("run-config", recipes["good"]), 0)
+    assert made["recipe_name"] == "unit-test" and made["run_config"]["recipe_name"] == "unit-test"
+    assert made["hyperparameters"] is None
+    flat = checked("run-config", invoke("run-config", recipes["good"], "--hyperparameters"), 0)["hyperparameters"]
+    assert all(isinstance(v, str) for v in flat.values()) and flat
+    for bad in ("unplannable", "invalid"):
+        failed = checked("run-config", invoke("run-config", recipes[bad], "-f", "json"), 2)
+        assert failed["run_config"] is None and failed["recipe_name"] is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plan", "--no-such-option"),
+        ("validate", "--no-such-option"),
+        ("explain",),
+        ("diff", TEMPLATE),
+        ("run-config", "--no-such-option"),
+        ("calibrate",),
+        ("start", "--no-such-option"),
+        ("status", "--no-such-option"),
+        ("logs", "--no-such-option"),
+        ("stop", "--no-such-option"),
+        ("preflight", "--no-such-option"),
+        ("prices", "--no-such-option"),
+        ("templates", "--no-such-option"),
+        ("init", "--no-such-option"),
+        ("tiers", "--no-such-option"),
+        ("models", "--no-such-option"),
+        ("instances", "--no-such-option"),
+        ("rehearse", "--no-such-option"),
+    ],
+    ids=lambda a: " ".join(map(str, a)),
+)
+def test_a_usage_error_has_its_commands_shape(args):
+    """A command line the command refuses before it runs: the command's own keys, empty, and one error."""
+    result = invoke(*args, "-f", "json")
+    data = checked(args[0], result, 2)
+    assert len(data["errors"]) == 1 and result.stderr.count("\n") == 1, result.output
+
+
+def test_a_plan_finding_caused_by_set_cites_the_override_in_json(recipes):
+    args = ("--set", "compute.instance_type=ml.p4d.24xlarge", "--set", "tuning.precision=fp8")
+    for command in ("plan", "explain"):
+        data = checked(command, invoke(command, "-f", "json", recipes["good"], *args), 2)
+        (error,) = [e for e in data["errors"] if e["code"] == "fp8-unsupported"]
+        assert error["file"] == "--set tuning.precision=fp8" and error["line"] is None
+        (finding,) = [f for f in data["plans"][0]["findings"] if f["code"] == "fp8-unsupported"]
+        assert (finding["file"], finding["line"]) == ("--set tuning.precision=fp8", None)
+    plain = checked("plan", invoke("plan", "-f", "json", recipes["unplannable"]), 2)["plans"][0]["findings"]
+    (finding,) = [f for f in plain if f["code"] == "fp8-unsupported"]
+    assert finding["file"] == str(recipes["unplannable"]) and finding["line"] >= 1

@@ -119,9 +119,10 @@ def test_dry_run_prints_the_pipeline_and_parameters_and_calls_nothing(client, en
     assert as_json == 0 and parsed["ok"] and parsed["dry_run"] and parsed["pipeline"] == "dev-llama3-1b-bf16"
     assert {p["name"]: (p["value"], p["given"]) for p in parsed["parameters"]}["InstanceCount"] == ("4", True)
     refused, _, refused_err = main([*args[:-1], "compute.instance_count=3"], capsys)
-    # The message names what the user typed, not the option it stands for.
-    assert refused == 2 and "error: --set compute.instance_count=3: the plan's global batch" in refused_err
-    assert "--instance-count" not in refused_err
+    assert refused == 2 and refused_err.startswith("error: --set compute.instance_count=3: the plan's global batch")
+    assert "--instance-count" not in refused_err and refused_err.count("\n") == 1
+    typed, _, typed_err = main([*args[:-2], "--instance-count", "3"], capsys)
+    assert typed == 2 and typed_err.startswith("error: --instance-count 3: the plan's global batch")
 
 
 def test_the_run_commands_json_keeps_its_shape_against_the_endpoint(client, endpoint, capsys):
@@ -194,3 +195,22 @@ def test_registry_lists_the_recipes_models_and_approves_one(client, endpoint, ca
     assert code == 1 and "has no version 9 (versions: 2, 1)" in text
     code, text = registry("--approve", "1", "--reject", "2")
     assert code == 2 and "--approve and --reject: give one" in text
+
+
+def test_start_without_a_region_uses_the_one_plan_prices_in(tmp_path, monkeypatch, capsys):
+    """No --region, no compute.region, no AWS_REGION and no configured one: the recipe's default region, as in
+    plan, not 'no AWS region'."""
+    from tiered_training import catalog
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    code, out, err = main([RECIPE, "--dry-run"], capsys)
+    default = catalog.prices().default_region
+    assert code == 0, err
+    assert out.splitlines()[0] == (
+        f"dry run: would start the pipeline llama3-1b-bf16 in {default} (the recipe's default region, which plan prices in)"
+    )
+    assert json.loads(main([RECIPE, "--dry-run", "-f", "json"], capsys)[1])["region"] == default
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert "in eu-west-1 (the environment)" in main([RECIPE, "--dry-run"], capsys)[1]

@@ -564,3 +564,101 @@ def test_a_recipe_name_is_looked_up_safely_beside_hostile_files(tmp_path, monkey
     result, _ = invoke("explain", "no-such")
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: no-such: no such recipe file, nor a recipe of that name (valid recipe names: my-pipeline)"
+
+
+# --set: (override, words its one line must hold). Each is refused before any plan, with what would be valid.
+SET_CASES = [
+    ("data.allowed_uris[0]=s3://x/", ["a list item cannot be set alone", "data.allowed_uris=[first, second]"]),
+    ("data.allowed_uris.0=s3://x/", ["a list item cannot be set alone", "data.allowed_uris=[first, second]"]),
+    ("compute.\u0456nstance_count=2", ["non-ASCII '\u0456' U+0456", "did you mean 'compute.instance_count'?"]),
+    ("tuning.precisi\u03bfn=fp8", ["U+03BF", "did you mean 'tuning.precision'?"]),
+    ("compute.instance_count", ["no '='", "key.path=value"]),
+    ("=3", ["no field before '='"]),
+    ("a..b=1", ["letters, digits and _ joined by '.'"]),
+    ("tuning.precision=fp16", ["must be one of 'bf16', 'fp8', 'fp32', 'auto'"]),
+    ("compute.instance_count=[1", ["the value is not YAML"]),
+    ("name.x=1", ["name is not a section"]),
+]
+
+
+@pytest.mark.parametrize("command", ["plan", "validate", "run-config"])
+@pytest.mark.parametrize("override,words", SET_CASES, ids=[c[0] for c in SET_CASES])
+def test_a_bad_set_is_exit_2_one_line_naming_it_and_writes_nothing(tmp_path, monkeypatch, command, override, words):
+    path = write_yaml(tmp_path / "recipe.yaml", recipe_dict())
+    monkeypatch.chdir(tmp_path)
+    result, _ = invoke(command, path, "--set", override)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: --set {override}"), line
+    for word in words:
+        assert word in line, (word, line)
+    assert [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]
+
+
+# Standard input: (label, bytes, words). Each command that reads a recipe reads "-" the same way.
+STDIN_CASES = [
+    ("empty", b"", ["<stdin>", "standard input is empty"]),
+    ("UTF-16", "name: a\n".encode("utf-16"), ["<stdin>:1", "not UTF-8"]),
+    ("control bytes", b"\x00\x01\x02", ["<stdin>:1", "not allowed"]),
+    ("broken YAML", b"name: [\n", ["<stdin>:2", "YAML syntax"]),
+    ("recursive alias", b"d: &d [*d]\n", ["<stdin>:1", "alias *d is inside", "recursive"]),
+    ("YAML 1.1 directive", b"%YAML 1.1\n---\nname: x\n", ["<stdin>:1", "YAML 1.2 only"]),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "explain", "run-config"])
+@pytest.mark.parametrize("label,data,words", STDIN_CASES, ids=[c[0] for c in STDIN_CASES])
+def test_bad_standard_input_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, command, label, data, words):
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, [command, "-"], input=data, prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    for word in words:
+        assert word in line, (word, line)
+    assert list(tmp_path.iterdir()) == []
+
+
+# diff: (label, its arguments after the first recipe, words). The second recipe is named in the one line.
+DIFF_CASES = [
+    ("missing file", ["missing.yaml"], ["missing.yaml", "no such file"]),
+    ("no second recipe", [], ["Missing argument 'new'"]),
+    ("broken second on stdin", ["-"], ["<stdin>:2", "YAML syntax"]),
+    ("bad --set", ["good.yaml", "--set", "compute.instance_count[0]=1"], ["a list item cannot be set alone"]),
+    ("unknown option", ["good.yaml", "--no-such"], ["No such option", "--no-such"]),
+]
+
+
+@pytest.mark.parametrize("label,args,words", DIFF_CASES, ids=[c[0] for c in DIFF_CASES])
+def test_a_bad_diff_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, label, args, words):
+    write_yaml(tmp_path / "good.yaml", recipe_dict())
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, ["diff", "good.yaml", *args], input=b"name: [\n", prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    for word in words:
+        assert word in line, (word, line)
+    assert [p.name for p in tmp_path.iterdir()] == ["good.yaml"]
+
+
+# init: (label, NAME, --from, words). Nothing is written unless the new recipe passes validate.
+INIT_CASES = [
+    ("space in the name", "bad name", "llama3-8b-fp8", ["name:", "letters, digits and hyphens"]),
+    ("a path as the name", "../evil", "llama3-8b-fp8", ["name:", "letters, digits and hyphens"]),
+    ("name too long", "n" * 200, "llama3-8b-fp8", ["200 characters", "at most 84"]),
+    ("lookalike letter", "my-8b-\u0430", "llama3-8b-fp8", ["name:"]),
+    ("unknown template", "mine", "nope", ["--from: no template 'nope'", "llama3-8b-fp8"]),
+    ("empty name", "", "llama3-8b-fp8", ["name"]),
+]
+
+
+@pytest.mark.parametrize("label,name,template,words", INIT_CASES, ids=[c[0] for c in INIT_CASES])
+def test_a_bad_init_is_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, label, name, template, words):
+    monkeypatch.chdir(tmp_path)
+    result = RUNNER.invoke(app, ["init", name, "--from", template, "--dir", "out"], prog_name="tiered-training")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    for word in words:
+        assert word in line, (word, line)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

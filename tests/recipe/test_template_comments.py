@@ -89,6 +89,15 @@ def test_prose_names_only_decisions_the_plan_makes(path, plans):
     assert not wrong, f"{path.name}: the comment says {wrong}, the plan says: {plan_line(plans[path.name])}"
 
 
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_a_micro_batch_in_the_prose_is_the_plans(path, plans):
+    """A template's prose that states the micro-batch (``at micro-batch 2 ...``) states the plan's."""
+    text = header(path).replace(header_plan_line(path), "")
+    stated = {int(n) for n in re.findall(r"\bmicro-batch (\d+)\b", text)}
+    planned = plans[path.name].batch.micro_batch_size
+    assert stated <= {planned}, f"{path.name}: the comment says micro-batch {sorted(stated)}, the plan {planned}"
+
+
 def header_plan_line(path: Path) -> str:
     return next((line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("# Plan today:")), "")
 

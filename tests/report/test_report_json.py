@@ -64,8 +64,12 @@ def test_validate_json(failed, warned):
 
 def test_plan_json(failed, warned):
     data = report.plans_data([warned], [INVALID])
-    assert data == {"schema_version": report.SCHEMA_VERSION, "ok": False, "plans": [warned.to_dict()],
+    placed = warned.to_dict()
+    for finding, entry in zip(warned.findings, placed["findings"], strict=True):  # each with where it points
+        entry["file"], entry["line"] = report.finding_place(warned, finding)
+    assert data == {"schema_version": report.SCHEMA_VERSION, "ok": False, "plans": [placed],
                     "invalid": [report.failure_dict(INVALID)]}
+    assert all(f["file"] == warned.source for f in data["plans"][0]["findings"])
     assert report.plans_data([warned])["ok"] is True
     assert report.plans_data([warned, failed])["ok"] is False
 

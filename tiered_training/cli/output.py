@@ -6,8 +6,8 @@ keys, on success and on failure alike (a failure leaves them empty or null). ``o
 entry). A command emits through :func:`emit` (or :func:`failure_data` for a :class:`Failure`), which
 fills the keys a result lacks and refuses one its model does not declare.
 
-``run-config`` and ``schema`` print a document (the RunConfig, whose schema is run-config.schema.json, and
-the recipe's JSON Schema, docs/recipe.schema.json), not a report; their failures print :class:`Output`.
+``schema`` prints a document (the recipe's JSON Schema, docs/recipe.schema.json), not a report; its
+failures print :class:`Output`. ``run-config`` carries its RunConfig under ``run_config``.
 
 ``python -m tiered_training.cli.output --write`` writes docs/schemas/<command>.schema.json;
 ``--check`` exits 1 when they are stale (a test keeps them current).
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tiered_training.contract.runconfig import RunConfig
 
 SCHEMA_VERSION: Literal[3] = (
     3  # as report.SCHEMA_VERSION; 3: ok, exit_code and errors in every command's output; diff's comparisons under diffs
@@ -72,6 +74,8 @@ class PlanFinding(_Strict):
     message: str
     fix: str = ""
     field: str = ""
+    file: str | None = Field(None, description="the recipe, or '--set key=value' where an override set the field")
+    line: int | None = Field(None, description="the field's line in the file; null for an override")
 
 
 class Decision(_Strict):
@@ -329,15 +333,6 @@ class PricesOutput(Output):
     prices: list[dict[str, Any]] = []
 
 
-class CalibrateOutput(Output):
-    overlay: dict[str, Any] | None = Field(
-        None, description="the fitted overlay: factors by instance/precision, runs, leave_one_out"
-    )
-    uris: list[str] = Field([], description="where each recipe's overlay was stored, in the recipes' order")
-    skipped: list[str] = Field([], description="runs and probes left out, each with the reason")
-    points: dict[str, int] = Field({}, description="measurements used: probe (one per candidate) and run")
-
-
 class RehearseOutput(Output):
     executions: list[dict[str, Any]] = []
     interrupt: str | None = None
@@ -355,6 +350,19 @@ class RehearseOutput(Output):
     packages: list[dict[str, Any]] = []
     workdir: str | None = None
     scaled: list[dict[str, Any]] = []
+
+
+class RunConfigOutput(Output):
+    recipe_name: str | None = None
+    run_config: RunConfig | None = Field(None, description="what the container reads (python -m training --config)")
+    hyperparameters: dict[str, str] | None = Field(None, description="--hyperparameters: SageMaker's flat keys")
+
+
+class CalibrateOutput(Output):
+    overlay: dict[str, Any] | None = Field(None, description="the fitted overlay; null on failure")
+    uris: list[str] = Field([], description="where each recipe's overlay was stored")
+    skipped: list[str] = Field([], description="runs and candidates left out, with why")
+    points: dict[str, int] = Field({}, description="measurements used: probe and run")
 
 
 OUTPUTS: dict[str, type[Output]] = {
@@ -375,8 +383,9 @@ OUTPUTS: dict[str, type[Output]] = {
     "registry": RegistryOutput,
     "preflight": PreflightOutput,
     "prices": PricesOutput,
+    "run-config": RunConfigOutput,
     "calibrate": CalibrateOutput,
-    "error": Output,  # a command line that names no command, and run-config's and schema's failures
+    "error": Output,  # a command line that names no command, and schema's failures
 }
 
 
@@ -422,20 +431,14 @@ def plan_errors(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def schema(command: str) -> dict[str, Any]:
-    if command == "run-config":
-        from tiered_training.contract.runconfig import RunConfig
-
-        model: type[BaseModel] = RunConfig
-    else:
-        model = OUTPUTS[command]
-    out = model.model_json_schema(mode="serialization")
+    out = OUTPUTS[command].model_json_schema(mode="serialization")
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["$id"] = f"{command}.schema.json"
     out["title"] = f"tiered-training {command} --format json" if command != "error" else "tiered-training error"
     return out
 
 
-DOCUMENTS = ("run-config",)  # a command whose success prints a document, not an Output
+DOCUMENTS: tuple[str, ...] = ()  # a command whose success prints a document, not an Output
 
 
 def schema_texts() -> dict[Path, str]:

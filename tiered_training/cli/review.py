@@ -120,16 +120,24 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
 
 def _report_findings(plans: list, *, strict: bool = False) -> None:
-    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout."""
+    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout; an ``account:`` finding
+    that blocks nothing in one line, its fix left to ``explain``."""
+    from dataclasses import replace
+
     from tiered_training import report
+    from tiered_training.planning.plan import finding_place
     from tiered_training.report.render import print_lines
 
     out, err = _out(), _err()
     for plan in plans:
         blocking = plan.errors + (plan.warnings if strict else [])
         for finding in plan.findings:
-            if finding.severity != "info":
-                print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
+            if finding.severity == "info":
+                continue
+            if finding.severity == "account" and finding not in blocking:
+                source = finding_place(plan, finding)[0] or plan.name
+                finding = replace(finding, fix=f"see `tiered-training explain {source}`")
+            print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
 
 
 def _exit_code(plans: list, failures: list) -> int:
@@ -544,16 +552,18 @@ def run_config(
     format: JsonFormat = typer.Option(JsonFormat.json, "--format", "-f", help="json (the only format)"),
     overrides: list[str] = set_option(),
 ) -> None:
-    """Print the RunConfig the training container receives (to run it outside SageMaker)."""
+    """Print the RunConfig the training container receives, under run_config (python -m training --config FILE
+    reads this output as it is, to run outside SageMaker)."""
+    from tiered_training.cli.output import emit
     from tiered_training.planning.plan import PlanError
-    from tiered_training.report.render import dumps
 
     plan = _run_recipe(recipe, overrides)
     try:
         config = plan.run_config()
     except PlanError as exc:
         raise Failure.of(exc, EXIT_INVALID) from None
-    _print(dumps(config.to_hyperparameters()) if hyperparameters else config.to_json())
+    flat = config.to_hyperparameters() if hyperparameters else None
+    emit("run-config", 0, recipe_name=plan.name, run_config=config.model_dump(mode="json"), hyperparameters=flat)
 
 
 @commands.command()

@@ -44,6 +44,26 @@ def _aws_failure(exc: Exception) -> Failure:
     return Failure.of(exc, exc.exit_code if isinstance(exc, StartError) else EXIT_FAILED)
 
 
+def _region(plan, aws: AwsOptions) -> tuple[str, str]:
+    """The region of a recipe's commands and where it came from: ``--region``, the recipe's ``compute.region``,
+    ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the AWS configuration's, else the recipe's default region, the one
+    ``plan`` prices in."""
+    from tiered_training import catalog as catalogs
+    from tiered_training.aws.session import StartError, resolve_region, session
+
+    resolved = resolve_region(aws.region, plan.recipe.compute.region)
+    if resolved:
+        source = "--region" if aws.region else "compute.region" if plan.recipe.compute.region else "the environment"
+        return resolved, source
+    try:
+        configured = session(aws.profile).region_name
+    except StartError:  # no boto3 (a dry run needs none): no AWS configuration to read
+        configured = None
+    if configured:
+        return configured, "the AWS configuration"
+    return catalogs.prices().default_region, "the recipe's default region, which plan prices in"
+
+
 def _clients(
     plan,
     aws: AwsOptions,
@@ -74,7 +94,9 @@ def _clients(
             pipeline=pipeline_name(plan.name, stage),
         )
         resolved = resolve_region(aws.region, plan.recipe.compute.region)
-        if aws.region is None and resolved is not None:
+        if resolved is None:  # no region named: the AWS configuration's, else the one plan priced in
+            resolved = _region(plan, aws)[0]
+        elif aws.region is None:
             source = (
                 "compute.region"
                 if plan.recipe.compute.region
@@ -226,8 +248,8 @@ def _start_overrides(
     data_uri: str | None,
     skip_probe: bool | None,
 ) -> tuple[int | None, int | None, str | None, bool | None, dict[str, str]]:
-    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter; and, for
-    the messages, the option each override stands for mapped to what the user typed."""
+    """``start --set``: each override checked as the file is, then given to the pipeline as its parameter;
+    also, for each option an override stands for, the override as typed (for messages)."""
     from tiered_training.recipe.overrides import parse_overrides
 
     if str(recipe) == "-":  # read once already, for the deployed recipe
@@ -259,7 +281,7 @@ def _start_overrides(
         if field not in given:
             out.append(explicit)
             continue
-        typed[option] = f"--set {given[field].text}"
+        typed[option] = f"--set {given[field].text}" + (f" ({value:,} steps)" if option == "--max-steps" else "")
         if value is None:
             raise Failure(
                 [f"--set {given[field].text}: the recipe's plan has errors (run tiered-training explain)"], EXIT_INVALID
@@ -275,7 +297,7 @@ def _print_dry_run(
     plan, aws: AwsOptions, stage, format, instance_count, max_steps, data_uri, skip_probe, resume
 ) -> None:
     """What ``start`` would start, with no AWS call: the pipeline, its region and every parameter."""
-    from tiered_training.aws.session import check_aws_options, resolve_region
+    from tiered_training.aws.session import check_aws_options
     from tiered_training.aws.start import pipeline_parameters
     from tiered_training.pipeline.definition import parameters
     from tiered_training.report.render import print_lines
@@ -293,13 +315,13 @@ def _print_dry_run(
     ] + [{"name": name, "value": value, "given": True} for name, value in given.items() if name not in defaults]
     name = pipeline_name(plan.name, stage)
     check_aws_options(region=aws.region, endpoint_url=aws.endpoint_url, profile=aws.profile, pipeline=name)
-    region = resolve_region(aws.region, plan.recipe.compute.region)
+    region, source = _region(plan, aws)
     if format is TextFormat.json:
         from tiered_training.cli.output import emit
 
         emit("start", 0, dry_run=True, pipeline=name, region=region, parameters=rows, resume=resume)
         return
-    lines = [f"dry run: would start the pipeline {name} in {region or 'the AWS configuration region'}"]
+    lines = [f"dry run: would start the pipeline {name} in {region}" + ("" if aws.region else f" ({source})")]
     lines += [f"  {r['name']} = {r['value']}" + ("" if r["given"] else "  (the pipeline's default)") for r in rows]
     if resume:
         lines.append(f"  (not checked without AWS: that run {resume} exists and is not running)")

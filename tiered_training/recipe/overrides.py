@@ -49,7 +49,7 @@ def parse_overrides(texts: Sequence[str]) -> list[Override]:
         key = key.strip()
         where = f"--set {clip(text, 100)}"
         if not sep or not KEY.match(key):
-            problems.append(Problem(where, None, "", "expected key.path=value, for example tuning.precision=bf16"))
+            problems.append(Problem(where, None, "", malformed(key, sep)))
             continue
         try:
             value = yaml.load(raw, Loader=Loader) if raw.strip() else None  # noqa: S506 (the project's safe YAML 1.2 loader)
@@ -60,6 +60,31 @@ def parse_overrides(texts: Sequence[str]) -> list[Override]:
     if problems:
         raise RecipeError(problems)
     return overrides
+
+
+INDEX = re.compile(r"\[[^\]]*\]|\.\d+(?=\.|$)")
+
+
+def malformed(key: str, sep: str) -> str:
+    """Why ``key`` (before ``=``) is not a field path, and what would be valid."""
+    from tiered_training.recipe.keys import ascii_skeleton, non_ascii
+
+    example = "for example tuning.precision=bf16"
+    if not sep:
+        return f"no '=': expected key.path=value, {example}"
+    if not key:
+        return f"no field before '=': expected key.path=value, {example}"
+    if INDEX.search(key):
+        whole = INDEX.split(key)[0] or key
+        return (
+            f"a list item cannot be set alone; set the whole list: {whole}=[first, second] "
+            "(a flow list, read as YAML)"
+        )
+    if non_ascii(key):
+        guess = ascii_skeleton(key)
+        meant = f"; did you mean {guess!r}?" if KEY.match(guess) else ""
+        return f"contains non-ASCII {', '.join(non_ascii(key))}: field names are ASCII letters, digits and _{meant}"
+    return f"a field path is names of letters, digits and _ joined by '.', {example}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[Override]) -> list[Problem]:

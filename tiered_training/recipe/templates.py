@@ -14,7 +14,6 @@ from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.names import name_problem
 from tiered_training.text import clip
 
-ABOUT_LIMIT = 80
 PACKAGED = "templates"  # tiered_training/templates/ in a wheel
 SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)\s*$")
 NAME_LINE = re.compile(r"^name:[ \t]*(\S.*?)[ \t]*(#.*)?$", re.M)
@@ -37,10 +36,7 @@ class Template:
             if not SCHEMA_LINE.match(line):
                 words.append(line.lstrip("# ").strip())
         text = " ".join(w for w in words if w)
-        first = re.split(r"(?<=[.])\s", text, maxsplit=1)[0].rstrip(".")
-        if len(first) > ABOUT_LIMIT:
-            first = first[: ABOUT_LIMIT - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
-        return first
+        return re.split(r"(?<=[.])\s", text, maxsplit=1)[0].rstrip(".")  # whole: a table wraps it
 
 
 def templates_dir() -> Path:

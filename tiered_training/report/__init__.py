@@ -273,12 +273,20 @@ def failure_dict(error: RecipeError) -> dict[str, Any]:
     }
 
 
+def _with_places(plan: Plan) -> dict[str, Any]:
+    """The plan as data, each finding with where it points (the file and line, or the ``--set`` that caused it)."""
+    data = plan.to_dict()
+    for finding, entry in zip(plan.findings, data["findings"], strict=True):
+        entry["file"], entry["line"] = finding_place(plan, finding)
+    return data
+
+
 def plans_data(plans: Iterable[Plan], failures: Iterable[RecipeError] = ()) -> dict[str, Any]:
     plans, failures = list(plans), list(failures)
     return {
         "schema_version": SCHEMA_VERSION,
         "ok": not failures and all(p.ok for p in plans),
-        "plans": [p.to_dict() for p in plans],
+        "plans": [_with_places(p) for p in plans],
         "invalid": [failure_dict(f) for f in failures],
     }
 
