@@ -79,7 +79,6 @@ def _clients(
         aws_client,
         check_aws_options,
         check_region,
-        default_region,
         require_boto3,
         resolve_region,
     )
@@ -111,12 +110,6 @@ def _clients(
                 f"--execution: an execution in {arn_region}, but the region is {resolved}; pass --region {arn_region}"
             )
         clients = [aws_client(s, region=resolved, endpoint_url=aws.endpoint_url, profile=aws.profile) for s in services]
-        if resolved is None and clients and clients[0].meta.region_name == default_region():
-            print(
-                f"region: {default_region()}, where plan priced the run (no --region, compute.region, AWS_REGION, "
-                "AWS_DEFAULT_REGION or profile region)",
-                file=sys.stderr,
-            )
         return clients
     except StartError as exc:  # ParameterError (exit 2) included
         raise _aws_failure(exc) from None
