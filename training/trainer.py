@@ -828,6 +828,7 @@ def _loop(
             from training.dpo_train import step_metrics
 
             preference = step_metrics(trainer, ckpt.control_group)
+            result.final_metrics.update({f"train:{name}": value for name, value in preference.items()})
             if info.is_main:
                 log.info("step %d %s", step, " ".join(f"{k}={v:.4f}" for k, v in preference.items()))
                 for hook in hooks:
@@ -864,6 +865,9 @@ def _record_validation(hooks: list[Hook], validator, loss: float, result: RunRes
     """The pass's loss to the hooks, with a mixture's loss per source."""
     if result is not None:
         result.final_metrics["validation:loss"] = loss
+        # DPO: trl's metrics on the held-out pairs (preference accuracy among them), for the evaluation and package
+        held_out = getattr(validator, "metrics", None) or {}
+        result.final_metrics.update({f"validation:{name}": value for name, value in held_out.items()})
     by_source = {"by_source": validator.source_losses} if validator.source_losses else {}
     for hook in hooks:
         if hasattr(hook, "record_validation"):

@@ -83,6 +83,12 @@ def test_template_rehearses(template, shared_s3, tmp_path):
     if interrupt:
         assert [a.status for a in attempts] == ["Interrupted", "Completed"], log[-6000:]
         assert result.interrupted
+    # Registered, with its final metrics; a DPO run's preference accuracy (trl's rewards/accuracies) among them.
+    assert result.packages, log[-3000:]
+    metadata = result.packages[-1]["metadata"]
+    assert "train:loss" in metadata, metadata
+    if "task: dpo" in (REPO / "recipes" / template).read_text():
+        assert 0 <= float(metadata["train:rewards/accuracies"]) <= 1, metadata
 
 
 def _check_the_probe_chose_by_measurement(result, log: str, workdir: Path) -> None:

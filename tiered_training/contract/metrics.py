@@ -202,7 +202,10 @@ def probe_metric_definitions(count: int) -> dict[str, tuple[str, str]]:
 FINAL_TRAIN_LOSS = "train:loss"
 FINAL_EVAL_LOSS = "eval:loss"
 FINAL_EVAL_PERPLEXITY = "eval:perplexity"
-TASK_FINAL_METRICS: dict[str, tuple[str, ...]] = {}
+TASK_FINAL_METRICS: dict[str, tuple[str, ...]] = {
+    # DPO: the last step's preference accuracy (trl's rewards/accuracies), which every DPO step reports
+    "dpo": ("train:rewards/accuracies",),
+}
 FINAL_METRIC_LINE = "FINAL {name}={value:.6g}"
 
 
