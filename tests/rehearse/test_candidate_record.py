@@ -12,7 +12,7 @@ from tiered_training.rehearse.run import SlowCandidate, candidate_record
 
 @pytest.fixture(scope="module")
 def plan():
-    found = plan_file(REPO / "recipes/llama3-1b-bf16.yaml")
+    found = plan_file(REPO / "recipes/llama3-8b-fp8.yaml")  # its plan measures three candidates
     assert len(found.candidates) == 3
     return found
 
