@@ -4,8 +4,6 @@ The YAML files are the single source of these facts; each carries its sources an
 the date it was checked. Loading is lazy and cached.
 """
 
-from __future__ import annotations
-
 import math
 import os
 import re
@@ -274,7 +272,7 @@ def instances() -> dict[str, Instance]:
 
 
 @cache
-def prices() -> Prices:
+def prices() -> "Prices":
     return Prices(**_load("prices.yaml"))
 
 
@@ -296,7 +294,7 @@ def quotas() -> dict[str, Quota]:
 
 
 @cache
-def performance_model() -> PerformanceModel:
+def performance_model() -> "PerformanceModel":
     return PerformanceModel(**_load("performance.yaml"))
 
 
@@ -328,7 +326,7 @@ class Processing(_Entry):
 
 
 @cache
-def processing() -> Processing:
+def processing() -> "Processing":
     """The Prepare step's instances and the one tokenization rate the planner sizes it with."""
     data = _load("processing.yaml")
     data["instances"] = {name: {"name": name, **entry} for name, entry in data["instances"].items()}

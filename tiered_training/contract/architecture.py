@@ -6,8 +6,6 @@ The shapes follow transformers' ``LlamaForCausalLM`` (and Qwen2/Mistral, which
 differ only in bias and sizes), in module order.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -48,7 +46,7 @@ class Architecture(BaseModel):
         return out
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> Architecture:
+    def _heads_divide(self) -> "Architecture":
         if self.head_size is not None and self.head_size % 2:
             raise ValueError(f"head_size (head_dim) {self.head_size} is odd; rotary embeddings need an even head width")
         if self.head_size is None and self.hidden_size % self.attention_heads:
@@ -145,7 +143,7 @@ class Architecture(BaseModel):
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: Lora | None = None) -> float:
+    def flops_per_token(self, sequence_length: int, *, causal: bool = False, lora: "Lora | None" = None) -> float:
         """Training FLOPs per token: 6*N + 12*L*q*s (PaLM appendix B, torchtitan's convention, with q the width
         of Q, n_heads * head_dim, which is h unless head_dim is set),
         which counts full attention; ``causal``: 6*N + 6*L*h*s, the attention a causal mask

@@ -23,8 +23,6 @@ the settings and the preparing code's version :data:`CORPUS_KEY_VERSION`):
 The property file of the step (``prepared.json``) names ``{"key", "uri", "validation_uri", "reused"}``.
 """
 
-from __future__ import annotations
-
 import fnmatch
 from pathlib import PurePosixPath
 from typing import Literal
@@ -112,7 +110,7 @@ class CorpusSource(_Frozen):
     max_epochs: float = Field(default=4.0, gt=0, description="the most times the budget may repeat the source")
 
     @model_validator(mode="after")
-    def _one_share(self) -> CorpusSource:
+    def _one_share(self) -> "CorpusSource":
         if (self.weight is None) == (self.tokens is None):
             raise ValueError(f"source {self.name}: give exactly one of weight or tokens")
         return self
@@ -134,7 +132,7 @@ class CorpusSpec(_Frozen):
     total_tokens: int = Field(gt=0, description="the run's token budget, which the weights share out")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> CorpusSpec:
+    def _unique_names(self) -> "CorpusSpec":
         names = [source.name for source in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names repeat: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")

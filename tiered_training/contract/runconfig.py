@@ -9,8 +9,6 @@ value JSON-encoded as a string. SageMaker allows at most 100 keys and 2,500
 characters per value.
 """
 
-from __future__ import annotations
-
 import json
 from typing import Any, Literal
 
@@ -69,7 +67,7 @@ class ParallelConfig(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _context_parallel_fits(self) -> ParallelConfig:
+    def _context_parallel_fits(self) -> "ParallelConfig":
         cp = self.context_parallel
         if cp > 1 and self.sharding == "none":
             raise ValueError(
@@ -267,7 +265,7 @@ class EvaluationConfig(_Frozen):
     max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
 
     @model_validator(mode="after")
-    def _prompt_length(self) -> EvaluationConfig:
+    def _prompt_length(self) -> "EvaluationConfig":
         for number, prompt in enumerate(self.prompts):
             if not prompt.strip() or len(prompt) > MAX_EVALUATION_PROMPT_CHARS:
                 raise ValueError(
@@ -305,7 +303,7 @@ class SftConfig(_Frozen):
     lora: LoraConfig | None = Field(default=None, description="with adapter lora or qlora")
 
     @model_validator(mode="after")
-    def _lora_with_adapter(self) -> SftConfig:
+    def _lora_with_adapter(self) -> "SftConfig":
         if self.adapter != "none" and self.lora is None:
             raise ValueError(f"sft.adapter is {self.adapter} but sft.lora is not set")
         if self.adapter == "none" and self.lora is not None:
@@ -342,7 +340,7 @@ class DpoConfig(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _smoothing_with_robust(self) -> DpoConfig:
+    def _smoothing_with_robust(self) -> "DpoConfig":
         if self.label_smoothing and self.loss != "robust":
             raise ValueError(f"dpo.label_smoothing is for loss robust; loss is {self.loss}")
         return self
@@ -411,7 +409,7 @@ class RunSection(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _segment_in_range(self) -> RunSection:
+    def _segment_in_range(self) -> "RunSection":
         if self.segment > self.segments:
             raise ValueError(f"run.segment {self.segment} is beyond run.segments {self.segments}")
         return self
@@ -442,7 +440,7 @@ class RunConfig(_Frozen):
     dpo: DpoConfig | None = Field(default=None, description="preference pairs (with sft); None: SFT or pretraining")
 
     @model_validator(mode="after")
-    def _export_format_fits_the_task(self) -> RunConfig:
+    def _export_format_fits_the_task(self) -> "RunConfig":
         if self.export.format == "adapter" and (self.sft is None or self.sft.adapter == "none"):
             raise ValueError("export.format is adapter, but the run trains no LoRA adapter (sft.adapter: lora)")
         if self.sft is not None and self.sft.adapter == "qlora" and self.precision.precision != "bf16":
@@ -469,7 +467,7 @@ class RunConfig(_Frozen):
         return self
 
     @model_validator(mode="after")
-    def _sequence_splits_over_context_parallel(self) -> RunConfig:
+    def _sequence_splits_over_context_parallel(self) -> "RunConfig":
         cp = self.parallel.context_parallel
         if cp > 1 and self.sft is not None:
             raise ValueError(
@@ -486,7 +484,7 @@ class RunConfig(_Frozen):
         return self
 
     @model_validator(mode="after")
-    def _candidate_exists(self) -> RunConfig:
+    def _candidate_exists(self) -> "RunConfig":
         if self.run.candidate > self.probe.count:
             raise ValueError(
                 f"run.candidate {self.run.candidate} is beyond the probe's {self.probe.count} candidate(s) "
@@ -494,7 +492,7 @@ class RunConfig(_Frozen):
             )
         return self
 
-    def with_candidate(self, number: int) -> RunConfig:
+    def with_candidate(self, number: int) -> "RunConfig":
         """This RunConfig running probe candidate ``number`` (1-based; 1 is its own configuration):
         the candidate's parallel layout, precision, micro-batch and accumulation, and ``run.candidate`` set."""
         if not 1 <= number <= self.probe.count:
@@ -512,7 +510,7 @@ class RunConfig(_Frozen):
         )
         return self.model_copy(update={"parallel": c.parallel, "precision": c.precision, "batch": batch, "run": run})
 
-    def candidate_config(self, number: int) -> CandidateConfig:
+    def candidate_config(self, number: int) -> "CandidateConfig":
         """Candidate ``number``'s configuration (1: this RunConfig's own)."""
         if number == 1:
             b = self.batch
@@ -603,7 +601,7 @@ class RunConfig(_Frozen):
         return flat
 
     @classmethod
-    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> RunConfig:
+    def from_hyperparameters(cls, hyperparameters: dict[str, Any]) -> "RunConfig":
         """Inverse of :meth:`to_hyperparameters`. Unknown keys are errors.
 
         Values may be JSON strings (as SageMaker writes them) or already decoded.
@@ -625,7 +623,7 @@ class RunConfig(_Frozen):
         return self.model_dump_json(indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
+    def from_json(cls, text: str) -> "RunConfig":
         return cls.model_validate_json(text)
 
 

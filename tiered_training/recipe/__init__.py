@@ -4,8 +4,6 @@ Every tuning field may be ``auto``; the planner (``planner.py``) replaces each
 ``auto`` with a decision and a reason. Unknown keys are errors.
 """
 
-from __future__ import annotations
-
 import json
 import re
 from typing import Annotated, Any, Final, Literal
@@ -132,7 +130,7 @@ class ModelSection(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> ModelSection:
+    def _one_source(self) -> "ModelSection":
         if sum(source is not None for source in (self.catalog, self.dimensions, self.hf_config)) != 1:
             raise ValueError(
                 "give exactly one of 'catalog' (a catalogue id), 'dimensions' or 'hf_config' (a local config.json)"
@@ -204,7 +202,7 @@ class SourceSection(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_share(self) -> SourceSection:
+    def _one_share(self) -> "SourceSection":
         if (self.weight is None) == (self.tokens is None):
             raise ValueError(f"source {self.name}: give exactly one of weight (a relative share) or tokens")
         return self
@@ -353,7 +351,7 @@ class DataSection(_Strict):
         return list(self.allowed_uris) if self.allowed_uris else [self.uri]
 
     @model_validator(mode="after")
-    def _sources(self) -> DataSection:
+    def _sources(self) -> "DataSection":
         if not self.sources:
             if self.tokenizer is not None:
                 raise ValueError(f"{AT}data.tokenizer: applies to data.sources only; remove it, or list the sources")
@@ -386,7 +384,7 @@ class DataSection(_Strict):
         return any(_under(uri, prefix) for prefix in self.data_prefixes)
 
     @model_validator(mode="after")
-    def _bad_examples(self) -> DataSection:
+    def _bad_examples(self) -> "DataSection":
         if self.max_bad_fraction is not None and self.on_bad_example != "skip":
             raise ValueError(
                 f"{AT}data.max_bad_fraction: applies with data.on_bad_example: skip only; "
@@ -395,7 +393,7 @@ class DataSection(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _ignore(self) -> DataSection:
+    def _ignore(self) -> "DataSection":
         if self.ignore and self.prepare is None:
             raise ValueError(
                 f"{AT}data.ignore: applies with data.prepare only (the Prepare step reads the raw prefix); "
@@ -404,7 +402,7 @@ class DataSection(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _uri_allowed(self) -> DataSection:
+    def _uri_allowed(self) -> "DataSection":
         if self.allowed_uris and not self.allows(self.uri):
             raise ValueError(f"{AT}data.uri: not under any of data.allowed_uris ({', '.join(self.allowed_uris)})")
         return self
@@ -649,7 +647,7 @@ class PreferenceSection(_Strict):
     )
 
     @model_validator(mode="after")
-    def _smoothing(self) -> PreferenceSection:
+    def _smoothing(self) -> "PreferenceSection":
         if self.label_smoothing and self.loss != "robust":
             raise ValueError(
                 f"{AT}preference.label_smoothing: applies to loss robust (trl's robust DPO); loss is {self.loss}"
@@ -812,7 +810,7 @@ class Recipe(_Strict):
         return tags
 
     @model_validator(mode="after")
-    def _budget(self) -> Recipe:
+    def _budget(self) -> "Recipe":
         if self.budget.global_batch_tokens % self.sequence_length:
             raise ValueError(
                 f"{AT}budget.global_batch_tokens: {self.budget.global_batch_tokens} is not a multiple of "
@@ -845,7 +843,7 @@ class Recipe(_Strict):
                 )
 
     @model_validator(mode="after")
-    def _task(self) -> Recipe:
+    def _task(self) -> "Recipe":
         """SFT needs a starting checkpoint; the fine-tuning fields mean nothing to pretraining."""
         tuning, data = self.tuning, self.data
         if data.sources:
