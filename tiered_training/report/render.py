@@ -154,7 +154,9 @@ def _write_wrapped(con, lines: Iterable[str], width: int | None) -> None:
 
 def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     """``line`` wrapped at spaces to ``width``: continuation lines start at column ``hang`` (default:
-    the line's indent plus four); a `command` in backquotes and a word longer than the width stay whole."""
+    the line's indent plus four); a word longer than the width stays whole, and so does a `command` in
+    backquotes, except one longer than the width: it continues over lines that end in ``\\``, as a shell
+    reads it, broken at spaces outside quotes."""
     indent = " " * (len(line) - len(line.lstrip(" ")))
     line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
     # Under its column where the longest word fits there, else under the line's indent plus four.
@@ -169,7 +171,44 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
         break_long_words=False,
         break_on_hyphens=False,
     )
-    return [part.replace(NBSP, " ") for part in wrapped] or [line.replace(NBSP, " ")]
+    out: list[str] = []
+    for part in wrapped or [line]:
+        if len(part) > width and NBSP in part:
+            out += _continued(part, width)
+        else:
+            out.append(part.replace(NBSP, " "))
+    return out
+
+
+def _continued(part: str, width: int) -> list[str]:
+    """A line that is one long `command` (its spaces no-break spaces), as shell lines joined by ``\\``:
+    broken at spaces outside quotes, each continuation two columns deeper; a word wider than that stays whole."""
+    text = part.lstrip(" ")
+    lead = part[: len(part) - len(text)]
+    words, word, quote = [], "", ""
+    for char in text:
+        if char == NBSP and not quote:
+            words.append(word)
+            word = ""
+            continue
+        if char in "\"'" and (not quote or quote == char):
+            quote = "" if quote else char
+        word += char.replace(NBSP, " ")
+    words.append(word)
+    lines: list[str] = []
+    current = ""
+    for word in words:
+        indent = lead if not lines else lead + "  "
+        if current and len(indent) + len(current) + 1 + len(word) + 2 > width:
+            lines.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    lines.append(current)
+    return [
+        (lead if index == 0 else lead + "  ") + chunk + (" \\" if index < len(lines) - 1 else "")
+        for index, chunk in enumerate(lines)
+    ]
 
 
 def print_notes(con, lines: Iterable[str]) -> None:
