@@ -609,7 +609,7 @@ def _as_written(value: Any, text: str) -> Any:
         return _Written(f"{text} = {value}")
     if isinstance(value, float) and not math.isfinite(value) and "inf" not in text.lower() and "nan" not in text.lower():
         return _Written(f"{text}, beyond a float's range: {value}")
-    if isinstance(value, float) and "e" in plain.lower() and math.isfinite(value):
+    if isinstance(value, float) and "e" in plain.lower() and "e" not in repr(value):  # 1.00000000005e10
         return _Written(f"{text} = {value!r}")
     return _Written(text)
 

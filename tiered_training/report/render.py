@@ -159,6 +159,7 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     reads it, broken at spaces outside quotes."""
     indent = " " * (len(line) - len(line.lstrip(" ")))
     line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+    line = re.sub(r"^( *[a-z]+:) ", lambda m: m.group(1) + NBSP, line)  # `warning: PATH` stays on its first line
     # Under its column where the longest word fits there, else under the line's indent plus four.
     longest = max((len(word) for word in line.split(" ")), default=0)  # a `command` is one word here
     if hang is None or width - hang < max(MIN_HANG_TEXT, longest):
@@ -173,7 +174,7 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     )
     out: list[str] = []
     for part in wrapped or [line]:
-        if len(part) > width and NBSP in part:
+        if len(part) > width and "`" in part and NBSP in part:
             out += _continued(part, width)
         else:
             out.append(part.replace(NBSP, " "))
