@@ -251,7 +251,7 @@ def listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("command", ["validate", "plan", "explain"])
+@pytest.mark.parametrize("command", [("validate",), ("plan", "--chart", "memory.png"), ("explain",)], ids=["validate", "plan", "explain"])
 @pytest.mark.parametrize("family,label,text,line,field,words", FAMILY_CASES, ids=[f"{c[0]}: {c[1]}" for c in FAMILY_CASES])
 def test_a_hostile_recipe_family_is_exit_2_one_line_naming_line_and_field_and_writes_nothing(
     tmp_path, monkeypatch, command, family, label, text, line, field, words
@@ -259,7 +259,7 @@ def test_a_hostile_recipe_family_is_exit_2_one_line_naming_line_and_field_and_wr
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipe.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     before = listing(tmp_path)
-    result, seconds = invoke(command, "recipe.yaml")
+    result, seconds = invoke(*command, "recipe.yaml")
     assert result.exit_code == 2, (label, result.output)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     (message,) = result.stderr.strip().splitlines()

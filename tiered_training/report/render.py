@@ -6,8 +6,9 @@
 - On a terminal, output fits its width: a table too wide for it becomes one block
   of ``key  value`` lines per row, and long lines wrap at spaces with a hanging
   indent, so a number is never split across lines.
-- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is,
-  except a report's (:func:`print_report`: explain, diff) and notes, which wrap at 100 columns.
+- Piped (not a terminal, no ``COLUMNS``), plain lines do not wrap (an ``error:`` line is one
+  line), but a report's (:func:`print_report`: explain, diff, validate's findings) and notes wrap at
+  100 columns; a `command` longer than that continues over lines ending in ``\\``.
   A table wider than :data:`PIPED_TABLE_WIDTH` wraps its prose cells at spaces to that
   width (numbers and single words are never split), so ``tiers | less`` stays readable.
 - Every cell and line is capped (:data:`CELL_LIMIT`, :data:`LINE_LIMIT`), so a huge
