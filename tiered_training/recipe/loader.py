@@ -573,7 +573,11 @@ def _problems(
         message = "; or ".join(entry["messages"])
         typed = entry["kinds"] - {"extra_forbidden", "literal_error"}
         boolean = bool(entry["kinds"] & {"bool_type", "bool_parsing"})
-        trap = (yaml11_reading(value, boolean=boolean) or quoted_reading(value, entry["kinds"])) if has_value and typed else None
+        trap = (
+            (yaml11_reading(value, boolean=boolean) or quoted_reading(value, entry["kinds"]))
+            if has_value and typed
+            else None
+        )
         if trap:
             message = f"{message}: {trap}"
         elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
@@ -607,7 +611,12 @@ def _as_written(value: Any, text: str) -> Any:
     plain = text.replace("_", "").lstrip("+")
     if isinstance(value, int) and plain.lstrip("-").startswith(("0x", "0o")):
         return _Written(f"{text} = {value}")
-    if isinstance(value, float) and not math.isfinite(value) and "inf" not in text.lower() and "nan" not in text.lower():
+    if (
+        isinstance(value, float)
+        and not math.isfinite(value)
+        and "inf" not in text.lower()
+        and "nan" not in text.lower()
+    ):
         return _Written(f"{text}, beyond a float's range: {value}")
     if isinstance(value, float) and "e" in plain.lower() and "e" not in repr(value):  # 1.00000000005e10
         return _Written(f"{text} = {value!r}")

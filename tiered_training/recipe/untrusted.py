@@ -39,12 +39,17 @@ def decode(data: bytes, name: str, what: str = "file") -> tuple[str, Problem | N
     """The text of ``data``, or the problem that it is not UTF-8 (which encoding it seems to be, where)."""
     for bom, encoding in BOMS:
         if data.startswith(bom):
-            return "", Problem(name, 1, "", f"the {what} is {encoding} text (its byte-order mark says so); save it as UTF-8")
+            return "", Problem(
+                name, 1, "", f"the {what} is {encoding} text (its byte-order mark says so); save it as UTF-8"
+            )
     head = data[:400]
     if len(head) >= 8 and max(head[0::2].count(0), head[1::2].count(0)) >= 0.8 * (len(head) // 2):
         return "", Problem(
-            name, 1, "", f"the {what} looks like UTF-16 text without a byte-order mark (a NUL byte beside each "
-            "letter); save it as UTF-8"
+            name,
+            1,
+            "",
+            f"the {what} looks like UTF-16 text without a byte-order mark (a NUL byte beside each "
+            "letter); save it as UTF-8",
         )
     try:
         text = data.decode("utf-8")
@@ -52,16 +57,22 @@ def decode(data: bytes, name: str, what: str = "file") -> tuple[str, Problem | N
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         return "", Problem(
-            name, line, "", f"the {what} is not UTF-8 text: byte 0x{data[exc.start]:02X} at column {column} "
-            "(Latin-1 or Windows-1252 text?); save it as UTF-8"
+            name,
+            line,
+            "",
+            f"the {what} is not UTF-8 text: byte 0x{data[exc.start]:02X} at column {column} "
+            "(Latin-1 or Windows-1252 text?); save it as UTF-8",
         )
     for char, title in BREAKS_11.items():
         at = text.find(char)
         if at >= 0:
             line, column = position(text, at)
             return "", Problem(
-                name, line, key_on_line(text, line), f"character U+{ord(char):04X} ({title}) at column {column}: "
-                "YAML 1.1 readers break the line there and YAML 1.2 readers do not; remove it"
+                name,
+                line,
+                key_on_line(text, line),
+                f"character U+{ord(char):04X} ({title}) at column {column}: "
+                "YAML 1.1 readers break the line there and YAML 1.2 readers do not; remove it",
             )
     return text, None
 
@@ -135,13 +146,13 @@ def syntax_hint(text: str, problem: str, line: int | None) -> tuple[str, str] | 
     return None
 
 
-def tag_problems(node: yaml.Node, path: tuple, name: str) -> list[Problem]:
+def tag_problems(node: yaml.Node, path: tuple[int | str, ...], name: str) -> list[Problem]:
     """Each node whose tag a recipe does not take (``!!python/object``, ``!!binary``, ``!!set``, ``!foo``...),
     and each core tag on a value it cannot read (``!!int nope``), with its line and field."""
     problems: list[Problem] = []
     seen: set[int] = set()
 
-    def walk(node: yaml.Node, path: tuple) -> None:
+    def walk(node: yaml.Node, path: tuple[int | str, ...]) -> None:
         if id(node) in seen:  # an alias: its node was checked where its anchor is
             return
         seen.add(id(node))
