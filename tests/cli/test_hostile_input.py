@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from tiered_training.cli.app import app
 from tiered_training.recipe.errors import RecipeError
 from tiered_training.recipe.loader import MAX_DEPTH, find_recipes, parse_recipe
+from tiered_training.text import clip
 
 RUNNER = CliRunner()
 
@@ -770,18 +771,30 @@ SET_CASES = [
     ("tuning.precision=fp16", ["must be one of 'bf16', 'fp8', 'fp32', 'auto'"]),
     ("compute.instance_count=[1", ["the value is not YAML"]),
     ("name.x=1", ["name is not a section"]),
+    # The value is read as a file's values are: the same tags, aliases, bounds and numbers as written.
+    ("name=!!python/object/apply:os.system [ls]", ["YAML tag !!python/object/apply:os.system", "remove the tag"]),
+    ("compute.instance_count=!!int two", ["'two' cannot be read as a YAML 1.2 integer"]),
+    ("compute.instance_count=*a", ["alias *a refers to no anchor"]),
+    ("data.allowed_uris=&a [*a]", ["alias *a is inside the collection &a", "recursive"]),
+    ("data.allowed_uris=" + alias_bomb(5, 10).replace("\n", ", ").join("{}"), ["aliases expand to more than 10,000 values"]),
+    ("name=" + "[" * 5000, ["nested more than 32 levels"]),
+    ('name="\\ud800"', ["half of a UTF-16 surrogate pair"]),
+    ("compute.instance_count=0x201", ["less than or equal to 512", "(got 0x201 = 513)"]),
+    ("compute.instance_count=100_000", ["less than or equal to 512", "(got 100_000)"]),
+    ("compute.instance_count=.nan", ["valid integer", "(got .nan)"]),
+    ("compute.instance_count='2'", ["'2' is text", "write 2 without quotes"]),
 ]
 
 
 @pytest.mark.parametrize("command", ["plan", "validate", "run-config"])
-@pytest.mark.parametrize("override,words", SET_CASES, ids=[c[0] for c in SET_CASES])
+@pytest.mark.parametrize("override,words", SET_CASES, ids=[clip(c[0], 60) for c in SET_CASES])
 def test_a_bad_set_is_exit_2_one_line_naming_it_and_writes_nothing(tmp_path, monkeypatch, command, override, words):
     path = write_yaml(tmp_path / "recipe.yaml", recipe_dict())
     monkeypatch.chdir(tmp_path)
     result, _ = invoke(command, path, "--set", override)
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"error: --set {override}"), line
+    assert line.startswith(f"error: --set {clip(override, 100)}"), line
     for word in words:
         assert word in line, (word, line)
     assert [p.name for p in tmp_path.iterdir()] == ["recipe.yaml"]

@@ -208,9 +208,13 @@ def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = (
     parsed = parse_overrides(overrides)
     in_file = frozenset(lines)
     problems += apply_overrides(data, parsed)
-    for override in parsed:  # the file's line no longer holds the value
+    for override in parsed:  # the file's line no longer holds the value, nor its text
         for field in [f for f in lines if override.covers(f)]:
             del lines[field]
+        for field in [f for f in written if override.covers(f)]:
+            del written[field]
+        if isinstance(override.value, int | float) and not isinstance(override.value, bool):
+            written[override.dotted] = override.text.partition("=")[2].strip()
 
     try:
         recipe = Recipe.model_validate(_integral_floats_as_ints(data, {}), strict=True)
