@@ -655,8 +655,6 @@ class PreferenceSection(_Strict):
                 f"{AT}preference.label_smoothing: applies to loss robust (trl's robust DPO); loss is {self.loss}"
             )
         return self
-
-
 class RegistrySection(_Strict):
     """The model package each finished run registers in the recipe's model package group (SageMaker Model
     Registry), with its metrics, evaluation and lineage."""

@@ -54,14 +54,8 @@ def _generator() -> type[Any]:
             return []
         low, high = bounds
         words = f"from {low:_} to {high:_}" if high is not None else f"of at least {low:_}"
-        return [
-            {
-                "type": "string",
-                "pattern": grouped_pattern(low, high),
-                "$comment": GROUPED_COMMENT,
-                "patternErrorMessage": f"an integer {words}, with its digits grouped by thousands",
-            }
-        ]
+        return [{"type": "string", "pattern": grouped_pattern(low, high), "$comment": GROUPED_COMMENT,
+                 "patternErrorMessage": f"an integer {words}, with its digits grouped by thousands"}]
 
     class RecipeJsonSchema(GenerateJsonSchema):
         def int_schema(self, schema: Any) -> dict[str, Any]:
