@@ -216,7 +216,7 @@ def _print_table(plans: list, wide: bool = False) -> None:
     """The plans, one line each; the legend and the prices' sources; the findings but the quotas, which
     follow as one table (their fixes are explain's and preflight's); how to see more."""
     from tiered_training import report
-    from tiered_training.report.render import print_lines, print_notes, print_table
+    from tiered_training.report.render import print_lines, print_notes, print_report, print_table
 
     if not plans:
         return
@@ -228,8 +228,10 @@ def _print_table(plans: list, wide: bool = False) -> None:
     else:
         print_table(out, [report.brief_row(p) for p in plans], report.BRIEF_COLUMNS, numeric=report.BRIEF_NUMERIC)
     print_notes(out, [*(report.WIDE_LEGEND if wide else report.BRIEF_LEGEND), *report.price_lines(plans)])
-    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity not in ("info", "account")]
-    print_lines(out, lines)
+    for p in plans:  # an error in one line, as every error is; a warning wrapped to 100 columns
+        for f in p.findings:
+            if f.severity not in ("info", "account"):
+                (print_lines if f.severity == "error" else print_report)(out, [report.format_finding(p, f)])
     from tiered_training.planning.alarms import app_context
 
     quotas = report.quota_rows(plans, _account_quotas(app_context(), []))

@@ -130,9 +130,9 @@ def quoted_reading(value: Any, kinds: set[str] | frozenset[str]) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     if kinds & NUMBER_ERRORS and (INT.match(value) or FLOAT.match(value)):
-        return f"{value!r} is text because it is quoted; write {value} without quotes"
+        return f"{value!r} is text, being quoted (or tagged !!str); write {value} without quotes"
     if kinds & BOOL_ERRORS and BOOL.match(value):
-        return f"{value!r} is text because it is quoted; write {value.lower()} without quotes"
+        return f"{value!r} is text, being quoted (or tagged !!str); write {value.lower()} without quotes"
     return None
 
 
