@@ -55,7 +55,8 @@ def decode(data: bytes, name: str, what: str = "file") -> tuple[str, Problem | N
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        column = len(data[start : exc.start].decode("utf-8", "replace")) + 1  # in characters, as an editor counts
         return "", Problem(
             name,
             line,
