@@ -136,12 +136,15 @@ def json_output(command: str, text: str) -> dict:
 
 def unwrapped(text: str) -> str:
     """Printed text with its wrapping undone: each continuation line (indented four or more columns deeper
-    than the line it continues) joined to that line with one space."""
+    than the line it continues, or after a line that ends in `` \\``, a command's) joined to that line with
+    one space."""
     out: list[str] = []
     head = 0  # the indent of the line being continued
     for line in text.splitlines():
         indent = len(line) - len(line.lstrip(" "))
-        if out and out[-1].strip() and line.strip() and indent >= head + 4:
+        if out and out[-1].endswith(" \\") and line.strip():
+            out[-1] = out[-1][:-2] + " " + line.strip()
+        elif out and out[-1].strip() and line.strip() and indent >= head + 4:
             out[-1] += " " + line.strip()
         else:
             out.append(line)

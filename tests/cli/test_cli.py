@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import RECIPES, ROOT, recipe_dict, write_yaml
+from support import RECIPES, ROOT, recipe_dict, unwrapped, write_yaml
 from support import run_cli as run
 from support import run_cli_process as run_process
 
@@ -135,7 +135,7 @@ def test_every_template_passes_validate_strict():
     result = run("validate", "--strict", "recipes/")
     assert result.returncode == 0, result.stderr
     verdicts = [
-        line for line in result.stdout.splitlines() if not (line.startswith("account: ") and line.endswith(" [quota-needed]"))
+        line for line in unwrapped(result.stdout).splitlines() if not (line.startswith("account: ") and line.endswith(" [quota-needed]"))
     ]
     assert verdicts == [f"{path.relative_to(ROOT)}: ok" for path in RECIPES]
 

@@ -186,8 +186,14 @@ def test_piped_plan_of_the_templates_fits_100_columns_with_one_quota_table():
 
 
 def _a_command(line: str) -> bool:
-    """A line that holds one `command` and nothing else: kept whole, to be copied, however wide."""
-    return bool(re.fullmatch(r" *`[^`]*`[,.;]?", line))
+    """A line that holds one `command` and nothing else, or a part of one that continues over lines (`` \\``):
+    broken only at spaces outside quotes, so a word of it (a quoted query) may be wider than the terminal."""
+    return bool(re.fullmatch(r" *`[^`]*`[,.;]?", line) or re.fullmatch(r" *`[^`]* \\", line) or re.fullmatch(r" *[^` ][^`]*( \\|`[,.;]?)", line))
+
+
+def _commands(text: str) -> list[str]:
+    """The `commands` in printed text, each as a shell reads it (`` \\`` and the line break after it removed)."""
+    return [re.sub(r" \\\n *", " ", c) for c in re.findall(r"`[^`]*`", text)]
 
 
 def test_tiers_and_instances_fit_80_columns():
@@ -198,11 +204,19 @@ def test_tiers_and_instances_fit_80_columns():
         assert max(len(line) for line in result.stdout.splitlines() if not _a_command(line)) <= 80, command
 
 
-def test_a_command_in_a_message_is_never_split_across_lines():
-    result = invoke("explain", RECIPES[0], env={"COLUMNS": "80"})
-    commands = re.findall(r"`[^`]*`", result.stdout)
-    assert commands and all("\n" not in c for c in commands)
-    assert any(len(c) > 80 for c in commands)  # one wider than the terminal, kept whole
+def test_a_command_in_a_message_is_split_only_as_a_shell_reads_it():
+    """A `command` stays on one line where it fits; a longer one continues over lines that end in ``\\``,
+    so that pasted into a shell it is the same command; either way every line fits but for a quoted word."""
+    for columns in ("80", None):
+        result = invoke("explain", RECIPES[0], env={"COLUMNS": columns})
+        fixes = " ".join(f["fix"] or "" for f in strict_json(invoke("explain", RECIPES[0], "--format", "json").stdout)["plans"][0]["findings"])
+        commands = re.findall(r"`[^`]*`", result.stdout)
+        assert commands and all("\n" not in c.replace(" \\\n", "") for c in commands)
+        assert any(" \\\n" in c for c in commands)  # the aws service-quotas commands are wider than a line
+        aws = [command for command in _commands(result.stdout) if command.startswith("`aws ")]
+        assert aws and all(command in fixes for command in aws), aws
+        width = int(columns or 100)
+        assert max(len(line) for line in result.stdout.splitlines() if "'].QuotaCode" not in line) <= width
 
 
 def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
@@ -211,7 +225,7 @@ def test_explain_wraps_at_spaces_on_a_narrow_terminal(monkeypatch):
     narrow = invoke("explain", RECIPES[0].name, env={"COLUMNS": "60"}).stdout
     piped = invoke("explain", RECIPES[0].name).stdout
     words = lambda text: text.split()  # noqa: E731
-    assert words(narrow) == words(piped)  # the same words: no word, no number, split
+    assert words(unwrapped(narrow)) == words(unwrapped(piped))  # the same words: no word, no number, split
     assert max(len(line) for line in narrow.splitlines() if not _a_command(line)) <= 60 < max(map(len, piped.splitlines()))
 
 
@@ -229,13 +243,18 @@ def test_piped_tables_wrap_their_prose_and_keep_every_word():
             assert set(cell.split()) <= words, (command, cell)  # wrapped at spaces, never cut or folded
 
 
-def test_piped_output_is_not_wrapped(tmp_path):
+def test_piped_validate_wraps_a_finding_under_its_first_line_and_never_splits_a_path(tmp_path):
     deep = tmp_path / ("d" * 120) / ("e" * 120)
     deep.mkdir(parents=True)
     path = write_yaml(deep / "warn.yaml", recipe_dict(**{"tuning.precision": "fp8"}))
     result = invoke("validate", path)
     assert result.exit_code == 0
-    line = next(x for x in result.stdout.splitlines() if "fp8-small-gain" in x)
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{path}: ok"  # the verdict first
+    first = next(i for i, x in enumerate(lines) if x.startswith("warning: "))
+    assert lines[first].startswith(f"warning: {path}:")  # a path wider than the line stays whole
+    assert all(len(x) <= 100 for x in lines if str(path) not in x)
+    line = next(x for x in unwrapped(result.stdout).splitlines() if "fp8-small-gain" in x)
     assert line.startswith(f"warning: {path}:") and "Fix:" in line and len(line) > 300
 
 
@@ -339,7 +358,9 @@ def test_validate_gives_an_account_finding_one_line_and_leaves_its_fix_to_explai
     monkeypatch.chdir(ROOT)
     result = RUNNER.invoke(app, ["validate", "recipes/"], prog_name="tiered-training", env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
-    account = [line for line in result.stdout.splitlines() if line.startswith("account: ")]
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 100 and [x for x in lines if x != x.rstrip()] == []
+    account = [line for line in unwrapped(result.stdout).splitlines() if line.startswith("account: ")]
     assert account, result.stdout
     for line in account:
         source = line.removeprefix("account: ").split(":", 1)[0]

@@ -68,7 +68,7 @@ def test_a_recipe_on_standard_input():
     text = TEMPLATE.read_text()
     result = subprocess.run([*CLI, "validate", "-"], input=text, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "<stdin>: ok"
+    assert result.stdout.splitlines()[0] == "<stdin>: ok"  # the verdict first, then what the account needs
     empty = subprocess.run([*CLI, "plan", "-"], input="", capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert empty.returncode == 2
     assert empty.stderr.strip() == "error: <stdin>: standard input is empty: pipe a recipe into the command"

@@ -34,7 +34,7 @@ def dumped(**overrides) -> str:
      "r.yaml:4: model.dimensions: hidden_size 100 is not a multiple of attention_heads 3"),
     # A whole number written as a float is that integer (as in JSON Schema); the value is shown as written.
     ({"budget.total_tokens": 1.0e30},
-     "r.yaml:8: budget.total_tokens: input should be less than or equal to 1_000_000_000_000_000 (got 1e+30)"),
+     "r.yaml:8: budget.total_tokens: input should be less than or equal to 1_000_000_000_000_000 (got 1.0e+30)"),
     ({"budget.total_tokens": 2500000.5}, "r.yaml:8: budget.total_tokens: input should be a valid integer (got 2500000.5)"),
     ({"budget.total_tokens": True}, "r.yaml:8: budget.total_tokens: input should be a valid integer, not a boolean (got True)"),
 ])
@@ -49,8 +49,8 @@ def test_a_duplicate_key_names_its_second_line():
 
 @pytest.mark.parametrize("text,expected", [
     ("- a\n- b\n", "r.yaml:1: a recipe is a YAML mapping of fields (name, model, data, ...)"),
-    ("name: a\nb: \x07\n", "r.yaml:2: YAML: character 7 is not allowed (control characters are not allowed)"),
-    ("name: !!int x\n", "r.yaml: YAML: a value cannot be read: 'x' is not a YAML 1.2 integer"),
+    ("name: a\nb: \x07\n", "r.yaml:2: b: YAML: character U+0007 (a control character) at column 4 is not allowed in YAML text; remove it"),
+    ("name: !!int x\n", "r.yaml:1: name: YAML tag !!int: 'x' cannot be read as a YAML 1.2 integer; remove the tag"),
 ])
 def test_documents_that_are_not_recipes(text, expected):
     assert error_of(text) == expected

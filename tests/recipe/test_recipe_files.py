@@ -59,7 +59,7 @@ def test_size_and_encoding(tmp_path):
     assert read_recipe_text(edge) == "#" * MAX_BYTES
     latin = tmp_path / "latin.yaml"
     latin.write_bytes(b"name: a\ndescription: caf\xe9\n")
-    assert error_of(latin) == f"{latin}:2: the file is not UTF-8 text"
+    assert error_of(latin) == f"{latin}:2: the file is not UTF-8 text: byte 0xE9 at column 17 (Latin-1 or Windows-1252 text?); save it as UTF-8"
 
 
 def test_an_unknown_field_suggests_the_closest_and_lists_the_valid_ones():

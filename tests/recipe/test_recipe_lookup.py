@@ -91,7 +91,7 @@ def test_file_errors_in_json(tmp_path):
     cases = {
         tmp_path / "absent.yaml": (None, "cannot read the file: no such file or directory"),
         tmp_path: (None, "cannot read the file: a directory, not a regular file"),
-        latin: (2, "the file is not UTF-8 text"),
+        latin: (2, "the file is not UTF-8 text: byte 0xE9 at column 17 (Latin-1 or Windows-1252 text?); save it as UTF-8"),
         big: (None, f"{2 << 20:,} bytes; a recipe is at most {1 << 20:,} bytes"),
     }
     for path, (line, message) in cases.items():

@@ -120,13 +120,14 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
 
 def _report_findings(plans: list, *, strict: bool = False) -> None:
-    """Errors (and warnings under ``strict``) on stderr; other warnings on stdout; an ``account:`` finding
-    that blocks nothing in one line, its fix left to ``explain``."""
+    """Errors (and warnings under ``strict``) on stderr, one line each; other warnings on stdout, wrapped
+    to 100 columns under their first line; an ``account:`` finding that blocks nothing with its fix left
+    to ``explain``."""
     from dataclasses import replace
 
     from tiered_training import report
     from tiered_training.planning.plan import finding_place
-    from tiered_training.report.render import print_lines
+    from tiered_training.report.render import print_lines, print_report
 
     out, err = _out(), _err()
     for plan in plans:
@@ -137,7 +138,11 @@ def _report_findings(plans: list, *, strict: bool = False) -> None:
             if finding.severity == "account" and finding not in blocking:
                 source = finding_place(plan, finding)[0] or plan.name
                 finding = replace(finding, fix=f"see `tiered-training explain {source}`")
-            print_lines(err if finding in blocking else out, [report.format_finding(plan, finding)])
+            line = report.format_finding(plan, finding)
+            if finding in blocking:
+                print_lines(err, [line])
+            else:
+                print_report(out, [line])
 
 
 def _exit_code(plans: list, failures: list) -> int:
@@ -211,7 +216,7 @@ def _print_table(plans: list, wide: bool = False) -> None:
     """The plans, one line each; the legend and the prices' sources; the findings but the quotas, which
     follow as one table (their fixes are explain's and preflight's); how to see more."""
     from tiered_training import report
-    from tiered_training.report.render import print_lines, print_notes, print_table
+    from tiered_training.report.render import print_lines, print_notes, print_report, print_table
 
     if not plans:
         return
@@ -223,8 +228,10 @@ def _print_table(plans: list, wide: bool = False) -> None:
     else:
         print_table(out, [report.brief_row(p) for p in plans], report.BRIEF_COLUMNS, numeric=report.BRIEF_NUMERIC)
     print_notes(out, [*(report.WIDE_LEGEND if wide else report.BRIEF_LEGEND), *report.price_lines(plans)])
-    lines = [report.format_finding(p, f) for p in plans for f in p.findings if f.severity not in ("info", "account")]
-    print_lines(out, lines)
+    for p in plans:  # an error in one line, as every error is; a warning wrapped to 100 columns
+        for f in p.findings:
+            if f.severity not in ("info", "account"):
+                (print_lines if f.severity == "error" else print_report)(out, [report.format_finding(p, f)])
     from tiered_training.planning.alarms import app_context
 
     quotas = report.quota_rows(plans, _account_quotas(app_context(), []))
@@ -265,15 +272,11 @@ def validate(
         emit("validate", 0 if data["ok"] else EXIT_INVALID, strict=strict, recipes=data["recipes"], errors=errors)
     else:
         _report_failures(failures)
-        _report_findings(plans, strict=strict)
-        print_lines(
-            _out(),
-            [
-                f"{escape(p.source)}: ok"
-                for p in plans
-                if next(r for r in data["recipes"] if r["source"] == p.source)["ok"]
-            ],
-        )
+        verdicts = {r["source"]: r["ok"] for r in data["recipes"]}
+        for plan in plans:  # each recipe's verdict, then what it needs of the account and its warnings
+            if verdicts.get(plan.source):
+                print_lines(_out(), [f"{escape(plan.source)}: ok"])
+            _report_findings([plan], strict=strict)
         bad = sum(not r["ok"] for r in data["recipes"])
         if bad and len(data["recipes"]) > 1:
             print_lines(_err(), [f"{bad} of {len(data['recipes'])} recipes invalid"])
@@ -339,8 +342,13 @@ def diff(
     invalid or its plan has errors.
     """
     from tiered_training import report
+    from tiered_training.recipe.loader import STDIN
     from tiered_training.report.render import print_report
 
+    if str(old) == str(new) == STDIN:
+        raise Failure(
+            ["diff - -: standard input can be read only once; give one of the two recipes as a file"], EXIT_INVALID
+        )
     if old.is_dir() or new.is_dir():
         _diff_directories(old, new, overrides, format)
         return

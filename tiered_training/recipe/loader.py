@@ -18,6 +18,7 @@ crash in the recursive composer.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -33,7 +34,8 @@ from tiered_training.recipe import AT, PATTERN_MEANING, Recipe
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
-from tiered_training.recipe.yaml12 import Loader, yaml11_reading
+from tiered_training.recipe.untrusted import character_message, decode, key_on_line, syntax_hint, tag_problems
+from tiered_training.recipe.yaml12 import Loader, quoted_reading, yaml11_reading
 from tiered_training.text import clip
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ UNION_ALTERNATIVES = frozenset(
 )
 RECIPE_SUFFIXES = (".yaml", ".yml")
 MERGE_TAG = "tag:yaml.org,2002:merge"
+INT_TAG = "tag:yaml.org,2002:int"
+FLOAT_TAG = "tag:yaml.org,2002:float"
 # A recipe is a few kilobytes, about 100 YAML nodes, 4 levels deep; these bounds are far above that.
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
@@ -93,7 +97,7 @@ def recipe_by_name(name: str, folder: Path) -> tuple[Path | None, list[str]]:
     names: list[str] = []
     for path in files:
         try:
-            _, data, _, _ = _compose(read_recipe_text(path), str(path))  # bounded, as every recipe is read
+            _, data, _, _, _ = _compose(read_recipe_text(path), str(path))  # bounded, as every recipe is read
         except RecipeError:
             continue
         pipeline = data.get("name") if isinstance(data, dict) else None
@@ -145,11 +149,14 @@ def read_recipe_text(path: str | Path) -> str:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise _file_error(path, f"more than {MAX_BYTES:,} bytes; a recipe is at most {MAX_BYTES:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise RecipeError([Problem(name, line, "", "the file is not UTF-8 text")]) from None
+    return _decoded(data, name, "file")
+
+
+def _decoded(data: bytes, name: str, what: str) -> str:
+    text, problem = decode(data, name, what)
+    if problem is not None:
+        raise RecipeError([problem])
+    return text
 
 
 def _stdin_text() -> str:
@@ -163,11 +170,7 @@ def _stdin_text() -> str:
         )
     if not data.strip():
         raise RecipeError([Problem(STDIN_NAME, None, "", "standard input is empty: pipe a recipe into the command")])
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise RecipeError([Problem(STDIN_NAME, line, "", "the input is not UTF-8 text")]) from None
+    return _decoded(data, STDIN_NAME, "input")
 
 
 def _kind(mode: int) -> str:
@@ -198,21 +201,25 @@ def source_name(path: str | Path) -> str:
 
 
 def parse_recipe(text: str, name: str = "<recipe>", overrides: Sequence[str] = ()) -> tuple[Recipe, Lines]:
-    node, data, lines, problems = _compose(text, name)
+    node, data, lines, written, problems = _compose(text, name)
 
     if not isinstance(data, dict):
         raise RecipeError([Problem(name, 1, "", "a recipe is a YAML mapping of fields (name, model, data, ...)")])
     parsed = parse_overrides(overrides)
     in_file = frozenset(lines)
     problems += apply_overrides(data, parsed)
-    for override in parsed:  # the file's line no longer holds the value
+    for override in parsed:  # the file's line no longer holds the value, nor its text
         for field in [f for f in lines if override.covers(f)]:
             del lines[field]
+        for field in [f for f in written if override.covers(f)]:
+            del written[field]
+        if isinstance(override.value, int | float) and not isinstance(override.value, bool):
+            written[override.dotted] = override.text.partition("=")[2].strip()
 
     try:
         recipe = Recipe.model_validate(_integral_floats_as_ints(data, {}), strict=True)
     except ValidationError as exc:
-        problems += _problems(exc, data, lines, name)
+        problems += _problems(exc, data, lines, name, written)
         recipe = None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # never a traceback for bad input
         problems.append(Problem(name, 1, "", f"cannot validate the recipe: {clip(str(exc))}"))
@@ -245,11 +252,12 @@ def _integral_floats_as_ints(value: Any, copies: dict[int, Any]) -> Any:
     return value
 
 
-def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[Problem]]:
-    """The YAML node tree, the constructed document, key lines and duplicate-key problems."""
+def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, dict[str, str], list[Problem]]:
+    """The YAML node tree, the constructed document, key lines, numbers as written and duplicate-key problems."""
     if len(text) > MAX_BYTES:
         raise RecipeError([Problem(name, None, "", f"{len(text):,} characters; a recipe is at most {MAX_BYTES:,}")])
     lines: Lines = {}
+    written: dict[str, str] = {}
     problems: list[Problem] = []
     try:
         _check_events(text, name)
@@ -257,30 +265,39 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, list[P
         try:
             node = loader.get_single_node()
             if node is None:
-                return None, None, lines, problems
-            _index(node, (), lines, problems, name)
+                return None, None, lines, written, problems
+            refused = tag_problems(node, (), name)
+            if refused:  # before constructing: an unknown tag has no constructor, a bad !!int no line
+                raise RecipeError(refused)
+            _index(node, (), lines, problems, name, written)
             data = loader.construct_document(node)
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        raise RecipeError([Problem(name, line, "", f"YAML syntax: {clip(exc.problem or str(exc))}")]) from None
+        problem = exc.problem or str(exc)
+        hint = syntax_hint(text, problem, line)
+        if hint is not None:
+            raise RecipeError([Problem(name, line, hint[1], f"YAML: {hint[0]}")]) from None
+        if exc.context and exc.context.startswith("found duplicate anchor"):  # PyYAML's words for it
+            problem = "an anchor defined twice; give each anchor its own name"
+        raise RecipeError([Problem(name, line, "", f"YAML syntax: {clip(problem)}")]) from None
     except yaml.reader.ReaderError as exc:
         line = text[: exc.position].count("\n") + 1
-        raise RecipeError(
-            [Problem(name, line, "", f"YAML: character {exc.character!r} is not allowed ({exc.reason})")]
-        ) from None
+        message = character_message(text, exc.position, exc.character)
+        raise RecipeError([Problem(name, line, key_on_line(text, line), f"YAML: {message}")]) from None
     except yaml.YAMLError as exc:
         raise RecipeError([Problem(name, None, "", f"YAML: {clip(str(exc))}")]) from None
     except (ValueError, TypeError, AttributeError, OverflowError) as exc:
         # SafeConstructor on an explicit tag with a bad value (``!!int x``, ``!!timestamp x``).
         raise RecipeError([Problem(name, None, "", f"YAML: a value cannot be read: {clip(str(exc))}")]) from None
-    return node, data, lines, problems
+    return node, data, lines, written, problems
 
 
 def _check_events(text: str, name: str) -> None:
-    """Bound nesting depth and alias expansion on the event stream, before composing.
+    """Bound nesting depth and alias expansion on the event stream, before composing; refuse aliases that
+    compose badly (recursive, undefined, as a key) and anchors defined twice, naming the field.
 
     The parser is iterative; only the composer and the constructor recurse. Each
     anchor's expanded size is counted when its node ends, and each alias adds that
@@ -288,78 +305,99 @@ def _check_events(text: str, name: str) -> None:
     """
     loader = _Loader(text)
     sizes: dict[str | None, int] = {}  # an alias event's anchor is never None
-    stack: list[list[Any]] = [[0, None]]  # per open collection: expanded node count, anchor
+    anchors: dict[str, int | None] = {}  # each anchor defined so far, and its line
+    stack: list[_Open] = [_Open(None, False)]  # the document, then each open collection
     total = 0
+
+    def refuse(event: yaml.Event, message: str, field: str | None = None) -> RecipeError:
+        where = field if field is not None else ".".join(map(str, (level.place() for level in stack[1:])))
+        return RecipeError([Problem(name, _start_line(event), clip(where, 120), message)])
+
     try:
         while loader.check_event():
             event: yaml.Event = loader.get_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
             added = 0
             version = getattr(event, "version", None) if isinstance(event, yaml.DocumentStartEvent) else None
             if version is not None and tuple(version) != (1, 2):
-                raise RecipeError(
-                    [
-                        Problem(
-                            name,
-                            _start_line(event),
-                            "",
-                            f"a %YAML {'.'.join(map(str, version))} directive: recipes are read as YAML 1.2 only "
-                            "(1.1 reads yes/no, on/off and 1:30 otherwise); remove the directive or write %YAML 1.2",
-                        )
-                    ]
+                raise refuse(
+                    event,
+                    f"a %YAML {'.'.join(map(str, version))} directive: recipes are read as YAML 1.2 only "
+                    "(1.1 reads yes/no, on/off and 1:30 otherwise); remove the directive or write %YAML 1.2",
                 )
+            if isinstance(event, yaml.NodeEvent):
+                parent = stack[-1]
+                is_key = parent.mapping and parent.children % 2 == 0
+                parent.children += 1
+                if is_key and isinstance(event, yaml.ScalarEvent):
+                    parent.key = event.value
+                if is_key and isinstance(event, yaml.AliasEvent):
+                    raise refuse(
+                        event,
+                        f"YAML alias *{event.anchor} as a key: a recipe's keys are field names, written out; "
+                        "write the key itself",
+                        ".".join(level.place() for level in stack[1:-1]),  # the mapping the key is in
+                    )
+                anchor = None if isinstance(event, yaml.AliasEvent) else event.anchor
+                if anchor is not None:
+                    if anchor in anchors:
+                        first = anchors[anchor]
+                        raise refuse(
+                            event,
+                            f"YAML anchor &{anchor} is defined a second time"
+                            + (f" (first on line {first})" if first else "")
+                            + "; give each anchor its own name",
+                        )
+                    anchors[anchor] = _start_line(event)
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 if len(stack) > MAX_DEPTH:
-                    raise RecipeError(
-                        [
-                            Problem(
-                                name,
-                                _start_line(event),
-                                "",
-                                f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4",
-                            )
-                        ]
-                    )
-                stack.append([1, event.anchor])
+                    raise refuse(event, f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4", "")
+                stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent)))
                 added = 1
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                count, anchor = stack.pop()
-                if anchor is not None:
-                    sizes[anchor] = count
-                stack[-1][0] += count
+                level = stack.pop()
+                if level.anchor is not None:
+                    sizes[level.anchor] = level.count
+                stack[-1].count += level.count
             elif isinstance(event, yaml.ScalarEvent):
                 if event.anchor is not None:
                     sizes[event.anchor] = 1
-                stack[-1][0] += 1
+                stack[-1].count += 1
                 added = 1
             elif isinstance(event, yaml.AliasEvent):
-                if any(anchor == event.anchor for _, anchor in stack):
-                    raise RecipeError(
-                        [
-                            Problem(
-                                name,
-                                _start_line(event),
-                                "",
-                                f"YAML alias *{event.anchor} is inside the collection &{event.anchor} it names: "
-                                "a recursive value, which no recipe field takes; copy the values instead",
-                            )
-                        ]
+                if any(level.anchor == event.anchor for level in stack):
+                    raise refuse(
+                        event,
+                        f"YAML alias *{event.anchor} is inside the collection &{event.anchor} it names: "
+                        "a recursive value, which no recipe field takes; copy the values instead",
+                    )
+                if event.anchor not in anchors:
+                    raise refuse(
+                        event,
+                        f"YAML alias *{event.anchor} refers to no anchor; define &{event.anchor} on a value "
+                        "above it (an anchor comes before its aliases), or write the value",
                     )
                 added = sizes.get(event.anchor, 1)
-                stack[-1][0] += added
+                stack[-1].count += added
             total += added
             if total > MAX_NODES:
-                raise RecipeError(
-                    [
-                        Problem(
-                            name,
-                            _start_line(event),
-                            "",
-                            f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100",
-                        )
-                    ]
-                )
+                raise refuse(event, f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100")
     finally:
         loader.dispose()
+
+
+class _Open:
+    """A collection open in the event stream: its expanded node count, anchor, kind and where its items are."""
+
+    def __init__(self, anchor: str | None, mapping: bool):
+        self.count = 1
+        self.anchor = anchor
+        self.mapping = mapping
+        self.children = 0  # the nodes seen in it: keys and values alternate in a mapping
+        self.key: str | None = None
+
+    def place(self) -> str:
+        """The current item's key (a mapping) or index (a list)."""
+        return str(self.key) if self.mapping else str(max(self.children - 1, 0))
 
 
 def _start_line(event: yaml.Event) -> int | None:
@@ -367,8 +405,11 @@ def _start_line(event: yaml.Event) -> int | None:
     return event.start_mark.line + 1 if event.start_mark else None
 
 
-def _index(node: yaml.Node, path: Loc, lines: Lines, problems: list[Problem], name: str) -> None:
-    """Record the line of every key; report duplicate keys, which YAML would silently overwrite.
+def _index(
+    node: yaml.Node, path: Loc, lines: Lines, problems: list[Problem], name: str, written: dict[str, str]
+) -> None:
+    """Record the line of every key and each plain number's text; report duplicate keys, which YAML would
+    silently overwrite.
 
     A merge key (``<<: *base``) brings in the keys of the merged mappings that the
     mapping does not set itself, as YAML defines it; overriding a merged key is not a
@@ -378,12 +419,14 @@ def _index(node: yaml.Node, path: Loc, lines: Lines, problems: list[Problem], na
         for key, (key_node, value_node) in _entries(node, path, problems, name).items():
             child = path + (key,)
             lines[".".join(map(str, child))] = key_node.start_mark.line + 1
-            _index(value_node, child, lines, problems, name)
+            _index(value_node, child, lines, problems, name, written)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             child = path + (index,)
             lines[".".join(map(str, child))] = item.start_mark.line + 1
-            _index(item, child, lines, problems, name)
+            _index(item, child, lines, problems, name, written)
+    elif isinstance(node, yaml.ScalarNode) and node.tag in (INT_TAG, FLOAT_TAG) and path:
+        written[".".join(map(str, path))] = node.value
 
 
 def _entries(
@@ -469,7 +512,9 @@ def _submodel(annotation: Any) -> Any:
     return None
 
 
-def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: str) -> list[Problem]:
+def _problems(
+    exc: ValidationError, data: dict[str, Any], lines: Lines, name: str, written: dict[str, str]
+) -> list[Problem]:
     grouped: dict[str, dict[str, Any]] = {}
     for error in exc.errors(include_url=False):
         path, reached = _real_path(tuple(error["loc"]), data)
@@ -530,11 +575,19 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
         if isinstance(value, (dict, list)):
             has_value = False
         message = "; or ".join(entry["messages"])
-        trap = yaml11_reading(value) if has_value and entry["kinds"] - {"extra_forbidden", "literal_error"} else None
+        typed = entry["kinds"] - {"extra_forbidden", "literal_error"}
+        boolean = bool(entry["kinds"] & {"bool_type", "bool_parsing"})
+        trap = (
+            (yaml11_reading(value, boolean=boolean) or quoted_reading(value, entry["kinds"]))
+            if has_value and typed
+            else None
+        )
         if trap:
             message = f"{message}: {trap}"
         elif has_value and isinstance(value, bool) and entry["kinds"] & {"int_type", "float_type"}:
             message = f"{message}, not a boolean"
+        if has_value and not trap and dotted in written:
+            value = _as_written(value, written[dotted])
         problems.append(
             Problem(
                 file=name,
@@ -546,6 +599,32 @@ def _problems(exc: ValidationError, data: dict[str, Any], lines: Lines, name: st
             )
         )
     return problems
+
+
+class _Written(str):
+    """A number as the file writes it (``100_000``, ``0x201``, ``1e400``): quoted in a message without quotes."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _as_written(value: Any, text: str) -> Any:
+    """``value`` shown as written where that differs from Python's form, with the value where it is not plain."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or text == repr(value) or len(text) > 80:
+        return value
+    plain = text.replace("_", "").lstrip("+")
+    if isinstance(value, int) and plain.lstrip("-").startswith(("0x", "0o")):
+        return _Written(f"{text} = {value}")
+    if (
+        isinstance(value, float)
+        and not math.isfinite(value)
+        and "inf" not in text.lower()
+        and "nan" not in text.lower()
+    ):
+        return _Written(f"{text}, beyond a float's range: {value}")
+    if isinstance(value, float) and "e" in plain.lower() and "e" not in repr(value):  # 1.00000000005e10
+        return _Written(f"{text} = {value!r}")
+    return _Written(text)
 
 
 # A union branch's type, in words.

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tiered_training.recipe.errors import Problem, RecipeError
+from tiered_training.recipe.untrusted import syntax_hint, tag_problems
 from tiered_training.recipe.yaml12 import Loader
 from tiered_training.text import clip
 
@@ -52,14 +53,38 @@ def parse_overrides(texts: Sequence[str]) -> list[Override]:
             problems.append(Problem(where, None, "", malformed(key, sep)))
             continue
         try:
-            value = yaml.load(raw, Loader=Loader) if raw.strip() else None  # noqa: S506 (the project's safe YAML 1.2 loader)
+            value = _read_value(raw, where) if raw.strip() else None
+        except RecipeError as exc:  # bounded and checked as a file is: aliases, nesting, tags
+            problems += [Problem(where, None, "", f"the value: {p.message}") for p in exc.problems]
+            continue
         except yaml.YAMLError as exc:
-            problems.append(Problem(where, None, "", f"the value is not YAML: {clip(str(exc).splitlines()[0])}"))
+            mark = getattr(exc, "problem_mark", None)
+            hint = syntax_hint(raw, getattr(exc, "problem", None) or "", mark.line + 1 if mark else 1)
+            said = f"the value: YAML: {hint[0]}" if hint else f"the value is not YAML: {clip(str(exc).splitlines()[0])}"
+            problems.append(Problem(where, None, "", said))
             continue
         overrides.append(Override(text, tuple(key.split(".")), value))
     if problems:
         raise RecipeError(problems)
     return overrides
+
+
+def _read_value(raw: str, where: str) -> Any:
+    """An override's value, read as a recipe file's values are: the same bounds, tags and YAML 1.2 scalars."""
+    from tiered_training.recipe.loader import _check_events  # the loader imports this module
+
+    _check_events(raw, where)
+    loader = Loader(raw)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        refused = tag_problems(node, (), where)
+        if refused:
+            raise RecipeError(refused[:1])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 INDEX = re.compile(r"\[[^\]]*\]|\.\d+(?=\.|$)")
@@ -77,8 +102,7 @@ def malformed(key: str, sep: str) -> str:
     if INDEX.search(key):
         whole = INDEX.split(key)[0] or key
         return (
-            f"a list item cannot be set alone; set the whole list: {whole}=[first, second] "
-            "(a flow list, read as YAML)"
+            f"a list item cannot be set alone; set the whole list: {whole}=[first, second] (a flow list, read as YAML)"
         )
     if non_ascii(key):
         guess = ascii_skeleton(key)

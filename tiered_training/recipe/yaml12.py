@@ -97,14 +97,14 @@ Loader.add_constructor("tag:yaml.org,2002:int", _int)
 Loader.add_constructor("tag:yaml.org,2002:float", _float)
 
 
-def yaml11_reading(value: Any) -> str | None:
-    """Why a string that YAML 1.1 would read as a boolean or a number is not one here, or None."""
+def yaml11_reading(value: Any, *, boolean: bool = True) -> str | None:
+    """Why a string that YAML 1.1 would read as a boolean or a number is not one here, or None; ``boolean``:
+    the field takes true or false (else the message does not suggest them)."""
     if not isinstance(value, str):
         return None
     if value in YAML11_BOOLS:
-        return (
-            f"{value!r} is text in YAML 1.2 (YAML 1.1 read it as {str(YAML11_BOOLS[value]).lower()}); "
-            "write true or false"
+        return f"{value!r} is text in YAML 1.2 (YAML 1.1 read it as {str(YAML11_BOOLS[value]).lower()})" + (
+            "; write true or false" if boolean else ""
         )
     if SEXAGESIMAL.match(value):
         return (
@@ -117,6 +117,22 @@ def yaml11_reading(value: Any) -> str | None:
             f"{value!r} is text: an underscore may only group an unsigned integer's digits by thousands, "
             "such as 50_000_000_000" + (f"; write {plain}" if re.fullmatch(r"[-+]?[0-9]+(\.[0-9]*)?", plain) else "")
         )
+    return None
+
+
+# pydantic's error types of a field that takes a number, and of one that takes a boolean.
+NUMBER_ERRORS = frozenset({"int_type", "int_parsing", "float_type", "float_parsing"})
+BOOL_ERRORS = frozenset({"bool_type", "bool_parsing"})
+
+
+def quoted_reading(value: Any, kinds: set[str] | frozenset[str]) -> str | None:
+    """Why a quoted number (``"2"``) or boolean (``"true"``) is not one, for a field whose errors are ``kinds``."""
+    if not isinstance(value, str) or not value:
+        return None
+    if kinds & NUMBER_ERRORS and (INT.match(value) or FLOAT.match(value)):
+        return f"{value!r} is text, being quoted (or tagged !!str); write {value} without quotes"
+    if kinds & BOOL_ERRORS and BOOL.match(value):
+        return f"{value!r} is text, being quoted (or tagged !!str); write {value.lower()} without quotes"
     return None
 
 

@@ -6,8 +6,9 @@
 - On a terminal, output fits its width: a table too wide for it becomes one block
   of ``key  value`` lines per row, and long lines wrap at spaces with a hanging
   indent, so a number is never split across lines.
-- Piped (not a terminal, no ``COLUMNS``), lines do not wrap: a line is as long as it is,
-  except a report's (:func:`print_report`: explain, diff) and notes, which wrap at 100 columns.
+- Piped (not a terminal, no ``COLUMNS``), plain lines do not wrap (an ``error:`` line is one
+  line), but a report's (:func:`print_report`: explain, diff, validate's findings) and notes wrap at
+  100 columns; a `command` longer than that continues over lines ending in ``\\``.
   A table wider than :data:`PIPED_TABLE_WIDTH` wraps its prose cells at spaces to that
   width (numbers and single words are never split), so ``tiers | less`` stays readable.
 - Every cell and line is capped (:data:`CELL_LIMIT`, :data:`LINE_LIMIT`), so a huge
@@ -154,9 +155,12 @@ def _write_wrapped(con, lines: Iterable[str], width: int | None) -> None:
 
 def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
     """``line`` wrapped at spaces to ``width``: continuation lines start at column ``hang`` (default:
-    the line's indent plus four); a `command` in backquotes and a word longer than the width stay whole."""
+    the line's indent plus four); a word longer than the width stays whole, and so does a `command` in
+    backquotes, except one longer than the width: it continues over lines that end in ``\\``, as a shell
+    reads it, broken at spaces outside quotes."""
     indent = " " * (len(line) - len(line.lstrip(" ")))
     line = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", NBSP), line)
+    line = re.sub(r"^( *[a-z]+:) ", lambda m: m.group(1) + NBSP, line)  # `warning: PATH` stays on its first line
     # Under its column where the longest word fits there, else under the line's indent plus four.
     longest = max((len(word) for word in line.split(" ")), default=0)  # a `command` is one word here
     if hang is None or width - hang < max(MIN_HANG_TEXT, longest):
@@ -169,7 +173,44 @@ def wrap_line(line: str, width: int, hang: int | None = None) -> list[str]:
         break_long_words=False,
         break_on_hyphens=False,
     )
-    return [part.replace(NBSP, " ") for part in wrapped] or [line.replace(NBSP, " ")]
+    out: list[str] = []
+    for part in wrapped or [line]:
+        if len(part) > width and "`" in part and NBSP in part:
+            out += _continued(part, width)
+        else:
+            out.append(part.replace(NBSP, " "))
+    return out
+
+
+def _continued(part: str, width: int) -> list[str]:
+    """A line that is one long `command` (its spaces no-break spaces), as shell lines joined by ``\\``:
+    broken at spaces outside quotes, each continuation two columns deeper; a word wider than that stays whole."""
+    text = part.lstrip(" ")
+    lead = part[: len(part) - len(text)]
+    words, word, quote = [], "", ""
+    for char in text:
+        if char == NBSP and not quote:
+            words.append(word)
+            word = ""
+            continue
+        if char in "\"'" and (not quote or quote == char):
+            quote = "" if quote else char
+        word += char.replace(NBSP, " ")
+    words.append(word)
+    lines: list[str] = []
+    current = ""
+    for word in words:
+        indent = lead if not lines else lead + "  "
+        if current and len(indent) + len(current) + 1 + len(word) + 2 > width:
+            lines.append(current)
+            current = word
+        else:
+            current = f"{current} {word}" if current else word
+    lines.append(current)
+    return [
+        (lead if index == 0 else lead + "  ") + chunk + (" \\" if index < len(lines) - 1 else "")
+        for index, chunk in enumerate(lines)
+    ]
 
 
 def print_notes(con, lines: Iterable[str]) -> None:
