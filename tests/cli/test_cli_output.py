@@ -354,17 +354,21 @@ def test_a_table_fits_100_columns_with_no_trailing_space_and_no_clipped_cell(arg
     assert not [line for line in lines if "..." in line or "characters)" in line]
 
 
-def test_validate_gives_an_account_finding_one_line_and_leaves_its_fix_to_explain(monkeypatch):
+def test_validate_gives_one_account_line_per_recipe_under_its_verdict_and_leaves_each_quota_to_explain(monkeypatch):
     monkeypatch.chdir(ROOT)
     result = RUNNER.invoke(app, ["validate", "recipes/"], prog_name="tiered-training", env={"COLUMNS": None})
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 100 and [x for x in lines if x != x.rstrip()] == []
-    account = [line for line in unwrapped(result.stdout).splitlines() if line.startswith("account: ")]
-    assert account, result.stdout
-    for line in account:
-        source = line.removeprefix("account: ").split(":", 1)[0]
-        assert f"Fix: see `tiered-training explain {source}`. [quota-needed]" in line, line
-        assert "aws service-quotas" not in line and len(line) <= 400, line
+    data = json.loads(
+        RUNNER.invoke(app, ["validate", "recipes/", "--format", "json"], prog_name="tiered-training").stdout
+    )
+    needing = {r["source"]: len(r["account"]) for r in data["recipes"] if r["account"]}
+    assert needing, data
+    for source, count in needing.items():
+        verdict = lines.index(f"{source}: ok")
+        many = f"{count} quotas" if count > 1 else "a quota"
+        assert lines[verdict + 1] == f"account: {source}: {many} to raise; `explain` names them. [quota-needed]"
+    assert sum(line.startswith("account: ") for line in lines) == len(needing)
     explained = RUNNER.invoke(app, ["explain", source], prog_name="tiered-training", env={"COLUMNS": None})
-    assert "aws service-quotas request-service-quota-increase" in explained.stdout
+    assert explained.stdout.count("aws service-quotas request-service-quota-increase") == count

@@ -126,18 +126,18 @@ def _report_findings(plans: list, *, strict: bool = False) -> None:
     from dataclasses import replace
 
     from tiered_training import report
-    from tiered_training.planning.plan import finding_place
     from tiered_training.report.render import print_lines, print_report
 
     out, err = _out(), _err()
     for plan in plans:
         blocking = plan.errors + (plan.warnings if strict else [])
+        quotas = [f for f in plan.findings if f.severity == "account" and f not in blocking]
         for finding in plan.findings:
-            if finding.severity == "info":
+            if finding.severity == "info" or finding in quotas[1:]:
                 continue
-            if finding.severity == "account" and finding not in blocking:
-                source = finding_place(plan, finding)[0] or plan.name
-                finding = replace(finding, fix=f"see `tiered-training explain {source}`")
+            if finding in quotas[:1]:  # the account's quotas in one line; explain names each
+                many = f"{len(quotas)} quotas" if len(quotas) > 1 else "a quota"
+                finding = replace(finding, field="", message=f"{many} to raise; `explain` names them", fix="")
             line = report.format_finding(plan, finding)
             if finding in blocking:
                 print_lines(err, [line])
