@@ -231,7 +231,11 @@ def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, f
     # The optimiser step is charged once per optimiser step: a run's gradient accumulation
     # spreads it over that many micro-batches (unpublished: one, torchtitan's default).
     accum = row.grad_accum_steps or 1
-    setting = replace(row.setting, attention_kernel=framework.get("attention_kernel", "sdpa"))
+    setting = replace(
+        row.setting,
+        attention_kernel=framework.get("attention_kernel", "sdpa"),
+        repeat_kv=framework.get("repeat_kv", False),
+    )
     result = step_time(
         row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params
     )
@@ -324,7 +328,7 @@ START = {
     **{f"recipe_{r}": 0.9 for r in RECIPES},
 }
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
-# step then costs nothing more than its share of one attention call).
+# step then costs its counted work only: perf.ring_seconds and the exposed exchange).
 NEUTRAL = {
     "ring_step_overhead": 0.0,
     "eager_memory_factor": 1.0,

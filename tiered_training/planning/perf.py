@@ -102,6 +102,27 @@ EAGER_CAST_KERNELS = 6 + 4
 # One short kernel launched back to back costs a few microseconds whatever it moves
 # (NVIDIA, "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/).
 KERNEL_SECONDS = 4e-6
+# Context parallelism (PyTorch's ring attention, torch.distributed.tensor.experimental._attention, as torchtitan
+# and this container run it: head-tail load balancing, fp32 merging, K/V all-gathered forward, dK/dV passed
+# around the ring backward). Its memory-bound work, in bytes per element of the rank's attention output
+# (``tokens x q_size``) or of its K/V (``tokens x K/V width``), each a separate kernel at HBM bandwidth:
+# - forward, once: the first step's output upcast to fp32 (read 2, write 4) and the result cast back (4, 2);
+RING_MERGE_ONCE_BYTES = 12
+# - forward, each step past the first (``_SDPAMerger``): the block's output upcast (2, 4), ``out - block_out``
+#   (8, 4), times the sigmoid of the log-sum-exp difference (4, 4), subtracted from the running output (8, 4):
+#   38 bytes; a step on the tail half of the queries does that on half the output and rebuilds the whole buffer
+#   (``_partial_update``: the copy into its chunk, 4 and 4 on half, and ``torch.cat``, 4 and 4): 31. Half the
+#   steps are each kind: 34.5.
+RING_MERGE_STEP_BYTES = 34.5
+# - backward, each step past the first: dQ accumulated in fp32 (read 2 and 4, write 4) and the flash backward's
+#   own pass over the step's dO and O and its fp32 dQ accumulator (read 4, write 4 and read 4, write 2 on the
+#   three quarters of the queries a step past the first has on average): 10 + 10.5 per output element;
+RING_GRAD_Q_BYTES = 20.5
+#   dK and dV accumulated in fp32 (10 each) and concatenated into the buffer sent to the next rank (8 each),
+#   and K and V concatenated for the exchange (4 each): per element of K/V width.
+RING_GRAD_KV_BYTES = 2 * (10 + 8 + 4)
+# Kernels per step past the first: the merge's six (forward), the accumulations' and concatenations' seven (backward).
+RING_STEP_KERNELS = (6, 7)
 # torchao's NF4 dequantisation of one weight (NF4Tensor.get_original_weight, eager), bytes per weight
 # element: the two nibbles shifted and masked (read 0.5, write 0.5 each) and widened to int64 (read 0.5,
 # write 4 each); each looked up in the 16-entry table (read 4, write 1 each); the block scales expanded
@@ -170,6 +191,7 @@ class Setting:
     attention_kernel: str = "sdpa"
     lora: Lora | None = None  # LoRA adapters on a frozen base
     document_mask: bool = False  # packed SFT examples: FlexAttention under a block mask
+    repeat_kv: bool = False  # K/V heads repeated to the query heads before attention (torchtitan's Llama)
 
 
 @dataclass(frozen=True)
@@ -182,7 +204,8 @@ class Parameters:
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
     fp8_eager_cast_factor: float  # torchao's eager casts, measured over the time counted (eager_fp8_casts)
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
-    ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
+    # what the counted ring work leaves unexplained: each ring step past the first, as a share of the attention
+    ring_step_overhead: float
     flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
     flash2_utilization_h100: float  # the same on H100 (and H200)
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
@@ -225,6 +248,8 @@ class StepTime:
     adapters: bool = False
     frozen: bool = False
     quantized: bool = False
+    # context parallelism: the ring's merges and gradient accumulation (0 without it)
+    ring: float = 0.0
     # task dpo: the reference's forward per step, without gradient (planning/preference.py); 0 otherwise
     reference: float = 0.0
     reference_what: str = ""
@@ -243,6 +268,7 @@ class StepTime:
             + self.adapter_dropout
             + self.dequantization
             + self.reference
+            + self.ring
         )
 
     @property
@@ -286,6 +312,17 @@ class StepTime:
             Term("compute: GEMMs", self.gemm, gemms),
             *adapters,
             Term("compute: attention", self.attention, "causal flash attention, forward and backward"),
+            *(
+                [
+                    Term(
+                        "context parallelism: ring merge",
+                        self.ring,
+                        "each ring step's output merged in fp32 by its log-sum-exp, dQ/dK/dV accumulated in fp32",
+                    )
+                ]
+                if self.ring
+                else []
+            ),
             Term(
                 "compute: memory-bound",
                 self.memory_bound,
@@ -470,9 +507,25 @@ def attention_length_factor(query_tokens: float, params: Parameters) -> float:
 
 
 def ring_cost(cp: int, params: Parameters) -> float:
-    """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
-    the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
+    """Attention time of a context-parallel ring of degree ``cp``, relative to its kernels'
+    counted time: ``1 + ring_step_overhead * (cp - 1)``. The fitted share is what the
+    published ring runs take beyond the counted work (``ring_seconds``, the exposed K/V
+    exchange); without ring runs in a fit it is 0."""
     return 1.0 + params.ring_step_overhead * (cp - 1)
+
+
+def ring_seconds(arch: Architecture, setting: Setting, tokens: float, bandwidth: float) -> tuple[float, float]:
+    """One layer's ring-attention work besides the attention kernels, forward and backward, on a
+    context-parallel rank's ``tokens`` (the ``RING_*`` counts, at HBM ``bandwidth``, and their kernels)."""
+    cp = setting.context_parallel
+    if cp <= 1:
+        return 0.0, 0.0
+    out = tokens * arch.q_size  # elements of the rank's attention output
+    kv = tokens * (arch.q_size if setting.repeat_kv else arch.kv_size)  # of its K (and of its V)
+    steps = cp - 1
+    fwd = (RING_MERGE_ONCE_BYTES + steps * RING_MERGE_STEP_BYTES) * out / bandwidth
+    bwd = steps * (RING_GRAD_Q_BYTES * out + RING_GRAD_KV_BYTES * kv) / bandwidth
+    return fwd + steps * RING_STEP_KERNELS[0] * KERNEL_SECONDS, bwd + steps * RING_STEP_KERNELS[1] * KERNEL_SECONDS
 
 
 def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
@@ -515,13 +568,14 @@ def step_time(
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
-    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
-    # on half-length head and tail chunks. Each step past the first adds a share of the
-    # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
-    # the cost grows with the degree. Each call also pays the fixed kernel time, which
-    # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
-    # A call's queries are the rank's chunk (half of it per call under context parallelism,
-    # the head and tail halves), which sets how close the kernel comes to its efficiency.
+    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step.
+    # Head-tail load balancing gives every rank 1/cp of the causal work, and every step the
+    # same share of it: the first the causal block of the rank's own two chunks, each later
+    # one all of the rank's queries on the head half of a K/V block, or the tail half of its
+    # queries on a whole block. Each call pays the fixed kernel time, and its queries (half
+    # the rank's chunk on average) set how close the kernel comes to its efficiency. What the
+    # ring adds besides its kernels is counted in ``ring_seconds`` and ``_communication``;
+    # what the published ring runs take beyond that count is a fitted share per step (``ring_cost``).
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.q_size / cp
     query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
     attn_rate = (
@@ -550,14 +604,9 @@ def step_time(
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
     loss_mem = LOSS_BYTES_PER_LOGIT * arch.vocab_size * tokens / mem_bw
     memory_bound = arch.layers * (layer_fwd_mem + layer_bwd_mem) + loss_mem
-    if cp > 1:
-        # Each ring step's partial attention output is merged into the running one in fp32,
-        # rescaled by the log-sum-exp: read and write the output, forward and twice backward.
-        merge = cp * tokens * arch.q_size * 4 * 3 / mem_bw
-        attn_fwd_merge = merge
-        memory_bound += arch.layers * 3 * merge
-    else:
-        attn_fwd_merge = 0.0
+    # context parallelism: the ring's merges (forward) and fp32 accumulations (backward)
+    ring_fwd, ring_bwd = ring_seconds(arch, setting, tokens, mem_bw)
+    ring = arch.layers * (ring_fwd + ring_bwd)
 
     # -- the adapters (LoRA) and the NF4 base's dequantisation (QLoRA) ------------------------
     adapter_gemm = arch.layers * (adapter.gemm_fwd + adapter.gemm_bwd)
@@ -569,7 +618,7 @@ def step_time(
     # -- recomputation ---------------------------------------------------------------------
     if setting.checkpointing == "full":
         recompute = arch.layers * (
-            layer_gemm_fwd + attn_fwd + attn_fwd_merge + layer_fwd_mem
+            layer_gemm_fwd + attn_fwd + ring_fwd + layer_fwd_mem
             + adapter.gemm_fwd + adapter_fwd + adapter.dequant_fwd
         )  # fmt: skip
     elif setting.checkpointing == "selective":
@@ -582,7 +631,7 @@ def step_time(
         recompute = 0.0
 
     compute = gemm + attention + memory_bound + recompute + adapter_gemm + adapter_elementwise + adapter_dropout
-    compute += dequantization
+    compute += dequantization + ring
 
     # -- communication -------------------------------------------------------------------
     comm, first_unit, cp_exposed = _communication(
@@ -612,6 +661,7 @@ def step_time(
         adapter_elementwise=accum * adapter_elementwise,
         adapter_dropout=accum * adapter_dropout,
         dequantization=accum * dequantization,
+        ring=accum * ring,
         adapters=lora is not None,
         frozen=frozen,
         quantized=lora is not None and lora.quantized,
@@ -665,11 +715,21 @@ def _communication(
     ring = 0.0
     cp = setting.context_parallel
     if cp > 1:
-        # Ring attention passes K and V blocks around the context-parallel ranks (forward),
-        # and K, V and their gradients backward; it overlaps with the attention it feeds.
-        kv_block = tokens * 2 * arch.kv_size * e
-        step = kv_block * (cp - 1) / bandwidth(cp)
-        ring = arch.layers * (max(0.0, step - attn_fwd) + max(0.0, 2 * step - 2.5 * attn_fwd))
+        # PyTorch's ring all-gathers the other ranks' K and V (its default rotation), behind the
+        # first step's attention, 1/cp of the rank's; backward gathers them again behind the first
+        # step's backward, and passes the fp32 dK and dV around the ring, each behind one step's.
+        width = arch.q_size if setting.repeat_kv else arch.kv_size
+        kv_block = tokens * 2 * width * e
+        step_fwd = attn_fwd / cp
+        gather = kv_block * (cp - 1) / bandwidth(cp)
+        grads = kv_block * 4 / e / bandwidth(cp)
+        ring = arch.layers * (
+            max(0.0, gather - step_fwd)
+            + max(0.0, gather - 2.5 * step_fwd)
+            + (cp - 1) * max(0.0, grads - 2.5 * step_fwd)
+        )
+        if setting.checkpointing == "full":  # the recomputed forward gathers them once more
+            ring += arch.layers * max(0.0, gather - step_fwd)
     return fsdp, layer_ag + root_ag, ring
 
 
