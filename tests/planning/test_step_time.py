@@ -363,3 +363,18 @@ def test_the_ring_merge_is_its_own_term_and_full_recomputation_runs_it_again(cp,
         gemms = sum(2 * tokens * k * n for k, n in LINEARS) / (1e15 * 0.5)
         attention = 2 * SEQ**2 * H / cp / (1e15 * 0.4 / (1 + 0.1 * (cp - 1)))
         assert got.recompute == pytest.approx(L * (gemms + attention + merge + per_token_forward * tokens / bandwidth), rel=1e-12)
+
+
+def test_native_elementwise_kernels_move_the_bytes_counted_eager_and_alibi_has_no_rope():
+    """MPT (llm-foundry): LayerNorm and GELU are one native kernel each, so eager moves what the
+    compiled count says, not eager_memory_factor times it; ALiBi lives in the attention kernel,
+    so no RoPE pass over Q and K (2 * (q + kv) elements read and written, forward, twice backward)."""
+    bandwidth = 2e12 * 0.5
+    compiled = step(setting(micro_batch=1))
+    eager = step(setting(micro_batch=1, compile=False))
+    native = step(setting(micro_batch=1, compile=False, native_elementwise=True))
+    assert eager.memory_bound > compiled.memory_bound
+    assert native.memory_bound == pytest.approx(compiled.memory_bound, rel=1e-12)
+    no_rope = step(setting(micro_batch=1, rope=False))
+    rope_bytes = L * 3 * 2 * 2 * (H + KV) * SEQ / bandwidth
+    assert compiled.memory_bound - no_rope.memory_bound == pytest.approx(rope_bytes, rel=1e-12)

@@ -235,6 +235,8 @@ def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, f
         row.setting,
         attention_kernel=framework.get("attention_kernel", "sdpa"),
         repeat_kv=framework.get("repeat_kv", False),
+        rope=framework.get("rope", True),
+        native_elementwise=framework.get("native_elementwise", False),
     )
     result = step_time(
         row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params
@@ -345,7 +347,7 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
         names |= _factor_names(r, cal)
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
-        if not r.compile:
+        if not r.compile and not cal.frameworks.get(r.framework, {}).get("native_elementwise", False):
             names.add("eager_memory_factor")
         if r.precision == "fp8":
             names.add("fp8_gemm_efficiency")

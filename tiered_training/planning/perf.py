@@ -192,6 +192,10 @@ class Setting:
     lora: Lora | None = None  # LoRA adapters on a frozen base
     document_mask: bool = False  # packed SFT examples: FlexAttention under a block mask
     repeat_kv: bool = False  # K/V heads repeated to the query heads before attention (torchtitan's Llama)
+    rope: bool = True  # rotary positions on Q and K (False: positions inside the attention kernel, MPT's ALiBi)
+    # the norms and activations run as one native kernel each (MPT's LayerNorm and GELU): eager moves the bytes
+    # counted, where a Llama's RMSNorm, RoPE and SwiGLU run as chains of small kernels (eager_memory_factor)
+    native_elementwise: bool = False
 
 
 @dataclass(frozen=True)
@@ -551,7 +555,7 @@ def step_time(
     e = 4 if setting.precision == "fp32" else 2  # bytes per activation element
     peak_bf16 = hw.peak_bf16_flops * hw.compute_factor
     mem_bw = hw.hbm_bytes_per_s * params.memory_efficiency
-    eager = 1.0 if setting.compile else params.eager_memory_factor
+    eager = 1.0 if setting.compile or setting.native_elementwise else params.eager_memory_factor
 
     # -- GEMMs --------------------------------------------------------------------------
     lora = setting.lora
@@ -598,7 +602,8 @@ def step_time(
     # twice as much.
     q = arch.q_size
     qk_norms = 2 * (q + kv) if arch.qk_norm else 0
-    layer_fwd_bytes = e * (4 * h + 2 * (q + kv) + 3 * f + 6 * h + 2 * q + qk_norms) * eager
+    rope = 2 * (q + kv) if setting.rope else 0
+    layer_fwd_bytes = e * (4 * h + rope + 3 * f + 6 * h + 2 * q + qk_norms) * eager
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
     layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
