@@ -102,6 +102,11 @@ EAGER_CAST_KERNELS = 6 + 4
 # One short kernel launched back to back costs a few microseconds whatever it moves
 # (NVIDIA, "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/).
 KERNEL_SECONDS = 4e-6
+# Transformer Engine's float8 cast of one tensor under current scaling (tensorwise) or MXFP8: the amax pass (read 2
+# bytes per element; MXFP8 computes each block's scale in the cast kernel instead) and one cast-transpose kernel
+# that reads the BF16 tensor once and writes both FP8 layouts the GEMMs need (read 2, write 1 + 1)
+# (transformer_engine/common/transpose/cast_transpose.cu; quantize in transformer_engine/pytorch/tensor).
+TE_CAST_BYTES = {"tensorwise": 6, "mxfp8": 4}
 # Context parallelism (PyTorch's ring attention, torch.distributed.tensor.experimental._attention, as torchtitan
 # and this container run it: head-tail load balancing, fp32 merging, K/V all-gathered forward, dK/dV passed
 # around the ring backward). Its memory-bound work, in bytes per element of the rank's attention output
@@ -196,6 +201,8 @@ class Setting:
     # the norms and activations run as one native kernel each (MPT's LayerNorm and GELU): eager moves the bytes
     # counted, where a Llama's RMSNorm, RoPE and SwiGLU run as chains of small kernels (eager_memory_factor)
     native_elementwise: bool = False
+    # whose kernels cast to float8: torchao (this container) or te, Transformer Engine's fused casts (TE_CAST_BYTES)
+    fp8_casts: str = "torchao"
 
 
 @dataclass(frozen=True)
@@ -319,9 +326,9 @@ class StepTime:
             *(
                 [
                     Term(
-                        "context parallelism: ring merge",
+                        "compute: ring merge",
                         self.ring,
-                        "each ring step's output merged in fp32 by its log-sum-exp, dQ/dK/dV accumulated in fp32",
+                        "context parallelism: each ring step's output merged by log-sum-exp, dQ/dK/dV summed, in fp32",
                     )
                 ]
                 if self.ring
@@ -377,6 +384,7 @@ class LinearCost:
     fp8_recipe: str | None
     compile: bool
     params: Parameters
+    casts: str = "torchao"  # or te: Transformer Engine's fused cast-transpose (TE_CAST_BYTES)
 
     def seconds(self, m: float, k: int, n: int, *, frozen: bool = False) -> tuple[float, float, float]:
         """(forward GEMM, the backward GEMMs, FP8 casts forward and backward). A ``frozen``
@@ -395,7 +403,12 @@ class LinearCost:
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0
-        if self.precision == "fp8" and self.compile:
+        if self.precision == "fp8" and self.casts == "te":
+            # input, weight and output gradient, each cast once into both layouts (a frozen weight: no
+            # weight-gradient GEMM, the output gradient in one layout, the input's row layout kept from forward)
+            per = TE_CAST_BYTES.get(self.fp8_recipe or "tensorwise", TE_CAST_BYTES["tensorwise"])
+            casts = per * (m * k + k * n + m * n) / (hw.hbm_bytes_per_s * p.memory_efficiency)
+        elif self.precision == "fp8" and self.compile:
             # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
             # and the transposed copies backward needs: input, weight, output gradient. A frozen
             # weight's layer casts neither operand of the weight-gradient GEMM (compiled, it is dropped).
@@ -561,7 +574,7 @@ def step_time(
     lora = setting.lora
     # A frozen base runs no weight-gradient GEMM, except eager FP8: torchao's backward computes it anyway.
     frozen = lora is not None and (setting.compile or setting.precision != "fp8")
-    linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params)
+    linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params, setting.fp8_casts)
     layer = [linear.seconds(tokens, k, n, frozen=frozen) for k, n in _linears(arch)]
     high = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)
     adapter = adapter_seconds(arch, hw, setting, tokens, params)
