@@ -19,6 +19,10 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
   as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
 - **recomputation**: what activation checkpointing runs a second time in backward.
+- **context parallelism's ring** (``ring_seconds``): PyTorch's ring attention merges each step's
+  output into the running one in fp32 by its log-sum-exp and accumulates dQ, dK and dV in fp32,
+  kernel by kernel at HBM bandwidth (``RING_*``); what the published ring runs take beyond that
+  count is a fitted share of the attention per step past the first (``ring_cost``).
 - **exposed communication**: FSDP2's all-gathers (forward, and again in backward)
   and reduce-scatters per unit, over NVLink inside a node and EFA across nodes;
   context parallelism's ring of K/V blocks. FSDP prefetching hides communication
