@@ -36,9 +36,10 @@ WORK = Path(os.environ.get("MUTATION_DIR", "/tmp/tt-mutation"))
 
 # module -> the fast test files that exercise it (mutmut runs, per mutant, only those
 # tests among these that reach the mutated function).
-# Each module's file under tiered_training/ (the name is the old flat module's, as docs/mutation.md records).
+# Each module's file under tiered_training/ (the name is the file's stem, as docs/mutation.md records).
 FILES = {"errors": "recipe/errors.py", "recipe": "recipe/__init__.py", "loader": "recipe/loader.py",
-         "planner": "planning/planner.py", "perf": "planning/perf.py", "memory": "planning/memory.py",
+         "planner": "planning/planner.py", "search": "planning/search.py", "choice": "planning/choice.py",
+         "records": "planning/records.py", "runtime": "planning/runtime.py", "perf": "planning/perf.py", "memory": "planning/memory.py",
          "plan": "planning/plan.py", "runconfig": "contract/runconfig.py", "definition": "pipeline/definition.py", "validation": "pipeline/validation.py",
          "alarms": "planning/alarms.py", "calibration": "planning/calibration.py", "report": "report/__init__.py"}
 MODULES: dict[str, list[str]] = {
@@ -48,6 +49,11 @@ MODULES: dict[str, list[str]] = {
                "tests/recipe/test_recipe_lookup.py", "tests/recipe/test_loader_exact.py", "tests/cli/test_hostile_input.py",
                "tests/pipeline/test_fidelity.py"],
     "planner": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/planning/test_properties.py", "tests/pipeline/test_fidelity.py"],
+    # planner.py's search, choice, decision records and runtime (split out of it) run under the same tests
+    "search": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/planning/test_properties.py", "tests/planning/test_probe_candidates.py"],
+    "choice": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/planning/test_alternatives.py", "tests/planning/test_probe_candidates.py"],
+    "records": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/report/test_plan_output.py"],
+    "runtime": ["tests/planning/test_plan_golden.py", "tests/planning/test_planner.py", "tests/planning/test_probe_time.py"],
     "perf": ["tests/planning/test_step_time.py", "tests/planning/test_perf.py", "tests/planning/test_comm_bound.py", "tests/planning/test_planner.py"],
     "memory": ["tests/planning/test_memory.py", "tests/planning/test_planner.py", "tests/planning/test_properties.py", "tests/planning/test_perf.py"],
     "plan": ["tests/report/test_plan_output.py", "tests/planning/test_planner.py", "tests/contract/test_runconfig.py", "tests/pipeline/test_fidelity.py"],

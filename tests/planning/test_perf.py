@@ -223,7 +223,7 @@ def test_predict_charges_the_optimiser_step_once_per_optimiser_step(cal):
     once = calibration.predict(row.model_copy(update={"grad_accum_steps": 1}), cal, params, factors)
     eight = calibration.predict(row, cal, params, factors)
     hw, _ = calibration.hardware(row, cal, factors)
-    step = step_time(row.architecture, hw, row.setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=8, params=params)
+    step = step_time(row.architecture, hw, calibration.run_setting(row, cal), sequence_length=row.sequence_length, gpus=row.gpus, accum=8, params=params)
     assert eight > once * 1.05  # DDP's unsharded AdamW step is a large share of one micro-batch
     assert eight == pytest.approx(step.tokens_per_second_per_gpu * factors["megatron_te"])
     assert step.optimizer == step_time(row.architecture, hw, row.setting, sequence_length=row.sequence_length, gpus=row.gpus,

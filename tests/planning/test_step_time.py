@@ -194,6 +194,18 @@ def test_hybrid_replicas_all_reduce_once_per_step(group, gpus, across):
 # -- context parallelism ----------------------------------------------------------------------
 
 
+def ring_exchange(cp, tokens, attn_fwd, bw, width=KV, full=False):
+    """PyTorch's ring by hand: the other ranks' K/V all-gathered behind the first step's
+    forward (1/cp of the attention) and again behind its backward, the fp32 dK/dV passed on
+    behind each later step's backward; full checkpointing gathers once more."""
+    block = tokens * 2 * width * 2  # K and V of the rank's tokens, BF16
+    gather = block * (cp - 1) / bw
+    step_fwd = attn_fwd / cp
+    grads = block * 2 / bw  # the same elements in fp32
+    per_layer = max(0.0, gather - step_fwd) + max(0.0, gather - 2.5 * step_fwd) + (cp - 1) * max(0.0, grads - 2.5 * step_fwd)
+    return L * (per_layer + (max(0.0, gather - step_fwd) if full else 0.0))
+
+
 def test_the_ring_passes_kv_blocks_and_shows_what_attention_cannot_hide():
     slow = dataclasses.replace(HW, nvlink_bytes_per_s=4e9)
     cp, micro_batch = 2, 1
@@ -202,9 +214,7 @@ def test_the_ring_passes_kv_blocks_and_shows_what_attention_cannot_hide():
     tokens = micro_batch * SEQ / cp
     bw = 4e9 * 0.5
     attn_fwd = 2 * micro_batch * SEQ**2 * H / cp / (1e15 * 0.4 / (1 + 0.1 * (cp - 1)))
-    block = tokens * 2 * KV * 2  # K and V of the rank's tokens, BF16
-    ring_step = block * (cp - 1) / bw
-    ring = L * (max(0.0, ring_step - attn_fwd) + max(0.0, 2 * ring_step - 2.5 * attn_fwd))
+    ring = ring_exchange(cp, tokens, attn_fwd, bw)
     assert ring > 0
     per_micro_batch = fsdp(2, ARCH.layer_parameters * 2, 2, bw) + first_unit(2, ARCH.layer_parameters * 2, 2, bw) + ring
     assert got.communication_total == pytest.approx(2 * per_micro_batch, rel=1e-12)
@@ -216,10 +226,29 @@ def test_the_ring_of_four_moves_three_blocks():
     got = step(setting(context_parallel=4, micro_batch=1, shard_group=4), gpus=4, hw=slow)
     tokens, bw = SEQ / 4, 4e9 * 0.5
     attn_fwd = 2 * SEQ**2 * H / 4 / (1e15 * 0.4 / (1 + 0.1 * 3))
-    ring_step = tokens * 2 * KV * 2 * 3 / bw
-    ring = L * (max(0.0, ring_step - attn_fwd) + max(0.0, 2 * ring_step - 2.5 * attn_fwd))
+    ring = ring_exchange(4, tokens, attn_fwd, bw)
     fsdp_part = fsdp(2, ARCH.layer_parameters * 2, 4, bw) + first_unit(2, ARCH.layer_parameters * 2, 4, bw)
     assert got.communication_total == pytest.approx(fsdp_part + ring, rel=1e-12)
+    # K/V repeated to the query heads before attention (torchtitan's Llama) move four times the bytes here
+    wide = step(setting(context_parallel=4, micro_batch=1, shard_group=4, repeat_kv=True), gpus=4, hw=slow)
+    assert wide.communication_total == pytest.approx(fsdp_part + ring_exchange(4, tokens, attn_fwd, bw, width=H), rel=1e-12)
+
+
+def test_the_ring_merges_and_accumulates_in_fp32_at_hbm_bandwidth():
+    """Each ring step past the first: the output merged by its log-sum-exp (34.5 bytes per element
+    in fp32), dQ accumulated (20.5), dK and dV accumulated and concatenated (44 per K/V element);
+    once per layer the output's upcast and downcast (12)."""
+    bw = 2e12 * 0.5
+    for cp, width, repeat in ((2, KV, False), (4, KV, False), (4, H, True)):
+        tokens = SEQ / cp
+        out, kv = tokens * H, tokens * width
+        fwd = (12 + (cp - 1) * 34.5) * out / bw + (cp - 1) * 6 * perf.KERNEL_SECONDS
+        bwd = (cp - 1) * (20.5 * out + 44 * kv) / bw + (cp - 1) * 7 * perf.KERNEL_SECONDS
+        s = setting(context_parallel=cp, micro_batch=1, shard_group=cp, repeat_kv=repeat)
+        got = step(s, gpus=cp)
+        assert got.ring == pytest.approx(L * (fwd + bwd), rel=1e-12)
+        assert "compute: ring merge" in [t.name for t in got.terms()]
+    assert "compute: ring merge" not in [t.name for t in step(setting()).terms()]
 
 
 # -- what explain prints -------------------------------------------------------------------
@@ -316,19 +345,51 @@ def test_a_recipe_left_unnamed_is_tensorwise():
 
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
-def test_the_ring_merges_partial_outputs_in_fp32(cp, checkpointing):
-    """Each ring step's partial attention output is merged in fp32: read and write the output
-    (h wide, 4 bytes), forward and twice backward; full recomputation merges forward again."""
+def test_the_ring_merge_is_its_own_term_and_full_recomputation_runs_it_again(cp, checkpointing):
+    """The ring's merges and accumulations are the ring term, not the per-token memory-bound
+    work (which is per token alike with and without context parallelism); full recomputation
+    runs the forward's merges again."""
     bandwidth = 2e12 * 0.5
     got = step(setting(context_parallel=cp, micro_batch=1, shard_group=cp, checkpointing=checkpointing), gpus=cp)
     whole = step(setting(micro_batch=1, shard_group=cp, checkpointing=checkpointing), gpus=cp)
     tokens = SEQ / cp
-    merge = cp * tokens * H * 4 * 3 / bandwidth
+    merge = (12 + (cp - 1) * 34.5) * tokens * H / bandwidth + (cp - 1) * 6 * perf.KERNEL_SECONDS
     per_token_forward = 2 * (4 * H + 2 * (H + KV) + 3 * F + 6 * H + 2 * H)
     streamed = L * 3 * per_token_forward * tokens / bandwidth + 24 * V * tokens / bandwidth
-    assert got.memory_bound == pytest.approx(streamed + L * 3 * merge, rel=1e-12)
+    assert got.memory_bound == pytest.approx(streamed, rel=1e-12)
     assert whole.memory_bound == pytest.approx(L * 3 * per_token_forward * SEQ / bandwidth + 24 * V * SEQ / bandwidth, rel=1e-12)
+    assert whole.ring == 0 and got.ring > L * merge
     if checkpointing == "full":
         gemms = sum(2 * tokens * k * n for k, n in LINEARS) / (1e15 * 0.5)
         attention = 2 * SEQ**2 * H / cp / (1e15 * 0.4 / (1 + 0.1 * (cp - 1)))
         assert got.recompute == pytest.approx(L * (gemms + attention + merge + per_token_forward * tokens / bandwidth), rel=1e-12)
+
+
+def test_native_elementwise_kernels_move_the_bytes_counted_eager_and_alibi_has_no_rope():
+    """MPT (llm-foundry): LayerNorm and GELU are one native kernel each, so eager moves what the
+    compiled count says, not eager_memory_factor times it; ALiBi lives in the attention kernel,
+    so no RoPE pass over Q and K (2 * (q + kv) elements read and written, forward, twice backward)."""
+    bandwidth = 2e12 * 0.5
+    compiled = step(setting(micro_batch=1))
+    eager = step(setting(micro_batch=1, compile=False))
+    native = step(setting(micro_batch=1, compile=False, native_elementwise=True))
+    assert eager.memory_bound > compiled.memory_bound
+    assert native.memory_bound == pytest.approx(compiled.memory_bound, rel=1e-12)
+    no_rope = step(setting(micro_batch=1, rope=False))
+    rope_bytes = L * 3 * 2 * 2 * (H + KV) * SEQ / bandwidth
+    assert compiled.memory_bound - no_rope.memory_bound == pytest.approx(rope_bytes, rel=1e-12)
+
+
+@pytest.mark.parametrize("recipe,per_element", [("tensorwise", 6), ("mxfp8", 4)])
+def test_transformer_engine_casts_each_operand_once_into_both_layouts(recipe, per_element):
+    """Transformer Engine (Megatron's FP8): an amax pass where the recipe needs one (read 2 bytes)
+    and one cast-transpose (read 2, write 1 + 1) per operand, at HBM bandwidth, whatever
+    torchao's fitted cast factor is."""
+    m, k, n = 8192, 256, 688
+    for factor in (1.0, 3.0):
+        p = params(fp8_cast_factor=factor)
+        te = perf.LinearCost(HW, "fp8", recipe, True, p, "te")
+        _, _, casts = te.seconds(m, k, n)
+        assert casts == pytest.approx(per_element * (m * k + k * n + m * n) / (2e12 * 0.5), rel=1e-12)
+    torchao = perf.LinearCost(HW, "fp8", recipe, True, params(fp8_cast_factor=3.0))
+    assert torchao.seconds(m, k, n)[2] > casts

@@ -125,7 +125,8 @@ def test_fp8_is_not_a_candidate_against_a_bf16_tier_unless_the_plan_takes_it(mon
     monkeypatch.undo()
     chosen = plan_of(**{"tuning.precision": "fp8"})
     assert chosen.candidates[0].precision == "fp8"
-    assert len(chosen.candidates) == 3
+    # and measures others beside it (those that can win by the model's held-out bounds)
+    assert len(chosen.candidates) >= 2
 
 
 def test_a_segmented_run_tells_the_container_its_segments():

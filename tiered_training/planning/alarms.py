@@ -156,9 +156,9 @@ def fit_alarms(plan: Plan, cadence_seconds: float = catalogue.DEFAULT_INTERVAL_S
         AlarmFit(
             THROUGHPUT,
             f"tokens/s per GPU below {mon.min_throughput_fraction:g} x the plan's {plan_rate:,.0f} over {minutes} min",
-            # Rounded down: a run at exactly the fraction of the plan does not breach.
+            # Rounded down (after rounding off float dust): a run at exactly the fraction of the plan does not breach.
             window,
-            math.floor(mon.min_throughput_fraction * plan_rate * 100) / 100,
+            math.floor(round(mon.min_throughput_fraction * plan_rate * 100, 6)) / 100,
             "LessThanThreshold",
             window_fires,
         ),

@@ -224,6 +224,20 @@ def kind_of_run(row: Row, cal: Calibration) -> dict[str, str]:
     return uncertainty.kind_of_run(hw.gpu, row.precision, row.compile, row.sequence_length)
 
 
+def run_setting(row: Row, cal: Calibration) -> Setting:
+    """The row's setting as its framework runs it: attention kernel, K/V repeat, positions, elementwise kernels
+    and float8 casts (calibration.yaml's ``frameworks``)."""
+    framework = cal.frameworks.get(row.framework, {})
+    return replace(
+        row.setting,
+        attention_kernel=framework.get("attention_kernel", "sdpa"),
+        repeat_kv=framework.get("repeat_kv", False),
+        rope=framework.get("rope", True),
+        native_elementwise=framework.get("native_elementwise", False),
+        fp8_casts=framework.get("fp8_casts", "torchao"),
+    )
+
+
 def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, float]) -> float:
     """Predicted tokens/s per GPU for the row's run."""
     hw, _ = hardware(row, cal, factors)
@@ -231,7 +245,7 @@ def predict(row: Row, cal: Calibration, params: Parameters, factors: dict[str, f
     # The optimiser step is charged once per optimiser step: a run's gradient accumulation
     # spreads it over that many micro-batches (unpublished: one, torchtitan's default).
     accum = row.grad_accum_steps or 1
-    setting = replace(row.setting, attention_kernel=framework.get("attention_kernel", "sdpa"))
+    setting = run_setting(row, cal)
     result = step_time(
         row.architecture, hw, setting, sequence_length=row.sequence_length, gpus=row.gpus, accum=accum, params=params
     )
@@ -324,7 +338,7 @@ START = {
     **{f"recipe_{r}": 0.9 for r in RECIPES},
 }
 # A parameter that no row of a fit informs takes the value that adds no effect (a ring
-# step then costs nothing more than its share of one attention call).
+# step then costs its counted work only: perf.ring_seconds and the exposed exchange).
 NEUTRAL = {
     "ring_step_overhead": 0.0,
     "eager_memory_factor": 1.0,
@@ -341,11 +355,12 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
         names |= _factor_names(r, cal)
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
-        if not r.compile:
+        if not r.compile and not cal.frameworks.get(r.framework, {}).get("native_elementwise", False):
             names.add("eager_memory_factor")
         if r.precision == "fp8":
             names.add("fp8_gemm_efficiency")
-            names.add("fp8_cast_factor" if r.compile else "fp8_eager_cast_factor")
+            if cal.frameworks.get(r.framework, {}).get("fp8_casts", "torchao") == "torchao":
+                names.add("fp8_cast_factor" if r.compile else "fp8_eager_cast_factor")
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")
     for linear_row in linear:

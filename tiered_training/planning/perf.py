@@ -19,6 +19,10 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
   as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
 - **recomputation**: what activation checkpointing runs a second time in backward.
+- **context parallelism's ring** (``ring_seconds``): PyTorch's ring attention merges each step's
+  output into the running one in fp32 by its log-sum-exp and accumulates dQ, dK and dV in fp32,
+  kernel by kernel at HBM bandwidth (``RING_*``); what the published ring runs take beyond that
+  count is a fitted share of the attention per step past the first (``ring_cost``).
 - **exposed communication**: FSDP2's all-gathers (forward, and again in backward)
   and reduce-scatters per unit, over NVLink inside a node and EFA across nodes;
   context parallelism's ring of K/V blocks. FSDP prefetching hides communication
@@ -102,6 +106,32 @@ EAGER_CAST_KERNELS = 6 + 4
 # One short kernel launched back to back costs a few microseconds whatever it moves
 # (NVIDIA, "Getting Started with CUDA Graphs", https://developer.nvidia.com/blog/cuda-graphs/).
 KERNEL_SECONDS = 4e-6
+# Transformer Engine's float8 cast of one tensor under current scaling (tensorwise) or MXFP8: the amax pass (read 2
+# bytes per element; MXFP8 computes each block's scale in the cast kernel instead) and one cast-transpose kernel
+# that reads the BF16 tensor once and writes both FP8 layouts the GEMMs need (read 2, write 1 + 1)
+# (transformer_engine/common/transpose/cast_transpose.cu; quantize in transformer_engine/pytorch/tensor).
+TE_CAST_BYTES = {"tensorwise": 6, "mxfp8": 4}
+# Context parallelism (PyTorch's ring attention, torch.distributed.tensor.experimental._attention, as torchtitan
+# and this container run it: head-tail load balancing, fp32 merging, K/V all-gathered forward, dK/dV passed
+# around the ring backward). Its memory-bound work, in bytes per element of the rank's attention output
+# (``tokens x q_size``) or of its K/V (``tokens x K/V width``), each a separate kernel at HBM bandwidth:
+# - forward, once: the first step's output upcast to fp32 (read 2, write 4) and the result cast back (4, 2);
+RING_MERGE_ONCE_BYTES = 12
+# - forward, each step past the first (``_SDPAMerger``): the block's output upcast (2, 4), ``out - block_out``
+#   (8, 4), times the sigmoid of the log-sum-exp difference (4, 4), subtracted from the running output (8, 4):
+#   38 bytes; a step on the tail half of the queries does that on half the output and rebuilds the whole buffer
+#   (``_partial_update``: the copy into its chunk, 4 and 4 on half, and ``torch.cat``, 4 and 4): 31. Half the
+#   steps are each kind: 34.5.
+RING_MERGE_STEP_BYTES = 34.5
+# - backward, each step past the first: dQ accumulated in fp32 (read 2 and 4, write 4) and the flash backward's
+#   own pass over the step's dO and O and its fp32 dQ accumulator (read 4, write 4 and read 4, write 2 on the
+#   three quarters of the queries a step past the first has on average): 10 + 10.5 per output element;
+RING_GRAD_Q_BYTES = 20.5
+#   dK and dV accumulated in fp32 (10 each) and concatenated into the buffer sent to the next rank (8 each),
+#   and K and V concatenated for the exchange (4 each): per element of K/V width.
+RING_GRAD_KV_BYTES = 2 * (10 + 8 + 4)
+# Kernels per step past the first: the merge's six (forward), the accumulations' and concatenations' seven (backward).
+RING_STEP_KERNELS = (6, 7)
 # torchao's NF4 dequantisation of one weight (NF4Tensor.get_original_weight, eager), bytes per weight
 # element: the two nibbles shifted and masked (read 0.5, write 0.5 each) and widened to int64 (read 0.5,
 # write 4 each); each looked up in the 16-entry table (read 4, write 1 each); the block scales expanded
@@ -170,6 +200,13 @@ class Setting:
     attention_kernel: str = "sdpa"
     lora: Lora | None = None  # LoRA adapters on a frozen base
     document_mask: bool = False  # packed SFT examples: FlexAttention under a block mask
+    repeat_kv: bool = False  # K/V heads repeated to the query heads before attention (torchtitan's Llama)
+    rope: bool = True  # rotary positions on Q and K (False: positions inside the attention kernel, MPT's ALiBi)
+    # the norms and activations run as one native kernel each (MPT's LayerNorm and GELU): eager moves the bytes
+    # counted, where a Llama's RMSNorm, RoPE and SwiGLU run as chains of small kernels (eager_memory_factor)
+    native_elementwise: bool = False
+    # whose kernels cast to float8: torchao (this container) or te, Transformer Engine's fused casts (TE_CAST_BYTES)
+    fp8_casts: str = "torchao"
 
 
 @dataclass(frozen=True)
@@ -182,7 +219,8 @@ class Parameters:
     fp8_cast_factor: float  # torchao's cast traffic, relative to the bytes counted
     fp8_eager_cast_factor: float  # torchao's eager casts, measured over the time counted (eager_fp8_casts)
     attention_efficiency: float  # flash attention, fraction of the BF16 peak
-    ring_step_overhead: float  # each ring step past the first, as a share of the attention it splits
+    # what the counted ring work leaves unexplained: each ring step past the first, as a share of the attention
+    ring_step_overhead: float
     flash2_utilization_a100: float  # flash-attn 2's published peak utilisation of the BF16 peak, A100
     flash2_utilization_h100: float  # the same on H100 (and H200)
     eager_memory_factor: float  # bytes moved by eager elementwise ops, relative to compiled
@@ -225,6 +263,8 @@ class StepTime:
     adapters: bool = False
     frozen: bool = False
     quantized: bool = False
+    # context parallelism: the ring's merges and gradient accumulation (0 without it)
+    ring: float = 0.0
     # task dpo: the reference's forward per step, without gradient (planning/preference.py); 0 otherwise
     reference: float = 0.0
     reference_what: str = ""
@@ -243,6 +283,7 @@ class StepTime:
             + self.adapter_dropout
             + self.dequantization
             + self.reference
+            + self.ring
         )
 
     @property
@@ -286,6 +327,17 @@ class StepTime:
             Term("compute: GEMMs", self.gemm, gemms),
             *adapters,
             Term("compute: attention", self.attention, "causal flash attention, forward and backward"),
+            *(
+                [
+                    Term(
+                        "compute: ring merge",
+                        self.ring,
+                        "context parallelism: each ring step's output merged by log-sum-exp, dQ/dK/dV summed, in fp32",
+                    )
+                ]
+                if self.ring
+                else []
+            ),
             Term(
                 "compute: memory-bound",
                 self.memory_bound,
@@ -336,6 +388,7 @@ class LinearCost:
     fp8_recipe: str | None
     compile: bool
     params: Parameters
+    casts: str = "torchao"  # or te: Transformer Engine's fused cast-transpose (TE_CAST_BYTES)
 
     def seconds(self, m: float, k: int, n: int, *, frozen: bool = False) -> tuple[float, float, float]:
         """(forward GEMM, the backward GEMMs, FP8 casts forward and backward). A ``frozen``
@@ -354,7 +407,12 @@ class LinearCost:
             efficiency = p.gemm_efficiency
         gemm = 2 * m * k * n / (peak * efficiency) + p.gemm_overhead_seconds
         casts = 0.0
-        if self.precision == "fp8" and self.compile:
+        if self.precision == "fp8" and self.casts == "te":
+            # input, weight and output gradient, each cast once into both layouts (a frozen weight: no
+            # weight-gradient GEMM, the output gradient in one layout, the input's row layout kept from forward)
+            per = TE_CAST_BYTES.get(self.fp8_recipe or "tensorwise", TE_CAST_BYTES["tensorwise"])
+            casts = per * (m * k + k * n + m * n) / (hw.hbm_bytes_per_s * p.memory_efficiency)
+        elif self.precision == "fp8" and self.compile:
             # An amax pass and a cast per tensor (about 3 bytes read, 1 written per element),
             # and the transposed copies backward needs: input, weight, output gradient. A frozen
             # weight's layer casts neither operand of the weight-gradient GEMM (compiled, it is dropped).
@@ -470,9 +528,25 @@ def attention_length_factor(query_tokens: float, params: Parameters) -> float:
 
 
 def ring_cost(cp: int, params: Parameters) -> float:
-    """Attention time of a context-parallel ring of degree ``cp``, relative to one call on
-    the same tokens: ``1 + ring_step_overhead * (cp - 1)``."""
+    """Attention time of a context-parallel ring of degree ``cp``, relative to its kernels'
+    counted time: ``1 + ring_step_overhead * (cp - 1)``. The fitted share is what the
+    published ring runs take beyond the counted work (``ring_seconds``, the exposed K/V
+    exchange); without ring runs in a fit it is 0."""
     return 1.0 + params.ring_step_overhead * (cp - 1)
+
+
+def ring_seconds(arch: Architecture, setting: Setting, tokens: float, bandwidth: float) -> tuple[float, float]:
+    """One layer's ring-attention work besides the attention kernels, forward and backward, on a
+    context-parallel rank's ``tokens`` (the ``RING_*`` counts, at HBM ``bandwidth``, and their kernels)."""
+    cp = setting.context_parallel
+    if cp <= 1:
+        return 0.0, 0.0
+    out = tokens * arch.q_size  # elements of the rank's attention output
+    kv = tokens * (arch.q_size if setting.repeat_kv else arch.kv_size)  # of its K (and of its V)
+    steps = cp - 1
+    fwd = (RING_MERGE_ONCE_BYTES + steps * RING_MERGE_STEP_BYTES) * out / bandwidth
+    bwd = steps * (RING_GRAD_Q_BYTES * out + RING_GRAD_KV_BYTES * kv) / bandwidth
+    return fwd + steps * RING_STEP_KERNELS[0] * KERNEL_SECONDS, bwd + steps * RING_STEP_KERNELS[1] * KERNEL_SECONDS
 
 
 def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
@@ -498,13 +572,13 @@ def step_time(
     e = 4 if setting.precision == "fp32" else 2  # bytes per activation element
     peak_bf16 = hw.peak_bf16_flops * hw.compute_factor
     mem_bw = hw.hbm_bytes_per_s * params.memory_efficiency
-    eager = 1.0 if setting.compile else params.eager_memory_factor
+    eager = 1.0 if setting.compile or setting.native_elementwise else params.eager_memory_factor
 
     # -- GEMMs --------------------------------------------------------------------------
     lora = setting.lora
     # A frozen base runs no weight-gradient GEMM, except eager FP8: torchao's backward computes it anyway.
     frozen = lora is not None and (setting.compile or setting.precision != "fp8")
-    linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params)
+    linear = LinearCost(hw, setting.precision, setting.fp8_recipe, setting.compile, params, setting.fp8_casts)
     layer = [linear.seconds(tokens, k, n, frozen=frozen) for k, n in _linears(arch)]
     high = LinearCost(hw, "fp32" if setting.precision == "fp32" else "bf16", None, setting.compile, params)
     adapter = adapter_seconds(arch, hw, setting, tokens, params)
@@ -515,13 +589,14 @@ def step_time(
     gemm = arch.layers * sum(fwd + bwd for fwd, bwd, _ in layer) + head_fwd + head_bwd
 
     # -- attention (causal, flash): forward 2*s^2*h per sequence, backward 2.5x ----------
-    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step,
-    # on half-length head and tail chunks. Each step past the first adds a share of the
-    # work (its split calls, the log-sum-exp rescaling, the wait for the next K/V block):
-    # the cost grows with the degree. Each call also pays the fixed kernel time, which
-    # weighs more as the per-rank chunk (sequence_length / cp) shrinks.
-    # A call's queries are the rank's chunk (half of it per call under context parallelism,
-    # the head and tail halves), which sets how close the kernel comes to its efficiency.
+    # Context parallelism runs attention as ``cp`` block calls per layer, one per ring step.
+    # Head-tail load balancing gives every rank 1/cp of the causal work, and every step the
+    # same share of it: the first the causal block of the rank's own two chunks, each later
+    # one all of the rank's queries on the head half of a K/V block, or the tail half of its
+    # queries on a whole block. Each call pays the fixed kernel time, and its queries (half
+    # the rank's chunk on average) set how close the kernel comes to its efficiency. What the
+    # ring adds besides its kernels is counted in ``ring_seconds`` and ``_communication``;
+    # what the published ring runs take beyond that count is a fitted share per step (``ring_cost``).
     attn_fwd_flops = 2 * setting.micro_batch * sequence_length**2 * arch.q_size / cp
     query_tokens = sequence_length / cp if cp == 1 else sequence_length / cp / 2
     attn_rate = (
@@ -544,20 +619,16 @@ def step_time(
     # twice as much.
     q = arch.q_size
     qk_norms = 2 * (q + kv) if arch.qk_norm else 0
-    layer_fwd_bytes = e * (4 * h + 2 * (q + kv) + 3 * f + 6 * h + 2 * q + qk_norms) * eager
+    rope = 2 * (q + kv) if setting.rope else 0
+    layer_fwd_bytes = e * (4 * h + rope + 3 * f + 6 * h + 2 * q + qk_norms) * eager
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
     layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
     layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
     loss_mem = LOSS_BYTES_PER_LOGIT * arch.vocab_size * tokens / mem_bw
     memory_bound = arch.layers * (layer_fwd_mem + layer_bwd_mem) + loss_mem
-    if cp > 1:
-        # Each ring step's partial attention output is merged into the running one in fp32,
-        # rescaled by the log-sum-exp: read and write the output, forward and twice backward.
-        merge = cp * tokens * arch.q_size * 4 * 3 / mem_bw
-        attn_fwd_merge = merge
-        memory_bound += arch.layers * 3 * merge
-    else:
-        attn_fwd_merge = 0.0
+    # context parallelism: the ring's merges (forward) and fp32 accumulations (backward)
+    ring_fwd, ring_bwd = ring_seconds(arch, setting, tokens, mem_bw)
+    ring = arch.layers * (ring_fwd + ring_bwd)
 
     # -- the adapters (LoRA) and the NF4 base's dequantisation (QLoRA) ------------------------
     adapter_gemm = arch.layers * (adapter.gemm_fwd + adapter.gemm_bwd)
@@ -569,7 +640,7 @@ def step_time(
     # -- recomputation ---------------------------------------------------------------------
     if setting.checkpointing == "full":
         recompute = arch.layers * (
-            layer_gemm_fwd + attn_fwd + attn_fwd_merge + layer_fwd_mem
+            layer_gemm_fwd + attn_fwd + ring_fwd + layer_fwd_mem
             + adapter.gemm_fwd + adapter_fwd + adapter.dequant_fwd
         )  # fmt: skip
     elif setting.checkpointing == "selective":
@@ -582,7 +653,7 @@ def step_time(
         recompute = 0.0
 
     compute = gemm + attention + memory_bound + recompute + adapter_gemm + adapter_elementwise + adapter_dropout
-    compute += dequantization
+    compute += dequantization + ring
 
     # -- communication -------------------------------------------------------------------
     comm, first_unit, cp_exposed = _communication(
@@ -612,6 +683,7 @@ def step_time(
         adapter_elementwise=accum * adapter_elementwise,
         adapter_dropout=accum * adapter_dropout,
         dequantization=accum * dequantization,
+        ring=accum * ring,
         adapters=lora is not None,
         frozen=frozen,
         quantized=lora is not None and lora.quantized,
@@ -665,11 +737,21 @@ def _communication(
     ring = 0.0
     cp = setting.context_parallel
     if cp > 1:
-        # Ring attention passes K and V blocks around the context-parallel ranks (forward),
-        # and K, V and their gradients backward; it overlaps with the attention it feeds.
-        kv_block = tokens * 2 * arch.kv_size * e
-        step = kv_block * (cp - 1) / bandwidth(cp)
-        ring = arch.layers * (max(0.0, step - attn_fwd) + max(0.0, 2 * step - 2.5 * attn_fwd))
+        # PyTorch's ring all-gathers the other ranks' K and V (its default rotation), behind the
+        # first step's attention, 1/cp of the rank's; backward gathers them again behind the first
+        # step's backward, and passes the fp32 dK and dV around the ring, each behind one step's.
+        width = arch.q_size if setting.repeat_kv else arch.kv_size
+        kv_block = tokens * 2 * width * e
+        step_fwd = attn_fwd / cp
+        gather = kv_block * (cp - 1) / bandwidth(cp)
+        grads = kv_block * 4 / e / bandwidth(cp)
+        ring = arch.layers * (
+            max(0.0, gather - step_fwd)
+            + max(0.0, gather - 2.5 * step_fwd)
+            + (cp - 1) * max(0.0, grads - 2.5 * step_fwd)
+        )
+        if setting.checkpointing == "full":  # the recomputed forward gathers them once more
+            ring += arch.layers * max(0.0, gather - step_fwd)
     return fsdp, layer_ag + root_ag, ring
 
 
