@@ -31,7 +31,7 @@ def step(model, setting, *, hw=None, gpus=GPUS, accum=1):
 
 
 def compute(t: perf.StepTime) -> float:
-    return t.gemm + t.attention + t.memory_bound + t.recompute
+    return t.gemm + t.attention + t.memory_bound + t.recompute + t.ring + t.loss_recompute
 
 
 FULL = perf.Setting(precision="bf16", checkpointing="none", micro_batch=1, shard_group=GPUS, sharding="full")

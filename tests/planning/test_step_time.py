@@ -82,12 +82,42 @@ def test_an_fp8_recipe_without_a_fitted_efficiency_runs_at_the_tensorwise_rate()
 @pytest.mark.parametrize("precision,e", [("bf16", 2), ("fp32", 4)])
 @pytest.mark.parametrize("compiled,eager", [(True, 1.0), (False, 2.0)])
 def test_memory_bound_bytes(precision, e, compiled, eager):
+    """A published framework's Llama: the compiled count, eager_memory_factor times it eager; its loss once."""
     t = 2 * SEQ
     bandwidth = 2e12 * 0.5
     per_token_forward = e * (4 * H + 2 * (H + KV) + 3 * F + 6 * H + 2 * H) * eager  # norms, RoPE, SwiGLU, residuals, copy
     loss = 24 * V * t / bandwidth
-    got = step(setting(precision=precision, compile=compiled))
+    got = step(setting(precision=precision, compile=compiled, container_code=False))
     assert got.memory_bound == pytest.approx(L * 3 * per_token_forward * t / bandwidth + loss, rel=1e-12)
+    assert got.loss_recompute == 0
+
+
+@pytest.mark.parametrize("eager_factor", [1.0, 3.0])
+def test_this_containers_eager_decoder_moves_the_bytes_of_its_ops(eager_factor):
+    """This container's decoder run eagerly: each op of its RMSNorm (fp32 upcast), rotate_half RoPE, SwiGLU, residual
+    adds and attention layout copy reads and writes at HBM, one kernel each, whatever eager_memory_factor is; its
+    checkpointed loss chunks move 14 bytes per logit forward, 14 again and 22 backward, and run the head's GEMM again."""
+    t = 2 * SEQ
+    bandwidth = 2e12 * 0.5
+    forward = 2 * 36 * H + 20 * (H + KV) + 10 * F + 12 * H + 4 * H
+    backward = 2 * 92 * H + 30 * (H + KV) + 18 * F + 12 * H + 4 * H
+    kernels = (2 * 8 + 2 * 5 + 2 + 2 + 1, 2 * 14 + 2 * 9 + 3 + 2 + 1)
+    loss = (14 + 14 + 22) * V * t / bandwidth
+    p = params(eager_memory_factor=eager_factor)
+    got = step(setting(compile=False), p=p)
+    expected = L * ((forward + backward) * t / bandwidth + sum(kernels) * perf.KERNEL_SECONDS) + loss
+    assert got.memory_bound == pytest.approx(expected, rel=1e-12)
+    # selective checkpointing runs the forward's ops again
+    selective = step(setting(compile=False, checkpointing="selective"), p=p)
+    forward_ops = L * (forward * t / bandwidth + kernels[0] * perf.KERNEL_SECONDS)
+    assert selective.recompute - forward_ops == pytest.approx(step(setting(checkpointing="selective"), p=p).recompute
+                                                              - L * 2 * (4 * H + 2 * (H + KV) + 3 * F + 6 * H + 2 * H) * t / bandwidth, rel=1e-9)
+    head_forward = perf.LinearCost(HW, "bf16", None, False, p).seconds(t, H, V)[0]
+    assert got.loss_recompute == pytest.approx(head_forward + 14 * V * t / bandwidth, rel=1e-12)
+    # compiled, the same loss; the layers' bytes are the fused count
+    compiled = step(setting(), p=p)
+    assert compiled.loss_recompute == got.loss_recompute
+    assert "recomputation: loss chunks" in [term.name for term in got.terms()]
 
 
 def test_full_recomputation_repeats_the_forward():
@@ -153,14 +183,14 @@ def test_overlap_hides_communication_behind_all_compute_recomputation_included()
     p = params(overlap=0.5)
     slow = dataclasses.replace(HW, nvlink_bytes_per_s=4e8)
     got = step(setting(checkpointing="full"), p=p, hw=slow)
-    compute = got.gemm + got.attention + got.memory_bound + got.recompute
+    compute = got.gemm + got.attention + got.memory_bound + got.recompute + got.loss_recompute
     layer = ARCH.layer_parameters
     bw = 4e8 * 0.5
     total = fsdp(2, layer * 2, 8, bw)
     first = first_unit(2, layer * 2, 8, bw)
     assert total > 0.5 * compute
     assert got.communication == pytest.approx(total - 0.5 * compute + first, rel=1e-12)
-    assert got.terms()[4].what == f"of {got.communication_total:.3f} s in all; {0.5 * compute:.3f} s hidden behind compute"
+    assert got.terms()[5].what == f"of {got.communication_total:.3f} s in all; {0.5 * compute:.3f} s hidden behind compute"
 
 
 # -- replication ----------------------------------------------------------------------------
@@ -257,15 +287,17 @@ def test_the_ring_merges_and_accumulates_in_fp32_at_hbm_bandwidth():
 def test_the_terms_explain_prints():
     got = step(setting(checkpointing="full", shard_group=16), gpus=16, accum=2)
     names = [(t.name, t.what) for t in got.terms()]
-    assert names[:4] + names[5:] == [
+    assert names[:5] + names[6:] == [
         ("compute: GEMMs", "Linear layers and the output head, forward and backward, by shape"),
         ("compute: attention", "causal flash attention, forward and backward"),
         ("compute: memory-bound", "norms, RoPE, SwiGLU, residuals, loss (and FP8 casts): bytes over HBM bandwidth"),
         ("recomputation", "forward work that activation checkpointing repeats in backward"),
+        ("recomputation: loss chunks", "each checkpointed loss chunk's output-head GEMM and loss forward, again in backward"),
         ("optimiser step", "AdamW and gradient clipping over the sharded fp32 state"),
     ]
-    assert names[4][0] == "communication (exposed)"
-    assert [t.seconds for t in got.terms()] == [got.gemm, got.attention, got.memory_bound, got.recompute, got.communication, got.optimizer]
+    assert names[5][0] == "communication (exposed)"
+    assert [t.seconds for t in got.terms()] == [got.gemm, got.attention, got.memory_bound, got.recompute, got.loss_recompute,
+                                                 got.communication, got.optimizer]
     assert sum(t.seconds for t in got.terms()) == pytest.approx(got.seconds)
     assert got.micro_batches == 2 and got.tokens_per_gpu == 2 * 2 * SEQ
 
@@ -355,9 +387,10 @@ def test_the_ring_merge_is_its_own_term_and_full_recomputation_runs_it_again(cp,
     tokens = SEQ / cp
     merge = (12 + (cp - 1) * 34.5) * tokens * H / bandwidth + (cp - 1) * 6 * perf.KERNEL_SECONDS
     per_token_forward = 2 * (4 * H + 2 * (H + KV) + 3 * F + 6 * H + 2 * H)
-    streamed = L * 3 * per_token_forward * tokens / bandwidth + 24 * V * tokens / bandwidth
+    loss = 14 + 14 + 22  # this container's checkpointed loss chunks, bytes per logit
+    streamed = L * 3 * per_token_forward * tokens / bandwidth + loss * V * tokens / bandwidth
     assert got.memory_bound == pytest.approx(streamed, rel=1e-12)
-    assert whole.memory_bound == pytest.approx(L * 3 * per_token_forward * SEQ / bandwidth + 24 * V * SEQ / bandwidth, rel=1e-12)
+    assert whole.memory_bound == pytest.approx(L * 3 * per_token_forward * SEQ / bandwidth + loss * V * SEQ / bandwidth, rel=1e-12)
     assert whole.ring == 0 and got.ring > L * merge
     if checkpointing == "full":
         gemms = sum(2 * tokens * k * n for k, n in LINEARS) / (1e15 * 0.5)

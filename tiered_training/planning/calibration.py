@@ -226,7 +226,7 @@ def kind_of_run(row: Row, cal: Calibration) -> dict[str, str]:
 
 def run_setting(row: Row, cal: Calibration) -> Setting:
     """The row's setting as its framework runs it: attention kernel, K/V repeat, positions, elementwise kernels
-    and float8 casts (calibration.yaml's ``frameworks``)."""
+    and float8 casts (calibration.yaml's ``frameworks``); this container's rows run its own decoder and loss."""
     framework = cal.frameworks.get(row.framework, {})
     return replace(
         row.setting,
@@ -235,6 +235,7 @@ def run_setting(row: Row, cal: Calibration) -> Setting:
         rope=framework.get("rope", True),
         native_elementwise=framework.get("native_elementwise", False),
         fp8_casts=framework.get("fp8_casts", "torchao"),
+        container_code=not row.published,
     )
 
 
@@ -355,7 +356,9 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
         names |= _factor_names(r, cal)
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
-        if not r.compile and not cal.frameworks.get(r.framework, {}).get("native_elementwise", False):
+        # eager: a published Llama's kernels (this container's are counted: perf.container_eager)
+        native = cal.frameworks.get(r.framework, {}).get("native_elementwise", False)
+        if not r.compile and not native and r.published:
             names.add("eager_memory_factor")
         if r.precision == "fp8":
             names.add("fp8_gemm_efficiency")

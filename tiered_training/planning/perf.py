@@ -81,6 +81,35 @@ OPTIMIZER_BYTES_PER_ELEMENT = 40
 # Chunked cross-entropy per token: BF16 logits upcast to fp32, log-sum-exp, softmax
 # gradient, cast back (bytes per vocabulary entry).
 LOSS_BYTES_PER_LOGIT = 24
+# This container's loss (training/components/loss.py), bytes per logit: each chunk runs under a checkpoint, so
+# backward runs the output head's GEMM and the loss's forward again. Forward, and again in backward: the upcast to
+# fp32 (read 2, write 4) and log_softmax (4, 4); backward: nll_loss's zeroed gradient (write 4), log_softmax's
+# (read 4 and 4, write 4) and the cast back (4, 2).
+CONTAINER_LOSS_BYTES = (14, 14 + 22)
+# This container's decoder run eagerly (training/models/decoder.py), op by op, each op one kernel that reads its
+# inputs and writes its output at HBM: bytes per token and layer per element of the width named, (forward, backward),
+# and kernels per layer. Compiled, Inductor fuses them into the bytes of ``step_time``'s count.
+# - RMSNorm (per element of its width; in fp32 as transformers' LlamaRMSNorm): the upcast (read 2, write 4), pow
+#   (4, 4), mean (read 4), times rsqrt (4, 4), the cast back (4, 2), times the weight (2, 2): 36 bytes, 8 kernels;
+#   backward: the gradient times the weight (2, 2) and the weight's gradient (read 4, write 2, reduced 2), the upcast
+#   (2, 4), times rsqrt (4, 4) and rsqrt's gradient (read 8, write 4, reduced 4), mean's expanded gradient (write
+#   4), pow's (x.pow(1): 4, 4; times 2: 4, 4; times the gradient: 8, 4), the two gradients summed (8, 4), the cast
+#   back (4, 2): 92 bytes, 14 kernels.
+CONTAINER_NORM = ((36, 92), (8, 14))
+# - rotary embedding (per element of Q and of K): times cos (2, 2), rotate_half's negated half (1, 1) and cat (2, 2),
+#   times sin (2, 2), the sum (4, 2): 20 bytes, 5 kernels; backward: the gradient times cos and times sin (2, 2
+#   each), the negation (1, 1), each half's slice_backward (zeros 2, copy 1 and 1), the three gradients summed
+#   (4, 2 twice): 30 bytes, 9 kernels.
+CONTAINER_ROPE = ((20, 30), (5, 9))
+# - SwiGLU (per element of the FFN width): silu (2, 2), times up (4, 2): 10 bytes, 2 kernels; backward: the
+#   product's two gradients (4, 2 each) and silu's (4, 2): 18 bytes, 3 kernels.
+CONTAINER_SWIGLU = ((10, 18), (2, 3))
+# - residuals (per element of the hidden size): two adds (4, 2 each); backward, the gradient summed where each
+#   residual branches (4, 2 each): 12 bytes and 2 kernels each way.
+CONTAINER_RESIDUAL = ((12, 12), (2, 2))
+# - the attention output's layout copy to [batch, sequence, heads x head_dim] (per element of Q), and its
+#   gradient's: 4 bytes and 1 kernel each way.
+CONTAINER_LAYOUT = ((4, 4), (1, 1))
 # FlexAttention's throughput as a share of FlashAttention-2's (https://pytorch.org/blog/flexattention/)
 FLEX_FORWARD_SHARE = 0.90
 FLEX_BACKWARD_SHARE = 0.85
@@ -207,6 +236,11 @@ class Setting:
     native_elementwise: bool = False
     # whose kernels cast to float8: torchao (this container) or te, Transformer Engine's fused casts (TE_CAST_BYTES)
     fp8_casts: str = "torchao"
+    # the model code is this container's (training/models/decoder.py, training/components/loss.py): eager, its ops
+    # move the bytes counted op by op (CONTAINER_*), not eager_memory_factor times the compiled count; its loss
+    # chunks are checkpointed (CONTAINER_LOSS_BYTES, the head's GEMM again in backward). False: a published
+    # framework's code (calibration.yaml's frameworks)
+    container_code: bool = True
 
 
 @dataclass(frozen=True)
@@ -265,6 +299,8 @@ class StepTime:
     quantized: bool = False
     # context parallelism: the ring's merges and gradient accumulation (0 without it)
     ring: float = 0.0
+    # this container's checkpointed loss chunks: the output head's GEMM and the loss's forward again in backward
+    loss_recompute: float = 0.0
     # task dpo: the reference's forward per step, without gradient (planning/preference.py); 0 otherwise
     reference: float = 0.0
     reference_what: str = ""
@@ -284,6 +320,7 @@ class StepTime:
             + self.dequantization
             + self.reference
             + self.ring
+            + self.loss_recompute
         )
 
     @property
@@ -344,6 +381,17 @@ class StepTime:
                 "norms, RoPE, SwiGLU, residuals, loss (and FP8 casts): bytes over HBM bandwidth",
             ),
             Term("recomputation", self.recompute, "forward work that activation checkpointing repeats in backward"),
+            *(
+                [
+                    Term(
+                        "recomputation: loss chunks",
+                        self.loss_recompute,
+                        "each checkpointed loss chunk's output-head GEMM and loss forward, again in backward",
+                    )
+                ]
+                if self.loss_recompute
+                else []
+            ),
             Term(
                 "communication (exposed)",
                 self.communication,
@@ -549,6 +597,26 @@ def ring_seconds(arch: Architecture, setting: Setting, tokens: float, bandwidth:
     return fwd + steps * RING_STEP_KERNELS[0] * KERNEL_SECONDS, bwd + steps * RING_STEP_KERNELS[1] * KERNEL_SECONDS
 
 
+def container_eager(arch: Architecture, setting: Setting) -> tuple[tuple[float, float], tuple[int, int]]:
+    """This container's decoder layer run eagerly, per token: bytes moved by its memory-bound ops, forward and
+    backward, in BF16 activations, and their kernels per layer (``CONTAINER_*``)."""
+    h, q, kv, f = arch.hidden_size, arch.q_size, arch.kv_size, arch.ffn_size
+    rope = (q + kv) if setting.rope else 0
+    widths = [
+        (CONTAINER_NORM, 2 * h, 2),  # input_layernorm, post_attention_layernorm
+        (CONTAINER_ROPE, rope, 2 if setting.rope else 0),  # Q and K
+        (CONTAINER_SWIGLU, f, 1),
+        (CONTAINER_RESIDUAL, h, 1),
+        (CONTAINER_LAYOUT, q, 1),
+    ]
+    if arch.qk_norm:  # Qwen3's RMSNorm over each head of Q and K
+        widths.append((CONTAINER_NORM, q + kv, 2))
+    fwd = sum(op[0][0] * width for op, width, _ in widths)
+    bwd = sum(op[0][1] * width for op, width, _ in widths)
+    kernels = (sum(op[1][0] * n for op, _, n in widths), sum(op[1][1] * n for op, _, n in widths))
+    return (fwd, bwd), kernels
+
+
 def _collective_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
     """Ring all-gather or reduce-scatter: each rank moves (n-1)/n of the full buffer."""
     if ranks <= 1:
@@ -573,6 +641,7 @@ def step_time(
     peak_bf16 = hw.peak_bf16_flops * hw.compute_factor
     mem_bw = hw.hbm_bytes_per_s * params.memory_efficiency
     eager = 1.0 if setting.compile or setting.native_elementwise else params.eager_memory_factor
+    counted_eager = not setting.compile and not setting.native_elementwise and setting.container_code
 
     # -- GEMMs --------------------------------------------------------------------------
     lora = setting.lora
@@ -621,10 +690,21 @@ def step_time(
     qk_norms = 2 * (q + kv) if arch.qk_norm else 0
     rope = 2 * (q + kv) if setting.rope else 0
     layer_fwd_bytes = e * (4 * h + rope + 3 * f + 6 * h + 2 * q + qk_norms) * eager
+    layer_bwd_bytes = 2 * layer_fwd_bytes
+    kernels = (0, 0)
+    if counted_eager:  # this container's decoder, eager: op by op (CONTAINER_*)
+        (layer_fwd_bytes, layer_bwd_bytes), kernels = container_eager(arch, setting)
+        layer_fwd_bytes *= e / 2
+        layer_bwd_bytes *= e / 2
     casts = sum(cast for _, _, cast in layer)  # FP8 casts, forward and backward
-    layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3
-    layer_bwd_mem = 2 * layer_fwd_bytes * tokens / mem_bw + 2 * casts / 3
-    loss_mem = LOSS_BYTES_PER_LOGIT * arch.vocab_size * tokens / mem_bw
+    layer_fwd_mem = layer_fwd_bytes * tokens / mem_bw + casts / 3 + kernels[0] * KERNEL_SECONDS
+    layer_bwd_mem = layer_bwd_bytes * tokens / mem_bw + 2 * casts / 3 + kernels[1] * KERNEL_SECONDS
+    if setting.container_code:  # checkpointed chunks: the head's GEMM and the loss forward again in backward
+        loss_mem = sum(CONTAINER_LOSS_BYTES) * arch.vocab_size * tokens / mem_bw
+        loss_recompute = head_fwd + CONTAINER_LOSS_BYTES[0] * arch.vocab_size * tokens / mem_bw
+    else:
+        loss_mem = LOSS_BYTES_PER_LOGIT * arch.vocab_size * tokens / mem_bw
+        loss_recompute = 0.0
     memory_bound = arch.layers * (layer_fwd_mem + layer_bwd_mem) + loss_mem
     # context parallelism: the ring's merges (forward) and fp32 accumulations (backward)
     ring_fwd, ring_bwd = ring_seconds(arch, setting, tokens, mem_bw)
@@ -653,7 +733,7 @@ def step_time(
         recompute = 0.0
 
     compute = gemm + attention + memory_bound + recompute + adapter_gemm + adapter_elementwise + adapter_dropout
-    compute += dequantization + ring
+    compute += dequantization + ring + loss_recompute
 
     # -- communication -------------------------------------------------------------------
     comm, first_unit, cp_exposed = _communication(
@@ -684,6 +764,7 @@ def step_time(
         adapter_dropout=accum * adapter_dropout,
         dequantization=accum * dequantization,
         ring=accum * ring,
+        loss_recompute=accum * loss_recompute,
         adapters=lora is not None,
         frozen=frozen,
         quantized=lora is not None and lora.quantized,
