@@ -17,8 +17,12 @@ A step is ``accum`` micro-batches and one optimiser step. Per micro-batch and GP
   for short calls (the per-rank chunk under context parallelism) as published kernel
   benchmarks show.
 - **memory-bound work**: norms, RoPE, SwiGLU's products, residual adds and the loss,
-  as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels.
-- **recomputation**: what activation checkpointing runs a second time in backward.
+  as bytes over HBM bandwidth; eager mode moves more bytes than compiled kernels: this
+  container's decoder op by op (``container_eager``: each op one kernel reading and writing
+  at HBM), a published framework's Llama ``eager_memory_factor`` times the compiled count.
+- **recomputation**: what activation checkpointing runs a second time in backward; and this
+  container's loss chunks, each under a checkpoint: the output head's GEMM and the loss
+  forward again in backward (``CONTAINER_LOSS_BYTES``).
 - **context parallelism's ring** (``ring_seconds``): PyTorch's ring attention merges each step's
   output into the running one in fp32 by its log-sum-exp and accumulates dQ, dK and dV in fp32,
   kernel by kernel at HBM bandwidth (``RING_*``); what the published ring runs take beyond that
