@@ -121,8 +121,8 @@ def _report_failures(failures: list[RecipeError]) -> None:
 
 def _report_findings(plans: list, *, strict: bool = False) -> None:
     """Errors (and warnings under ``strict``) on stderr, one line each; other warnings on stdout, wrapped
-    to 100 columns under their first line; an ``account:`` finding that blocks nothing with its fix left
-    to ``explain``."""
+    to 100 columns under their first line; the ``account:`` findings that block nothing as one line per
+    recipe counting the quotas to raise (``explain`` names each, with its fix)."""
     from dataclasses import replace
 
     from tiered_training import report

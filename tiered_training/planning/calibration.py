@@ -356,13 +356,13 @@ def _informed(rows: list[Row], linear: list[LinearRow], cal: Calibration) -> set
         names |= _factor_names(r, cal)
         if r.context_parallel > 1:
             names.add("ring_step_overhead")
-        # eager: a published Llama's kernels (this container's are counted: perf.container_eager)
-        native = cal.frameworks.get(r.framework, {}).get("native_elementwise", False)
-        if not r.compile and not native and r.published:
+        setting = run_setting(r, cal)
+        # eager: the factor prices a published Llama's kernels (native ones and this container's are counted)
+        if not setting.compile and not setting.native_elementwise and not setting.container_code:
             names.add("eager_memory_factor")
         if r.precision == "fp8":
             names.add("fp8_gemm_efficiency")
-            if cal.frameworks.get(r.framework, {}).get("fp8_casts", "torchao") == "torchao":
+            if setting.fp8_casts == "torchao":
                 names.add("fp8_cast_factor" if r.compile else "fp8_eager_cast_factor")
             if r.fp8_recipe in RECIPES:
                 names.add(f"recipe_{r.fp8_recipe}")

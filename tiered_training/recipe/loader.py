@@ -35,7 +35,7 @@ from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
 from tiered_training.recipe.untrusted import character_message, decode, key_on_line, syntax_hint, tag_problems
-from tiered_training.recipe.yaml12 import Loader, quoted_reading, yaml11_reading
+from tiered_training.recipe.yaml12 import BOOL_ERRORS, Loader, quoted_reading, yaml11_reading
 from tiered_training.text import clip
 
 if TYPE_CHECKING:
@@ -576,7 +576,7 @@ def _problems(
             has_value = False
         message = "; or ".join(entry["messages"])
         typed = entry["kinds"] - {"extra_forbidden", "literal_error"}
-        boolean = bool(entry["kinds"] & {"bool_type", "bool_parsing"})
+        boolean = bool(entry["kinds"] & BOOL_ERRORS)
         trap = (
             (yaml11_reading(value, boolean=boolean) or quoted_reading(value, entry["kinds"]))
             if has_value and typed
