@@ -11,9 +11,9 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from tiered_training.catalog import parsed
 from tiered_training.contract.architecture import Architecture
 
 CATALOG_DIR = Path(__file__).parent
@@ -262,8 +262,7 @@ class PerformanceModel(_Entry):
 
 
 def _load(name: str) -> dict:
-    with open(CATALOG_DIR / name, encoding="utf-8") as handle:
-        return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return parsed.load(CATALOG_DIR / name)
 
 
 @cache

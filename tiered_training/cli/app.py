@@ -21,6 +21,7 @@ reporting, ``--version``) and :func:`main`, the ``tiered-training`` script. The 
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 import typer  # noqa: E402
 import typer.core  # noqa: E402
+from typer.main import get_command_name  # noqa: E402
 
 from tiered_training.cli import review, run  # noqa: E402
 from tiered_training.cli.base import (  # noqa: E402
@@ -222,9 +224,22 @@ def calibrate(
     print_lines(_out(), lines + [f"left out: {line}" for line in skipped])
 
 
+def _for(args: list[str]) -> typer.Typer:
+    """The app to run ``args``: with only the command they name, when they start with one (building each of the
+    twenty commands' options costs every start a little; --help, a typo and shell completion get them all)."""
+    if not args or f"_{PROG.upper().replace('-', '_')}_COMPLETE" in os.environ:
+        return app
+    named = [c for c in app.registered_commands if (c.name or get_command_name(c.callback.__name__)) == args[0]]
+    if not named:
+        return app
+    one = copy.copy(app)
+    one.registered_commands = named
+    return one
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        app(args=argv, prog_name=PROG)
+        _for(sys.argv[1:] if argv is None else list(argv))(args=argv, prog_name=PROG)
     except KeyboardInterrupt:
         sys.exit(130)
 

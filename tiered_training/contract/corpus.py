@@ -127,7 +127,7 @@ class CorpusSpec(_Frozen):
     )
     on_bad_example: Literal["error", "skip"] = "error"
     max_bad_fraction: float = Field(default=0.0, ge=0, le=1, description="per source, with on_bad_example skip")
-    ignore: list[str] = Field(default_factory=list, description="globs of raw files to leave out on purpose")
+    ignore: list[str] = Field(default=[], description="globs of raw files to leave out on purpose")
     seed: int = 1234
     total_tokens: int = Field(gt=0, description="the run's token budget, which the weights share out")
 

@@ -217,12 +217,12 @@ class ProbeConfig(_Frozen):
     """
 
     steps: int
-    alternatives: list[CandidateConfig] = Field(default_factory=list, max_length=MAX_PROBE_CANDIDATES - 1)
+    alternatives: list[CandidateConfig] = Field(default=[], max_length=MAX_PROBE_CANDIDATES - 1)
     memory_limit: float = Field(
         default=1.0, gt=0, le=1, description="peak reserved memory, as a fraction of hbm_bytes, a candidate may reach"
     )
     predicted: list[tuple[float, float, float]] = Field(
-        default_factory=list,
+        default=[],
         max_length=MAX_PROBE_CANDIDATES,
         description="per candidate, in order: the predicted tokens/s per GPU and the range its measurement may "
         "fall in (the model's held-out errors); a measurement outside it is surprising. Empty: none",
@@ -258,7 +258,7 @@ class EvaluationConfig(_Frozen):
     enabled: bool = Field(default=True, description="evaluate the export after the last segment")
     batches: int = Field(default=8, ge=1, le=1000, description="held-out micro-batches the export is scored on")
     prompts: list[str] = Field(
-        default_factory=list,
+        default=[],
         max_length=MAX_EVALUATION_PROMPTS,
         description="prompts the export answers (greedy), as the chat template renders a user turn when it has one",
     )

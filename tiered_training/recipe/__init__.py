@@ -291,7 +291,7 @@ class DataSection(_Strict):
         ),
     )
     ignore: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        default_factory=list,
+        default=[],
         max_length=100,
         description=(
             "task sft with data.prepare: globs of objects under uri that are not examples (such as '*.md', "
@@ -473,7 +473,7 @@ class ComputeSection(_Strict):
     compile: bool = True
     region: str | None = Field(default=None, pattern=REGION_PATTERN)
     quotas: dict[str, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=dict,
+        default={},
         description=(
             "the account's applied service quotas, by name in tiered_training/catalog/quotas.yaml; "
             "default: AWS's defaults"
@@ -689,7 +689,7 @@ class EvaluationSection(_Strict):
         description="held-out micro-batches the export is scored on (at most validation.batches: the same ones)",
     )
     prompts: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        default_factory=list, max_length=8, description="prompts the export answers (greedy decoding)"
+        default=[], max_length=8, description="prompts the export answers (greedy decoding)"
     )
     max_new_tokens: int = Field(default=64, ge=1, le=1024, description="tokens generated per prompt at most")
 
@@ -780,7 +780,7 @@ class Recipe(_Strict):
     )
     evaluation: EvaluationSection = EvaluationSection()
     registry: RegistrySection = RegistrySection()
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default={})
 
     @property
     def fine_tuning(self) -> bool:
