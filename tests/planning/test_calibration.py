@@ -329,7 +329,8 @@ def test_rows_with_the_same_id_are_refused(tmp_path):
     rows = [cal.rows[-1].model_dump(), cal.rows[-2].model_dump()]
     (tmp_path / "a.json").write_text(json.dumps({"rows": rows}))
     shutil.copy(tmp_path / "a.json", tmp_path / "b.json")
-    with pytest.raises(ValueError, match=f"calibration rows with the same id: {', '.join(sorted(r['id'] for r in rows))}$"):
+    ids = ", ".join(sorted(r["id"] for r in rows))
+    with pytest.raises(calibration.CalibrationError, match=f"calibration rows with the same id: {ids}; give each its own$"):
         calibration.load(gpu_dir=tmp_path)
     assert len(calibration.load(gpu_dir=None).rows) == sum(r.published for r in cal.rows)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tiered_training import catalog as catalogs
 from tiered_training.contract.architecture import Architecture
@@ -144,21 +144,67 @@ class Calibration:
     machines: dict[str, tuple[Hardware, float]] = field(default_factory=dict, compare=False)  # hardware() cache
 
 
+class CalibrationError(Exception):
+    """A calibration row that cannot be read: one line naming its file, line and field."""
+
+
+def _row_lines(text: str) -> list[int]:
+    """The 1-based line of each entry of ``rows:`` in calibration.yaml's text (an empty list if it has none)."""
+    root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for key, value in root.value:
+        if key.value == "rows" and isinstance(value, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in value.value]
+    return []
+
+
+def _row(entry: Any, where: str, index: int, keep_known: bool = False) -> Row:
+    """``entry`` as a row, or :class:`CalibrationError` naming ``where`` (file and line), the row and the field."""
+    name = f"rows[{index}]" + (f" ({entry['id']})" if isinstance(entry, dict) and "id" in entry else "")
+    if not isinstance(entry, dict):
+        raise CalibrationError(f"{where}: {name}: a row is a mapping of fields (id, source, hardware, ...)")
+    if keep_known:  # a GPU check may record more than a row needs (MFU, step times): keep the row's fields
+        entry = {k: v for k, v in entry.items() if k in Row.model_fields}
+    try:
+        return Row(**entry)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(map(str, error["loc"])) or "row"
+        extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        raise CalibrationError(f"{where}: {name}: {field}: {error['msg']}{extra}") from None
+
+
 def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
-    """The published rows, then every GPU-check row under ``gpu_dir``."""
+    """The published rows, then every GPU-check row under ``gpu_dir``. Raises :class:`CalibrationError` for a row
+    that cannot be read, naming its file, line and field."""
     data = catalogs._load("calibration.yaml")
-    rows = [Row(**row) for row in data["rows"]]
+    path = catalogs.CATALOG_DIR / "calibration.yaml"
+    entries = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise CalibrationError(f"{path}: no rows: list the published runs under rows:")
+    rows = []
+    for index, entry in enumerate(entries):
+        try:
+            rows.append(_row(entry, str(path), index))
+        except CalibrationError:  # composed again only to name the row's line
+            lines = _row_lines(path.read_text(encoding="utf-8"))
+            _row(entry, f"{path}:{lines[index]}" if index < len(lines) else str(path), index)
+            raise
     if gpu_dir is not None and gpu_dir.is_dir():
-        for path in sorted(gpu_dir.glob("*.json")):
-            document = json.loads(path.read_text())
-            for row in document.get("rows", []):
-                # A GPU check may record more than a calibration row needs (MFU, step times): keep the row's fields.
-                row = {k: v for k, v in row.items() if k in Row.model_fields}
-                rows.append(Row(**row))
+        for json_path in sorted(gpu_dir.glob("*.json")):
+            try:
+                document = json.loads(json_path.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise CalibrationError(f"{json_path}: not a GPU check's JSON ({exc})") from None
+            found = document.get("rows", []) if isinstance(document, dict) else None
+            if not isinstance(found, list):
+                raise CalibrationError(f"{json_path}: rows: a list of rows, as `make gpu-check` writes")
+            rows += [_row(entry, str(json_path), index, keep_known=True) for index, entry in enumerate(found)]
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise ValueError(f"calibration rows with the same id: {', '.join(duplicates)}")
+        raise CalibrationError(f"calibration rows with the same id: {', '.join(duplicates)}; give each its own")
     linear = [LinearRow(**row) for row in data.get("linear_rows", [])]
     return Calibration(
         rows=rows, systems=data.get("systems", {}), frameworks=data.get("frameworks", {}), linear_rows=linear
@@ -695,7 +741,11 @@ def main(argv: list[str] | None = None) -> int:
     if (args.write or args.json) and args.no_loso:
         parser.error("--write and --json store the leave-one-source-out errors: drop --no-loso")
 
-    cal = load(args.gpu_dir)
+    try:
+        cal = load(args.gpu_dir)
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model = catalogs.performance_model()
     if args.no_fit:
         params, factors = perf.parameters_of(model), dict(model.calibration_only)
