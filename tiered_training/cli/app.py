@@ -224,12 +224,17 @@ def calibrate(
     print_lines(_out(), lines + [f"left out: {line}" for line in skipped])
 
 
+def _name(command: typer.models.CommandInfo) -> str | None:
+    """A registered command's name, as typer gives it (the function's, with dashes, unless named)."""
+    return command.name or (get_command_name(command.callback.__name__) if command.callback else None)
+
+
 def _for(args: list[str]) -> typer.Typer:
     """The app to run ``args``: with only the command they name, when they start with one (building each of the
     twenty commands' options costs every start a little; --help, a typo and shell completion get them all)."""
     if not args or f"_{PROG.upper().replace('-', '_')}_COMPLETE" in os.environ:
         return app
-    named = [c for c in app.registered_commands if (c.name or get_command_name(c.callback.__name__)) == args[0]]
+    named = [c for c in app.registered_commands if _name(c) == args[0]]
     if not named:
         return app
     one = copy.copy(app)
