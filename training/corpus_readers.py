@@ -214,22 +214,29 @@ def _obj(unit: Unit) -> Object:
     return Object(unit.uri, unit.relative, unit.etag, unit.file_size or unit.size)
 
 
-def _jsonl(unit: Unit, store: Store) -> Iterator[str | Bad]:
+def _decoded_lines(unit: Unit, store: Store) -> Iterator[tuple[int, str | Bad]]:
+    """Each line of the unit's file with its number (from 1), a BOM left out of the first; Bad where not UTF-8."""
     with _open_stream(_obj(unit), store) as stream:
         for number, raw in enumerate(stream, start=1):
             try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as bad:
-                yield Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as bad:
-                yield Bad(number, "not JSON", str(bad))
-                continue
-            yield _field(record, unit.field, number)
+                yield number, Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
+
+
+def _jsonl(unit: Unit, store: Store) -> Iterator[str | Bad]:
+    for number, line in _decoded_lines(unit, store):
+        if isinstance(line, Bad):
+            yield line
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as bad:
+            yield Bad(number, "not JSON", str(bad))
+            continue
+        yield _field(record, unit.field, number)
 
 
 def _json(unit: Unit, store: Store) -> Iterator[str | Bad]:
@@ -273,16 +280,13 @@ def _text_value(value, name: str, number: int) -> str | Bad:
 
 
 def _lines(unit: Unit, store: Store) -> Iterator[str | Bad]:
-    with _open_stream(_obj(unit), store) as stream:
-        for number, raw in enumerate(stream, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as bad:
-                yield Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
-                continue
-            line = line.rstrip("\r\n")
-            if line.strip():
-                yield line
+    for _, line in _decoded_lines(unit, store):
+        if isinstance(line, Bad):
+            yield line
+            continue
+        line = line.rstrip("\r\n")
+        if line.strip():
+            yield line
 
 
 def _text(unit: Unit, store: Store) -> Iterator[str | Bad]:
