@@ -37,6 +37,7 @@ from typing import Any
 from training.sft_data import (
     FORMAT_VERSION,
     OPEN_SEQUENCES,
+    PROGRESS_EVERY,
     BadExamples,
     Settings,
     SftTokenizer,
@@ -282,7 +283,7 @@ def prepare(
                     train = role == "train" and not in_validation(index, settings.validation_fraction)
                     splits["train" if train else "validation"].add_pair(pair, ids, mask, pos, settings)
                     index += 1
-                    if index % 10_000 == 0:
+                    if index % PROGRESS_EVERY == 0:
                         log(f"{index:,} pairs read ({where})", file=sys.stderr)
         bad.check(index, settings.max_bad_fraction, log)
         options = {
@@ -308,17 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
     parser.add_argument("--max-bad-fraction", type=float, default=0.0)
     args = parse_arguments(parser, argv, "pairs")
-    settings = Settings(
-        args.sequence_length,
-        "assistant",
-        args.overlong,
-        args.validation_fraction,
-        args.dtype,
-        args.sequences_per_shard,
-        "preference",
-        args.on_bad_example,
-        args.max_bad_fraction,
-    )
+    settings = Settings.from_args(args, format="preference")
     manifests = prepare_inputs(prepare, args, settings)
     if manifests is None:
         return 2

@@ -54,7 +54,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -389,6 +389,12 @@ class Settings:
     on_bad_example: str = "error"
     max_bad_fraction: float = 0.0
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fixed) -> Settings:
+        """The settings of a command's arguments (each by its field's name, the default where there is none)."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**given, **fixed})
+
 
 SHOWN_BAD = 5  # skipped examples shown by name
 
@@ -698,17 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(parser, argv, "examples")
     if not 0 <= args.max_bad_fraction <= 1:
         parser.error("--max-bad-fraction must be in [0, 1]")
-    settings = Settings(
-        args.sequence_length,
-        args.loss_on,
-        args.overlong,
-        args.validation_fraction,
-        args.dtype,
-        args.sequences_per_shard,
-        args.format,
-        args.on_bad_example,
-        args.max_bad_fraction,
-    )
+    settings = Settings.from_args(args)
     manifests = prepare_inputs(prepare, args, settings)
     if manifests is None:
         return 2

@@ -324,15 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ignore", action="append", default=[], metavar="GLOB", help="objects under --input to leave out (data.ignore)"
     )
     args = parser.parse_args(argv)
-    settings = Settings(
-        args.sequence_length,
-        args.loss_on,
-        args.overlong,
-        dtype=args.dtype,
-        format=args.format,
-        on_bad_example=args.on_bad_example,
-        max_bad_fraction=args.max_bad_fraction,
-    )
+    settings = Settings.from_args(args)
     import boto3
 
     work = Path(tempfile.mkdtemp(prefix="sft-prepare-"))
