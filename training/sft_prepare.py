@@ -33,13 +33,12 @@ import base64
 import hashlib
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
 from training.init_archive import ARCHIVE_SUFFIXES, ArchiveError, unpacked
+from training.prepare_step import run_step
 from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
@@ -327,17 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_args(args)
     import boto3
 
-    work = Path(tempfile.mkdtemp(prefix="sft-prepare-"))
-    try:
-        found = run(args, settings, boto3.client("s3"), work)
-    except BadData as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    args.property_file.parent.mkdir(parents=True, exist_ok=True)
-    args.property_file.write_text(json.dumps(found))
-    return 0
+    def step(work: Path) -> dict:
+        return run(args, settings, boto3.client("s3"), work)
+
+    return run_step("sft-prepare-", args.property_file, step, BadData)
 
 
 if __name__ == "__main__":
