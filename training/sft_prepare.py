@@ -44,7 +44,13 @@ from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
 # what decides the shards
-CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats", "training.dpo_data")
+CODE_MODULES = (
+    "training.sft_prepare",
+    "training.sft_data",
+    "training.sft_formats",
+    "training.json_lines",
+    "training.dpo_data",
+)
 MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 DONE = "manifest.json"  # written last under the key's prefix
