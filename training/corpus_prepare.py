@@ -42,6 +42,7 @@ import numpy as np
 from tiered_training.contract.corpus import CORPUS_KEY_VERSION, CORPUS_MANIFEST, CorpusSpec
 from training.corpus_readers import Bad, BadData, Unit, documents, plan_units
 from training.corpus_store import Store, as_prefix, is_s3, sha256_file
+from training.prepare_step import run_step
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 ENCODE_BATCH = 512  # documents per encode_batch call
@@ -637,8 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-timeout", type=float, default=6 * 3600.0, help="seconds host 0 waits for the others")
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="corpus-prepare-"))
-    try:
+
+    def step(work: Path) -> dict:
         from pydantic import ValidationError
 
         try:
@@ -648,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in first["loc"]) or "spec"
             raise BadData(f"--spec: {where}: {first['msg']}") from None
         index, count, name = host_identity(args)
-        found = prepare(
+        return prepare(
             spec,
             args.prepared,
             host_index=index,
@@ -659,14 +660,8 @@ def main(argv: list[str] | None = None) -> int:
             poll_seconds=args.poll_seconds,
             work=work,
         )
-    except BadData as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    args.property_file.parent.mkdir(parents=True, exist_ok=True)
-    args.property_file.write_text(json.dumps(found))
-    return 0
+
+    return run_step("corpus-prepare-", args.property_file, step, BadData)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from tiered_training.contract.corpus import (
     saved_dataset_roots,
 )
 from training.corpus_store import Object, Store
+from training.json_lines import decoded_lines, json_lines
 
 SAVED_FILES = ("state.json", "dataset_info.json")
 BATCH_ROWS = 4096  # Parquet and saved-dataset rows per read
@@ -214,22 +215,19 @@ def _obj(unit: Unit) -> Object:
     return Object(unit.uri, unit.relative, unit.etag, unit.file_size or unit.size)
 
 
+def _not_utf8(number: int, bad: UnicodeDecodeError) -> Bad:
+    return Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
+
+
 def _jsonl(unit: Unit, store: Store) -> Iterator[str | Bad]:
     with _open_stream(_obj(unit), store) as stream:
-        for number, raw in enumerate(stream, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as bad:
-                yield Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as bad:
-                yield Bad(number, "not JSON", str(bad))
-                continue
-            yield _field(record, unit.field, number)
+        for number, value in json_lines(stream):
+            if isinstance(value, UnicodeDecodeError):
+                yield _not_utf8(number, value)
+            elif isinstance(value, ValueError):
+                yield Bad(number, "not JSON", str(value))
+            else:
+                yield _field(value, unit.field, number)
 
 
 def _json(unit: Unit, store: Store) -> Iterator[str | Bad]:
@@ -274,11 +272,9 @@ def _text_value(value, name: str, number: int) -> str | Bad:
 
 def _lines(unit: Unit, store: Store) -> Iterator[str | Bad]:
     with _open_stream(_obj(unit), store) as stream:
-        for number, raw in enumerate(stream, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as bad:
-                yield Bad(number, "not UTF-8", f"{bad.reason} at byte {bad.start}")
+        for number, line in decoded_lines(stream):
+            if isinstance(line, UnicodeDecodeError):
+                yield _not_utf8(number, line)
                 continue
             line = line.rstrip("\r\n")
             if line.strip():

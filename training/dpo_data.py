@@ -28,27 +28,27 @@ file, line and reason, or with ``--on-bad-example skip`` are counted and left ou
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from training.sft_data import (
     FORMAT_VERSION,
     OPEN_SEQUENCES,
+    PROGRESS_EVERY,
     BadExamples,
     Settings,
     SftTokenizer,
     Split,
+    checked_dtype,
+    fingerprint,
     in_validation,
-    token_dtype,
+    parse_arguments,
+    prepare_inputs,
+    prepare_parser,
+    staged_splits,
 )
 from training.sft_formats import BadData, Source, _messages, _tools
 
@@ -223,49 +223,11 @@ def pair_sequences(prompt: list[int], chosen: list[int], rejected: list[int]) ->
 # ---- packing ------------------------------------------------------------------------------------
 
 
-class PairPacker:
-    """First-fit packing of whole pairs into rows (the SFT packer's rule, a pair as one unit)."""
-
-    def __init__(self, writer, pad_token_id: int, counts):
-        self.writer, self.pad, self.counts = writer, pad_token_id, counts
-        self.width = writer.width
-        self.open: list[list[tuple[list[int], list[int], list[int]]]] = []
-        self.used: list[int] = []
-
-    def add(self, ids: list[int], mask: list[int], pos: list[int]) -> None:
-        for i, used in enumerate(self.used):  # noqa: B007 (i is the row the loop found)
-            if used + len(ids) <= self.width:
-                break
-        else:
-            self.open.append([])
-            self.used.append(0)
-            i = len(self.open) - 1
-        self.open[i].append((ids, mask, pos))
-        self.used[i] += len(ids)
-        if self.used[i] == self.width:
-            self._write(i)
-        elif len(self.open) > OPEN_SEQUENCES:
-            self._write(0)
-
-    def _write(self, i: int) -> None:
-        units, used = self.open.pop(i), self.used.pop(i)
-        pad = self.width - used
-        tokens = [t for ids, _, _ in units for t in ids] + [self.pad] * pad
-        mask = [m for _, mask, _ in units for m in mask] + [0] * pad
-        pos = [p for _, _, pos in units for p in pos] + list(range(pad))
-        self.counts.padding += pad
-        self.writer.add(tokens, mask, pos)
-
-    def close(self) -> None:
-        while self.open:
-            self._write(0)
-        self.writer.flush()
-
-
 class PairSplit(Split):
+    """A split of pairs: each packed whole, first fit, as the SFT packer packs an example."""
+
     def __init__(self, name: str, out: Path, settings: Settings, tokenizer: SftTokenizer, dtype: str):
         super().__init__(name, out, settings, tokenizer, dtype)
-        self.packer = PairPacker(self.writer, tokenizer.pad_token_id, self.counts)  # type: ignore[assignment]
         self.pairs = 0
 
     def add_pair(self, pair: Pair, ids: list[int], mask: list[int], pos: list[int], settings: Settings) -> None:
@@ -284,7 +246,7 @@ class PairSplit(Split):
         self.counts.examples += 2
         self.counts.tokens += len(ids)
         self.counts.targets += sum(mask)
-        self.packer.add(ids, mask, pos)  # type: ignore[call-arg]
+        self.packer.add(ids, mask, pos)
 
 
 def prepare(
@@ -301,19 +263,11 @@ def prepare(
     if settings.overlong == "truncate":
         raise BadData("--overlong truncate: a truncated pair would compare cut answers; use error or drop")
     out = Path(out)
-    dtype = settings.dtype or token_dtype(tokenizer.vocab_size, settings.sequence_length)
-    largest = max(tokenizer.vocab_size - 1, settings.sequence_length)
-    if np.iinfo(dtype).max < largest:
-        raise BadData(f"--dtype {dtype} cannot hold token ids and positions up to {largest}; use uint32")
-    partial = out / ".partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    splits = {"train": PairSplit("train", partial / "train", settings, tokenizer, dtype)}
-    if settings.validation_fraction or validation_files:
-        splits["validation"] = PairSplit("validation", partial / "validation", settings, tokenizer, dtype)
+    dtype = checked_dtype(settings, tokenizer)
     sources: list[tuple[str, Source]] = []
     bad = BadExamples()
-    try:
+    validation = bool(settings.validation_fraction or validation_files)
+    with staged_splits(out, validation, lambda name, path: PairSplit(name, path, settings, tokenizer, dtype)) as splits:
         index = 0
         for role, files in (("train", inputs), ("validation", validation_files)):
             for path in files:
@@ -324,90 +278,40 @@ def prepare(
                         pair = to_pair(record, where)
                         ids, mask, pos = pair_sequences(*encode_pair(tokenizer, pair))
                     except BadData as error:
-                        if settings.on_bad_example == "error" or error.reason == "no chat template":
-                            raise
-                        bad.add(error)
+                        bad.take(error, settings)
                         continue
                     train = role == "train" and not in_validation(index, settings.validation_fraction)
                     splits["train" if train else "validation"].add_pair(pair, ids, mask, pos, settings)
                     index += 1
-                    if index % 10_000 == 0:
+                    if index % PROGRESS_EVERY == 0:
                         log(f"{index:,} pairs read ({where})", file=sys.stderr)
         bad.check(index, settings.max_bad_fraction, log)
-        digest = hashlib.sha256(f"{FORMAT_VERSION}/{LAYOUT}".encode())
-        digest.update(
-            json.dumps(
-                {
-                    "sequence_length": settings.sequence_length,
-                    "overlong": settings.overlong,
-                    "validation_fraction": settings.validation_fraction,
-                    "on_bad_example": settings.on_bad_example,
-                    "max_bad_fraction": settings.max_bad_fraction,
-                    "token_dtype": dtype,
-                    "open_sequences": OPEN_SEQUENCES,
-                },
-                sort_keys=True,
-            ).encode()
-        )
-        digest.update(tokenizer.fingerprint_material())
-        for role, source in sources:
-            digest.update(f"\0{role}\0".encode() + source.digest.digest())
-        fingerprint = digest.hexdigest()
+        options = {
+            "sequence_length": settings.sequence_length,
+            "overlong": settings.overlong,
+            "validation_fraction": settings.validation_fraction,
+            "on_bad_example": settings.on_bad_example,
+            "max_bad_fraction": settings.max_bad_fraction,
+            "token_dtype": dtype,
+            "open_sequences": OPEN_SEQUENCES,
+        }
+        key = fingerprint(f"{FORMAT_VERSION}/{LAYOUT}", options, tokenizer, sources)
         manifests = {}
         for name, split in splits.items():
             extra = {"layout": LAYOUT, "pairs": split.pairs, "skipped": dict(bad.skipped)}
-            manifests[name] = split.close(settings, tokenizer, dtype, fingerprint, extra)
-    except BaseException:
-        for open_split in splits.values():
-            open_split.writer.flush()
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    for name in ("train", "validation"):
-        if (out / name).exists():
-            shutil.rmtree(out / name)
-        if name in splits:
-            (partial / name).rename(out / name)
-    partial.rmdir()
+            manifests[name] = split.close(settings, tokenizer, dtype, key, extra)
     return manifests
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.dpo_data", description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
-    parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
-    parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
-    parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
+    parser = prepare_parser("python -m training.dpo_data", __doc__.split("\n\n")[0])
     parser.add_argument("--overlong", choices=["error", "drop"], default="error", help="a pair longer than a row")
     parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
     parser.add_argument("--max-bad-fraction", type=float, default=0.0)
-    split = parser.add_mutually_exclusive_group()
-    split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the pairs")
-    split.add_argument("--validation", action="append", default=[], help="an input of validation pairs")
-    parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
-    parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
-    args = parser.parse_args(argv)
-    if args.sequence_length < 1:
-        parser.error("--sequence-length must be at least 1")
-    if not 0 <= args.validation_fraction < 1:
-        parser.error("--validation-fraction must be in [0, 1)")
-    settings = Settings(
-        args.sequence_length,
-        "assistant",
-        args.overlong,
-        args.validation_fraction,
-        args.dtype,
-        args.sequences_per_shard,
-        "preference",
-        args.on_bad_example,
-        args.max_bad_fraction,
-    )
-    try:
-        for path in [*args.inputs, *args.validation]:
-            Source(path)
-        tokenizer = SftTokenizer(args.tokenizer)
-        manifests = prepare(args.inputs, tokenizer, args.out, settings, validation_files=args.validation)
-    except BadData as error:
-        print(f"error: {error}", file=sys.stderr)
+    args = parse_arguments(parser, argv, "pairs")
+    settings = Settings.from_args(args, format="preference")
+    manifests = prepare_inputs(prepare, args, settings)
+    if manifests is None:
         return 2
     for name, m in manifests.items():
         print(

@@ -52,10 +52,11 @@ import re
 import shutil
 import sys
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -337,15 +338,16 @@ class ShardWriter:
 
 
 class Packer:
-    """First-fit packing of examples into sequences of ``width`` tokens (see the module docstring)."""
+    """First-fit packing of examples into sequences of ``width`` tokens (see the module docstring); an example
+    is packed whole, with its own positions (a DPO pair's: two sequences) or positions from 0."""
 
     def __init__(self, writer: ShardWriter, pad_token_id: int, counts: Counts):
         self.writer, self.pad, self.counts = writer, pad_token_id, counts
         self.width = writer.width
-        self.open: list[list[tuple[list[int], list[int]]]] = []  # each: the examples in one sequence
+        self.open: list[list[tuple[list[int], list[int], Sequence[int]]]] = []  # each: the examples in one sequence
         self.used: list[int] = []
 
-    def add(self, ids: list[int], mask: list[int]) -> None:
+    def add(self, ids: list[int], mask: list[int], pos: Sequence[int] | None = None) -> None:
         for i, used in enumerate(self.used):  # noqa: B007 (i is the sequence the loop found)
             if used + len(ids) <= self.width:
                 break
@@ -353,7 +355,7 @@ class Packer:
             self.open.append([])
             self.used.append(0)
             i = len(self.open) - 1
-        self.open[i].append((ids, mask))
+        self.open[i].append((ids, mask, range(len(ids)) if pos is None else pos))
         self.used[i] += len(ids)
         if self.used[i] == self.width:
             self._write(i)
@@ -363,9 +365,9 @@ class Packer:
     def _write(self, i: int) -> None:
         examples, used = self.open.pop(i), self.used.pop(i)
         pad = self.width - used
-        tokens = [t for ids, _ in examples for t in ids] + [self.pad] * pad
-        mask = [m for _, mask in examples for m in mask] + [0] * pad
-        pos = [p for ids, _ in examples for p in range(len(ids))] + list(range(pad))
+        tokens = [t for ids, _, _ in examples for t in ids] + [self.pad] * pad
+        mask = [m for _, mask, _ in examples for m in mask] + [0] * pad
+        pos = [p for _, _, pos in examples for p in pos] + list(range(pad))
         self.counts.padding += pad
         self.writer.add(tokens, mask, pos)
 
@@ -387,6 +389,12 @@ class Settings:
     on_bad_example: str = "error"
     max_bad_fraction: float = 0.0
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fixed) -> Settings:
+        """The settings of a command's arguments (each by its field's name, the default where there is none)."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**given, **fixed})
+
 
 SHOWN_BAD = 5  # skipped examples shown by name
 
@@ -402,6 +410,12 @@ class BadExamples:
         self.skipped[error.reason] += 1
         if len(self.shown) < SHOWN_BAD:
             self.shown.append(str(error))
+
+    def take(self, error: BadData, settings: Settings) -> None:
+        """Count ``error`` with ``--on-bad-example skip``; else (or for a tokenizer with no chat template) raise it."""
+        if settings.on_bad_example == "error" or error.reason == "no chat template":
+            raise error
+        self.add(error)
 
     def check(self, good: int, max_fraction: float, log) -> None:
         bad = sum(self.skipped.values())
@@ -493,6 +507,93 @@ def in_validation(index: int, fraction: float) -> bool:
     return fraction > 0 and math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
+def checked_dtype(settings: Settings, tokenizer: SftTokenizer) -> str:
+    """``--dtype``, else the smallest that fits; BadData when the token ids or positions do not fit it."""
+    dtype = settings.dtype or token_dtype(tokenizer.vocab_size, settings.sequence_length)
+    largest = max(tokenizer.vocab_size - 1, settings.sequence_length)
+    if np.iinfo(dtype).max < largest:
+        raise BadData(f"--dtype {dtype} cannot hold token ids and positions up to {largest}; use uint32")
+    return dtype
+
+
+S = TypeVar("S", bound=Split)
+
+
+@contextmanager
+def staged_splits(out: Path, validation: bool, new: Callable[[str, Path], S]) -> Iterator[dict[str, S]]:
+    """The train (and with ``validation`` the validation) split, ``new(name, directory)``, written under
+    ``out/.partial`` and moved to ``out/<name>`` when the block ends; an error removes what was written."""
+    partial = out / ".partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    splits = {"train": new("train", partial / "train")}
+    if validation:
+        splits["validation"] = new("validation", partial / "validation")
+    try:
+        yield splits
+    except BaseException:
+        for open_split in splits.values():
+            open_split.writer.flush()  # closes its files
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    for name in ("train", "validation"):
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+        if name in splits:
+            (partial / name).rename(out / name)
+    partial.rmdir()
+
+
+def fingerprint(header: str, options: dict, tokenizer: SftTokenizer, sources: list[tuple[str, Source]]) -> str:
+    """The prepared data's identity: its format, the settings, the tokenizer and every input's bytes."""
+    digest = hashlib.sha256(header.encode())
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    digest.update(tokenizer.fingerprint_material())
+    for role, source in sources:
+        digest.update(f"\0{role}\0".encode() + source.digest.digest())
+    return digest.hexdigest()
+
+
+def prepare_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """``main``'s parser with the inputs, the tokenizer, the sequence length and the output folder."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
+    parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
+    parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
+    parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
+    return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None, unit: str) -> argparse.Namespace:
+    """``argv`` parsed after adding the validation split, token type and shard size of ``unit`` (examples, pairs)."""
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument("--validation-fraction", type=float, default=0.0, help=f"hold out this fraction of the {unit}")
+    split.add_argument("--validation", action="append", default=[], help=f"an input of validation {unit}")
+    parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
+    parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
+    args = parser.parse_args(argv)
+    if args.sequence_length < 1:
+        parser.error("--sequence-length must be at least 1")
+    if not 0 <= args.validation_fraction < 1:
+        parser.error("--validation-fraction must be in [0, 1)")
+    return args
+
+
+def prepare_inputs(
+    prepare_fn: Callable[..., dict[str, dict]], args: argparse.Namespace, settings: Settings
+) -> dict[str, dict] | None:
+    """``main``'s work: the inputs named (a missing or unknown one before the tokenizer loads), then prepared; the
+    manifests, or None after printing the error of bad data."""
+    try:
+        for path in [*args.inputs, *args.validation]:
+            Source(path)
+        tokenizer = SftTokenizer(args.tokenizer)
+        return prepare_fn(args.inputs, tokenizer, args.out, settings, validation_files=args.validation)
+    except BadData as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+
+
 def prepare(
     inputs: Sequence[str | Path],
     tokenizer: SftTokenizer,
@@ -508,20 +609,12 @@ def prepare(
     good: bad data raises BadData and leaves ``out`` as it was."""
     out = Path(out)
     width = settings.sequence_length + 1
-    dtype = settings.dtype or token_dtype(tokenizer.vocab_size, settings.sequence_length)
-    largest = max(tokenizer.vocab_size - 1, settings.sequence_length)
-    if np.iinfo(dtype).max < largest:
-        raise BadData(f"--dtype {dtype} cannot hold token ids and positions up to {largest}; use uint32")
-    partial = out / ".partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    splits = {"train": Split("train", partial / "train", settings, tokenizer, dtype)}
-    if settings.validation_fraction or validation_files:
-        splits["validation"] = Split("validation", partial / "validation", settings, tokenizer, dtype)
+    dtype = checked_dtype(settings, tokenizer)
     sources: list[tuple[str, Source]] = []
     bad = BadExamples()
     formats: dict[str, str] = {}
-    try:
+    validation = bool(settings.validation_fraction or validation_files)
+    with staged_splits(out, validation, lambda name, path: Split(name, path, settings, tokenizer, dtype)) as splits:
         index = 0
         for role, files in (("train", inputs), ("validation", validation_files)):
             for path in files:
@@ -545,9 +638,7 @@ def prepare(
                             example = to_example(record, fmt, where, loss_on=settings.loss_on)
                         ids, mask = tokenizer.encode(example, settings.loss_on)
                     except BadData as error:
-                        if settings.on_bad_example == "error" or error.reason == "no chat template":
-                            raise
-                        bad.add(error)
+                        bad.take(error, settings)
                         continue
                     formats.setdefault(str(path), fmt)
                     split = (
@@ -560,50 +651,26 @@ def prepare(
                     if index % PROGRESS_EVERY == 0:
                         log(f"{index:,} examples read ({example.where})", file=sys.stderr)
         bad.check(index, settings.max_bad_fraction, log)
-        digest = hashlib.sha256(FORMAT_VERSION.encode())
-        digest.update(
-            json.dumps(
-                {
-                    "sequence_length": settings.sequence_length,
-                    "loss_on": settings.loss_on,
-                    "overlong": settings.overlong,
-                    "validation_fraction": settings.validation_fraction,
-                    "format": settings.format,
-                    "on_bad_example": settings.on_bad_example,
-                    "max_bad_fraction": settings.max_bad_fraction,
-                    "token_dtype": dtype,
-                    "open_sequences": OPEN_SEQUENCES,
-                    "width": width,
-                },
-                sort_keys=True,
-            ).encode()
-        )
-        digest.update(tokenizer.fingerprint_material())
-        for role, source in sources:
-            digest.update(f"\0{role}\0".encode() + source.digest.digest())
-        fingerprint = digest.hexdigest()
+        options = {
+            "sequence_length": settings.sequence_length,
+            "loss_on": settings.loss_on,
+            "overlong": settings.overlong,
+            "validation_fraction": settings.validation_fraction,
+            "format": settings.format,
+            "on_bad_example": settings.on_bad_example,
+            "max_bad_fraction": settings.max_bad_fraction,
+            "token_dtype": dtype,
+            "open_sequences": OPEN_SEQUENCES,
+            "width": width,
+        }
+        key = fingerprint(FORMAT_VERSION, options, tokenizer, sources)
         extra = {"formats": formats, "skipped": dict(bad.skipped)}
-        manifests = {name: s.close(settings, tokenizer, dtype, fingerprint, extra) for name, s in splits.items()}
-    except BaseException:
-        for open_split in splits.values():
-            open_split.writer.flush()  # closes its files
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    for name in ("train", "validation"):
-        if (out / name).exists():
-            shutil.rmtree(out / name)
-        if name in splits:
-            (partial / name).rename(out / name)
-    partial.rmdir()
+        manifests = {name: s.close(settings, tokenizer, dtype, key, extra) for name, s in splits.items()}
     return manifests
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.sft_data", description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="+", help="JSON Lines, JSON, Parquet files or Dataset.save_to_disk directories")
-    parser.add_argument("--tokenizer", required=True, help="local directory of the model's Hugging Face tokenizer")
-    parser.add_argument("--sequence-length", required=True, type=int, help="the run's sequence length")
-    parser.add_argument("--out", required=True, type=Path, help="writes OUT/train (and OUT/validation)")
+    parser = prepare_parser("python -m training.sft_data", __doc__.split("\n\n")[0])
     parser.add_argument(
         "--loss-on",
         choices=["assistant", "all"],
@@ -634,36 +701,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="with --on-bad-example skip: fail when more than this fraction of the examples is bad (default 0)",
     )
-    split = parser.add_mutually_exclusive_group()
-    split.add_argument("--validation-fraction", type=float, default=0.0, help="hold out this fraction of the examples")
-    split.add_argument("--validation", action="append", default=[], help="an input of validation examples")
-    parser.add_argument("--dtype", choices=["uint16", "uint32"], help="token type (default: uint16 if it fits)")
-    parser.add_argument("--sequences-per-shard", type=int, help="default: about 100 million tokens per shard")
-    args = parser.parse_args(argv)
-    if args.sequence_length < 1:
-        parser.error("--sequence-length must be at least 1")
-    if not 0 <= args.validation_fraction < 1:
-        parser.error("--validation-fraction must be in [0, 1)")
+    args = parse_arguments(parser, argv, "examples")
     if not 0 <= args.max_bad_fraction <= 1:
         parser.error("--max-bad-fraction must be in [0, 1]")
-    settings = Settings(
-        args.sequence_length,
-        args.loss_on,
-        args.overlong,
-        args.validation_fraction,
-        args.dtype,
-        args.sequences_per_shard,
-        args.format,
-        args.on_bad_example,
-        args.max_bad_fraction,
-    )
-    try:
-        for path in [*args.inputs, *args.validation]:
-            Source(path)  # a missing or unknown input is named before the tokenizer loads
-        tokenizer = SftTokenizer(args.tokenizer)
-        manifests = prepare(args.inputs, tokenizer, args.out, settings, validation_files=args.validation)
-    except BadData as error:
-        print(f"error: {error}", file=sys.stderr)
+    settings = Settings.from_args(args)
+    manifests = prepare_inputs(prepare, args, settings)
+    if manifests is None:
         return 2
     for name, m in manifests.items():
         print(

@@ -38,12 +38,13 @@ import gzip
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from tiered_training.contract.raw_data import JSON_SUFFIXES
+from training.json_lines import json_lines
 
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text")
 ROLES = ("system", "user", "assistant", "tool", "ipython")
@@ -155,26 +156,24 @@ class Source:
             raise error
         self.on_bad(error)
 
+    def _hashed(self, lines: Iterable[bytes]) -> Iterator[bytes]:
+        for raw in lines:
+            self.digest.update(raw)
+            yield raw
+
     def _json_lines(self) -> Iterator[tuple[str, dict]]:
         """JSON Lines read line by line with the json module (one line in memory): each record exactly as
         written (integers stay integers, keys keep their order, nulls stay), each line named by number."""
         with _open(self.path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                self.digest.update(raw)
+            for number, data in json_lines(self._hashed(handle)):
                 where = f"{self.path}:{number}"
-                try:
-                    text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                except UnicodeDecodeError as bad:
+                if isinstance(data, UnicodeDecodeError):
                     self._bad(
-                        BadData(f"{where}: not UTF-8 text ({bad.reason} at byte offset {bad.start})", "not UTF-8")
+                        BadData(f"{where}: not UTF-8 text ({data.reason} at byte offset {data.start})", "not UTF-8")
                     )
                     continue
-                if not text.strip():
-                    continue
-                try:
-                    data = json.loads(text)
-                except ValueError as bad:
-                    self._bad(BadData(f"{where}: not JSON: {bad}", "not JSON"))
+                if isinstance(data, ValueError):
+                    self._bad(BadData(f"{where}: not JSON: {data}", "not JSON"))
                     continue
                 if not isinstance(data, dict):
                     self._bad(

@@ -33,19 +33,24 @@ import base64
 import hashlib
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
 from training.init_archive import ARCHIVE_SUFFIXES, ArchiveError, unpacked
+from training.prepare_step import run_step
 from training.sft_data import Settings, SftTokenizer, prepare
 from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
 # what decides the shards
-CODE_MODULES = ("training.sft_prepare", "training.sft_data", "training.sft_formats", "training.dpo_data")
+CODE_MODULES = (
+    "training.sft_prepare",
+    "training.sft_data",
+    "training.sft_formats",
+    "training.json_lines",
+    "training.dpo_data",
+)
 MAX_PUT = 5 << 30  # S3's largest single PutObject
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 DONE = "manifest.json"  # written last under the key's prefix
@@ -324,28 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ignore", action="append", default=[], metavar="GLOB", help="objects under --input to leave out (data.ignore)"
     )
     args = parser.parse_args(argv)
-    settings = Settings(
-        args.sequence_length,
-        args.loss_on,
-        args.overlong,
-        dtype=args.dtype,
-        format=args.format,
-        on_bad_example=args.on_bad_example,
-        max_bad_fraction=args.max_bad_fraction,
-    )
+    settings = Settings.from_args(args)
     import boto3
 
-    work = Path(tempfile.mkdtemp(prefix="sft-prepare-"))
-    try:
-        found = run(args, settings, boto3.client("s3"), work)
-    except BadData as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    args.property_file.parent.mkdir(parents=True, exist_ok=True)
-    args.property_file.write_text(json.dumps(found))
-    return 0
+    def step(work: Path) -> dict:
+        return run(args, settings, boto3.client("s3"), work)
+
+    return run_step("sft-prepare-", args.property_file, step, BadData)
 
 
 if __name__ == "__main__":

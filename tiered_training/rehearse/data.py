@@ -89,6 +89,29 @@ def put_shards(client, uri: str, *, token_dtype: str, tokens: int = 200_000, sha
     return manifest
 
 
+def _run_tool(command: list[str], repo: Path, what: str) -> None:
+    """Run a trainer tool (``python -m training.tools...``) in a subprocess from ``repo``; RehearsalError naming
+    ``what`` and the tool's last line of errors when it fails."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        from tiered_training.rehearse.errors import RehearsalError
+
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RehearsalError(f"could not {what}: {tail}")
+
+
+def _put_file(client, uri: str, local: Path, name: str | None = None) -> str:
+    """Upload ``local`` under the prefix ``uri`` as ``name`` (default: its file name); returns its S3 URI."""
+    bucket, prefix = split_uri(uri)
+    key = f"{prefix.rstrip('/')}/{name or local.name}".lstrip("/")
+    client.upload_file(str(local), bucket, key)
+    return f"s3://{bucket}/{key}"
+
+
 def put_sft_shards(
     client,
     uri: str,
@@ -126,16 +149,7 @@ def put_sft_shards(
         "--seed",
         str(seed),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
-    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        from tiered_training.rehearse.errors import RehearsalError
-
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RehearsalError(f"could not prepare the rehearsal's SFT data: {tail}")
+    _run_tool(command, repo, "prepare the rehearsal's SFT data")
     train = out / "prepared" / "train"
     upload_dir(client, train, uri)
     return json.loads((train / "shards.json").read_text())
@@ -160,20 +174,9 @@ def put_raw_chat(client, uri: str, *, workdir: Path, repo: Path, seed: int = 0, 
         "--seed",
         str(seed),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
-    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        from tiered_training.rehearse.errors import RehearsalError
-
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RehearsalError(f"could not write the rehearsal's raw chat examples: {tail}")
-    bucket, prefix = split_uri(uri)
-    key = f"{prefix.rstrip('/')}/chat.jsonl".lstrip("/")
-    client.upload_file(str(out / "chat.jsonl"), bucket, key)
-    return {"examples": examples, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}
+    _run_tool(command, repo, "write the rehearsal's raw chat examples")
+    uploaded = _put_file(client, uri, out / "chat.jsonl")
+    return {"examples": examples, "tokenizer": str(out / "tokenizer"), "uri": uploaded}
 
 
 def put_raw_corpus(
@@ -185,9 +188,8 @@ def put_raw_corpus(
     Returns ``{"documents": {source: count}, "files": {source: [uri, ...]}, "tokenizer": dir}``."""
     out = Path(workdir) / f"raw-corpus-{seed}"
     chat = put_raw_chat_tokenizer(out, repo)
-    bucket, prefix = split_uri(tokenizer_uri)
     for path in sorted((chat / "tokenizer").iterdir()):
-        client.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.name}".lstrip("/"))
+        _put_file(client, tokenizer_uri, path)
     words = [
         w
         for w in json.loads((chat / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
@@ -204,11 +206,8 @@ def put_raw_corpus(
             local = out / source.name / f"part-{part}{suffix}"
             local.parent.mkdir(parents=True, exist_ok=True)
             _write_documents(local, source.format, source.field, texts)
-            bucket, prefix = split_uri(source.uri)
-            key = f"{prefix.rstrip('/')}/{local.name}".lstrip("/")
-            client.upload_file(str(local), bucket, key)
             counts[source.name] += len(texts)
-            files[source.name].append(f"s3://{bucket}/{key}")
+            files[source.name].append(_put_file(client, source.uri, local))
     return {"documents": counts, "files": files, "tokenizer": str(chat / "tokenizer")}
 
 
@@ -233,16 +232,7 @@ def _write_documents(path: Path, fmt: str, field: str, texts: list[str]) -> None
 def put_raw_chat_tokenizer(out: Path, repo: Path) -> Path:
     """The tiny word-level tokenizer (and a small chat set) of ``python -m training.tools.tiny_chat`` in ``out``."""
     command = [sys.executable, "-m", "training.tools.tiny_chat", str(out), "--sequence-length", "1", "--raw-tools"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
-    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        from tiered_training.rehearse.errors import RehearsalError
-
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RehearsalError(f"could not write the rehearsal's tokenizer: {tail}")
+    _run_tool(command, repo, "write the rehearsal's tokenizer")
     return out
 
 
@@ -257,26 +247,14 @@ def put_pairs(
     command = [sys.executable, "-m", "training.tools.tiny_pairs", str(out), "--pairs", str(pairs), "--seed", str(seed)]
     if sequence_length is not None:
         command += ["--sequence-length", str(sequence_length)] + (["--dtype", token_dtype] if token_dtype else [])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    }
-    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        from tiered_training.rehearse.errors import RehearsalError
-
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RehearsalError(f"could not write the rehearsal's preference pairs: {tail}")
+    _run_tool(command, repo, "write the rehearsal's preference pairs")
     if sequence_length is not None:
         from tiered_training.rehearse.s3 import upload_dir
 
         train = out / "prepared" / "train"
         upload_dir(client, train, uri)
         return {**json.loads((train / "shards.json").read_text()), "tokenizer": str(out / "tokenizer")}
-    bucket, prefix = split_uri(uri)
-    key = f"{prefix.rstrip('/')}/pairs.jsonl".lstrip("/")
-    client.upload_file(str(out / "pairs.jsonl"), bucket, key)
-    return {"pairs": pairs, "tokenizer": str(out / "tokenizer"), "uri": f"s3://{bucket}/{key}"}
+    return {"pairs": pairs, "tokenizer": str(out / "tokenizer"), "uri": _put_file(client, uri, out / "pairs.jsonl")}
 
 
 DATA_WINDOW = 1024  # rehearse --data: the sequence length, room for a real chat template's prompt
@@ -344,12 +322,10 @@ def data_files(path: Path) -> list[Path]:
 
 def put_user_data(client, uri: str, path: Path) -> dict:
     """The user's raw examples (a file, or a folder's files at their relative paths) under ``uri``."""
-    bucket, prefix = split_uri(uri)
     path = Path(path)
     files = data_files(path)
     size = 0
     for file in files:
-        name = file.name if path.is_file() else str(file.relative_to(path))
-        client.upload_file(str(file), bucket, f"{prefix.rstrip('/')}/{name}".lstrip("/"))
+        _put_file(client, uri, file, file.name if path.is_file() else str(file.relative_to(path)))
         size += file.stat().st_size
     return {"files": len(files), "bytes": size, "uri": uri}

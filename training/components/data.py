@@ -141,7 +141,31 @@ def _oov_message(path: Path, token: int, vocab_size: int, where: str) -> str:
     )
 
 
-class GlobalStream(IterableDataset):
+class RankStream(IterableDataset):
+    """This rank's items of an endless global stream: each micro-step the job takes the next
+    ``micro_batch_size x world_size`` items and rank ``r`` every ``world_size``-th of them from offset ``r``;
+    ``position`` counts the items the whole job has consumed. Subclasses set ``rank``, ``world_size``,
+    ``micro_batch_size`` and ``position`` and implement ``_item(position)``."""
+
+    rank: int
+    world_size: int
+    micro_batch_size: int
+    position: int
+
+    def _item(self, position: int):
+        raise NotImplementedError
+
+    def __iter__(self):
+        step = self.micro_batch_size * self.world_size
+        while True:
+            for j in range(self.micro_batch_size):
+                item = self._item(self.position + j * self.world_size + self.rank)
+                if j == self.micro_batch_size - 1:
+                    self.position += step  # the micro-step is done once its last item is handed out
+                yield item
+
+
+class GlobalStream(RankStream):
     """The endless, resumable order over ``windows`` items shared by the readers (see the module docstring):
     epoch ``e`` permutes the items with ``(seed, e)``; rank ``r`` takes every ``world_size``-th of each
     micro-step's ``micro_batch_size x world_size``. Subclasses call ``_start`` and implement ``_read(index)``."""
@@ -176,15 +200,6 @@ class GlobalStream(IterableDataset):
         if self.index is not None:
             index = int(self.index[index])
         return self._read(index)
-
-    def __iter__(self):
-        step = self.micro_batch_size * self.world_size
-        while True:
-            for j in range(self.micro_batch_size):
-                item = self._item(self.position + j * self.world_size + self.rank)
-                if j == self.micro_batch_size - 1:
-                    self.position += step  # the micro-step is done once its last item is handed out
-                yield item
 
     def state_dict(self) -> dict:
         return {"position": self.position, "windows": self.windows, "seed": self.seed}
@@ -225,8 +240,7 @@ class PackedTokenWindows(GlobalStream):
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
         self.vocab_size = vocab_size
-        counts = [max(0, (s.tokens - 1) // sequence_length) for s in self.shards]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.starts = window_starts(self.shards, sequence_length)
         self._maps: dict[int, np.memmap] = {}
         self._start(
             int(self.starts[-1]),
@@ -252,7 +266,7 @@ class PackedTokenWindows(GlobalStream):
         return torch.from_numpy(window.astype(np.int64))
 
 
-class MixtureWindows(IterableDataset):
+class MixtureWindows(RankStream):
     """Windows from several sources (each a folder of shards under ``data_dir``), sampled by weight.
 
     The global stream's position ``q`` takes the source whose count lags its weight most (the largest
@@ -320,15 +334,6 @@ class MixtureWindows(IterableDataset):
         self._counts, self._at, source = self._advance(self._counts, self._at, position)
         return self.sources[source]._item(int(self._counts[source]) - 1)
 
-    def __iter__(self):
-        step = self.micro_batch_size * self.world_size
-        while True:
-            for j in range(self.micro_batch_size):
-                item = self._item(self.position + j * self.world_size + self.rank)
-                if j == self.micro_batch_size - 1:
-                    self.position += step
-                yield item
-
     def counts(self) -> dict[str, int]:
         """Windows of each source in the global stream before the current position (the whole job's)."""
         counts, at = self._counts.copy(), self._at
@@ -368,11 +373,25 @@ class MixtureWindows(IterableDataset):
         self._at = self.position
 
 
+def window_starts(shards: list[Shard], sequence_length: int) -> np.ndarray:
+    """The index of each shard's first window (``sequence_length + 1`` tokens, every ``sequence_length``), then
+    the count of all: windows never cross a shard boundary."""
+    counts = [max(0, (s.tokens - 1) // sequence_length) for s in shards]
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
 def held_out_windows(windows: int, every: int, *, held_out: bool = True) -> np.ndarray:
     """The window indices held out for validation (every ``every``-th), or the others."""
     index = np.arange(windows, dtype=np.int64)
     mask = index % every == every - 1
     return index[mask if held_out else ~mask]
+
+
+def validation_rows(total: int, holdout_every: int, *, rank: int, world_size: int, count: int) -> np.ndarray:
+    """This rank's validation items of ``total``: the held-out ones with ``holdout_every`` (else all), in order,
+    every ``world_size``-th from ``rank``, ``count`` at most."""
+    index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
+    return index[rank::world_size][:count]
 
 
 def build_dataloader(
@@ -429,6 +448,12 @@ def build_dataloader(
             vocab_size=vocab_size,
             data_uri=data_uri,
         )
+    return _loader(dataset, micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, seed=seed)
+
+
+def _loader(
+    dataset: IterableDataset, micro_batch_size: int, *, num_workers: int, pin_memory: bool, seed: int
+) -> StatefulDataLoader:
     # A generator of its own: without one, every iter() draws a worker seed from the global RNG, which
     # then differs between a resumed run and an uninterrupted one (LoRA dropout draws from it).
     return StatefulDataLoader(
@@ -645,15 +670,7 @@ def build_sft_dataloader(
         data_uri=data_uri,
         with_index=with_index,
     )
-    # A generator of its own, as build_dataloader: iter() draws no seed from the global RNG (LoRA dropout's)
-    return StatefulDataLoader(
-        dataset,
-        batch_size=micro_batch_size,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    return _loader(dataset, micro_batch_size, num_workers=num_workers, pin_memory=pin_memory, seed=seed)
 
 
 def sft_validation_batches(
@@ -674,9 +691,7 @@ def sft_validation_batches(
     data = SftSequences(
         data_dir, token_dtype, sequence_length, rank=0, world_size=1, seed=0, vocab_size=vocab_size, checksums=checksums
     )
-    total = int(data.starts[-1])
-    index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
-    mine = index[rank::world_size][:count]
+    mine = validation_rows(int(data.starts[-1]), holdout_every, rank=rank, world_size=world_size, count=count)
     if len(mine) < micro_batch_size:
         raise DataError(
             f"no validation batch of {micro_batch_size} sequences for rank {rank} of {world_size} in {data_dir}"

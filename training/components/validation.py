@@ -37,7 +37,14 @@ import torch.distributed as dist
 
 from tiered_training.contract.container import VALIDATION_CHANNEL, channel_dir
 from tiered_training.contract.runconfig import RunConfig
-from training.components.data import DTYPES, find_shards, held_out_windows, sft_validation_batches, split_batch
+from training.components.data import (
+    DTYPES,
+    find_shards,
+    sft_validation_batches,
+    split_batch,
+    validation_rows,
+    window_starts,
+)
 from training.components.loss import IGNORE_INDEX
 from training.components.packing import split_sft_batch
 
@@ -69,11 +76,8 @@ class HeldOutWindows:
         shards = find_shards(data_dir, token_dtype, checksums=checksums)
         self.dtype = DTYPES[token_dtype]
         self.sequence_length = sequence_length
-        counts = [max(0, (s.tokens - 1) // sequence_length) for s in shards]
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        total = int(starts[-1])
-        index = held_out_windows(total, holdout_every) if holdout_every else np.arange(total, dtype=np.int64)
-        mine = index[rank::world_size][:count]
+        starts = window_starts(shards, sequence_length)
+        mine = validation_rows(int(starts[-1]), holdout_every, rank=rank, world_size=world_size, count=count)
         if len(mine) == 0:
             raise ValueError(f"no validation windows for rank {rank} of {world_size} in {data_dir}")
         self.windows = []
