@@ -84,6 +84,13 @@ def test_an_unwritable_place_still_loads(source, monkeypatch):
     assert parsed.load(source) == yaml.safe_load(TEXT)
 
 
+def test_a_python_without_bytecode_keeps_no_copy(source, monkeypatch):
+    monkeypatch.setattr(sys.implementation, "cache_tag", None)
+    assert parsed.cache_path(source) is None
+    assert parsed.load(source) == yaml.safe_load(TEXT)
+    assert not (source.parent / "__pycache__").exists()
+
+
 def test_values_marshal_cannot_hold_are_parsed_each_time(source):
     source.write_text("checked: 2025-06-01\n")
     assert parsed.load(source) == {"checked": datetime.date(2025, 6, 1)}

@@ -24,9 +24,13 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DIGEST = hashlib.sha256().digest_size
 
 
-def cache_path(path: Path) -> Path:
-    """Where the parsed copy of ``path`` lives (Python's bytecode location for ``<path>.py``)."""
-    return Path(importlib.util.cache_from_source(f"{path}.py")).with_suffix(".marshal")
+def cache_path(path: Path) -> Path | None:
+    """Where the parsed copy of ``path`` lives (Python's bytecode location for ``<path>.py``); None on a Python
+    that keeps no bytecode (no ``sys.implementation.cache_tag``)."""
+    try:
+        return Path(importlib.util.cache_from_source(f"{path}.py")).with_suffix(".marshal")
+    except NotImplementedError:
+        return None
 
 
 def load(path: Path) -> Any:
@@ -34,11 +38,11 @@ def load(path: Path) -> Any:
     text = path.read_bytes()
     key = hashlib.sha256(text + marshal.dumps(marshal.version)).digest()
     kept = cache_path(path)
-    data = _read(kept, key)
+    data = _read(kept, key) if kept is not None else None
     if data is not None:
         return data[0]
     value = yaml.load(text, Loader=_LOADER)  # noqa: S506 (the C safe loader)
-    if not sys.dont_write_bytecode:
+    if kept is not None and not sys.dont_write_bytecode:
         _write(kept, key, value)
     return value
 
