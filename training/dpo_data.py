@@ -21,9 +21,10 @@ prompt + answer first differ (the shorter for the two answers), and only its tok
 
 A pair is two sequences, prompt + chosen then prompt + rejected, each with positions from 0 (the decoder
 masks attention per sequence), packed whole, first fit, into rows of ``sequence_length + 1`` tokens with
-the SFT shard files (``shards.json`` with ``layout: pairs``). Bad records (a missing or empty answer,
-identical answers, an empty prompt, a prompt of another type than its answers) stop the run naming the
-file, line and reason, or with ``--on-bad-example skip`` are counted and left out, as for SFT.
+the SFT shard files (``shards.json`` with ``layout: pairs``). Bad records (a line that is not UTF-8, not
+JSON or not an object, a missing or empty answer, identical answers, an empty prompt, a prompt of another
+type than its answers) stop the run naming the file, line and reason, or with ``--on-bad-example skip`` are
+counted and left out, as for SFT (``--max-bad-fraction``, in [0, 1], the most that may be bad).
 """
 
 from __future__ import annotations
@@ -271,7 +272,12 @@ def prepare(
         index = 0
         for role, files in (("train", inputs), ("validation", validation_files)):
             for path in files:
-                source = Source(path, check_record)
+                source = Source(
+                    path,
+                    check_record,
+                    on_bad=bad.add if settings.on_bad_example == "skip" else None,
+                    form=PAIR_FORM,
+                )
                 sources.append((role, source))
                 for where, record in source:
                     try:
@@ -306,8 +312,6 @@ def prepare(
 def main(argv: list[str] | None = None) -> int:
     parser = prepare_parser("python -m training.dpo_data", __doc__.split("\n\n")[0])
     parser.add_argument("--overlong", choices=["error", "drop"], default="error", help="a pair longer than a row")
-    parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
-    parser.add_argument("--max-bad-fraction", type=float, default=0.0)
     args = parse_arguments(parser, argv, "pairs")
     settings = Settings.from_args(args, format="preference")
     manifests = prepare_inputs(prepare, args, settings)

@@ -564,8 +564,33 @@ def prepare_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def bad_example_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--on-bad-example`` and ``--max-bad-fraction`` for ``unit`` (examples, pairs), checked by
+    :func:`check_bad_fraction`."""
+    parser.add_argument(
+        "--on-bad-example",
+        choices=["error", "skip"],
+        default="error",
+        help=f"error (default): stop at the first bad one of the {unit}; skip: leave it out and count it",
+    )
+    parser.add_argument(
+        "--max-bad-fraction",
+        type=float,
+        default=0.0,
+        help=f"with --on-bad-example skip: fail when more than this fraction of the {unit} is bad (default 0)",
+    )
+
+
+def check_bad_fraction(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with the usage and one line unless ``--max-bad-fraction`` is in [0, 1]."""
+    if not 0 <= args.max_bad_fraction <= 1:
+        parser.error(f"--max-bad-fraction must be in [0, 1], not {args.max_bad_fraction:g}")
+
+
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None, unit: str) -> argparse.Namespace:
-    """``argv`` parsed after adding the validation split, token type and shard size of ``unit`` (examples, pairs)."""
+    """``argv`` parsed after adding the validation split, token type, shard size and bad-example handling of
+    ``unit`` (examples, pairs), and checked."""
+    bad_example_arguments(parser, unit)
     split = parser.add_mutually_exclusive_group()
     split.add_argument("--validation-fraction", type=float, default=0.0, help=f"hold out this fraction of the {unit}")
     split.add_argument("--validation", action="append", default=[], help=f"an input of validation {unit}")
@@ -576,6 +601,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None, uni
         parser.error("--sequence-length must be at least 1")
     if not 0 <= args.validation_fraction < 1:
         parser.error("--validation-fraction must be in [0, 1)")
+    check_bad_fraction(parser, args)
     return args
 
 
@@ -689,21 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="the examples' format; auto (default) decides per file from its first valid record",
     )
-    parser.add_argument(
-        "--on-bad-example",
-        choices=["error", "skip"],
-        default="error",
-        help="error (default): stop at the first bad example; skip: leave it out and count it",
-    )
-    parser.add_argument(
-        "--max-bad-fraction",
-        type=float,
-        default=0.0,
-        help="with --on-bad-example skip: fail when more than this fraction of the examples is bad (default 0)",
-    )
     args = parse_arguments(parser, argv, "examples")
-    if not 0 <= args.max_bad_fraction <= 1:
-        parser.error("--max-bad-fraction must be in [0, 1]")
     settings = Settings.from_args(args)
     manifests = prepare_inputs(prepare, args, settings)
     if manifests is None:

@@ -90,11 +90,12 @@ class Example:
 class Source:
     """One input: its records with where each came from, and its SHA-256 once read."""
 
-    def __init__(self, path: str | Path, check=None, on_bad=None):
+    def __init__(self, path: str | Path, check=None, on_bad=None, form: str = FORMS):
         self.path = Path(path)
         self.digest = hashlib.sha256()
         self.check = check  # kept for callers; records are checked as they are read
         self.on_bad = on_bad  # on_bad(BadData): a line that is not JSON is left out; None: raised
+        self.form = form  # the records' forms, named when one is not an object
         if "://" in str(path):
             raise BadData(f"{path}: a URI; the data step reads local paths: copy the data here first", "input")
         if self.path.is_dir():
@@ -177,7 +178,7 @@ class Source:
                     continue
                 if not isinstance(data, dict):
                     self._bad(
-                        BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object")
+                        BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {self.form}", "not an object")
                     )
                     continue
                 yield where, data
@@ -201,7 +202,9 @@ class Source:
         for index, data in enumerate(records):
             where = f"{self.path}: record {index}"
             if not isinstance(data, dict):
-                self._bad(BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {FORMS}", "not an object"))
+                self._bad(
+                    BadData(f"{where}: a JSON {_json_type(data)}, expected an object: {self.form}", "not an object")
+                )
                 continue
             yield where, data
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from tiered_training.contract.raw_data import INPUT_SUFFIXES, SAVED_MARKER, sort_raw
 from training.init_archive import ARCHIVE_SUFFIXES, ArchiveError, unpacked
 from training.prepare_step import run_step
-from training.sft_data import Settings, SftTokenizer, prepare
+from training.sft_data import Settings, SftTokenizer, bad_example_arguments, check_bad_fraction, prepare
 from training.sft_formats import FORMATS, BadData
 
 KEY_VERSION = "sft-prepare/2"
@@ -323,12 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss-on", choices=["assistant", "all"], default="assistant")
     parser.add_argument("--overlong", choices=["error", "drop", "truncate"], default="error")
     parser.add_argument("--format", choices=(*FORMATS, "preference"), default="auto", help="preference: DPO pairs")
-    parser.add_argument("--on-bad-example", choices=["error", "skip"], default="error")
-    parser.add_argument("--max-bad-fraction", type=float, default=0.0)
+    bad_example_arguments(parser, "examples")
     parser.add_argument(
         "--ignore", action="append", default=[], metavar="GLOB", help="objects under --input to leave out (data.ignore)"
     )
     args = parser.parse_args(argv)
+    check_bad_fraction(parser, args)
     settings = Settings.from_args(args)
     import boto3
 

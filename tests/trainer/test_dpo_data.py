@@ -22,7 +22,8 @@ def run(tmp_path, records, *options):
     import io
 
     path = tmp_path / "pairs.jsonl"
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    lines = (r if isinstance(r, bytes) else (r if isinstance(r, str) else json.dumps(r)).encode() for r in records)
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
     tok = tiny_chat_tokenizer(tmp_path / "tok")
     out, err = io.StringIO(), io.StringIO()
     args = [str(path), "--tokenizer", str(tok), "--sequence-length", "32", "--out", str(tmp_path / "out"), *options]
@@ -63,6 +64,63 @@ def test_skip_counts_the_bad_records_by_reason(tmp_path):
 def test_a_line_that_is_not_json_is_named(tmp_path):
     code, _, err, path = run(tmp_path, [GOOD, "{not json"])
     assert code == 2 and f"{path}:2: not JSON" in err, err
+
+
+# line 5 is not UTF-8 (Latin-1 "é"), line 6 is not JSON, the other 8 are good pairs
+UNREADABLE = [GOOD] * 4 + [b'{"prompt": "caf\xe9", "chosen": " red", "rejected": " green"}', "{not json"] + [GOOD] * 4
+
+
+def test_skip_counts_lines_that_are_not_utf8_or_not_json_as_sft_does(tmp_path):
+    code, out, err, path = run(tmp_path, UNREADABLE, "--on-bad-example", "skip", "--max-bad-fraction", "0.2")
+    assert code == 0, err
+    assert "skipped 2 of 10 examples (not UTF-8: 1, not JSON: 1)" in err
+    assert f"{path}:5: not UTF-8 text (invalid continuation byte at byte offset 15)" in err
+    assert f"{path}:6: not JSON: " in err
+    assert "train: 8 pairs" in out
+    manifest = json.loads((tmp_path / "out" / "train" / "shards.json").read_text())
+    assert manifest["pairs"] == 8 and manifest["examples"] == 16
+    assert manifest["skipped"] == {"not UTF-8": 1, "not JSON": 1}
+    assert manifest["on_bad_example"] == "skip" and manifest["max_bad_fraction"] == 0.2
+
+
+def test_error_stops_at_the_first_unreadable_line_naming_file_line_and_reason(tmp_path):
+    code, out, err, path = run(tmp_path, UNREADABLE)
+    assert code == 2 and not out
+    assert err == f"error: {path}:5: not UTF-8 text (invalid continuation byte at byte offset 15)\n"
+    assert not (tmp_path / "out" / "train").exists()
+
+
+def test_skip_fails_when_more_than_the_bad_fraction_is_unreadable(tmp_path):
+    code, _, err, _ = run(tmp_path, UNREADABLE, "--on-bad-example", "skip", "--max-bad-fraction", "0.1")
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "error: 2 of 10 examples are bad (20.00%), more than --max-bad-fraction 0.1 allows (not UTF-8: 1, not JSON: 1)"
+    )
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing written
+
+
+def test_a_line_that_is_not_an_object_names_the_pair_forms(tmp_path):
+    code, _, err, path = run(tmp_path, [GOOD, "[1, 2]"])
+    assert code == 2
+    assert err == f"error: {path}:2: a JSON list, expected an object: {dpo_data.PAIR_FORM}\n"
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "-0.1", "nan"])
+@pytest.mark.parametrize("command", ["dpo_data", "sft_data"])
+def test_a_bad_fraction_outside_0_to_1_is_refused_before_the_data_is_read(tmp_path, capsys, command, fraction):
+    from training import sft_data
+
+    main = {"dpo_data": dpo_data.main, "sft_data": sft_data.main}[command]
+    missing = tmp_path / "missing.jsonl"  # never opened: the arguments are refused first
+    args = [str(missing), "--tokenizer", str(tmp_path / "tok"), "--sequence-length", "32", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--on-bad-example", "skip", f"--max-bad-fraction={fraction}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"python -m training.{command}: error: --max-bad-fraction must be in [0, 1], not {fraction}"
+    )
+    assert "missing.jsonl" not in err
 
 
 def test_rows_hold_whole_pairs_with_targets_on_the_completions(tmp_path):

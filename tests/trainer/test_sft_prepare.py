@@ -208,3 +208,32 @@ def test_gzipped_json_lines_are_read(s3, tmp_path, capsys):
         s3.get_object(Bucket="store", Key=f"recipe/output/prepared/{plain['key']}/manifest.json")["Body"].read()
     )
     assert done["checksums"]["shard-00000.bin"] == first["checksums"]["shard-00000.bin"]  # the same tokens
+
+
+def test_preference_pairs_skip_lines_that_are_not_utf8_or_not_json(s3, tmp_path, capsys):
+    """Task dpo's Prepare step: with skip, an unreadable line is counted in the manifest, not the end of the run."""
+    from training.tools.tiny_pairs import tiny_pairs
+
+    good = [json.dumps(r).encode() for r in tiny_pairs(8, seed=2)]
+    body = b"\n".join([*good[:4], b'{"prompt": "caf\xe9"}', b"{not json", *good[4:]]) + b"\n"
+    s3.delete_object(Bucket="raw", Key="tools/chat.jsonl")
+    s3.put_object(Bucket="raw", Key="tools/pairs.jsonl", Body=body)
+    skip = ["--format", "preference", "--on-bad-example", "skip", "--max-bad-fraction", "0.2"]
+    code, found, log = prepare(tmp_path, capsys, *skip)
+    assert code == 0, log
+    assert "skipped 2 of 10 examples (not UTF-8: 1, not JSON: 1)" in log
+    manifest = json.loads(s3.get_object(Bucket="store", Key=_key(found, "shards.json"))["Body"].read())
+    assert manifest["layout"] == "pairs" and manifest["pairs"] == 8
+    assert manifest["skipped"] == {"not UTF-8": 1, "not JSON": 1}
+    code, _, log = prepare(tmp_path, capsys, "--format", "preference", name="b.json")
+    assert code == 2 and log.splitlines()[-1].startswith("error: s3://raw/tools/pairs.jsonl:5: not UTF-8 text"), log
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "-0.1"])
+def test_a_bad_fraction_outside_0_to_1_is_refused_before_s3_is_read(tmp_path, capsys, fraction):
+    with pytest.raises(SystemExit) as exit_:
+        prepare(tmp_path, capsys, "--on-bad-example", "skip", f"--max-bad-fraction={fraction}")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m training.sft_prepare: error: --max-bad-fraction must be in [0, 1], not {fraction}"
+    )
