@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from tiered_training.cli.app import app
 from tiered_training.recipe.errors import RecipeError
-from tiered_training.recipe.loader import MAX_DEPTH, find_recipes, parse_recipe
+from tiered_training.recipe.loader import find_recipes, parse_recipe
+from tiered_training.recipe.untrusted import MAX_DEPTH
 from tiered_training.text import clip
 
 RUNNER = CliRunner()

@@ -34,7 +34,14 @@ from tiered_training.recipe import AT, PATTERN_MEANING, Recipe
 from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
-from tiered_training.recipe.untrusted import character_message, decode, key_on_line, syntax_hint, tag_problems
+from tiered_training.recipe.untrusted import (
+    character_message,
+    check_events,
+    decode,
+    key_on_line,
+    syntax_hint,
+    tag_problems,
+)
 from tiered_training.recipe.yaml12 import BOOL_ERRORS, Loader, quoted_reading, yaml11_reading
 from tiered_training.text import clip
 
@@ -53,10 +60,8 @@ RECIPE_SUFFIXES = (".yaml", ".yml")
 MERGE_TAG = "tag:yaml.org,2002:merge"
 INT_TAG = "tag:yaml.org,2002:int"
 FLOAT_TAG = "tag:yaml.org,2002:float"
-# A recipe is a few kilobytes, about 100 YAML nodes, 4 levels deep; these bounds are far above that.
+# A recipe is a few kilobytes; this bound is far above that (untrusted.py bounds its depth and nodes).
 MAX_BYTES = 1 << 20
-MAX_DEPTH = 32
-MAX_NODES = 10_000  # after alias expansion
 
 
 def find_recipes(paths: Iterable[str | Path]) -> tuple[list[Path], list[RecipeError]]:
@@ -260,7 +265,7 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, dict[s
     written: dict[str, str] = {}
     problems: list[Problem] = []
     try:
-        _check_events(text, name)
+        check_events(text, name)
         loader = _Loader(text)
         try:
             node = loader.get_single_node()
@@ -293,116 +298,6 @@ def _compose(text: str, name: str) -> tuple[yaml.Node | None, Any, Lines, dict[s
         # SafeConstructor on an explicit tag with a bad value (``!!int x``, ``!!timestamp x``).
         raise RecipeError([Problem(name, None, "", f"YAML: a value cannot be read: {clip(str(exc))}")]) from None
     return node, data, lines, written, problems
-
-
-def _check_events(text: str, name: str) -> None:
-    """Bound nesting depth and alias expansion on the event stream, before composing; refuse aliases that
-    compose badly (recursive, undefined, as a key) and anchors defined twice, naming the field.
-
-    The parser is iterative; only the composer and the constructor recurse. Each
-    anchor's expanded size is counted when its node ends, and each alias adds that
-    size, so the count is what the document would hold with every alias expanded.
-    """
-    loader = _Loader(text)
-    sizes: dict[str | None, int] = {}  # an alias event's anchor is never None
-    anchors: dict[str, int | None] = {}  # each anchor defined so far, and its line
-    stack: list[_Open] = [_Open(None, False)]  # the document, then each open collection
-    total = 0
-
-    def refuse(event: yaml.Event, message: str, field: str | None = None) -> RecipeError:
-        where = field if field is not None else ".".join(map(str, (level.place() for level in stack[1:])))
-        return RecipeError([Problem(name, _start_line(event), clip(where, 120), message)])
-
-    try:
-        while loader.check_event():
-            event: yaml.Event = loader.get_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
-            added = 0
-            version = getattr(event, "version", None) if isinstance(event, yaml.DocumentStartEvent) else None
-            if version is not None and tuple(version) != (1, 2):
-                raise refuse(
-                    event,
-                    f"a %YAML {'.'.join(map(str, version))} directive: recipes are read as YAML 1.2 only "
-                    "(1.1 reads yes/no, on/off and 1:30 otherwise); remove the directive or write %YAML 1.2",
-                )
-            if isinstance(event, yaml.NodeEvent):
-                parent = stack[-1]
-                is_key = parent.mapping and parent.children % 2 == 0
-                parent.children += 1
-                if is_key and isinstance(event, yaml.ScalarEvent):
-                    parent.key = event.value
-                if is_key and isinstance(event, yaml.AliasEvent):
-                    raise refuse(
-                        event,
-                        f"YAML alias *{event.anchor} as a key: a recipe's keys are field names, written out; "
-                        "write the key itself",
-                        ".".join(level.place() for level in stack[1:-1]),  # the mapping the key is in
-                    )
-                anchor = None if isinstance(event, yaml.AliasEvent) else event.anchor
-                if anchor is not None:
-                    if anchor in anchors:
-                        first = anchors[anchor]
-                        raise refuse(
-                            event,
-                            f"YAML anchor &{anchor} is defined a second time"
-                            + (f" (first on line {first})" if first else "")
-                            + "; give each anchor its own name",
-                        )
-                    anchors[anchor] = _start_line(event)
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                if len(stack) > MAX_DEPTH:
-                    raise refuse(event, f"YAML nested more than {MAX_DEPTH} levels deep; a recipe needs about 4", "")
-                stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent)))
-                added = 1
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                level = stack.pop()
-                if level.anchor is not None:
-                    sizes[level.anchor] = level.count
-                stack[-1].count += level.count
-            elif isinstance(event, yaml.ScalarEvent):
-                if event.anchor is not None:
-                    sizes[event.anchor] = 1
-                stack[-1].count += 1
-                added = 1
-            elif isinstance(event, yaml.AliasEvent):
-                if any(level.anchor == event.anchor for level in stack):
-                    raise refuse(
-                        event,
-                        f"YAML alias *{event.anchor} is inside the collection &{event.anchor} it names: "
-                        "a recursive value, which no recipe field takes; copy the values instead",
-                    )
-                if event.anchor not in anchors:
-                    raise refuse(
-                        event,
-                        f"YAML alias *{event.anchor} refers to no anchor; define &{event.anchor} on a value "
-                        "above it (an anchor comes before its aliases), or write the value",
-                    )
-                added = sizes.get(event.anchor, 1)
-                stack[-1].count += added
-            total += added
-            if total > MAX_NODES:
-                raise refuse(event, f"YAML aliases expand to more than {MAX_NODES:,} values; a recipe has about 100")
-    finally:
-        loader.dispose()
-
-
-class _Open:
-    """A collection open in the event stream: its expanded node count, anchor, kind and where its items are."""
-
-    def __init__(self, anchor: str | None, mapping: bool):
-        self.count = 1
-        self.anchor = anchor
-        self.mapping = mapping
-        self.children = 0  # the nodes seen in it: keys and values alternate in a mapping
-        self.key: str | None = None
-
-    def place(self) -> str:
-        """The current item's key (a mapping) or index (a list)."""
-        return str(self.key) if self.mapping else str(max(self.children - 1, 0))
-
-
-def _start_line(event: yaml.Event) -> int | None:
-    """The 1-based line an event starts on (the parser marks every event it makes)."""
-    return event.start_mark.line + 1 if event.start_mark else None
 
 
 def _index(

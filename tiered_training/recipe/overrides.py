@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from tiered_training.recipe.errors import Problem, RecipeError
-from tiered_training.recipe.untrusted import syntax_hint, tag_problems
+from tiered_training.recipe.untrusted import check_events, syntax_hint, tag_problems
 from tiered_training.recipe.yaml12 import Loader
 from tiered_training.text import clip
 
@@ -71,9 +71,7 @@ def parse_overrides(texts: Sequence[str]) -> list[Override]:
 
 def _read_value(raw: str, where: str) -> Any:
     """An override's value, read as a recipe file's values are: the same bounds, tags and YAML 1.2 scalars."""
-    from tiered_training.recipe.loader import _check_events  # the loader imports this module
-
-    _check_events(raw, where)
+    check_events(raw, where)
     loader = Loader(raw)
     try:
         node = loader.get_single_node()
