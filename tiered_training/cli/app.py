@@ -14,7 +14,8 @@ option or value (checked here: no AWS call is made), or no recipes at all; 3 whe
 needs an extra that is not installed.
 
 This module is the app: the typer plumbing (one-line or JSON usage errors, :class:`Failure`
-reporting, ``--version``) and :func:`main`, the ``tiered-training`` script. The commands are
+reporting, ``--version``) and :func:`main`, which runs it (the ``tiered-training`` script,
+:func:`tiered_training.cli.main`, imports this module and calls it). The commands are
 :mod:`tiered_training.cli.review`'s and :mod:`tiered_training.cli.run`'s, registered here in
 ``--help``'s order; what they share is :mod:`tiered_training.cli.base`'s.
 """
