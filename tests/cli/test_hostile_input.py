@@ -499,6 +499,8 @@ def test_plan_chart_refuses_a_folder_an_empty_name_and_other_suffixes_writing_no
     assert result.exit_code == 2, result.output
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: --chart ") and (".png" in line), line
+    if not name:
+        assert line == "error: --chart '': an empty name; give a file name ending in .png"
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no ./.png, no FOLDER.png
 
 

@@ -164,22 +164,26 @@ def _emit_plans(command: str, plans: list, failures: list[RecipeError], code: in
     emit(command, code, plans=data["plans"], invalid=data["invalid"], errors=errors, **fields)
 
 
-def _check_chart_path(chart: Path) -> None:
-    """``--chart`` names the PNG file to write: not a directory, not an empty name, and ending in .png (matplotlib
+def _check_chart_path(name: str) -> Path:
+    """``--chart`` names the PNG file to write: not an empty name, not a directory, and ending in .png (matplotlib
     would otherwise add the suffix and write a file the message does not name)."""
-    shown = escape(str(chart))
+    if not name.strip():
+        raise Failure([f"--chart {name!r}: an empty name; give a file name ending in .png"], EXIT_INVALID)
+    chart = Path(name)
+    shown = escape(name)
     if chart.is_dir():
         raise Failure([f"--chart {shown}: a directory; give a file name ending in .png"], EXIT_INVALID)
     if chart.suffix.lower() != ".png":
         raise Failure([f"--chart {shown}: give a file name ending in .png (e.g. memory.png)"], EXIT_INVALID)
+    return chart
 
 
 @commands.command()
 def plan(
     recipes: list[Path] = typer.Argument(..., help="recipe files or directories"),
     format: Format = typer.Option(Format.table, "--format", "-f", help="table, markdown (for a pull request) or json"),
-    chart: Path | None = typer.Option(
-        None, help="draw the per-GPU memory breakdown to this PNG (needs the 'plot' extra)"
+    chart_name: str | None = typer.Option(
+        None, "--chart", metavar="PATH", help="draw the per-GPU memory breakdown to this PNG (needs the 'plot' extra)"
     ),
     overrides: list[str] = set_option(),
     wide: bool = typer.Option(False, "--wide", help="the table with every column: precision, sharding, batch, MFU"),
@@ -187,8 +191,8 @@ def plan(
     """Resolve recipes into plans and print them: one line each, then the quotas they need raised."""
     from tiered_training import report
 
+    chart = None if chart_name is None else _check_chart_path(chart_name)
     if chart is not None:
-        _check_chart_path(chart)
         need_extra("matplotlib", "plot", "plan --chart")
     plans, failures = _load_plans(recipes, overrides)
     if format is Format.json:
