@@ -35,6 +35,9 @@ from tiered_training.recipe.errors import Problem, RecipeError
 from tiered_training.recipe.keys import lookalike_hint
 from tiered_training.recipe.overrides import apply_overrides, attribute, parse_overrides
 from tiered_training.recipe.untrusted import (
+    FLOAT_TAG,
+    INT_TAG,
+    MERGE_TAG,
     character_message,
     check_events,
     decode,
@@ -57,9 +60,6 @@ UNION_ALTERNATIVES = frozenset(
     {"literal_error", "bool_type", "bool_parsing", "int_type", "int_parsing", "float_type", "model_type", "dict_type"}
 )
 RECIPE_SUFFIXES = (".yaml", ".yml")
-MERGE_TAG = "tag:yaml.org,2002:merge"
-INT_TAG = "tag:yaml.org,2002:int"
-FLOAT_TAG = "tag:yaml.org,2002:float"
 # A recipe is a few kilobytes; this bound is far above that (untrusted.py bounds its depth and nodes).
 MAX_BYTES = 1 << 20
 

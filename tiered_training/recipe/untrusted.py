@@ -26,6 +26,7 @@ BOMS = (
 # Line breaks to YAML 1.1 (PyYAML) but not to YAML 1.2 or an editor: lines would be counted differently.
 BREAKS_11 = {"\x85": "NEXT LINE (NEL)", "\u2028": "LINE SEPARATOR", "\u2029": "PARAGRAPH SEPARATOR"}
 CORE = "tag:yaml.org,2002:"
+MERGE_TAG, INT_TAG, FLOAT_TAG = f"{CORE}merge", f"{CORE}int", f"{CORE}float"
 # The tags a recipe may carry: the YAML 1.2 core schema's, on the kind of node each is for.
 SCALAR_TAGS = {f"{CORE}{kind}": kind for kind in ("str", "int", "float", "bool", "null")}
 PATTERNS = {"int": INT, "float": FLOAT, "bool": BOOL, "null": NULL}
@@ -168,7 +169,7 @@ def tag_problems(node: yaml.Node, path: tuple[int | str, ...], name: str) -> lis
             return
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
-                if key.tag == f"{CORE}merge":
+                if key.tag == MERGE_TAG:
                     walk(value, path)
                     continue
                 child = path + (key.value if isinstance(key, yaml.ScalarNode) else "<complex key>",)
@@ -196,7 +197,7 @@ def _tag_message(node: yaml.Node) -> str | None:
         if not isinstance(node, COLLECTION_TAGS[tag]):
             return f"YAML tag {_shown(tag)} on a {_kind(node)}; remove the tag"
         return None
-    if tag == f"{CORE}merge":
+    if tag == MERGE_TAG:
         return None
     return f"YAML tag {_shown(tag)} is not one a recipe reads: {PLAIN}; remove the tag"
 
