@@ -159,11 +159,11 @@ def _row_lines(text: str) -> list[int]:
     return []
 
 
-def _row(entry: Any, where: str, index: int, keep_known: bool = False) -> Row:
-    """``entry`` as a row, or :class:`CalibrationError` naming ``where`` (file and line), the row and the field."""
+def _row(entry: Any, index: int, keep_known: bool = False) -> Row:
+    """``entry`` as a row, or :class:`CalibrationError` naming the row and the field (the caller adds where)."""
     name = f"rows[{index}]" + (f" ({entry['id']})" if isinstance(entry, dict) and "id" in entry else "")
     if not isinstance(entry, dict):
-        raise CalibrationError(f"{where}: {name}: a row is a mapping of fields (id, source, hardware, ...)")
+        raise CalibrationError(f"{name}: a row is a mapping of fields (id, source, hardware, ...)")
     if keep_known:  # a GPU check may record more than a row needs (MFU, step times): keep the row's fields
         entry = {k: v for k, v in entry.items() if k in Row.model_fields}
     try:
@@ -172,7 +172,7 @@ def _row(entry: Any, where: str, index: int, keep_known: bool = False) -> Row:
         error = exc.errors()[0]
         field = ".".join(map(str, error["loc"])) or "row"
         extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise CalibrationError(f"{where}: {name}: {field}: {error['msg']}{extra}") from None
+        raise CalibrationError(f"{name}: {field}: {error['msg']}{extra}") from None
 
 
 def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
@@ -186,11 +186,11 @@ def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
     rows = []
     for index, entry in enumerate(entries):
         try:
-            rows.append(_row(entry, str(path), index))
-        except CalibrationError:  # composed again only to name the row's line
-            lines = _row_lines(path.read_text(encoding="utf-8"))
-            _row(entry, f"{path}:{lines[index]}" if index < len(lines) else str(path), index)
-            raise
+            rows.append(_row(entry, index))
+        except CalibrationError as exc:
+            lines = _row_lines(path.read_text(encoding="utf-8"))  # composed again only to name the row's line
+            where = f"{path}:{lines[index]}" if index < len(lines) else str(path)
+            raise CalibrationError(f"{where}: {exc}") from None
     if gpu_dir is not None and gpu_dir.is_dir():
         for json_path in sorted(gpu_dir.glob("*.json")):
             try:
@@ -200,7 +200,10 @@ def load(gpu_dir: Path | None = GPU_DIR) -> Calibration:
             found = document.get("rows", []) if isinstance(document, dict) else None
             if not isinstance(found, list):
                 raise CalibrationError(f"{json_path}: rows: a list of rows, as `make gpu-check` writes")
-            rows += [_row(entry, str(json_path), index, keep_known=True) for index, entry in enumerate(found)]
+            try:
+                rows += [_row(entry, index, keep_known=True) for index, entry in enumerate(found)]
+            except CalibrationError as exc:
+                raise CalibrationError(f"{json_path}: {exc}") from None
     ids = [r.id for r in rows]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
